@@ -1,0 +1,84 @@
+//! The `aptix` command line: one binary gathering the operator's and backend's entry points.
+
+mod validate;
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Settings;
+use crate::telemetry::{self, LogFormat};
+
+/// Aptix Orchestrator.
+#[derive(Debug, Parser)]
+#[command(name = "aptix", version, about)]
+pub struct Cli {
+    /// Configuration file (else APTIX_CONFIG, else built-in defaults).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Log format (overrides telemetry.format).
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate an AgentExecuteRequest (FILE or - for stdin); prints the InvokeResult.
+    /// Exit 0 valid, 1 invalid, 2 unreadable input.
+    Validate {
+        /// Request file, or - for standard input.
+        file: PathBuf,
+    },
+    /// Print the effective configuration (secrets redacted) after validating it.
+    Config,
+    /// Print a JSON Schema: `request` or `response`.
+    Schema {
+        /// Which schema.
+        #[arg(value_parser = ["request", "response"])]
+        which: String,
+    },
+}
+
+/// Runs the parsed command line; the returned code is the process exit status.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Validate { file } => {
+            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            Ok(validate::run(&file, &settings.limits))
+        }
+        Command::Config => {
+            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            println!("{}", toml::to_string_pretty(&settings)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Schema { which } => {
+            let index = usize::from(which == "response");
+            print!("{}", crate::schema::render(&crate::schema::all()[index].schema));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Loads and validates settings, then starts logging in the configured format.
+pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::Result<Settings> {
+    let settings = Settings::load(path)?;
+    telemetry::init(format.unwrap_or(settings.telemetry.format));
+    Ok(settings)
+}
+
+/// Reads a file, or standard input for `-`.
+pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
+    if path == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf)?;
+        Ok(buf)
+    } else {
+        std::fs::read(path)
+    }
+}

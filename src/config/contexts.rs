@@ -1,0 +1,135 @@
+//! Server-owned contexts (DESIGN.md §4): ConversationContext (reasoning profile) and
+//! AgentContext (which LLM endpoint, key and vector collection serve a request).
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::secret::Secret;
+use super::ConfigError;
+
+/// A reasoning profile, selected by `ConversationContextId`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationContext {
+    /// Mode written into the `[MODE: …]` header, e.g. `DDR_CREATION`.
+    pub mode: String,
+    /// Display-only mode name returned to clients.
+    pub mode_display_name: String,
+    /// Model id sent as `model`.
+    pub model: String,
+    /// The boot prompt, sent as the system message on the first call of each chain.
+    pub system_prompt: String,
+    /// Function tools sent on every call.
+    #[serde(default)]
+    pub tools: Vec<FunctionTool>,
+    /// A tool name to force (`{"type":"function","name":…}`); absent lets the model choose.
+    #[serde(default)]
+    pub tool_choice: Option<String>,
+    /// Sampling temperature, 0-2; absent uses the provider default.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// How many chunks retrieval returns at most.
+    #[serde(default = "default_top_k")]
+    pub top_k: usize,
+    /// Upper bound on the characters of retrieved chunk text per turn.
+    #[serde(default = "default_chunk_budget")]
+    pub chunk_budget_chars: usize,
+}
+
+fn default_top_k() -> usize {
+    8
+}
+
+fn default_chunk_budget() -> usize {
+    24_000
+}
+
+/// A Responses API function tool (flat shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionTool {
+    /// Tool name, `[A-Za-z0-9_-]{1,64}`.
+    pub name: String,
+    /// What the tool does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the arguments. Written in the configuration as a JSON string so that
+    /// its property names keep their case.
+    #[serde(deserialize_with = "json_from_string")]
+    pub parameters: serde_json::Value,
+    /// Whether the provider enforces the schema strictly.
+    #[serde(default)]
+    pub strict: bool,
+}
+
+impl FunctionTool {
+    /// The tool as a `/responses` `tools[]` entry.
+    pub fn to_responses_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        })
+    }
+}
+
+fn json_from_string<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value, D::Error> {
+    let text = String::deserialize(d)?;
+    serde_json::from_str(&text).map_err(|e| serde::de::Error::custom(format!("parameters is not JSON: {e}")))
+}
+
+/// Which backends serve a request, selected by `AgentContextId`: the unit of tenant isolation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentContext {
+    /// Overrides `llm.base_url` for this tenant.
+    #[serde(default)]
+    pub llm_base_url: Option<String>,
+    /// Overrides `llm.api_key` for this tenant.
+    #[serde(default)]
+    pub llm_api_key: Option<Secret>,
+    /// Vector collection (or embedded shard) holding this tenant's chunks.
+    pub collection: String,
+}
+
+impl ConversationContext {
+    /// Checks one context; `key` is its configuration path for error messages.
+    pub(super) fn check(&self, key: &str) -> Result<(), ConfigError> {
+        let bad = |field: &str, message: String| Err(ConfigError::invalid(format!("{key}.{field}"), message));
+        for (field, value) in [("mode", &self.mode), ("model", &self.model), ("mode_display_name", &self.mode_display_name)] {
+            if value.trim().is_empty() {
+                return bad(field, "must not be empty".into());
+            }
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return bad("temperature", format!("{t} is outside 0-2"));
+            }
+        }
+        if self.top_k == 0 {
+            return bad("top_k", "must be at least 1".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, tool) in self.tools.iter().enumerate() {
+            let valid = !tool.name.is_empty()
+                && tool.name.len() <= 64
+                && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !valid {
+                return bad(&format!("tools[{i}].name"), format!("`{}` is not a valid function name", tool.name));
+            }
+            if !names.insert(tool.name.as_str()) {
+                return bad(&format!("tools[{i}].name"), format!("`{}` is defined twice", tool.name));
+            }
+            if !tool.parameters.is_object() {
+                return bad(&format!("tools[{i}].parameters"), "must be a JSON object (a JSON Schema)".into());
+            }
+        }
+        if let Some(choice) = &self.tool_choice {
+            if !names.contains(choice.as_str()) {
+                return bad("tool_choice", format!("`{choice}` is not one of this context's tools"));
+            }
+        }
+        Ok(())
+    }
+}

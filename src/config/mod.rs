@@ -1,0 +1,206 @@
+//! Typed, layered configuration: built-in defaults (`aptix.example.toml`, which documents every
+//! key), then a file (`--config PATH` or `APTIX_CONFIG`), then `APTIX__SECTION__KEY` environment
+//! variables. Validated once at start-up; secrets are redacted whenever printed.
+
+mod contexts;
+mod secret;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use contexts::{AgentContext, ConversationContext, FunctionTool};
+pub use secret::{ConnectionUrl, Secret};
+
+use crate::contracts::ContextId;
+use crate::validate::Limits;
+
+/// The built-in defaults: the commented example file shipped at the repository root.
+pub const DEFAULTS_TOML: &str = include_str!("../../aptix.example.toml");
+
+/// Why the configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read or parsed, or a key has the wrong type.
+    #[error("configuration could not be loaded: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A key has a value that is not allowed.
+    #[error("configuration key `{key}` is invalid: {message}")]
+    Invalid {
+        /// Dotted key, e.g. `conversation_contexts.ddr.tool_choice`.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid { key: key.into(), message: message.into() }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// RabbitMQ connection and topology.
+    pub amqp: AmqpSettings,
+    /// PostgreSQL connection.
+    pub database: DatabaseSettings,
+    /// The OpenAI-compatible Responses endpoint.
+    pub llm: LlmSettings,
+    /// Where indexed chunks live.
+    pub vector: VectorSettings,
+    /// Request size and count limits.
+    pub limits: Limits,
+    /// Logging.
+    pub telemetry: TelemetrySettings,
+    /// The ConversationContext used when a request names none.
+    pub default_conversation_context: String,
+    /// Reasoning profiles by id.
+    pub conversation_contexts: BTreeMap<String, ConversationContext>,
+    /// The AgentContext used when a request names none.
+    pub default_agent_context: String,
+    /// Backend selections by id.
+    pub agent_contexts: BTreeMap<String, AgentContext>,
+}
+
+/// RabbitMQ settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSettings {
+    /// Broker URL.
+    pub url: ConnectionUrl,
+    /// Prefix of every queue and exchange name, so deployments and tests never collide.
+    pub prefix: String,
+}
+
+/// PostgreSQL settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// Connection URL.
+    pub url: ConnectionUrl,
+    /// Pool size per process.
+    pub max_connections: u32,
+}
+
+/// LLM endpoint settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSettings {
+    /// Base URL up to and including `/v1`.
+    pub base_url: String,
+    /// API key; when unset, `OPENAI_API_KEY` is used.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+}
+
+/// Vector store settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VectorSettings {
+    /// Qdrant server gRPC URL; when unset, the embedded on-disk store is used.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Qdrant API key.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// Directory of the embedded store.
+    pub data_dir: PathBuf,
+}
+
+/// Log output settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// `pretty` for people, `json` for log shippers.
+    pub format: crate::telemetry::LogFormat,
+}
+
+impl Settings {
+    /// Loads defaults, then `path` (or `APTIX_CONFIG`), then the environment, and validates.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let env_path = std::env::var_os("APTIX_CONFIG").map(PathBuf::from);
+        let file = path.map(Path::to_path_buf).or(env_path);
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS_TOML, config::FileFormat::Toml));
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let built = builder
+            .add_source(config::Environment::with_prefix("APTIX").separator("__").try_parsing(true))
+            .build()?;
+        let mut settings: Settings = built.try_deserialize()?;
+        if settings.llm.api_key.is_none() {
+            settings.llm.api_key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()).map(Secret::new);
+        }
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every cross-key rule; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.amqp.url.expose();
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+            return Err(ConfigError::invalid("amqp.url", "must start with amqp:// or amqps://"));
+        }
+        let prefix_ok = !self.amqp.prefix.is_empty()
+            && self.amqp.prefix.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !prefix_ok {
+            return Err(ConfigError::invalid("amqp.prefix", "use letters, digits, `.`, `_` or `-`"));
+        }
+        let db = self.database.url.expose();
+        if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {
+            return Err(ConfigError::invalid("database.url", "must start with postgres:// or postgresql://"));
+        }
+        if self.database.max_connections == 0 {
+            return Err(ConfigError::invalid("database.max_connections", "must be at least 1"));
+        }
+        if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
+            return Err(ConfigError::invalid("llm.base_url", "must start with http:// or https://"));
+        }
+        self.validate_contexts()
+    }
+
+    fn validate_contexts(&self) -> Result<(), ConfigError> {
+        for id in self.conversation_contexts.keys().chain(self.agent_contexts.keys()) {
+            id.parse::<ContextId>().map_err(|m| ConfigError::invalid(id.clone(), m))?;
+        }
+        for (id, ctx) in &self.conversation_contexts {
+            ctx.check(&format!("conversation_contexts.{id}"))?;
+        }
+        for (id, ctx) in &self.agent_contexts {
+            if ctx.collection.trim().is_empty() {
+                return Err(ConfigError::invalid(format!("agent_contexts.{id}.collection"), "must not be empty"));
+            }
+        }
+        if !self.conversation_contexts.contains_key(&self.default_conversation_context) {
+            return Err(ConfigError::invalid(
+                "default_conversation_context",
+                format!("`{}` is not defined under [conversation_contexts]", self.default_conversation_context),
+            ));
+        }
+        if !self.agent_contexts.contains_key(&self.default_agent_context) {
+            return Err(ConfigError::invalid(
+                "default_agent_context",
+                format!("`{}` is not defined under [agent_contexts]", self.default_agent_context),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The ConversationContext for a request: the named one, or the default.
+    pub fn conversation_context(&self, id: Option<&ContextId>) -> Option<&ConversationContext> {
+        let key = id.map_or(self.default_conversation_context.as_str(), ContextId::as_str);
+        self.conversation_contexts.get(key)
+    }
+
+    /// The AgentContext for a request: the named one, or the default.
+    pub fn agent_context(&self, id: Option<&ContextId>) -> Option<&AgentContext> {
+        let key = id.map_or(self.default_agent_context.as_str(), ContextId::as_str);
+        self.agent_contexts.get(key)
+    }
+}

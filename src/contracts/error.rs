@@ -1,0 +1,176 @@
+//! Stable, dotted error codes and the `{Code, Message, Field}` error item of `InvokeResult`.
+//!
+//! Every code a client can ever see is listed once, here, with a one-line meaning. The README's
+//! table is checked against this list by a test, so the two cannot drift apart.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+macro_rules! error_codes {
+    ($( $variant:ident => $code:literal, $meaning:literal; )*) => {
+        /// A stable error code. The string form (`Code` in JSON) never changes once released.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode { $( #[doc = $meaning] $variant, )* }
+
+        impl ErrorCode {
+            /// Every code, in documentation order.
+            pub const ALL: &'static [ErrorCode] = &[ $( ErrorCode::$variant, )* ];
+
+            /// The dotted wire form, e.g. `validation.path_absolute`.
+            pub fn as_str(self) -> &'static str {
+                match self { $( ErrorCode::$variant => $code, )* }
+            }
+
+            /// One line saying when the code is produced.
+            pub fn meaning(self) -> &'static str {
+                match self { $( ErrorCode::$variant => $meaning, )* }
+            }
+
+            /// Looks a code up by its wire form.
+            pub fn parse(code: &str) -> Option<ErrorCode> {
+                match code { $( $code => Some(ErrorCode::$variant), )* _ => None }
+            }
+        }
+    };
+}
+
+error_codes! {
+    RequestTooLarge => "request.too_large", "the message body exceeds `limits.max_request_bytes`";
+    RequestInvalidUtf8 => "request.invalid_utf8", "the message body is not valid UTF-8";
+    RequestInvalidJson => "request.invalid_json", "the message body is not well-formed JSON";
+    RequestNotObject => "request.not_object", "the JSON document is not an object";
+    RequestUnknownField => "request.unknown_field", "a property that AGN-034 does not define";
+    RequestForbiddenField => "request.forbidden_field", "a server-owned property (mode, model or provider continuation state)";
+    RequestInvalidType => "request.invalid_type", "a property has the wrong JSON type";
+    SessionIdMissing => "validation.session_id_missing", "`SessionId` is absent or empty";
+    SessionIdInvalid => "validation.session_id_invalid", "`SessionId` is not a UUID";
+    TurnIdMissing => "validation.turn_id_missing", "`TurnId` is absent or empty";
+    TurnIdInvalid => "validation.turn_id_invalid", "`TurnId` is longer than 128 characters or uses characters outside `[A-Za-z0-9._:-]`";
+    InstructionMissing => "validation.instruction_missing", "a user turn has none of `Instruction`, `InputArtifacts`, `ClipboardImages`";
+    ContinuationFieldForbidden => "validation.continuation_field_forbidden", "a tool continuation carries a user-turn property (instruction, inputs, context, streaming)";
+    ToolResultsEmpty => "validation.tool_results_empty", "`ToolResults` is present but empty";
+    ToolCallIdMissing => "validation.tool_call_id_missing", "a tool result has no `ToolCallId`";
+    ToolCallIdDuplicate => "validation.tool_call_id_duplicate", "two tool results share a `ToolCallId`";
+    ExecutionMsMissing => "validation.execution_ms_missing", "a tool result has no `ExecutionMs`";
+    ToolResultOutcome => "validation.tool_result_outcome", "a tool result has both or neither of `ResultJson` and `ErrorMessage`";
+    ToolResultJsonInvalid => "validation.tool_result_json_invalid", "`ResultJson` is not valid JSON";
+    PathMissing => "validation.path_missing", "an artifact has no `RelativePath`";
+    PathAbsolute => "validation.path_absolute", "`RelativePath` starts with `/` or `\\`";
+    PathDriveLetter => "validation.path_drive_letter", "`RelativePath` starts with a drive letter such as `C:`";
+    PathTraversal => "validation.path_traversal", "`RelativePath` has a `..` segment";
+    PathNul => "validation.path_nul", "`RelativePath` contains a NUL character";
+    PathDuplicate => "validation.path_duplicate", "two artifacts share a `RelativePath`";
+    FileNameMissing => "validation.file_name_missing", "an artifact has no `FileName`";
+    ContentsMissing => "validation.contents_missing", "an artifact has no `Contents`";
+    OriginInvalid => "validation.origin_invalid", "`Origin` is absent or not `ide` / `user`";
+    EncodingInvalid => "validation.encoding_invalid", "`Encoding` is not `utf8` or `base64`";
+    ContentsBase64Invalid => "validation.contents_base64_invalid", "`Contents` is declared base64 but does not decode";
+    ImageIdMissing => "validation.image_id_missing", "a clipboard image has no `Id`";
+    ImageIdDuplicate => "validation.image_id_duplicate", "two clipboard images share an `Id`";
+    ImageMimeInvalid => "validation.image_mime_invalid", "a clipboard image's `MimeType` is absent or not `image/*`";
+    ImageBase64Invalid => "validation.image_base64_invalid", "`DataBase64` is absent, empty or not valid base64";
+    RagScopeKeyMissing => "validation.rag_scope_key_missing", "a `RagScope` condition has no `Key`";
+    RagScopeOperatorInvalid => "validation.rag_scope_operator_invalid", "a `RagScope` operator is not `==`, `!=`, `contains` or `does_not_contain`";
+    RagScopeValuesEmpty => "validation.rag_scope_values_empty", "a `RagScope` condition has no values";
+    ContextIdInvalid => "validation.context_id_invalid", "`AgentContextId` / `ConversationContextId` is empty or malformed";
+    LimitExceeded => "validation.limit_exceeded", "a size or count limit was exceeded; the message names the limit";
+    UnknownAgentContext => "context.unknown_agent_context", "`AgentContextId` names no configured agent context";
+    UnknownConversationContext => "context.unknown_conversation_context", "`ConversationContextId` names no configured conversation context";
+    TurnConflict => "turn.conflict", "the `(SessionId, TurnId)` pair was already used with different content";
+    TurnNotFound => "turn.not_found", "a tool continuation names a turn that does not exist in this session";
+    TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
+    SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn arrived while the session waits for tool results";
+    ToolResultsMismatch => "tool_results.mismatch", "tool results do not match the pending tool calls in count, ids and order; the turn is aborted";
+    LlmRefused => "llm.refused", "the model refused to answer";
+    LlmFailed => "llm.failed", "the provider reported the response as failed";
+    LlmRejected => "llm.rejected", "the provider rejected the request (a non-retryable 4xx)";
+    LlmUnavailable => "llm.unavailable", "the provider stayed unavailable through every retry";
+    LlmTimeout => "llm.timeout", "the provider did not answer within the configured timeouts";
+    LlmInvalidResponse => "llm.invalid_response", "the provider's answer could not be understood";
+    RetriesExhausted => "internal.retries_exhausted", "a dependency stayed unavailable through every retry; the turn was dead-lettered";
+    Internal => "internal.error", "an unexpected server error; operators have the details in the logs";
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let code = String::deserialize(d)?;
+        ErrorCode::parse(&code)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown error code `{code}`")))
+    }
+}
+
+impl JsonSchema for ErrorCode {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ErrorCode".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        schemars::json_schema!({ "type": "string", "enum": codes })
+    }
+}
+
+/// One entry of `InvokeResult.Errors` / `InvokeResult.Warnings`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+pub struct ApiError {
+    /// Stable dotted code.
+    pub code: ErrorCode,
+    /// Human-readable explanation, specific to this occurrence.
+    pub message: String,
+    /// JSON path of the offending property, when there is one (e.g. `InputArtifacts[2].RelativePath`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    /// An error about the request as a whole.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into(), field: None }
+    }
+
+    /// An error about one property.
+    pub fn at(code: ErrorCode, field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into(), field: Some(field.into()) }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{} at {}: {}", self.code, field, self.message),
+            None => write!(f, "{}: {}", self.code, self.message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_dotted_and_parse_back() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            let s = code.as_str();
+            assert!(seen.insert(s), "duplicate code {s}");
+            assert!(s.contains('.'), "{s} is not dotted");
+            assert!(s.chars().all(|c| c.is_ascii_lowercase() || c == '.' || c == '_'), "{s}");
+            assert_eq!(ErrorCode::parse(s), Some(*code));
+        }
+    }
+}

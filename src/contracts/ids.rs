@@ -1,0 +1,214 @@
+//! Identifier newtypes that can only hold valid values: `SessionId`, `TurnId`, `ContextId`,
+//! `RelativePath`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::error::ErrorCode;
+
+/// A session identifier: a UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(Uuid);
+
+impl SessionId {
+    /// Wraps a UUID.
+    pub fn new(id: Uuid) -> Self {
+        SessionId(id)
+    }
+
+    /// A fresh random session id.
+    pub fn random() -> Self {
+        SessionId(Uuid::new_v4())
+    }
+
+    /// The UUID inside.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = (ErrorCode, String);
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Err((ErrorCode::SessionIdMissing, "SessionId is required".into()));
+        }
+        Uuid::parse_str(s).map(SessionId).map_err(|e| {
+            (ErrorCode::SessionIdInvalid, format!("SessionId `{}` is not a UUID: {e}", clip(s)))
+        })
+    }
+}
+
+/// Maximum length of a `TurnId`.
+pub const TURN_ID_MAX_LEN: usize = 128;
+
+/// A client-chosen turn identifier: 1-128 characters of `[A-Za-z0-9._:-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct TurnId(String);
+
+impl TurnId {
+    /// The identifier as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for TurnId {
+    type Err = (ErrorCode, String);
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Err((ErrorCode::TurnIdMissing, "TurnId is required".into()));
+        }
+        if s.chars().count() > TURN_ID_MAX_LEN {
+            return Err((
+                ErrorCode::TurnIdInvalid,
+                format!("TurnId is {} characters long; the limit is {TURN_ID_MAX_LEN}", s.chars().count()),
+            ));
+        }
+        if let Some(bad) = s.chars().find(|c| !is_id_char(*c)) {
+            return Err((
+                ErrorCode::TurnIdInvalid,
+                format!("TurnId contains {bad:?}; only letters, digits and `.`, `_`, `:`, `-` are allowed"),
+            ));
+        }
+        Ok(TurnId(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for TurnId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|(_, msg)| serde::de::Error::custom(msg))
+    }
+}
+
+/// The identifier of a server-configured context (`AgentContextId`, `ConversationContextId`):
+/// 1-64 characters of `[A-Za-z0-9._:-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ContextId(String);
+
+impl ContextId {
+    /// The identifier as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ContextId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for ContextId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() || s.len() > 64 || !s.chars().all(is_id_char) {
+            return Err(format!(
+                "`{}` is not a context id: use 1-64 letters, digits, `.`, `_`, `:` or `-`",
+                clip(s)
+            ));
+        }
+        Ok(ContextId(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for ContextId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A workspace-relative path: not absolute, no drive letter, no `..` segment, no NUL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct RelativePath(String);
+
+impl RelativePath {
+    /// The path as sent by the client.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RelativePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for RelativePath {
+    type Err = (ErrorCode, String);
+
+    fn from_str(p: &str) -> Result<Self, Self::Err> {
+        if p.is_empty() {
+            return Err((ErrorCode::PathMissing, "RelativePath is required".into()));
+        }
+        if p.contains('\0') {
+            return Err((ErrorCode::PathNul, "RelativePath contains a NUL character".into()));
+        }
+        if p.starts_with('/') || p.starts_with('\\') {
+            return Err((
+                ErrorCode::PathAbsolute,
+                format!("RelativePath `{}` is absolute; send it relative to the workspace root", clip(p)),
+            ));
+        }
+        let bytes = p.as_bytes();
+        if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' {
+            return Err((
+                ErrorCode::PathDriveLetter,
+                format!("RelativePath `{}` starts with a drive letter", clip(p)),
+            ));
+        }
+        if p.split(['/', '\\']).any(|seg| seg == "..") {
+            return Err((
+                ErrorCode::PathTraversal,
+                format!("RelativePath `{}` has a `..` segment", clip(p)),
+            ));
+        }
+        Ok(RelativePath(p.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for RelativePath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|(_, msg)| serde::de::Error::custom(msg))
+    }
+}
+
+fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+}
+
+/// Shortens user-supplied text quoted back in an error message.
+pub(crate) fn clip(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.chars().count() <= MAX {
+        s.escape_debug().to_string()
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{}…", head.escape_debug())
+    }
+}

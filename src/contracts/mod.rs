@@ -1,0 +1,23 @@
+//! The public contracts: the AGN-034 request (wire and validated forms), the AGN-033 response
+//! inside `InvokeResult<T>`, and the stable error codes. JSON spelling follows DESIGN.md §2-3.
+
+pub mod error;
+pub mod ids;
+pub mod request;
+pub mod response;
+pub mod validated;
+
+pub use error::{ApiError, ErrorCode};
+pub use ids::{ContextId, RelativePath, SessionId, TurnId};
+pub use request::AgentExecuteRequest;
+pub use response::{
+    AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall,
+    ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
+};
+pub use validated::{
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
+    ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+};
+
+/// The reply every client receives.
+pub type Reply = InvokeResult<AgentExecuteResponse>;

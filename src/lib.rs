@@ -1,0 +1,14 @@
+//! Aptix Orchestrator: turns AGN-034 agent requests into OpenAI Responses API calls enriched with
+//! retrieved source code, through a RabbitMQ-linked pipeline of stage workers, and answers with
+//! AGN-033 responses.
+//!
+//! Modules, bottom up: [`contracts`] (wire types and error codes), [`validate`] (AGN-034 rules),
+//! [`config`] (layered settings), [`telemetry`] (logging), [`cli`] (the `aptix` command).
+
+pub mod chunk;
+pub mod cli;
+pub mod config;
+pub mod contracts;
+pub mod schema;
+pub mod telemetry;
+pub mod validate;

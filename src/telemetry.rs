@@ -1,0 +1,28 @@
+//! The one `tracing` set-up every binary uses: level from `RUST_LOG` (default `info`), output
+//! pretty for people or JSON for log shippers.
+
+use serde::{Deserialize, Serialize};
+use tracing_subscriber::EnvFilter;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable, one event per line.
+    #[default]
+    Pretty,
+    /// One JSON object per event.
+    Json,
+}
+
+/// Installs the global subscriber. Safe to call more than once: later calls do nothing, so
+/// tests and embedded runs can call it freely.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // An error here only means a subscriber is already installed.
+    let _ = match format {
+        LogFormat::Pretty => builder.compact().try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

@@ -1,0 +1,411 @@
+//! The AGN-034 rules, applied to the wire request and producing validated types.
+//! Every failure is collected so the client sees all of them at once.
+
+use std::collections::HashSet;
+
+use base64::Engine as _;
+
+use super::{Limits, ValidationErrors};
+use crate::contracts::request::{
+    ClipboardImageWire, InputArtifactWire, RagScopeConditionWire, ToolResultWire,
+};
+use crate::contracts::validated::{
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
+    ToolContinuation, TurnKey, UserTurn,
+};
+use crate::contracts::{
+    AgentExecuteRequest, ApiError, ContextId, ErrorCode, RelativePath, SessionId, ToolOutcome,
+    ToolResult, TurnId, ValidatedRequest,
+};
+
+#[derive(Default)]
+struct Errors(Vec<ApiError>);
+
+impl Errors {
+    fn at(&mut self, code: ErrorCode, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ApiError::at(code, field, message));
+    }
+
+    fn limit(&mut self, field: &str, what: &str, actual: usize, key: &str, max: usize) {
+        if actual > max {
+            self.at(
+                ErrorCode::LimitExceeded,
+                field,
+                format!("{field} has {actual} {what}; the limit (limits.{key}) is {max}"),
+            );
+        }
+    }
+}
+
+pub(super) fn validate(w: AgentExecuteRequest, limits: &Limits) -> Result<ValidatedRequest, ValidationErrors> {
+    let mut e = Errors::default();
+    let session_id = parse_or(&mut e, "SessionId", w.session_id.as_deref(), ErrorCode::SessionIdMissing, |s| {
+        s.parse::<SessionId>()
+    });
+    let turn_id = parse_or(&mut e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| s.parse::<TurnId>());
+    let result = if w.tool_results.is_some() {
+        continuation(&mut e, w, limits).map(|results| (results, None))
+    } else {
+        user_turn_parts(&mut e, w, limits).map(|parts| (Vec::new(), Some(parts)))
+    };
+    match (session_id, turn_id, result) {
+        (Some(session_id), Some(turn_id), Some((results, parts))) if e.0.is_empty() => {
+            let key = TurnKey { session_id, turn_id };
+            Ok(match parts {
+                Some(p) => ValidatedRequest::UserTurn(p.into_turn(key)),
+                None => ValidatedRequest::ToolContinuation(ToolContinuation { key, results }),
+            })
+        }
+        _ => Err(ValidationErrors(e.0)),
+    }
+}
+
+fn parse_or<T>(
+    e: &mut Errors,
+    field: &str,
+    raw: Option<&str>,
+    missing: ErrorCode,
+    parse: impl FnOnce(&str) -> Result<T, (ErrorCode, String)>,
+) -> Option<T> {
+    match raw {
+        None => {
+            e.at(missing, field, format!("{field} is required"));
+            None
+        }
+        Some(s) => parse(s).map_err(|(code, msg)| e.at(code, field, msg)).ok(),
+    }
+}
+
+fn continuation(e: &mut Errors, w: AgentExecuteRequest, limits: &Limits) -> Option<Vec<ToolResult>> {
+    let present = [
+        ("Instruction", w.instruction.is_some()),
+        ("InputArtifacts", w.input_artifacts.is_some()),
+        ("ClipboardImages", w.clipboard_images.is_some()),
+        ("RagScope", w.rag_scope.is_some()),
+        ("SolutionContextText", w.solution_context_text.is_some()),
+        ("WorkspaceId", w.workspace_id.is_some()),
+        ("Repo", w.repo.is_some()),
+        ("Language", w.language.is_some()),
+        ("Stream", w.stream.is_some()),
+        ("AgentContextId", w.agent_context_id.is_some()),
+        ("ConversationContextId", w.conversation_context_id.is_some()),
+    ];
+    for (field, _) in present.iter().filter(|(_, p)| *p) {
+        e.at(
+            ErrorCode::ContinuationFieldForbidden,
+            *field,
+            format!("a Tool Continuation Submission carries only SessionId, TurnId and ToolResults; remove `{field}`"),
+        );
+    }
+    let wires = w.tool_results.unwrap_or_default();
+    if wires.is_empty() {
+        e.at(ErrorCode::ToolResultsEmpty, "ToolResults", "ToolResults is present but empty");
+        return None;
+    }
+    e.limit("ToolResults", "results", wires.len(), "max_tool_results", limits.max_tool_results);
+    let mut seen = HashSet::new();
+    let results: Vec<Option<ToolResult>> =
+        wires.into_iter().enumerate().map(|(i, r)| tool_result(e, i, r, &mut seen, limits)).collect();
+    results.into_iter().collect()
+}
+
+fn tool_result(
+    e: &mut Errors,
+    i: usize,
+    r: ToolResultWire,
+    seen: &mut HashSet<String>,
+    limits: &Limits,
+) -> Option<ToolResult> {
+    let f = |name: &str| format!("ToolResults[{i}].{name}");
+    let id = match r.tool_call_id.filter(|s| !s.is_empty()) {
+        None => {
+            e.at(ErrorCode::ToolCallIdMissing, f("ToolCallId"), "ToolCallId is required");
+            None
+        }
+        Some(id) if !seen.insert(id.clone()) => {
+            e.at(ErrorCode::ToolCallIdDuplicate, f("ToolCallId"), format!("ToolCallId `{id}` appears more than once"));
+            None
+        }
+        Some(id) => Some(id),
+    };
+    if r.execution_ms.is_none() {
+        e.at(ErrorCode::ExecutionMsMissing, f("ExecutionMs"), "ExecutionMs is required");
+    }
+    let outcome = match (r.result_json, r.error_message) {
+        (Some(json), None) => {
+            e.limit(&f("ResultJson"), "bytes", json.len(), "max_tool_result_bytes", limits.max_tool_result_bytes);
+            match serde_json::from_str::<serde_json::Value>(&json) {
+                Ok(_) => Some(ToolOutcome::ResultJson(json)),
+                Err(err) => {
+                    e.at(ErrorCode::ToolResultJsonInvalid, f("ResultJson"), format!("ResultJson is not valid JSON: {err}"));
+                    None
+                }
+            }
+        }
+        (None, Some(msg)) => {
+            e.limit(&f("ErrorMessage"), "bytes", msg.len(), "max_tool_result_bytes", limits.max_tool_result_bytes);
+            Some(ToolOutcome::ErrorMessage(msg))
+        }
+        (both, _) => {
+            let which = if both.is_some() { "both" } else { "neither" };
+            e.at(
+                ErrorCode::ToolResultOutcome,
+                format!("ToolResults[{i}]"),
+                format!("a tool result has exactly one of ResultJson and ErrorMessage; this one has {which}"),
+            );
+            None
+        }
+    };
+    Some(ToolResult { tool_call_id: id?, execution_ms: r.execution_ms?, outcome: outcome? })
+}
+
+struct UserTurnParts {
+    instruction: Option<String>,
+    artifacts: Vec<InputArtifact>,
+    images: Vec<ClipboardImage>,
+    rag_scope: Vec<ScopeCondition>,
+    rest: AgentExecuteRequest,
+    agent_context_id: Option<ContextId>,
+    conversation_context_id: Option<ContextId>,
+}
+
+impl UserTurnParts {
+    fn into_turn(self, key: TurnKey) -> UserTurn {
+        let r = self.rest;
+        UserTurn {
+            key,
+            instruction: self.instruction,
+            artifacts: self.artifacts,
+            images: self.images,
+            rag_scope: self.rag_scope,
+            solution_context: r.solution_context_text,
+            workspace_id: r.workspace_id,
+            repo: r.repo,
+            language: r.language,
+            stream: r.stream.unwrap_or(false),
+            agent_context_id: self.agent_context_id,
+            conversation_context_id: self.conversation_context_id,
+        }
+    }
+}
+
+fn user_turn_parts(e: &mut Errors, mut w: AgentExecuteRequest, limits: &Limits) -> Option<UserTurnParts> {
+    let instruction = w.instruction.take().filter(|s| !s.trim().is_empty());
+    if let Some(text) = &instruction {
+        e.limit("Instruction", "characters", text.chars().count(), "max_instruction_chars", limits.max_instruction_chars);
+    }
+    if let Some(text) = &w.solution_context_text {
+        let n = text.chars().count();
+        e.limit("SolutionContextText", "characters", n, "max_solution_context_chars", limits.max_solution_context_chars);
+    }
+    for (field, value) in [("WorkspaceId", &w.workspace_id), ("Repo", &w.repo), ("Language", &w.language)] {
+        if let Some(v) = value {
+            e.limit(field, "characters", v.chars().count(), "max_hint_chars", limits.max_hint_chars);
+        }
+    }
+    let artifacts = artifacts(e, w.input_artifacts.take().unwrap_or_default(), limits);
+    let images = images(e, w.clipboard_images.take().unwrap_or_default(), limits);
+    let rag_scope = rag_scope(e, w.rag_scope.take().unwrap_or_default(), limits);
+    if instruction.is_none() && artifacts.as_ref().is_some_and(Vec::is_empty) && images.as_ref().is_some_and(Vec::is_empty) {
+        e.at(
+            ErrorCode::InstructionMissing,
+            "Instruction",
+            "a user turn needs at least one of Instruction, InputArtifacts or ClipboardImages",
+        );
+    }
+    let agent_context_id = context_id(e, "AgentContextId", w.agent_context_id.take());
+    let conversation_context_id = context_id(e, "ConversationContextId", w.conversation_context_id.take());
+    Some(UserTurnParts {
+        instruction,
+        artifacts: artifacts?,
+        images: images?,
+        rag_scope: rag_scope?,
+        rest: w,
+        agent_context_id: agent_context_id?,
+        conversation_context_id: conversation_context_id?,
+    })
+}
+
+fn context_id(e: &mut Errors, field: &str, raw: Option<String>) -> Option<Option<ContextId>> {
+    match raw.map(|s| s.parse::<ContextId>()) {
+        None => Some(None),
+        Some(Ok(id)) => Some(Some(id)),
+        Some(Err(msg)) => {
+            e.at(ErrorCode::ContextIdInvalid, field, msg);
+            None
+        }
+    }
+}
+
+fn artifacts(e: &mut Errors, wires: Vec<InputArtifactWire>, limits: &Limits) -> Option<Vec<InputArtifact>> {
+    e.limit("InputArtifacts", "entries", wires.len(), "max_artifacts", limits.max_artifacts);
+    let mut paths = HashSet::new();
+    let parsed: Vec<Option<InputArtifact>> =
+        wires.into_iter().enumerate().map(|(i, a)| artifact(e, i, a, &mut paths, limits)).collect();
+    parsed.into_iter().collect()
+}
+
+fn artifact(
+    e: &mut Errors,
+    i: usize,
+    a: InputArtifactWire,
+    paths: &mut HashSet<String>,
+    limits: &Limits,
+) -> Option<InputArtifact> {
+    let f = |name: &str| format!("InputArtifacts[{i}].{name}");
+    let path = match a.relative_path.as_deref().unwrap_or("").parse::<RelativePath>() {
+        Ok(p) if !paths.insert(p.as_str().to_owned()) => {
+            e.at(ErrorCode::PathDuplicate, f("RelativePath"), format!("`{p}` is sent more than once"));
+            None
+        }
+        Ok(p) => Some(p),
+        Err((code, msg)) => {
+            e.at(code, f("RelativePath"), msg);
+            None
+        }
+    };
+    let file_name = a.file_name.filter(|n| !n.trim().is_empty());
+    if file_name.is_none() {
+        e.at(ErrorCode::FileNameMissing, f("FileName"), "FileName is required");
+    }
+    let origin = match a.origin.as_deref() {
+        Some("ide") => Some(Origin::Ide),
+        Some("user") => Some(Origin::User),
+        other => {
+            let got = other.map_or("nothing".to_owned(), |o| format!("`{}`", crate::contracts::ids::clip(o)));
+            e.at(ErrorCode::OriginInvalid, f("Origin"), format!("Origin must be `ide` or `user`, got {got}"));
+            None
+        }
+    };
+    let contents = artifact_contents(e, &f, a.contents, a.encoding.as_deref(), limits);
+    Some(InputArtifact {
+        path: path?,
+        file_name: file_name?,
+        contents: contents?,
+        origin: origin?,
+        mime_type: a.mime_type,
+        language: a.language.filter(|l| !l.trim().is_empty()),
+    })
+}
+
+fn artifact_contents(
+    e: &mut Errors,
+    f: &dyn Fn(&str) -> String,
+    contents: Option<String>,
+    encoding: Option<&str>,
+    limits: &Limits,
+) -> Option<ArtifactContents> {
+    let Some(contents) = contents else {
+        e.at(ErrorCode::ContentsMissing, f("Contents"), "Contents is required (it may be empty)");
+        return None;
+    };
+    let decoded = match encoding {
+        None | Some("utf8") => ArtifactContents::Text(contents),
+        Some("base64") => match decode_base64(&contents) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => ArtifactContents::Text(text),
+                Err(err) => ArtifactContents::Binary(err.into_bytes()),
+            },
+            Err(msg) => {
+                e.at(ErrorCode::ContentsBase64Invalid, f("Contents"), format!("Contents is not valid base64: {msg}"));
+                return None;
+            }
+        },
+        Some(other) => {
+            e.at(
+                ErrorCode::EncodingInvalid,
+                f("Encoding"),
+                format!("Encoding must be `utf8` or `base64`, got `{}`", crate::contracts::ids::clip(other)),
+            );
+            return None;
+        }
+    };
+    e.limit(&f("Contents"), "bytes", decoded.as_bytes().len(), "max_artifact_bytes", limits.max_artifact_bytes);
+    Some(decoded)
+}
+
+fn images(e: &mut Errors, wires: Vec<ClipboardImageWire>, limits: &Limits) -> Option<Vec<ClipboardImage>> {
+    e.limit("ClipboardImages", "entries", wires.len(), "max_images", limits.max_images);
+    let mut ids = HashSet::new();
+    let parsed: Vec<Option<ClipboardImage>> = wires
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| {
+            let f = |name: &str| format!("ClipboardImages[{i}].{name}");
+            let id = match img.id.filter(|s| !s.is_empty()) {
+                None => {
+                    e.at(ErrorCode::ImageIdMissing, f("Id"), "Id is required");
+                    None
+                }
+                Some(id) if !ids.insert(id.clone()) => {
+                    e.at(ErrorCode::ImageIdDuplicate, f("Id"), format!("image Id `{id}` appears more than once"));
+                    None
+                }
+                Some(id) => Some(id),
+            };
+            let mime = img.mime_type.map(|m| m.trim().to_ascii_lowercase());
+            let mime = match mime {
+                Some(m) if m.strip_prefix("image/").is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ';', ' '])) => Some(m),
+                other => {
+                    let got = other.map_or("nothing".to_owned(), |m| format!("`{}`", crate::contracts::ids::clip(&m)));
+                    e.at(ErrorCode::ImageMimeInvalid, f("MimeType"), format!("MimeType must be an image/* type, got {got}"));
+                    None
+                }
+            };
+            let data = img.data_base64.unwrap_or_default();
+            let len = match decode_base64(&data) {
+                Ok(bytes) if !bytes.is_empty() => {
+                    e.limit(&f("DataBase64"), "bytes", bytes.len(), "max_image_bytes", limits.max_image_bytes);
+                    Some(bytes.len())
+                }
+                Ok(_) => {
+                    e.at(ErrorCode::ImageBase64Invalid, f("DataBase64"), "DataBase64 is required and must not be empty");
+                    None
+                }
+                Err(msg) => {
+                    e.at(ErrorCode::ImageBase64Invalid, f("DataBase64"), format!("DataBase64 is not valid base64: {msg}"));
+                    None
+                }
+            };
+            let data_base64: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            Some(ClipboardImage { id: id?, mime_type: mime?, data_base64, byte_len: len? })
+        })
+        .collect();
+    parsed.into_iter().collect()
+}
+
+fn rag_scope(e: &mut Errors, wires: Vec<RagScopeConditionWire>, limits: &Limits) -> Option<Vec<ScopeCondition>> {
+    e.limit("RagScope", "conditions", wires.len(), "max_rag_scope_conditions", limits.max_rag_scope_conditions);
+    let parsed: Vec<Option<ScopeCondition>> = wires
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let f = |name: &str| format!("RagScope[{i}].{name}");
+            let key = c.key.filter(|k| !k.trim().is_empty());
+            if key.is_none() {
+                e.at(ErrorCode::RagScopeKeyMissing, f("Key"), "Key is required");
+            }
+            let operator = c.operator.as_deref().and_then(ScopeOperator::parse);
+            if operator.is_none() {
+                let got = c.operator.as_deref().map_or("nothing".to_owned(), |o| format!("`{}`", crate::contracts::ids::clip(o)));
+                e.at(
+                    ErrorCode::RagScopeOperatorInvalid,
+                    f("Operator"),
+                    format!("Operator must be one of `==`, `!=`, `contains`, `does_not_contain`; got {got}"),
+                );
+            }
+            let values = c.values.unwrap_or_default();
+            let values_ok = !values.is_empty() && values.iter().all(|v| !v.is_empty());
+            if !values_ok {
+                e.at(ErrorCode::RagScopeValuesEmpty, f("Values"), "Values needs at least one value, and no value may be empty");
+            }
+            Some(ScopeCondition { key: key?, operator: operator?, values: values_ok.then_some(values)? })
+        })
+        .collect();
+    parsed.into_iter().collect()
+}
+
+fn decode_base64(data: &str) -> Result<Vec<u8>, String> {
+    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD.decode(compact.as_bytes()).map_err(|e| e.to_string())
+}

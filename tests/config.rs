@@ -1,0 +1,81 @@
+//! Layered configuration: defaults, file, environment; validation names the key; secrets hidden.
+//! Environment variables are process-wide, so these tests run in one function, in order.
+
+use std::io::Write as _;
+
+use aptix::config::{ConfigError, Settings};
+
+fn write(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn invalid_key(text: &str) -> String {
+    match Settings::load(Some(write(text).path())) {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("expected an invalid key, got {other:?}"),
+    }
+}
+
+#[test]
+fn layers_validation_and_redaction() {
+    // Built-in defaults alone are valid and carry the documented default context.
+    let defaults = Settings::load(None).unwrap();
+    assert_eq!(defaults.amqp.prefix, "aptix");
+    let ctx = defaults.conversation_context(None).unwrap();
+    assert_eq!(ctx.tools.len(), 2);
+    assert_eq!(ctx.tools[0].parameters["additionalProperties"], false, "JSON Schema keys keep their case");
+
+    // A file overrides defaults and adds contexts; ids keep their case.
+    let file = write(
+        r#"
+        default_conversation_context = "DDR"
+        [amqp]
+        url = "amqp://app:s3cret@mq.internal:5672/%2f"
+        [conversation_contexts.DDR]
+        mode = "DDR_CREATION"
+        mode_display_name = "DDR Creation"
+        model = "gpt-5.1"
+        system_prompt = "You write DDRs."
+        tool_choice = "ddr_document"
+        [[conversation_contexts.DDR.tools]]
+        name = "ddr_document"
+        parameters = '{"type":"object","properties":{}}'
+        "#,
+    );
+    let s = Settings::load(Some(file.path())).unwrap();
+    assert_eq!(s.conversation_context(None).unwrap().mode, "DDR_CREATION");
+    let printed = format!("{s:?} {}", toml::to_string(&s).unwrap());
+    assert!(!printed.contains("s3cret"), "password leaked: {printed}");
+
+    // The environment beats the file.
+    std::env::set_var("APTIX__AMQP__PREFIX", "from-env");
+    std::env::set_var("APTIX__LIMITS__MAX_ARTIFACTS", "3");
+    std::env::set_var("OPENAI_API_KEY", "sk-test-key");
+    let s = Settings::load(Some(file.path())).unwrap();
+    std::env::remove_var("APTIX__AMQP__PREFIX");
+    std::env::remove_var("APTIX__LIMITS__MAX_ARTIFACTS");
+    assert_eq!(s.amqp.prefix, "from-env");
+    assert_eq!(s.limits.max_artifacts, 3);
+    assert_eq!(s.llm.api_key.as_ref().map(|k| k.expose()), Some("sk-test-key"));
+    assert!(!format!("{s:?}").contains("sk-test-key"));
+    std::env::remove_var("OPENAI_API_KEY");
+
+    // Every validation error names its key.
+    assert_eq!(invalid_key("[amqp]\nurl = \"http://x\""), "amqp.url");
+    assert_eq!(invalid_key("[database]\nurl = \"mysql://x\""), "database.url");
+    assert_eq!(invalid_key("default_agent_context = \"nope\""), "default_agent_context");
+    assert_eq!(
+        invalid_key("[conversation_contexts.default]\nmode='M'\nmode_display_name='M'\nmodel='m'\nsystem_prompt=''\ntool_choice='missing'"),
+        "conversation_contexts.default.tool_choice"
+    );
+    assert_eq!(
+        invalid_key("[conversation_contexts.default]\nmode='M'\nmode_display_name='M'\nmodel='m'\nsystem_prompt=''\ntemperature=3.0"),
+        "conversation_contexts.default.temperature"
+    );
+
+    // Unknown keys are load errors that name the key.
+    let err = Settings::load(Some(write("[amqp]\nurll = \"x\"").path())).unwrap_err().to_string();
+    assert!(err.contains("urll"), "{err}");
+}
