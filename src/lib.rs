@@ -9,6 +9,8 @@ pub mod chunk;
 pub mod cli;
 pub mod config;
 pub mod contracts;
+pub mod llm;
 pub mod schema;
+pub mod sim;
 pub mod telemetry;
 pub mod validate;

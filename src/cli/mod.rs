@@ -1,5 +1,6 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod sim;
 mod validate;
 
 use std::io::Read as _;
@@ -43,11 +44,14 @@ pub enum Command {
         #[arg(value_parser = ["request", "response"])]
         which: String,
     },
+    /// Run the OpenAI Responses API simulator (tests, benchmarks, offline demo) until Ctrl-C.
+    Sim(sim::SimArgs),
 }
 
 /// Runs the parsed command line; the returned code is the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Sim(args) => sim::run(args, cli.log_format),
         Command::Validate { file } => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             Ok(validate::run(&file, &settings.limits))

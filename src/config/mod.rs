@@ -96,6 +96,20 @@ pub struct LlmSettings {
     /// API key; when unset, `OPENAI_API_KEY` is used.
     #[serde(default)]
     pub api_key: Option<Secret>,
+    /// Longest wait for a TCP (and TLS) connection, milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Longest one attempt may take, from sending to the last byte (streams included), milliseconds.
+    pub request_timeout_ms: u64,
+    /// Longest silence between two chunks of a streamed response, milliseconds.
+    pub stream_idle_timeout_ms: u64,
+    /// Retries after the first attempt for connection errors, timeouts, 408, 409, 429 and 5xx.
+    pub max_retries: u32,
+    /// First backoff delay, milliseconds; it doubles per retry, with jitter.
+    pub retry_initial_delay_ms: u64,
+    /// Cap on one backoff delay, milliseconds.
+    pub retry_max_delay_ms: u64,
+    /// Longest server-requested `Retry-After` honoured, milliseconds; a longer one ends the retries.
+    pub retry_after_max_ms: u64,
 }
 
 /// Vector store settings.
@@ -161,6 +175,15 @@ impl Settings {
         }
         if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
             return Err(ConfigError::invalid("llm.base_url", "must start with http:// or https://"));
+        }
+        for (key, value) in [
+            ("llm.connect_timeout_ms", self.llm.connect_timeout_ms),
+            ("llm.request_timeout_ms", self.llm.request_timeout_ms),
+            ("llm.stream_idle_timeout_ms", self.llm.stream_idle_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
         }
         self.validate_contexts()
     }

@@ -1,0 +1,224 @@
+//! Why an LLM call failed, classified by what the pipeline should do next, and the provider's
+//! `{"error":{message,type,param,code}}` body.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::contracts::ErrorCode;
+
+/// Which timeout fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutPhase {
+    /// The TCP/TLS connection was not established in time (`llm.connect_timeout_ms`).
+    Connect,
+    /// One attempt exceeded `llm.request_timeout_ms`.
+    Request,
+    /// A stream stayed silent longer than `llm.stream_idle_timeout_ms`.
+    StreamIdle,
+}
+
+impl fmt::Display for TimeoutPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TimeoutPhase::Connect => "connect",
+            TimeoutPhase::Request => "request",
+            TimeoutPhase::StreamIdle => "stream idle",
+        })
+    }
+}
+
+/// The provider's error object. Every field is optional because compatible servers differ.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderError {
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+    /// `type`, e.g. `invalid_request_error`, `insufficient_quota`, `tokens`.
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    /// The offending parameter, e.g. `input[0].content[0].type`.
+    #[serde(default)]
+    pub param: Option<String>,
+    /// Machine code, e.g. `invalid_value`, `rate_limit_exceeded`, `previous_response_not_found`.
+    #[serde(default)]
+    pub code: Option<String>,
+}
+
+impl ProviderError {
+    /// Reads an error body: `{"error":{…}}`, a flat `{code,message,param}` (stream `error`
+    /// events), or anything else as the message.
+    pub fn from_body(body: &[u8]) -> Self {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(v) => Self::from_value(&v),
+            Err(_) => ProviderError {
+                message: String::from_utf8_lossy(body).chars().take(500).collect(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Reads an error object from parsed JSON (see [`ProviderError::from_body`]).
+    pub fn from_value(v: &Value) -> Self {
+        let inner = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
+        let text = |k: &str| inner.get(k).and_then(Value::as_str).map(str::to_owned);
+        let code = inner.get("code").and_then(|c| match c {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        ProviderError {
+            message: text("message").unwrap_or_default(),
+            kind: text("type"),
+            param: text("param"),
+            code,
+        }
+    }
+
+    /// Whether `code` or `type` equals `value`.
+    pub fn is(&self, value: &str) -> bool {
+        self.code.as_deref() == Some(value) || self.kind.as_deref() == Some(value)
+    }
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(code) = self.code.as_deref().or(self.kind.as_deref()) {
+            write!(f, "{code}: ")?;
+        }
+        f.write_str(if self.message.is_empty() { "(no message)" } else { &self.message })?;
+        if let Some(param) = &self.param {
+            write!(f, " (param `{param}`)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a call failed. [`LlmError::code`] gives the client-facing error code.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// Retryable failures (connection errors, 408/409/429/5xx) lasted through every retry, or the
+    /// server asked to wait longer than `llm.retry_after_max_ms`.
+    #[error("llm endpoint unavailable after {attempts} attempt(s): {cause}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: u32,
+        /// HTTP status of the last attempt, if it got one.
+        status: Option<u16>,
+        /// The last failure.
+        cause: String,
+    },
+    /// Timeouts lasted through every retry, or a stream went silent after delivering events.
+    #[error("llm call timed out ({phase}) after {attempts} attempt(s)")]
+    Timeout {
+        /// Attempts made.
+        attempts: u32,
+        /// Which timeout fired last.
+        phase: TimeoutPhase,
+    },
+    /// A stream broke after delivering events; it is not retried because its tokens were
+    /// already forwarded.
+    #[error("llm stream interrupted after {events} event(s): {cause}")]
+    StreamInterrupted {
+        /// Events received before the break.
+        events: u64,
+        /// What broke it.
+        cause: String,
+    },
+    /// The provider rejected the request with a non-retryable status (400, 401, 403, 404, 422,
+    /// or 429 `insufficient_quota`).
+    #[error("llm endpoint rejected the request (HTTP {status}): {error}")]
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The provider's error body.
+        error: Box<ProviderError>,
+    },
+    /// `previous_response_not_found`: the chain is gone; start a new one and rehydrate
+    /// (DESIGN.md §5.6).
+    #[error("previous response not found: {message}")]
+    PreviousResponseNotFound {
+        /// The provider's message (it names the id).
+        message: String,
+    },
+    /// The model refused to answer.
+    #[error("the model refused: {refusal}")]
+    Refused {
+        /// The provider's response id.
+        response_id: String,
+        /// The refusal text.
+        refusal: String,
+        /// The full provider response, for the turn record.
+        raw: Box<Value>,
+    },
+    /// The provider reported the response as `failed`, or sent a stream `error` event.
+    #[error("llm response failed: {error}")]
+    Failed {
+        /// The provider's response id, when known.
+        response_id: Option<String>,
+        /// The provider's error (`code`, `message`).
+        error: Box<ProviderError>,
+        /// The full provider response, when there is one.
+        raw: Option<Box<Value>>,
+    },
+    /// The answer could not be understood (bad JSON, unexpected status, no usable output).
+    #[error("llm response could not be understood: {0}")]
+    InvalidResponse(String),
+    /// The client could not be built or the request could not be formed (a configuration error).
+    #[error("llm client misconfigured: {0}")]
+    Config(String),
+}
+
+impl LlmError {
+    /// The client-facing error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            LlmError::Unavailable { .. } | LlmError::StreamInterrupted { .. } => ErrorCode::LlmUnavailable,
+            LlmError::Timeout { .. } => ErrorCode::LlmTimeout,
+            // The pipeline rehydrates instead of failing; if it ever surfaces, it is a rejection.
+            LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound { .. } => ErrorCode::LlmRejected,
+            LlmError::Refused { .. } => ErrorCode::LlmRefused,
+            LlmError::Failed { .. } => ErrorCode::LlmFailed,
+            LlmError::InvalidResponse(_) => ErrorCode::LlmInvalidResponse,
+            LlmError::Config(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Whether the whole call may be worth repeating later (e.g. from a dead-letter queue): the
+    /// provider was unreachable or overloaded rather than unwilling.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            LlmError::Unavailable { .. } | LlmError::Timeout { .. } | LlmError::StreamInterrupted { .. }
+        )
+    }
+
+    /// The provider response JSON carried by the error, if any (refusals and failures).
+    pub fn raw_response(&self) -> Option<&Value> {
+        match self {
+            LlmError::Refused { raw, .. } => Some(raw),
+            LlmError::Failed { raw, .. } => raw.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_nested_flat_and_garbage_error_bodies() {
+        let nested = br#"{"error":{"message":"m","type":"invalid_request_error","param":"input","code":"invalid_value"}}"#;
+        let e = ProviderError::from_body(nested);
+        assert_eq!((e.code.as_deref(), e.param.as_deref()), (Some("invalid_value"), Some("input")));
+        assert!(e.is("invalid_request_error"));
+        let flat = ProviderError::from_body(br#"{"type":"error","code":"server_error","message":"x"}"#);
+        assert_eq!(flat.code.as_deref(), Some("server_error"));
+        let junk = ProviderError::from_body(b"<html>bad gateway</html>");
+        assert_eq!(junk.message, "<html>bad gateway</html>");
+        assert_eq!(e.to_string(), "invalid_value: m (param `input`)");
+    }
+}

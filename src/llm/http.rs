@@ -1,0 +1,159 @@
+//! [`HttpLlmClient`]: the reqwest implementation of [`LlmClient`].
+//!
+//! One attempt: POST the body, check the HTTP status before reading anything else, then read a
+//! JSON body or an SSE stream within the request deadline. Attempts repeat under the
+//! [`RetryPolicy`]. The API key goes only into the `Authorization` header (marked sensitive), and
+//! neither it nor the body is ever logged.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use backon::Retryable as _;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::delta::StreamDelta;
+use super::error::{LlmError, TimeoutPhase};
+use super::retry::{classify_status, classify_transport, error_chain, AttemptError, RetryCause, RetryPolicy};
+use super::{map_response, stream, Endpoint, LlmClient, LlmRequest, LlmResponse};
+use crate::config::LlmSettings;
+
+/// The largest error body read; error bodies are small, and a runaway one must not stall us.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Calls a Responses-compatible endpoint over HTTP(S). Cheap to share: hold one per process.
+#[derive(Debug, Clone)]
+pub struct HttpLlmClient {
+    http: reqwest::Client,
+    policy: RetryPolicy,
+    request_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl HttpLlmClient {
+    /// Builds the client with the timeouts and retry policy of `[llm]`.
+    pub fn new(settings: &LlmSettings) -> Result<Self, LlmError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .user_agent(concat!("aptix/", env!("CARGO_PKG_VERSION")))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| LlmError::Config(error_chain(&e)))?;
+        Ok(HttpLlmClient {
+            http,
+            policy: RetryPolicy::from_settings(settings),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            idle_timeout: Duration::from_millis(settings.stream_idle_timeout_ms),
+        })
+    }
+
+    /// Sends one call with retries; see [`LlmClient::create_response`].
+    pub async fn create(&self, request: LlmRequest<'_>) -> Result<LlmResponse, LlmError> {
+        if !request.body.is_object() {
+            return Err(LlmError::Config("the /responses body must be a JSON object".into()));
+        }
+        let streaming = request.body.get("stream").and_then(Value::as_bool) == Some(true);
+        let body =
+            Bytes::from(serde_json::to_vec(request.body).map_err(|e| LlmError::Config(e.to_string()))?);
+        let url = request.endpoint.url("responses");
+        let attempts = AtomicU32::new(0);
+        let result = (|| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            self.attempt(&url, request.endpoint, body.clone(), streaming, request.deltas)
+        })
+        .retry(self.policy.backoff())
+        .when(AttemptError::is_retryable)
+        .adjust(|e, backoff| self.policy.adjust(e, backoff))
+        .notify(|e, wait| {
+            let attempt = attempts.load(Ordering::Relaxed);
+            tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, error = ?e, "llm attempt failed, retrying");
+        })
+        .await;
+        let attempts = attempts.load(Ordering::Relaxed);
+        match result {
+            Ok((raw, request_id)) => {
+                let mut response = map_response(raw)?;
+                response.attempts = attempts;
+                response.request_id = request_id;
+                tracing::debug!(response_id = %response.response_id, attempts, "llm call completed");
+                Ok(response)
+            }
+            Err(e) => Err(e.into_final(attempts)),
+        }
+    }
+
+    /// One attempt: the provider response object and its `x-request-id`.
+    async fn attempt(
+        &self,
+        url: &str,
+        endpoint: &Endpoint,
+        body: Bytes,
+        streaming: bool,
+        deltas: Option<&mpsc::Sender<StreamDelta>>,
+    ) -> Result<(Value, Option<String>), AttemptError> {
+        let deadline = Instant::now() + self.request_timeout;
+        let accept = if streaming { "text/event-stream" } else { "application/json" };
+        let mut builder =
+            self.http.post(url).header(CONTENT_TYPE, "application/json").header(ACCEPT, accept).body(body);
+        if let Some(key) = &endpoint.api_key {
+            builder = builder.bearer_auth(key.expose());
+        }
+        let resp = match tokio::time::timeout_at(deadline, builder.send()).await {
+            Err(_) => return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request))),
+            Ok(Err(e)) => return Err(classify_transport(&e)),
+            Ok(Ok(resp)) => resp,
+        };
+        let request_id = resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let status = resp.status();
+        if !status.is_success() {
+            let headers = resp.headers().clone();
+            let body = read_error_body(resp, deadline).await;
+            return Err(classify_status(status, &headers, &body));
+        }
+        let is_sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        // A server that ignores `stream: true` and answers JSON is read as JSON.
+        let raw = if is_sse {
+            stream::read(resp, deadline, self.idle_timeout, deltas).await?
+        } else {
+            let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
+                Err(_) => return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request))),
+                Ok(Err(e)) => return Err(AttemptError::retryable(RetryCause::Transport(error_chain(&e)))),
+                Ok(Ok(bytes)) => bytes,
+            };
+            serde_json::from_slice(&bytes).map_err(|e| {
+                AttemptError::Fatal(LlmError::InvalidResponse(format!("the response body is not JSON: {e}")))
+            })?
+        };
+        Ok((raw, request_id))
+    }
+}
+
+/// Reads at most [`MAX_ERROR_BODY`] bytes of an error answer; a body that cannot be read is
+/// treated as empty, since the status alone classifies it.
+async fn read_error_body(mut resp: reqwest::Response, deadline: Instant) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body
+}
+
+impl LlmClient for HttpLlmClient {
+    fn create_response<'a>(
+        &'a self,
+        request: LlmRequest<'a>,
+    ) -> BoxFuture<'a, Result<LlmResponse, LlmError>> {
+        Box::pin(self.create(request))
+    }
+}

@@ -1,0 +1,129 @@
+//! The invoke stage's view of the LLM: one `POST /responses` call to an OpenAI-compatible
+//! Responses endpoint, with retries, timeouts and streaming, mapped to the AGN-033 outcome.
+//!
+//! The stage depends on the object-safe [`LlmClient`] trait; [`HttpLlmClient`] is the real
+//! implementation (reqwest), and tests may substitute their own. A call takes the `/responses`
+//! body built by the assemble stage, the [`Endpoint`] (an AgentContext may override the base URL
+//! and key per tenant) and an optional sink for [`StreamDelta`]s; it returns an [`LlmResponse`]
+//! (provider id, the raw provider JSON, the mapped [`Outcome`], usage) or an [`LlmError`]
+//! classified by what the pipeline should do next.
+//!
+//! Streaming is chosen by the body itself (`"stream": true`), so the stored request payload is
+//! exactly what was sent.
+
+mod delta;
+mod error;
+mod http;
+mod map;
+mod retry;
+mod sse;
+mod stream;
+
+use std::fmt;
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::config::{AgentContext, LlmSettings, Secret};
+use crate::contracts::{Outcome, Usage};
+
+pub use delta::{DeltaEvent, StreamDelta};
+pub use error::{LlmError, ProviderError, TimeoutPhase};
+pub use http::HttpLlmClient;
+pub use map::{map_response, INCOMPLETE_WARNING_CODE};
+
+/// Where a call goes: a Responses-compatible base URL (up to and including `/v1`) and its key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Base URL, e.g. `https://api.openai.com/v1`; a query string (Azure's `api-version`) is kept.
+    pub base_url: String,
+    /// Bearer key; `None` for endpoints that need none (local servers).
+    pub api_key: Option<Secret>,
+}
+
+impl Endpoint {
+    /// An endpoint from its parts.
+    pub fn new(base_url: impl Into<String>, api_key: Option<Secret>) -> Self {
+        Endpoint { base_url: base_url.into(), api_key }
+    }
+
+    /// The endpoint serving a request: the AgentContext's overrides, else `[llm]`.
+    pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Self {
+        let base_url =
+            agent.and_then(|a| a.llm_base_url.clone()).unwrap_or_else(|| settings.base_url.clone());
+        let api_key = agent.and_then(|a| a.llm_api_key.clone()).or_else(|| settings.api_key.clone());
+        Endpoint { base_url, api_key }
+    }
+
+    /// The URL of `path` under the base URL, keeping the base URL's query string.
+    pub fn url(&self, path: &str) -> String {
+        let (base, query) = match self.base_url.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (self.base_url.as_str(), None),
+        };
+        let mut url = format!("{}/{}", base.trim_end_matches('/'), path.trim_start_matches('/'));
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key prints as `Secret(***)`; the URL carries no secret.
+        f.debug_struct("Endpoint").field("base_url", &self.base_url).field("api_key", &self.api_key).finish()
+    }
+}
+
+/// One `POST /responses` call.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmRequest<'a> {
+    /// Where to send it.
+    pub endpoint: &'a Endpoint,
+    /// The `/responses` body as built by the assemble stage; `"stream": true` selects SSE.
+    pub body: &'a Value,
+    /// Receives stream deltas in order (streaming calls only). A closed receiver is ignored:
+    /// the call still completes.
+    pub deltas: Option<&'a mpsc::Sender<StreamDelta>>,
+}
+
+/// How the provider ended the response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseStatus {
+    /// `completed`.
+    Completed,
+    /// `incomplete`, with the provider's reason (e.g. `max_output_tokens`, `content_filter`).
+    Incomplete {
+        /// `incomplete_details.reason`, or `unknown`.
+        reason: String,
+    },
+}
+
+/// A successful call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmResponse {
+    /// The provider's response id (`resp_…`), the next call's `previous_response_id`.
+    pub response_id: String,
+    /// `completed` or `incomplete`.
+    pub status: ResponseStatus,
+    /// The AGN-033 outcome: a final answer (usage and warnings included) or ordered tool calls.
+    pub outcome: Outcome,
+    /// Token usage, also for tool continuations (whose AGN-033 form has no usage bucket).
+    pub usage: Option<Usage>,
+    /// The full provider response object, to be stored unchanged.
+    pub raw: Value,
+    /// Attempts made, 1 when the first succeeded.
+    pub attempts: u32,
+    /// The provider's `x-request-id`, for support requests.
+    pub request_id: Option<String>,
+}
+
+/// The LLM as the invoke stage sees it. Object-safe: hold it as `Arc<dyn LlmClient>`.
+pub trait LlmClient: Send + Sync + fmt::Debug {
+    /// Sends one `/responses` call, retrying what may be retried.
+    fn create_response<'a>(&'a self, request: LlmRequest<'a>)
+        -> BoxFuture<'a, Result<LlmResponse, LlmError>>;
+}
