@@ -18,7 +18,10 @@ pub struct SchemaFile {
 /// Every published schema.
 pub fn all() -> Vec<SchemaFile> {
     vec![
-        SchemaFile { file_name: "agent-execute-request.schema.json", schema: schema_for!(AgentExecuteRequest) },
+        SchemaFile {
+            file_name: "agent-execute-request.schema.json",
+            schema: schema_for!(AgentExecuteRequest),
+        },
         SchemaFile { file_name: "invoke-result.schema.json", schema: schema_for!(Reply) },
     ]
 }

@@ -19,12 +19,15 @@ fn validate_stdin(input: &[u8]) -> Output {
 }
 
 fn stdout_json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 #[test]
 fn valid_request_exits_zero() {
-    let out = validate_stdin(br#"{"SessionId":"5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f","TurnId":"t1","Instruction":"hi"}"#);
+    let out = validate_stdin(
+        br#"{"SessionId":"5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f","TurnId":"t1","Instruction":"hi"}"#,
+    );
     assert_eq!(out.status.code(), Some(0));
     let v = stdout_json(&out);
     assert_eq!(v["Successful"], true);

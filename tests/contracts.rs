@@ -1,8 +1,8 @@
 //! AGN-033 response shapes: round trips for both kinds, and the bucket rules enforced on read.
 
 use aptix::contracts::{
-    AgentExecuteResponse, ApiError, ErrorCode, FileRef, FinalOutput, InvokeResult, Outcome, Reply,
-    SessionId, ToolCall, ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
+    AgentExecuteResponse, ApiError, ErrorCode, FileRef, FinalOutput, InvokeResult, Outcome, Reply, SessionId,
+    ToolCall, ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
 };
 use serde_json::{json, Value};
 
@@ -30,9 +30,22 @@ fn final_response_round_trips_with_all_allowed_buckets() {
             description: None,
             content_expires: Some("2026-12-01T00:00:00Z".into()),
         }],
-        tool_results: vec![ToolResult { tool_call_id: "s1".into(), execution_ms: 3, outcome: ToolOutcome::ResultJson("{}".into()) }],
-        user_warnings: vec![UserWarning { code: "files.skipped_too_large".into(), message: "big.cs was not sent".into() }],
-        usage: Some(Usage { input_tokens: 10, output_tokens: 5, total_tokens: 15, cached_input_tokens: 2, reasoning_tokens: 1 }),
+        tool_results: vec![ToolResult {
+            tool_call_id: "s1".into(),
+            execution_ms: 3,
+            outcome: ToolOutcome::ResultJson("{}".into()),
+        }],
+        user_warnings: vec![UserWarning {
+            code: "files.skipped_too_large".into(),
+            message: "big.cs was not sent".into(),
+        }],
+        usage: Some(Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            total_tokens: 15,
+            cached_input_tokens: 2,
+            reasoning_tokens: 1,
+        }),
     };
     let reply: Reply = InvokeResult::ok(envelope(Outcome::Final(out)));
     let v = serde_json::to_value(&reply).unwrap();
@@ -57,7 +70,11 @@ fn minimal_final_omits_empty_buckets() {
 #[test]
 fn continuation_round_trips_and_carries_no_final_buckets() {
     let calls = vec![
-        ToolCall { tool_call_id: "call_1".into(), name: "read_file".into(), arguments_json: "{\"path\":\"a\"}".into() },
+        ToolCall {
+            tool_call_id: "call_1".into(),
+            name: "read_file".into(),
+            arguments_json: "{\"path\":\"a\"}".into(),
+        },
         ToolCall { tool_call_id: "call_2".into(), name: "run_tests".into(), arguments_json: "{}".into() },
     ];
     let out = ToolContinuationOutput::new(calls, Some("Reading files".into())).unwrap();
@@ -107,7 +124,8 @@ fn forbidden_buckets_are_rejected_on_read() {
 
 #[test]
 fn failed_invoke_result_has_errors_and_null_result() {
-    let reply: Reply = InvokeResult::fail(vec![ApiError::at(ErrorCode::InstructionMissing, "Instruction", "needed")]);
+    let reply: Reply =
+        InvokeResult::fail(vec![ApiError::at(ErrorCode::InstructionMissing, "Instruction", "needed")]);
     let v = serde_json::to_value(&reply).unwrap();
     assert_eq!(
         v,

@@ -15,7 +15,11 @@ fn committed_schemas_are_current() {
             continue;
         }
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(committed == expected, "{} is stale: run APTIX_BLESS=1 cargo test --test schemas", path.display());
+        assert!(
+            committed == expected,
+            "{} is stale: run APTIX_BLESS=1 cargo test --test schemas",
+            path.display()
+        );
     }
 }
 

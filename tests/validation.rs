@@ -59,66 +59,331 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
     vec![
         ("invalid utf8", vec![b'{', 0xff, b'}'], ErrorCode::RequestInvalidUtf8, None),
         ("truncated json", br#"{"SessionId": "#.to_vec(), ErrorCode::RequestInvalidJson, None),
-        ("duplicate key", format!(r#"{{"SessionId":"{SID}","SessionId":"{SID}","TurnId":"a","Instruction":"x"}}"#).into_bytes(), ErrorCode::RequestInvalidJson, Some("SessionId")),
+        (
+            "duplicate key",
+            format!(r#"{{"SessionId":"{SID}","SessionId":"{SID}","TurnId":"a","Instruction":"x"}}"#)
+                .into_bytes(),
+            ErrorCode::RequestInvalidJson,
+            Some("SessionId"),
+        ),
         ("array body", b"[1,2]".to_vec(), ErrorCode::RequestNotObject, None),
         ("unknown field", b(user(json!({"Foo": 1}))), ErrorCode::RequestUnknownField, Some("Foo")),
-        ("camelCase field", b(user(json!({"sessionId": SID}))), ErrorCode::RequestUnknownField, Some("sessionId")),
-        ("nested unknown field", b(user(json!({"InputArtifacts": [artifact(json!({"Size": 3}))]}))), ErrorCode::RequestUnknownField, Some("InputArtifacts[0].Size")),
+        (
+            "camelCase field",
+            b(user(json!({"sessionId": SID}))),
+            ErrorCode::RequestUnknownField,
+            Some("sessionId"),
+        ),
+        (
+            "nested unknown field",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Size": 3}))]}))),
+            ErrorCode::RequestUnknownField,
+            Some("InputArtifacts[0].Size"),
+        ),
         ("Mode", b(user(json!({"Mode": "DDR_CREATION"}))), ErrorCode::RequestForbiddenField, Some("Mode")),
-        ("previous_response_id", b(user(json!({"previous_response_id": "resp_1"}))), ErrorCode::RequestForbiddenField, Some("previous_response_id")),
-        ("ResponseContinuationId", b(user(json!({"ResponseContinuationId": "resp_1"}))), ErrorCode::RequestForbiddenField, Some("ResponseContinuationId")),
-        ("ToolsJson", b(user(json!({"ToolsJson": "[]"}))), ErrorCode::RequestForbiddenField, Some("ToolsJson")),
+        (
+            "previous_response_id",
+            b(user(json!({"previous_response_id": "resp_1"}))),
+            ErrorCode::RequestForbiddenField,
+            Some("previous_response_id"),
+        ),
+        (
+            "ResponseContinuationId",
+            b(user(json!({"ResponseContinuationId": "resp_1"}))),
+            ErrorCode::RequestForbiddenField,
+            Some("ResponseContinuationId"),
+        ),
+        (
+            "ToolsJson",
+            b(user(json!({"ToolsJson": "[]"}))),
+            ErrorCode::RequestForbiddenField,
+            Some("ToolsJson"),
+        ),
         ("wrong type", b(user(json!({"Stream": "yes"}))), ErrorCode::RequestInvalidType, Some("Stream")),
-        ("negative ExecutionMs", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": -1, "ResultJson": "1"}]}))), ErrorCode::RequestInvalidType, Some("ToolResults[0].ExecutionMs")),
+        (
+            "negative ExecutionMs",
+            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": -1, "ResultJson": "1"}]}))),
+            ErrorCode::RequestInvalidType,
+            Some("ToolResults[0].ExecutionMs"),
+        ),
         ("no SessionId", b(user(json!({"SessionId": null}))), ErrorCode::SessionIdMissing, Some("SessionId")),
-        ("empty SessionId", b(user(json!({"SessionId": ""}))), ErrorCode::SessionIdMissing, Some("SessionId")),
-        ("bad SessionId", b(user(json!({"SessionId": "not-a-uuid"}))), ErrorCode::SessionIdInvalid, Some("SessionId")),
+        (
+            "empty SessionId",
+            b(user(json!({"SessionId": ""}))),
+            ErrorCode::SessionIdMissing,
+            Some("SessionId"),
+        ),
+        (
+            "bad SessionId",
+            b(user(json!({"SessionId": "not-a-uuid"}))),
+            ErrorCode::SessionIdInvalid,
+            Some("SessionId"),
+        ),
         ("no TurnId", b(user(json!({"TurnId": null}))), ErrorCode::TurnIdMissing, Some("TurnId")),
         ("empty TurnId", b(user(json!({"TurnId": ""}))), ErrorCode::TurnIdMissing, Some("TurnId")),
         ("TurnId chars", b(user(json!({"TurnId": "a b"}))), ErrorCode::TurnIdInvalid, Some("TurnId")),
-        ("TurnId length", b(user(json!({"TurnId": "a".repeat(129)}))), ErrorCode::TurnIdInvalid, Some("TurnId")),
-        ("no input", b(user(json!({"Instruction": null}))), ErrorCode::InstructionMissing, Some("Instruction")),
-        ("blank input", b(user(json!({"Instruction": "  \n", "InputArtifacts": [], "ClipboardImages": []}))), ErrorCode::InstructionMissing, Some("Instruction")),
-        ("continuation with Instruction", b(cont(json!({"Instruction": "x"}))), ErrorCode::ContinuationFieldForbidden, Some("Instruction")),
-        ("continuation with Stream", b(cont(json!({"Stream": false}))), ErrorCode::ContinuationFieldForbidden, Some("Stream")),
-        ("continuation with artifacts", b(cont(json!({"InputArtifacts": [artifact(json!({}))]}))), ErrorCode::ContinuationFieldForbidden, Some("InputArtifacts")),
-        ("continuation with RagScope", b(cont(json!({"RagScope": []}))), ErrorCode::ContinuationFieldForbidden, Some("RagScope")),
-        ("continuation with SolutionContextText", b(cont(json!({"SolutionContextText": "x"}))), ErrorCode::ContinuationFieldForbidden, Some("SolutionContextText")),
-        ("empty ToolResults", b(cont(json!({"ToolResults": []}))), ErrorCode::ToolResultsEmpty, Some("ToolResults")),
-        ("no ToolCallId", b(cont(json!({"ToolResults": [{"ExecutionMs": 1, "ResultJson": "1"}]}))), ErrorCode::ToolCallIdMissing, Some("ToolResults[0].ToolCallId")),
-        ("duplicate ToolCallId", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "1"}, {"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "2"}]}))), ErrorCode::ToolCallIdDuplicate, Some("ToolResults[1].ToolCallId")),
-        ("no ExecutionMs", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ResultJson": "1"}]}))), ErrorCode::ExecutionMsMissing, Some("ToolResults[0].ExecutionMs")),
-        ("both outcomes", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "1", "ErrorMessage": "boom"}]}))), ErrorCode::ToolResultOutcome, Some("ToolResults[0]")),
-        ("no outcome", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1}]}))), ErrorCode::ToolResultOutcome, Some("ToolResults[0]")),
-        ("ResultJson not JSON", b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "{oops"}]}))), ErrorCode::ToolResultJsonInvalid, Some("ToolResults[0].ResultJson")),
-        ("no path", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": null}))]}))), ErrorCode::PathMissing, Some("InputArtifacts[0].RelativePath")),
-        ("absolute path", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "/etc/passwd"}))]}))), ErrorCode::PathAbsolute, Some("InputArtifacts[0].RelativePath")),
-        ("backslash path", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "\\\\server\\share"}))]}))), ErrorCode::PathAbsolute, Some("InputArtifacts[0].RelativePath")),
-        ("drive letter", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "C:\\src\\a.cs"}))]}))), ErrorCode::PathDriveLetter, Some("InputArtifacts[0].RelativePath")),
-        ("relative drive", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "c:a.cs"}))]}))), ErrorCode::PathDriveLetter, Some("InputArtifacts[0].RelativePath")),
-        ("dotdot", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/../../etc"}))]}))), ErrorCode::PathTraversal, Some("InputArtifacts[0].RelativePath")),
-        ("windows dotdot", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src\\..\\x"}))]}))), ErrorCode::PathTraversal, Some("InputArtifacts[0].RelativePath")),
-        ("nul", b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "a\u{0}b"}))]}))), ErrorCode::PathNul, Some("InputArtifacts[0].RelativePath")),
-        ("duplicate path", b(user(json!({"InputArtifacts": [artifact(json!({})), artifact(json!({}))]}))), ErrorCode::PathDuplicate, Some("InputArtifacts[1].RelativePath")),
-        ("no file name", b(user(json!({"InputArtifacts": [artifact(json!({"FileName": null}))]}))), ErrorCode::FileNameMissing, Some("InputArtifacts[0].FileName")),
-        ("no contents", b(user(json!({"InputArtifacts": [artifact(json!({"Contents": null}))]}))), ErrorCode::ContentsMissing, Some("InputArtifacts[0].Contents")),
-        ("bad origin", b(user(json!({"InputArtifacts": [artifact(json!({"Origin": "IDE"}))]}))), ErrorCode::OriginInvalid, Some("InputArtifacts[0].Origin")),
-        ("no origin", b(user(json!({"InputArtifacts": [artifact(json!({"Origin": null}))]}))), ErrorCode::OriginInvalid, Some("InputArtifacts[0].Origin")),
-        ("bad encoding", b(user(json!({"InputArtifacts": [artifact(json!({"Encoding": "utf16"}))]}))), ErrorCode::EncodingInvalid, Some("InputArtifacts[0].Encoding")),
-        ("bad base64 contents", b(user(json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "@@@"}))]}))), ErrorCode::ContentsBase64Invalid, Some("InputArtifacts[0].Contents")),
-        ("no image id", b(user(json!({"ClipboardImages": [image(json!({"Id": null}))]}))), ErrorCode::ImageIdMissing, Some("ClipboardImages[0].Id")),
-        ("duplicate image id", b(user(json!({"ClipboardImages": [image(json!({})), image(json!({}))]}))), ErrorCode::ImageIdDuplicate, Some("ClipboardImages[1].Id")),
-        ("non-image mime", b(user(json!({"ClipboardImages": [image(json!({"MimeType": "application/pdf"}))]}))), ErrorCode::ImageMimeInvalid, Some("ClipboardImages[0].MimeType")),
-        ("bare image/ mime", b(user(json!({"ClipboardImages": [image(json!({"MimeType": "image/"}))]}))), ErrorCode::ImageMimeInvalid, Some("ClipboardImages[0].MimeType")),
-        ("bad image base64", b(user(json!({"ClipboardImages": [image(json!({"DataBase64": "not base64!"}))]}))), ErrorCode::ImageBase64Invalid, Some("ClipboardImages[0].DataBase64")),
-        ("empty image", b(user(json!({"ClipboardImages": [image(json!({"DataBase64": ""}))]}))), ErrorCode::ImageBase64Invalid, Some("ClipboardImages[0].DataBase64")),
-        ("scope no key", b(user(json!({"RagScope": [{"Operator": "==", "Values": ["a"]}]}))), ErrorCode::RagScopeKeyMissing, Some("RagScope[0].Key")),
-        ("scope bad operator", b(user(json!({"RagScope": [{"Key": "path", "Operator": "=", "Values": ["a"]}]}))), ErrorCode::RagScopeOperatorInvalid, Some("RagScope[0].Operator")),
-        ("scope operator case", b(user(json!({"RagScope": [{"Key": "path", "Operator": "Contains", "Values": ["a"]}]}))), ErrorCode::RagScopeOperatorInvalid, Some("RagScope[0].Operator")),
-        ("scope no values", b(user(json!({"RagScope": [{"Key": "path", "Operator": "contains", "Values": []}]}))), ErrorCode::RagScopeValuesEmpty, Some("RagScope[0].Values")),
-        ("scope empty value", b(user(json!({"RagScope": [{"Key": "path", "Operator": "contains", "Values": [""]}]}))), ErrorCode::RagScopeValuesEmpty, Some("RagScope[0].Values")),
-        ("bad context id", b(user(json!({"ConversationContextId": "has space"}))), ErrorCode::ContextIdInvalid, Some("ConversationContextId")),
-        ("empty agent context id", b(user(json!({"AgentContextId": ""}))), ErrorCode::ContextIdInvalid, Some("AgentContextId")),
+        (
+            "TurnId length",
+            b(user(json!({"TurnId": "a".repeat(129)}))),
+            ErrorCode::TurnIdInvalid,
+            Some("TurnId"),
+        ),
+        (
+            "no input",
+            b(user(json!({"Instruction": null}))),
+            ErrorCode::InstructionMissing,
+            Some("Instruction"),
+        ),
+        (
+            "blank input",
+            b(user(json!({"Instruction": "  \n", "InputArtifacts": [], "ClipboardImages": []}))),
+            ErrorCode::InstructionMissing,
+            Some("Instruction"),
+        ),
+        (
+            "continuation with Instruction",
+            b(cont(json!({"Instruction": "x"}))),
+            ErrorCode::ContinuationFieldForbidden,
+            Some("Instruction"),
+        ),
+        (
+            "continuation with Stream",
+            b(cont(json!({"Stream": false}))),
+            ErrorCode::ContinuationFieldForbidden,
+            Some("Stream"),
+        ),
+        (
+            "continuation with artifacts",
+            b(cont(json!({"InputArtifacts": [artifact(json!({}))]}))),
+            ErrorCode::ContinuationFieldForbidden,
+            Some("InputArtifacts"),
+        ),
+        (
+            "continuation with RagScope",
+            b(cont(json!({"RagScope": []}))),
+            ErrorCode::ContinuationFieldForbidden,
+            Some("RagScope"),
+        ),
+        (
+            "continuation with SolutionContextText",
+            b(cont(json!({"SolutionContextText": "x"}))),
+            ErrorCode::ContinuationFieldForbidden,
+            Some("SolutionContextText"),
+        ),
+        (
+            "empty ToolResults",
+            b(cont(json!({"ToolResults": []}))),
+            ErrorCode::ToolResultsEmpty,
+            Some("ToolResults"),
+        ),
+        (
+            "no ToolCallId",
+            b(cont(json!({"ToolResults": [{"ExecutionMs": 1, "ResultJson": "1"}]}))),
+            ErrorCode::ToolCallIdMissing,
+            Some("ToolResults[0].ToolCallId"),
+        ),
+        (
+            "duplicate ToolCallId",
+            b(cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "1"}, {"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "2"}]}),
+            )),
+            ErrorCode::ToolCallIdDuplicate,
+            Some("ToolResults[1].ToolCallId"),
+        ),
+        (
+            "no ExecutionMs",
+            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ResultJson": "1"}]}))),
+            ErrorCode::ExecutionMsMissing,
+            Some("ToolResults[0].ExecutionMs"),
+        ),
+        (
+            "both outcomes",
+            b(cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "1", "ErrorMessage": "boom"}]}),
+            )),
+            ErrorCode::ToolResultOutcome,
+            Some("ToolResults[0]"),
+        ),
+        (
+            "no outcome",
+            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1}]}))),
+            ErrorCode::ToolResultOutcome,
+            Some("ToolResults[0]"),
+        ),
+        (
+            "ResultJson not JSON",
+            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "{oops"}]}))),
+            ErrorCode::ToolResultJsonInvalid,
+            Some("ToolResults[0].ResultJson"),
+        ),
+        (
+            "no path",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": null}))]}))),
+            ErrorCode::PathMissing,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "absolute path",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "/etc/passwd"}))]}))),
+            ErrorCode::PathAbsolute,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "backslash path",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "\\\\server\\share"}))]}))),
+            ErrorCode::PathAbsolute,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "drive letter",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "C:\\src\\a.cs"}))]}))),
+            ErrorCode::PathDriveLetter,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "relative drive",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "c:a.cs"}))]}))),
+            ErrorCode::PathDriveLetter,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "dotdot",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/../../etc"}))]}))),
+            ErrorCode::PathTraversal,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "windows dotdot",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src\\..\\x"}))]}))),
+            ErrorCode::PathTraversal,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "nul",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "a\u{0}b"}))]}))),
+            ErrorCode::PathNul,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "duplicate path",
+            b(user(json!({"InputArtifacts": [artifact(json!({})), artifact(json!({}))]}))),
+            ErrorCode::PathDuplicate,
+            Some("InputArtifacts[1].RelativePath"),
+        ),
+        (
+            "no file name",
+            b(user(json!({"InputArtifacts": [artifact(json!({"FileName": null}))]}))),
+            ErrorCode::FileNameMissing,
+            Some("InputArtifacts[0].FileName"),
+        ),
+        (
+            "no contents",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Contents": null}))]}))),
+            ErrorCode::ContentsMissing,
+            Some("InputArtifacts[0].Contents"),
+        ),
+        (
+            "bad origin",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Origin": "IDE"}))]}))),
+            ErrorCode::OriginInvalid,
+            Some("InputArtifacts[0].Origin"),
+        ),
+        (
+            "no origin",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Origin": null}))]}))),
+            ErrorCode::OriginInvalid,
+            Some("InputArtifacts[0].Origin"),
+        ),
+        (
+            "bad encoding",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Encoding": "utf16"}))]}))),
+            ErrorCode::EncodingInvalid,
+            Some("InputArtifacts[0].Encoding"),
+        ),
+        (
+            "bad base64 contents",
+            b(user(json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "@@@"}))]}))),
+            ErrorCode::ContentsBase64Invalid,
+            Some("InputArtifacts[0].Contents"),
+        ),
+        (
+            "no image id",
+            b(user(json!({"ClipboardImages": [image(json!({"Id": null}))]}))),
+            ErrorCode::ImageIdMissing,
+            Some("ClipboardImages[0].Id"),
+        ),
+        (
+            "duplicate image id",
+            b(user(json!({"ClipboardImages": [image(json!({})), image(json!({}))]}))),
+            ErrorCode::ImageIdDuplicate,
+            Some("ClipboardImages[1].Id"),
+        ),
+        (
+            "non-image mime",
+            b(user(json!({"ClipboardImages": [image(json!({"MimeType": "application/pdf"}))]}))),
+            ErrorCode::ImageMimeInvalid,
+            Some("ClipboardImages[0].MimeType"),
+        ),
+        (
+            "bare image/ mime",
+            b(user(json!({"ClipboardImages": [image(json!({"MimeType": "image/"}))]}))),
+            ErrorCode::ImageMimeInvalid,
+            Some("ClipboardImages[0].MimeType"),
+        ),
+        (
+            "bad image base64",
+            b(user(json!({"ClipboardImages": [image(json!({"DataBase64": "not base64!"}))]}))),
+            ErrorCode::ImageBase64Invalid,
+            Some("ClipboardImages[0].DataBase64"),
+        ),
+        (
+            "empty image",
+            b(user(json!({"ClipboardImages": [image(json!({"DataBase64": ""}))]}))),
+            ErrorCode::ImageBase64Invalid,
+            Some("ClipboardImages[0].DataBase64"),
+        ),
+        (
+            "scope no key",
+            b(user(json!({"RagScope": [{"Operator": "==", "Values": ["a"]}]}))),
+            ErrorCode::RagScopeKeyMissing,
+            Some("RagScope[0].Key"),
+        ),
+        (
+            "scope bad operator",
+            b(user(json!({"RagScope": [{"Key": "path", "Operator": "=", "Values": ["a"]}]}))),
+            ErrorCode::RagScopeOperatorInvalid,
+            Some("RagScope[0].Operator"),
+        ),
+        (
+            "scope operator case",
+            b(user(json!({"RagScope": [{"Key": "path", "Operator": "Contains", "Values": ["a"]}]}))),
+            ErrorCode::RagScopeOperatorInvalid,
+            Some("RagScope[0].Operator"),
+        ),
+        (
+            "scope no values",
+            b(user(json!({"RagScope": [{"Key": "path", "Operator": "contains", "Values": []}]}))),
+            ErrorCode::RagScopeValuesEmpty,
+            Some("RagScope[0].Values"),
+        ),
+        (
+            "scope empty value",
+            b(user(json!({"RagScope": [{"Key": "path", "Operator": "contains", "Values": [""]}]}))),
+            ErrorCode::RagScopeValuesEmpty,
+            Some("RagScope[0].Values"),
+        ),
+        (
+            "bad context id",
+            b(user(json!({"ConversationContextId": "has space"}))),
+            ErrorCode::ContextIdInvalid,
+            Some("ConversationContextId"),
+        ),
+        (
+            "empty agent context id",
+            b(user(json!({"AgentContextId": ""}))),
+            ErrorCode::ContextIdInvalid,
+            Some("AgentContextId"),
+        ),
     ]
 }
 
@@ -135,8 +400,11 @@ fn every_rule_gives_its_specific_error() {
 
 #[test]
 fn every_stateless_code_is_exercised() {
-    let exercised: HashSet<ErrorCode> =
-        cases().into_iter().map(|(_, _, code, _)| code).chain(limit_cases().into_iter().map(|_| ErrorCode::LimitExceeded)).collect();
+    let exercised: HashSet<ErrorCode> = cases()
+        .into_iter()
+        .map(|(_, _, code, _)| code)
+        .chain(limit_cases().into_iter().map(|_| ErrorCode::LimitExceeded))
+        .collect();
     let exercised = exercised.into_iter().chain([ErrorCode::RequestTooLarge]).collect::<HashSet<_>>();
     for code in ErrorCode::ALL {
         let stateful = ["context.", "turn.", "session.", "tool_results.", "llm.", "internal."];
@@ -164,14 +432,55 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
     let scope = json!({"Key": "path", "Operator": "==", "Values": ["a"]});
     vec![
         (tight.clone(), user(json!({"Instruction": "123456"})), "Instruction", "max_instruction_chars"),
-        (tight.clone(), user(json!({"SolutionContextText": "abcd"})), "SolutionContextText", "max_solution_context_chars"),
+        (
+            tight.clone(),
+            user(json!({"SolutionContextText": "abcd"})),
+            "SolutionContextText",
+            "max_solution_context_chars",
+        ),
         (tight.clone(), user(json!({"Repo": "abcde"})), "Repo", "max_hint_chars"),
-        (tight.clone(), user(json!({"InputArtifacts": [artifact(json!({"Contents": "a"})), artifact(json!({"RelativePath": "b", "Contents": "b"}))]})), "InputArtifacts", "max_artifacts"),
-        (tight.clone(), user(json!({"InputArtifacts": [artifact(json!({"Contents": "abcde"}))]})), "InputArtifacts[0].Contents", "max_artifact_bytes"),
-        (tight.clone(), user(json!({"ClipboardImages": [image(json!({"DataBase64": "YQ=="})), image(json!({"Id": "2", "DataBase64": "YQ=="}))]})), "ClipboardImages", "max_images"),
-        (tight.clone(), user(json!({"ClipboardImages": [image(json!({"DataBase64": "YWJj"}))]})), "ClipboardImages[0].DataBase64", "max_image_bytes"),
-        (tight.clone(), cont(json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ResultJson": "1"}, {"ToolCallId": "b", "ExecutionMs": 1, "ResultJson": "1"}]})), "ToolResults", "max_tool_results"),
-        (tight.clone(), cont(json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ErrorMessage": "boom"}]})), "ToolResults[0].ErrorMessage", "max_tool_result_bytes"),
+        (
+            tight.clone(),
+            user(
+                json!({"InputArtifacts": [artifact(json!({"Contents": "a"})), artifact(json!({"RelativePath": "b", "Contents": "b"}))]}),
+            ),
+            "InputArtifacts",
+            "max_artifacts",
+        ),
+        (
+            tight.clone(),
+            user(json!({"InputArtifacts": [artifact(json!({"Contents": "abcde"}))]})),
+            "InputArtifacts[0].Contents",
+            "max_artifact_bytes",
+        ),
+        (
+            tight.clone(),
+            user(
+                json!({"ClipboardImages": [image(json!({"DataBase64": "YQ=="})), image(json!({"Id": "2", "DataBase64": "YQ=="}))]}),
+            ),
+            "ClipboardImages",
+            "max_images",
+        ),
+        (
+            tight.clone(),
+            user(json!({"ClipboardImages": [image(json!({"DataBase64": "YWJj"}))]})),
+            "ClipboardImages[0].DataBase64",
+            "max_image_bytes",
+        ),
+        (
+            tight.clone(),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ResultJson": "1"}, {"ToolCallId": "b", "ExecutionMs": 1, "ResultJson": "1"}]}),
+            ),
+            "ToolResults",
+            "max_tool_results",
+        ),
+        (
+            tight.clone(),
+            cont(json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ErrorMessage": "boom"}]})),
+            "ToolResults[0].ErrorMessage",
+            "max_tool_result_bytes",
+        ),
         (tight, user(json!({"RagScope": [scope.clone(), scope]})), "RagScope", "max_rag_scope_conditions"),
     ]
 }
@@ -181,7 +490,8 @@ fn limits_are_enforced_and_named() {
     for (limits, body, field, key) in limit_cases() {
         let result = validate_bytes(&serde_json::to_vec(&body).unwrap(), &limits);
         let errors = result.expect_err(field).0;
-        let hit = errors.iter().find(|e| e.code == ErrorCode::LimitExceeded && e.field.as_deref() == Some(field));
+        let hit =
+            errors.iter().find(|e| e.code == ErrorCode::LimitExceeded && e.field.as_deref() == Some(field));
         let hit = hit.unwrap_or_else(|| panic!("{field}: {errors:?}"));
         assert!(hit.message.contains(key), "{field}: message does not name {key}: {}", hit.message);
     }
@@ -193,8 +503,11 @@ fn limits_are_enforced_and_named() {
 
 #[test]
 fn all_problems_are_reported_at_once() {
-    let body = user(json!({"TurnId": "bad id", "InputArtifacts": [artifact(json!({"RelativePath": "/abs", "Origin": "x"}))]}));
-    let codes: Vec<ErrorCode> = errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default()).into_iter().map(|e| e.0).collect();
+    let body = user(
+        json!({"TurnId": "bad id", "InputArtifacts": [artifact(json!({"RelativePath": "/abs", "Origin": "x"}))]}),
+    );
+    let codes: Vec<ErrorCode> =
+        errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default()).into_iter().map(|e| e.0).collect();
     for code in [ErrorCode::TurnIdInvalid, ErrorCode::PathAbsolute, ErrorCode::OriginInvalid] {
         assert!(codes.contains(&code), "{code} missing from {codes:?}");
     }
@@ -253,9 +566,14 @@ fn deserializing_a_validated_request_revalidates() {
 #[test]
 fn fingerprint_ignores_spelling_but_not_content() {
     let a = validate_bytes(&serde_json::to_vec(&user(json!({}))).unwrap(), &Limits::default()).unwrap();
-    let reordered = format!(r#"{{"Instruction":"Explain the invoice flow","TurnId":"t-1","SessionId":"{SID}"}}"#);
+    let reordered =
+        format!(r#"{{"Instruction":"Explain the invoice flow","TurnId":"t-1","SessionId":"{SID}"}}"#);
     let b = validate_bytes(reordered.as_bytes(), &Limits::default()).unwrap();
-    let c = validate_bytes(&serde_json::to_vec(&user(json!({"Instruction": "other"}))).unwrap(), &Limits::default()).unwrap();
+    let c = validate_bytes(
+        &serde_json::to_vec(&user(json!({"Instruction": "other"}))).unwrap(),
+        &Limits::default(),
+    )
+    .unwrap();
     assert_eq!(a.fingerprint(), b.fingerprint());
     assert_ne!(a.fingerprint(), c.fingerprint());
 }
@@ -266,4 +584,12 @@ fn session_hint_reads_invalid_requests() {
     assert_eq!(session_hint(&body).map(|s| s.to_string()).as_deref(), Some(SID));
     assert!(session_hint(b"{\"SessionId\": 42}").is_none());
     assert!(session_hint(b"garbage").is_none());
+}
+
+#[test]
+fn forbidden_fields_do_not_hide_other_problems() {
+    let body = user(json!({"Mode": "X", "TurnId": "bad id"}));
+    let codes: Vec<ErrorCode> =
+        errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default()).into_iter().map(|e| e.0).collect();
+    assert_eq!(codes, [ErrorCode::RequestForbiddenField, ErrorCode::TurnIdInvalid]);
 }

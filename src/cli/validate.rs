@@ -59,8 +59,12 @@ pub fn report(request: &ValidatedRequest) -> ValidationReport {
 }
 
 fn print_json<T: Serialize>(value: &T) {
+    use std::io::Write as _;
     match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
+        // A closed pipe (`| head`) is not worth a panic.
+        Ok(text) => {
+            let _ = writeln!(std::io::stdout().lock(), "{text}");
+        }
         Err(e) => eprintln!("cannot render the result: {e}"),
     }
 }

@@ -97,7 +97,9 @@ impl ConversationContext {
     /// Checks one context; `key` is its configuration path for error messages.
     pub(super) fn check(&self, key: &str) -> Result<(), ConfigError> {
         let bad = |field: &str, message: String| Err(ConfigError::invalid(format!("{key}.{field}"), message));
-        for (field, value) in [("mode", &self.mode), ("model", &self.model), ("mode_display_name", &self.mode_display_name)] {
+        for (field, value) in
+            [("mode", &self.mode), ("model", &self.model), ("mode_display_name", &self.mode_display_name)]
+        {
             if value.trim().is_empty() {
                 return bad(field, "must not be empty".into());
             }
@@ -116,13 +118,19 @@ impl ConversationContext {
                 && tool.name.len() <= 64
                 && tool.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
             if !valid {
-                return bad(&format!("tools[{i}].name"), format!("`{}` is not a valid function name", tool.name));
+                return bad(
+                    &format!("tools[{i}].name"),
+                    format!("`{}` is not a valid function name", tool.name),
+                );
             }
             if !names.insert(tool.name.as_str()) {
                 return bad(&format!("tools[{i}].name"), format!("`{}` is defined twice", tool.name));
             }
             if !tool.parameters.is_object() {
-                return bad(&format!("tools[{i}].parameters"), "must be a JSON object (a JSON Schema)".into());
+                return bad(
+                    &format!("tools[{i}].parameters"),
+                    "must be a JSON object (a JSON Schema)".into(),
+                );
             }
         }
         if let Some(choice) = &self.tool_choice {

@@ -65,6 +65,9 @@ pub struct Settings {
     pub default_agent_context: String,
     /// Backend selections by id.
     pub agent_contexts: BTreeMap<String, AgentContext>,
+    /// Request assembly: active-file limit, provider retention, rehydration budgets.
+    #[serde(default)]
+    pub assemble: crate::assemble::AssemblePolicy,
 }
 
 /// RabbitMQ settings.
@@ -124,6 +127,41 @@ pub struct VectorSettings {
     pub api_key: Option<Secret>,
     /// Directory of the embedded store.
     pub data_dir: PathBuf,
+    /// Server backend: per-request timeout, seconds.
+    #[serde(default = "default_vector_timeout")]
+    pub timeout_secs: u64,
+    /// Server backend: connect timeout, seconds.
+    #[serde(default = "default_vector_connect_timeout")]
+    pub connect_timeout_secs: u64,
+    /// OpenAI-compatible embeddings base URL (up to `/v1`); when set, chunks also get dense
+    /// vectors and retrieval fuses BM25 and dense results.
+    #[serde(default)]
+    pub embeddings_url: Option<String>,
+    /// API key for the embeddings endpoint; when unset, `llm.api_key` is used.
+    #[serde(default)]
+    pub embeddings_api_key: Option<Secret>,
+    /// Embedding model id.
+    #[serde(default = "default_embeddings_model")]
+    pub embeddings_model: String,
+    /// Dimension of the embedding vectors (sent as `dimensions`).
+    #[serde(default = "default_embeddings_dimension")]
+    pub embeddings_dimension: usize,
+}
+
+fn default_vector_timeout() -> u64 {
+    10
+}
+
+fn default_vector_connect_timeout() -> u64 {
+    5
+}
+
+fn default_embeddings_model() -> String {
+    "text-embedding-3-small".to_owned()
+}
+
+fn default_embeddings_dimension() -> usize {
+    1536
 }
 
 /// Log output settings.
@@ -149,7 +187,8 @@ impl Settings {
             .build()?;
         let mut settings: Settings = built.try_deserialize()?;
         if settings.llm.api_key.is_none() {
-            settings.llm.api_key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()).map(Secret::new);
+            settings.llm.api_key =
+                std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()).map(Secret::new);
         }
         settings.validate()?;
         Ok(settings)
@@ -197,13 +236,19 @@ impl Settings {
         }
         for (id, ctx) in &self.agent_contexts {
             if ctx.collection.trim().is_empty() {
-                return Err(ConfigError::invalid(format!("agent_contexts.{id}.collection"), "must not be empty"));
+                return Err(ConfigError::invalid(
+                    format!("agent_contexts.{id}.collection"),
+                    "must not be empty",
+                ));
             }
         }
         if !self.conversation_contexts.contains_key(&self.default_conversation_context) {
             return Err(ConfigError::invalid(
                 "default_conversation_context",
-                format!("`{}` is not defined under [conversation_contexts]", self.default_conversation_context),
+                format!(
+                    "`{}` is not defined under [conversation_contexts]",
+                    self.default_conversation_context
+                ),
             ));
         }
         if !self.agent_contexts.contains_key(&self.default_agent_context) {

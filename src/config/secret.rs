@@ -64,12 +64,7 @@ impl ConnectionUrl {
         let Some(at) = rest[..authority_end].rfind('@') else { return self.0.clone() };
         let userinfo = &rest[..at];
         match userinfo.find(':') {
-            Some(colon) => format!(
-                "{}{}:***{}",
-                &self.0[..scheme_end + 3],
-                &userinfo[..colon],
-                &rest[at..]
-            ),
+            Some(colon) => format!("{}{}:***{}", &self.0[..scheme_end + 3], &userinfo[..colon], &rest[at..]),
             None => self.0.clone(),
         }
     }

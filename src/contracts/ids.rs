@@ -44,9 +44,9 @@ impl FromStr for SessionId {
         if s.trim().is_empty() {
             return Err((ErrorCode::SessionIdMissing, "SessionId is required".into()));
         }
-        Uuid::parse_str(s).map(SessionId).map_err(|e| {
-            (ErrorCode::SessionIdInvalid, format!("SessionId `{}` is not a UUID: {e}", clip(s)))
-        })
+        Uuid::parse_str(s)
+            .map(SessionId)
+            .map_err(|e| (ErrorCode::SessionIdInvalid, format!("SessionId `{}` is not a UUID: {e}", clip(s))))
     }
 }
 
@@ -182,10 +182,7 @@ impl FromStr for RelativePath {
             ));
         }
         if p.split(['/', '\\']).any(|seg| seg == "..") {
-            return Err((
-                ErrorCode::PathTraversal,
-                format!("RelativePath `{}` has a `..` segment", clip(p)),
-            ));
+            return Err((ErrorCode::PathTraversal, format!("RelativePath `{}` has a `..` segment", clip(p))));
         }
         Ok(RelativePath(p.to_owned()))
     }

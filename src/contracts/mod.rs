@@ -11,12 +11,12 @@ pub use error::{ApiError, ErrorCode};
 pub use ids::{ContextId, RelativePath, SessionId, TurnId};
 pub use request::AgentExecuteRequest;
 pub use response::{
-    AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall,
-    ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
+    AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall, ToolContinuationOutput,
+    ToolOutcome, ToolResult, Usage, UserWarning,
 };
 pub use validated::{
-    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
-    ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator, ToolContinuation,
+    TurnKey, UserTurn, ValidatedRequest,
 };
 
 /// The reply every client receives.

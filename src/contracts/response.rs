@@ -84,10 +84,13 @@ pub struct ToolContinuationOutput {
     tool_continuation_message: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
 struct ToolContinuationShape {
+    /// The exact, ordered set of calls the client must run (one or more).
+    #[schemars(length(min = 1))]
     tool_calls: Vec<ToolCall>,
+    /// Informational text; never actionable.
     #[serde(default)]
     tool_continuation_message: Option<String>,
 }
@@ -214,13 +217,18 @@ pub struct InvokeResult<T> {
     warnings: Vec<ApiError>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
+#[schemars(rename = "InvokeResult")]
 struct InvokeShape<T> {
+    /// `true` with a `Result` and no `Errors`; `false` with `Errors` and a null `Result`.
     successful: bool,
+    /// The response of a successful invocation.
     result: Option<T>,
+    /// Why the invocation failed.
     #[serde(default)]
     errors: Vec<ApiError>,
+    /// System-level warnings.
     #[serde(default)]
     warnings: Vec<ApiError>,
 }

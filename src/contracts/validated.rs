@@ -10,8 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::ids::{ContextId, RelativePath, SessionId, TurnId};
 use super::request::{
-    AgentExecuteRequest, ClipboardImageWire, InputArtifactWire, RagScopeConditionWire,
-    ToolResultWire,
+    AgentExecuteRequest, ClipboardImageWire, InputArtifactWire, RagScopeConditionWire, ToolResultWire,
 };
 use super::response::{ToolOutcome, ToolResult};
 
@@ -46,8 +45,7 @@ impl ValidatedRequest {
     /// SHA-256 (hex) of the canonical wire form: equal for the same content however it was
     /// spelled, so a re-sent turn is told apart from a conflicting one.
     pub fn fingerprint(&self) -> String {
-        let canonical = serde_json::to_vec(&AgentExecuteRequest::from(self.clone()))
-            .unwrap_or_default();
+        let canonical = serde_json::to_vec(&AgentExecuteRequest::from(self.clone())).unwrap_or_default();
         hex::encode(Sha256::digest(canonical))
     }
 }
@@ -332,7 +330,6 @@ impl From<ValidatedRequest> for AgentExecuteRequest {
 
 fn user_turn_to_wire(t: UserTurn) -> AgentExecuteRequest {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let non_empty = |v: Vec<_>| if v.is_empty() { None } else { Some(v) };
     AgentExecuteRequest {
         session_id: Some(t.key.session_id.to_string()),
         turn_id: Some(t.key.turn_id.to_string()),
@@ -385,6 +382,14 @@ fn user_turn_to_wire(t: UserTurn) -> AgentExecuteRequest {
         agent_context_id: t.agent_context_id.map(|c| c.as_str().to_owned()),
         conversation_context_id: t.conversation_context_id.map(|c| c.as_str().to_owned()),
         tool_results: None,
+    }
+}
+
+fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
+    if v.is_empty() {
+        None
+    } else {
+        Some(v)
     }
 }
 

@@ -40,12 +40,24 @@ pub fn parse_bytes(bytes: &[u8], limits: &Limits) -> Result<AgentExecuteRequest,
         ));
     };
     let name_errors: Vec<ApiError> = map.keys().filter_map(|k| field_name_error(k)).collect();
-    if !name_errors.is_empty() {
-        return Err(ValidationErrors(name_errors));
+    if name_errors.is_empty() {
+        // Deserialize from the text, not the Value: only the text still shows duplicate properties.
+        let mut de = serde_json::Deserializer::from_str(text);
+        return serde_path_to_error::deserialize(&mut de).map_err(|e| ValidationErrors(vec![type_error(&e)]));
     }
-    // Deserialize from the text, not the Value: only the text still shows duplicate properties.
-    let mut de = serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| ValidationErrors(vec![type_error(&e)]))
+    // Drop the offending properties and read the rest, so their problems are reported too.
+    let mut rest = map.clone();
+    rest.retain(|k, _| REQUEST_FIELDS.contains(&k.as_str()));
+    let mut errors = name_errors;
+    match serde_path_to_error::deserialize::<_, AgentExecuteRequest>(Value::Object(rest)) {
+        Ok(wire) => {
+            if let Err(more) = super::validate_wire(wire, limits) {
+                errors.extend(more.0);
+            }
+        }
+        Err(e) => errors.push(type_error(&e)),
+    }
+    Err(ValidationErrors(errors))
 }
 
 /// The `(SessionId, TurnId)` a possibly invalid body names, as far as they can be read.
@@ -93,11 +105,14 @@ fn type_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         return ApiError::new(ErrorCode::RequestInvalidJson, json_problem(inner));
     }
     if let Some(name) = backticked(&message, "unknown field `") {
-        let field = if path == "." { name.clone() } else { format!("{path}.{name}") };
+        // The path already ends with the unknown property's name.
+        let field = if path == "." { name.clone() } else { path.clone() };
+        let parent = field.strip_suffix(name.as_str()).map(|p| p.trim_end_matches('.')).unwrap_or("");
+        let owner = if parent.is_empty() { "the request".to_owned() } else { format!("`{parent}`") };
         return ApiError::at(
             ErrorCode::RequestUnknownField,
-            field,
-            format!("`{name}` is not a property of {}", if path == "." { "the request" } else { &path }),
+            field.clone(),
+            format!("`{name}` is not a property of {owner}"),
         );
     }
     if let Some(name) = backticked(&message, "duplicate field `") {

@@ -10,12 +10,12 @@ use crate::contracts::request::{
     ClipboardImageWire, InputArtifactWire, RagScopeConditionWire, ToolResultWire,
 };
 use crate::contracts::validated::{
-    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
-    ToolContinuation, TurnKey, UserTurn,
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator, ToolContinuation,
+    TurnKey, UserTurn,
 };
 use crate::contracts::{
-    AgentExecuteRequest, ApiError, ContextId, ErrorCode, RelativePath, SessionId, ToolOutcome,
-    ToolResult, TurnId, ValidatedRequest,
+    AgentExecuteRequest, ApiError, ContextId, ErrorCode, RelativePath, SessionId, ToolOutcome, ToolResult,
+    TurnId, ValidatedRequest,
 };
 
 #[derive(Default)]
@@ -37,12 +37,17 @@ impl Errors {
     }
 }
 
-pub(super) fn validate(w: AgentExecuteRequest, limits: &Limits) -> Result<ValidatedRequest, ValidationErrors> {
+pub(super) fn validate(
+    w: AgentExecuteRequest,
+    limits: &Limits,
+) -> Result<ValidatedRequest, ValidationErrors> {
     let mut e = Errors::default();
-    let session_id = parse_or(&mut e, "SessionId", w.session_id.as_deref(), ErrorCode::SessionIdMissing, |s| {
-        s.parse::<SessionId>()
-    });
-    let turn_id = parse_or(&mut e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| s.parse::<TurnId>());
+    let session_id =
+        parse_or(&mut e, "SessionId", w.session_id.as_deref(), ErrorCode::SessionIdMissing, |s| {
+            s.parse::<SessionId>()
+        });
+    let turn_id =
+        parse_or(&mut e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| s.parse::<TurnId>());
     let result = if w.tool_results.is_some() {
         continuation(&mut e, w, limits).map(|results| (results, None))
     } else {
@@ -123,7 +128,11 @@ fn tool_result(
             None
         }
         Some(id) if !seen.insert(id.clone()) => {
-            e.at(ErrorCode::ToolCallIdDuplicate, f("ToolCallId"), format!("ToolCallId `{id}` appears more than once"));
+            e.at(
+                ErrorCode::ToolCallIdDuplicate,
+                f("ToolCallId"),
+                format!("ToolCallId `{id}` appears more than once"),
+            );
             None
         }
         Some(id) => Some(id),
@@ -133,17 +142,33 @@ fn tool_result(
     }
     let outcome = match (r.result_json, r.error_message) {
         (Some(json), None) => {
-            e.limit(&f("ResultJson"), "bytes", json.len(), "max_tool_result_bytes", limits.max_tool_result_bytes);
+            e.limit(
+                &f("ResultJson"),
+                "bytes",
+                json.len(),
+                "max_tool_result_bytes",
+                limits.max_tool_result_bytes,
+            );
             match serde_json::from_str::<serde_json::Value>(&json) {
                 Ok(_) => Some(ToolOutcome::ResultJson(json)),
                 Err(err) => {
-                    e.at(ErrorCode::ToolResultJsonInvalid, f("ResultJson"), format!("ResultJson is not valid JSON: {err}"));
+                    e.at(
+                        ErrorCode::ToolResultJsonInvalid,
+                        f("ResultJson"),
+                        format!("ResultJson is not valid JSON: {err}"),
+                    );
                     None
                 }
             }
         }
         (None, Some(msg)) => {
-            e.limit(&f("ErrorMessage"), "bytes", msg.len(), "max_tool_result_bytes", limits.max_tool_result_bytes);
+            e.limit(
+                &f("ErrorMessage"),
+                "bytes",
+                msg.len(),
+                "max_tool_result_bytes",
+                limits.max_tool_result_bytes,
+            );
             Some(ToolOutcome::ErrorMessage(msg))
         }
         (both, _) => {
@@ -192,11 +217,23 @@ impl UserTurnParts {
 fn user_turn_parts(e: &mut Errors, mut w: AgentExecuteRequest, limits: &Limits) -> Option<UserTurnParts> {
     let instruction = w.instruction.take().filter(|s| !s.trim().is_empty());
     if let Some(text) = &instruction {
-        e.limit("Instruction", "characters", text.chars().count(), "max_instruction_chars", limits.max_instruction_chars);
+        e.limit(
+            "Instruction",
+            "characters",
+            text.chars().count(),
+            "max_instruction_chars",
+            limits.max_instruction_chars,
+        );
     }
     if let Some(text) = &w.solution_context_text {
         let n = text.chars().count();
-        e.limit("SolutionContextText", "characters", n, "max_solution_context_chars", limits.max_solution_context_chars);
+        e.limit(
+            "SolutionContextText",
+            "characters",
+            n,
+            "max_solution_context_chars",
+            limits.max_solution_context_chars,
+        );
     }
     for (field, value) in [("WorkspaceId", &w.workspace_id), ("Repo", &w.repo), ("Language", &w.language)] {
         if let Some(v) = value {
@@ -206,7 +243,10 @@ fn user_turn_parts(e: &mut Errors, mut w: AgentExecuteRequest, limits: &Limits) 
     let artifacts = artifacts(e, w.input_artifacts.take().unwrap_or_default(), limits);
     let images = images(e, w.clipboard_images.take().unwrap_or_default(), limits);
     let rag_scope = rag_scope(e, w.rag_scope.take().unwrap_or_default(), limits);
-    if instruction.is_none() && artifacts.as_ref().is_some_and(Vec::is_empty) && images.as_ref().is_some_and(Vec::is_empty) {
+    if instruction.is_none()
+        && artifacts.as_ref().is_some_and(Vec::is_empty)
+        && images.as_ref().is_some_and(Vec::is_empty)
+    {
         e.at(
             ErrorCode::InstructionMissing,
             "Instruction",
@@ -307,7 +347,11 @@ fn artifact_contents(
                 Err(err) => ArtifactContents::Binary(err.into_bytes()),
             },
             Err(msg) => {
-                e.at(ErrorCode::ContentsBase64Invalid, f("Contents"), format!("Contents is not valid base64: {msg}"));
+                e.at(
+                    ErrorCode::ContentsBase64Invalid,
+                    f("Contents"),
+                    format!("Contents is not valid base64: {msg}"),
+                );
                 return None;
             }
         },
@@ -320,7 +364,13 @@ fn artifact_contents(
             return None;
         }
     };
-    e.limit(&f("Contents"), "bytes", decoded.as_bytes().len(), "max_artifact_bytes", limits.max_artifact_bytes);
+    e.limit(
+        &f("Contents"),
+        "bytes",
+        decoded.as_bytes().len(),
+        "max_artifact_bytes",
+        limits.max_artifact_bytes,
+    );
     Some(decoded)
 }
 
@@ -338,32 +388,60 @@ fn images(e: &mut Errors, wires: Vec<ClipboardImageWire>, limits: &Limits) -> Op
                     None
                 }
                 Some(id) if !ids.insert(id.clone()) => {
-                    e.at(ErrorCode::ImageIdDuplicate, f("Id"), format!("image Id `{id}` appears more than once"));
+                    e.at(
+                        ErrorCode::ImageIdDuplicate,
+                        f("Id"),
+                        format!("image Id `{id}` appears more than once"),
+                    );
                     None
                 }
                 Some(id) => Some(id),
             };
             let mime = img.mime_type.map(|m| m.trim().to_ascii_lowercase());
             let mime = match mime {
-                Some(m) if m.strip_prefix("image/").is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ';', ' '])) => Some(m),
+                Some(m)
+                    if m.strip_prefix("image/")
+                        .is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ';', ' '])) =>
+                {
+                    Some(m)
+                }
                 other => {
-                    let got = other.map_or("nothing".to_owned(), |m| format!("`{}`", crate::contracts::ids::clip(&m)));
-                    e.at(ErrorCode::ImageMimeInvalid, f("MimeType"), format!("MimeType must be an image/* type, got {got}"));
+                    let got = other
+                        .map_or("nothing".to_owned(), |m| format!("`{}`", crate::contracts::ids::clip(&m)));
+                    e.at(
+                        ErrorCode::ImageMimeInvalid,
+                        f("MimeType"),
+                        format!("MimeType must be an image/* type, got {got}"),
+                    );
                     None
                 }
             };
             let data = img.data_base64.unwrap_or_default();
             let len = match decode_base64(&data) {
                 Ok(bytes) if !bytes.is_empty() => {
-                    e.limit(&f("DataBase64"), "bytes", bytes.len(), "max_image_bytes", limits.max_image_bytes);
+                    e.limit(
+                        &f("DataBase64"),
+                        "bytes",
+                        bytes.len(),
+                        "max_image_bytes",
+                        limits.max_image_bytes,
+                    );
                     Some(bytes.len())
                 }
                 Ok(_) => {
-                    e.at(ErrorCode::ImageBase64Invalid, f("DataBase64"), "DataBase64 is required and must not be empty");
+                    e.at(
+                        ErrorCode::ImageBase64Invalid,
+                        f("DataBase64"),
+                        "DataBase64 is required and must not be empty",
+                    );
                     None
                 }
                 Err(msg) => {
-                    e.at(ErrorCode::ImageBase64Invalid, f("DataBase64"), format!("DataBase64 is not valid base64: {msg}"));
+                    e.at(
+                        ErrorCode::ImageBase64Invalid,
+                        f("DataBase64"),
+                        format!("DataBase64 is not valid base64: {msg}"),
+                    );
                     None
                 }
             };
@@ -374,8 +452,18 @@ fn images(e: &mut Errors, wires: Vec<ClipboardImageWire>, limits: &Limits) -> Op
     parsed.into_iter().collect()
 }
 
-fn rag_scope(e: &mut Errors, wires: Vec<RagScopeConditionWire>, limits: &Limits) -> Option<Vec<ScopeCondition>> {
-    e.limit("RagScope", "conditions", wires.len(), "max_rag_scope_conditions", limits.max_rag_scope_conditions);
+fn rag_scope(
+    e: &mut Errors,
+    wires: Vec<RagScopeConditionWire>,
+    limits: &Limits,
+) -> Option<Vec<ScopeCondition>> {
+    e.limit(
+        "RagScope",
+        "conditions",
+        wires.len(),
+        "max_rag_scope_conditions",
+        limits.max_rag_scope_conditions,
+    );
     let parsed: Vec<Option<ScopeCondition>> = wires
         .into_iter()
         .enumerate()
@@ -387,7 +475,10 @@ fn rag_scope(e: &mut Errors, wires: Vec<RagScopeConditionWire>, limits: &Limits)
             }
             let operator = c.operator.as_deref().and_then(ScopeOperator::parse);
             if operator.is_none() {
-                let got = c.operator.as_deref().map_or("nothing".to_owned(), |o| format!("`{}`", crate::contracts::ids::clip(o)));
+                let got = c
+                    .operator
+                    .as_deref()
+                    .map_or("nothing".to_owned(), |o| format!("`{}`", crate::contracts::ids::clip(o)));
                 e.at(
                     ErrorCode::RagScopeOperatorInvalid,
                     f("Operator"),
@@ -397,7 +488,11 @@ fn rag_scope(e: &mut Errors, wires: Vec<RagScopeConditionWire>, limits: &Limits)
             let values = c.values.unwrap_or_default();
             let values_ok = !values.is_empty() && values.iter().all(|v| !v.is_empty());
             if !values_ok {
-                e.at(ErrorCode::RagScopeValuesEmpty, f("Values"), "Values needs at least one value, and no value may be empty");
+                e.at(
+                    ErrorCode::RagScopeValuesEmpty,
+                    f("Values"),
+                    "Values needs at least one value, and no value may be empty",
+                );
             }
             Some(ScopeCondition { key: key?, operator: operator?, values: values_ok.then_some(values)? })
         })

@@ -1,0 +1,103 @@
+//! The one place that talks to RabbitMQ. Stages never see lapin: a [`Handler`] receives a
+//! [`Delivery`] and answers with a [`Disposition`]; the runtime consumes, publishes with confirms,
+//! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
+
+mod publish;
+mod runtime;
+mod topology;
+
+use std::collections::BTreeMap;
+
+use futures_util::future::BoxFuture;
+
+pub use publish::{OutMessage, Publisher};
+pub use runtime::{connect, process_one, run_stage, RuntimeSettings};
+pub use topology::{StageName, Topology, RETRY_TIERS_MS};
+
+/// Why a broker operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The AMQP client reported an error (connection, channel, protocol).
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+    /// The broker refused a publish.
+    #[error("broker nacked a publish to `{routing_key}`")]
+    Nacked {
+        /// Where it was going.
+        routing_key: String,
+    },
+    /// No queue was bound for a mandatory publish.
+    #[error("no queue bound for exchange `{exchange}` routing key `{routing_key}`")]
+    Unroutable {
+        /// Exchange used.
+        exchange: String,
+        /// Routing key used.
+        routing_key: String,
+    },
+    /// A confirm did not arrive in time (broker blocked or unreachable).
+    #[error("publish confirm timed out")]
+    ConfirmTimeout,
+}
+
+/// A received message, detached from the AMQP client.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Message body.
+    pub body: Vec<u8>,
+    /// String-valued headers.
+    pub headers: BTreeMap<String, String>,
+    /// `message_id` property.
+    pub message_id: Option<String>,
+    /// Whether the broker has delivered it before (a consumer may have crashed on it).
+    pub redelivered: bool,
+    /// 0 on first processing, +1 per retry through a delay queue.
+    pub attempt: u32,
+}
+
+/// What to do with a delivery once its handler ran.
+#[derive(Debug)]
+pub enum Disposition {
+    /// Publish these (each confirmed), call [`Handler::published`], then ack.
+    Forward {
+        /// Messages for the next hop(s).
+        messages: Vec<OutMessage>,
+        /// Outbox rows the messages came from, deleted once confirmed.
+        outbox_ids: Vec<i64>,
+    },
+    /// A transient failure: try again later, through a delay queue, until attempts run out.
+    Retry {
+        /// Why, for logs and the dead-letter entry.
+        reason: String,
+    },
+    /// Can never be handled: copy to the dead-letter queue with the reason, publish `messages`
+    /// (an error reply, when there is someone to tell), then ack.
+    DeadLetter {
+        /// Why.
+        reason: String,
+        /// Messages to publish alongside.
+        messages: Vec<OutMessage>,
+    },
+}
+
+impl Disposition {
+    /// Forward messages that are not in the outbox.
+    pub fn forward(messages: Vec<OutMessage>) -> Self {
+        Disposition::Forward { messages, outbox_ids: Vec::new() }
+    }
+}
+
+/// A stage as the runtime sees it.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one delivery.
+    fn handle(&self, delivery: Delivery) -> BoxFuture<'_, Disposition>;
+
+    /// Retries ran out: what to publish instead so the turn still ends with a reply
+    /// (usually a failure outcome for the persist stage). The original is dead-lettered.
+    fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>>;
+
+    /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.
+    fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
+        let _ = outbox_ids;
+        Box::pin(async {})
+    }
+}

@@ -1,0 +1,327 @@
+//! The consume loop shared by every stage: reconnect with backoff, bounded concurrency, publish
+//! with confirm before ack, retries through delay queues, poison accounting, graceful shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicQosOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::Acker;
+use lapin::{Connection, ConnectionProperties};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use super::{
+    BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, Topology, RETRY_TIERS_MS,
+};
+
+/// How a stage consumes.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// Broker URL.
+    pub amqp_url: String,
+    /// Names.
+    pub topology: Topology,
+    /// Unacked deliveries held at once, which is also the number handled concurrently.
+    pub prefetch: u16,
+    /// Attempts (first try included) before a transient failure becomes a failed turn.
+    pub max_attempts: u32,
+    /// Redeliveries after consumer crashes before a message counts as poison.
+    pub max_redeliveries: u32,
+    /// Longest wait for a publish confirm.
+    pub confirm_timeout: Duration,
+}
+
+/// Opens a connection with a short heartbeat so a dead broker is noticed in seconds, not minutes.
+pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
+    let url = if url.contains("heartbeat=") {
+        url.to_owned()
+    } else {
+        format!("{url}{}heartbeat=10", if url.contains('?') { '&' } else { '?' })
+    };
+    let props = ConnectionProperties::default().with_connection_name("aptix".into());
+    Ok(Connection::connect(&url, props).await?)
+}
+
+/// Consumes `stage`'s queue until `shutdown` fires, reconnecting after broker failures. On
+/// shutdown it stops consuming, lets in-flight messages finish and ack, and returns.
+pub async fn run_stage(
+    stage: StageName,
+    handler: Arc<dyn Handler>,
+    settings: RuntimeSettings,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(200);
+    while !shutdown.is_cancelled() {
+        match consume(stage, &handler, &settings, &shutdown).await {
+            Ok(()) => break,
+            Err(error) => {
+                warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    info!(stage = stage.as_str(), "stage stopped");
+}
+
+async fn consume(
+    stage: StageName,
+    handler: &Arc<dyn Handler>,
+    settings: &RuntimeSettings,
+    shutdown: &CancellationToken,
+) -> Result<(), BrokerError> {
+    // Separate connections: broker flow control on publishers must not stall acks.
+    let consume_conn = connect(&settings.amqp_url).await?;
+    let publish_conn = connect(&settings.amqp_url).await?;
+    let publisher = Publisher::open(&publish_conn).await?;
+    settings.topology.declare(publisher.channel()).await?;
+    let channel = consume_conn.create_channel().await?;
+    channel.basic_qos(settings.prefetch, BasicQosOptions::default()).await?;
+    let queue = settings.topology.stage_queue(stage);
+    let tag = format!("aptix-{}-{}", stage.as_str(), uuid::Uuid::new_v4());
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
+    let permits = Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1))));
+    let tracker = TaskTracker::new();
+    let outcome = loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            next = consumer.next() => next,
+        };
+        let delivery = match next {
+            None => {
+                break Err(BrokerError::Amqp(lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
+                    lapin::ConnectionState::Closed,
+                ))))
+            }
+            Some(Err(e)) => break Err(e.into()),
+            Some(Ok(d)) => d,
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else { break Ok(()) };
+        let (handler, publisher, settings) = (handler.clone(), publisher.clone(), settings.clone());
+        tracker.spawn(async move {
+            let acker = delivery.acker.clone();
+            let d = detach(&delivery);
+            settle(stage, &*handler, &publisher, &settings, d, &acker, delivery.routing_key.as_str()).await;
+            drop(permit);
+        });
+    };
+    let _ = channel.basic_cancel(tag.as_str().into(), Default::default()).await;
+    tracker.close();
+    tracker.wait().await;
+    let _ = channel.close(200, "stage stopping".into()).await;
+    let _ = consume_conn.close(200, "stage stopping".into()).await;
+    let _ = publish_conn.close(200, "stage stopping".into()).await;
+    outcome
+}
+
+/// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop
+/// would. Lets tests drive a stage without sleeping. Returns whether a message was handled.
+pub async fn process_one(
+    stage: StageName,
+    handler: &dyn Handler,
+    conn: &Connection,
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+) -> Result<bool, BrokerError> {
+    let channel = conn.create_channel().await?;
+    let queue = settings.topology.stage_queue(stage);
+    let got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await?;
+    let Some(msg) = got else { return Ok(false) };
+    let acker = msg.delivery.acker.clone();
+    let d = detach(&msg.delivery);
+    settle(stage, handler, publisher, settings, d, &acker, queue.as_str()).await;
+    let _ = channel.close(200, "done".into()).await;
+    Ok(true)
+}
+
+fn detach(d: &lapin::message::Delivery) -> Delivery {
+    let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+    let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
+    Delivery {
+        body: d.data.clone(),
+        message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
+        redelivered: d.redelivered,
+        attempt,
+        headers,
+    }
+}
+
+fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
+    table
+        .inner()
+        .iter()
+        .filter_map(|(k, v)| {
+            let s = match v {
+                AMQPValue::LongString(s) => s.to_string(),
+                AMQPValue::ShortString(s) => s.to_string(),
+                AMQPValue::LongLongInt(i) => i.to_string(),
+                AMQPValue::LongInt(i) => i.to_string(),
+                AMQPValue::ShortInt(i) => i.to_string(),
+                _ => return None,
+            };
+            Some((k.to_string(), s))
+        })
+        .collect()
+}
+
+/// Handles one delivery end to end and acks it, or leaves it for redelivery if publishing failed.
+async fn settle(
+    stage: StageName,
+    handler: &dyn Handler,
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    d: Delivery,
+    acker: &Acker,
+    routing_key: &str,
+) {
+    let queue = settings.topology.stage_queue(stage);
+    let result = if d.redelivered {
+        count_redelivery(stage, handler, publisher, settings, d, &queue).await
+    } else {
+        match handler.handle(d.clone()).await {
+            Disposition::Forward { messages, outbox_ids } => {
+                let r = publish_all(publisher, settings, &messages).await;
+                if r.is_ok() {
+                    handler.published(outbox_ids).await;
+                }
+                r
+            }
+            Disposition::Retry { reason } => {
+                retry(stage, handler, publisher, settings, d, &queue, reason).await
+            }
+            Disposition::DeadLetter { reason, messages } => {
+                warn!(stage = stage.as_str(), %reason, "dead-lettering message");
+                let dead = dead_letter(settings, stage, &d, &reason, routing_key);
+                publish_all(publisher, settings, &[messages, vec![dead]].concat()).await
+            }
+        }
+    };
+    match result {
+        Ok(()) => {
+            // Ok(false) means the channel was recovered meanwhile: the broker redelivers.
+            if let Err(error) = acker.ack(BasicAckOptions::default()).await {
+                debug!(stage = stage.as_str(), %error, "ack failed, message will be redelivered");
+            }
+        }
+        Err(error) => {
+            warn!(stage = stage.as_str(), %error, "publish failed, message will be redelivered");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+        }
+    }
+}
+
+async fn count_redelivery(
+    stage: StageName,
+    handler: &dyn Handler,
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    d: Delivery,
+    queue: &str,
+) -> Result<(), BrokerError> {
+    let count: u32 = d.headers.get("x-aptix-redeliveries").and_then(|c| c.parse().ok()).unwrap_or(0) + 1;
+    if count > settings.max_redeliveries {
+        let reason = format!("poison: delivered to a consumer that died {count} times");
+        warn!(stage = stage.as_str(), count, "dead-lettering poison message");
+        let mut messages = handler.exhausted(d.clone(), reason.clone()).await;
+        messages.push(dead_letter(settings, stage, &d, &reason, queue));
+        return publish_all(publisher, settings, &messages).await;
+    }
+    // Re-publish with the count so crash loops are bounded; the copy is handled normally.
+    let mut copy =
+        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
+    copy.headers = d.headers;
+    copy.headers.insert("x-aptix-redeliveries".into(), count.to_string());
+    copy.headers.remove("x-aptix-kind");
+    publish_all(publisher, settings, &[copy]).await
+}
+
+async fn retry(
+    stage: StageName,
+    handler: &dyn Handler,
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    d: Delivery,
+    queue: &str,
+    reason: String,
+) -> Result<(), BrokerError> {
+    let next = d.attempt + 1;
+    if next >= settings.max_attempts {
+        warn!(stage = stage.as_str(), attempts = next, %reason, "retries exhausted");
+        let mut messages = handler.exhausted(d.clone(), reason.clone()).await;
+        messages.push(dead_letter(settings, stage, &d, &format!("retries exhausted: {reason}"), queue));
+        return publish_all(publisher, settings, &messages).await;
+    }
+    let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
+    info!(stage = stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
+    let mut copy =
+        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
+    copy.exchange = settings.topology.delay_exchange(tier);
+    copy.headers = d.headers;
+    copy.headers.remove("x-aptix-kind");
+    copy.headers.insert("x-aptix-attempt".into(), next.to_string());
+    copy.headers.insert("x-aptix-last-error".into(), reason);
+    publish_all(publisher, settings, &[copy]).await
+}
+
+fn dead_letter(
+    settings: &RuntimeSettings,
+    stage: StageName,
+    d: &Delivery,
+    reason: &str,
+    from: &str,
+) -> OutMessage {
+    let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let mut msg = OutMessage::to_queue(settings.topology.dead(), "dead", id, d.body.clone());
+    msg.headers = d.headers.clone();
+    msg.headers.remove("x-aptix-kind");
+    msg.header("x-aptix-reason", reason)
+        .header("x-aptix-stage", stage.as_str())
+        .header("x-aptix-original-queue", from)
+}
+
+/// Publishes with confirms; a reply whose session queue has expired gets the queue declared
+/// and is published once more.
+pub(crate) async fn publish_all(
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    messages: &[OutMessage],
+) -> Result<(), BrokerError> {
+    let confirmed = messages.iter().map(|m| async move {
+        match timed(settings, publisher.publish(m)).await {
+            Err(BrokerError::Unroutable { .. }) if m.session.is_some() => {
+                if let Some(session) = &m.session {
+                    settings.topology.declare_session(publisher.channel(), session).await?;
+                }
+                timed(settings, publisher.publish(m)).await
+            }
+            other => other,
+        }
+    });
+    futures_util::future::join_all(confirmed).await.into_iter().collect()
+}
+
+async fn timed(
+    settings: &RuntimeSettings,
+    fut: impl std::future::Future<Output = Result<(), BrokerError>>,
+) -> Result<(), BrokerError> {
+    tokio::time::timeout(settings.confirm_timeout, fut).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
+}

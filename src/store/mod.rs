@@ -1,0 +1,109 @@
+//! PostgreSQL: sessions, the turn state machine, immutable response records, provider results
+//! and the transactional outbox. One small client, created with its timeouts, used by stages.
+
+mod admit;
+mod outbox;
+mod records;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions as _, PgPool};
+
+pub use admit::{AbortFn, Admission, CheckFn, ContinuationAdmission, ForwardFn, SessionMeta};
+pub use outbox::PendingOutbox;
+pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow};
+
+/// Embedded migrations (`migrations/`).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Why a database operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Connection or query failure; usually transient (restart, network).
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Migrations could not be applied.
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Stored JSON did not match the expected shape.
+    #[error("stored data is malformed: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+impl StoreError {
+    /// Whether retrying later can succeed (everything but corrupt data and constraint bugs).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::Database(e)) => {
+                // Serialization failures and deadlocks are retryable; other constraint errors are bugs.
+                matches!(
+                    e.code().as_deref(),
+                    Some("40001") | Some("40P01") | Some("57P01") | Some("57P02") | Some("57P03")
+                )
+            }
+            StoreError::Db(_) => true,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+        }
+    }
+}
+
+/// The database client.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects lazily with bounded acquire and statement times, so a stopped database makes
+    /// calls fail fast (and retry) rather than hang.
+    pub fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        let options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()?
+            .application_name("aptix")
+            .options([("statement_timeout", "15s")])
+            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            // A connection idle across a database restart is dead; test it before use.
+            .test_before_acquire(true)
+            .idle_timeout(Duration::from_secs(60))
+            .connect_lazy_with(options);
+        Ok(Store { pool })
+    }
+
+    /// Creates the database named in `url` if it does not exist (needs rights on `postgres`).
+    pub async fn create_database(url: &str) -> Result<(), StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let name = options.get_database().unwrap_or("aptix").to_owned();
+        let admin = options.database("postgres");
+        let mut conn = admin.connect().await?;
+        let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+            .bind(&name)
+            .fetch_optional(&mut conn)
+            .await?;
+        if exists.is_none() {
+            let quoted = name.replace('"', "\"\"");
+            let sql = format!("CREATE DATABASE \"{quoted}\"");
+            sqlx::Executor::execute(&mut conn, sql.as_str()).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies pending migrations (safe to run from many processes: sqlx takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// The pool, for modules that run their own queries (reprocessing, reports).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}

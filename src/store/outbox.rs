@@ -1,0 +1,108 @@
+//! The transactional outbox: messages written in the same transaction as the state change they
+//! announce, published after the commit, deleted once confirmed. A crash between commit and
+//! publish leaves the rows; the redelivered input finds and publishes them.
+
+use sqlx::{PgConnection, Row as _};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::broker::OutMessage;
+use crate::contracts::SessionId;
+
+/// Outbox rows and the messages they hold.
+#[derive(Debug, Default, Clone)]
+pub struct PendingOutbox {
+    /// Row ids, to delete once published.
+    pub ids: Vec<i64>,
+    /// The messages, in insertion order.
+    pub messages: Vec<OutMessage>,
+}
+
+impl PendingOutbox {
+    /// Whether there is nothing to publish.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+pub(super) async fn insert(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+    messages: Vec<OutMessage>,
+) -> Result<PendingOutbox, StoreError> {
+    let mut out = PendingOutbox::default();
+    for m in messages {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox (session_id, turn_id, exchange, routing_key, message_id, kind, declare_session, headers, body)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(&m.exchange)
+        .bind(&m.routing_key)
+        .bind(&m.message_id)
+        .bind(&m.kind)
+        .bind(m.session.is_some())
+        .bind(serde_json::to_value(&m.headers)?)
+        .bind(&m.body)
+        .fetch_one(&mut *conn)
+        .await?;
+        out.ids.push(id);
+        out.messages.push(m);
+    }
+    Ok(out)
+}
+
+pub(super) async fn pending_for_turn(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+) -> Result<PendingOutbox, StoreError> {
+    let rows = sqlx::query(
+        "SELECT id, exchange, routing_key, message_id, kind, declare_session, headers, body
+         FROM outbox WHERE session_id = $1 AND turn_id = $2 ORDER BY id",
+    )
+    .bind(session)
+    .bind(turn)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut out = PendingOutbox::default();
+    for row in rows {
+        let headers: serde_json::Value = row.try_get("headers")?;
+        let declare: bool = row.try_get("declare_session")?;
+        out.ids.push(row.try_get("id")?);
+        out.messages.push(OutMessage {
+            exchange: row.try_get("exchange")?,
+            routing_key: row.try_get("routing_key")?,
+            message_id: row.try_get("message_id")?,
+            kind: row.try_get("kind")?,
+            headers: serde_json::from_value(headers)?,
+            body: row.try_get("body")?,
+            session: declare.then_some(SessionId::new(session)),
+        });
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Deletes published outbox rows.
+    pub async fn delete_outbox(&self, ids: &[i64]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM outbox WHERE id = ANY($1)").bind(ids).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Outbox rows of one turn that are still unpublished.
+    pub async fn pending_outbox(&self, session: &SessionId, turn: &str) -> Result<PendingOutbox, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        pending_for_turn(&mut conn, session.as_uuid(), turn).await
+    }
+
+    /// Number of unpublished outbox rows (zero after a clean drain).
+    pub async fn outbox_len(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT count(*) FROM outbox").fetch_one(&self.pool).await?)
+    }
+}

@@ -1,0 +1,316 @@
+//! Turn rows, immutable response records, and finishing a round trip: record, session state,
+//! turn transition, reply and next-turn dispatch in one transaction.
+
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{FromRow, PgConnection};
+use uuid::Uuid;
+
+use super::outbox::{self, PendingOutbox};
+use super::{Store, StoreError};
+use crate::broker::OutMessage;
+use crate::contracts::{SessionId, TurnKey};
+
+/// A row of `turns`.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct TurnRow {
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Arrival order within the session.
+    pub seq: i64,
+    /// `queued`, `running`, `awaiting_tool_results`, `completed` or `failed`.
+    pub state: String,
+    /// Fingerprint of the admitted request.
+    pub fingerprint: String,
+    /// The validated request (wire form).
+    pub request: Value,
+    /// Round trips done.
+    pub step: i32,
+    /// Tool calls the client must answer, while awaiting.
+    pub pending_tool_calls: Option<Value>,
+    /// The last reply sent for this turn.
+    pub last_reply: Option<Value>,
+    /// The continuation that resumed the turn, if any.
+    pub continuation: Option<Value>,
+    /// Its fingerprint.
+    pub continuation_fingerprint: Option<String>,
+}
+
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, last_reply, continuation, continuation_fingerprint";
+
+/// A response record to insert. Records are never updated or deleted.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NewRecord {
+    /// `final`, `client_tool_continuation` or `error`.
+    pub kind: String,
+    /// Provider response id.
+    pub provider_response_id: Option<String>,
+    /// New / continued / rehydrated chain, and why.
+    pub chain: Value,
+    /// The `/responses` body sent.
+    pub request_payload: Option<Value>,
+    /// The provider's response.
+    pub response_payload: Option<Value>,
+    /// Chunk ids with path and lines.
+    pub retrieved_chunks: Value,
+    /// Active files with hashes.
+    pub active_files: Value,
+    /// Files not sent, and why.
+    pub skipped_files: Value,
+    /// Token usage.
+    pub usage: Option<Value>,
+    /// Errors of a failed step.
+    pub errors: Value,
+    /// The turn's instruction.
+    pub instruction: Option<String>,
+    /// Workspace hint.
+    pub workspace_id: Option<String>,
+    /// Repository hint.
+    pub repo: Option<String>,
+    /// Language hint.
+    pub language: Option<String>,
+    /// Retrieval scope.
+    pub rag_scope: Value,
+    /// The reply sent to the client.
+    pub reply: Value,
+}
+
+/// How a round trip leaves its turn.
+#[derive(Debug, Clone)]
+pub enum StepOutcome {
+    /// A final answer: the turn is done and the session free.
+    Completed,
+    /// An error reply: the turn is done and the session free.
+    Failed,
+    /// Tool calls went to the client; the turn holds the session until results come.
+    AwaitingToolResults {
+        /// The ordered calls, as JSON.
+        pending: Value,
+    },
+}
+
+/// Everything persisted when a round trip ends.
+#[derive(Debug)]
+pub struct FinishStep {
+    /// The turn.
+    pub key: TurnKey,
+    /// Which round trip (0 for the user turn, +1 per continuation).
+    pub step: i32,
+    /// The immutable record.
+    pub record: NewRecord,
+    /// The session's new assemble state, when it changed.
+    pub session_state: Option<Value>,
+    /// The turn's transition.
+    pub outcome: StepOutcome,
+    /// Messages to publish after the commit (the reply, stream end markers).
+    pub messages: Vec<OutMessage>,
+}
+
+pub(super) async fn insert_record(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+    step: i32,
+    r: &NewRecord,
+    reprocess: Option<(Uuid, &str)>,
+) -> Result<Uuid, StoreError> {
+    let id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
+            request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
+            instruction, workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run)
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22)",
+    )
+    .bind(id)
+    .bind(session)
+    .bind(turn)
+    .bind(step)
+    .bind(&r.kind)
+    .bind(&r.provider_response_id)
+    .bind(&r.chain)
+    .bind(&r.request_payload)
+    .bind(&r.response_payload)
+    .bind(&r.retrieved_chunks)
+    .bind(&r.active_files)
+    .bind(&r.skipped_files)
+    .bind(&r.usage)
+    .bind(&r.errors)
+    .bind(&r.instruction)
+    .bind(&r.workspace_id)
+    .bind(&r.repo)
+    .bind(&r.language)
+    .bind(&r.rag_scope)
+    .bind(&r.reply)
+    .bind(reprocess.map(|(of, _)| of))
+    .bind(reprocess.map(|(_, run)| run))
+    .execute(&mut *conn)
+    .await?;
+    Ok(id)
+}
+
+/// Marks the next queued turn of a locked session running and returns it.
+pub(super) async fn dispatch_next(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<Option<TurnRow>, StoreError> {
+    let sql = format!(
+        "UPDATE turns SET state = 'running', updated_at = now()
+         WHERE (session_id, turn_id) = (SELECT session_id, turn_id FROM turns
+                WHERE session_id = $1 AND state = 'queued' ORDER BY seq LIMIT 1)
+         RETURNING {TURN_COLUMNS}"
+    );
+    let next: Option<TurnRow> = sqlx::query_as(&sql).bind(session).fetch_optional(&mut *conn).await?;
+    sqlx::query("UPDATE sessions SET active_turn_id = $2, updated_at = now() WHERE id = $1")
+        .bind(session)
+        .bind(next.as_ref().map(|t| t.turn_id.clone()))
+        .execute(&mut *conn)
+        .await?;
+    Ok(next)
+}
+
+impl Store {
+    /// Ends a round trip in one transaction. Idempotent: if its record already exists, nothing
+    /// changes and the turn's unpublished outbox rows are returned for publishing.
+    pub async fn finish_step(
+        &self,
+        f: FinishStep,
+        next_turn: super::admit::ForwardFn<'_>,
+    ) -> Result<PendingOutbox, StoreError> {
+        let session = f.key.session_id.as_uuid();
+        let turn = f.key.turn_id.as_str();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+            .bind(session)
+            .execute(&mut *tx)
+            .await?;
+        let done: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM response_records WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND reprocess_of IS NULL",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(f.step)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if done.is_some() {
+            let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
+            tx.commit().await?;
+            return Ok(pending);
+        }
+        insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
+        if let Some(state) = &f.session_state {
+            sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
+                .bind(session)
+                .bind(state)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let (state, pending) = match &f.outcome {
+            StepOutcome::Completed => ("completed", None),
+            StepOutcome::Failed => ("failed", None),
+            StepOutcome::AwaitingToolResults { pending } => ("awaiting_tool_results", Some(pending.clone())),
+        };
+        sqlx::query(
+            "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = $6, updated_at = now()
+             WHERE session_id = $1 AND turn_id = $2",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(state)
+        .bind(f.step + 1)
+        .bind(&pending)
+        .bind(&f.record.reply)
+        .execute(&mut *tx)
+        .await?;
+        let mut messages = f.messages;
+        if pending.is_none() {
+            if let Some(next) = dispatch_next(&mut tx, session).await? {
+                messages.push(next_turn(&next));
+            }
+        }
+        let out = outbox::insert(&mut tx, session, turn, messages).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// A turn row.
+    pub async fn turn(&self, key: &TurnKey) -> Result<Option<TurnRow>, StoreError> {
+        let sql = format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
+        Ok(sqlx::query_as(&sql)
+            .bind(key.session_id.as_uuid())
+            .bind(key.turn_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// The session's assemble state (`{}` for a new session).
+    pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
+        let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
+            .bind(session.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
+    }
+
+    /// A stored provider answer for a round trip, if the call already completed.
+    pub async fn llm_result(&self, key: &TurnKey, step: i32) -> Result<Option<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT result FROM llm_results WHERE session_id = $1 AND turn_id = $2 AND step = $3",
+        )
+        .bind(key.session_id.as_uuid())
+        .bind(key.turn_id.as_str())
+        .bind(step)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Keeps a provider answer before it is forwarded; the first one written wins.
+    pub async fn save_llm_result(&self, key: &TurnKey, step: i32, result: &Value) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(key.session_id.as_uuid())
+        .bind(key.turn_id.as_str())
+        .bind(step)
+        .bind(result)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A session with its turns and records, for `aptix session show`.
+#[derive(Debug, Serialize)]
+pub struct SessionView {
+    /// The session row.
+    pub session: Value,
+    /// Its turns, in arrival order.
+    pub turns: Vec<Value>,
+    /// Its records, oldest first.
+    pub records: Vec<Value>,
+}
+
+impl Store {
+    /// Everything stored about a session, or `None` if it does not exist.
+    pub async fn session_view(&self, session: &SessionId) -> Result<Option<SessionView>, StoreError> {
+        let id = session.as_uuid();
+        let row: Option<Value> = sqlx::query_scalar("SELECT to_jsonb(s) FROM sessions s WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(session) = row else { return Ok(None) };
+        let turns = sqlx::query_scalar("SELECT to_jsonb(t) FROM turns t WHERE session_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        let records = sqlx::query_scalar(
+            "SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1 ORDER BY created_at, id",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(SessionView { session, turns, records }))
+    }
+}
