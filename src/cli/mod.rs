@@ -3,6 +3,10 @@
 mod sim;
 mod validate;
 
+pub mod bench;
+pub mod eval_retrieval;
+pub mod index;
+
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,11 +50,30 @@ pub enum Command {
     },
     /// Run the OpenAI Responses API simulator (tests, benchmarks, offline demo) until Ctrl-C.
     Sim(sim::SimArgs),
+    /// Index a repository into the vector store (idempotent: unchanged chunks are kept).
+    Index(index::IndexArgs),
+    /// Index a source tree and report recall@k and MRR for a JSONL query set.
+    EvalRetrieval(eval_retrieval::EvalArgs),
+    /// Benchmarks (not timed tests).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// Runs the parsed command line; the returned code is the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Index(args) => {
+            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            index::run(args, &settings)
+        }
+        Command::EvalRetrieval(args) => {
+            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            eval_retrieval::run(args, &settings)
+        }
+        Command::Bench(command) => {
+            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            bench::run(command, &settings)
+        }
         Command::Sim(args) => sim::run(args, cli.log_format),
         Command::Validate { file } => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;

@@ -1,0 +1,72 @@
+//! `aptix bench ...`: benchmarks (not timed tests). Each kind is a [`BenchCommand`] variant.
+//!
+//! `aptix bench retrieval` measures the embedded store on real code: it runs the real indexer
+//! over the crates of the local cargo registry (one repo per crate directory) until the store
+//! holds `--chunks` chunks (chunks/s over walking, chunking, BM25 encoding, writing and flush),
+//! reopens the shard in a fresh process state, and times `Retrieval::search` (top-k 8,
+//! 24,000-character budget, as the retrieve stage runs it) for queries drawn from the indexed
+//! files, unfiltered and with a repo + path-contains filter.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::Settings;
+
+mod retrieval;
+
+/// Benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Indexing throughput and query latency of the embedded vector store.
+    Retrieval(RetrievalBenchArgs),
+}
+
+/// Options of `aptix bench retrieval`.
+#[derive(Debug, clap::Args)]
+pub struct RetrievalBenchArgs {
+    /// Chunks to index.
+    #[arg(long, default_value_t = 100_000)]
+    pub chunks: usize,
+    /// Queries to time (each kind).
+    #[arg(long, default_value_t = 1_000)]
+    pub queries: usize,
+    /// Directory whose subdirectories are the repositories (default: the cargo registry's sources).
+    #[arg(long)]
+    pub source: Option<PathBuf>,
+    /// Store directory (default: a temporary one, removed afterwards).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Runs a benchmark on its own runtime and prints its figures.
+pub fn run(command: BenchCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
+    match command {
+        BenchCommand::Retrieval(args) => retrieval::run(args, settings),
+    }
+}
+
+/// Latency percentiles of a sample, milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples`.
+    pub fn of(samples: &mut [Duration]) -> Percentiles {
+        samples.sort();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len().max(1)) - 1;
+            samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        Percentiles { p50: at(0.50), p95: at(0.95), p99: at(0.99), max: at(1.0) }
+    }
+}

@@ -1,0 +1,172 @@
+//! `aptix bench retrieval`: see the parent module.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::SeedableRng;
+
+use super::{Percentiles, RetrievalBenchArgs};
+use crate::config::Settings;
+use crate::contracts::{ScopeCondition, ScopeOperator};
+use crate::index::{index_repository, walk, IndexOptions};
+use crate::retrieve::{Retrieval, SearchRequest};
+
+const COLLECTION: &str = "bench";
+
+/// One timed query: text, its file's repo, and a directory of that file for the filtered run.
+struct Probe {
+    text: String,
+    repo: String,
+    dir: String,
+}
+
+/// Runs the benchmark and prints its figures.
+pub fn run(args: RetrievalBenchArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let source = match args.source.clone() {
+        Some(s) => s,
+        None => crate::cli::eval_retrieval::registry_sources()
+            .into_iter()
+            .next()
+            .context("no cargo registry sources; pass --source")?,
+    };
+    let temp = std::env::temp_dir().join(format!("aptix-bench-{}", std::process::id()));
+    let mut settings = settings.clone();
+    settings.vector.url = None;
+    settings.vector.embeddings_url = None;
+    settings.vector.data_dir = args.data_dir.clone().unwrap_or_else(|| temp.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(bench(&args, &settings, &source));
+    if args.data_dir.is_none() {
+        // Best effort: a leftover temp directory is harmless.
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench(args: &RetrievalBenchArgs, settings: &Settings, source: &Path) -> anyhow::Result<()> {
+    let mut repos: Vec<PathBuf> =
+        std::fs::read_dir(source)?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    repos.sort();
+    println!(
+        "retrieval benchmark: embedded Qdrant Edge, BM25, target {} chunks from {}",
+        args.chunks,
+        source.display()
+    );
+
+    // Indexing: the real indexer, one repo per directory, until the store holds enough chunks.
+    let retrieval = Retrieval::from_settings(settings)?;
+    let (mut chunks, mut files, mut indexed) = (0usize, 0usize, Vec::new());
+    let started = Instant::now();
+    for repo_dir in &repos {
+        if chunks >= args.chunks {
+            break;
+        }
+        let name = repo_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut opts = IndexOptions::new(repo_dir, name.clone());
+        opts.progress = false;
+        let summary = index_repository(&retrieval, COLLECTION, &opts).await?;
+        chunks += summary.written;
+        files += summary.files;
+        indexed.push((name, repo_dir.clone()));
+    }
+    let index_time = started.elapsed();
+    let rate = chunks as f64 / index_time.as_secs_f64().max(1e-9);
+    println!(
+        "indexing: {chunks} chunks from {files} files in {} repos, {:.1} s, {rate:.0} chunks/s (walk + chunk + BM25 + write + flush)",
+        indexed.len(),
+        index_time.as_secs_f64()
+    );
+    drop(retrieval);
+
+    // Queries against the reopened shard, as a restarted worker would see it.
+    let started = Instant::now();
+    let retrieval = Retrieval::from_settings(settings)?;
+    let store = retrieval.store(COLLECTION).await?;
+    println!(
+        "reopen: {:.2} s, {} points",
+        started.elapsed().as_secs_f64(),
+        store.count(Default::default()).await?
+    );
+    let probes = probes(&indexed, args.queries)?;
+    for filtered in [false, true] {
+        let mut samples = Vec::with_capacity(probes.len());
+        let mut returned = 0usize;
+        for (i, p) in probes.iter().enumerate() {
+            let scope = [ScopeCondition {
+                key: "path".into(),
+                operator: ScopeOperator::Contains,
+                values: vec![p.dir.clone()],
+            }];
+            let request = SearchRequest {
+                collection: COLLECTION,
+                query_text: &p.text,
+                repo: filtered.then_some(p.repo.as_str()),
+                scope: if filtered { &scope } else { &[] },
+                top_k: 8,
+                budget_chars: 24_000,
+            };
+            let start = Instant::now();
+            let outcome = retrieval.search(request).await?;
+            // The first few queries warm caches; they are not counted.
+            if i >= probes.len().min(20) / 2 {
+                samples.push(start.elapsed());
+            }
+            returned += outcome.chunks.len();
+        }
+        report(
+            if filtered { "query, repo + path filter" } else { "query, unfiltered" },
+            &mut samples,
+            returned,
+            probes.len(),
+        );
+    }
+    Ok(())
+}
+
+fn report(label: &str, samples: &mut [Duration], returned: usize, queries: usize) {
+    let p = Percentiles::of(samples);
+    println!(
+        "{label}: {} timed, p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {:.1} chunks/query",
+        samples.len(),
+        p.p50,
+        p.p95,
+        p.p99,
+        p.max,
+        returned as f64 / queries.max(1) as f64
+    );
+}
+
+/// `n` queries of 2-4 identifiers taken from random lines of random indexed files (seeded).
+fn probes(indexed: &[(String, PathBuf)], n: usize) -> anyhow::Result<Vec<Probe>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20_260_501);
+    let mut files = Vec::new();
+    for (repo, dir) in indexed {
+        let (paths, _) = walk::collect(dir, 512 * 1024)?;
+        files.extend(paths.into_iter().map(|p| (repo.clone(), dir.clone(), p)));
+    }
+    files.shuffle(&mut rng);
+    let mut out = Vec::with_capacity(n);
+    for (repo, root, path) in files.iter().cycle().take(n * 20) {
+        if out.len() == n {
+            break;
+        }
+        let Ok(file) = walk::read(root, path) else { continue };
+        let lines: Vec<&str> = file.text.lines().collect();
+        let Some(line) = lines.choose(&mut rng) else { continue };
+        let words: Vec<&str> =
+            line.split(|c: char| !c.is_alphanumeric() && c != '_').filter(|w| w.len() >= 4).collect();
+        if words.len() < 2 {
+            continue;
+        }
+        let text = words.iter().take(4).copied().collect::<Vec<_>>().join(" ");
+        let dir = file.path.rsplit_once('/').map_or("", |(d, _)| d).to_owned();
+        let dir = if dir.is_empty() { file.path.clone() } else { dir };
+        out.push(Probe { text, repo: repo.clone(), dir });
+    }
+    anyhow::ensure!(!out.is_empty(), "could not draw queries from the indexed files");
+    Ok(out)
+}

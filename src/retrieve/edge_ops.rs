@@ -1,0 +1,114 @@
+//! Conversions between this crate's types and Qdrant Edge's request and point types.
+
+use std::path::Path;
+
+use qdrant_edge::external::serde_json;
+use qdrant_edge::{
+    Fusion, JsonPath, NamedQuery, Payload, PayloadSelector, PayloadSelectorInclude, PointId,
+    PointStructPersisted, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector, VectorInternal,
+    VectorPersisted, VectorStructPersisted, WithPayloadInterface, WithVector,
+};
+
+use super::filter;
+use super::payload::ChunkPayload;
+use super::store::{ChunkPoint, StoreQuery, StoredChunk};
+use super::{RetrieveError, DENSE_VECTOR, RRF_K, SPARSE_VECTOR};
+use crate::chunk::Chunk;
+
+/// Candidates each side contributes to a hybrid fusion.
+pub(super) fn prefetch_limit(limit: usize) -> usize {
+    (limit * 4).max(50)
+}
+
+/// The point id of a chunk id (chunk ids are UUIDs).
+pub(super) fn point_id(chunk_id: &str) -> Result<PointId, RetrieveError> {
+    uuid::Uuid::parse_str(chunk_id)
+        .map(PointId::Uuid)
+        .map_err(|_| RetrieveError::Config(format!("chunk id `{chunk_id}` is not a UUID")))
+}
+
+/// A payload selector returning only `fields`.
+pub(super) fn payload_fields(fields: &[&str]) -> Result<WithPayloadInterface, RetrieveError> {
+    let include = fields
+        .iter()
+        .map(|f| f.parse::<JsonPath>().map_err(|_| RetrieveError::Config(format!("bad payload path {f}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(WithPayloadInterface::Selector(PayloadSelector::Include(PayloadSelectorInclude { include })))
+}
+
+/// The stored point of a chunk. The dense vector is dropped when the collection has none.
+pub(super) fn point(p: ChunkPoint, dense_ok: bool) -> Result<PointStructPersisted, RetrieveError> {
+    let id = point_id(&p.payload.chunk_id)?;
+    let mut vectors = std::collections::HashMap::new();
+    let sparse = SparseVector { indices: p.sparse.indices, values: p.sparse.values };
+    vectors.insert(SPARSE_VECTOR.to_owned(), VectorPersisted::from(VectorInternal::Sparse(sparse)));
+    if let (Some(dense), true) = (p.dense, dense_ok) {
+        vectors.insert(DENSE_VECTOR.to_owned(), VectorPersisted::Dense(dense));
+    }
+    let payload = match serde_json::to_value(&p.payload) {
+        Ok(serde_json::Value::Object(map)) => Payload(map),
+        Ok(_) => return Err(RetrieveError::Config("chunk payload is not a JSON object".into())),
+        Err(e) => return Err(RetrieveError::Config(e.to_string())),
+    };
+    Ok(PointStructPersisted { id, vector: VectorStructPersisted::Named(vectors), payload: Some(payload) })
+}
+
+/// The Edge query: BM25 alone, or BM25 and dense fused by RRF.
+pub(super) fn query_request(q: &StoreQuery, dense_ok: bool) -> Result<QueryRequest, RetrieveError> {
+    let filter = filter::to_edge(&q.filter)?;
+    let sparse = SparseVector { indices: q.sparse.indices.clone(), values: q.sparse.values.clone() };
+    let sparse_q = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery::new(
+        VectorInternal::Sparse(sparse),
+        SPARSE_VECTOR,
+    )));
+    let (prefetches, query) = match (&q.dense, dense_ok) {
+        (Some(dense), true) => {
+            let dense_q = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery::new(
+                VectorInternal::Dense(dense.clone()),
+                DENSE_VECTOR,
+            )));
+            let pf = |query| Prefetch {
+                prefetches: vec![],
+                query: Some(query),
+                limit: prefetch_limit(q.limit),
+                params: None,
+                filter: None,
+                score_threshold: None,
+            };
+            (vec![pf(sparse_q), pf(dense_q)], ScoringQuery::Fusion(Fusion::Rrf { k: RRF_K, weights: None }))
+        }
+        _ => (vec![], sparse_q),
+    };
+    Ok(QueryRequest {
+        prefetches,
+        query: Some(query),
+        filter,
+        score_threshold: None,
+        limit: q.limit,
+        offset: 0,
+        params: None,
+        with_vector: WithVector::Bool(false),
+        with_payload: WithPayloadInterface::Bool(true),
+    })
+}
+
+/// A scored point's payload as a retrieved chunk.
+pub(super) fn scored_chunk(
+    payload: Option<Payload>,
+    score: f32,
+    path: &Path,
+) -> Result<Chunk, RetrieveError> {
+    let map = payload.map(|p| p.0).unwrap_or_default();
+    let payload: ChunkPayload = serde_json::from_value(serde_json::Value::Object(map))
+        .map_err(|e| RetrieveError::storage(path, format!("point payload is not a chunk: {e}")))?;
+    Ok(payload.into_chunk(Some(score)))
+}
+
+/// The `chunk_id` and `path` of a scrolled record, if present.
+pub(super) fn stored_chunk(payload: Option<Payload>) -> Option<StoredChunk> {
+    let map = payload?.0;
+    Some(StoredChunk {
+        chunk_id: map.get("chunk_id")?.as_str()?.to_owned(),
+        path: map.get("path")?.as_str()?.to_owned(),
+    })
+}

@@ -1,0 +1,109 @@
+//! Optional dense embeddings from an OpenAI-compatible `POST {base}/embeddings` endpoint.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::RetrieveError;
+use crate::config::Settings;
+
+/// Texts per embeddings request.
+pub const EMBED_BATCH: usize = 64;
+
+/// A client for one embeddings endpoint and model.
+#[derive(Debug, Clone)]
+pub struct Embedder {
+    http: reqwest::Client,
+    url: String,
+    api_key: Option<String>,
+    model: String,
+    dimension: usize,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingsResponse {
+    data: Vec<EmbeddingItem>,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingItem {
+    index: usize,
+    embedding: Vec<f32>,
+}
+
+impl Embedder {
+    /// The configured embedder, or `None` when `vector.embeddings_url` is unset.
+    pub fn from_settings(settings: &Settings) -> Result<Option<Self>, RetrieveError> {
+        let v = &settings.vector;
+        let Some(base) = v.embeddings_url.as_deref().filter(|u| !u.trim().is_empty()) else {
+            return Ok(None);
+        };
+        if v.embeddings_dimension == 0 {
+            return Err(RetrieveError::Config("vector.embeddings_dimension must be at least 1".into()));
+        }
+        let api_key =
+            v.embeddings_api_key.as_ref().or(settings.llm.api_key.as_ref()).map(|k| k.expose().to_owned());
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(v.timeout_secs.max(1) * 3))
+            .connect_timeout(Duration::from_secs(v.connect_timeout_secs.max(1)))
+            .build()
+            .map_err(|e| RetrieveError::Config(format!("embeddings client: {e}")))?;
+        Ok(Some(Embedder {
+            http,
+            url: format!("{}/embeddings", base.trim_end_matches('/')),
+            api_key,
+            model: v.embeddings_model.clone(),
+            dimension: v.embeddings_dimension,
+        }))
+    }
+
+    /// Dimension of the vectors this embedder returns.
+    pub fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    /// One vector per text, in order.
+    pub async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, RetrieveError> {
+        let mut out = Vec::with_capacity(texts.len());
+        for batch in texts.chunks(EMBED_BATCH) {
+            out.extend(self.embed_batch(batch).await?);
+        }
+        Ok(out)
+    }
+
+    async fn embed_batch(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, RetrieveError> {
+        let body = serde_json::json!({ "model": self.model, "input": texts, "dimensions": self.dimension });
+        let mut request = self.http.post(&self.url).json(&body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let fail = |message: String, retryable: bool| RetrieveError::Embedding { message, retryable };
+        let response = request.send().await.map_err(|e| fail(e.to_string(), true))?;
+        let status = response.status();
+        if !status.is_success() {
+            let retryable = status.as_u16() == 429 || status.is_server_error();
+            let text = response.text().await.unwrap_or_default();
+            return Err(fail(
+                format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()),
+                retryable,
+            ));
+        }
+        let parsed: EmbeddingsResponse = response.json().await.map_err(|e| fail(e.to_string(), false))?;
+        let mut vectors = vec![Vec::new(); texts.len()];
+        for item in parsed.data {
+            if item.embedding.len() != self.dimension {
+                return Err(fail(
+                    format!("embedding has dimension {}, expected {}", item.embedding.len(), self.dimension),
+                    false,
+                ));
+            }
+            if let Some(slot) = vectors.get_mut(item.index) {
+                *slot = item.embedding;
+            }
+        }
+        if vectors.iter().any(Vec::is_empty) {
+            return Err(fail(format!("the endpoint returned fewer than {} embeddings", texts.len()), false));
+        }
+        Ok(vectors)
+    }
+}

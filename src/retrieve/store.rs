@@ -1,0 +1,73 @@
+//! The backend abstraction: what both Qdrant backends do, in the same payload schema.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+
+use super::bm25::SparseVec;
+use super::filter::FilterSpec;
+use super::payload::ChunkPayload;
+use super::RetrieveError;
+use crate::chunk::Chunk;
+
+/// A chunk ready to be written: payload plus vectors.
+#[derive(Debug, Clone)]
+pub struct ChunkPoint {
+    /// The payload; `chunk_id` is the point id.
+    pub payload: ChunkPayload,
+    /// BM25 document vector.
+    pub sparse: SparseVec,
+    /// Dense embedding, when the collection has one.
+    pub dense: Option<Vec<f32>>,
+}
+
+/// A query against one collection.
+#[derive(Debug, Clone)]
+pub struct StoreQuery {
+    /// BM25 query vector.
+    pub sparse: SparseVec,
+    /// Dense query embedding; with it, sparse and dense results are fused (RRF).
+    pub dense: Option<Vec<f32>>,
+    /// Restrictions.
+    pub filter: FilterSpec,
+    /// Most points to return.
+    pub limit: usize,
+}
+
+/// What the indexer needs to know about a stored chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredChunk {
+    /// Chunk (point) id.
+    pub chunk_id: String,
+    /// File it belongs to.
+    pub path: String,
+}
+
+/// One collection in a Qdrant backend. Object-safe; implementations are `Send + Sync` and cheap
+/// to share behind an `Arc`.
+#[async_trait]
+pub trait VectorStore: Send + Sync + std::fmt::Debug {
+    /// Collection name.
+    fn collection(&self) -> &str;
+
+    /// Dimension of the collection's dense vector, if it has one.
+    fn dense_dimension(&self) -> Option<usize>;
+
+    /// Best-scoring chunks first, with scores. Sparse-only, or RRF of sparse and dense.
+    async fn query(&self, query: StoreQuery) -> Result<Vec<Chunk>, RetrieveError>;
+
+    /// Inserts or replaces points (by chunk id).
+    async fn upsert(&self, points: Vec<ChunkPoint>) -> Result<(), RetrieveError>;
+
+    /// Deletes points by chunk id; unknown ids are ignored.
+    async fn delete(&self, chunk_ids: Vec<String>) -> Result<(), RetrieveError>;
+
+    /// Every stored chunk of a repository, by chunk id.
+    async fn list(&self, repo: &str) -> Result<HashMap<String, StoredChunk>, RetrieveError>;
+
+    /// Number of points matching the filter.
+    async fn count(&self, filter: FilterSpec) -> Result<usize, RetrieveError>;
+
+    /// Makes every write so far durable (the embedded store does not replay its WAL on open).
+    async fn flush(&self) -> Result<(), RetrieveError>;
+}
