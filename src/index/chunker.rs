@@ -87,7 +87,9 @@ pub fn chunk_text(text: &str, params: &ChunkParams) -> Vec<TextChunk> {
             end_line: to_u32(last + 1),
             text: text[starts[start]..byte_end].to_owned(),
         });
-        start = if hard { end.saturating_sub(p.overlap_lines).max(start + 1) } else { end };
+        // Overlap only chunks long enough that the overlap cannot stall progress.
+        let overlap = if hard && end - start > 2 * p.overlap_lines { p.overlap_lines } else { 0 };
+        start = end - overlap;
     }
     out
 }
