@@ -5,6 +5,7 @@
 //! Modules, bottom up: [`contracts`] (wire types and error codes), [`validate`] (AGN-034 rules),
 //! [`config`] (layered settings), [`telemetry`] (logging), [`cli`] (the `aptix` command).
 
+pub mod assemble;
 pub mod chunk;
 pub mod cli;
 pub mod config;

@@ -1,5 +1,6 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod render_context;
 mod sim;
 mod validate;
 
@@ -50,6 +51,12 @@ pub enum Command {
     },
     /// Run the OpenAI Responses API simulator (tests, benchmarks, offline demo) until Ctrl-C.
     Sim(sim::SimArgs),
+    /// Print the AGN-002 [CONTEXT] block for a JSON array of chunks (FILE or - for stdin).
+    /// Exit 0 printed, 1 not a chunk array, 2 unreadable input.
+    RenderContext {
+        /// Chunks file, or - for standard input.
+        file: PathBuf,
+    },
     /// Index a repository into the vector store (idempotent: unchanged chunks are kept).
     Index(index::IndexArgs),
     /// Index a source tree and report recall@k and MRR for a JSONL query set.
@@ -75,6 +82,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bench::run(command, &settings)
         }
         Command::Sim(args) => sim::run(args, cli.log_format),
+        Command::RenderContext { file } => Ok(render_context::run(&file)),
         Command::Validate { file } => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             Ok(validate::run(&file, &settings.limits))

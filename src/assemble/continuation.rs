@@ -1,0 +1,89 @@
+//! Assembling a Tool Continuation Submission: `function_call_output` items, in the order of the
+//! pending calls, on the chain that asked for them. When that chain is gone (expired, or the
+//! provider lost it) the new chain is rehydrated, the open turn's instruction restated and the
+//! calls replayed before their outputs, so the model still sees which call each output answers.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::body::envelope;
+use super::chain::plan_chain;
+use super::message::{instruction_block, solution_context_text, system_message, text_part, user_message_of};
+use super::record::{ChainStatus, SentRecord, TurnKind};
+use super::rehydrate::{rehydrate, Rehydration};
+use super::state::StateUpdate;
+use super::tools::{call_item, check_tool_results, result_items};
+use super::user_turn::sha256_hex;
+use super::{AssembleError, AssembleInput, Assembled};
+use crate::contracts::{ToolCall, ToolContinuation};
+
+/// Builds the request answering `pending` with `continuation`'s results.
+pub(crate) fn assemble_tool_continuation(
+    input: &AssembleInput<'_>,
+    continuation: &ToolContinuation,
+    pending: &[ToolCall],
+    stream: bool,
+) -> Result<Assembled, AssembleError> {
+    check_tool_results(pending, continuation)?;
+    let (state, context, policy) = (input.state, input.context, input.policy);
+    let turn_id = continuation.key().turn_id.to_string();
+    let open = state.open_turn.as_ref().filter(|t| t.turn_id == turn_id);
+    let mode = open.map_or(context.mode.as_str(), |t| t.mode.as_str());
+    let plan = plan_chain(state, policy, input.now);
+    let continuing = plan.continuing();
+
+    let mut items: Vec<Value> = Vec::new();
+    let mut rehydration = Rehydration::default();
+    let mut solution_sha = None;
+    if continuing.is_none() {
+        items.push(system_message(&context.system_prompt));
+        if plan.record().status == ChainStatus::Rehydrated {
+            rehydration = rehydrate(state, policy, &plan.record().reason, &HashSet::new(), &HashSet::new());
+            items.extend(rehydration.message.take());
+        }
+        let mut parts = vec![text_part(instruction_block(mode, open.and_then(|t| t.instruction.as_deref())))];
+        if let Some(solution) = &state.solution_context {
+            parts.push(text_part(solution_context_text(solution)));
+            solution_sha = Some(sha256_hex(solution));
+        }
+        items.push(user_message_of(parts));
+        items.extend(pending.iter().map(call_item));
+    }
+    let outputs = result_items(pending, continuation.results());
+    let tool_outputs = outputs.iter().map(|(_, record)| record.clone()).collect();
+    items.extend(outputs.into_iter().map(|(item, _)| item));
+
+    let previous = continuing.map(|c| c.previous_response_id.as_str());
+    let body = envelope(context, previous, items, stream);
+    let record = SentRecord {
+        turn_id: turn_id.clone(),
+        kind: TurnKind::ToolContinuation,
+        chain: plan.record().clone(),
+        chunks: rehydration.chunks.clone(),
+        chunks_already_sent: Vec::new(),
+        files: rehydration.files.clone(),
+        files_unchanged: Vec::new(),
+        skipped_files: Vec::new(),
+        solution_context_sent: solution_sha.is_some(),
+        images: Vec::new(),
+        tool_outputs,
+        rehydration: (plan.record().status == ChainStatus::Rehydrated).then(|| rehydration.record.clone()),
+        user_warnings: rehydration.warning.iter().cloned().collect(),
+    };
+    let update = StateUpdate {
+        turn_id,
+        kind: TurnKind::ToolContinuation,
+        mode: mode.to_owned(),
+        instruction: None,
+        new_chain: continuing.is_none(),
+        chunks: Vec::new(),
+        rehydrated_chunk_ids: rehydration.chunk_ids(),
+        files: Vec::new(),
+        rehydrated_files: rehydration.file_hashes(),
+        skipped_paths: Vec::new(),
+        latched_solution_context: None,
+        solution_context_sent_sha256: solution_sha,
+    };
+    Ok(Assembled { body, record, update })
+}

@@ -1,0 +1,261 @@
+//! Per-session assembly state, stored by the pipeline as JSONB: the provider chain and what it
+//! already holds (chunk ids, file hashes, solution context), the latched solution context, the
+//! turn waiting for tool results, and the bounded history a new chain is rehydrated from.
+//!
+//! The state only changes through pure functions: [`SessionState::apply_answer`] after the
+//! provider answered, and [`SessionState::force_new_chain`] after it said
+//! `previous_response_not_found`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::history::History;
+use super::policy::AssemblePolicy;
+use super::record::{ChainReason, TurnKind};
+use crate::chunk::Chunk;
+use crate::contracts::ToolCall;
+
+/// Most chunk ids remembered per chain. Forgetting the oldest only means a chunk retrieved
+/// again is sent again, which is harmless, while an unbounded list would grow for 30 days.
+const CHAIN_CHUNK_ID_CAP: usize = 4096;
+
+/// Everything assembly needs to know about a session between turns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionState {
+    /// The provider chain the next call continues, if any.
+    pub chain: Option<ChainState>,
+    /// Why the chain was dropped, when it was dropped on the provider's word; reported by the
+    /// next request, which starts a new chain.
+    pub chain_reset: Option<ChainReason>,
+    /// The latched `SolutionContextText` (AGN-034 §4.5): replaced when a turn sends one.
+    pub solution_context: Option<String>,
+    /// The turn that ended in tool calls and waits for their results.
+    pub open_turn: Option<OpenTurn>,
+    /// What a new chain is rehydrated from.
+    pub history: History,
+}
+
+/// One provider chain (`previous_response_id` thread) and what it already holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainState {
+    /// The last provider response id: the next call's `previous_response_id`.
+    pub previous_response_id: String,
+    /// When the provider created that response.
+    pub responded_at: DateTime<Utc>,
+    /// When the chain's first response was created.
+    pub started_at: DateTime<Utc>,
+    /// Ids of the chunks sent in this chain, oldest first.
+    #[serde(default)]
+    pub chunk_ids: Vec<String>,
+    /// Active files sent in this chain, with the SHA-256 of the version sent last.
+    #[serde(default)]
+    pub files: Vec<FileHash>,
+    /// SHA-256 of the solution context sent in this chain, if it was sent.
+    #[serde(default)]
+    pub solution_context_sha256: Option<String>,
+}
+
+impl ChainState {
+    /// Whether the chunk with `id` was sent in this chain.
+    pub fn has_chunk(&self, id: &str) -> bool {
+        self.chunk_ids.iter().any(|c| c == id)
+    }
+
+    /// SHA-256 of the version of `path` this chain holds, if any.
+    pub fn file_hash(&self, path: &str) -> Option<&str> {
+        self.files.iter().find(|f| f.path == path).map(|f| f.sha256.as_str())
+    }
+}
+
+/// A file path with the SHA-256 of its contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHash {
+    /// Workspace-relative path.
+    pub path: String,
+    /// SHA-256 (hex).
+    pub sha256: String,
+}
+
+/// A turn that ended in tool calls and waits for the client's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenTurn {
+    /// The turn.
+    pub turn_id: String,
+    /// The mode it ran in.
+    pub mode: String,
+    /// Its instruction, restored if the chain has to be rebuilt before it ends.
+    pub instruction: Option<String>,
+    /// The calls the client must answer, in order.
+    pub pending_calls: Vec<ToolCall>,
+}
+
+/// An active file as stored for rehydration: its latest sent version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredFile {
+    /// Workspace-relative path.
+    pub path: String,
+    /// SHA-256 (hex) of `text`.
+    pub sha256: String,
+    /// Language tag for the fence.
+    pub language: String,
+    /// The contents.
+    pub text: String,
+}
+
+/// What the provider answered, as far as session state is concerned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderAnswer {
+    /// The provider's response id (`resp_…`).
+    pub response_id: String,
+    /// When the provider created the response.
+    pub created_at: DateTime<Utc>,
+    /// A final answer or tool calls.
+    pub outcome: AnswerOutcome,
+}
+
+/// How a provider response ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AnswerOutcome {
+    /// The turn's final output text.
+    Final {
+        /// The text shown to the user.
+        output_text: String,
+    },
+    /// Calls the client must run before the turn can go on.
+    ToolCalls {
+        /// The calls, in order.
+        calls: Vec<ToolCall>,
+    },
+}
+
+/// How a request changes the session once the provider has answered it: produced by
+/// [`super::assemble`], applied by [`SessionState::apply_answer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateUpdate {
+    /// The turn.
+    pub turn_id: String,
+    /// User turn or tool continuation.
+    pub kind: TurnKind,
+    /// The mode of the turn.
+    pub mode: String,
+    /// The instruction of a user turn.
+    pub instruction: Option<String>,
+    /// Whether the request started a new chain.
+    pub new_chain: bool,
+    /// Chunks retrieved for this turn and sent, with their text (for history).
+    pub chunks: Vec<Chunk>,
+    /// Chunks restored from history and sent: the new chain now holds them.
+    pub rehydrated_chunk_ids: Vec<String>,
+    /// Active files sent with this turn, with their text (for history).
+    pub files: Vec<StoredFile>,
+    /// Files restored from history and sent: the new chain now holds them.
+    pub rehydrated_files: Vec<FileHash>,
+    /// Files supplied with this turn but not sent: their stored versions are stale.
+    pub skipped_paths: Vec<String>,
+    /// The solution context the turn latched, if it sent one.
+    pub latched_solution_context: Option<String>,
+    /// SHA-256 of the solution context sent, if it was sent.
+    pub solution_context_sent_sha256: Option<String>,
+}
+
+impl SessionState {
+    /// The state after the provider answered the request `update` came from.
+    pub fn apply_answer(
+        &self,
+        update: &StateUpdate,
+        answer: &ProviderAnswer,
+        policy: &AssemblePolicy,
+    ) -> SessionState {
+        let mut next = self.clone();
+        let mut chain = match (&self.chain, update.new_chain) {
+            (Some(chain), false) => chain.clone(),
+            _ => ChainState {
+                previous_response_id: String::new(),
+                responded_at: answer.created_at,
+                started_at: answer.created_at,
+                chunk_ids: Vec::new(),
+                files: Vec::new(),
+                solution_context_sha256: None,
+            },
+        };
+        chain.previous_response_id.clone_from(&answer.response_id);
+        chain.responded_at = answer.created_at;
+        let sent_ids = update.rehydrated_chunk_ids.iter().chain(update.chunks.iter().map(|c| &c.id));
+        for id in sent_ids {
+            chain.chunk_ids.retain(|c| c != id);
+            chain.chunk_ids.push(id.clone());
+        }
+        let excess = chain.chunk_ids.len().saturating_sub(CHAIN_CHUNK_ID_CAP);
+        chain.chunk_ids.drain(..excess);
+        let sent_files =
+            update.rehydrated_files.iter().cloned().chain(
+                update.files.iter().map(|f| FileHash { path: f.path.clone(), sha256: f.sha256.clone() }),
+            );
+        for file in sent_files {
+            chain.files.retain(|f| f.path != file.path);
+            chain.files.push(file);
+        }
+        chain.files.retain(|f| !update.skipped_paths.contains(&f.path));
+        if update.solution_context_sent_sha256.is_some() {
+            chain.solution_context_sha256.clone_from(&update.solution_context_sent_sha256);
+        }
+        next.chain = Some(chain);
+        next.chain_reset = None;
+        if update.latched_solution_context.is_some() {
+            next.solution_context.clone_from(&update.latched_solution_context);
+        }
+        next.history.record_sent(&update.chunks, &update.files, &update.skipped_paths, policy);
+        next.close_or_keep_turn(update, answer, policy);
+        next
+    }
+
+    /// Tracks the open turn: a final answer moves it to the transcript, tool calls keep it open.
+    fn close_or_keep_turn(&mut self, update: &StateUpdate, answer: &ProviderAnswer, policy: &AssemblePolicy) {
+        let mut turn = match (update.kind, self.open_turn.take()) {
+            (TurnKind::ToolContinuation, Some(open)) if open.turn_id == update.turn_id => open,
+            _ => OpenTurn {
+                turn_id: update.turn_id.clone(),
+                mode: update.mode.clone(),
+                instruction: update.instruction.clone(),
+                pending_calls: Vec::new(),
+            },
+        };
+        match &answer.outcome {
+            AnswerOutcome::ToolCalls { calls } => {
+                turn.pending_calls.clone_from(calls);
+                self.open_turn = Some(turn);
+            }
+            AnswerOutcome::Final { output_text } => {
+                self.history.record_turn(
+                    super::history::TranscriptEntry {
+                        turn_id: turn.turn_id,
+                        mode: turn.mode,
+                        instruction: turn.instruction,
+                        final_output: output_text.clone(),
+                        at: answer.created_at,
+                    },
+                    policy,
+                );
+            }
+        }
+    }
+
+    /// The state after the provider answered `previous_response_not_found`: the next request
+    /// starts a new chain, rehydrated from history, and says why. Idempotent.
+    pub fn force_new_chain(&self) -> SessionState {
+        let mut next = self.clone();
+        if let Some(chain) = next.chain.take() {
+            next.chain_reset = Some(ChainReason::PreviousResponseNotFound {
+                previous_response_id: chain.previous_response_id,
+            });
+        }
+        next
+    }
+
+    /// Whether there is anything to rehydrate a new chain with.
+    pub fn has_history(&self) -> bool {
+        self.solution_context.is_some() || !self.history.is_empty()
+    }
+}

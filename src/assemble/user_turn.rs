@@ -1,0 +1,120 @@
+//! Assembling a User Turn Request: the chain decision, the chunk and file deltas, rehydration of
+//! a new chain, and the user message.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::body::envelope;
+use super::chain::{plan_chain, split_chunks};
+use super::files::{select_files, sent_file, skip_warning};
+use super::message::{system_message, user_message, UserContent};
+use super::record::{ChainStatus, SentChunk, SentRecord, TurnKind};
+use super::rehydrate::{rehydrate, Rehydration};
+use super::state::StateUpdate;
+use super::tools::abandoned_items;
+use super::{AssembleInput, Assembled};
+use crate::chunk::Chunk;
+use crate::contracts::UserTurn;
+
+/// SHA-256 (hex) of a text.
+pub(crate) fn sha256_hex(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// Builds the request for a user turn with its retrieved `chunks`.
+pub(crate) fn assemble_user_turn(input: &AssembleInput<'_>, turn: &UserTurn, chunks: &[Chunk]) -> Assembled {
+    let (state, context, policy) = (input.state, input.context, input.policy);
+    let plan = plan_chain(state, policy, input.now);
+    let continuing = plan.continuing();
+    let (send_chunks, already_sent) = split_chunks(&plan, chunks);
+    let files = select_files(turn.artifacts(), continuing, policy);
+
+    // AGN-034 §4.5: a sent solution context replaces the latched one. It goes to the model when
+    // the chain is new or does not hold this exact text yet.
+    let latched = turn.solution_context().or(state.solution_context.as_deref());
+    let solution = latched.map(|text| (text, sha256_hex(text))).filter(|(_, sha)| {
+        continuing.is_none_or(|c| c.solution_context_sha256.as_deref() != Some(sha.as_str()))
+    });
+
+    let mut items: Vec<Value> = Vec::new();
+    let mut rehydration = Rehydration::default();
+    let mut tool_outputs = Vec::new();
+    match continuing {
+        None => {
+            items.push(system_message(&context.system_prompt));
+            if plan.record().status == ChainStatus::Rehydrated {
+                let sent: HashSet<&str> = send_chunks.iter().map(|c| c.id.as_str()).collect();
+                let paths: HashSet<&str> = turn.artifacts().iter().map(|a| a.path().as_str()).collect();
+                rehydration = rehydrate(state, policy, &plan.record().reason, &sent, &paths);
+                items.extend(rehydration.message.take());
+            }
+        }
+        Some(_) => {
+            // A turn abandoned while waiting for tool results left calls unanswered; the chain
+            // refuses new input until each has an output.
+            let pending = state.open_turn.as_ref().map_or(&[][..], |t| &t.pending_calls[..]);
+            for (item, record) in abandoned_items(pending) {
+                items.push(item);
+                tool_outputs.push(record);
+            }
+        }
+    }
+    items.push(user_message(&UserContent {
+        mode: &context.mode,
+        instruction: turn.instruction(),
+        chunks: &send_chunks,
+        files: &files.send,
+        skipped: &files.skipped,
+        solution_context: solution.as_ref().map(|(text, _)| *text),
+        images: turn.images(),
+    }));
+
+    let previous = continuing.map(|c| c.previous_response_id.as_str());
+    let body = envelope(context, previous, items, turn.stream());
+    let mut user_warnings: Vec<_> = files.skipped.iter().map(skip_warning).collect();
+    user_warnings.extend(rehydration.warning.take());
+    let new_chain = continuing.is_none();
+
+    let record = SentRecord {
+        turn_id: turn.key().turn_id.to_string(),
+        kind: TurnKind::UserTurn,
+        chain: plan.record().clone(),
+        chunks: rehydration
+            .chunks
+            .iter()
+            .cloned()
+            .chain(send_chunks.iter().map(|c| SentChunk::of(c, false)))
+            .collect(),
+        chunks_already_sent: already_sent.iter().map(|c| SentChunk::of(c, false)).collect(),
+        files: rehydration
+            .files
+            .iter()
+            .cloned()
+            .chain(files.send.iter().map(|f| sent_file(f, false)))
+            .collect(),
+        files_unchanged: files.unchanged,
+        skipped_files: files.skipped.clone(),
+        solution_context_sent: solution.is_some(),
+        images: turn.images().iter().map(|i| i.id().to_owned()).collect(),
+        tool_outputs,
+        rehydration: (plan.record().status == ChainStatus::Rehydrated).then(|| rehydration.record.clone()),
+        user_warnings,
+    };
+    let update = StateUpdate {
+        turn_id: record.turn_id.clone(),
+        kind: TurnKind::UserTurn,
+        mode: context.mode.clone(),
+        instruction: turn.instruction().map(str::to_owned),
+        new_chain,
+        chunks: send_chunks.into_iter().cloned().collect(),
+        rehydrated_chunk_ids: rehydration.chunk_ids(),
+        files: files.send,
+        rehydrated_files: rehydration.file_hashes(),
+        skipped_paths: files.skipped.into_iter().map(|f| f.path).collect(),
+        latched_solution_context: turn.solution_context().map(str::to_owned),
+        solution_context_sent_sha256: solution.map(|(_, sha)| sha),
+    };
+    Assembled { body, record, update }
+}
