@@ -6,14 +6,19 @@
 //! [`config`] (layered settings), [`telemetry`] (logging), [`cli`] (the `aptix` command).
 
 pub mod assemble;
+pub mod broker;
 pub mod chunk;
 pub mod cli;
 pub mod config;
 pub mod contracts;
 pub mod index;
 pub mod llm;
+pub mod messages;
+pub mod pipeline;
 pub mod retrieve;
 pub mod schema;
 pub mod sim;
+pub mod stages;
+pub mod store;
 pub mod telemetry;
 pub mod validate;

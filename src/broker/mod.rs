@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use futures_util::future::BoxFuture;
 
 pub use publish::{OutMessage, Publisher};
-pub use runtime::{connect, process_one, run_stage, RuntimeSettings};
+pub use runtime::{connect, process_one, publish_all, run_stage, RuntimeSettings};
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
 
 /// Why a broker operation failed.

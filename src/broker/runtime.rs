@@ -300,7 +300,7 @@ fn dead_letter(
 
 /// Publishes with confirms; a reply whose session queue has expired gets the queue declared
 /// and is published once more.
-pub(crate) async fn publish_all(
+pub async fn publish_all(
     publisher: &Publisher,
     settings: &RuntimeSettings,
     messages: &[OutMessage],

@@ -1,5 +1,6 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod ops;
 mod render_context;
 mod sim;
 mod validate;
@@ -64,11 +65,61 @@ pub enum Command {
     /// Benchmarks (not timed tests).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run one pipeline stage until SIGTERM (scale a stage by starting more copies).
+    Worker {
+        /// The stage.
+        #[arg(value_enum)]
+        stage: crate::broker::StageName,
+        /// Consumers of the stage in this process.
+        #[arg(long, default_value_t = 1)]
+        copies: usize,
+    },
+    /// Run all five stages in one process until SIGTERM.
+    Run {
+        /// Consumers of each stage in this process.
+        #[arg(long, default_value_t = 1)]
+        copies: usize,
+    },
+    /// Create the database if needed and apply migrations.
+    Migrate,
+    /// Publish a request; with --wait print each reply of the turn as a JSON line until the
+    /// final one. Exit 0 success, 1 error reply, 2 timeout.
+    Submit {
+        /// Request file, or - for standard input.
+        file: PathBuf,
+        /// Wait for the turn's replies.
+        #[arg(long)]
+        wait: bool,
+        /// Seconds to wait for the final reply.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+    /// Inspect stored sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+/// `aptix session ...`
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Print a session, its turns and its records as JSON.
+    Show {
+        /// The SessionId.
+        session_id: String,
+    },
 }
 
 /// Runs the parsed command line; the returned code is the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = || load_settings(cli.config.as_deref(), cli.log_format);
     match cli.command {
+        Command::Worker { stage, copies } => ops::run_stages(settings()?, &[stage], copies),
+        Command::Run { copies } => ops::run_stages(settings()?, &crate::broker::StageName::ALL, copies),
+        Command::Migrate => ops::migrate(settings()?),
+        Command::Submit { file, wait, timeout } => {
+            ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
+        }
+        Command::Session(SessionCommand::Show { session_id }) => ops::session_show(settings()?, &session_id),
         Command::Index(args) => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             index::run(args, &settings)
@@ -96,6 +147,18 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let index = usize::from(which == "response");
             print!("{}", crate::schema::render(&crate::schema::all()[index].schema));
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The whole of a worker binary: load configuration, start logging, run `stage` until SIGTERM.
+pub fn worker_main(stage: crate::broker::StageName) -> ExitCode {
+    let result = load_settings(None, None).and_then(|settings| ops::run_stages(settings, &[stage], 1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Logging.
     pub telemetry: TelemetrySettings,
+    /// Stage workers: prefetch, retries, reply queues.
+    pub pipeline: PipelineSettings,
     /// The ConversationContext used when a request names none.
     pub default_conversation_context: String,
     /// Reasoning profiles by id.
@@ -163,6 +165,60 @@ fn default_embeddings_model() -> String {
 fn default_embeddings_dimension() -> usize {
     1536
 }
+
+/// Stage worker settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    /// Unacked messages per stage consumer, which is also how many it handles at once.
+    pub prefetch: StagePrefetch,
+    /// Attempts (first included) before a transient failure fails the turn; 0 means never give
+    /// up (for stages whose failure would leave a turn without a record).
+    pub max_attempts: StageAttempts,
+    /// Redeliveries after consumer crashes before a message is treated as poison.
+    pub max_redeliveries: u32,
+    /// Longest wait for a publisher confirm, milliseconds.
+    pub confirm_timeout_ms: u64,
+    /// A session reply queue unused this long is deleted by the broker, milliseconds.
+    pub session_queue_expires_ms: u64,
+    /// Apply database migrations when a worker starts.
+    pub migrate_on_start: bool,
+}
+
+/// A value per stage.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerStage<T> {
+    /// The validate stage.
+    pub validate: T,
+    /// The retrieve stage.
+    pub retrieve: T,
+    /// The assemble stage.
+    pub assemble: T,
+    /// The invoke stage.
+    pub invoke: T,
+    /// The persist stage.
+    pub persist: T,
+}
+
+impl<T: Copy> PerStage<T> {
+    /// The value for `stage`.
+    pub fn get(&self, stage: crate::broker::StageName) -> T {
+        use crate::broker::StageName as S;
+        match stage {
+            S::Validate => self.validate,
+            S::Retrieve => self.retrieve,
+            S::Assemble => self.assemble,
+            S::Invoke => self.invoke,
+            S::Persist => self.persist,
+        }
+    }
+}
+
+/// Prefetch per stage.
+pub type StagePrefetch = PerStage<u16>;
+/// Attempts per stage.
+pub type StageAttempts = PerStage<u32>;
 
 /// Log output settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]

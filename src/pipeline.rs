@@ -1,0 +1,151 @@
+//! Wiring: builds the shared dependencies once per process and runs stage consumers until the
+//! shutdown token fires. Used by `aptix worker`, `aptix run`, the worker binaries, the demo,
+//! benchmarks and tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::broker::{connect, run_stage, Handler, OutMessage, Publisher, RuntimeSettings, StageName, Topology};
+use crate::config::Settings;
+use crate::llm::{HttpLlmClient, LlmClient};
+use crate::retrieve::Retrieval;
+use crate::stages::{DeltaPublisher, Deps, StageHandler};
+use crate::store::Store;
+
+/// Why the pipeline could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// PostgreSQL.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The LLM client.
+    #[error("llm client: {0}")]
+    Llm(#[from] crate::llm::LlmError),
+    /// The vector store.
+    #[error("retrieval: {0}")]
+    Retrieve(#[from] crate::retrieve::RetrieveError),
+}
+
+/// The queue names configured in `settings`.
+pub fn topology(settings: &Settings) -> Topology {
+    Topology::new(&settings.amqp.prefix, settings.pipeline.session_queue_expires_ms)
+}
+
+/// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
+/// simulator) and the configured HTTP client otherwise. Migrates when configured to.
+pub async fn build_deps(settings: Arc<Settings>, llm: Option<Arc<dyn LlmClient>>) -> Result<Deps, StartError> {
+    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
+    if settings.pipeline.migrate_on_start {
+        store.migrate().await?;
+    }
+    let llm = match llm {
+        Some(l) => l,
+        None => Arc::new(HttpLlmClient::new(&settings.llm)?),
+    };
+    let topology = topology(&settings);
+    let deltas: Arc<dyn DeltaPublisher> =
+        Arc::new(BrokerDeltas { settings: runtime_settings(&settings, StageName::Invoke), publisher: Mutex::new(None) });
+    Ok(Deps {
+        retrieval: Retrieval::from_settings(&settings)?,
+        store,
+        topology,
+        llm,
+        deltas: Some(deltas),
+        settings,
+    })
+}
+
+/// How `stage` consumes, from configuration.
+pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSettings {
+    let attempts = settings.pipeline.max_attempts.get(stage);
+    RuntimeSettings {
+        amqp_url: settings.amqp.url.expose().to_owned(),
+        topology: topology(settings),
+        prefetch: settings.pipeline.prefetch.get(stage).max(1),
+        // 0 means never give up.
+        max_attempts: if attempts == 0 { u32::MAX } else { attempts },
+        max_redeliveries: settings.pipeline.max_redeliveries,
+        confirm_timeout: Duration::from_millis(settings.pipeline.confirm_timeout_ms),
+    }
+}
+
+/// Runs `copies` consumers of each of `stages` until `shutdown` fires, then waits for them to
+/// finish their in-flight messages.
+pub async fn run(deps: Arc<Deps>, stages: &[StageName], copies: usize, shutdown: CancellationToken) {
+    let mut tasks = Vec::new();
+    for &stage in stages {
+        for _ in 0..copies.max(1) {
+            let handler: Arc<dyn Handler> = Arc::new(StageHandler::new(stage, deps.clone()));
+            let settings = runtime_settings(&deps.settings, stage);
+            tasks.push(tokio::spawn(run_stage(stage, handler, settings, shutdown.clone())));
+        }
+    }
+    info!(stages = ?stages.iter().map(|s| s.as_str()).collect::<Vec<_>>(), copies, "pipeline running");
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// A token cancelled by SIGINT or SIGTERM.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    t.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        info!("shutdown requested, finishing in-flight messages");
+        t.cancel();
+    });
+    token
+}
+
+/// Publishes stream deltas on a connection of its own, reconnecting after failures.
+#[derive(Debug)]
+struct BrokerDeltas {
+    settings: RuntimeSettings,
+    publisher: Mutex<Option<(lapin::Connection, Publisher)>>,
+}
+
+impl DeltaPublisher for BrokerDeltas {
+    fn publish(&self, message: OutMessage) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let mut guard = self.publisher.lock().await;
+            if guard.is_none() {
+                match connect(&self.settings.amqp_url).await {
+                    Ok(conn) => match Publisher::open(&conn).await {
+                        Ok(p) => *guard = Some((conn, p)),
+                        Err(error) => warn!(%error, "cannot open a channel for stream deltas"),
+                    },
+                    Err(error) => warn!(%error, "cannot connect for stream deltas"),
+                }
+            }
+            let Some((_, publisher)) = guard.as_ref() else { return };
+            if let Err(error) = crate::broker::publish_all(publisher, &self.settings, &[message]).await {
+                // A lost delta is not fatal: the final reply carries the whole answer.
+                warn!(%error, "stream delta not published");
+                *guard = None;
+            }
+        })
+    }
+}

@@ -1,0 +1,224 @@
+//! The five stages. Each is a plain async function from one typed message to the next
+//! (`validate::run`, `retrieve::run`, `assemble::run`, `invoke::run`, `persist::run`); the
+//! [`StageHandler`] glue decodes, calls, encodes and classifies errors for the broker runtime.
+
+pub mod assemble;
+pub mod invoke;
+pub mod persist;
+pub mod retrieve;
+pub mod validate;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use tracing::warn;
+
+use crate::broker::{Delivery, Disposition, Handler, OutMessage, StageName, Topology};
+use crate::config::{AgentContext, ConversationContext, Settings};
+use crate::contracts::{ApiError, ErrorCode, Reply, SessionId, TurnKey, UserTurn, ValidatedRequest};
+use crate::llm::LlmClient;
+use crate::messages::{PersistJob, RoundTrip, StageMessage, TurnJob};
+use crate::retrieve::Retrieval;
+use crate::store::Store;
+
+/// What every stage may use. Built once per process and shared.
+#[derive(Debug, Clone)]
+pub struct Deps {
+    /// Validated configuration.
+    pub settings: Arc<Settings>,
+    /// PostgreSQL.
+    pub store: Store,
+    /// Queue names.
+    pub topology: Topology,
+    /// The vector store(s).
+    pub retrieval: Retrieval,
+    /// The LLM.
+    pub llm: Arc<dyn LlmClient>,
+    /// Where stream deltas go, when streaming is wired.
+    pub deltas: Option<Arc<dyn DeltaPublisher>>,
+}
+
+/// Publishes stream deltas of a turn to its session (implemented over the broker by the runtime).
+pub trait DeltaPublisher: Send + Sync + std::fmt::Debug {
+    /// Publishes one delta message; errors are logged, never fatal to the turn.
+    fn publish(&self, message: OutMessage) -> BoxFuture<'_, ()>;
+}
+
+/// Why a stage could not produce its output.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// A dependency is unavailable; the message is retried later.
+    #[error("transient: {0}")]
+    Transient(String),
+}
+
+impl From<crate::store::StoreError> for StageError {
+    fn from(e: crate::store::StoreError) -> Self {
+        StageError::Transient(e.to_string())
+    }
+}
+
+impl Deps {
+    /// The ConversationContext of a user turn.
+    pub fn conversation_context(&self, turn: &UserTurn) -> Result<&ConversationContext, ApiError> {
+        self.settings.conversation_context(turn.conversation_context_id()).ok_or_else(|| {
+            ApiError::at(
+                ErrorCode::UnknownConversationContext,
+                "ConversationContextId",
+                format!(
+                    "no conversation context `{}` is configured",
+                    turn.conversation_context_id().map_or("(default)", |c| c.as_str())
+                ),
+            )
+        })
+    }
+
+    /// The AgentContext of a user turn.
+    pub fn agent_context(&self, turn: &UserTurn) -> Result<&AgentContext, ApiError> {
+        self.settings.agent_context(turn.agent_context_id()).ok_or_else(|| {
+            ApiError::at(
+                ErrorCode::UnknownAgentContext,
+                "AgentContextId",
+                format!(
+                    "no agent context `{}` is configured",
+                    turn.agent_context_id().map_or("(default)", |c| c.as_str())
+                ),
+            )
+        })
+    }
+
+    /// The message that hands `msg` to stage `next`.
+    pub fn to_stage(&self, next: StageName, msg: &StageMessage) -> OutMessage {
+        let key = msg.key();
+        let id = format!("{}:{}:{}:{}", next.as_str(), key.session_id, key.turn_id, msg.job().step);
+        let body = serde_json::to_vec(msg).unwrap_or_default();
+        OutMessage::to_queue(self.topology.stage_queue(next), "turn", id, body)
+            .header("x-aptix-session-id", key.session_id.to_string())
+            .header("x-aptix-turn-id", key.turn_id.to_string())
+    }
+
+    /// The reply of a round trip, for the session's reply queue. `tag` makes the message id
+    /// stable for the same logical reply (`step-0`, `rejected-<fingerprint>`, ...).
+    pub fn reply(&self, session: &SessionId, turn_id: Option<&str>, tag: &str, reply: &Reply) -> OutMessage {
+        self.reply_bytes(session, turn_id, tag, serde_json::to_vec(reply).unwrap_or_default())
+    }
+
+    /// Like [`Deps::reply`], for a reply already serialized (a stored one sent again).
+    pub fn reply_bytes(&self, session: &SessionId, turn_id: Option<&str>, tag: &str, body: Vec<u8>) -> OutMessage {
+        let turn = turn_id.unwrap_or("-");
+        let mut msg = OutMessage::to_queue(session.to_string(), "reply", format!("reply:{session}:{turn}:{tag}"), body)
+        .header("x-aptix-session-id", session.to_string())
+        .header("x-aptix-turn-id", turn)
+        .header("x-aptix-final", "true");
+        msg.exchange = self.topology.replies_exchange();
+        msg.session = Some(*session);
+        msg
+    }
+}
+
+/// The user turn inside a job (a job always carries one).
+pub fn user_turn(job: &TurnJob) -> Option<&UserTurn> {
+    match &job.turn {
+        ValidatedRequest::UserTurn(t) => Some(t),
+        ValidatedRequest::ToolContinuation(_) => None,
+    }
+}
+
+/// A persist job that fails the turn with `errors`.
+pub fn failed(job: TurnJob, errors: Vec<ApiError>) -> StageMessage {
+    StageMessage::Persist(PersistJob { job, assembled: None, warnings: Vec::new(), result: RoundTrip::Failed { errors, raw: None } })
+}
+
+/// Adapts a typed stage function to the broker runtime.
+#[derive(Debug)]
+pub struct StageHandler {
+    stage: StageName,
+    deps: Arc<Deps>,
+}
+
+impl StageHandler {
+    /// The handler of `stage`.
+    pub fn new(stage: StageName, deps: Arc<Deps>) -> Self {
+        StageHandler { stage, deps }
+    }
+
+    async fn handle_typed(&self, d: Delivery) -> Disposition {
+        if self.stage == StageName::Validate {
+            return validate::run(&self.deps, &d.body).await;
+        }
+        let msg: StageMessage = match serde_json::from_slice(&d.body) {
+            Ok(m) => m,
+            Err(e) => return Disposition::DeadLetter { reason: format!("undecodable stage message: {e}"), messages: vec![] },
+        };
+        let key: TurnKey = msg.key().clone();
+        let result = match (self.stage, msg) {
+            (StageName::Retrieve, StageMessage::Retrieve(job)) => retrieve::run(&self.deps, job).await,
+            (StageName::Assemble, StageMessage::Assemble(job)) => assemble::run(&self.deps, job).await,
+            (StageName::Invoke, StageMessage::Invoke(job)) => invoke::run(&self.deps, job).await,
+            (StageName::Persist, StageMessage::Persist(job)) => {
+                return match persist::run(&self.deps, job).await {
+                    Ok(outbox) => Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids },
+                    Err(StageError::Transient(reason)) => Disposition::Retry { reason },
+                };
+            }
+            (stage, other) => {
+                let reason = format!("{} cannot handle a {:?} message", stage.as_str(), kind_of(&other));
+                return Disposition::DeadLetter { reason, messages: vec![] };
+            }
+        };
+        match result {
+            Ok((next, msg)) => Disposition::forward(vec![self.deps.to_stage(next, &msg)]),
+            Err(StageError::Transient(reason)) => {
+                warn!(stage = self.stage.as_str(), session = %key.session_id, turn = %key.turn_id, %reason, "transient failure");
+                Disposition::Retry { reason }
+            }
+        }
+    }
+}
+
+fn kind_of(m: &StageMessage) -> &'static str {
+    match m {
+        StageMessage::Retrieve(_) => "retrieve",
+        StageMessage::Assemble(_) => "assemble",
+        StageMessage::Invoke(_) => "invoke",
+        StageMessage::Persist(_) => "persist",
+    }
+}
+
+impl Handler for StageHandler {
+    fn handle(&self, delivery: Delivery) -> BoxFuture<'_, Disposition> {
+        Box::pin(self.handle_typed(delivery))
+    }
+
+    fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>> {
+        Box::pin(async move {
+            if self.stage == StageName::Validate {
+                return validate::exhausted(&self.deps, &delivery.body, &reason);
+            }
+            let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
+            let code = if self.stage == StageName::Invoke { ErrorCode::LlmUnavailable } else { ErrorCode::RetriesExhausted };
+            let error = ApiError::new(code, format!("the {} stage gave up: {reason}", self.stage.as_str()));
+            match msg {
+                // Persist must not give up silently: failing again means telling the client.
+                StageMessage::Persist(mut p) => {
+                    p.result = RoundTrip::Failed { errors: vec![error], raw: None };
+                    p.assembled = None;
+                    vec![self.deps.to_stage(StageName::Persist, &StageMessage::Persist(p))]
+                }
+                other => {
+                    let job = other.job().clone();
+                    vec![self.deps.to_stage(StageName::Persist, &failed(job, vec![error]))]
+                }
+            }
+        })
+    }
+
+    fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(error) = self.deps.store.delete_outbox(&outbox_ids).await {
+                // The rows stay; a redelivery would publish them again (consumers dedupe by id).
+                warn!(%error, "could not delete published outbox rows");
+            }
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! Retrieve: an admitted turn in; the turn with its `[CONTEXT]` chunks out. Tool continuations
+//! pass straight through (they carry tool outputs, not a new question).
+
+use tracing::warn;
+
+use super::{failed, user_turn, Deps, StageError};
+use crate::broker::StageName;
+use crate::contracts::{ArtifactContents, UserTurn, UserWarning};
+use crate::messages::{AssembleJob, StageMessage, TurnJob};
+use crate::retrieve::SearchRequest;
+
+/// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
+pub const RETRIEVAL_UNAVAILABLE: &str = "retrieval.unavailable";
+
+/// Runs the stage for one turn.
+pub async fn run(deps: &Deps, job: TurnJob) -> Result<(StageName, StageMessage), StageError> {
+    let Some(turn) = user_turn(&job).cloned() else {
+        return Ok((StageName::Persist, failed(job, vec![not_a_user_turn()])));
+    };
+    if job.continuation.is_some() {
+        return Ok((StageName::Assemble, StageMessage::Assemble(AssembleJob { job, chunks: vec![], warnings: vec![] })));
+    }
+    let (context, agent) = match (deps.conversation_context(&turn), deps.agent_context(&turn)) {
+        (Ok(c), Ok(a)) => (c, a),
+        (Err(e), _) | (_, Err(e)) => return Ok((StageName::Persist, failed(job, vec![e]))),
+    };
+    let query = query_text(&turn);
+    let request = SearchRequest {
+        collection: &agent.collection,
+        query_text: &query,
+        repo: turn.repo(),
+        scope: turn.rag_scope(),
+        top_k: context.top_k,
+        budget_chars: context.chunk_budget_chars,
+    };
+    let (chunks, warnings) = match deps.retrieval.search(request).await {
+        Ok(found) => (found.chunks, found.warnings),
+        Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
+        Err(e) => {
+            warn!(session = %job.key.session_id, turn = %job.key.turn_id, error = %e, "retrieval failed; continuing without context");
+            let warning = UserWarning {
+                code: RETRIEVAL_UNAVAILABLE.to_owned(),
+                message: "source context could not be retrieved for this turn; the answer may miss it".to_owned(),
+            };
+            (Vec::new(), vec![warning])
+        }
+    };
+    Ok((StageName::Assemble, StageMessage::Assemble(AssembleJob { job, chunks, warnings })))
+}
+
+/// What to search for: the instruction, else the names of the files sent with the turn.
+fn query_text(turn: &UserTurn) -> String {
+    if let Some(instruction) = turn.instruction() {
+        return instruction.to_owned();
+    }
+    let mut parts: Vec<String> = turn.artifacts().iter().map(|a| a.path().to_string()).collect();
+    // A small file's first lines name what it is about; they make a better query than its path.
+    if let Some(ArtifactContents::Text(text)) = turn.artifacts().first().map(|a| a.contents()) {
+        parts.push(text.lines().take(20).collect::<Vec<_>>().join("\n"));
+    }
+    parts.join("\n")
+}
+
+pub(super) fn not_a_user_turn() -> crate::contracts::ApiError {
+    crate::contracts::ApiError::new(crate::contracts::ErrorCode::Internal, "the stored turn is not a user turn")
+}

@@ -1,0 +1,184 @@
+//! Validate: raw request bytes in; an admitted turn for retrieve, or an error reply, out.
+//! Stateless rules first, then the stateful ones (contexts, idempotency, one turn at a time,
+//! tool continuations) inside one database transaction.
+
+use chrono::Utc;
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::Deps;
+use crate::assemble::check_tool_results;
+use crate::broker::{Disposition, OutMessage, StageName};
+use crate::contracts::{
+    ApiError, ErrorCode, InvokeResult, Reply, SessionId, ToolCall, ToolContinuation, UserTurn, ValidatedRequest,
+};
+use crate::messages::StageMessage;
+use crate::store::{Admission, ContinuationAdmission, NewRecord, SessionMeta, StoreError, TurnRow};
+use crate::validate::{turn_hint, validate_bytes};
+
+/// Handles one ingress message.
+pub async fn run(deps: &Deps, body: &[u8]) -> Disposition {
+    let request = match validate_bytes(body, &deps.settings.limits) {
+        Ok(r) => r,
+        Err(errors) => return reject(deps, body, errors.0),
+    };
+    let result = match &request {
+        ValidatedRequest::UserTurn(turn) => user_turn(deps, &request, turn).await,
+        ValidatedRequest::ToolContinuation(c) => continuation(deps, &request, c).await,
+    };
+    match result {
+        Ok(d) => d,
+        Err(e) if e.is_transient() => Disposition::Retry { reason: e.to_string() },
+        Err(e) => Disposition::DeadLetter { reason: format!("stored data unusable: {e}"), messages: vec![] },
+    }
+}
+
+/// Validation gave up (the database stayed down): tell the client, if there is one to tell.
+pub fn exhausted(deps: &Deps, body: &[u8], reason: &str) -> Vec<OutMessage> {
+    let error = ApiError::new(ErrorCode::RetriesExhausted, format!("the request could not be admitted: {reason}"));
+    match turn_hint(body) {
+        (Some(session), turn) => vec![error_reply(deps, &session, turn.as_deref(), "exhausted", vec![error])],
+        (None, _) => vec![],
+    }
+}
+
+fn reject(deps: &Deps, body: &[u8], errors: Vec<ApiError>) -> Disposition {
+    match turn_hint(body) {
+        (Some(session), turn) => {
+            debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
+            let tag = format!("rejected-{}", uuid::Uuid::new_v4());
+            Disposition::forward(vec![error_reply(deps, &session, turn.as_deref(), &tag, errors)])
+        }
+        // Nobody to answer: keep the message and the reason for an operator.
+        (None, _) => {
+            let first = errors.first().map_or_else(String::new, ToString::to_string);
+            Disposition::DeadLetter { reason: format!("no usable SessionId; {first}"), messages: vec![] }
+        }
+    }
+}
+
+fn error_reply(deps: &Deps, session: &SessionId, turn: Option<&str>, tag: &str, errors: Vec<ApiError>) -> OutMessage {
+    let reply: Reply = InvokeResult::fail(errors);
+    deps.reply(session, turn, tag, &reply)
+}
+
+fn stored_reply(deps: &Deps, session: &SessionId, turn: &str, reply: Value) -> OutMessage {
+    // The same reply as the first time, under a new id: it answers a new submission.
+    let tag = format!("resent-{}", uuid::Uuid::new_v4());
+    deps.reply_bytes(session, Some(turn), &tag, serde_json::to_vec(&reply).unwrap_or_default())
+}
+
+/// The message that starts (or resumes) a stored turn.
+pub fn forward(deps: &Deps, row: &TurnRow) -> OutMessage {
+    let pending: Vec<ToolCall> =
+        row.pending_tool_calls.clone().and_then(|p| serde_json::from_value(p).ok()).unwrap_or_default();
+    // Built from stored JSON: the next stage re-validates it when it decodes the message.
+    let msg = serde_json::json!({
+        "Kind": "turn.retrieve/v1",
+        "key": { "session_id": row.session_id, "turn_id": row.turn_id },
+        "step": row.step,
+        "turn": row.request,
+        "continuation": row.continuation,
+        "pending_tool_calls": pending,
+        "admitted_at": Utc::now(),
+    });
+    let decoded: Option<StageMessage> = serde_json::from_value(msg.clone()).ok();
+    match decoded {
+        Some(m) => deps.to_stage(StageName::Retrieve, &m),
+        None => OutMessage::to_queue(
+            deps.topology.stage_queue(StageName::Retrieve),
+            "turn",
+            format!("retrieve:{}:{}:{}", row.session_id, row.turn_id, row.step),
+            serde_json::to_vec(&msg).unwrap_or_default(),
+        ),
+    }
+}
+
+async fn user_turn(deps: &Deps, request: &ValidatedRequest, turn: &UserTurn) -> Result<Disposition, StoreError> {
+    let key = turn.key();
+    let mut context_errors = Vec::new();
+    if let Err(e) = deps.conversation_context(turn) {
+        context_errors.push(e);
+    }
+    if let Err(e) = deps.agent_context(turn) {
+        context_errors.push(e);
+    }
+    if !context_errors.is_empty() {
+        return Ok(Disposition::forward(vec![error_reply(deps, &key.session_id, Some(key.turn_id.as_str()), "rejected-context", context_errors)]));
+    }
+    let meta = SessionMeta {
+        agent_context_id: turn.agent_context_id().map(|c| c.to_string()),
+        conversation_context_id: turn.conversation_context_id().map(|c| c.to_string()),
+        workspace_id: turn.workspace_id().map(str::to_owned),
+        repo: turn.repo().map(str::to_owned),
+    };
+    let wire = serde_json::to_value(request)?;
+    let fwd = |row: &TurnRow| forward(deps, row);
+    let admission = deps.store.admit_user_turn(key, &request.fingerprint(), &wire, &meta, &fwd).await?;
+    let (session, turn_id) = (&key.session_id, key.turn_id.as_str());
+    Ok(match admission {
+        Admission::Accepted { outbox, queued, new_session } => {
+            info!(%session, turn = turn_id, queued, new_session, "turn admitted");
+            Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
+        }
+        Admission::InFlight { outbox } => {
+            info!(%session, turn = turn_id, "duplicate of a turn in flight");
+            Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
+        }
+        Admission::Finished { reply } => Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)]),
+        Admission::Conflict => Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "conflict", vec![ApiError::at(
+            ErrorCode::TurnConflict,
+            "TurnId",
+            format!("TurnId `{turn_id}` was already used in this session with different content"),
+        )])]),
+        Admission::AwaitingToolResults { turn_id: waiting } => {
+            let error = ApiError::new(
+                ErrorCode::SessionAwaitingToolResults,
+                format!("the session waits for the tool results of turn `{waiting}`; submit them before a new turn"),
+            );
+            Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "rejected-awaiting", vec![error])])
+        }
+    })
+}
+
+async fn continuation(
+    deps: &Deps,
+    request: &ValidatedRequest,
+    c: &ToolContinuation,
+) -> Result<Disposition, StoreError> {
+    let key = c.key();
+    let wire = serde_json::to_value(request)?;
+    let check = |row: &TurnRow| -> Result<(), String> {
+        let pending: Vec<ToolCall> =
+            row.pending_tool_calls.clone().and_then(|p| serde_json::from_value(p).ok()).unwrap_or_default();
+        check_tool_results(&pending, c).map_err(|m| m.to_api_error().message)
+    };
+    let abort = |row: &TurnRow, reason: &str| -> (NewRecord, Vec<OutMessage>) {
+        let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason.to_owned());
+        let reply: Reply = InvokeResult::fail(vec![error.clone()]);
+        let record = NewRecord {
+            kind: "error".into(),
+            errors: serde_json::json!([error]),
+            reply: serde_json::to_value(&reply).unwrap_or_default(),
+            request_payload: Some(wire.clone()),
+            ..NewRecord::default()
+        };
+        (record, vec![deps.reply(&key.session_id, Some(key.turn_id.as_str()), &format!("step-{}", row.step), &reply)])
+    };
+    let fwd = |row: &TurnRow| forward(deps, row);
+    let admission = deps.store.admit_continuation(key, &request.fingerprint(), &wire, &check, &abort, &fwd).await?;
+    let (session, turn_id) = (&key.session_id, key.turn_id.as_str());
+    let reject = |code: ErrorCode, message: String| {
+        Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "rejected-continuation", vec![ApiError::at(code, "TurnId", message)])])
+    };
+    Ok(match admission {
+        ContinuationAdmission::Accepted { outbox } | ContinuationAdmission::InFlight { outbox } | ContinuationAdmission::Aborted { outbox } => {
+            Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
+        }
+        ContinuationAdmission::Finished { reply } => Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)]),
+        ContinuationAdmission::NotFound => reject(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session")),
+        ContinuationAdmission::NotAwaiting { state } => {
+            reject(ErrorCode::TurnNotAwaitingToolResults, format!("turn `{turn_id}` is {state}, not waiting for tool results"))
+        }
+    })
+}

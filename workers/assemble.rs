@@ -1,0 +1,6 @@
+//! The assemble stage as its own process: configuration from `APTIX_CONFIG` and `APTIX__*`,
+//! telemetry, build, run until SIGTERM. Start more copies to scale the stage.
+
+fn main() -> std::process::ExitCode {
+    aptix::cli::worker_main(aptix::broker::StageName::Assemble)
+}
