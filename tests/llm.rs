@@ -26,7 +26,8 @@ struct Rig {
 
 async fn rig() -> Rig {
     let sim = start_sim(None).await;
-    let client: Arc<dyn LlmClient> = Arc::new(HttpLlmClient::new(&settings(&sim.base_url())).expect("client builds"));
+    let client: Arc<dyn LlmClient> =
+        Arc::new(HttpLlmClient::new(&settings(&sim.base_url())).expect("client builds"));
     let endpoint = Endpoint::new(sim.base_url(), None);
     Rig { sim, client, endpoint }
 }

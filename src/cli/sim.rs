@@ -29,8 +29,8 @@ pub struct SimArgs {
     /// Request bodies kept for `GET /_sim/requests`.
     #[arg(long, default_value_t = 1000)]
     pub log_capacity: usize,
-    /// Responses kept for `previous_response_id`.
-    #[arg(long, default_value_t = 100_000)]
+    /// Responses kept for `previous_response_id` (the oldest are evicted).
+    #[arg(long, default_value_t = 50_000)]
     pub store_capacity: usize,
     /// Characters per streamed delta.
     #[arg(long, default_value_t = 16)]

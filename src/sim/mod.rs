@@ -8,6 +8,7 @@
 //! does for the DESIGN.md §5 rules; answers deterministically, steered by directives in the
 //! instruction (see the `script` module and the README); and injects latency and faults on demand.
 
+mod directives;
 mod errors;
 mod faults;
 mod response;
@@ -57,7 +58,7 @@ impl Default for SimConfig {
             latency: Latency::default(),
             api_key: None,
             log_capacity: 1000,
-            store_capacity: 100_000,
+            store_capacity: 50_000,
             delta_chars: 16,
             hang_limit: Duration::from_secs(300),
         }

@@ -128,7 +128,9 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
         (false, Some(Fault::StreamCut { .. })) => broken(vec![json.slice(..json.len() / 2)], false, &st),
         (false, Some(_)) => hang(&st).await,
         (true, cut) => {
-            let mut frames = sse::events(&reply, &object, st.delta_chars);
+            // Serialized from a `Value` just above, so always UTF-8.
+            let text = std::str::from_utf8(&json).unwrap_or_default();
+            let mut frames = sse::events(&reply, &object, text, st.delta_chars);
             match cut {
                 Some(Fault::StreamCut { after_events }) => {
                     frames.truncate(after_events);

@@ -8,7 +8,7 @@
 //! `response.incomplete` | `response.failed`.
 
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::response::{item, refusal_part, status_str, text_part};
 use super::script::{Item, Reply, Status};
@@ -19,16 +19,22 @@ struct Frames {
 }
 
 impl Frames {
-    fn push(&mut self, kind: &str, fields: Value) {
-        let mut event = Map::new();
-        event.insert("type".into(), Value::from(kind));
-        event.insert("sequence_number".into(), Value::from(self.seq));
-        if let Value::Object(fields) = fields {
-            event.extend(fields);
-        }
+    /// Appends an event whose other fields are `fields`, a JSON object written without its
+    /// braces (so a response serialized once can be spliced in, and no map is built per event).
+    fn push_raw(&mut self, kind: &str, fields: &str) {
+        let sep = if fields.is_empty() { "" } else { "," };
+        let frame = format!(
+            "event: {kind}\ndata: {{\"type\":\"{kind}\",\"sequence_number\":{}{sep}{fields}}}\n\n",
+            self.seq
+        );
         self.seq += 1;
-        let data = Value::Object(event).to_string();
-        self.out.push(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+        self.out.push(Bytes::from(frame));
+    }
+
+    fn push(&mut self, kind: &str, fields: Value) {
+        let text = fields.to_string();
+        let inner = text.strip_prefix('{').and_then(|t| t.strip_suffix('}')).unwrap_or_default();
+        self.push_raw(kind, inner);
     }
 }
 
@@ -44,8 +50,9 @@ fn pieces(text: &str, n: usize) -> Vec<&str> {
     out
 }
 
-/// Every event frame of `reply`, whose complete response object is `response`.
-pub(crate) fn events(reply: &Reply, response: &Value, delta_chars: usize) -> Vec<Bytes> {
+/// Every event frame of `reply`, whose complete response object is `response` and its
+/// serialized form `response_json`.
+pub(crate) fn events(reply: &Reply, response: &Value, response_json: &str, delta_chars: usize) -> Vec<Bytes> {
     let mut f = Frames { seq: 0, out: Vec::new() };
     let mut shell = response.clone();
     if let Some(obj) = shell.as_object_mut() {
@@ -60,8 +67,9 @@ pub(crate) fn events(reply: &Reply, response: &Value, delta_chars: usize) -> Vec
             obj.insert(key.into(), value);
         }
     }
-    f.push("response.created", json!({ "response": shell }));
-    f.push("response.in_progress", json!({ "response": shell }));
+    let shell = format!("\"response\":{shell}");
+    f.push_raw("response.created", &shell);
+    f.push_raw("response.in_progress", &shell);
     let item_status = if matches!(reply.status, Status::Incomplete(_)) { "incomplete" } else { "completed" };
     for (index, it) in reply.items.iter().enumerate() {
         f.push("response.output_item.added", json!({"output_index": index, "item": item(it, None)}));
@@ -74,8 +82,14 @@ pub(crate) fn events(reply: &Reply, response: &Value, delta_chars: usize) -> Vec
                 } else {
                     (text_part(""), text_part(text))
                 };
-                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-                let with = |extra: Value| merge(&at, extra);
+                let with = |mut extra: Value| {
+                    if let Some(o) = extra.as_object_mut() {
+                        o.insert("item_id".into(), json!(id));
+                        o.insert("output_index".into(), json!(index));
+                        o.insert("content_index".into(), json!(0));
+                    }
+                    extra
+                };
                 f.push("response.content_part.added", with(json!({ "part": empty })));
                 let kind = if refusal { "response.refusal" } else { "response.output_text" };
                 for piece in pieces(text, delta_chars) {
@@ -110,16 +124,8 @@ pub(crate) fn events(reply: &Reply, response: &Value, delta_chars: usize) -> Vec
         );
     }
     let terminal = format!("response.{}", status_str(reply.status));
-    f.push(&terminal, json!({ "response": response }));
+    f.push_raw(&terminal, &format!("\"response\":{response_json}"));
     f.out
-}
-
-fn merge(base: &Value, extra: Value) -> Value {
-    let mut out = base.clone();
-    if let (Some(o), Value::Object(e)) = (out.as_object_mut(), extra) {
-        o.extend(e);
-    }
-    out
 }
 
 #[cfg(test)]
