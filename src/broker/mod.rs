@@ -95,6 +95,13 @@ pub trait Handler: Send + Sync + 'static {
     /// (usually a failure outcome for the persist stage). The original is dead-lettered.
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>>;
 
+    /// Deliveries with the same key are handled one at a time, in delivery order (deliveries
+    /// without a key, or with different keys, run concurrently).
+    fn ordering_key(&self, delivery: &Delivery) -> Option<String> {
+        let _ = delivery;
+        None
+    }
+
     /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
         let _ = outbox_ids;

@@ -1,7 +1,7 @@
 //! The consume loop shared by every stage: reconnect with backoff, bounded concurrency, publish
 //! with confirm before ack, retries through delay queues, poison accounting, graceful shutdown.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,6 +100,7 @@ async fn consume(
     info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
     let permits = Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1))));
     let tracker = TaskTracker::new();
+    let mut ordered = Ordered::default();
     let outcome = loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
@@ -114,14 +115,14 @@ async fn consume(
             Some(Err(e)) => break Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let Ok(permit) = permits.clone().acquire_owned().await else { break Ok(()) };
-        let (handler, publisher, settings) = (handler.clone(), publisher.clone(), settings.clone());
-        tracker.spawn(async move {
-            let acker = delivery.acker.clone();
-            let d = detach(&delivery);
-            settle(stage, &*handler, &publisher, &settings, d, &acker, delivery.routing_key.as_str()).await;
-            drop(permit);
-        });
+        let job = Job { acker: delivery.acker.clone(), routing_key: delivery.routing_key.to_string(), delivery: detach(&delivery) };
+        let worker = Worker { stage, handler: handler.clone(), publisher: publisher.clone(), settings: settings.clone(), permits: permits.clone() };
+        match handler.ordering_key(&job.delivery) {
+            Some(key) => ordered.dispatch(key, job, worker, &tracker),
+            None => {
+                tracker.spawn(async move { worker.settle(job).await });
+            }
+        }
     };
     let _ = channel.basic_cancel(tag.as_str().into(), Default::default()).await;
     tracker.close();
@@ -130,6 +131,76 @@ async fn consume(
     let _ = consume_conn.close(200, "stage stopping".into()).await;
     let _ = publish_conn.close(200, "stage stopping".into()).await;
     outcome
+}
+
+/// A delivery detached from the consumer, with what is needed to settle it.
+struct Job {
+    acker: Acker,
+    routing_key: String,
+    delivery: Delivery,
+}
+
+/// What handling a job needs; cheap to clone.
+#[derive(Clone)]
+struct Worker {
+    stage: StageName,
+    handler: Arc<dyn Handler>,
+    publisher: Publisher,
+    settings: RuntimeSettings,
+    permits: Arc<Semaphore>,
+}
+
+impl Worker {
+    async fn settle(&self, job: Job) {
+        // The semaphore mirrors prefetch; it only matters if the broker over-delivers.
+        let Ok(_permit) = self.permits.acquire().await else { return };
+        settle(self.stage, &*self.handler, &self.publisher, &self.settings, job.delivery, &job.acker, &job.routing_key)
+            .await;
+    }
+}
+
+/// Per-key FIFO lanes: one task per busy key drains that key's jobs in delivery order.
+#[derive(Default)]
+struct Ordered {
+    lanes: HashMap<String, Arc<std::sync::Mutex<Lane>>>,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Job>,
+    running: bool,
+}
+
+impl Ordered {
+    fn dispatch(&mut self, key: String, job: Job, worker: Worker, tracker: &TaskTracker) {
+        // Idle lanes are dropped so the map only holds keys with work.
+        self.lanes.retain(|_, lane| lane.lock().map(|l| l.running || !l.queue.is_empty()).unwrap_or(false));
+        let lane = self.lanes.entry(key).or_default().clone();
+        let Ok(mut state) = lane.lock() else { return };
+        state.queue.push_back(job);
+        if state.running {
+            return;
+        }
+        state.running = true;
+        drop(state);
+        tracker.spawn(async move {
+            loop {
+                // Taking a job and deciding to stop happen under the same lock as `dispatch`,
+                // so no job is left behind in a lane without a task.
+                let next = match lane.lock() {
+                    Ok(mut l) => match l.queue.pop_front() {
+                        Some(job) => job,
+                        None => {
+                            l.running = false;
+                            return;
+                        }
+                    },
+                    Err(_) => return,
+                };
+                worker.settle(next).await;
+            }
+        });
+    }
 }
 
 /// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop

@@ -116,7 +116,13 @@ impl Topology {
     /// Declares everything except session queues. Idempotent; safe from every worker.
     pub async fn declare(&self, ch: &Channel) -> Result<(), lapin::Error> {
         for stage in StageName::ALL {
-            durable_queue(ch, &self.stage_queue(stage), FieldTable::default()).await?;
+            let mut args = FieldTable::default();
+            if stage == StageName::Validate {
+                // One validate consumer at a time receives (the others stand by), so turns of a
+                // session are admitted in the order they were published.
+                args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+            }
+            durable_queue(ch, &self.stage_queue(stage), args).await?;
         }
         durable_queue(ch, &self.dead(), FieldTable::default()).await?;
         ch.exchange_declare(

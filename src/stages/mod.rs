@@ -213,6 +213,14 @@ impl Handler for StageHandler {
         })
     }
 
+    fn ordering_key(&self, delivery: &Delivery) -> Option<String> {
+        // Turns of one session are admitted in arrival order; other stages need no order
+        // because admission lets only one turn per session run at a time.
+        (self.stage == StageName::Validate)
+            .then(|| crate::validate::session_hint(&delivery.body).map(|s| s.to_string()))
+            .flatten()
+    }
+
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             if let Err(error) = self.deps.store.delete_outbox(&outbox_ids).await {

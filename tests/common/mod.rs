@@ -1,0 +1,232 @@
+//! Harness for pipeline integration tests against the real RabbitMQ and PostgreSQL: a random
+//! queue prefix and a fresh database per test, the Responses simulator in-process, an embedded
+//! vector store in a temp dir with a small indexed fixture repository.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aptix::broker::{connect, OutMessage, Publisher, StageName, Topology};
+use aptix::config::{ConnectionUrl, Settings};
+use aptix::contracts::SessionId;
+use aptix::index::{index_repository, IndexOptions};
+use aptix::pipeline;
+use aptix::sim::{SimConfig, SimHandle};
+use aptix::stages::Deps;
+use aptix::store::Store;
+use futures_util::StreamExt as _;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// One message read from a session's reply queue.
+#[derive(Debug, Clone)]
+pub struct ReplyMsg {
+    pub turn_id: String,
+    pub message_id: String,
+    pub is_final: bool,
+    pub body: Value,
+}
+
+pub struct Harness {
+    pub id: String,
+    pub settings: Arc<Settings>,
+    pub deps: Arc<Deps>,
+    pub sim: SimHandle,
+    pub shutdown: CancellationToken,
+    pub running: Option<tokio::task::JoinHandle<()>>,
+    pub conn: lapin::Connection,
+    pub publisher: Publisher,
+    pub topology: Topology,
+    pub dir: std::path::PathBuf,
+}
+
+/// Settings for a test: its own prefix, database and data directory; the simulator as LLM.
+pub fn test_settings(id: &str, sim_url: &str, data_dir: &Path) -> Settings {
+    let mut s = Settings::load(None).expect("default settings");
+    s.amqp.url = ConnectionUrl::new(AMQP);
+    s.amqp.prefix = format!("t-{id}");
+    s.database.url = ConnectionUrl::new(format!("postgres://postgres@127.0.0.1:5432/aptix_t_{id}"));
+    s.database.max_connections = 8;
+    s.llm.base_url = sim_url.to_owned();
+    s.llm.request_timeout_ms = 10_000;
+    s.vector.data_dir = data_dir.join("vectors");
+    s.pipeline.session_queue_expires_ms = 300_000;
+    s.pipeline.confirm_timeout_ms = 10_000;
+    s
+}
+
+/// A tiny repository to index, so retrieval has something to find.
+pub fn write_fixture_repo(root: &Path) {
+    let files = [
+        ("billing/invoice.rs", "/// Sends the invoice e-mail.\npub fn send_invoice_email(invoice: &Invoice) -> Result<(), MailError> {\n    mailer::send(&invoice.customer, render(invoice))\n}\n"),
+        ("billing/tax.rs", "/// Computes VAT for an invoice line.\npub fn vat_for_line(line: &Line) -> Money {\n    line.amount * line.rate\n}\n"),
+        ("docs/README.md", "# Billing\n\nInvoices are e-mailed by `send_invoice_email`.\n"),
+    ];
+    for (path, text) in files {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+}
+
+impl Harness {
+    /// Starts everything, with `copies` consumers per stage.
+    pub async fn start(copies: usize) -> Harness {
+        Self::start_with(copies, |_| {}).await
+    }
+
+    pub async fn start_with(copies: usize, tweak: impl FnOnce(&mut Settings)) -> Harness {
+        aptix::telemetry::init(aptix::telemetry::LogFormat::Pretty);
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        // Kept on drop: a failed test unwinds before its consumers stop, and the embedded
+        // store flushes when the last of them lets go. `teardown` removes it.
+        let dir = tempfile::tempdir().unwrap().keep();
+        let sim = aptix::sim::start(SimConfig::default()).await.unwrap();
+        let mut settings = test_settings(&id, &sim.base_url(), &dir);
+        tweak(&mut settings);
+        Store::create_database(settings.database.url.expose()).await.unwrap();
+        let settings = Arc::new(settings);
+        let deps = Arc::new(pipeline::build_deps(settings.clone(), None).await.unwrap());
+        let repo = dir.join("repo");
+        write_fixture_repo(&repo);
+        let mut opts = IndexOptions::new(&repo, "fixture");
+        opts.progress = false;
+        let collection = settings.agent_context(None).unwrap().collection.clone();
+        index_repository(&deps.retrieval, &collection, &opts).await.unwrap();
+        let conn = connect(AMQP).await.unwrap();
+        let publisher = Publisher::open(&conn).await.unwrap();
+        let topology = pipeline::topology(&settings);
+        topology.declare(publisher.channel()).await.unwrap();
+        let mut h = Harness { id, settings, deps, sim, shutdown: CancellationToken::new(), running: None, conn, publisher, topology, dir };
+        if copies > 0 {
+            h.run(copies);
+        }
+        h
+    }
+
+    /// Starts `copies` consumers of every stage in this process.
+    pub fn run(&mut self, copies: usize) {
+        self.shutdown = CancellationToken::new();
+        let (deps, token) = (self.deps.clone(), self.shutdown.clone());
+        self.running = Some(tokio::spawn(async move { pipeline::run(deps, &StageName::ALL, copies, token).await }));
+    }
+
+    /// Stops the in-process consumers and waits for them.
+    pub async fn stop_consumers(&mut self) {
+        self.shutdown.cancel();
+        if let Some(r) = self.running.take() {
+            let _ = r.await;
+        }
+    }
+
+    /// Publishes raw bytes to the ingress queue.
+    pub async fn publish_raw(&self, body: Vec<u8>) {
+        let msg = OutMessage::to_queue(self.topology.requests(), "request", uuid::Uuid::new_v4().to_string(), body);
+        self.publisher.publish(&msg).await.unwrap();
+    }
+
+    /// Declares the session queue (as a client would), then publishes the request.
+    pub async fn submit(&self, request: &Value) {
+        if let Some(s) = request.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse::<SessionId>().ok()) {
+            self.topology.declare_session(self.publisher.channel(), &s).await.unwrap();
+        }
+        self.publish_raw(serde_json::to_vec(request).unwrap()).await;
+    }
+
+    /// Reads the session's reply queue until `finals` final replies arrived (or the timeout).
+    pub async fn replies(&self, session: &str, finals: usize, timeout: Duration) -> Vec<ReplyMsg> {
+        let ch = self.conn.create_channel().await.unwrap();
+        let queue = format!("{}.session.{session}", self.topology.prefix());
+        let mut consumer = ch
+            .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while out.iter().filter(|r: &&ReplyMsg| r.is_final).count() < finals {
+            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
+            let Ok(Some(Ok(d))) = next else { break };
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            out.push(reply_msg(&d));
+        }
+        let _ = ch.close(200, "done".into()).await;
+        out
+    }
+
+    /// Messages in the dead-letter queue, with their headers.
+    pub async fn dead_letters(&self) -> Vec<(HashMap<String, String>, Vec<u8>)> {
+        let ch = self.conn.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(m) = ch.basic_get(self.topology.dead().as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap() {
+            out.push((headers(&m.delivery), m.delivery.data.clone()));
+        }
+        out
+    }
+
+    /// Rows of `response_records` for a session, oldest first.
+    pub async fn records(&self, session: &str) -> Vec<Value> {
+        sqlx::query_scalar("SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1::uuid ORDER BY created_at, id")
+            .bind(session)
+            .fetch_all(self.deps.store.pool())
+            .await
+            .unwrap()
+    }
+
+    /// Tears down: consumers, queues and exchanges of the prefix, the database, the simulator.
+    pub async fn teardown(mut self) {
+        self.stop_consumers().await;
+        let ch = self.conn.create_channel().await.unwrap();
+        let mut queues: Vec<String> = StageName::ALL.iter().map(|s| self.topology.stage_queue(*s)).collect();
+        queues.push(self.topology.dead());
+        queues.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
+        for q in queues {
+            let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+        }
+        self.deps.store.pool().close().await;
+        let url = self.settings.database.url.expose().replace(&format!("aptix_t_{}", self.id), "postgres");
+        if let Ok(pool) = sqlx::PgPool::connect(&url).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS aptix_t_{} WITH (FORCE)", self.id)).execute(&pool).await;
+        }
+        self.sim.shutdown().await;
+        drop(self.deps);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn headers(d: &lapin::message::Delivery) -> HashMap<String, String> {
+    d.properties
+        .headers()
+        .as_ref()
+        .map(|t| {
+            t.inner()
+                .iter()
+                .filter_map(|(k, v)| v.as_long_string().map(|s| (k.to_string(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn reply_msg(d: &lapin::message::Delivery) -> ReplyMsg {
+    let h = headers(d);
+    ReplyMsg {
+        turn_id: h.get("x-aptix-turn-id").cloned().unwrap_or_default(),
+        message_id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
+        is_final: h.get("x-aptix-final").map(String::as_str) == Some("true"),
+        body: serde_json::from_slice(&d.data).unwrap_or(Value::Null),
+    }
+}
+
+/// A user turn request.
+pub fn user_turn(session: &str, turn: &str, instruction: &str) -> Value {
+    serde_json::json!({"SessionId": session, "TurnId": turn, "Instruction": instruction})
+}
+
+pub fn new_session() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

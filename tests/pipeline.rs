@@ -1,0 +1,201 @@
+//! The pipeline end to end against the real RabbitMQ and PostgreSQL, with the Responses
+//! simulator: multi-turn chains, tool round trips, file deltas, rehydration, duplicates,
+//! redeliveries, per-session order with two copies of every stage, and bad input.
+
+mod common;
+
+use std::time::Duration;
+
+use aptix::broker::{process_one, OutMessage, StageName};
+use aptix::stages::StageHandler;
+use common::{new_session, user_turn, Harness};
+use lapin::options::BasicGetOptions;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn text(reply: &Value) -> String {
+    reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned()
+}
+
+fn file(path: &str, contents: &str) -> Value {
+    json!({"RelativePath": path, "FileName": path.rsplit('/').next().unwrap(), "Contents": contents, "Origin": "ide"})
+}
+
+async fn one_final(h: &Harness, session: &str, request: Value) -> Value {
+    let turn = request["TurnId"].as_str().unwrap().to_owned();
+    h.submit(&request).await;
+    let replies = h.replies(session, 1, WAIT).await;
+    let finals: Vec<_> = replies.iter().filter(|r| r.is_final).collect();
+    assert_eq!(finals.len(), 1, "{turn}: {replies:?}");
+    assert_eq!(finals[0].turn_id, turn);
+    finals[0].body.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multi_turn_conversation_end_to_end() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+
+    // First turn: system prompt, retrieved context, an active file.
+    let mut t1 = user_turn(&s, "t1", "How is the invoice e-mail sent? send_invoice_email");
+    t1["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 1 }\n")]);
+    let r1 = one_final(&h, &s, t1).await;
+    assert_eq!(r1["Successful"], true, "{r1}");
+    assert_eq!(r1["Result"]["Kind"], "final");
+    assert_eq!(r1["Result"]["ModeDisplayName"], "General");
+    assert!(text(&r1).contains("chain_depth: 1"), "{}", text(&r1));
+    assert!(text(&r1).contains("system_messages_in_chain: 1"));
+    assert!(!text(&r1).contains("context_chunks: 0"), "retrieval found nothing: {}", text(&r1));
+    let bodies = h.sim.request_bodies();
+    assert_eq!(bodies[0]["input"][0]["role"], "system");
+    assert!(bodies[0].get("previous_response_id").is_none());
+
+    // Follow-up: chained, no system message, unchanged file not resent, new file sent.
+    let mut t2 = user_turn(&s, "t2", "And the tax?");
+    t2["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 1 }\n"), file("src/b.rs", "fn b() {}\n")]);
+    let r2 = one_final(&h, &s, t2).await;
+    assert!(text(&r2).contains("chain_depth: 2"), "{}", text(&r2));
+    let body2 = h.sim.request_bodies()[1].clone();
+    let prev = body2["previous_response_id"].as_str().expect("chained");
+    assert!(body2["input"].as_array().unwrap().iter().all(|m| m["role"] != "system"));
+    let sent2 = body2["input"].to_string();
+    assert!(sent2.contains("fn b() {}") && !sent2.contains("fn a() { 1 }"), "{sent2}");
+    let records = h.records(&s).await;
+    assert_eq!(records[0]["provider_response_id"], prev);
+
+    // A changed file is resent.
+    let mut t3 = user_turn(&s, "t3", "I changed a.rs");
+    t3["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 2 }\n")]);
+    one_final(&h, &s, t3).await;
+    assert!(h.sim.request_bodies()[2]["input"].to_string().contains("fn a() { 2 }"));
+
+    // A client tool round trip; a new turn meanwhile is refused.
+    h.submit(&user_turn(&s, "t4", "Read the file @call(read_file)")).await;
+    let r4 = h.replies(&s, 1, WAIT).await.pop().unwrap().body;
+    assert_eq!(r4["Result"]["Kind"], "client_tool_continuation", "{r4}");
+    let call = &r4["Result"]["ToolCalls"][0];
+    assert_eq!(call["Name"], "read_file");
+    let r5 = one_final(&h, &s, user_turn(&s, "t5", "impatient")).await;
+    assert_eq!(r5["Errors"][0]["Code"], "session.awaiting_tool_results");
+    let results = json!({"SessionId": s, "TurnId": "t4",
+        "ToolResults": [{"ToolCallId": call["ToolCallId"], "ExecutionMs": 7, "ResultJson": "{\"contents\":\"hello\"}"}]});
+    let r4b = one_final(&h, &s, results).await;
+    assert_eq!(r4b["Result"]["Kind"], "final", "{r4b}");
+    assert!(text(&r4b).contains("tool_output"), "{}", text(&r4b));
+
+    // The provider forgets the chain: the next turn rebuilds it from stored history.
+    h.sim.forget_stored_responses();
+    let r6 = one_final(&h, &s, user_turn(&s, "t6", "Summarise what we did")).await;
+    assert_eq!(r6["Successful"], true, "{r6}");
+    let last = h.sim.request_bodies().last().unwrap().clone();
+    assert!(last.get("previous_response_id").is_none());
+    assert_eq!(last["input"][0]["role"], "system");
+    let records = h.records(&s).await;
+    let kinds: Vec<&str> = records.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["final", "final", "final", "client_tool_continuation", "final", "final"]);
+    assert_eq!(records[5]["chain"]["status"], "rehydrated", "{}", records[5]["chain"]);
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_get_the_stored_reply_and_conflicts_are_refused() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let first = one_final(&h, &s, user_turn(&s, "t1", "hello")).await;
+    let again = one_final(&h, &s, user_turn(&s, "t1", "hello")).await;
+    assert_eq!(first, again);
+    assert_eq!(h.sim.requests().len(), 1, "a duplicate must not call the LLM");
+    assert_eq!(h.records(&s).await.len(), 1);
+    let conflict = one_final(&h, &s, user_turn(&s, "t1", "different")).await;
+    assert_eq!(conflict["Errors"][0]["Code"], "turn.conflict");
+    h.teardown().await;
+}
+
+async fn drive(h: &Harness, stage: StageName) -> bool {
+    let handler = StageHandler::new(stage, h.deps.clone());
+    let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
+    process_one(stage, &handler, &h.conn, &h.publisher, &settings).await.unwrap()
+}
+
+/// Duplicates the next message of a stage queue, as a redelivery after a crash would.
+async fn duplicate_head(h: &Harness, stage: StageName) {
+    let ch = h.conn.create_channel().await.unwrap();
+    let queue = h.topology.stage_queue(stage);
+    let m = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
+    for _ in 0..2 {
+        let msg = OutMessage::to_queue(queue.clone(), "turn", "dup".into(), m.delivery.data.clone());
+        h.publisher.publish(&msg).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redelivered_stage_messages_cause_one_call_one_record_one_reply() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble] {
+        assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
+    }
+    duplicate_head(&h, StageName::Invoke).await;
+    assert!(drive(&h, StageName::Invoke).await && drive(&h, StageName::Invoke).await);
+    assert_eq!(h.sim.requests().len(), 1, "the saved answer must be reused");
+    duplicate_head(&h, StageName::Persist).await;
+    while drive(&h, StageName::Persist).await {}
+    assert_eq!(h.records(&s).await.len(), 1);
+    let replies = h.replies(&s, 2, Duration::from_secs(3)).await;
+    assert_eq!(replies.iter().filter(|r| r.is_final).count(), 1, "{replies:?}");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_copies_of_every_stage_keep_per_session_order() {
+    let h = Harness::start(2).await;
+    let sessions: Vec<String> = (0..12).map(|_| new_session()).collect();
+    for turn in 0..4 {
+        for s in &sessions {
+            h.submit(&user_turn(s, &format!("t{turn}"), &format!("question {turn}"))).await;
+        }
+    }
+    for s in &sessions {
+        let replies = h.replies(s, 4, WAIT).await;
+        let finals: Vec<_> = replies.iter().filter(|r| r.is_final).collect();
+        let order: Vec<&str> = finals.iter().map(|r| r.turn_id.as_str()).collect();
+        assert_eq!(order, ["t0", "t1", "t2", "t3"], "session {s}");
+        for (i, r) in finals.iter().enumerate() {
+            // Each turn chained onto the one before: they ran one at a time, in order.
+            assert!(text(&r.body).contains(&format!("chain_depth: {}", i + 1)), "{}", text(&r.body));
+        }
+        assert_eq!(h.records(s).await.len(), 4);
+    }
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invalid_requests_get_specific_errors_and_unanswerable_ones_are_dead_lettered() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let cases = [
+        (json!({"SessionId": s, "TurnId": "a", "Instruction": "x", "Mode": "DDR"}), "request.forbidden_field"),
+        (json!({"SessionId": s, "TurnId": "b"}), "validation.instruction_missing"),
+        (json!({"SessionId": s, "TurnId": "c", "Instruction": "x", "ConversationContextId": "nope"}), "context.unknown_conversation_context"),
+        (json!({"SessionId": s, "TurnId": "d", "ToolResults": [{"ToolCallId": "x", "ExecutionMs": 1, "ResultJson": "1"}]}), "turn.not_found"),
+    ];
+    for (request, code) in &cases {
+        h.submit(request).await;
+        let reply = h.replies(&s, 1, WAIT).await.pop().expect("a reply").body;
+        assert_eq!(reply["Successful"], false);
+        assert_eq!(reply["Errors"][0]["Code"], *code, "{reply}");
+    }
+    h.publish_raw(b"{not json".to_vec()).await;
+    h.publish_raw(br#"{"TurnId":"x","Instruction":"no session"}"#.to_vec()).await;
+    // A valid turn after the bad ones is unaffected.
+    let ok = one_final(&h, &s, user_turn(&s, "e", "still fine?")).await;
+    assert_eq!(ok["Successful"], true);
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for (headers, _) in &dead {
+        assert!(headers["x-aptix-reason"].contains("SessionId"), "{headers:?}");
+    }
+    h.teardown().await;
+}
