@@ -53,6 +53,9 @@ pub(crate) struct Reply {
 #[derive(Debug, Default)]
 struct Seen<'a> {
     user_texts: Vec<&'a str>,
+    /// Where the last user message's texts start in `user_texts`: directives come only from
+    /// the newest message, not from history replayed into a rebuilt chain.
+    last_user_start: usize,
     system_messages: u64,
     images: usize,
     tool_outputs: Vec<(&'a str, String)>,
@@ -71,21 +74,10 @@ fn seen(body: &Value) -> Seen<'_> {
                         s.tool_outputs.push((call_id, flatten(item.get("output"))));
                     }
                     (None | Some("message"), Some("system" | "developer")) => s.system_messages += 1,
-                    (None | Some("message"), Some("user")) => match item.get("content") {
-                        Some(Value::String(text)) => s.user_texts.push(text),
-                        Some(Value::Array(parts)) => {
-                            for part in parts {
-                                match part.get("type").and_then(Value::as_str) {
-                                    Some("input_text") => {
-                                        s.user_texts.extend(part.get("text").and_then(Value::as_str))
-                                    }
-                                    Some("input_image") => s.images += 1,
-                                    _ => {}
-                                }
-                            }
-                        }
-                        _ => {}
-                    },
+                    (None | Some("message"), Some("user")) => {
+                        s.last_user_start = s.user_texts.len();
+                        user_content(&mut s, item.get("content"));
+                    }
                     _ => {}
                 }
             }
@@ -100,6 +92,22 @@ fn seen(body: &Value) -> Seen<'_> {
         }
     }
     s
+}
+
+fn user_content<'a>(s: &mut Seen<'a>, content: Option<&'a Value>) {
+    match content {
+        Some(Value::String(text)) => s.user_texts.push(text),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("input_text") => s.user_texts.extend(part.get("text").and_then(Value::as_str)),
+                    Some("input_image") => s.images += 1,
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A tool output (string or content parts) as one line of at most 200 characters.
@@ -134,7 +142,7 @@ pub(crate) fn reply(
     id: &dyn Fn(&str) -> String,
 ) -> Reply {
     let s = seen(body);
-    let instruction = instruction(&s.user_texts);
+    let instruction = instruction(&s.user_texts[s.last_user_start..]);
     let directives = directives(&instruction);
     let depth = prev.map_or(0, |p| p.depth) + 1;
     let system_messages = prev.map_or(0, |p| p.system_messages) + s.system_messages;
