@@ -1,12 +1,13 @@
 //! The deterministic "model": what the simulator answers to a valid request.
 //!
-//! Directives in the user's instruction text (the `[INSTRUCTION]` section when present, never
-//! the `[CONTEXT]` block) steer it: `@call(name)`, `@call(name, {json args})`, `@call(*)` (every
-//! offered function tool, in order), `@refuse`, `@incomplete`, `@fail`. Only tools sent in
-//! `tools` are called; `tool_choice` is obeyed (`none` suppresses calls; a forced function or
-//! `required` calls without a directive, as a real model must) and `parallel_tool_calls: false`
-//! keeps the first call. Arguments not given are sampled from the tool's JSON Schema. Otherwise
-//! the answer is a fixed set of `key: value` lines describing what was received (see README).
+//! Directives in the instruction text of the newest user message (its `[INSTRUCTION]` section
+//! when present, never a `[CONTEXT]` block or replayed history) steer it: `@call(name)`,
+//! `@call(name, {json args})`, `@call(*)` (every offered function tool, in order), `@refuse`,
+//! `@incomplete`, `@fail`. Only tools sent in `tools` are called; `tool_choice` is obeyed
+//! (`none` suppresses calls; a forced function or `required` calls without a directive, as a
+//! real model must) and `parallel_tool_calls: false` keeps the first call. Arguments not given
+//! are sampled from the tool's JSON Schema. Otherwise the answer is a fixed set of `key: value`
+//! lines describing what was received (see README).
 
 use serde_json::Value;
 
