@@ -230,3 +230,37 @@ pub fn user_turn(session: &str, turn: &str, instruction: &str) -> Value {
 pub fn new_session() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+impl Harness {
+    /// Environment for an `aptix` child process that joins this test's pipeline. The child gets
+    /// its own vector directory: the embedded store is locked by the process that opens it.
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        let s = &self.settings;
+        vec![
+            ("APTIX__AMQP__PREFIX".into(), s.amqp.prefix.clone()),
+            ("APTIX__AMQP__URL".into(), s.amqp.url.expose().to_owned()),
+            ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
+            ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.clone()),
+            ("APTIX__VECTOR__DATA_DIR".into(), self.dir.join("child-vectors").display().to_string()),
+            ("APTIX__PIPELINE__SESSION_QUEUE_EXPIRES_MS".into(), s.pipeline.session_queue_expires_ms.to_string()),
+            ("RUST_LOG".into(), "warn".into()),
+        ]
+    }
+
+    /// Starts `aptix ARGS` as a child process of this pipeline.
+    pub fn spawn_child(&self, args: &[&str]) -> std::process::Child {
+        std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+            .args(args)
+            .env_remove("APTIX_CONFIG")
+            .envs(self.child_env())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn aptix")
+    }
+}
+
+/// Sends SIGTERM and waits for the process to exit.
+pub fn terminate(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    child.wait().expect("wait")
+}
