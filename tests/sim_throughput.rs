@@ -1,6 +1,7 @@
 //! A one-off throughput measurement of the simulator (loopback, bounded request count). Ignored by
 //! default because it measures rather than checks; run it with
-//! `cargo test --release --test sim_throughput -- --ignored --nocapture`.
+//! `CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test --test sim_throughput -- --ignored --nocapture`
+//! (optimises this crate only; dependencies are already optimised in the dev profile).
 
 mod sim_support;
 
