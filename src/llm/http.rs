@@ -2,7 +2,7 @@
 //!
 //! One attempt: POST the body, check the HTTP status before reading anything else, then read a
 //! JSON body or an SSE stream within the request deadline. Attempts repeat under the
-//! [`RetryPolicy`]. The API key goes only into the `Authorization` header (marked sensitive), and
+//! retry policy. The API key goes only into the `Authorization` header (marked sensitive), and
 //! neither it nor the body is ever logged.
 
 use std::sync::atomic::{AtomicU32, Ordering};

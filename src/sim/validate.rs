@@ -2,7 +2,7 @@
 //! with the API's own 400 bodies (the first problem found, as the API reports one).
 //!
 //! Top-level parameters, tools and `tool_choice` are checked here; `input` items in
-//! [`super::validate_input`]; tool outputs against the previous response in [`tool_outputs`].
+//! `validate_input`; tool outputs against the previous response in `tool_outputs`.
 
 use serde_json::{Map, Value};
 
