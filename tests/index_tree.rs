@@ -1,6 +1,8 @@
 //! The indexer's pure parts on real trees: chunk spans over this repository's own sources, and the
 //! walk over a fixture tree (gitignore, hidden, binary, size, generated files).
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 use aptix::index::walk::{self, SkipReason};

@@ -2,242 +2,26 @@
 //! every RagScope operator, repo restriction, top-k / budget / dedup, idempotent re-indexing and
 //! reopening the shard (Edge does not replay its WAL, so this also checks the flushes).
 
-use std::path::Path;
+mod retrieve_support;
 
-use aptix::config::Settings;
-use aptix::contracts::ScopeCondition;
-use aptix::index::{index_repository, IndexOptions, IndexSummary};
-use aptix::retrieve::filter::{FilterSpec, SCOPE_KEY_IGNORED};
-use aptix::retrieve::{Retrieval, SearchOutcome, SearchRequest};
-
-const COLLECTION: &str = "test";
-
-fn write(root: &Path, rel: &str, contents: &str) {
-    let path = root.join(rel);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, contents).unwrap();
-}
-
-fn fixture(root: &Path) {
-    write(root, ".gitignore", "dist/\n");
-    write(root, "dist/bundle.js", "function quaternionSlerp() {}\n");
-    write(
-        root,
-        "src/ui/primitives/Button.tsx",
-        "export function Button(props: ButtonProps) {\n  return quaternionButton(props);\n}\n",
-    );
-    write(root, "src/ui/layout/Grid.tsx", "export function Grid() {\n  return quaternionGrid();\n}\n");
-    write(
-        root,
-        "src/core/quaternion.rs",
-        "/// Quaternion maths.\npub fn quaternion_multiply(a: Quat, b: Quat) -> Quat {\n    a * b\n}\n",
-    );
-    write(root, "docs/quaternion.md", "# Quaternions\n\nHow quaternion rotation works.\n");
-    write(root, "tests/quaternion_test.rs", "#[test]\nfn quaternion_identity() {}\n");
-}
-
-fn settings(data_dir: &Path) -> Settings {
-    let mut s = Settings::load(None).unwrap();
-    s.vector.url = None;
-    s.vector.embeddings_url = None;
-    s.vector.data_dir = data_dir.to_path_buf();
-    s
-}
-
-async fn index(r: &Retrieval, root: &Path, repo: &str) -> IndexSummary {
-    let mut opts = IndexOptions::new(root, repo);
-    opts.progress = false;
-    index_repository(r, COLLECTION, &opts).await.unwrap()
-}
-
-fn scope(json: serde_json::Value) -> Vec<ScopeCondition> {
-    serde_json::from_value(json).unwrap()
-}
-
-async fn search(r: &Retrieval, query: &str, repo: Option<&str>, scope: &[ScopeCondition]) -> SearchOutcome {
-    let req = SearchRequest {
-        collection: COLLECTION,
-        query_text: query,
-        repo,
-        scope,
-        top_k: 50,
-        budget_chars: 100_000,
-    };
-    r.search(req).await.unwrap()
-}
-
-fn paths(o: &SearchOutcome) -> Vec<String> {
-    let mut p: Vec<String> = o.chunks.iter().map(|c| c.path.clone()).collect();
-    p.sort();
-    p.dedup();
-    p
-}
+use retrieve_support as s;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scope_operator_filters_as_documented() {
-    let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    fixture(src.path());
-    let r = Retrieval::from_settings(&settings(data.path())).unwrap();
-    let summary = index(&r, src.path(), "acme/web").await;
-    assert_eq!(summary.files, 5, "{summary}");
-    index(&r, src.path(), "acme/other").await;
-
-    let all = search(&r, "quaternion", Some("acme/web"), &[]).await;
-    assert_eq!(paths(&all).len(), 5, "gitignored dist/ is not indexed: {:?}", paths(&all));
-    assert!(all.chunks.iter().all(|c| c.repo.as_deref() == Some("acme/web")));
-    let both = search(&r, "quaternion", None, &[]).await;
-    assert_eq!(both.chunks.len(), 10, "without Repo both repositories match");
-
-    let eq = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "language", "operator": "==", "values": ["TypeScript", "markdown"]}])),
-    )
-    .await;
-    assert_eq!(paths(&eq), ["docs/quaternion.md", "src/ui/layout/Grid.tsx", "src/ui/primitives/Button.tsx"]);
-
-    let ne = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "Path", "operator": "!=", "values": ["docs/quaternion.md", "tests/quaternion_test.rs"]}])),
-    )
-    .await;
-    assert_eq!(
-        paths(&ne),
-        ["src/core/quaternion.rs", "src/ui/layout/Grid.tsx", "src/ui/primitives/Button.tsx"]
-    );
-
-    let contains = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "path", "operator": "contains", "values": ["ui/primitives"]}])),
-    )
-    .await;
-    assert_eq!(paths(&contains), ["src/ui/primitives/Button.tsx"]);
-    let stem = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "path", "operator": "contains", "values": ["src", ".RS"]}])),
-    )
-    .await;
-    assert_eq!(paths(&stem), ["src/core/quaternion.rs"], "every value must match; case-insensitive");
-
-    let not = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "path", "operator": "does_not_contain", "values": ["src/ui", "tests"]}])),
-    )
-    .await;
-    assert_eq!(paths(&not), ["docs/quaternion.md", "src/core/quaternion.rs"]);
-
-    let unknown = search(
-        &r,
-        "quaternion",
-        Some("acme/web"),
-        &scope(serde_json::json!([
-        {"key": "team", "operator": "==", "values": ["x"]}])),
-    )
-    .await;
-    assert_eq!(paths(&unknown).len(), 5, "an unmappable key restricts nothing");
-    assert_eq!(unknown.warnings.len(), 1);
-    assert_eq!(unknown.warnings[0].code, SCOPE_KEY_IGNORED);
+    s::every_scope_operator_filters_as_documented("test", None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_are_ranked_exact_and_bounded() {
-    let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    fixture(src.path());
-    let r = Retrieval::from_settings(&settings(data.path())).unwrap();
-    index(&r, src.path(), "acme/web").await;
-
-    let best = search(&r, "quaternion multiply Quat", None, &[]).await;
-    assert_eq!(best.chunks[0].path, "src/core/quaternion.rs");
-    let scores: Vec<f32> = best.chunks.iter().map(|c| c.score.unwrap()).collect();
-    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "ordered by score: {scores:?}");
-    let ids: std::collections::HashSet<_> = best.chunks.iter().map(|c| &c.id).collect();
-    assert_eq!(ids.len(), best.chunks.len(), "no duplicate chunk ids");
-    for c in &best.chunks {
-        let file = std::fs::read_to_string(src.path().join(&c.path)).unwrap();
-        let lines: Vec<&str> = file.lines().collect();
-        assert_eq!(
-            c.text,
-            lines[c.start_line as usize - 1..c.end_line as usize].join("\n"),
-            "exact span of {}",
-            c.path
-        );
-    }
-
-    let req = |top_k, budget_chars| SearchRequest {
-        collection: COLLECTION,
-        query_text: "quaternion",
-        repo: None,
-        scope: &[],
-        top_k,
-        budget_chars,
-    };
-    assert_eq!(r.search(req(2, 100_000)).await.unwrap().chunks.len(), 2);
-    let budget = 100;
-    let small = r.search(req(10, budget)).await.unwrap();
-    assert!(!small.chunks.is_empty());
-    assert!(small.chunks.iter().map(|c| c.text.chars().count()).sum::<usize>() <= budget);
-    assert!(r.search(req(10, 0)).await.unwrap().chunks.is_empty());
+    s::results_are_ranked_exact_and_bounded("test", None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reindexing_is_idempotent_and_removes_stale_chunks() {
-    let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    fixture(src.path());
-    let r = Retrieval::from_settings(&settings(data.path())).unwrap();
-    let first = index(&r, src.path(), "acme/web").await;
-    assert_eq!((first.written, first.unchanged, first.deleted), (first.chunks, 0, 0));
-
-    let again = index(&r, src.path(), "acme/web").await;
-    assert_eq!((again.written, again.unchanged, again.deleted), (0, first.chunks, 0), "nothing rewritten");
-
-    write(
-        src.path(),
-        "src/ui/layout/Grid.tsx",
-        "export function Grid() {\n  return quaternionGridV2();\n}\n",
-    );
-    std::fs::remove_file(src.path().join("docs/quaternion.md")).unwrap();
-    let changed = index(&r, src.path(), "acme/web").await;
-    assert_eq!((changed.written, changed.deleted, changed.unchanged), (1, 2, first.chunks - 2), "{changed}");
-    let found = search(&r, "quaternion quaternionGridV2", None, &[]).await;
-    assert!(!paths(&found).contains(&"docs/quaternion.md".to_owned()));
-    let grid: Vec<_> = found.chunks.iter().filter(|c| c.path == "src/ui/layout/Grid.tsx").collect();
-    assert_eq!(grid.len(), 1);
-    assert!(grid[0].text.contains("V2"));
+    s::reindexing_is_idempotent_and_removes_stale_chunks("test", None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reopened_shard_has_every_write() {
-    let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    fixture(src.path());
-    let chunks = {
-        let r = Retrieval::from_settings(&settings(data.path())).unwrap();
-        let summary = index(&r, src.path(), "acme/web").await;
-        // A second handle for the same directory shares the open shard instead of failing on its lock.
-        let again = Retrieval::from_settings(&settings(data.path())).unwrap();
-        assert_eq!(
-            again.store(COLLECTION).await.unwrap().count(FilterSpec::default()).await.unwrap(),
-            summary.chunks
-        );
-        summary.chunks
-    };
-    let r = Retrieval::from_settings(&settings(data.path())).unwrap();
-    let store = r.store(COLLECTION).await.unwrap();
-    assert_eq!(store.count(FilterSpec::default()).await.unwrap(), chunks);
-    assert_eq!(paths(&search(&r, "quaternion", Some("acme/web"), &[]).await).len(), 5);
-    let again = index(&r, src.path(), "acme/web").await;
-    assert_eq!(again.unchanged, chunks, "ids survive a reopen");
+    s::a_reopened_shard_has_every_write("test", None).await;
 }

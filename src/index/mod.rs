@@ -12,7 +12,7 @@ pub mod language;
 mod prepare;
 pub mod walk;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,7 +83,7 @@ pub struct IndexSummary {
     /// Stored chunks removed (changed or deleted files).
     pub deleted: usize,
     /// Files not indexed, by reason (relative paths).
-    pub skipped: BTreeMap<SkipReason, Vec<String>>,
+    pub skipped: walk::Skipped,
     /// Wall time.
     pub elapsed: Duration,
 }

@@ -47,16 +47,16 @@ pub struct SourceFile {
     pub text: String,
 }
 
+/// Relative paths of skipped files, by reason.
+pub type Skipped = BTreeMap<SkipReason, Vec<String>>;
+
 /// Every indexable file under `root`, sorted by path, and the skipped ones by reason.
-pub fn collect(
-    root: &Path,
-    max_bytes: u64,
-) -> Result<(Vec<PathBuf>, BTreeMap<SkipReason, Vec<String>>), IndexError> {
+pub fn collect(root: &Path, max_bytes: u64) -> Result<(Vec<PathBuf>, Skipped), IndexError> {
     if !root.is_dir() {
         return Err(IndexError::NotADirectory(root.to_path_buf()));
     }
     let mut files = Vec::new();
-    let mut skipped: BTreeMap<SkipReason, Vec<String>> = BTreeMap::new();
+    let mut skipped = Skipped::new();
     let walker = ignore::WalkBuilder::new(root).hidden(true).require_git(false).follow_links(false).build();
     for entry in walker {
         let entry = entry.map_err(|e| IndexError::Walk(e.to_string()))?;
