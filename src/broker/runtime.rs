@@ -98,6 +98,7 @@ async fn consume(
         )
         .await?;
     info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
+    crate::metrics::metrics().broker_connection(1);
     let permits = Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1))));
     let tracker = TaskTracker::new();
     let mut ordered = Ordered::default();
@@ -115,8 +116,18 @@ async fn consume(
             Some(Err(e)) => break Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job { acker: delivery.acker.clone(), routing_key: delivery.routing_key.to_string(), delivery: detach(&delivery) };
-        let worker = Worker { stage, handler: handler.clone(), publisher: publisher.clone(), settings: settings.clone(), permits: permits.clone() };
+        let job = Job {
+            acker: delivery.acker.clone(),
+            routing_key: delivery.routing_key.to_string(),
+            delivery: detach(&delivery),
+        };
+        let worker = Worker {
+            stage,
+            handler: handler.clone(),
+            publisher: publisher.clone(),
+            settings: settings.clone(),
+            permits: permits.clone(),
+        };
         match handler.ordering_key(&job.delivery) {
             Some(key) => ordered.dispatch(key, job, worker, &tracker),
             None => {
@@ -124,6 +135,7 @@ async fn consume(
             }
         }
     };
+    crate::metrics::metrics().broker_connection(-1);
     let _ = channel.basic_cancel(tag.as_str().into(), Default::default()).await;
     tracker.close();
     tracker.wait().await;
@@ -154,8 +166,16 @@ impl Worker {
     async fn settle(&self, job: Job) {
         // The semaphore mirrors prefetch; it only matters if the broker over-delivers.
         let Ok(_permit) = self.permits.acquire().await else { return };
-        settle(self.stage, &*self.handler, &self.publisher, &self.settings, job.delivery, &job.acker, &job.routing_key)
-            .await;
+        settle(
+            self.stage,
+            &*self.handler,
+            &self.publisher,
+            &self.settings,
+            job.delivery,
+            &job.acker,
+            &job.routing_key,
+        )
+        .await;
     }
 }
 
@@ -264,7 +284,10 @@ async fn settle(
     routing_key: &str,
 ) {
     let queue = settings.topology.stage_queue(stage);
+    let _in_flight = crate::metrics::metrics().in_flight(stage.as_str());
+    let mut outcome = "forwarded";
     let result = if d.redelivered {
+        outcome = "requeued";
         count_redelivery(stage, handler, publisher, settings, d, &queue).await
     } else {
         match handler.handle(d.clone()).await {
@@ -285,6 +308,8 @@ async fn settle(
             }
         }
     };
+    crate::metrics::metrics()
+        .message(stage.as_str(), if result.is_ok() { outcome } else { "publish_failed" });
     match result {
         Ok(()) => {
             // Ok(false) means the channel was recovered meanwhile: the broker redelivers.

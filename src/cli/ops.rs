@@ -27,6 +27,10 @@ pub fn run_stages(settings: Settings, stages: &[StageName], copies: usize) -> an
     block_on(async move {
         let deps = pipeline::build_deps(Arc::new(settings), None).await.context("starting the pipeline")?;
         let shutdown = pipeline::shutdown_on_signals();
+        let listen = deps.settings.telemetry.metrics_listen.clone();
+        if !listen.is_empty() {
+            tokio::spawn(crate::metrics::serve(listen, Some(deps.store.clone()), shutdown.clone()));
+        }
         pipeline::run(Arc::new(deps), stages, copies, shutdown).await;
         Ok(ExitCode::SUCCESS)
     })
@@ -36,7 +40,9 @@ pub fn run_stages(settings: Settings, stages: &[StageName], copies: usize) -> an
 pub fn migrate(settings: Settings) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let url = settings.database.url.expose();
-        Store::create_database(url).await.with_context(|| format!("creating the database at {}", settings.database.url))?;
+        Store::create_database(url)
+            .await
+            .with_context(|| format!("creating the database at {}", settings.database.url))?;
         Store::connect(url, 1)?.migrate().await.context("applying migrations")?;
         println!("database {} is migrated", settings.database.url);
         Ok(ExitCode::SUCCESS)
@@ -104,8 +110,14 @@ async fn follow(conn: &lapin::Connection, queue: &str, turn: Option<&str>) -> an
     let ch = conn.create_channel().await?;
     // Replies of other turns are left unacked and go back to the queue when we disconnect.
     ch.basic_qos(256, BasicQosOptions::default()).await?;
-    let mut consumer =
-        ch.basic_consume(queue.into(), "aptix-submit".into(), BasicConsumeOptions::default(), FieldTable::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "aptix-submit".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
         let headers = delivery.properties.headers().clone().unwrap_or_default();

@@ -226,6 +226,11 @@ pub type StageAttempts = PerStage<u32>;
 pub struct TelemetrySettings {
     /// `pretty` for people, `json` for log shippers.
     pub format: crate::telemetry::LogFormat,
+    /// Address of `/metrics`, `/healthz` and `/readyz` for worker processes; empty disables.
+    pub metrics_listen: String,
+    /// Prices for the LLM cost estimate.
+    #[serde(default)]
+    pub prices: Vec<crate::metrics::ModelPrice>,
 }
 
 impl Settings {

@@ -40,15 +40,29 @@ pub async fn run(deps: &Deps, job: InvokeJob) -> Result<(StageName, StageMessage
         }
         result = call(deps, &endpoint, &assembled.body, &job.job, stream).await;
     }
+    record_call(deps, &assembled.body, &result);
     let round_trip = match result {
         Ok(response) => RoundTrip::Answered(answer(response)),
         Err(e) if e.is_transient() => return Err(StageError::Transient(e.to_string())),
-        Err(e) => RoundTrip::Failed { errors: vec![ApiError::new(e.code(), e.to_string())], raw: e.raw_response().cloned() },
+        Err(e) => RoundTrip::Failed {
+            errors: vec![ApiError::new(e.code(), e.to_string())],
+            raw: e.raw_response().cloned(),
+        },
     };
-    let persist = PersistJob { job: job.job, assembled: Some(assembled), warnings: job.warnings, result: round_trip };
+    let persist =
+        PersistJob { job: job.job, assembled: Some(assembled), warnings: job.warnings, result: round_trip };
     let saved = serde_json::to_value(&persist).map_err(|e| StageError::Transient(e.to_string()))?;
     deps.store.save_llm_result(&key, step, &saved).await?;
     Ok((StageName::Persist, StageMessage::Persist(persist)))
+}
+
+fn record_call(deps: &Deps, body: &serde_json::Value, result: &Result<LlmResponse, LlmError>) {
+    let model = body.get("model").and_then(serde_json::Value::as_str).unwrap_or("unknown");
+    let (outcome, usage) = match result {
+        Ok(r) => ("ok", r.usage.as_ref()),
+        Err(e) => (e.code().as_str(), None),
+    };
+    crate::metrics::metrics().llm_call(model, outcome, usage, &deps.settings.telemetry.prices);
 }
 
 fn answer(r: LlmResponse) -> Answer {

@@ -103,7 +103,18 @@ impl Harness {
         let publisher = Publisher::open(&conn).await.unwrap();
         let topology = pipeline::topology(&settings);
         topology.declare(publisher.channel()).await.unwrap();
-        let mut h = Harness { id, settings, deps, sim, shutdown: CancellationToken::new(), running: None, conn, publisher, topology, dir };
+        let mut h = Harness {
+            id,
+            settings,
+            deps,
+            sim,
+            shutdown: CancellationToken::new(),
+            running: None,
+            conn,
+            publisher,
+            topology,
+            dir,
+        };
         if copies > 0 {
             h.run(copies);
         }
@@ -114,7 +125,8 @@ impl Harness {
     pub fn run(&mut self, copies: usize) {
         self.shutdown = CancellationToken::new();
         let (deps, token) = (self.deps.clone(), self.shutdown.clone());
-        self.running = Some(tokio::spawn(async move { pipeline::run(deps, &StageName::ALL, copies, token).await }));
+        self.running =
+            Some(tokio::spawn(async move { pipeline::run(deps, &StageName::ALL, copies, token).await }));
     }
 
     /// Stops the in-process consumers and waits for them.
@@ -127,13 +139,16 @@ impl Harness {
 
     /// Publishes raw bytes to the ingress queue.
     pub async fn publish_raw(&self, body: Vec<u8>) {
-        let msg = OutMessage::to_queue(self.topology.requests(), "request", uuid::Uuid::new_v4().to_string(), body);
+        let msg =
+            OutMessage::to_queue(self.topology.requests(), "request", uuid::Uuid::new_v4().to_string(), body);
         self.publisher.publish(&msg).await.unwrap();
     }
 
     /// Declares the session queue (as a client would), then publishes the request.
     pub async fn submit(&self, request: &Value) {
-        if let Some(s) = request.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse::<SessionId>().ok()) {
+        if let Some(s) =
+            request.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse::<SessionId>().ok())
+        {
             self.topology.declare_session(self.publisher.channel(), &s).await.unwrap();
         }
         self.publish_raw(serde_json::to_vec(request).unwrap()).await;
@@ -144,7 +159,12 @@ impl Harness {
         let ch = self.conn.create_channel().await.unwrap();
         let queue = format!("{}.session.{session}", self.topology.prefix());
         let mut consumer = ch
-            .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .unwrap();
         let mut out = Vec::new();
@@ -163,7 +183,11 @@ impl Harness {
     pub async fn dead_letters(&self) -> Vec<(HashMap<String, String>, Vec<u8>)> {
         let ch = self.conn.create_channel().await.unwrap();
         let mut out = Vec::new();
-        while let Some(m) = ch.basic_get(self.topology.dead().as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap() {
+        while let Some(m) = ch
+            .basic_get(self.topology.dead().as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
             out.push((headers(&m.delivery), m.delivery.data.clone()));
         }
         out
@@ -171,11 +195,13 @@ impl Harness {
 
     /// Rows of `response_records` for a session, oldest first.
     pub async fn records(&self, session: &str) -> Vec<Value> {
-        sqlx::query_scalar("SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1::uuid ORDER BY created_at, id")
-            .bind(session)
-            .fetch_all(self.deps.store.pool())
-            .await
-            .unwrap()
+        sqlx::query_scalar(
+            "SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1::uuid ORDER BY created_at, id",
+        )
+        .bind(session)
+        .fetch_all(self.deps.store.pool())
+        .await
+        .unwrap()
     }
 
     /// Tears down: consumers, queues and exchanges of the prefix, the database, the simulator.
@@ -191,7 +217,9 @@ impl Harness {
         self.deps.store.pool().close().await;
         let url = self.settings.database.url.expose().replace(&format!("aptix_t_{}", self.id), "postgres");
         if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS aptix_t_{} WITH (FORCE)", self.id)).execute(&pool).await;
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS aptix_t_{} WITH (FORCE)", self.id))
+                .execute(&pool)
+                .await;
         }
         self.sim.shutdown().await;
         drop(self.deps);
@@ -242,7 +270,11 @@ impl Harness {
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
             ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.clone()),
             ("APTIX__VECTOR__DATA_DIR".into(), self.dir.join("child-vectors").display().to_string()),
-            ("APTIX__PIPELINE__SESSION_QUEUE_EXPIRES_MS".into(), s.pipeline.session_queue_expires_ms.to_string()),
+            (
+                "APTIX__PIPELINE__SESSION_QUEUE_EXPIRES_MS".into(),
+                s.pipeline.session_queue_expires_ms.to_string(),
+            ),
+            ("APTIX__TELEMETRY__METRICS_LISTEN".into(), "127.0.0.1:0".into()),
             ("RUST_LOG".into(), "warn".into()),
         ]
     }

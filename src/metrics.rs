@@ -1,0 +1,240 @@
+//! Prometheus metrics and health: per-stage counts, failures by reason, retries, in-flight and
+//! latency; LLM calls, tokens by kind and estimated cost. Served with `/healthz` (the process is
+//! alive) and `/readyz` (broker connected and database answering) by [`serve`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::contracts::Usage;
+use crate::store::Store;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    stage: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CostLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabel {
+    model: String,
+    kind: String,
+}
+
+/// A model's price, for the cost estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Model id as sent in `model`.
+    pub model: String,
+    /// USD per million uncached input tokens.
+    pub input_usd_per_mtok: f64,
+    /// USD per million cached input tokens.
+    pub cached_input_usd_per_mtok: f64,
+    /// USD per million output tokens (reasoning included).
+    pub output_usd_per_mtok: f64,
+}
+
+/// Every metric of the process.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    messages: Family<OutcomeLabel, Counter>,
+    in_flight: Family<StageLabel, Gauge>,
+    duration: Family<StageLabel, Histogram>,
+    llm_calls: Family<ModelLabel, Counter>,
+    tokens: Family<TokenLabel, Counter>,
+    cost_micro_usd: Family<CostLabel, Counter>,
+    broker_connections: AtomicI64,
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("aptix");
+        let messages = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "stage_messages",
+            "Messages handled per stage by outcome (forwarded, retried, dead_lettered, requeued)",
+            messages.clone(),
+        );
+        let in_flight = Family::<StageLabel, Gauge>::default();
+        registry.register("stage_in_flight", "Messages being handled now", in_flight.clone());
+        let duration = Family::<StageLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+        });
+        registry.register("stage_duration_seconds", "Time from delivery to ack", duration.clone());
+        let llm_calls = Family::<ModelLabel, Counter>::default();
+        registry.register("llm_calls", "Responses API calls by model and outcome", llm_calls.clone());
+        let tokens = Family::<TokenLabel, Counter>::default();
+        registry.register(
+            "llm_tokens",
+            "Tokens by model and kind (input, cached_input, output, reasoning)",
+            tokens.clone(),
+        );
+        let cost_micro_usd = Family::<CostLabel, Counter>::default();
+        registry.register(
+            "llm_estimated_cost_micro_usd",
+            "Estimated spend in millionths of a USD, from the configured price table",
+            cost_micro_usd.clone(),
+        );
+        Metrics {
+            registry,
+            messages,
+            in_flight,
+            duration,
+            llm_calls,
+            tokens,
+            cost_micro_usd,
+            broker_connections: AtomicI64::new(0),
+        }
+    }
+
+    /// Counts a settled message.
+    pub fn message(&self, stage: &str, outcome: &str) {
+        self.messages
+            .get_or_create(&OutcomeLabel { stage: stage.to_owned(), outcome: outcome.to_owned() })
+            .inc();
+    }
+
+    /// Marks a message in flight until the guard drops, then records its duration.
+    pub fn in_flight(&'static self, stage: &'static str) -> InFlight {
+        self.in_flight.get_or_create(&StageLabel { stage: stage.to_owned() }).inc();
+        InFlight { stage, started: std::time::Instant::now() }
+    }
+
+    /// Counts an LLM call and its tokens and cost.
+    pub fn llm_call(&self, model: &str, outcome: &str, usage: Option<&Usage>, prices: &[ModelPrice]) {
+        self.llm_calls
+            .get_or_create(&ModelLabel { model: model.to_owned(), outcome: outcome.to_owned() })
+            .inc();
+        let Some(u) = usage else { return };
+        let uncached = u.input_tokens.saturating_sub(u.cached_input_tokens);
+        for (kind, n) in [
+            ("input", uncached),
+            ("cached_input", u.cached_input_tokens),
+            ("output", u.output_tokens.saturating_sub(u.reasoning_tokens)),
+            ("reasoning", u.reasoning_tokens),
+        ] {
+            self.tokens
+                .get_or_create(&TokenLabel { model: model.to_owned(), kind: kind.to_owned() })
+                .inc_by(n);
+        }
+        if let Some(p) = prices.iter().find(|p| p.model == model) {
+            let usd = uncached as f64 * p.input_usd_per_mtok
+                + u.cached_input_tokens as f64 * p.cached_input_usd_per_mtok
+                + u.output_tokens as f64 * p.output_usd_per_mtok;
+            // usd is per million tokens, so the product is already in micro-USD.
+            self.cost_micro_usd
+                .get_or_create(&CostLabel { model: model.to_owned() })
+                .inc_by(usd.round() as u64);
+        }
+    }
+
+    /// A consumer connected (+1) or lost its connection (-1).
+    pub fn broker_connection(&self, delta: i64) {
+        self.broker_connections.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Ends an in-flight span of a stage.
+#[derive(Debug)]
+pub struct InFlight {
+    stage: &'static str,
+    started: std::time::Instant,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let m = metrics();
+        let label = StageLabel { stage: self.stage.to_owned() };
+        m.in_flight.get_or_create(&label).dec();
+        m.duration.get_or_create(&label).observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[derive(Clone)]
+struct HealthState {
+    store: Option<Store>,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen` until `shutdown`. A port already in
+/// use is logged and skipped: metrics must never stop a worker.
+pub async fn serve(listen: String, store: Option<Store>, shutdown: CancellationToken) {
+    let addr: SocketAddr = match listen.parse() {
+        Ok(a) => a,
+        Err(e) => return warn!(%listen, error = %e, "metrics address is invalid; not serving metrics"),
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => return warn!(%addr, error = %e, "cannot bind the metrics port; not serving metrics"),
+    };
+    info!(addr = %listener.local_addr().map_or(addr, |a| a), "serving metrics and health");
+    let app = axum::Router::new()
+        .route("/metrics", get(|| async { metrics().encode() }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .with_state(Arc::new(HealthState { store }));
+    let _ =
+        axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
+}
+
+async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
+    let broker = metrics().broker_connections.load(Ordering::Relaxed) > 0;
+    let database = match &state.store {
+        Some(store) => store.ping().await,
+        None => true,
+    };
+    let status = if broker && database { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, format!("broker: {}\ndatabase: {}\n", up(broker), up(database)))
+}
+
+fn up(ok: bool) -> &'static str {
+    if ok {
+        "up"
+    } else {
+        "down"
+    }
+}

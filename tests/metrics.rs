@@ -1,0 +1,50 @@
+//! The metrics and health endpoints reflect real work: stage counts, LLM calls and tokens, and
+//! readiness that follows the broker connection.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{new_session, user_turn, Harness};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_and_health_follow_the_pipeline() {
+    let mut h = Harness::start(1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    tokio::spawn(aptix::metrics::serve(listen.clone(), Some(h.deps.store.clone()), h.shutdown.clone()));
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "count me")).await;
+    assert_eq!(h.replies(&s, 1, Duration::from_secs(60)).await.len(), 1);
+
+    let client = reqwest::Client::new();
+    let get = |path: &str| client.get(format!("http://{listen}{path}")).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    let text = get("/metrics").await.unwrap().text().await.unwrap();
+    for needle in [
+        r#"aptix_stage_messages_total{stage="persist",outcome="forwarded"}"#,
+        r#"aptix_stage_messages_total{stage="validate",outcome="forwarded"}"#,
+        r#"aptix_llm_calls_total{model="gpt-5.1",outcome="ok"}"#,
+        r#"aptix_llm_tokens_total{model="gpt-5.1",kind="input"}"#,
+        "aptix_stage_duration_seconds_bucket",
+        r#"aptix_llm_estimated_cost_micro_usd_total{model="gpt-5.1"}"#,
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    // Without consumers the process is alive but not ready.
+    h.stop_consumers().await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let port2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    tokio::spawn(aptix::metrics::serve(
+        format!("127.0.0.1:{port2}"),
+        Some(h.deps.store.clone()),
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ready = client.get(format!("http://127.0.0.1:{port2}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(ready.text().await.unwrap().contains("broker: down"));
+    shutdown.cancel();
+    h.teardown().await;
+}
