@@ -1,7 +1,9 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod demo;
 mod ops;
 mod render_context;
+mod reprocess;
 mod sim;
 mod validate;
 
@@ -97,6 +99,12 @@ pub enum Command {
     /// Inspect stored sessions.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Run everything on this machine and play a conversation through it (the README's main job).
+    Demo,
+    /// Run stored turns again (optionally with another model or conversation context) into new
+    /// records linked to the originals; nothing is published. Exit 0 all done, 1 some failed or
+    /// left (resume with the same --run), 2 bad options.
+    Reprocess(reprocess::ReprocessArgs),
 }
 
 /// `aptix session ...`
@@ -120,6 +128,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
         }
         Command::Session(SessionCommand::Show { session_id }) => ops::session_show(settings()?, &session_id),
+        Command::Demo => demo::run(settings()?),
+        Command::Reprocess(args) => reprocess::run(args, settings()?),
         Command::Index(args) => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             index::run(args, &settings)
