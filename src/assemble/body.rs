@@ -7,6 +7,16 @@ use serde_json::{json, Map, Number, Value};
 
 use crate::config::ConversationContext;
 
+/// Whether a configured `tool_choice` is enforced on this call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ToolChoice {
+    /// A user turn: the context's forced tool applies.
+    Enforce,
+    /// A tool continuation: `"auto"`, so the model can answer once it has the results instead
+    /// of being forced to call the same tool again forever.
+    Relax,
+}
+
 /// Builds the request body. Fields are inserted in a fixed order so bodies are stable for
 /// golden files and logs.
 pub(crate) fn envelope(
@@ -14,6 +24,7 @@ pub(crate) fn envelope(
     previous_response_id: Option<&str>,
     input: Vec<Value>,
     stream: bool,
+    choice: ToolChoice,
 ) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(context.model));
@@ -25,8 +36,14 @@ pub(crate) fn envelope(
         let tools = context.tools.iter().map(|t| t.to_responses_json()).collect();
         body.insert("tools".into(), Value::Array(tools));
     }
-    if let Some(name) = &context.tool_choice {
-        body.insert("tool_choice".into(), json!({ "type": "function", "name": name }));
+    match (&context.tool_choice, choice) {
+        (Some(name), ToolChoice::Enforce) => {
+            body.insert("tool_choice".into(), json!({ "type": "function", "name": name }));
+        }
+        (Some(_), ToolChoice::Relax) => {
+            body.insert("tool_choice".into(), json!("auto"));
+        }
+        (None, _) => {}
     }
     if let Some(t) = context.temperature.and_then(temperature) {
         body.insert("temperature".into(), t);
@@ -50,5 +67,19 @@ mod tests {
     fn temperature_keeps_its_decimal_spelling() {
         assert_eq!(temperature(0.2), Some(json!(0.2)));
         assert_eq!(temperature(f32::NAN), None);
+    }
+
+    #[test]
+    fn a_forced_tool_is_relaxed_on_continuations() {
+        let settings = crate::config::Settings::load(None).expect("defaults");
+        let mut context = settings.conversation_context(None).expect("default context").clone();
+        context.tool_choice = Some("read_file".into());
+        let forced = envelope(&context, None, vec![], false, ToolChoice::Enforce);
+        assert_eq!(forced["tool_choice"], json!({"type": "function", "name": "read_file"}));
+        let relaxed = envelope(&context, Some("resp_1"), vec![], false, ToolChoice::Relax);
+        assert_eq!(relaxed["tool_choice"], "auto");
+        assert_eq!(relaxed["tools"], forced["tools"], "tools are still sent on every call");
+        context.tool_choice = None;
+        assert!(envelope(&context, None, vec![], false, ToolChoice::Relax).get("tool_choice").is_none());
     }
 }

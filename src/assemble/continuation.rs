@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::body::envelope;
+use super::body::{envelope, ToolChoice};
 use super::chain::plan_chain;
 use super::message::{instruction_block, solution_context_text, system_message, text_part, user_message_of};
 use super::record::{ChainStatus, SentRecord, TurnKind};
@@ -55,7 +55,7 @@ pub(crate) fn assemble_tool_continuation(
     items.extend(outputs.into_iter().map(|(item, _)| item));
 
     let previous = continuing.map(|c| c.previous_response_id.as_str());
-    let body = envelope(context, previous, items, stream);
+    let body = envelope(context, previous, items, stream, ToolChoice::Relax);
     let record = SentRecord {
         turn_id: turn_id.clone(),
         kind: TurnKind::ToolContinuation,

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::body::envelope;
+use super::body::{envelope, ToolChoice};
 use super::chain::{plan_chain, split_chunks};
 use super::files::{select_files, sent_file, skip_warning};
 use super::message::{system_message, user_message, UserContent};
@@ -72,7 +72,7 @@ pub(crate) fn assemble_user_turn(input: &AssembleInput<'_>, turn: &UserTurn, chu
     }));
 
     let previous = continuing.map(|c| c.previous_response_id.as_str());
-    let body = envelope(context, previous, items, turn.stream());
+    let body = envelope(context, previous, items, turn.stream(), ToolChoice::Enforce);
     let mut user_warnings: Vec<_> = files.skipped.iter().map(skip_warning).collect();
     user_warnings.extend(rehydration.warning.take());
     let new_chain = continuing.is_none();
