@@ -25,6 +25,8 @@ CREATE TABLE turns (
     -- Round trips done so far: 0 before the first LLM call, +1 per persisted record.
     step               integer NOT NULL DEFAULT 0,
     pending_tool_calls jsonb,
+    -- User warnings of the round trips so far, owed to the turn's final response.
+    pending_warnings   jsonb,
     last_reply         jsonb,
     -- Fingerprint of the tool continuation that resumed the turn, to recognise a re-send.
     continuation_fingerprint text,

@@ -69,6 +69,9 @@ pub struct TurnJob {
     pub pending_tool_calls: Vec<ToolCall>,
     /// When the turn was admitted, for latency figures.
     pub admitted_at: DateTime<Utc>,
+    /// Warnings of earlier round trips of this turn, owed to its final response.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carried_warnings: Vec<UserWarning>,
 }
 
 /// The turn with what retrieval found.

@@ -71,7 +71,9 @@ async fn multi_turn_conversation_end_to_end() {
     assert!(h.sim.request_bodies()[2]["input"].to_string().contains("fn a() { 2 }"));
 
     // A client tool round trip; a new turn meanwhile is refused.
-    h.submit(&user_turn(&s, "t4", "Read the file @call(read_file)")).await;
+    let mut t4 = user_turn(&s, "t4", "Read the file @call(read_file)");
+    t4["InputArtifacts"] = json!([file("big/huge.rs", &"x".repeat(150 * 1024))]);
+    h.submit(&t4).await;
     let r4 = h.replies(&s, 1, WAIT).await.pop().unwrap().body;
     assert_eq!(r4["Result"]["Kind"], "client_tool_continuation", "{r4}");
     let call = &r4["Result"]["ToolCalls"][0];
@@ -83,6 +85,8 @@ async fn multi_turn_conversation_end_to_end() {
     let r4b = one_final(&h, &s, results).await;
     assert_eq!(r4b["Result"]["Kind"], "final", "{r4b}");
     assert!(text(&r4b).contains("tool_output"), "{}", text(&r4b));
+    // The first round trip skipped a file; its warning reaches the turn's final response.
+    assert_eq!(r4b["Result"]["UserWarnings"][0]["Code"], "files.skipped_too_large", "{r4b}");
 
     // The provider forgets the chain: the next turn rebuilds it from stored history.
     h.sim.forget_stored_responses();
@@ -176,10 +180,19 @@ async fn invalid_requests_get_specific_errors_and_unanswerable_ones_are_dead_let
     let h = Harness::start(1).await;
     let s = new_session();
     let cases = [
-        (json!({"SessionId": s, "TurnId": "a", "Instruction": "x", "Mode": "DDR"}), "request.forbidden_field"),
+        (
+            json!({"SessionId": s, "TurnId": "a", "Instruction": "x", "Mode": "DDR"}),
+            "request.forbidden_field",
+        ),
         (json!({"SessionId": s, "TurnId": "b"}), "validation.instruction_missing"),
-        (json!({"SessionId": s, "TurnId": "c", "Instruction": "x", "ConversationContextId": "nope"}), "context.unknown_conversation_context"),
-        (json!({"SessionId": s, "TurnId": "d", "ToolResults": [{"ToolCallId": "x", "ExecutionMs": 1, "ResultJson": "1"}]}), "turn.not_found"),
+        (
+            json!({"SessionId": s, "TurnId": "c", "Instruction": "x", "ConversationContextId": "nope"}),
+            "context.unknown_conversation_context",
+        ),
+        (
+            json!({"SessionId": s, "TurnId": "d", "ToolResults": [{"ToolCallId": "x", "ExecutionMs": 1, "ResultJson": "1"}]}),
+            "turn.not_found",
+        ),
     ];
     for (request, code) in &cases {
         h.submit(request).await;

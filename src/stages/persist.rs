@@ -19,9 +19,10 @@ pub async fn run(deps: &Deps, job: PersistJob) -> Result<PendingOutbox, StageErr
             let state = new_state(deps, &job, &a.response_id, a.created_at, &outcome).await?;
             let step_outcome = match &outcome {
                 Outcome::Final(_) => StepOutcome::Completed,
-                Outcome::ClientToolContinuation(c) => {
-                    StepOutcome::AwaitingToolResults { pending: serde_json::to_value(c.tool_calls()).unwrap_or_default() }
-                }
+                Outcome::ClientToolContinuation(c) => StepOutcome::AwaitingToolResults {
+                    pending: serde_json::to_value(c.tool_calls()).unwrap_or_default(),
+                    warnings: serde_json::to_value(owed_warnings(&job)).unwrap_or_default(),
+                },
             };
             let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
                 session_id: key.session_id,
@@ -39,18 +40,25 @@ pub async fn run(deps: &Deps, job: PersistJob) -> Result<PendingOutbox, StageErr
     };
     let reply_json = serde_json::to_value(&reply).unwrap_or_default();
     let record = record(&job, provider_id, raw, usage, errors, reply_json);
-    let messages = vec![deps.reply(&key.session_id, Some(key.turn_id.as_str()), &format!("step-{step}"), &reply)];
+    let messages =
+        vec![deps.reply(&key.session_id, Some(key.turn_id.as_str()), &format!("step-{step}"), &reply)];
     let finish = FinishStep { key, step, record, session_state, outcome: step_outcome, messages };
     let next = |row: &TurnRow| super::validate::forward(deps, row);
     Ok(deps.store.finish_step(finish, &next).await?)
+}
+
+/// Warnings of this round trip and the turn's earlier ones (AGN-033: warnings are final-only,
+/// so a tool continuation carries them forward to the turn's final response).
+fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
+    let assembled = job.assembled.iter().flat_map(|a| a.record.user_warnings.iter());
+    job.warnings.iter().chain(assembled).cloned().collect()
 }
 
 /// Adds retrieval and assembly warnings to a final answer (AGN-033: warnings are final-only).
 fn with_warnings(outcome: Outcome, job: &PersistJob) -> Outcome {
     match outcome {
         Outcome::Final(mut f) => {
-            let assembled = job.assembled.iter().flat_map(|a| a.record.user_warnings.iter());
-            let mut warnings: Vec<UserWarning> = job.warnings.iter().chain(assembled).cloned().collect();
+            let mut warnings = owed_warnings(job);
             warnings.append(&mut f.user_warnings);
             f.user_warnings = warnings;
             Outcome::Final(f)
@@ -110,7 +118,8 @@ fn record(
         workspace_id: turn.and_then(|t| t.workspace_id().map(str::to_owned)),
         repo: turn.and_then(|t| t.repo().map(str::to_owned)),
         language: turn.and_then(|t| t.language().map(str::to_owned)),
-        rag_scope: turn.map_or_else(|| json!([]), |t| serde_json::to_value(t.rag_scope()).unwrap_or_default()),
+        rag_scope: turn
+            .map_or_else(|| json!([]), |t| serde_json::to_value(t.rag_scope()).unwrap_or_default()),
         reply,
     }
 }

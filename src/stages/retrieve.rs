@@ -18,7 +18,11 @@ pub async fn run(deps: &Deps, job: TurnJob) -> Result<(StageName, StageMessage),
         return Ok((StageName::Persist, failed(job, vec![not_a_user_turn()])));
     };
     if job.continuation.is_some() {
-        return Ok((StageName::Assemble, StageMessage::Assemble(AssembleJob { job, chunks: vec![], warnings: vec![] })));
+        let warnings = job.carried_warnings.clone();
+        return Ok((
+            StageName::Assemble,
+            StageMessage::Assemble(AssembleJob { job, chunks: vec![], warnings }),
+        ));
     }
     let (context, agent) = match (deps.conversation_context(&turn), deps.agent_context(&turn)) {
         (Ok(c), Ok(a)) => (c, a),
@@ -40,7 +44,8 @@ pub async fn run(deps: &Deps, job: TurnJob) -> Result<(StageName, StageMessage),
             warn!(session = %job.key.session_id, turn = %job.key.turn_id, error = %e, "retrieval failed; continuing without context");
             let warning = UserWarning {
                 code: RETRIEVAL_UNAVAILABLE.to_owned(),
-                message: "source context could not be retrieved for this turn; the answer may miss it".to_owned(),
+                message: "source context could not be retrieved for this turn; the answer may miss it"
+                    .to_owned(),
             };
             (Vec::new(), vec![warning])
         }
@@ -62,5 +67,8 @@ fn query_text(turn: &UserTurn) -> String {
 }
 
 pub(super) fn not_a_user_turn() -> crate::contracts::ApiError {
-    crate::contracts::ApiError::new(crate::contracts::ErrorCode::Internal, "the stored turn is not a user turn")
+    crate::contracts::ApiError::new(
+        crate::contracts::ErrorCode::Internal,
+        "the stored turn is not a user turn",
+    )
 }

@@ -10,7 +10,8 @@ use super::Deps;
 use crate::assemble::check_tool_results;
 use crate::broker::{Disposition, OutMessage, StageName};
 use crate::contracts::{
-    ApiError, ErrorCode, InvokeResult, Reply, SessionId, ToolCall, ToolContinuation, UserTurn, ValidatedRequest,
+    ApiError, ErrorCode, InvokeResult, Reply, SessionId, ToolCall, ToolContinuation, UserTurn,
+    ValidatedRequest,
 };
 use crate::messages::StageMessage;
 use crate::store::{Admission, ContinuationAdmission, NewRecord, SessionMeta, StoreError, TurnRow};
@@ -35,7 +36,8 @@ pub async fn run(deps: &Deps, body: &[u8]) -> Disposition {
 
 /// Validation gave up (the database stayed down): tell the client, if there is one to tell.
 pub fn exhausted(deps: &Deps, body: &[u8], reason: &str) -> Vec<OutMessage> {
-    let error = ApiError::new(ErrorCode::RetriesExhausted, format!("the request could not be admitted: {reason}"));
+    let error =
+        ApiError::new(ErrorCode::RetriesExhausted, format!("the request could not be admitted: {reason}"));
     match turn_hint(body) {
         (Some(session), turn) => vec![error_reply(deps, &session, turn.as_deref(), "exhausted", vec![error])],
         (None, _) => vec![],
@@ -57,7 +59,13 @@ fn reject(deps: &Deps, body: &[u8], errors: Vec<ApiError>) -> Disposition {
     }
 }
 
-fn error_reply(deps: &Deps, session: &SessionId, turn: Option<&str>, tag: &str, errors: Vec<ApiError>) -> OutMessage {
+fn error_reply(
+    deps: &Deps,
+    session: &SessionId,
+    turn: Option<&str>,
+    tag: &str,
+    errors: Vec<ApiError>,
+) -> OutMessage {
     let reply: Reply = InvokeResult::fail(errors);
     deps.reply(session, turn, tag, &reply)
 }
@@ -81,6 +89,7 @@ pub fn forward(deps: &Deps, row: &TurnRow) -> OutMessage {
         "continuation": row.continuation,
         "pending_tool_calls": pending,
         "admitted_at": Utc::now(),
+        "carried_warnings": row.pending_warnings.clone().unwrap_or_else(|| serde_json::json!([])),
     });
     let decoded: Option<StageMessage> = serde_json::from_value(msg.clone()).ok();
     match decoded {
@@ -94,7 +103,11 @@ pub fn forward(deps: &Deps, row: &TurnRow) -> OutMessage {
     }
 }
 
-async fn user_turn(deps: &Deps, request: &ValidatedRequest, turn: &UserTurn) -> Result<Disposition, StoreError> {
+async fn user_turn(
+    deps: &Deps,
+    request: &ValidatedRequest,
+    turn: &UserTurn,
+) -> Result<Disposition, StoreError> {
     let key = turn.key();
     let mut context_errors = Vec::new();
     if let Err(e) = deps.conversation_context(turn) {
@@ -104,7 +117,13 @@ async fn user_turn(deps: &Deps, request: &ValidatedRequest, turn: &UserTurn) -> 
         context_errors.push(e);
     }
     if !context_errors.is_empty() {
-        return Ok(Disposition::forward(vec![error_reply(deps, &key.session_id, Some(key.turn_id.as_str()), "rejected-context", context_errors)]));
+        return Ok(Disposition::forward(vec![error_reply(
+            deps,
+            &key.session_id,
+            Some(key.turn_id.as_str()),
+            "rejected-context",
+            context_errors,
+        )]));
     }
     let meta = SessionMeta {
         agent_context_id: turn.agent_context_id().map(|c| c.to_string()),
@@ -125,18 +144,32 @@ async fn user_turn(deps: &Deps, request: &ValidatedRequest, turn: &UserTurn) -> 
             info!(%session, turn = turn_id, "duplicate of a turn in flight");
             Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
         }
-        Admission::Finished { reply } => Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)]),
-        Admission::Conflict => Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "conflict", vec![ApiError::at(
-            ErrorCode::TurnConflict,
-            "TurnId",
-            format!("TurnId `{turn_id}` was already used in this session with different content"),
-        )])]),
+        Admission::Finished { reply } => {
+            Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)])
+        }
+        Admission::Conflict => Disposition::forward(vec![error_reply(
+            deps,
+            session,
+            Some(turn_id),
+            "conflict",
+            vec![ApiError::at(
+                ErrorCode::TurnConflict,
+                "TurnId",
+                format!("TurnId `{turn_id}` was already used in this session with different content"),
+            )],
+        )]),
         Admission::AwaitingToolResults { turn_id: waiting } => {
             let error = ApiError::new(
                 ErrorCode::SessionAwaitingToolResults,
                 format!("the session waits for the tool results of turn `{waiting}`; submit them before a new turn"),
             );
-            Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "rejected-awaiting", vec![error])])
+            Disposition::forward(vec![error_reply(
+                deps,
+                session,
+                Some(turn_id),
+                "rejected-awaiting",
+                vec![error],
+            )])
         }
     })
 }
@@ -163,22 +196,44 @@ async fn continuation(
             request_payload: Some(wire.clone()),
             ..NewRecord::default()
         };
-        (record, vec![deps.reply(&key.session_id, Some(key.turn_id.as_str()), &format!("step-{}", row.step), &reply)])
+        (
+            record,
+            vec![deps.reply(
+                &key.session_id,
+                Some(key.turn_id.as_str()),
+                &format!("step-{}", row.step),
+                &reply,
+            )],
+        )
     };
     let fwd = |row: &TurnRow| forward(deps, row);
-    let admission = deps.store.admit_continuation(key, &request.fingerprint(), &wire, &check, &abort, &fwd).await?;
+    let admission =
+        deps.store.admit_continuation(key, &request.fingerprint(), &wire, &check, &abort, &fwd).await?;
     let (session, turn_id) = (&key.session_id, key.turn_id.as_str());
     let reject = |code: ErrorCode, message: String| {
-        Disposition::forward(vec![error_reply(deps, session, Some(turn_id), "rejected-continuation", vec![ApiError::at(code, "TurnId", message)])])
+        Disposition::forward(vec![error_reply(
+            deps,
+            session,
+            Some(turn_id),
+            "rejected-continuation",
+            vec![ApiError::at(code, "TurnId", message)],
+        )])
     };
     Ok(match admission {
-        ContinuationAdmission::Accepted { outbox } | ContinuationAdmission::InFlight { outbox } | ContinuationAdmission::Aborted { outbox } => {
+        ContinuationAdmission::Accepted { outbox }
+        | ContinuationAdmission::InFlight { outbox }
+        | ContinuationAdmission::Aborted { outbox } => {
             Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
         }
-        ContinuationAdmission::Finished { reply } => Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)]),
-        ContinuationAdmission::NotFound => reject(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session")),
-        ContinuationAdmission::NotAwaiting { state } => {
-            reject(ErrorCode::TurnNotAwaitingToolResults, format!("turn `{turn_id}` is {state}, not waiting for tool results"))
+        ContinuationAdmission::Finished { reply } => {
+            Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)])
         }
+        ContinuationAdmission::NotFound => {
+            reject(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))
+        }
+        ContinuationAdmission::NotAwaiting { state } => reject(
+            ErrorCode::TurnNotAwaitingToolResults,
+            format!("turn `{turn_id}` is {state}, not waiting for tool results"),
+        ),
     })
 }

@@ -30,6 +30,8 @@ pub struct TurnRow {
     pub step: i32,
     /// Tool calls the client must answer, while awaiting.
     pub pending_tool_calls: Option<Value>,
+    /// Warnings owed to the turn's final response.
+    pub pending_warnings: Option<Value>,
     /// The last reply sent for this turn.
     pub last_reply: Option<Value>,
     /// The continuation that resumed the turn, if any.
@@ -38,7 +40,7 @@ pub struct TurnRow {
     pub continuation_fingerprint: Option<String>,
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, last_reply, continuation, continuation_fingerprint";
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint";
 
 /// A response record to insert. Records are never updated or deleted.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -88,6 +90,8 @@ pub enum StepOutcome {
     AwaitingToolResults {
         /// The ordered calls, as JSON.
         pending: Value,
+        /// Warnings so far, owed to the final response.
+        warnings: Value,
     },
 }
 
@@ -206,13 +210,16 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        let (state, pending) = match &f.outcome {
-            StepOutcome::Completed => ("completed", None),
-            StepOutcome::Failed => ("failed", None),
-            StepOutcome::AwaitingToolResults { pending } => ("awaiting_tool_results", Some(pending.clone())),
+        let (state, pending, warnings) = match &f.outcome {
+            StepOutcome::Completed => ("completed", None, None),
+            StepOutcome::Failed => ("failed", None, None),
+            StepOutcome::AwaitingToolResults { pending, warnings } => {
+                ("awaiting_tool_results", Some(pending.clone()), Some(warnings.clone()))
+            }
         };
         sqlx::query(
-            "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = $6, updated_at = now()
+            "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = $6, pending_warnings = $7,
+                 updated_at = now()
              WHERE session_id = $1 AND turn_id = $2",
         )
         .bind(session)
@@ -221,6 +228,7 @@ impl Store {
         .bind(f.step + 1)
         .bind(&pending)
         .bind(&f.record.reply)
+        .bind(&warnings)
         .execute(&mut *tx)
         .await?;
         let mut messages = f.messages;
