@@ -212,3 +212,25 @@ async fn invalid_requests_get_specific_errors_and_unanswerable_ones_are_dead_let
     }
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_is_one_trace_across_stages() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    // A client's own trace context is kept for its turn.
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let body = serde_json::to_vec(&user_turn(&s, "t1", "traced")).unwrap();
+    let msg = OutMessage::to_queue(h.topology.requests(), "request", "r1".into(), body)
+        .header("traceparent", format!("00-{client_trace}-00f067aa0ba902b7-01"));
+    h.topology.declare_session(h.publisher.channel(), &s.parse().unwrap()).await.unwrap();
+    h.publisher.publish(&msg).await.unwrap();
+    let reply = h.replies(&s, 1, WAIT).await.pop().unwrap();
+    let tp = &reply.headers["traceparent"];
+    assert_eq!(aptix::broker::trace::parse_trace_id(tp), Some(client_trace), "{tp}");
+    // Without one, every process derives the same trace id from the turn.
+    h.submit(&user_turn(&s, "t2", "derived")).await;
+    let reply = h.replies(&s, 1, WAIT).await.pop().unwrap();
+    let expected = aptix::broker::trace::derived_trace_id(&s, "t2");
+    assert_eq!(aptix::broker::trace::parse_trace_id(&reply.headers["traceparent"]), Some(expected.as_str()));
+    h.teardown().await;
+}

@@ -5,6 +5,7 @@
 mod publish;
 mod runtime;
 mod topology;
+pub mod trace;
 
 use std::collections::BTreeMap;
 

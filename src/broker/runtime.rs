@@ -290,8 +290,13 @@ async fn settle(
         outcome = "requeued";
         count_redelivery(stage, handler, publisher, settings, d, &queue).await
     } else {
-        match handler.handle(d.clone()).await {
-            Disposition::Forward { messages, outbox_ids } => {
+        let trace = super::trace::trace_id_of(&d);
+        let span = tracing::info_span!("stage", stage = stage.as_str(), trace_id = trace.as_deref().unwrap_or("-"));
+        match tracing::Instrument::instrument(handler.handle(d.clone()), span).await {
+            Disposition::Forward { mut messages, outbox_ids } => {
+                for m in &mut messages {
+                    super::trace::stamp(m, &d, trace.as_deref());
+                }
                 let r = publish_all(publisher, settings, &messages).await;
                 if r.is_ok() {
                     handler.published(outbox_ids).await;

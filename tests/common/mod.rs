@@ -31,6 +31,7 @@ pub struct ReplyMsg {
     pub message_id: String,
     pub is_final: bool,
     pub body: Value,
+    pub headers: HashMap<String, String>,
 }
 
 pub struct Harness {
@@ -247,6 +248,7 @@ fn reply_msg(d: &lapin::message::Delivery) -> ReplyMsg {
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
         is_final: h.get("x-aptix-final").map(String::as_str) == Some("true"),
         body: serde_json::from_slice(&d.data).unwrap_or(Value::Null),
+        headers: h.clone(),
     }
 }
 

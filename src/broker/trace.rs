@@ -1,0 +1,82 @@
+//! W3C trace context across processes: every message of a turn carries a `traceparent` header
+//! with the turn's trace id, and every stage handles a message inside a span that names it, so
+//! one turn is one trace in the logs of all workers.
+//!
+//! A client's own `traceparent` on the request is kept for the turn's messages. Otherwise, and
+//! for turns dispatched later from the database, the trace id is derived from
+//! `(SessionId, TurnId)`, so every process computes the same one without coordination.
+
+use sha2::{Digest, Sha256};
+
+use super::{Delivery, OutMessage};
+
+/// The trace id (32 hex digits) for a turn without a client-supplied one.
+pub fn derived_trace_id(session: &str, turn: &str) -> String {
+    let digest = Sha256::digest(format!("{session}/{turn}").as_bytes());
+    hex::encode(&digest[..16])
+}
+
+/// The trace id of a `traceparent` header (`00-<trace-id>-<span-id>-<flags>`), if well-formed.
+pub fn parse_trace_id(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex32 = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (version == "00" && hex32(trace, 32) && hex32(span, 16) && trace != "0".repeat(32)).then_some(trace)
+}
+
+fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str, &str)> {
+    Some((headers.get("x-aptix-session-id")?.as_str(), headers.get("x-aptix-turn-id")?.as_str()))
+}
+
+/// The trace id a delivery belongs to.
+pub fn trace_id_of(d: &Delivery) -> Option<String> {
+    if let Some(id) = d.headers.get("traceparent").and_then(|t| parse_trace_id(t)) {
+        return Some(id.to_owned());
+    }
+    if let Some((s, t)) = turn_of(&d.headers) {
+        return Some(derived_trace_id(s, t));
+    }
+    let (session, turn) = crate::validate::turn_hint(&d.body);
+    Some(derived_trace_id(&session?.to_string(), &turn?))
+}
+
+/// Gives an outgoing message a `traceparent`: the incoming trace when it is the same turn,
+/// else the turn's derived trace, with a fresh span id for this hop.
+pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&str>) {
+    if out.headers.contains_key("traceparent") {
+        return;
+    }
+    let same_turn = match (turn_of(&out.headers), turn_of(&incoming.headers)) {
+        (Some(a), Some(b)) => a == b,
+        (Some(_), None) => {
+            let (s, t) = crate::validate::turn_hint(&incoming.body);
+            turn_of(&out.headers) == s.map(|s| s.to_string()).as_deref().zip(t.as_deref())
+        }
+        _ => true,
+    };
+    let trace = match (same_turn, incoming_trace, turn_of(&out.headers)) {
+        (true, Some(t), _) => t.to_owned(),
+        (_, _, Some((s, t))) => derived_trace_id(s, t),
+        (false, Some(t), None) => t.to_owned(),
+        (_, None, None) => return,
+    };
+    let span = &hex::encode(uuid::Uuid::new_v4().as_bytes())[..16];
+    out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-01"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_parsing_and_derivation() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(parse_trace_id(tp), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(parse_trace_id("00-xyz-00f067aa0ba902b7-01"), None);
+        assert_eq!(parse_trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+        let a = derived_trace_id("s", "t1");
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, derived_trace_id("s", "t1"));
+        assert_ne!(a, derived_trace_id("s", "t2"));
+    }
+}
