@@ -76,7 +76,7 @@ async fn unreachable(settings: &Settings) -> Option<String> {
             tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(&addr)).await;
         if !matches!(connected, Ok(Ok(_))) {
             return Some(format!(
-                "cannot reach {name} at {addr} ({}).\nStart it with `docker compose up -d` from the repository root, \
+                "cannot reach {name} at {addr} ({}).\nStart it with `docker compose up -d rabbitmq postgres` from the repository root, \
                  or as a local service (PostgreSQL: `pg_ctlcluster $(ls /etc/postgresql) main start`; \
                  RabbitMQ: `rabbitmq-server -detached`), then run the demo again.",
                 ConnectionUrl::new(url)
