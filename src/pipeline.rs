@@ -10,7 +10,9 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::{connect, run_stage, Handler, OutMessage, Publisher, RuntimeSettings, StageName, Topology};
+use crate::broker::{
+    connect, run_stage, Handler, OutMessage, Publisher, RuntimeSettings, StageName, Topology,
+};
 use crate::config::Settings;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
@@ -38,7 +40,10 @@ pub fn topology(settings: &Settings) -> Topology {
 
 /// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
 /// simulator) and the configured HTTP client otherwise. Migrates when configured to.
-pub async fn build_deps(settings: Arc<Settings>, llm: Option<Arc<dyn LlmClient>>) -> Result<Deps, StartError> {
+pub async fn build_deps(
+    settings: Arc<Settings>,
+    llm: Option<Arc<dyn LlmClient>>,
+) -> Result<Deps, StartError> {
     let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
     if settings.pipeline.migrate_on_start {
         store.migrate().await?;
@@ -48,8 +53,10 @@ pub async fn build_deps(settings: Arc<Settings>, llm: Option<Arc<dyn LlmClient>>
         None => Arc::new(HttpLlmClient::new(&settings.llm)?),
     };
     let topology = topology(&settings);
-    let deltas: Arc<dyn DeltaPublisher> =
-        Arc::new(BrokerDeltas { settings: runtime_settings(&settings, StageName::Invoke), publisher: Mutex::new(None) });
+    let deltas: Arc<dyn DeltaPublisher> = Arc::new(BrokerDeltas {
+        settings: runtime_settings(&settings, StageName::Invoke),
+        publisher: Mutex::new(None),
+    });
     Ok(Deps {
         retrieval: Retrieval::from_settings(&settings)?,
         store,

@@ -26,7 +26,10 @@ async fn killed_mid_turn_then_restarted_completes_once() {
     let s = new_session();
     let mut worker = h.spawn_child(&["run"]);
     h.submit(&user_turn(&s, "t1", "survive a crash")).await;
-    assert!(wait_for(|| !h.sim.requests().is_empty(), Duration::from_secs(60)).await, "the LLM was never called");
+    assert!(
+        wait_for(|| !h.sim.requests().is_empty(), Duration::from_secs(60)).await,
+        "the LLM was never called"
+    );
     worker.kill().unwrap(); // SIGKILL, while the LLM call is in flight
     worker.wait().unwrap();
     h.sim.set_latency(Latency::default());

@@ -19,7 +19,12 @@ pub async fn run(deps: &Deps, job: AssembleJob) -> Result<(StageName, StageMessa
     match build(deps, &job.job, &job.chunks, &state) {
         Ok(assembled) => Ok((
             StageName::Invoke,
-            StageMessage::Invoke(InvokeJob { job: job.job, chunks: job.chunks, warnings: job.warnings, assembled }),
+            StageMessage::Invoke(InvokeJob {
+                job: job.job,
+                chunks: job.chunks,
+                warnings: job.warnings,
+                assembled,
+            }),
         )),
         Err(e) => Ok((StageName::Persist, failed(job.job, vec![e]))),
     }
@@ -28,8 +33,9 @@ pub async fn run(deps: &Deps, job: AssembleJob) -> Result<(StageName, StageMessa
 /// The session's assemble state; the inner error fails the turn (stored state unreadable).
 pub async fn load_state(deps: &Deps, job: &TurnJob) -> Result<Result<SessionState, ApiError>, StageError> {
     let raw = deps.store.session_state(&job.key.session_id).await?;
-    Ok(serde_json::from_value(raw)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the session's stored state is unreadable: {e}"))))
+    Ok(serde_json::from_value(raw).map_err(|e| {
+        ApiError::new(ErrorCode::Internal, format!("the session's stored state is unreadable: {e}"))
+    }))
 }
 
 /// Builds the request for a job from `state` (also used by invoke to rebuild a lost chain).
@@ -42,9 +48,11 @@ pub fn build(
     let turn = user_turn(job).ok_or_else(super::retrieve::not_a_user_turn)?;
     let context = deps.conversation_context(turn)?;
     let turn_input = match &job.continuation {
-        Some(ValidatedRequest::ToolContinuation(c)) => {
-            TurnInput::ToolContinuation { continuation: c, pending: &job.pending_tool_calls, stream: turn.stream() }
-        }
+        Some(ValidatedRequest::ToolContinuation(c)) => TurnInput::ToolContinuation {
+            continuation: c,
+            pending: &job.pending_tool_calls,
+            stream: turn.stream(),
+        },
         _ => TurnInput::User { turn, chunks },
     };
     let input =

@@ -104,12 +104,19 @@ impl Deps {
     }
 
     /// Like [`Deps::reply`], for a reply already serialized (a stored one sent again).
-    pub fn reply_bytes(&self, session: &SessionId, turn_id: Option<&str>, tag: &str, body: Vec<u8>) -> OutMessage {
+    pub fn reply_bytes(
+        &self,
+        session: &SessionId,
+        turn_id: Option<&str>,
+        tag: &str,
+        body: Vec<u8>,
+    ) -> OutMessage {
         let turn = turn_id.unwrap_or("-");
-        let mut msg = OutMessage::to_queue(session.to_string(), "reply", format!("reply:{session}:{turn}:{tag}"), body)
-        .header("x-aptix-session-id", session.to_string())
-        .header("x-aptix-turn-id", turn)
-        .header("x-aptix-final", "true");
+        let mut msg =
+            OutMessage::to_queue(session.to_string(), "reply", format!("reply:{session}:{turn}:{tag}"), body)
+                .header("x-aptix-session-id", session.to_string())
+                .header("x-aptix-turn-id", turn)
+                .header("x-aptix-final", "true");
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(*session);
         msg
@@ -126,7 +133,12 @@ pub fn user_turn(job: &TurnJob) -> Option<&UserTurn> {
 
 /// A persist job that fails the turn with `errors`.
 pub fn failed(job: TurnJob, errors: Vec<ApiError>) -> StageMessage {
-    StageMessage::Persist(PersistJob { job, assembled: None, warnings: Vec::new(), result: RoundTrip::Failed { errors, raw: None } })
+    StageMessage::Persist(PersistJob {
+        job,
+        assembled: None,
+        warnings: Vec::new(),
+        result: RoundTrip::Failed { errors, raw: None },
+    })
 }
 
 /// Adapts a typed stage function to the broker runtime.
@@ -148,7 +160,12 @@ impl StageHandler {
         }
         let msg: StageMessage = match serde_json::from_slice(&d.body) {
             Ok(m) => m,
-            Err(e) => return Disposition::DeadLetter { reason: format!("undecodable stage message: {e}"), messages: vec![] },
+            Err(e) => {
+                return Disposition::DeadLetter {
+                    reason: format!("undecodable stage message: {e}"),
+                    messages: vec![],
+                }
+            }
         };
         let key: TurnKey = msg.key().clone();
         let result = match (self.stage, msg) {
@@ -196,7 +213,11 @@ impl Handler for StageHandler {
                 return validate::exhausted(&self.deps, &delivery.body, &reason);
             }
             let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
-            let code = if self.stage == StageName::Invoke { ErrorCode::LlmUnavailable } else { ErrorCode::RetriesExhausted };
+            let code = if self.stage == StageName::Invoke {
+                ErrorCode::LlmUnavailable
+            } else {
+                ErrorCode::RetriesExhausted
+            };
             let error = ApiError::new(code, format!("the {} stage gave up: {reason}", self.stage.as_str()));
             match msg {
                 // Persist must not give up silently: failing again means telling the client.
