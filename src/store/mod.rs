@@ -4,6 +4,7 @@
 mod admit;
 mod outbox;
 mod records;
+mod reprocess;
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use sqlx::{ConnectOptions as _, PgPool};
 pub use admit::{AbortFn, Admission, CheckFn, ContinuationAdmission, ForwardFn, SessionMeta};
 pub use outbox::PendingOutbox;
 pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow};
+pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
 
 /// Embedded migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

@@ -1,0 +1,304 @@
+//! Batch reprocessing of stored turns (`aptix reprocess`): selected turns are run again from
+//! their stored inputs through assemble → invoke → persist, optionally with another model or
+//! ConversationContext, and each round trip gets a new immutable record linked to its original
+//! (`reprocess_of`, `reprocess_run`).
+//!
+//! What it never does: touch an original record, a session's state, a turn row or the outbox,
+//! or publish anything (no reply queue sees a reprocessed turn). It runs in-process with the
+//! library functions; the LLM call goes through [`LlmClient`] to the endpoint the turn's
+//! AgentContext configures.
+//!
+//! - Input: each turn is rebuilt as a self-contained request, the session's earlier history
+//!   rehydrated into a new chain (see `rebuild`), so turns can be picked in any order and
+//!   compared one by one.
+//! - Resume: a turn is written in one transaction once all its round trips are done, with
+//!   `ON CONFLICT DO NOTHING` on the unique `(reprocess_of, reprocess_run)` index; before calling
+//!   the model a turn whose first record the run already has is skipped. Running the same
+//!   `--run` again therefore finishes the rest and never does a turn twice.
+//! - Failures: when the model answers badly (refusal, `failed`, unreadable) the error is the
+//!   record, as in the pipeline; when no answer comes (unavailable, timeout, rejected request)
+//!   nothing is written and the next run of the same `--run` retries the turn.
+//! - `--rate` spaces turn starts; `--concurrency` bounds turns in flight; `--limit` stops after
+//!   that many turns; cancelling stops starting turns and lets those in flight finish.
+
+mod compare;
+mod plan;
+mod rate;
+mod rebuild;
+mod record;
+mod report;
+mod select;
+mod turn;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt as _;
+use indicatif::ProgressBar;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+pub use compare::{Comparison, Difference};
+pub use plan::{DryRun, PlannedTurn};
+pub use report::{Problem, Report};
+pub use select::{parse_time, parse_turn_list, Selection};
+
+use crate::config::Settings;
+use crate::llm::LlmClient;
+use crate::store::{SelectedTurn, Store, StoreError};
+use rate::RateLimiter;
+use rebuild::TurnInputs;
+use turn::Replayer;
+
+/// Why a run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReprocessError {
+    /// The options are inconsistent or name something that does not exist.
+    #[error("{0}")]
+    Options(String),
+    /// A line of the `--turns` list is malformed.
+    #[error("turn list line {line}: {message}")]
+    TurnList {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// PostgreSQL.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What to reprocess and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Which turns.
+    pub selection: Selection,
+    /// The run id, written as `reprocess_run`; the same id resumes a run.
+    pub run: String,
+    /// Another model for every turn.
+    pub model: Option<String>,
+    /// Another ConversationContext for every turn.
+    pub conversation_context: Option<String>,
+    /// At most this many turns started per second.
+    pub rate: Option<f64>,
+    /// Turns in flight at once (at least 1).
+    pub concurrency: usize,
+    /// At most this many turns reprocessed by this invocation.
+    pub limit: Option<usize>,
+}
+
+impl Options {
+    /// Options for `selection` under run `run`: no overrides, 2 turns per second, 2 at once.
+    pub fn new(selection: Selection, run: impl Into<String>) -> Self {
+        Options {
+            selection,
+            run: run.into(),
+            model: None,
+            conversation_context: None,
+            rate: Some(2.0),
+            concurrency: 2,
+            limit: None,
+        }
+    }
+}
+
+/// A fresh run id: `rp-<UTC time>-<4 hex digits>`.
+pub fn generate_run_id(now: DateTime<Utc>) -> String {
+    format!("rp-{}-{:04x}", now.format("%Y%m%dT%H%M%SZ"), rand::random::<u16>())
+}
+
+/// Runs reprocessing against one database and LLM client.
+#[derive(Debug, Clone)]
+pub struct Reprocessor {
+    store: Store,
+    settings: Arc<Settings>,
+    llm: Arc<dyn LlmClient>,
+}
+
+/// A selected turn, ready to run or not.
+enum Prepared<'a> {
+    AlreadyDone,
+    Unavailable(String),
+    Ready(Box<TurnInputs>, Replayer<'a>),
+}
+
+/// What became of one turn in this invocation.
+enum Outcome {
+    Done,
+    AlreadyDone,
+    Unavailable(String),
+    Failed(String),
+    Left,
+}
+
+impl Reprocessor {
+    /// A reprocessor over `store`, calling the LLM through `llm` with `settings`' endpoints,
+    /// contexts and assembly policy.
+    pub fn new(store: Store, settings: Arc<Settings>, llm: Arc<dyn LlmClient>) -> Self {
+        Reprocessor { store, settings, llm }
+    }
+
+    /// Checks the options and selects the turns.
+    async fn select(&self, opts: &Options) -> Result<Vec<SelectedTurn>, ReprocessError> {
+        let run_ok = !opts.run.is_empty()
+            && opts.run.len() <= 128
+            && opts.run.chars().all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
+        if !run_ok {
+            return Err(ReprocessError::Options(format!(
+                "run id `{}` must be 1-128 letters, digits, `.`, `_`, `:` or `-`",
+                opts.run
+            )));
+        }
+        if let Some(id) = &opts.conversation_context {
+            if !self.settings.conversation_contexts.contains_key(id) {
+                return Err(ReprocessError::Options(format!("no conversation context `{id}` is configured")));
+            }
+        }
+        if opts.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(ReprocessError::Options("--model must not be empty".into()));
+        }
+        let selector = opts.selection.to_selector()?;
+        Ok(self.store.reprocess_select(&selector).await?)
+    }
+
+    /// Loads a turn and decides whether it can run.
+    async fn prepare(&self, opts: &Options, t: &SelectedTurn) -> Result<(Prepared<'_>, usize), StoreError> {
+        let steps = rebuild::originals(&self.store, t.session_id, &t.turn_id).await?;
+        let count = steps.len();
+        let Some(first) = steps.first() else {
+            return Ok((Prepared::Unavailable("no original records".into()), 0));
+        };
+        if self.store.reprocess_done(first.original.id, &opts.run).await? {
+            return Ok((Prepared::AlreadyDone, count));
+        }
+        let inputs = match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
+            Ok(inputs) => inputs,
+            Err(why) => return Ok((Prepared::Unavailable(why), count)),
+        };
+        let context = rebuild::context_for(
+            &self.settings,
+            &inputs.turn,
+            opts.conversation_context.as_deref(),
+            opts.model.as_deref(),
+        );
+        let endpoint = turn::endpoint_for(&self.settings, &inputs.turn);
+        let (context, endpoint) = match (context, endpoint) {
+            (Ok(c), Ok(e)) => (c, e),
+            (Err(why), _) | (_, Err(why)) => return Ok((Prepared::Unavailable(why), count)),
+        };
+        let replayer = Replayer { llm: &*self.llm, endpoint, context, policy: &self.settings.assemble };
+        Ok((Prepared::Ready(Box::new(inputs), replayer), count))
+    }
+
+    /// Reprocesses the selected turns, advancing `progress` per turn, until done or `cancel`.
+    pub async fn run(
+        &self,
+        opts: &Options,
+        progress: &ProgressBar,
+        cancel: &CancellationToken,
+    ) -> Result<Report, ReprocessError> {
+        let turns = self.select(opts).await?;
+        info!(run = %opts.run, selected = turns.len(), model = ?opts.model, conversation_context = ?opts.conversation_context, "reprocessing");
+        progress.set_length(turns.len() as u64);
+        let limiter = RateLimiter::new(opts.rate);
+        let budget = AtomicUsize::new(opts.limit.unwrap_or(usize::MAX));
+        let mut report = Report { run: opts.run.clone(), selected: turns.len(), ..Report::default() };
+        let mut steps: HashMap<(Uuid, String), usize> = HashMap::new();
+        let (limiter, budget) = (&limiter, &budget);
+        let mut results = futures_util::stream::iter(&turns)
+            .map(|t| async move { (t, self.one(opts, t, limiter, budget, cancel).await) })
+            .buffer_unordered(opts.concurrency.max(1));
+        while let Some((t, (outcome, count))) = results.next().await {
+            steps.insert((t.session_id, t.turn_id.clone()), count);
+            let (session, turn) = (t.session_id.to_string(), t.turn_id.clone());
+            match outcome {
+                Outcome::Done => report.done += 1,
+                Outcome::AlreadyDone => report.already_done += 1,
+                Outcome::Left => report.left += 1,
+                Outcome::Unavailable(why) => {
+                    report.unavailable += 1;
+                    report.problem(session, turn, "skipped", why);
+                }
+                Outcome::Failed(why) => {
+                    warn!(run = %opts.run, %session, %turn, reason = %why, "turn failed");
+                    report.failed += 1;
+                    report.problem(session, turn, "failed", why);
+                }
+            }
+            progress.inc(1);
+            progress.set_message(format!(
+                "{} done, {} skipped, {} failed",
+                report.done,
+                report.already_done + report.unavailable,
+                report.failed
+            ));
+        }
+        drop(results);
+        report.interrupted = cancel.is_cancelled();
+        report.comparison = self.compare(&opts.run, &steps).await?;
+        info!(run = %opts.run, done = report.done, already_done = report.already_done, failed = report.failed, left = report.left, "reprocessing finished");
+        Ok(report)
+    }
+
+    async fn one(
+        &self,
+        opts: &Options,
+        t: &SelectedTurn,
+        limiter: &RateLimiter,
+        budget: &AtomicUsize,
+        cancel: &CancellationToken,
+    ) -> (Outcome, usize) {
+        if cancel.is_cancelled() {
+            return (Outcome::Left, 0);
+        }
+        let (inputs, replayer, count) = match self.prepare(opts, t).await {
+            Err(e) => return (Outcome::Failed(e.to_string()), 0),
+            Ok((Prepared::AlreadyDone, n)) => return (Outcome::AlreadyDone, n),
+            Ok((Prepared::Unavailable(why), n)) => return (Outcome::Unavailable(why), n),
+            Ok((Prepared::Ready(inputs, replayer), n)) => (inputs, replayer, n),
+        };
+        let claimed = budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok();
+        if !claimed {
+            return (Outcome::Left, count);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return (Outcome::Left, count),
+            _ = limiter.wait() => {}
+        }
+        let records = match replayer.replay(&inputs).await {
+            Ok(records) => records,
+            Err(why) => return (Outcome::Failed(why), count),
+        };
+        match self.store.insert_reprocessed(&opts.run, &records).await {
+            // Another copy of the run wrote this turn first.
+            Ok(0) => (Outcome::AlreadyDone, count),
+            Ok(_) => (Outcome::Done, count),
+            Err(e) => (Outcome::Failed(e.to_string()), count),
+        }
+    }
+
+    /// The run's records of the selected turns against their originals.
+    async fn compare(
+        &self,
+        run: &str,
+        steps: &HashMap<(Uuid, String), usize>,
+    ) -> Result<Comparison, ReprocessError> {
+        let pairs: Vec<_> = self
+            .store
+            .reprocessed_pairs(run)
+            .await?
+            .into_iter()
+            .filter(|p| steps.contains_key(&(p.session_id, p.turn_id.clone())))
+            .collect();
+        let mut per_turn: HashMap<(Uuid, String), usize> = HashMap::new();
+        for p in &pairs {
+            *per_turn.entry((p.session_id, p.turn_id.clone())).or_default() += 1;
+        }
+        let originals: usize = per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
+        Ok(Comparison::of(&pairs, per_turn.len(), originals))
+    }
+}

@@ -1,0 +1,211 @@
+//! Rebuilding a stored turn's requests from what the pipeline kept, without touching the live
+//! session:
+//!
+//! - The turn, its retrieved chunks (with text) and its retrieval warnings come from the invoke
+//!   stage's saved round trip (`llm_results`, a `PersistJob`): the validated request, and the
+//!   assembled `StateUpdate`, which holds the text of every chunk the turn sent. Chunks the
+//!   turn's chain already held were not resent; their text is taken from the session history.
+//! - The session as it was just before the turn is replayed from the same saved round trips of
+//!   the session's earlier steps, with the pipeline's own `SessionState::apply_answer`. Its
+//!   provider chain is then dropped, so the request is self-contained: a new chain rehydrated
+//!   with the earlier turns, chunks and files (what the pipeline sends when the provider has
+//!   lost a chain), never a `previous_response_id` into the original conversation.
+//! - `assemble` builds the body from those inputs with the chosen ConversationContext (the
+//!   turn's own or `--conversation-context`, with `--model` applied), `stream: false`.
+//! - A tool round trip is replayed with the tool results the client sent originally, on the new
+//!   chain, when the new answer asks for the same tools in the same order; their call ids are
+//!   mapped to the new ones. Otherwise the turn ends there (its outputs differ).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::assemble::{
+    assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ProviderAnswer, SessionState,
+    TurnInput,
+};
+use crate::chunk::Chunk;
+use crate::config::{ConversationContext, Settings};
+use crate::contracts::{Outcome, ToolCall, ToolContinuation, ToolResult, UserTurn, ValidatedRequest};
+use crate::messages::{Answer, PersistJob, RoundTrip};
+use crate::store::{OriginalStep, Store, StoreError};
+
+/// One original record of the turn and its saved round trip, if there is one.
+#[derive(Debug, Clone)]
+pub(crate) struct StepInput {
+    /// The original record.
+    pub original: OriginalStep,
+    /// The saved round trip; `None` when the step never reached the model.
+    pub job: Option<PersistJob>,
+    /// Why a saved round trip could not be read, if it could not.
+    pub unreadable: Option<String>,
+}
+
+/// Everything needed to run a turn again.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnInputs {
+    /// Session.
+    pub session: Uuid,
+    /// The user turn.
+    pub turn: UserTurn,
+    /// Its original records, by step.
+    pub steps: Vec<StepInput>,
+    /// The chunks retrieved for the turn, with text.
+    pub chunks: Vec<Chunk>,
+    /// The session before the turn, without a provider chain.
+    pub state: SessionState,
+}
+
+/// A turn's original records, read once; [`load`] completes them into [`TurnInputs`].
+pub(crate) async fn originals(
+    store: &Store,
+    session: Uuid,
+    turn: &str,
+) -> Result<Vec<StepInput>, StoreError> {
+    let steps = store.original_steps(session, turn).await?;
+    Ok(steps
+        .into_iter()
+        .map(|original| {
+            let parsed = original.saved.clone().map(serde_json::from_value::<PersistJob>).transpose();
+            match parsed {
+                Ok(job) => StepInput { original, job, unreadable: None },
+                Err(e) => StepInput { original, job: None, unreadable: Some(e.to_string()) },
+            }
+        })
+        .collect())
+}
+
+/// The inputs of a turn, or why it cannot be run again.
+pub(crate) async fn load(
+    store: &Store,
+    policy: &AssemblePolicy,
+    session: Uuid,
+    steps: Vec<StepInput>,
+) -> Result<Result<TurnInputs, String>, StoreError> {
+    let Some(first) = steps.first().filter(|s| s.original.step == 0) else {
+        return Ok(Err("the turn has no first round trip".into()));
+    };
+    if let Some(e) = &first.unreadable {
+        return Ok(Err(format!("the saved round trip is unreadable: {e}")));
+    }
+    let Some(job) = &first.job else {
+        return Ok(Err("the turn never reached the model (no saved request)".into()));
+    };
+    let (ValidatedRequest::UserTurn(turn), Some(assembled)) = (&job.job.turn, &job.assembled) else {
+        return Ok(Err("the saved round trip has no assembled user turn".into()));
+    };
+    let earlier = store.saved_steps_before(session, first.original.seq, 0).await?;
+    let mut state = replay_state(&earlier, policy);
+    let mut chunks = assembled.update.chunks.clone();
+    for held in &assembled.record.chunks_already_sent {
+        if let Some(c) = state.history.chunks.iter().find(|c| c.id == held.id) {
+            chunks.push(c.clone());
+        }
+    }
+    state.chain = None;
+    state.chain_reset = None;
+    state.open_turn = None;
+    Ok(Ok(TurnInputs { session, turn: turn.clone(), chunks, state, steps }))
+}
+
+/// The session state the pipeline had after the saved round trips `saved`, in order.
+pub(crate) fn replay_state(saved: &[Value], policy: &AssemblePolicy) -> SessionState {
+    let mut state = SessionState::default();
+    for value in saved {
+        let job = match serde_json::from_value::<PersistJob>(value.clone()) {
+            Ok(job) => job,
+            Err(error) => {
+                // The rebuilt history lacks this round trip; the rest of it still counts.
+                tracing::warn!(%error, "unreadable saved round trip left out of the replayed history");
+                continue;
+            }
+        };
+        if let (Some(assembled), RoundTrip::Answered(answer)) = (&job.assembled, &job.result) {
+            state = state.apply_answer(&assembled.update, &provider_answer(answer), policy);
+        }
+    }
+    state
+}
+
+/// What the session state needs to know of an answer.
+pub(crate) fn provider_answer(answer: &Answer) -> ProviderAnswer {
+    let outcome = match &answer.outcome {
+        Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
+        Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
+    };
+    ProviderAnswer { response_id: answer.response_id.clone(), created_at: answer.created_at, outcome }
+}
+
+/// The ConversationContext a turn runs with: `--conversation-context` or the turn's own, with
+/// `--model` applied.
+pub(crate) fn context_for(
+    settings: &Settings,
+    turn: &UserTurn,
+    override_id: Option<&str>,
+    model: Option<&str>,
+) -> Result<ConversationContext, String> {
+    let found = match override_id {
+        Some(id) => settings.conversation_contexts.get(id),
+        None => settings.conversation_context(turn.conversation_context_id()),
+    };
+    let mut context = found.cloned().ok_or_else(|| {
+        let id = override_id.or(turn.conversation_context_id().map(|c| c.as_str()));
+        format!("the conversation context `{}` is not configured", id.unwrap_or("(default)"))
+    })?;
+    if let Some(model) = model {
+        model.clone_into(&mut context.model);
+    }
+    Ok(context)
+}
+
+/// The first request of the turn.
+pub(crate) fn user_request(
+    inputs: &TurnInputs,
+    context: &ConversationContext,
+    policy: &AssemblePolicy,
+    now: DateTime<Utc>,
+) -> Result<Assembled, String> {
+    let turn = TurnInput::User { turn: &inputs.turn, chunks: &inputs.chunks };
+    let mut assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
+        .map_err(|e| e.to_string())?;
+    assembled.body["stream"] = Value::Bool(false);
+    Ok(assembled)
+}
+
+/// The request answering the new run's tool `calls` with the results the client originally
+/// sent for step `original`, or why the step cannot be replayed.
+pub(crate) fn continuation_request(
+    state: &SessionState,
+    original: &PersistJob,
+    calls: &[ToolCall],
+    context: &ConversationContext,
+    policy: &AssemblePolicy,
+    now: DateTime<Utc>,
+) -> Result<Assembled, String> {
+    let Some(ValidatedRequest::ToolContinuation(sent)) = &original.job.continuation else {
+        return Err("the original step has no saved tool results".into());
+    };
+    let asked = &original.job.pending_tool_calls;
+    let names = |c: &[ToolCall]| c.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    if names(asked) != names(calls) {
+        return Err(format!(
+            "the new answer calls [{}] where the original called [{}]",
+            names(calls).join(", "),
+            names(asked).join(", ")
+        ));
+    }
+    let results: Vec<ToolResult> = sent
+        .results()
+        .iter()
+        .filter_map(|r| {
+            let i = asked.iter().position(|c| c.tool_call_id == r.tool_call_id)?;
+            Some(ToolResult { tool_call_id: calls[i].tool_call_id.clone(), ..r.clone() })
+        })
+        .collect();
+    let continuation = ToolContinuation { key: sent.key().clone(), results };
+    let turn = TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
+    let mut assembled =
+        assemble(AssembleInput { state, context, policy, now, turn }).map_err(|e| e.to_string())?;
+    assembled.body["stream"] = Value::Bool(false);
+    Ok(assembled)
+}

@@ -1,0 +1,116 @@
+//! The record of one reprocessed round trip, shaped like the persist stage's: what was sent,
+//! the provider's answer and the reply the client would have got (never published). It is
+//! linked to the original record it reprocesses.
+
+use chrono::{TimeZone as _, Utc};
+use serde_json::{json, Value};
+
+use super::rebuild::{StepInput, TurnInputs};
+use crate::assemble::Assembled;
+use crate::config::ConversationContext;
+use crate::contracts::{AgentExecuteResponse, ApiError, InvokeResult, Outcome, Reply, UserWarning};
+use crate::llm::{LlmError, LlmResponse};
+use crate::messages::Answer;
+use crate::store::{LinkedRecord, NewRecord};
+
+/// The answer as the pipeline keeps it (the provider's creation time, else now).
+pub(crate) fn answer_of(r: LlmResponse) -> Answer {
+    let created_at = r
+        .raw
+        .get("created_at")
+        .and_then(Value::as_i64)
+        .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
+        .unwrap_or_else(Utc::now);
+    Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
+}
+
+/// The warnings a round trip owes the turn's final response: the original retrieval warnings of
+/// the step and the new assembly's.
+pub(crate) fn step_warnings(step: &StepInput, assembled: &Assembled) -> Vec<UserWarning> {
+    let retrieval = step.job.iter().flat_map(|j| j.warnings.iter());
+    retrieval.chain(assembled.record.user_warnings.iter()).cloned().collect()
+}
+
+/// The record of an answered round trip; a final answer carries `owed` (the warnings of this
+/// and earlier round trips of the turn) before the provider's own, as the persist stage does.
+pub(crate) fn answered(
+    inputs: &TurnInputs,
+    step: &StepInput,
+    assembled: &Assembled,
+    answer: &Answer,
+    context: &ConversationContext,
+    owed: &[UserWarning],
+) -> LinkedRecord {
+    let outcome = match answer.outcome.clone() {
+        Outcome::Final(mut f) => {
+            let mut warnings = owed.to_vec();
+            warnings.append(&mut f.user_warnings);
+            f.user_warnings = warnings;
+            Outcome::Final(f)
+        }
+        other => other,
+    };
+    let kind = match outcome {
+        Outcome::Final(_) => "final",
+        Outcome::ClientToolContinuation(_) => "client_tool_continuation",
+    };
+    let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
+        session_id: inputs.turn.key().session_id,
+        turn_id: inputs.turn.key().turn_id.clone(),
+        mode_display_name: context.mode_display_name.clone(),
+        outcome,
+    });
+    let mut record = base(inputs, assembled, kind, reply);
+    record.provider_response_id = Some(answer.response_id.clone());
+    record.response_payload = Some(answer.raw.clone());
+    record.usage = answer.usage.and_then(|u| serde_json::to_value(u).ok());
+    link(inputs, step, record)
+}
+
+/// The record of a round trip the model did not answer usefully (refused, failed, unreadable).
+pub(crate) fn failed(
+    inputs: &TurnInputs,
+    step: &StepInput,
+    assembled: &Assembled,
+    error: &LlmError,
+) -> LinkedRecord {
+    let errors = vec![ApiError::new(error.code(), error.to_string())];
+    let mut record = base(inputs, assembled, "error", InvokeResult::fail(errors.clone()));
+    record.errors = serde_json::to_value(&errors).unwrap_or_else(|_| json!([]));
+    record.response_payload = error.raw_response().cloned();
+    link(inputs, step, record)
+}
+
+fn base(inputs: &TurnInputs, assembled: &Assembled, kind: &str, reply: Reply) -> NewRecord {
+    let sent = &assembled.record;
+    let turn = &inputs.turn;
+    let to = |v: Result<Value, serde_json::Error>| v.unwrap_or_else(|_| json!([]));
+    NewRecord {
+        kind: kind.to_owned(),
+        provider_response_id: None,
+        chain: serde_json::to_value(&sent.chain).unwrap_or_else(|_| json!({})),
+        request_payload: Some(assembled.body.clone()),
+        response_payload: None,
+        retrieved_chunks: to(serde_json::to_value(&sent.chunks)),
+        active_files: to(serde_json::to_value(&sent.files)),
+        skipped_files: to(serde_json::to_value(&sent.skipped_files)),
+        usage: None,
+        errors: json!([]),
+        instruction: turn.instruction().map(str::to_owned),
+        workspace_id: turn.workspace_id().map(str::to_owned),
+        repo: turn.repo().map(str::to_owned),
+        language: turn.language().map(str::to_owned),
+        rag_scope: to(serde_json::to_value(turn.rag_scope())),
+        reply: serde_json::to_value(&reply).unwrap_or(Value::Null),
+    }
+}
+
+fn link(inputs: &TurnInputs, step: &StepInput, record: NewRecord) -> LinkedRecord {
+    LinkedRecord {
+        reprocess_of: step.original.id,
+        session_id: inputs.session,
+        turn_id: inputs.turn.key().turn_id.to_string(),
+        step: step.original.step,
+        record,
+    }
+}

@@ -1,0 +1,216 @@
+//! Queries of batch reprocessing (`crate::reprocess`): selecting stored turns, reading a turn's
+//! original records with the invoke stage's saved inputs (`llm_results`), the session's earlier
+//! steps, and writing new records linked to the originals. Nothing here changes sessions, turns,
+//! outbox rows or original records.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::FromRow;
+use uuid::Uuid;
+
+use super::records::NewRecord;
+use super::{Store, StoreError};
+
+/// Which stored turns a reprocessing run covers. Every condition given must hold.
+#[derive(Debug, Clone, Default)]
+pub struct TurnSelector {
+    /// Only this session.
+    pub session: Option<Uuid>,
+    /// Turns whose first record was written at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Turns whose first record was written before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Only these `(session, turn)` pairs.
+    pub turns: Option<Vec<(Uuid, String)>>,
+}
+
+/// A selected turn, identified by its first original record.
+#[derive(Debug, Clone, FromRow)]
+pub struct SelectedTurn {
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// When the turn's first record (step 0) was written.
+    pub created_at: DateTime<Utc>,
+}
+
+/// One original record of a turn, with the invoke stage's saved round trip for it.
+#[derive(Debug, Clone, FromRow)]
+pub struct OriginalStep {
+    /// The record id: what `reprocess_of` points at.
+    pub id: Uuid,
+    /// Arrival order of the turn within its session.
+    pub seq: i64,
+    /// Round trip.
+    pub step: i32,
+    /// `final`, `client_tool_continuation` or `error`.
+    pub kind: String,
+    /// The `/responses` body sent, if one was.
+    pub request_payload: Option<Value>,
+    /// Token usage (AGN-033 `Usage`).
+    pub usage: Option<Value>,
+    /// The reply sent to the client.
+    pub reply: Value,
+    /// The saved `PersistJob` of the round trip (`llm_results.result`), when the LLM was called.
+    pub saved: Option<Value>,
+}
+
+/// A new record and the original it reprocesses.
+#[derive(Debug, Clone)]
+pub struct LinkedRecord {
+    /// The original record's id.
+    pub reprocess_of: Uuid,
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Round trip.
+    pub step: i32,
+    /// The record.
+    pub record: NewRecord,
+}
+
+/// An original record and its reprocessed counterpart in one run.
+#[derive(Debug, Clone, FromRow)]
+pub struct ReprocessedPair {
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Round trip.
+    pub step: i32,
+    /// The original's kind.
+    pub original_kind: String,
+    /// The original's reply.
+    pub original_reply: Value,
+    /// The original's usage.
+    pub original_usage: Option<Value>,
+    /// The new record's kind.
+    pub new_kind: String,
+    /// The new record's reply.
+    pub new_reply: Value,
+    /// The new record's usage.
+    pub new_usage: Option<Value>,
+}
+
+/// Columns written for a reprocessed record; the rest take their defaults.
+const COLUMNS: &str = "id, session_id, turn_id, step, kind, provider_response_id, chain, request_payload, \
+     response_payload, retrieved_chunks, active_files, skipped_files, usage, errors, instruction, workspace_id, \
+     repo, language, rag_scope, reply, reprocess_of, reprocess_run";
+
+impl Store {
+    /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
+    /// original record; turns that never got one (rejected at admission) are not stored turns.
+    pub async fn reprocess_select(&self, selector: &TurnSelector) -> Result<Vec<SelectedTurn>, StoreError> {
+        let (sessions, turns): (Vec<Uuid>, Vec<String>) =
+            selector.turns.iter().flatten().map(|(s, t)| (*s, t.clone())).unzip();
+        Ok(sqlx::query_as(
+            "SELECT r.session_id, r.turn_id, r.created_at FROM response_records r
+             WHERE r.reprocess_of IS NULL AND r.step = 0
+               AND ($1::uuid IS NULL OR r.session_id = $1)
+               AND ($2::timestamptz IS NULL OR r.created_at >= $2)
+               AND ($3::timestamptz IS NULL OR r.created_at < $3)
+               AND (NOT $4 OR (r.session_id, r.turn_id) IN (SELECT * FROM unnest($5::uuid[], $6::text[])))
+             ORDER BY r.created_at, r.id",
+        )
+        .bind(selector.session)
+        .bind(selector.since)
+        .bind(selector.until)
+        .bind(selector.turns.is_some())
+        .bind(&sessions)
+        .bind(&turns)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The original records of a turn, by step, each with its saved round trip.
+    pub async fn original_steps(&self, session: Uuid, turn: &str) -> Result<Vec<OriginalStep>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT r.id, t.seq, r.step, r.kind, r.request_payload, r.usage, r.reply, l.result AS saved
+             FROM response_records r
+             JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
+             LEFT JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
+             WHERE r.session_id = $1 AND r.turn_id = $2 AND r.reprocess_of IS NULL
+             ORDER BY r.step",
+        )
+        .bind(session)
+        .bind(turn)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The saved round trips of the session's original records that came before step `step` of
+    /// the turn with arrival order `seq`, in the order the pipeline applied them.
+    pub async fn saved_steps_before(
+        &self,
+        session: Uuid,
+        seq: i64,
+        step: i32,
+    ) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT l.result FROM response_records r
+             JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
+             JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
+             WHERE r.session_id = $1 AND r.reprocess_of IS NULL AND (t.seq, r.step) < ($2, $3)
+             ORDER BY t.seq, r.step",
+        )
+        .bind(session)
+        .bind(seq)
+        .bind(step)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Whether run `run` already reprocessed the original record `original`.
+    pub async fn reprocess_done(&self, original: Uuid, run: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM response_records WHERE reprocess_of = $1 AND reprocess_run = $2)",
+        )
+        .bind(original)
+        .bind(run)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Writes the records of one reprocessed turn in one transaction; a record the run already
+    /// wrote (another copy of the run got there first) is left as it is. Returns how many were
+    /// written.
+    pub async fn insert_reprocessed(&self, run: &str, records: &[LinkedRecord]) -> Result<u64, StoreError> {
+        let sql = format!(
+            "INSERT INTO response_records ({COLUMNS})
+             SELECT {COLUMNS} FROM jsonb_populate_record(NULL::response_records, $1)
+             ON CONFLICT DO NOTHING"
+        );
+        let mut tx = self.pool.begin().await?;
+        let mut written = 0;
+        for r in records {
+            let mut row = serde_json::to_value(&r.record)?;
+            if let Value::Object(map) = &mut row {
+                map.insert("id".into(), Value::String(Uuid::now_v7().to_string()));
+                map.insert("session_id".into(), Value::String(r.session_id.to_string()));
+                map.insert("turn_id".into(), Value::String(r.turn_id.clone()));
+                map.insert("step".into(), Value::from(r.step));
+                map.insert("reprocess_of".into(), Value::String(r.reprocess_of.to_string()));
+                map.insert("reprocess_run".into(), Value::String(run.to_owned()));
+            }
+            written += sqlx::query(&sql).bind(&row).execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    /// Every record run `run` wrote, paired with its original, oldest original first.
+    pub async fn reprocessed_pairs(&self, run: &str) -> Result<Vec<ReprocessedPair>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT o.session_id, o.turn_id, o.step, o.kind AS original_kind, o.reply AS original_reply,
+                    o.usage AS original_usage, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage
+             FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
+             WHERE n.reprocess_run = $1
+             ORDER BY o.created_at, o.id",
+        )
+        .bind(run)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
