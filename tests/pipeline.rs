@@ -2,6 +2,9 @@
 //! simulator: multi-turn chains, tool round trips, file deltas, rehydration, duplicates,
 //! redeliveries, per-session order with two copies of every stage, and bad input.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! queue prefix and a fresh database per test, the Responses simulator in-process, an embedded
 //! vector store in a temp dir with a small indexed fixture repository.
 #![allow(dead_code)]
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::path::Path;
