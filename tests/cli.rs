@@ -1,5 +1,8 @@
 //! `aptix validate`: verdicts, exit codes, and clean failures on unreadable or garbage input.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 

@@ -1,6 +1,9 @@
 //! Layered configuration: defaults, file, environment; validation names the key; secrets hidden.
 //! Environment variables are process-wide, so these tests run in one function, in order.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write as _;
 
 use aptix::config::{ConfigError, Settings};

@@ -1,5 +1,8 @@
 //! AGN-033 response shapes: round trips for both kinds, and the bucket rules enforced on read.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use aptix::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, FileRef, FinalOutput, InvokeResult, Outcome, Reply, SessionId,
     ToolCall, ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,

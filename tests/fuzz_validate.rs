@@ -1,5 +1,8 @@
 //! `validate` never panics: arbitrary bytes, and arbitrary JSON shaped like a request.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use aptix::validate::{validate_bytes, Limits};
 use proptest::prelude::*;
 use serde_json::{Map, Value};

@@ -2,6 +2,9 @@
 //! retries of every retryable fault, non-retryable faults with their cause, broken streams,
 //! `previous_response_not_found`, and the three timeouts.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod sim_support;
 
 use std::sync::Arc;

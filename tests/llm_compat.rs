@@ -3,6 +3,9 @@
 //! with an empty final `output`, streams that close cleanly without a terminal event, `error`
 //! events, JSON where SSE was asked for, and bodies that are not JSON.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod sim_support;
 
 use std::sync::{Arc, Mutex};

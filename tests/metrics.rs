@@ -1,6 +1,9 @@
 //! The metrics and health endpoints reflect real work: stage counts, LLM calls and tokens, and
 //! readiness that follows the broker connection.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

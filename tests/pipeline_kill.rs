@@ -1,6 +1,9 @@
 //! A worker process SIGKILLed mid-turn and restarted: the turn still completes with exactly one
 //! record and one reply. Also: SIGTERM lets a worker finish in-flight work and exit cleanly.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The README documents every error code, and its test command is what `.ci/run` runs.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use aptix::contracts::ErrorCode;
 
 fn read(path: &str) -> String {

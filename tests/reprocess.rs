@@ -3,6 +3,9 @@
 //! originals, the live sessions and the reply queues stay untouched; runs resume without doing a
 //! turn twice; overrides show in the stored requests; dry runs write nothing.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

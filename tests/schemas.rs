@@ -1,6 +1,9 @@
 //! The committed JSON Schemas under `schemas/` match the types. Regenerate with
 //! `APTIX_BLESS=1 cargo test --test schemas`.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 #[test]

@@ -2,6 +2,9 @@
 //! responses and chaining, the SSE event sequence, the request log and counters, the control
 //! routes, latency, and the `aptix sim` command.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod sim_support;
 
 use std::io::{BufRead as _, BufReader};

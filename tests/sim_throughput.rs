@@ -3,6 +3,9 @@
 //! `CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test --test sim_throughput -- --ignored --nocapture`
 //! (optimises this crate only; dependencies are already optimised in the dev profile).
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod sim_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,9 @@
 //! Streamed turns: ordered delta messages on the session's reply queue as tokens arrive, marked
 //! as deltas, then the final InvokeResult whose text is the deltas joined.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! Every stateless AGN-034 rule, one case per error code, plus the valid shapes.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashSet;
 
 use aptix::contracts::{ArtifactContents, ErrorCode, Origin, ScopeOperator, ToolOutcome, ValidatedRequest};
