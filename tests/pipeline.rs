@@ -237,3 +237,27 @@ async fn a_turn_is_one_trace_across_stages() {
     assert_eq!(aptix::broker::trace::parse_trace_id(&reply.headers["traceparent"]), Some(expected.as_str()));
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_llm_that_stays_down_fails_the_turn_after_the_retries_and_dead_letters_it() {
+    let h = Harness::start_with(1, |s| {
+        s.llm.max_retries = 0;
+        s.pipeline.max_attempts.invoke = 2;
+    })
+    .await;
+    h.sim.faults().fail_randomly(aptix::sim::Fault::ServerError, 1.0);
+    let s = new_session();
+    let reply = one_final(&h, &s, user_turn(&s, "t1", "anyone there?")).await;
+    assert_eq!(reply["Successful"], false);
+    assert_eq!(reply["Errors"][0]["Code"], "llm.unavailable", "{reply}");
+    assert_eq!(h.sim.requests().len(), 2, "one call per attempt");
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].0["x-aptix-reason"].starts_with("retries exhausted"), "{:?}", dead[0].0);
+    // The session is free again: the next turn runs once the LLM is back.
+    h.sim.faults().clear();
+    let ok = one_final(&h, &s, user_turn(&s, "t2", "back?")).await;
+    assert_eq!(ok["Successful"], true);
+    assert_eq!(h.records(&s).await.len(), 2, "the failed turn has its record too");
+    h.teardown().await;
+}

@@ -342,17 +342,36 @@ async fn count_redelivery(
     if count > settings.max_redeliveries {
         let reason = format!("poison: delivered to a consumer that died {count} times");
         warn!(stage = stage.as_str(), count, "dead-lettering poison message");
-        let mut messages = handler.exhausted(d.clone(), reason.clone()).await;
-        messages.push(dead_letter(settings, stage, &d, &reason, queue));
-        return publish_all(publisher, settings, &messages).await;
+        return give_up(stage, handler, publisher, settings, d, queue, reason).await;
     }
     // Re-publish with the count so crash loops are bounded; the copy is handled normally.
+    let copy = copy_of(d, queue, "x-aptix-redeliveries", count);
+    publish_all(publisher, settings, &[copy]).await
+}
+
+/// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
+async fn give_up(
+    stage: StageName,
+    handler: &dyn Handler,
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    d: Delivery,
+    queue: &str,
+    reason: String,
+) -> Result<(), BrokerError> {
+    let mut messages = handler.exhausted(d.clone(), reason.clone()).await;
+    messages.push(dead_letter(settings, stage, &d, &reason, queue));
+    publish_all(publisher, settings, &messages).await
+}
+
+/// The delivery re-published to `queue` with `counter` set to `value`.
+fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
     let mut copy =
         OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
     copy.headers = d.headers;
-    copy.headers.insert("x-aptix-redeliveries".into(), count.to_string());
+    copy.headers.insert(counter.into(), value.to_string());
     copy.headers.remove("x-aptix-kind");
-    publish_all(publisher, settings, &[copy]).await
+    copy
 }
 
 async fn retry(
@@ -367,18 +386,13 @@ async fn retry(
     let next = d.attempt + 1;
     if next >= settings.max_attempts {
         warn!(stage = stage.as_str(), attempts = next, %reason, "retries exhausted");
-        let mut messages = handler.exhausted(d.clone(), reason.clone()).await;
-        messages.push(dead_letter(settings, stage, &d, &format!("retries exhausted: {reason}"), queue));
-        return publish_all(publisher, settings, &messages).await;
+        let reason = format!("retries exhausted: {reason}");
+        return give_up(stage, handler, publisher, settings, d, queue, reason).await;
     }
     let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
     info!(stage = stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
-    let mut copy =
-        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
+    let mut copy = copy_of(d, queue, "x-aptix-attempt", next);
     copy.exchange = settings.topology.delay_exchange(tier);
-    copy.headers = d.headers;
-    copy.headers.remove("x-aptix-kind");
-    copy.headers.insert("x-aptix-attempt".into(), next.to_string());
     copy.headers.insert("x-aptix-last-error".into(), reason);
     publish_all(publisher, settings, &[copy]).await
 }
