@@ -1,0 +1,1555 @@
+//! Fault injection against the real pipeline. Every test here is `#[ignore]`d: run them
+//! explicitly (commands and figures in docs/reliability.md).
+//!
+//! - `chaos_full`: at least 1,000 turns over many sessions, published in per-session bursts to
+//!   the five stages running as separate `aptix worker <stage>` processes, while random workers
+//!   are SIGKILLed (and restarted), RabbitMQ and PostgreSQL are restarted, and the simulator
+//!   injects LLM faults (429 with `Retry-After`, 500, hangs, cut streams). Then it drains and
+//!   reconciles: one immutable record and one final reply per accepted turn, nothing lost or
+//!   duplicated, per-session order held, every turn ended with an answer or a specific error.
+//! - `chaos_smoke`: the same at CI size (a dozen turns, two kills, no service restarts).
+//! - `poison_message_is_dead_lettered_without_delaying_other_sessions`: a turn whose LLM endpoint
+//!   is unreachable is retried the configured number of times, dead-lettered with the reason,
+//!   and answered with an error, while other sessions' turns run at their usual latency.
+//!
+//! Restarting RabbitMQ and PostgreSQL disturbs everyone on the machine: run `chaos_full` under
+//! the shared lock (`flock /tmp/aptix-heavy.lock cargo test --test chaos -- --ignored
+//! --nocapture chaos_full`); before each restart it also waits until no other test binary runs.
+//! Sizes can be changed with `APTIX_CHAOS_*` variables (`Plan::with_env`); the report is
+//! printed and, with `APTIX_CHAOS_REPORT=path`, written as JSON.
+
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aptix::broker::{connect, BrokerError, OutMessage, Publisher, StageName, Topology, RETRY_TIERS_MS};
+use aptix::contracts::SessionId;
+use aptix::sim::{Fault, Latency};
+use chrono::{DateTime, Utc};
+use common::{Harness, AMQP};
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+/// How big and how rough a run is.
+#[derive(Debug, Clone, Serialize)]
+struct Plan {
+    sessions: usize,
+    turns_per_session: usize,
+    /// Turns published per second (open loop; per-session bursts back to back).
+    rate_per_s: f64,
+    /// Longest run of one session's turns published back to back.
+    max_burst: usize,
+    /// Pause between two kills, random in this range (ms).
+    kill_gap_ms: (u64, u64),
+    /// Kills go on after the load until at least this many.
+    min_kills: usize,
+    rabbit_restarts: usize,
+    postgres_restarts: usize,
+    /// Processes per stage (retrieve always one: its embedded store is locked by one process).
+    copies: usize,
+    /// Share of turns with `Stream: true`.
+    stream_share: f64,
+    /// LLM faults injected by the simulator.
+    llm_faults: bool,
+    /// How long the pipeline may take to finish everything after the load.
+    drain_limit_s: u64,
+    seed: u64,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            sessions: 120,
+            turns_per_session: 9,
+            rate_per_s: 5.0,
+            max_burst: 4,
+            kill_gap_ms: (1000, 3000),
+            min_kills: 60,
+            rabbit_restarts: 3,
+            postgres_restarts: 3,
+            copies: 2,
+            stream_share: 0.25,
+            llm_faults: true,
+            drain_limit_s: 300,
+            seed: rand::random(),
+        }
+        .with_env()
+    }
+
+    fn smoke() -> Plan {
+        Plan {
+            sessions: 4,
+            turns_per_session: 3,
+            rate_per_s: 6.0,
+            max_burst: 3,
+            kill_gap_ms: (700, 1500),
+            min_kills: 2,
+            rabbit_restarts: 0,
+            postgres_restarts: 0,
+            copies: 1,
+            stream_share: 0.25,
+            llm_faults: true,
+            drain_limit_s: 60,
+            seed: rand::random(),
+        }
+        .with_env()
+    }
+
+    fn with_env(mut self) -> Plan {
+        fn var<T: std::str::FromStr>(key: &str, into: &mut T) {
+            if let Some(v) = std::env::var(key).ok().and_then(|v| v.parse().ok()) {
+                *into = v;
+            }
+        }
+        var("APTIX_CHAOS_SESSIONS", &mut self.sessions);
+        var("APTIX_CHAOS_TURNS_PER_SESSION", &mut self.turns_per_session);
+        var("APTIX_CHAOS_RATE", &mut self.rate_per_s);
+        var("APTIX_CHAOS_KILLS", &mut self.min_kills);
+        var("APTIX_CHAOS_RABBIT_RESTARTS", &mut self.rabbit_restarts);
+        var("APTIX_CHAOS_POSTGRES_RESTARTS", &mut self.postgres_restarts);
+        var("APTIX_CHAOS_COPIES", &mut self.copies);
+        var("APTIX_CHAOS_SEED", &mut self.seed);
+        self
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Services: restart, and always leave them running.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Service {
+    RabbitMq,
+    Postgres,
+}
+
+fn port_open(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_ok()
+}
+
+fn pg_version() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| "15".into())
+}
+
+/// Starts RabbitMQ and PostgreSQL if they are down (blocking; used on every exit path).
+fn ensure_services() {
+    let wait = |port: u16| {
+        for _ in 0..120 {
+            if port_open(port) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        false
+    };
+    if !port_open(5672) {
+        eprintln!("chaos: RabbitMQ is down, starting it");
+        let _ = service_cmd("rabbitmqctl", &["start_app"]).output();
+        if !wait(5672) {
+            let _ = service_cmd("rabbitmq-server", &["-detached"]).status();
+            wait(5672);
+        }
+        let _ = service_cmd("rabbitmqctl", &["-q", "await_startup"]).output();
+    }
+    if !port_open(5432) {
+        eprintln!("chaos: PostgreSQL is down, starting it");
+        let _ = service_cmd("pg_ctlcluster", &["--skip-systemctl-redirect", &pg_version(), "main", "start"])
+            .output();
+        wait(5432);
+    }
+}
+
+/// Leaves the services running however the test ends.
+struct ServiceGuard;
+
+impl Drop for ServiceGuard {
+    fn drop(&mut self) {
+        ensure_services();
+    }
+}
+
+/// Test binaries of other runs (`target/*/deps/*`), which a service restart would disturb.
+fn other_test_binaries() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            if pid == me || !pid.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let argv0 = String::from_utf8_lossy(cmdline.split(|b| *b == 0).next()?).into_owned();
+            (argv0.contains("/target/debug/deps/") || argv0.contains("/target/release/deps/"))
+                .then(|| format!("{pid} {argv0}"))
+        })
+        .collect()
+}
+
+/// A service command with every inherited descriptor above 2 closed first: a server started
+/// from here must not keep open what this test inherited (above all the `flock` of
+/// /tmp/aptix-heavy.lock, which a restarted PostgreSQL would otherwise hold for good).
+fn service_cmd(program: &str, args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new("bash");
+    c.arg("-c")
+        .arg(r#"for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done; exec "$@""#)
+        .arg("bash")
+        .arg(program)
+        .args(args);
+    c
+}
+
+async fn run_cmd(program: &str, args: &[&str]) -> bool {
+    let mut cmd = Command::from(service_cmd(program, args));
+    match cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output().await {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => {
+            eprintln!(
+                "chaos: `{program} {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!("chaos: cannot run {program}: {e}");
+            false
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Restart {
+    service: Service,
+    /// Turns published when the restart began.
+    after_turns: usize,
+    /// Turns accepted but not finished when the restart began.
+    in_flight: i64,
+    /// Waiting for other test binaries to finish first.
+    waited_for_others_s: f64,
+    /// From the stop command to the service accepting connections again.
+    down_s: f64,
+    /// From the service being back to the first turn record committed afterwards.
+    recovery_s: Option<f64>,
+    /// Set when the restart was skipped (other test binaries kept running).
+    skipped: Option<String>,
+}
+
+async fn record_count(pool: &PgPool) -> Option<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM response_records").fetch_one(pool).await.ok()
+}
+
+async fn unfinished(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM turns WHERE state NOT IN ('completed', 'failed')")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(-1)
+}
+
+/// When services were being restarted: `(start, end)`, `end` unset while under way.
+type Windows = Arc<Mutex<Vec<(Instant, Option<Instant>)>>>;
+
+/// Whether a process started during a restart (a worker cannot start while PostgreSQL is down).
+fn started_during_restart(windows: &Windows, spawned: Instant) -> bool {
+    windows.lock().unwrap().iter().any(|(start, end)| {
+        spawned + Duration::from_secs(1) >= *start
+            && end.is_none_or(|e| spawned <= e + Duration::from_secs(5))
+    })
+}
+
+async fn restart(service: Service, after_turns: usize, pool: &PgPool, windows: &Windows) -> Restart {
+    let mut report = Restart {
+        service,
+        after_turns,
+        in_flight: 0,
+        waited_for_others_s: 0.0,
+        down_s: 0.0,
+        recovery_s: None,
+        skipped: None,
+    };
+    let waiting = Instant::now();
+    loop {
+        let others = other_test_binaries();
+        if others.is_empty() {
+            break;
+        }
+        if waiting.elapsed() > Duration::from_secs(900) {
+            report.skipped = Some(format!("other test binaries kept running: {others:?}"));
+            return report;
+        }
+        if waiting.elapsed().as_secs().is_multiple_of(30) {
+            eprintln!("chaos: waiting for other test binaries before restarting {service:?}: {others:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    report.waited_for_others_s = waiting.elapsed().as_secs_f64();
+    report.in_flight = unfinished(pool).await;
+    eprintln!("chaos: restarting {service:?} after {after_turns} turns ({} in flight)", report.in_flight);
+    let t0 = Instant::now();
+    let window = {
+        let mut w = windows.lock().unwrap();
+        w.push((t0, None));
+        w.len() - 1
+    };
+    // "Up" is the first moment the port accepts connections again, watched while the start
+    // command runs (the command itself returns later).
+    let (port, start) = match service {
+        Service::RabbitMq => {
+            run_cmd("rabbitmqctl", &["stop_app"]).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            (5672, tokio::spawn(async { run_cmd("rabbitmqctl", &["start_app"]).await }))
+        }
+        Service::Postgres => (
+            5432,
+            tokio::spawn(async {
+                run_cmd("pg_ctlcluster", &["--skip-systemctl-redirect", &pg_version(), "main", "restart"])
+                    .await
+            }),
+        ),
+    };
+    let mut seen_closed = service == Service::RabbitMq;
+    let up = loop {
+        let open = port_open(port);
+        seen_closed |= !open;
+        if (seen_closed && open) || t0.elapsed() > Duration::from_secs(120) {
+            break Instant::now();
+        }
+        if start.is_finished() && open {
+            break Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = start.await;
+    if service == Service::RabbitMq {
+        run_cmd("rabbitmqctl", &["-q", "await_startup"]).await;
+    }
+    ensure_services();
+    report.down_s = (up - t0).as_secs_f64();
+    let base = loop {
+        if let Some(n) = record_count(pool).await {
+            break n;
+        }
+        if up.elapsed() > Duration::from_secs(120) {
+            break i64::MAX;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    while up.elapsed() < Duration::from_secs(180) {
+        if record_count(pool).await.is_some_and(|n| n > base) {
+            report.recovery_s = Some(up.elapsed().as_secs_f64());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    windows.lock().unwrap()[window].1 = Some(Instant::now());
+    eprintln!("chaos: {service:?} down {:.1} s, recovered in {:?} s", report.down_s, report.recovery_s);
+    report
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker processes.
+
+struct Proc {
+    stage: StageName,
+    slot: usize,
+    child: Child,
+    spawned: Instant,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct FleetReport {
+    processes: usize,
+    kills: BTreeMap<String, usize>,
+    kills_total: usize,
+    spawns: usize,
+    /// Exits we did not cause; a worker started while a service was being restarted may fail
+    /// to start (that is expected and restarted), any other exit is a crash.
+    unexpected_exits: Vec<String>,
+    crashes: usize,
+    /// Exit statuses after SIGTERM at the end that were not success.
+    unclean_stops: Vec<String>,
+}
+
+struct Fleet {
+    procs: Vec<Proc>,
+    env: Vec<(String, String)>,
+    logs: PathBuf,
+    report: FleetReport,
+}
+
+/// The `aptix` binary the workers run: `APTIX_CHAOS_BIN` (a copy, so a rebuild of the shared
+/// target directory during a long run cannot swap the code under test), else this build's.
+fn aptix_bin() -> String {
+    std::env::var("APTIX_CHAOS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_aptix").to_owned())
+}
+
+fn worker_env(h: &Harness, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = h.child_env();
+    let fixed = [
+        ("APTIX__DATABASE__MAX_CONNECTIONS", "4"),
+        ("APTIX__LLM__REQUEST_TIMEOUT_MS", "4000"),
+        ("APTIX__LLM__STREAM_IDLE_TIMEOUT_MS", "2000"),
+        ("APTIX__PIPELINE__CONFIRM_TIMEOUT_MS", "10000"),
+        ("RUST_LOG", "info,lapin=warn,sqlx=warn"),
+    ];
+    env.extend(fixed.iter().chain(extra).map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env
+}
+
+impl Fleet {
+    fn start(h: &Harness, copies: usize, env: Vec<(String, String)>) -> Fleet {
+        // Kept when APTIX_CHAOS_LOGS names a directory; else removed with the test's data.
+        let logs = std::env::var("APTIX_CHAOS_LOGS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| h.dir.join("worker-logs"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut fleet = Fleet { procs: Vec::new(), env, logs, report: FleetReport::default() };
+        for stage in StageName::ALL {
+            let n = if stage == StageName::Retrieve { 1 } else { copies.max(1) };
+            for slot in 0..n {
+                let child = fleet.spawn(stage, slot);
+                fleet.procs.push(Proc { stage, slot, child, spawned: Instant::now() });
+            }
+        }
+        fleet.report.processes = fleet.procs.len();
+        fleet
+    }
+
+    fn spawn(&mut self, stage: StageName, slot: usize) -> Child {
+        self.report.spawns += 1;
+        let mut log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(stage, slot)).unwrap();
+        let _ =
+            std::io::Write::write_all(&mut log, format!("=== chaos: spawned at {}\n", Utc::now()).as_bytes());
+        Command::new(aptix_bin())
+            .args(["worker", stage.as_str()])
+            .env_remove("APTIX_CONFIG")
+            .envs(self.env.clone())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn aptix worker")
+    }
+
+    /// SIGKILLs one random worker, then starts it again after a short random pause (the retrieve
+    /// process only once the old one is gone: its embedded store admits one process).
+    async fn kill_one(&mut self, rng: &mut StdRng) {
+        let i = rng.random_range(0..self.procs.len());
+        let (stage, slot) = (self.procs[i].stage, self.procs[i].slot);
+        let _ = self.procs[i].child.start_kill();
+        let _ = self.procs[i].child.wait().await;
+        *self.report.kills.entry(stage.as_str().to_owned()).or_default() += 1;
+        self.report.kills_total += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..=600))).await;
+        let child = self.spawn(stage, slot);
+        self.procs[i] = Proc { stage, slot, child, spawned: Instant::now() };
+    }
+
+    /// Restarts workers that exited by themselves, noting each.
+    fn reap(&mut self, windows: &Windows) {
+        for i in 0..self.procs.len() {
+            if let Ok(Some(status)) = self.procs[i].child.try_wait() {
+                let p = &self.procs[i];
+                let (stage, slot) = (p.stage, p.slot);
+                let at_start = started_during_restart(windows, p.spawned);
+                let note = format!(
+                    "{}-{slot} exited after {:.1} s with {status}{}",
+                    stage.as_str(),
+                    p.spawned.elapsed().as_secs_f64(),
+                    if at_start { " (started during a service restart)" } else { " (crash)" }
+                );
+                eprintln!("chaos: {note}");
+                if !at_start {
+                    self.report.crashes += 1;
+                }
+                self.report.unexpected_exits.push(note);
+                let child = self.spawn(stage, slot);
+                self.procs[i] = Proc { stage, slot, child, spawned: Instant::now() };
+            }
+        }
+    }
+
+    fn log_path(&self, stage: StageName, slot: usize) -> PathBuf {
+        log_path(&self.logs, stage, slot)
+    }
+
+    /// SIGTERM to every worker; each must finish its in-flight work and exit cleanly.
+    async fn stop(&mut self) {
+        for p in &self.procs {
+            if let Some(pid) = p.child.id() {
+                let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            }
+        }
+        for p in &mut self.procs {
+            match tokio::time::timeout(Duration::from_secs(60), p.child.wait()).await {
+                Ok(Ok(status)) if status.success() => {}
+                Ok(Ok(status)) => {
+                    self.report.unclean_stops.push(format!("{}-{}: {status}", p.stage.as_str(), p.slot))
+                }
+                Ok(Err(e)) => self.report.unclean_stops.push(format!("{}-{}: {e}", p.stage.as_str(), p.slot)),
+                Err(_) => {
+                    let why = diagnose(&self.logs, p);
+                    let _ = p.child.start_kill();
+                    self.report.unclean_stops.push(format!(
+                        "{}-{}: still running 60 s after SIGTERM; {why}",
+                        p.stage.as_str(),
+                        p.slot
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn log_path(logs: &std::path::Path, stage: StageName, slot: usize) -> PathBuf {
+    logs.join(format!("{}-{slot}.log", stage.as_str()))
+}
+
+/// What a worker that ignores SIGTERM is doing: its sockets and the end of its log.
+fn diagnose(logs: &std::path::Path, p: &Proc) -> String {
+    let pid = p.child.id().map(|p| p.to_string()).unwrap_or_default();
+    let sockets = std::process::Command::new("ss")
+        .args(["-tnpH"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.contains(&format!("pid={pid},")))
+                .map(|l| l.split_whitespace().take(5).collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default();
+    let log = std::fs::read_to_string(log_path(logs, p.stage, p.slot)).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+    format!("pid {pid}, sockets [{sockets}], log tail:\n{}", tail.join("\n"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client: publishes with confirms, reconnecting through broker restarts.
+
+struct Client {
+    link: Option<(lapin::Connection, Publisher)>,
+    declared: HashSet<SessionId>,
+    reconnects: usize,
+}
+
+impl Client {
+    fn new() -> Client {
+        Client { link: None, declared: HashSet::new(), reconnects: 0 }
+    }
+
+    async fn try_publish(
+        &mut self,
+        topology: &Topology,
+        session: &SessionId,
+        msg: &OutMessage,
+    ) -> Result<(), BrokerError> {
+        if self.link.is_none() {
+            let conn = connect(AMQP).await?;
+            let publisher = Publisher::open(&conn).await?;
+            self.link = Some((conn, publisher));
+            self.reconnects += 1;
+        }
+        let Some((_, publisher)) = &self.link else { unreachable!() };
+        if !self.declared.contains(session) {
+            topology.declare_session(publisher.channel(), session).await?;
+            self.declared.insert(*session);
+        }
+        publisher.publish(msg).await
+    }
+
+    /// Publishes until the broker confirms; returns the attempts it took.
+    async fn publish(&mut self, topology: &Topology, session: &SessionId, msg: &OutMessage) -> usize {
+        let started = Instant::now();
+        for attempt in 1.. {
+            match tokio::time::timeout(Duration::from_secs(15), self.try_publish(topology, session, msg))
+                .await
+            {
+                Ok(Ok(())) => return attempt,
+                Ok(Err(e)) if attempt == 1 => eprintln!("chaos: publish failed ({e}); retrying"),
+                _ => {}
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the broker did not accept a publish for 5 minutes"
+            );
+            if let Some((conn, _)) = self.link.take() {
+                let _ = conn.close(200, "reconnecting".into()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        unreachable!()
+    }
+}
+
+/// One accepted turn, as the client sent it.
+#[derive(Debug, Clone)]
+struct Sent {
+    session: SessionId,
+    turn: String,
+    instruction: String,
+    stream: bool,
+    confirmed_at: DateTime<Utc>,
+    attempts: usize,
+}
+
+/// Per-session runs of 1..=max_burst turns, sessions interleaved at random, each session's
+/// turns in order.
+fn schedule(plan: &Plan, rng: &mut StdRng) -> Vec<(usize, usize)> {
+    let mut next = vec![0usize; plan.sessions];
+    let mut live: Vec<usize> = (0..plan.sessions).collect();
+    let mut out = Vec::new();
+    while !live.is_empty() {
+        let k = rng.random_range(0..live.len());
+        let s = live[k];
+        for _ in 0..rng.random_range(1..=plan.max_burst.max(1)) {
+            if next[s] < plan.turns_per_session {
+                out.push((s, next[s]));
+                next[s] += 1;
+            }
+        }
+        if next[s] == plan.turns_per_session {
+            live.swap_remove(k);
+        }
+    }
+    out
+}
+
+async fn generate(
+    h: &Harness,
+    plan: &Plan,
+    sessions: &[SessionId],
+    order: &[(usize, usize)],
+    progress: &AtomicUsize,
+    rng: &mut StdRng,
+) -> (Vec<Sent>, usize) {
+    let mut client = Client::new();
+    let mut sent = Vec::with_capacity(order.len());
+    let gap = Duration::from_secs_f64(1.0 / plan.rate_per_s.max(0.1));
+    let start = Instant::now();
+    for (i, &(s, t)) in order.iter().enumerate() {
+        // Bursts go out back to back; the rate holds on average.
+        let due = start + gap.mul_f64(i as f64);
+        let burst_continues = i > 0 && order[i - 1].0 == s;
+        if !burst_continues {
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let session = sessions[s];
+        let turn = format!("t{t:02}");
+        let instruction = format!("chaos {s}/{t}: what does send_invoice_email do?");
+        let stream = rng.random_bool(plan.stream_share);
+        let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": instruction});
+        if stream {
+            body["Stream"] = json!(true);
+        }
+        let msg = OutMessage::to_queue(
+            h.topology.requests(),
+            "request",
+            format!("chaos:{session}:{turn}"),
+            serde_json::to_vec(&body).unwrap(),
+        );
+        let attempts = client.publish(&h.topology, &session, &msg).await;
+        sent.push(Sent { session, turn, instruction, stream, confirmed_at: Utc::now(), attempts });
+        progress.store(i + 1, Ordering::SeqCst);
+    }
+    if let Some((conn, _)) = client.link.take() {
+        let _ = conn.close(200, "done".into()).await;
+    }
+    (sent, client.reconnects)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Draining and reading back.
+
+async fn queue_depth(conn: &lapin::Connection, names: &[String]) -> Option<u32> {
+    let ch = conn.create_channel().await.ok()?;
+    let mut total = 0;
+    for name in names {
+        let opts = QueueDeclareOptions { passive: true, ..Default::default() };
+        total +=
+            ch.queue_declare(name.as_str().into(), opts, FieldTable::default()).await.ok()?.message_count();
+    }
+    let _ = ch.close(200, "done".into()).await;
+    Some(total)
+}
+
+fn work_queues(topology: &Topology) -> Vec<String> {
+    let mut names: Vec<String> = StageName::ALL.iter().map(|s| topology.stage_queue(*s)).collect();
+    names.extend(RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
+    names
+}
+
+/// Waits until every accepted turn is finished, the outbox is empty and the work queues have
+/// stayed empty for a while. Returns how long that took, or `None` at the limit.
+async fn drain(h: &Harness, accepted: usize, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let queues = work_queues(&h.topology);
+    let mut quiet = 0;
+    while start.elapsed() < limit {
+        let counts: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE state IN ('completed', 'failed')) FROM turns",
+        )
+        .fetch_one(h.deps.store.pool())
+        .await
+        .ok();
+        let outbox = h.deps.store.outbox_len().await.ok();
+        let depth = match connect(AMQP).await {
+            Ok(conn) => {
+                let d = queue_depth(&conn, &queues).await;
+                let _ = conn.close(200, "done".into()).await;
+                d
+            }
+            Err(_) => None,
+        };
+        let done =
+            counts == Some((accepted as i64, accepted as i64)) && outbox == Some(0) && depth == Some(0);
+        quiet = if done { quiet + 1 } else { 0 };
+        if quiet >= 4 {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    None
+}
+
+/// One message read back from a session queue.
+#[derive(Debug, Clone)]
+struct Got {
+    turn: String,
+    message_id: String,
+    is_final: bool,
+    body: Value,
+}
+
+async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
+    let mut out = Vec::new();
+    while let Ok(Some(m)) = ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await {
+        let h = common::headers(&m.delivery);
+        out.push(Got {
+            turn: h.get("x-aptix-turn-id").cloned().unwrap_or_default(),
+            message_id: m
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default(),
+            is_final: h.get("x-aptix-final").map(String::as_str) == Some("true"),
+            body: serde_json::from_slice(&m.delivery.data).unwrap_or(Value::Null),
+        });
+    }
+    out
+}
+
+fn codes(reply: &Value) -> Vec<String> {
+    reply["Errors"]
+        .as_array()
+        .map(|a| a.iter().map(|e| e["Code"].as_str().unwrap_or_default().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn chain_depth(reply: &Value) -> Option<u64> {
+    let text = reply["Result"]["PrimaryOutputText"].as_str()?;
+    text.lines().find_map(|l| l.strip_prefix("chain_depth: ")).and_then(|d| d.trim().parse().ok())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Reconciliation {
+    accepted_turns: usize,
+    streamed_turns: usize,
+    client_publish_retries: usize,
+    client_reconnects: usize,
+    turns_with_one_record: usize,
+    lost_records: usize,
+    duplicated_records: usize,
+    unexpected_records: usize,
+    turns_with_one_final_reply: usize,
+    lost_replies: usize,
+    duplicated_replies: usize,
+    /// Deliveries of a message id already seen (at-least-once; deduplicated by id).
+    raw_duplicate_deliveries: usize,
+    /// Final replies re-sent because the turn was submitted again (same content).
+    resent_replies: usize,
+    /// Re-sent final replies beyond the client's own re-publishes: the pipeline answered one
+    /// submission twice (a redelivered request found its turn finished).
+    resent_without_resubmission: usize,
+    /// Final replies whose body differs from the stored record's reply.
+    reply_record_mismatches: usize,
+    /// Final replies that answer another turn's instruction.
+    crossed_replies: usize,
+    stream_deltas: usize,
+    successful: usize,
+    errors_by_code: BTreeMap<String, usize>,
+    unspecific_errors: usize,
+    sessions: usize,
+    sessions_admitted_out_of_order: usize,
+    sessions_run_out_of_order: usize,
+    sessions_with_broken_chain: usize,
+    /// Informational: final replies that reached the queue in another order than submitted.
+    sessions_with_replies_reordered: usize,
+    order_examples: Vec<String>,
+    unfinished_turns: usize,
+    turn_latency_p50_s: f64,
+    turn_latency_p99_s: f64,
+    turn_latency_max_s: f64,
+    dead_letters: usize,
+    dead_letter_reasons: BTreeMap<String, usize>,
+    left_in_work_queues: Option<u32>,
+    examples: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    plan: Plan,
+    started_at: DateTime<Utc>,
+    load_s: f64,
+    drain_s: Option<f64>,
+    total_s: f64,
+    restarts: Vec<Restart>,
+    fleet: FleetReport,
+    llm: Value,
+    result: Reconciliation,
+}
+
+type RecordRow = (String, String, i32, Value, DateTime<Utc>);
+
+async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliation {
+    let mut r = Reconciliation {
+        accepted_turns: sent.len(),
+        streamed_turns: sent.iter().filter(|s| s.stream).count(),
+        client_publish_retries: sent.iter().map(|s| s.attempts - 1).sum(),
+        client_reconnects: reconnects.saturating_sub(1),
+        ..Default::default()
+    };
+    let pool = h.deps.store.pool();
+    let records: Vec<RecordRow> = sqlx::query_as(
+        "SELECT session_id::text, turn_id, step, reply, created_at FROM response_records
+         WHERE reprocess_of IS NULL ORDER BY created_at, id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let turns: Vec<(String, String, i64, String)> =
+        sqlx::query_as("SELECT session_id::text, turn_id, seq, state FROM turns ORDER BY session_id, seq")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let ledger: HashMap<(String, String), &Sent> =
+        sent.iter().map(|s| ((s.session.to_string(), s.turn.clone()), s)).collect();
+    let mut records_of: HashMap<(String, String), Vec<&RecordRow>> = HashMap::new();
+    for rec in &records {
+        let key = (rec.0.clone(), rec.1.clone());
+        if !ledger.contains_key(&key) {
+            r.unexpected_records += 1;
+        }
+        records_of.entry(key).or_default().push(rec);
+    }
+    r.unfinished_turns = turns.iter().filter(|t| t.3 != "completed" && t.3 != "failed").count();
+
+    // Replies, read back from every session queue.
+    let conn = connect(AMQP).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let sessions: Vec<SessionId> = {
+        let mut seen = HashSet::new();
+        sent.iter().filter(|s| seen.insert(s.session)).map(|s| s.session).collect()
+    };
+    r.sessions = sessions.len();
+    let mut finals_of: HashMap<(String, String), Vec<Got>> = HashMap::new();
+    let mut resent_of: HashMap<(String, String), usize> = HashMap::new();
+    let mut arrival: HashMap<String, Vec<String>> = HashMap::new();
+    for s in &sessions {
+        let got = read_queue(&ch, &h.topology.session_queue(s)).await;
+        let mut ids = HashSet::new();
+        for g in got {
+            if !ids.insert(g.message_id.clone()) {
+                r.raw_duplicate_deliveries += 1;
+                continue;
+            }
+            if !g.is_final {
+                r.stream_deltas += 1;
+                continue;
+            }
+            if g.message_id.contains(":resent-") {
+                r.resent_replies += 1;
+                *resent_of.entry((s.to_string(), g.turn.clone())).or_default() += 1;
+                continue;
+            }
+            arrival.entry(s.to_string()).or_default().push(g.turn.clone());
+            finals_of.entry((s.to_string(), g.turn.clone())).or_default().push(g);
+        }
+    }
+    let mut latencies = Vec::new();
+    for s in sent {
+        let key = (s.session.to_string(), s.turn.clone());
+        let recs = records_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        match recs.len() {
+            0 => {
+                r.lost_records += 1;
+                r.examples.push(format!("no record for {}/{}", key.0, key.1));
+            }
+            1 => r.turns_with_one_record += 1,
+            _ => r.duplicated_records += 1,
+        }
+        if let Some(rec) = recs.first() {
+            latencies.push((rec.4 - s.confirmed_at).num_milliseconds().max(0) as f64 / 1000.0);
+        }
+        let resent = resent_of.get(&key).copied().unwrap_or_default();
+        if resent > s.attempts - 1 {
+            r.resent_without_resubmission += resent - (s.attempts - 1);
+            r.examples.push(format!(
+                "{}/{}: {resent} re-sent replies, {} client publishes",
+                key.0, key.1, s.attempts
+            ));
+        }
+        let finals = finals_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        match finals.len() {
+            0 => {
+                r.lost_replies += 1;
+                r.examples.push(format!("no final reply for {}/{}", key.0, key.1));
+                continue;
+            }
+            1 => r.turns_with_one_final_reply += 1,
+            n => {
+                r.duplicated_replies += 1;
+                let ids: Vec<&str> = finals.iter().map(|f| f.message_id.as_str()).collect();
+                r.examples.push(format!("{n} final replies for {}/{}: {ids:?}", key.0, key.1));
+            }
+        }
+        let reply = &finals[0].body;
+        if let Some(rec) = recs.first() {
+            if rec.3 != *reply {
+                r.reply_record_mismatches += 1;
+                r.examples.push(format!("reply differs from the record for {}/{}", key.0, key.1));
+            }
+        }
+        if reply["Successful"] == true {
+            r.successful += 1;
+            let text = reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default();
+            if !text.contains(&s.instruction) {
+                r.crossed_replies += 1;
+                r.examples.push(format!("reply of {}/{} does not answer it: {text:.200}", key.0, key.1));
+            }
+        } else {
+            for code in codes(reply) {
+                if code == "internal.error" {
+                    r.unspecific_errors += 1;
+                }
+                *r.errors_by_code.entry(code).or_default() += 1;
+            }
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    r.turn_latency_p50_s = percentile(&latencies, 0.5);
+    r.turn_latency_p99_s = percentile(&latencies, 0.99);
+    r.turn_latency_max_s = latencies.last().copied().unwrap_or_default();
+
+    // Per-session order: admission (seq), execution (record time), the provider chain (each
+    // successful turn one deeper than the one before), and reply arrival (informational).
+    for s in &sessions {
+        let sid = s.to_string();
+        let submitted: Vec<&str> = sent.iter().filter(|x| x.session == *s).map(|x| x.turn.as_str()).collect();
+        let admitted: Vec<&str> = turns.iter().filter(|t| t.0 == sid).map(|t| t.1.as_str()).collect();
+        if admitted != submitted {
+            r.sessions_admitted_out_of_order += 1;
+            r.order_examples.push(format!("{sid}: admitted {admitted:?}, submitted {submitted:?}"));
+        }
+        let ran: Vec<&str> =
+            records.iter().filter(|x| x.0 == sid && x.2 == 0).map(|x| x.1.as_str()).collect();
+        if ran != submitted {
+            r.sessions_run_out_of_order += 1;
+            r.order_examples.push(format!("{sid}: records in order {ran:?}, submitted {submitted:?}"));
+        }
+        let mut depth = 0;
+        let mut depths = Vec::new();
+        let mut broken = false;
+        for t in &submitted {
+            let Some(f) = finals_of.get(&(sid.clone(), (*t).to_owned())).and_then(|f| f.first()) else {
+                continue;
+            };
+            if f.body["Successful"] == true {
+                depth += 1;
+                let got = chain_depth(&f.body);
+                depths.push(got);
+                broken |= got != Some(depth);
+            }
+        }
+        if broken {
+            r.sessions_with_broken_chain += 1;
+            r.order_examples.push(format!("{sid}: chain depths {depths:?} over turns {submitted:?}"));
+        }
+        if arrival.get(&sid).map(|a| a.iter().map(String::as_str).collect::<Vec<_>>())
+            != Some(submitted.clone())
+        {
+            r.sessions_with_replies_reordered += 1;
+        }
+    }
+
+    // Dead letters.
+    while let Ok(Some(m)) =
+        ch.basic_get(h.topology.dead().as_str().into(), BasicGetOptions { no_ack: true }).await
+    {
+        r.dead_letters += 1;
+        let reason = common::headers(&m.delivery).get("x-aptix-reason").cloned().unwrap_or_default();
+        let short: String = reason.chars().take(90).collect();
+        *r.dead_letter_reasons.entry(short).or_default() += 1;
+    }
+    r.left_in_work_queues = queue_depth(&conn, &work_queues(&h.topology)).await;
+    let _ = conn.close(200, "done".into()).await;
+    r.examples.truncate(20);
+    r.order_examples.truncate(20);
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run.
+
+async fn index_fixture_for_children(h: &Harness) {
+    let repo = h.dir.join("repo");
+    let status = Command::new(aptix_bin())
+        .args(["index", &repo.display().to_string(), "--repo", "fixture", "--quiet"])
+        .env_remove("APTIX_CONFIG")
+        .envs(h.child_env())
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "indexing the fixture for the workers failed");
+}
+
+fn arm_llm_faults(h: &Harness) {
+    let f = h.sim.faults();
+    f.fail_randomly(Fault::RateLimit { retry_after_ms: None, retry_after_secs: Some(1) }, 0.20);
+    f.fail_randomly(Fault::ServerError, 0.05);
+    f.fail_randomly(Fault::Hang, 0.01);
+    f.fail_randomly(Fault::StreamCut { after_events: 3 }, 0.02);
+    h.sim.set_latency(Latency { fixed_ms: 20, jitter_ms: 80, per_event_ms: 2 });
+}
+
+async fn chaos(plan: Plan) -> Report {
+    let _services = ServiceGuard;
+    ensure_services();
+    let started_at = Utc::now();
+    let t_start = Instant::now();
+    eprintln!("chaos: plan {plan:?}");
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let mut h = Harness::start_with(0, |s| s.pipeline.session_queue_expires_ms = 3_600_000).await;
+    index_fixture_for_children(&h).await;
+    if plan.llm_faults {
+        arm_llm_faults(&h);
+    }
+    let fleet = Fleet::start(&h, plan.copies, worker_env(&h, &[]));
+    let sessions: Vec<SessionId> = (0..plan.sessions).map(|_| SessionId::random()).collect();
+    let order = schedule(&plan, &mut rng);
+    let total = order.len();
+
+    let progress = Arc::new(AtomicUsize::new(0));
+    let chaos_over = Arc::new(AtomicBool::new(false));
+    let windows: Windows = Arc::new(Mutex::new(Vec::new()));
+
+    // Kills, from the first turn until the load and the restarts are over (and enough kills).
+    let killer = {
+        let (over, windows) = (chaos_over.clone(), windows.clone());
+        let (gap, min_kills, seed) = (plan.kill_gap_ms, plan.min_kills, plan.seed ^ 0x5eed);
+        tokio::spawn(async move {
+            let mut fleet = fleet;
+            let mut rng = StdRng::seed_from_u64(seed);
+            let hard_stop = Instant::now() + Duration::from_secs(3600);
+            while (!over.load(Ordering::SeqCst) || fleet.report.kills_total < min_kills)
+                && Instant::now() < hard_stop
+            {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(gap.0..=gap.1))).await;
+                fleet.reap(&windows);
+                if min_kills > 0 {
+                    fleet.kill_one(&mut rng).await;
+                }
+            }
+            fleet
+        })
+    };
+
+    // Service restarts, spread over the load, alternating.
+    let nemesis = {
+        let mut todo = Vec::new();
+        let (mut r, mut p) = (plan.rabbit_restarts, plan.postgres_restarts);
+        while r + p > 0 {
+            if r >= p && r > 0 {
+                todo.push(Service::RabbitMq);
+                r -= 1;
+            } else {
+                todo.push(Service::Postgres);
+                p -= 1;
+            }
+        }
+        let (progress, windows) = (progress.clone(), windows.clone());
+        let pool = h.deps.store.pool().clone();
+        tokio::spawn(async move {
+            let mut done = Vec::new();
+            let n = todo.len();
+            for (i, service) in todo.into_iter().enumerate() {
+                let at = total * (i + 1) / (n + 1);
+                while progress.load(Ordering::SeqCst) < at {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                done.push(restart(service, progress.load(Ordering::SeqCst), &pool, &windows).await);
+            }
+            done
+        })
+    };
+
+    let (sent, reconnects) = generate(&h, &plan, &sessions, &order, &progress, &mut rng).await;
+    let load_s = t_start.elapsed().as_secs_f64();
+    eprintln!("chaos: {} turns published in {load_s:.0} s", sent.len());
+    let restarts = nemesis.await.unwrap();
+    chaos_over.store(true, Ordering::SeqCst);
+    let mut fleet = killer.await.unwrap();
+    eprintln!("chaos: {} kills; draining", fleet.report.kills_total);
+    let drained = drain(&h, sent.len(), Duration::from_secs(plan.drain_limit_s)).await;
+    fleet.reap(&windows);
+    fleet.stop().await;
+
+    // The harness's own connection died with the broker restarts.
+    h.conn = connect(AMQP).await.unwrap();
+    h.publisher = Publisher::open(&h.conn).await.unwrap();
+    let result = reconcile(&h, &sent, reconnects).await;
+    let stats = h.sim.stats();
+    let llm = json!({
+        "requests": stats.requests, "responses": stats.responses, "errors": stats.errors,
+        "faults_injected": stats.faults,
+        "faults": if plan.llm_faults { "429 (Retry-After: 1) 20 %, 500 5 %, hang 1 %, cut stream 2 %; 20-100 ms latency" } else { "none" },
+    });
+    let report = Report {
+        plan,
+        started_at,
+        load_s,
+        drain_s: drained.map(|d| d.as_secs_f64()),
+        total_s: t_start.elapsed().as_secs_f64(),
+        restarts,
+        fleet: fleet.report,
+        llm,
+        result,
+    };
+    eprintln!("{}", serde_json::to_string_pretty(&report).unwrap());
+    if let Ok(path) = std::env::var("APTIX_CHAOS_REPORT") {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report).unwrap()).unwrap();
+    }
+    let ch = h.conn.create_channel().await.unwrap();
+    for s in &sessions {
+        let _ =
+            ch.queue_delete(h.topology.session_queue(s).as_str().into(), QueueDeleteOptions::default()).await;
+    }
+    let _ = std::fs::remove_dir_all(h.dir.join("worker-logs"));
+    h.teardown().await;
+    report
+}
+
+fn assert_sound(report: &Report) {
+    let r = &report.result;
+    let mut problems = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    check(report.drain_s.is_some(), "the pipeline did not finish within the drain limit".into());
+    let counts = [
+        (r.unfinished_turns, "turns never finished"),
+        (r.lost_records, "turns without a record"),
+        (r.duplicated_records, "turns with several records"),
+        (r.unexpected_records, "records of turns never sent"),
+        (r.lost_replies, "turns without a final reply"),
+        (r.duplicated_replies, "turns with several final replies"),
+        (r.resent_without_resubmission, "extra replies to single submissions"),
+        (r.reply_record_mismatches, "replies that differ from their records"),
+        (r.crossed_replies, "replies that answer another turn"),
+        (r.unspecific_errors, "internal.error replies"),
+        (r.sessions_admitted_out_of_order, "sessions admitted out of order"),
+        (r.sessions_run_out_of_order, "sessions that ran out of order"),
+        (r.sessions_with_broken_chain, "sessions with a broken chain"),
+    ];
+    for (n, what) in counts {
+        check(n == 0, format!("{n} {what}"));
+    }
+    check(
+        r.left_in_work_queues == Some(0),
+        format!("{:?} messages left in work queues", r.left_in_work_queues),
+    );
+    check(
+        report.fleet.crashes == 0,
+        format!("workers exited by themselves: {:?}", report.fleet.unexpected_exits),
+    );
+    check(report.fleet.unclean_stops.is_empty(), format!("unclean stops: {:?}", report.fleet.unclean_stops));
+    check(
+        report.fleet.kills_total >= report.plan.min_kills,
+        format!("only {} kills", report.fleet.kills_total),
+    );
+    for s in &report.restarts {
+        check(s.skipped.is_none(), format!("{:?} restart skipped: {:?}", s.service, s.skipped));
+        check(s.recovery_s.is_some(), format!("no turn finished after the {:?} restart", s.service));
+    }
+    assert!(
+        problems.is_empty(),
+        "chaos run failed:\n{}\nexamples: {:#?}\n{:#?}",
+        problems.join("\n"),
+        r.examples,
+        r.order_examples
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "chaos: restarts RabbitMQ and PostgreSQL; run under flock /tmp/aptix-heavy.lock (docs/reliability.md)"]
+async fn chaos_full() {
+    let plan = Plan::full();
+    assert!(plan.sessions * plan.turns_per_session >= 1000 || std::env::var("APTIX_CHAOS_SESSIONS").is_ok());
+    let report = chaos(plan).await;
+    assert_sound(&report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "chaos at CI size: run with --ignored (.ci/run does)"]
+async fn chaos_smoke() {
+    let report = chaos(Plan::smoke()).await;
+    assert_sound(&report);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A poison message.
+
+/// Final replies as they arrive, with the time they arrived.
+async fn watch_finals(
+    conn: &lapin::Connection,
+    topology: &Topology,
+    sessions: &[SessionId],
+) -> Arc<Mutex<Vec<(String, String, Instant, Value)>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for s in sessions {
+        let ch = conn.create_channel().await.unwrap();
+        topology.declare_session(&ch, s).await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                topology.session_queue(s).as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let (seen, sid) = (seen.clone(), s.to_string());
+        tokio::spawn(async move {
+            let _ch = ch;
+            while let Some(Ok(d)) = consumer.next().await {
+                let _ = d.ack(BasicAckOptions::default()).await;
+                let h = common::headers(&d);
+                if h.get("x-aptix-final").map(String::as_str) == Some("true") {
+                    let body = serde_json::from_slice(&d.data).unwrap_or(Value::Null);
+                    let turn = h.get("x-aptix-turn-id").cloned().unwrap_or_default();
+                    seen.lock().unwrap().push((sid.clone(), turn, Instant::now(), body));
+                }
+            }
+        });
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "takes about a minute (the retry delays are 0.5 + 2 + 10 + 30 s); run with --ignored"]
+async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
+    let h = Harness::start_with(0, |s| s.pipeline.session_queue_expires_ms = 3_600_000).await;
+    // An agent context whose LLM endpoint refuses connections: every attempt fails transiently.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead_url = format!("http://127.0.0.1:{closed}/v1");
+    let env = worker_env(
+        &h,
+        &[
+            ("APTIX__AGENT_CONTEXTS__BROKEN__COLLECTION", "aptix"),
+            ("APTIX__AGENT_CONTEXTS__BROKEN__LLM_BASE_URL", &dead_url),
+        ],
+    );
+    let mut fleet = Fleet::start(&h, 1, env);
+    let max_attempts = h.settings.pipeline.max_attempts.get(StageName::Invoke);
+    h.sim.set_latency(Latency { fixed_ms: 20, jitter_ms: 30, per_event_ms: 0 });
+
+    let poison = SessionId::random();
+    let others: Vec<SessionId> = (0..40).map(|_| SessionId::random()).collect();
+    let mut all = others.clone();
+    all.push(poison);
+    let conn = connect(AMQP).await.unwrap();
+    let finals = watch_finals(&conn, &h.topology, &all).await;
+    let publisher = Publisher::open(&conn).await.unwrap();
+    let mut published: HashMap<(String, String), Instant> = HashMap::new();
+    let mut send = async |session: &SessionId, turn: &str, extra: Value| {
+        let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")});
+        if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+            b.extend(e);
+        }
+        let msg = OutMessage::to_queue(
+            h.topology.requests(),
+            "request",
+            format!("poison-test:{session}:{turn}"),
+            serde_json::to_vec(&body).unwrap(),
+        );
+        publisher.publish(&msg).await.unwrap();
+        published.insert((session.to_string(), turn.to_owned()), Instant::now());
+    };
+
+    // Baseline: one turn per session for the first half, before the poison.
+    for s in &others[..20] {
+        send(s, "base", json!({})).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let poisoned_at = Instant::now();
+    send(&poison, "p1", json!({"AgentContextId": "broken"})).await;
+    send(&poison, "p2", json!({})).await;
+    // While the poison is being retried: two turns per session, at a steady pace, for ~40 s.
+    for round in 0..2 {
+        for s in &others {
+            send(s, &format!("during{round}"), json!({})).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let expected = 20 + others.len() * 2 + 2;
+    while finals.lock().unwrap().len() < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await; // anything extra would arrive now
+    let seen = finals.lock().unwrap().clone();
+    let dead = h.dead_letters().await;
+    fleet.stop().await;
+
+    let latency = |prefix: &str| -> Vec<f64> {
+        let mut v: Vec<f64> = seen
+            .iter()
+            .filter(|(s, t, _, _)| *s != poison.to_string() && t.starts_with(prefix))
+            .map(|(s, t, at, _)| (*at - published[&(s.clone(), t.clone())]).as_secs_f64())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (base, during) = (latency("base"), latency("during"));
+    let poison_replies: Vec<&(String, String, Instant, Value)> =
+        seen.iter().filter(|(s, _, _, _)| *s == poison.to_string()).collect();
+    let p1: Vec<_> = poison_replies.iter().filter(|r| r.1 == "p1").collect();
+    let p2: Vec<_> = poison_replies.iter().filter(|r| r.1 == "p2").collect();
+    let dead_p1: Vec<_> =
+        dead.iter().filter(|(hd, _)| hd.get("x-aptix-turn-id").map(String::as_str) == Some("p1")).collect();
+    let last_other = seen.iter().filter(|(s, _, _, _)| *s != poison.to_string()).map(|r| r.2).max();
+    let summary = json!({
+        "max_attempts_invoke": max_attempts,
+        "baseline_turns": base.len(), "baseline_p50_s": percentile(&base, 0.5), "baseline_max_s": base.last(),
+        "during_poison_turns": during.len(), "during_p50_s": percentile(&during, 0.5), "during_p99_s": percentile(&during, 0.99), "during_max_s": during.last(),
+        "poison_reply_after_s": p1.first().map(|r| (r.2 - poisoned_at).as_secs_f64()),
+        "poison_reply": p1.first().map(|r| r.3.clone()),
+        "next_turn_of_poisoned_session_after_s": p2.first().map(|r| (r.2 - poisoned_at).as_secs_f64()),
+        "other_sessions_all_done_after_s": last_other.map(|t| (t - poisoned_at).as_secs_f64()),
+        "dead_letters": dead.iter().map(|(hd, _)| json!({"stage": hd.get("x-aptix-stage"), "attempt": hd.get("x-aptix-attempt"), "reason": hd.get("x-aptix-reason")})).collect::<Vec<_>>(),
+        "unclean_stops": fleet.report.unclean_stops,
+    });
+    eprintln!("poison: {}", serde_json::to_string_pretty(&summary).unwrap());
+    if let Ok(path) = std::env::var("APTIX_CHAOS_REPORT") {
+        std::fs::write(&path, serde_json::to_vec_pretty(&summary).unwrap()).unwrap();
+    }
+
+    assert_eq!(base.len(), 20, "baseline turns answered");
+    assert_eq!(during.len(), others.len() * 2, "turns during the poison answered");
+    assert_eq!(p1.len(), 1, "exactly one final reply to the poison turn");
+    assert_eq!(p1[0].3["Successful"], false);
+    assert_eq!(codes(&p1[0].3), ["llm.unavailable"], "{}", p1[0].3);
+    assert_eq!(dead_p1.len(), 1, "one dead letter for the poison turn: {dead:?}");
+    let hd = &dead_p1[0].0;
+    assert_eq!(hd.get("x-aptix-stage").map(String::as_str), Some("invoke"));
+    assert_eq!(
+        hd.get("x-aptix-attempt").map(String::as_str),
+        Some((max_attempts - 1).to_string().as_str()),
+        "{hd:?}"
+    );
+    assert!(hd.get("x-aptix-reason").is_some_and(|r| r.starts_with("retries exhausted")), "{hd:?}");
+    // The poisoned session's next turn waited for it (one turn at a time), then ran normally.
+    assert_eq!(p2.len(), 1);
+    assert_eq!(p2[0].3["Successful"], true, "{}", p2[0].3);
+    assert!(p2[0].2 >= p1[0].2);
+    // Other sessions were not held up: all of them finished long before the poison did, and
+    // their latency stayed near the baseline.
+    assert!(last_other.unwrap() < p1[0].2, "other sessions waited for the poison");
+    let bound = (percentile(&base, 0.99) * 3.0).max(2.0);
+    assert!(
+        percentile(&during, 0.99) <= bound,
+        "p99 during the poison {:.2} s > {bound:.2} s",
+        percentile(&during, 0.99)
+    );
+    assert!(fleet.report.unclean_stops.is_empty(), "{:?}", fleet.report.unclean_stops);
+    let ch = conn.create_channel().await.unwrap();
+    for s in &all {
+        let _ =
+            ch.queue_delete(h.topology.session_queue(s).as_str().into(), QueueDeleteOptions::default()).await;
+    }
+    h.teardown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Findings of the chaos runs, reduced to deterministic reproductions. They fail until the
+// owners fix the code (docs/reliability.md, "Findings"), hence ignored.
+
+/// Turn ids of a session in admission order.
+async fn admitted(h: &Harness, session: &SessionId) -> Vec<String> {
+    sqlx::query_scalar("SELECT turn_id FROM turns WHERE session_id = $1 ORDER BY seq")
+        .bind(session.as_uuid())
+        .fetch_all(h.deps.store.pool())
+        .await
+        .unwrap()
+}
+
+async fn publish_turn(h: &Harness, session: &SessionId, turn: &str) {
+    h.submit(&json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")})).await;
+}
+
+/// Locks the session's row until the returned transaction ends.
+async fn hold_session_row(h: &Harness, s: &SessionId) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = h.deps.store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(s.as_uuid())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
+async fn wait_admitted(h: &Harness, session: &SessionId, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = admitted(h, session).await;
+        if got.len() >= n || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A transient database error on one request moves it behind the session's later requests: the
+/// runtime publishes it to a delay queue and acks it, and the session's lane goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "fails: a retried validate message is admitted after its successors (docs/reliability.md)"]
+async fn validate_retry_keeps_session_order() {
+    let h = Harness::start(1).await;
+    let s = SessionId::random();
+    publish_turn(&h, &s, "t0").await;
+    assert_eq!(wait_admitted(&h, &s, 1).await, ["t0"]);
+    // Hold the session row so t1's admission waits on it, then end that backend (57P01, which
+    // the store calls transient): t1 goes to the 500 ms delay queue.
+    let pool = h.deps.store.pool();
+    let holder = hold_session_row(&h, &s).await;
+    publish_turn(&h, &s, "t1").await;
+    publish_turn(&h, &s, "t2").await;
+    let waiter = || async {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        pids
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Some(pid) = waiter().await.first().copied() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "t1 never waited for the session row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    sqlx::query("SELECT pg_terminate_backend($1)").bind(first).execute(pool).await.unwrap();
+    // t2 now waits for the row in its turn; let it through.
+    loop {
+        if waiter().await.iter().any(|p| *p != first) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "t2 never waited for the session row");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.rollback().await.unwrap();
+    let order = wait_admitted(&h, &s, 3).await;
+    h.teardown().await;
+    assert_eq!(order, ["t0", "t1", "t2"], "turns of one session admitted out of arrival order");
+}
+
+/// A request redelivered after its consumer died is re-published at the tail of the requests
+/// queue, behind the session's later requests that had not been delivered yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "fails: a redelivered validate message is admitted after its successors (docs/reliability.md)"]
+async fn validate_redelivery_keeps_session_order() {
+    let mut h = Harness::start(0).await;
+    let s = SessionId::random();
+    publish_turn(&h, &s, "t1").await;
+    publish_turn(&h, &s, "t2").await;
+    // A consumer takes t1 and dies before acking it (its channel closes): t1 goes back to the
+    // head of the queue, marked redelivered; t2 was never delivered.
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.basic_qos(1, lapin::options::BasicQosOptions::default()).await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            h.topology.requests().as_str().into(),
+            "dies".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let taken = consumer.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&taken.data).contains("\"t1\""));
+    ch.close(200, "consumer died".into()).await.unwrap();
+    h.run(1);
+    let order = wait_admitted(&h, &s, 2).await;
+    h.teardown().await;
+    assert_eq!(order, ["t1", "t2"], "turns of one session admitted out of arrival order");
+}
+
+/// A statement timeout (57014) is not counted as transient: validate dead-letters the request
+/// as "stored data unusable" and the client never hears about its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "fails: a request is dropped without a reply when a query times out (docs/reliability.md)"]
+async fn statement_timeout_in_validate_is_retried_or_answered() {
+    let h = Harness::start(1).await;
+    let s = SessionId::random();
+    publish_turn(&h, &s, "t0").await;
+    assert_eq!(h.replies(&s.to_string(), 1, Duration::from_secs(60)).await.len(), 1);
+    // The session row stays locked longer than the 15 s statement timeout of the pool.
+    let holder = hold_session_row(&h, &s).await;
+    publish_turn(&h, &s, "t1").await;
+    tokio::time::sleep(Duration::from_secs(17)).await;
+    holder.rollback().await.unwrap();
+    let replies = h.replies(&s.to_string(), 1, Duration::from_secs(30)).await;
+    let dead = h.dead_letters().await;
+    h.teardown().await;
+    let reasons: Vec<_> = dead.iter().map(|(hd, _)| hd.get("x-aptix-reason").cloned()).collect();
+    assert_eq!(replies.iter().filter(|r| r.is_final).count(), 1, "no reply to t1; dead letters: {reasons:?}");
+}
