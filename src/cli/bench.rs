@@ -1,11 +1,11 @@
 //! `aptix bench ...`: benchmarks (not timed tests). Each kind is a [`BenchCommand`] variant.
 //!
-//! `aptix bench retrieval` measures the embedded store on real code: it runs the real indexer
-//! over the crates of the local cargo registry (one repo per crate directory) until the store
-//! holds `--chunks` chunks (chunks/s over walking, chunking, BM25 encoding, writing and flush),
-//! reopens the shard in a fresh process state, and times `Retrieval::search` (top-k 8,
-//! 24,000-character budget, as the retrieve stage runs it) for queries drawn from the indexed
-//! files, unfiltered and with a repo + path-contains filter.
+//! `aptix bench retrieval` measures the embedded store on real code: it copies whole source files
+//! of the local cargo registry's crates into one tree until that tree chunks into `--chunks`
+//! chunks, times one run of the real indexer over it (chunks/s over walking, reading, chunking,
+//! BM25 encoding, writing, flushing and optimising), reopens the shard as a restarted worker would,
+//! and times `Retrieval::search` (top-k 8, 24,000-character budget, as the retrieve stage runs it)
+//! for queries drawn from the corpus, unfiltered and with a repo + path-contains filter.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
