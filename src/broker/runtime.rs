@@ -291,7 +291,8 @@ async fn settle(
         count_redelivery(stage, handler, publisher, settings, d, &queue).await
     } else {
         let trace = super::trace::trace_id_of(&d);
-        let span = tracing::info_span!("stage", stage = stage.as_str(), trace_id = trace.as_deref().unwrap_or("-"));
+        let span =
+            tracing::info_span!("stage", stage = stage.as_str(), trace_id = trace.as_deref().unwrap_or("-"));
         match tracing::Instrument::instrument(handler.handle(d.clone()), span).await {
             Disposition::Forward { mut messages, outbox_ids } => {
                 for m in &mut messages {

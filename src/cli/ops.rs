@@ -76,7 +76,10 @@ pub fn submit(settings: Settings, file: &Path, wait: bool, timeout: Duration) ->
     block_on(async move {
         let topology = pipeline::topology(&settings);
         let conn = connect(settings.amqp.url.expose()).await.with_context(|| {
-            format!("connecting to RabbitMQ at {} (is it running? `docker compose up -d rabbitmq postgres`)", settings.amqp.url)
+            format!(
+                "connecting to RabbitMQ at {} (is it running? `docker compose up -d rabbitmq postgres`)",
+                settings.amqp.url
+            )
         })?;
         let publisher = Publisher::open(&conn).await?;
         topology.declare(publisher.channel()).await?;
