@@ -169,7 +169,10 @@ mod tests {
             let s = code.as_str();
             assert!(seen.insert(s), "duplicate code {s}");
             assert!(s.contains('.'), "{s} is not dotted");
-            assert!(s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '_'), "{s}");
+            assert!(
+                s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '_'),
+                "{s}"
+            );
             assert_eq!(ErrorCode::parse(s), Some(*code));
         }
     }
