@@ -9,7 +9,13 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = turn_hint(data);
-    let tight = Limits { max_request_bytes: 512, max_instruction_chars: 64, max_artifacts: 2, max_images: 1, ..Limits::default() };
+    let tight = Limits {
+        max_request_bytes: 512,
+        max_instruction_chars: 64,
+        max_artifacts: 2,
+        max_images: 1,
+        ..Limits::default()
+    };
     let _ = validate_bytes(data, &tight);
     let Ok(request) = validate_bytes(data, &Limits::default()) else { return };
     let wire = serde_json::to_vec(&request).expect("a validated request serializes");
