@@ -67,6 +67,29 @@ pub async fn build_deps(
     })
 }
 
+/// Like [`build_deps`] with the configured LLM client, for long-running workers: while the
+/// database cannot be reached (it may be restarting), waits with backoff and tries again instead
+/// of exiting, until `shutdown` fires (`Ok(None)`).
+pub async fn build_deps_patiently(
+    settings: Arc<Settings>,
+    shutdown: &CancellationToken,
+) -> Result<Option<Deps>, StartError> {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match build_deps(settings.clone(), None).await {
+            Err(StartError::Store(error)) if error.is_transient() => {
+                warn!(%error, retry_in_ms = delay.as_millis() as u64, "database unavailable at start, waiting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other.map(Some),
+        }
+    }
+}
+
 /// How `stage` consumes, from configuration.
 pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSettings {
     let attempts = settings.pipeline.max_attempts.get(stage);

@@ -1,5 +1,7 @@
-//! Fault injection against the real pipeline. Every test here is `#[ignore]`d: run them
-//! explicitly (commands and figures in docs/reliability.md).
+//! Fault injection against the real pipeline. The long runs are `#[ignore]`d: run them
+//! explicitly (commands and figures in docs/reliability.md). The short regression tests at the
+//! end (session order through validate retries and redeliveries, statement timeouts) run with
+//! the suite.
 //!
 //! - `chaos_full`: at least 1,000 turns over many sessions, published in per-session bursts to
 //!   the five stages running as separate `aptix worker <stage>` processes, while random workers
@@ -1455,10 +1457,9 @@ async fn wait_admitted(h: &Harness, session: &SessionId, n: usize) -> Vec<String
     }
 }
 
-/// A transient database error on one request moves it behind the session's later requests: the
-/// runtime publishes it to a delay queue and acks it, and the session's lane goes on.
+/// A transient database error on one request must not move it behind the session's later
+/// requests (a delay queue would: the copy comes back at the tail); validate retries in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "fails: a retried validate message is admitted after its successors (docs/reliability.md)"]
 async fn validate_retry_keeps_session_order() {
     let h = Harness::start(1).await;
     let s = SessionId::random();
@@ -1502,10 +1503,9 @@ async fn validate_retry_keeps_session_order() {
     assert_eq!(order, ["t0", "t1", "t2"], "turns of one session admitted out of arrival order");
 }
 
-/// A request redelivered after its consumer died is re-published at the tail of the requests
-/// queue, behind the session's later requests that had not been delivered yet.
+/// A request redelivered after its consumer died is handled where it stands (a counted copy at
+/// the tail would come after the session's later requests that had not been delivered yet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "fails: a redelivered validate message is admitted after its successors (docs/reliability.md)"]
 async fn validate_redelivery_keeps_session_order() {
     let mut h = Harness::start(0).await;
     let s = SessionId::random();
@@ -1533,10 +1533,9 @@ async fn validate_redelivery_keeps_session_order() {
     assert_eq!(order, ["t1", "t2"], "turns of one session admitted out of arrival order");
 }
 
-/// A statement timeout (57014) is not counted as transient: validate dead-letters the request
-/// as "stored data unusable" and the client never hears about its turn.
+/// A statement timeout (57014) is transient: the request is retried and answered, not
+/// dead-lettered as "stored data unusable" with the client never hearing about its turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "fails: a request is dropped without a reply when a query times out (docs/reliability.md)"]
 async fn statement_timeout_in_validate_is_retried_or_answered() {
     let h = Harness::start(1).await;
     let s = SessionId::random();
@@ -1552,4 +1551,39 @@ async fn statement_timeout_in_validate_is_retried_or_answered() {
     h.teardown().await;
     let reasons: Vec<_> = dead.iter().map(|(hd, _)| hd.get("x-aptix-reason").cloned()).collect();
     assert_eq!(replies.iter().filter(|r| r.is_final).count(), 1, "no reply to t1; dead letters: {reasons:?}");
+}
+
+/// A request handled twice (redelivered after its consumer died, or the same message published
+/// again) is answered under one message id, so the client can drop the copy; another
+/// submission of the same request (another message id) gets a reply id of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_handled_twice_is_answered_under_one_message_id() {
+    let h = Harness::start(1).await;
+    let s = SessionId::random();
+    h.topology.declare_session(h.publisher.channel(), &s).await.unwrap();
+    let (topology, publisher) = (&h.topology, &h.publisher);
+    let publish = |id: &'static str, body: Value| {
+        let msg =
+            OutMessage::to_queue(topology.requests(), "request", id.into(), body.to_string().into_bytes());
+        async move { publisher.publish(&msg).await.unwrap() }
+    };
+    let t0 = json!({"SessionId": s, "TurnId": "t0", "Instruction": "hello"});
+    publish("m0", t0.clone()).await;
+    assert_eq!(h.replies(&s.to_string(), 1, Duration::from_secs(60)).await.len(), 1);
+    // A finished turn's stored reply, sent again: m1 twice, then m2.
+    publish("m1", t0.clone()).await;
+    publish("m1", t0.clone()).await;
+    publish("m2", t0).await;
+    // A rejected request (no Instruction), twice under one id.
+    let bad = json!({"SessionId": s, "TurnId": "t1"});
+    publish("m3", bad.clone()).await;
+    publish("m3", bad).await;
+    let replies = h.replies(&s.to_string(), 5, Duration::from_secs(60)).await;
+    h.teardown().await;
+    let ids: Vec<&str> = replies.iter().filter(|r| r.is_final).map(|r| r.message_id.as_str()).collect();
+    assert_eq!(ids.len(), 5, "{ids:?}");
+    assert_eq!(ids[0], ids[1], "one message handled twice, two reply ids");
+    assert_ne!(ids[1], ids[2], "two submissions share a reply id");
+    assert_eq!(ids[3], ids[4], "one rejected message handled twice, two reply ids");
+    assert!(ids[3].contains(":rejected-"), "{ids:?}");
 }

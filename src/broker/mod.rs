@@ -4,6 +4,7 @@
 
 mod publish;
 mod runtime;
+mod settle;
 mod topology;
 pub mod trace;
 
@@ -12,7 +13,8 @@ use std::collections::BTreeMap;
 use futures_util::future::BoxFuture;
 
 pub use publish::{OutMessage, Publisher};
-pub use runtime::{connect, process_one, publish_all, run_stage, RuntimeSettings};
+pub use runtime::{connect, process_one, run_stage, RuntimeSettings};
+pub use settle::publish_all;
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
 
 /// Why a broker operation failed.
@@ -38,6 +40,9 @@ pub enum BrokerError {
     /// A confirm did not arrive in time (broker blocked or unreachable).
     #[error("publish confirm timed out")]
     ConfirmTimeout,
+    /// Connecting, declaring the topology or starting to consume took too long.
+    #[error("broker set-up timed out")]
+    SetupTimeout,
 }
 
 /// A received message, detached from the AMQP client.
@@ -101,6 +106,15 @@ pub trait Handler: Send + Sync + 'static {
     fn ordering_key(&self, delivery: &Delivery) -> Option<String> {
         let _ = delivery;
         None
+    }
+
+    /// For stages with an [`Handler::ordering_key`]: counts, durably, one more delivery of a
+    /// message whose consumer died and returns the total. Such a message is handled in place
+    /// (re-publishing it would put it behind later messages of its key), so the runtime cannot
+    /// count in a header. `Ok(None)` means not counted; `Err` means try again later.
+    fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+        let _ = delivery;
+        Box::pin(async { Ok(None) })
     }
 
     /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.

@@ -25,8 +25,11 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(f: F)
 /// `aptix worker STAGE` / `aptix run`: consume until SIGINT or SIGTERM.
 pub fn run_stages(settings: Settings, stages: &[StageName], copies: usize) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let deps = pipeline::build_deps(Arc::new(settings), None).await.context("starting the pipeline")?;
         let shutdown = pipeline::shutdown_on_signals();
+        let deps = pipeline::build_deps_patiently(Arc::new(settings), &shutdown)
+            .await
+            .context("starting the pipeline")?;
+        let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
         let listen = deps.settings.telemetry.metrics_listen.clone();
         if !listen.is_empty() {
             tokio::spawn(crate::metrics::serve(listen, Some(deps.store.clone()), shutdown.clone()));

@@ -156,7 +156,7 @@ impl StageHandler {
 
     async fn handle_typed(&self, d: Delivery) -> Disposition {
         if self.stage == StageName::Validate {
-            return validate::run(&self.deps, &d.body).await;
+            return validate::run(&self.deps, &d.body, d.message_id.as_deref()).await;
         }
         let msg: StageMessage = match serde_json::from_slice(&d.body) {
             Ok(m) => m,
@@ -210,7 +210,12 @@ impl Handler for StageHandler {
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>> {
         Box::pin(async move {
             if self.stage == StageName::Validate {
-                return validate::exhausted(&self.deps, &delivery.body, &reason);
+                return validate::exhausted(
+                    &self.deps,
+                    &delivery.body,
+                    delivery.message_id.as_deref(),
+                    &reason,
+                );
             }
             let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
             let code = if self.stage == StageName::Invoke {
@@ -240,6 +245,16 @@ impl Handler for StageHandler {
         (self.stage == StageName::Validate)
             .then(|| crate::validate::session_hint(&delivery.body).map(|s| s.to_string()))
             .flatten()
+    }
+
+    fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+        let key = validate::message_fingerprint(delivery.message_id.as_deref(), &delivery.body);
+        Box::pin(async move {
+            match self.deps.store.count_redelivery(&key).await {
+                Ok(count) => Ok(Some(count)),
+                Err(e) => Err(e.to_string()),
+            }
+        })
     }
 
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {

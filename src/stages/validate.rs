@@ -4,6 +4,7 @@
 
 use chrono::Utc;
 use serde_json::Value;
+use sha2::{Digest as _, Sha256};
 use tracing::{debug, info};
 
 use super::Deps;
@@ -17,15 +18,18 @@ use crate::messages::StageMessage;
 use crate::store::{Admission, ContinuationAdmission, NewRecord, SessionMeta, StoreError, TurnRow};
 use crate::validate::{turn_hint, validate_bytes};
 
-/// Handles one ingress message.
-pub async fn run(deps: &Deps, body: &[u8]) -> Disposition {
+/// Handles one ingress message (`message_id` is the client's, if it set one).
+pub async fn run(deps: &Deps, body: &[u8], message_id: Option<&str>) -> Disposition {
+    // Replies that answer this submission rather than a turn's step get ids derived from it, so
+    // a redelivered message yields the same id and the client can drop the copy.
+    let submission = message_fingerprint(message_id, body);
     let request = match validate_bytes(body, &deps.settings.limits) {
         Ok(r) => r,
-        Err(errors) => return reject(deps, body, errors.0),
+        Err(errors) => return reject(deps, body, &submission, errors.0),
     };
     let result = match &request {
-        ValidatedRequest::UserTurn(turn) => user_turn(deps, &request, turn).await,
-        ValidatedRequest::ToolContinuation(c) => continuation(deps, &request, c).await,
+        ValidatedRequest::UserTurn(turn) => user_turn(deps, &request, turn, &submission).await,
+        ValidatedRequest::ToolContinuation(c) => continuation(deps, &request, c, &submission).await,
     };
     match result {
         Ok(d) => d,
@@ -35,20 +39,31 @@ pub async fn run(deps: &Deps, body: &[u8]) -> Disposition {
 }
 
 /// Validation gave up (the database stayed down): tell the client, if there is one to tell.
-pub fn exhausted(deps: &Deps, body: &[u8], reason: &str) -> Vec<OutMessage> {
+pub fn exhausted(deps: &Deps, body: &[u8], message_id: Option<&str>, reason: &str) -> Vec<OutMessage> {
+    let tag = format!("exhausted-{}", message_fingerprint(message_id, body));
     let error =
         ApiError::new(ErrorCode::RetriesExhausted, format!("the request could not be admitted: {reason}"));
     match turn_hint(body) {
-        (Some(session), turn) => vec![error_reply(deps, &session, turn.as_deref(), "exhausted", vec![error])],
+        (Some(session), turn) => vec![error_reply(deps, &session, turn.as_deref(), &tag, vec![error])],
         (None, _) => vec![],
     }
 }
 
-fn reject(deps: &Deps, body: &[u8], errors: Vec<ApiError>) -> Disposition {
+/// A stable name for one ingress message: the same for each redelivery of it, different for
+/// another submission (another message id, or other bytes).
+pub fn message_fingerprint(message_id: Option<&str>, body: &[u8]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(message_id.unwrap_or_default().as_bytes());
+    hash.update([0]);
+    hash.update(body);
+    hex::encode(&hash.finalize()[..12])
+}
+
+fn reject(deps: &Deps, body: &[u8], submission: &str, errors: Vec<ApiError>) -> Disposition {
     match turn_hint(body) {
         (Some(session), turn) => {
             debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
-            let tag = format!("rejected-{}", uuid::Uuid::new_v4());
+            let tag = format!("rejected-{submission}");
             Disposition::forward(vec![error_reply(deps, &session, turn.as_deref(), &tag, errors)])
         }
         // Nobody to answer: keep the message and the reason for an operator.
@@ -70,9 +85,9 @@ fn error_reply(
     deps.reply(session, turn, tag, &reply)
 }
 
-fn stored_reply(deps: &Deps, session: &SessionId, turn: &str, reply: Value) -> OutMessage {
-    // The same reply as the first time, under a new id: it answers a new submission.
-    let tag = format!("resent-{}", uuid::Uuid::new_v4());
+fn stored_reply(deps: &Deps, session: &SessionId, turn: &str, submission: &str, reply: Value) -> OutMessage {
+    // The same reply as the first time, under an id of its own: it answers another submission.
+    let tag = format!("resent-{submission}");
     deps.reply_bytes(session, Some(turn), &tag, serde_json::to_vec(&reply).unwrap_or_default())
 }
 
@@ -107,6 +122,7 @@ async fn user_turn(
     deps: &Deps,
     request: &ValidatedRequest,
     turn: &UserTurn,
+    submission: &str,
 ) -> Result<Disposition, StoreError> {
     let key = turn.key();
     let mut context_errors = Vec::new();
@@ -121,7 +137,7 @@ async fn user_turn(
             deps,
             &key.session_id,
             Some(key.turn_id.as_str()),
-            "rejected-context",
+            &format!("rejected-context-{submission}"),
             context_errors,
         )]));
     }
@@ -145,13 +161,13 @@ async fn user_turn(
             Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
         }
         Admission::Finished { reply } => {
-            Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)])
+            Disposition::forward(vec![stored_reply(deps, session, turn_id, submission, reply)])
         }
         Admission::Conflict => Disposition::forward(vec![error_reply(
             deps,
             session,
             Some(turn_id),
-            "conflict",
+            &format!("conflict-{submission}"),
             vec![ApiError::at(
                 ErrorCode::TurnConflict,
                 "TurnId",
@@ -167,7 +183,7 @@ async fn user_turn(
                 deps,
                 session,
                 Some(turn_id),
-                "rejected-awaiting",
+                &format!("rejected-awaiting-{submission}"),
                 vec![error],
             )])
         }
@@ -178,6 +194,7 @@ async fn continuation(
     deps: &Deps,
     request: &ValidatedRequest,
     c: &ToolContinuation,
+    submission: &str,
 ) -> Result<Disposition, StoreError> {
     let key = c.key();
     let wire = serde_json::to_value(request)?;
@@ -215,7 +232,7 @@ async fn continuation(
             deps,
             session,
             Some(turn_id),
-            "rejected-continuation",
+            &format!("rejected-continuation-{submission}"),
             vec![ApiError::at(code, "TurnId", message)],
         )])
     };
@@ -226,7 +243,7 @@ async fn continuation(
             Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }
         }
         ContinuationAdmission::Finished { reply } => {
-            Disposition::forward(vec![stored_reply(deps, session, turn_id, reply)])
+            Disposition::forward(vec![stored_reply(deps, session, turn_id, submission, reply)])
         }
         ContinuationAdmission::NotFound => {
             reject(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))

@@ -37,16 +37,23 @@ impl StoreError {
     /// Whether retrying later can succeed (everything but corrupt data and constraint bugs).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Db(sqlx::Error::Database(e)) => {
-                // Serialization failures and deadlocks are retryable; other constraint errors are bugs.
-                matches!(
-                    e.code().as_deref(),
-                    Some("40001") | Some("40P01") | Some("57P01") | Some("57P02") | Some("57P03")
-                )
+            StoreError::Db(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
+                sqlx_transient(e)
             }
-            StoreError::Db(_) => true,
             StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
         }
+    }
+}
+
+fn sqlx_transient(e: &sqlx::Error) -> bool {
+    match e {
+        // Serialization failures, deadlocks, statement timeouts, too many connections and
+        // shutdowns pass; constraint and data errors are bugs that a retry only repeats.
+        sqlx::Error::Database(e) => matches!(
+            e.code().as_deref(),
+            Some("40001" | "40P01" | "57014" | "53300" | "57P01" | "57P02" | "57P03")
+        ),
+        _ => true,
     }
 }
 
@@ -102,6 +109,22 @@ impl Store {
     /// Whether the database answers.
     pub async fn ping(&self) -> bool {
         sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// Counts one more redelivery of the ingress message `key` and returns the total. Rows a
+    /// day old are dropped on the way: by then the message was settled long ago.
+    pub async fn count_redelivery(&self, key: &str) -> Result<u32, StoreError> {
+        let count: i32 = sqlx::query_scalar(
+            "WITH gc AS (DELETE FROM redeliveries WHERE last_seen < now() - interval '1 day') \
+             INSERT INTO redeliveries (message_key, deliveries) VALUES ($1, 1) \
+             ON CONFLICT (message_key) DO UPDATE \
+             SET deliveries = redeliveries.deliveries + 1, last_seen = now() \
+             RETURNING deliveries",
+        )
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
     /// The pool, for modules that run their own queries (reprocessing, reports).

@@ -1,0 +1,233 @@
+//! Settling one delivery: run the handler, publish what it returns with confirms, then ack; or
+//! retry later, count a redelivery, dead-letter. Everything here decides what happens to a
+//! message; `runtime` decides when messages arrive.
+//!
+//! Messages without an ordering key retry through the delay queues and count crash
+//! redeliveries in a header of a re-published copy. Both re-publish at the tail of the queue,
+//! which would put an ordered message (a turn of a session, at validate) behind later turns of
+//! its key. Ordered messages therefore retry in place, holding their lane, and have their
+//! redeliveries counted by the handler.
+
+use std::time::Duration;
+
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::Acker;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::runtime::RuntimeSettings;
+use super::{BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS};
+
+/// Everything settling needs besides the delivery.
+pub(super) struct Settler<'a> {
+    pub stage: StageName,
+    pub handler: &'a dyn Handler,
+    pub publisher: &'a Publisher,
+    pub settings: &'a RuntimeSettings,
+    /// Cuts an in-place retry wait short; the message then goes back to the broker.
+    pub shutdown: &'a CancellationToken,
+}
+
+/// How a delivery ends.
+enum Settled {
+    /// Published and confirmed (or nothing to publish): ack.
+    Done,
+    /// Back to the broker unacked, at its place in the queue (shutdown during an in-place wait).
+    Requeue,
+}
+
+impl Settler<'_> {
+    /// Handles one delivery end to end and acks it, or returns it to the broker.
+    pub async fn settle(&self, d: Delivery, acker: &Acker) {
+        let stage = self.stage.as_str();
+        let _in_flight = crate::metrics::metrics().in_flight(stage);
+        let ordered = self.handler.ordering_key(&d).is_some();
+        let (outcome, result) = match (d.redelivered, ordered) {
+            (true, false) => ("requeued", self.republish_counted(d).await),
+            (true, true) => ("forwarded", self.redelivered_in_place(d).await),
+            (false, _) => ("forwarded", self.handle(d, ordered).await),
+        };
+        crate::metrics::metrics().message(stage, if result.is_ok() { outcome } else { "publish_failed" });
+        match result {
+            Ok(Settled::Done) => {
+                // An ack on a channel recovered meanwhile fails: the broker redelivers.
+                if let Err(error) = acker.ack(BasicAckOptions::default()).await {
+                    debug!(stage, %error, "ack failed, message will be redelivered");
+                }
+            }
+            Ok(Settled::Requeue) => {
+                let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+            }
+            Err(error) => {
+                warn!(stage, %error, "publish failed, message will be redelivered");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+            }
+        }
+    }
+
+    /// Runs the handler, and for ordered messages its in-place retries.
+    async fn handle(&self, mut d: Delivery, ordered: bool) -> Result<Settled, BrokerError> {
+        let stage = self.stage.as_str();
+        loop {
+            let trace = super::trace::trace_id_of(&d);
+            let span = tracing::info_span!("stage", stage, trace_id = trace.as_deref().unwrap_or("-"));
+            match tracing::Instrument::instrument(self.handler.handle(d.clone()), span).await {
+                Disposition::Forward { mut messages, outbox_ids } => {
+                    for m in &mut messages {
+                        super::trace::stamp(m, &d, trace.as_deref());
+                    }
+                    self.publish(&messages).await?;
+                    self.handler.published(outbox_ids).await;
+                    return Ok(Settled::Done);
+                }
+                Disposition::Retry { reason } if ordered => {
+                    if let Some(end) = self.wait_in_place(&mut d, reason).await? {
+                        return Ok(end);
+                    }
+                }
+                Disposition::Retry { reason } => return self.retry_later(d, reason).await,
+                Disposition::DeadLetter { reason, messages } => {
+                    warn!(stage, %reason, "dead-lettering message");
+                    let dead = self.dead_letter(&d, &reason);
+                    self.publish(&[messages, vec![dead]].concat()).await?;
+                    return Ok(Settled::Done);
+                }
+            }
+        }
+    }
+
+    /// Waits out the retry tier of an ordered message's next attempt, holding its lane. `None`:
+    /// try again now; otherwise how the message ended (given up, or returned on shutdown).
+    async fn wait_in_place(&self, d: &mut Delivery, reason: String) -> Result<Option<Settled>, BrokerError> {
+        let next = d.attempt + 1;
+        if next >= self.settings.max_attempts {
+            warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
+            self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
+            return Ok(Some(Settled::Done));
+        }
+        let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
+        info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying in place");
+        d.attempt = next;
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Ok(Some(Settled::Requeue)),
+            _ = tokio::time::sleep(Duration::from_millis(tier)) => Ok(None),
+        }
+    }
+
+    /// A redelivered ordered message: counted by the handler, then handled where it stands.
+    async fn redelivered_in_place(&self, d: Delivery) -> Result<Settled, BrokerError> {
+        loop {
+            match self.handler.count_redelivery(&d).await {
+                Ok(Some(count)) if count > self.settings.max_redeliveries => {
+                    warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
+                    let reason = format!("poison: delivered to a consumer that died {count} times");
+                    self.give_up(d, reason).await?;
+                    return Ok(Settled::Done);
+                }
+                Ok(_) => return self.handle(d, true).await,
+                // Returning it to the broker would let the next message of its lane overtake it.
+                Err(reason) => {
+                    warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return Ok(Settled::Requeue),
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// A redelivered unordered message: re-published with its count so crash loops are bounded.
+    async fn republish_counted(&self, d: Delivery) -> Result<Settled, BrokerError> {
+        let count: u32 = d.headers.get("x-aptix-redeliveries").and_then(|c| c.parse().ok()).unwrap_or(0) + 1;
+        if count > self.settings.max_redeliveries {
+            warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
+            self.give_up(d, format!("poison: delivered to a consumer that died {count} times")).await?;
+            return Ok(Settled::Done);
+        }
+        let copy = copy_of(d, &self.queue(), "x-aptix-redeliveries", count);
+        self.publish(&[copy]).await?;
+        Ok(Settled::Done)
+    }
+
+    /// A transient failure of an unordered message: to a delay queue, or given up.
+    async fn retry_later(&self, d: Delivery, reason: String) -> Result<Settled, BrokerError> {
+        let next = d.attempt + 1;
+        if next >= self.settings.max_attempts {
+            warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
+            self.give_up(d, format!("retries exhausted: {reason}")).await?;
+            return Ok(Settled::Done);
+        }
+        let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
+        info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
+        let mut copy = copy_of(d, &self.queue(), "x-aptix-attempt", next);
+        copy.exchange = self.settings.topology.delay_exchange(tier);
+        copy.headers.insert("x-aptix-last-error".into(), reason);
+        self.publish(&[copy]).await?;
+        Ok(Settled::Done)
+    }
+
+    /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
+    async fn give_up(&self, d: Delivery, reason: String) -> Result<(), BrokerError> {
+        let mut messages = self.handler.exhausted(d.clone(), reason.clone()).await;
+        messages.push(self.dead_letter(&d, &reason));
+        self.publish(&messages).await
+    }
+
+    fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
+        let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut msg = OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.clone());
+        msg.headers = d.headers.clone();
+        msg.headers.remove("x-aptix-kind");
+        msg.header("x-aptix-reason", reason)
+            .header("x-aptix-stage", self.stage.as_str())
+            .header("x-aptix-original-queue", self.queue())
+    }
+
+    fn queue(&self) -> String {
+        self.settings.topology.stage_queue(self.stage)
+    }
+
+    async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
+        publish_all(self.publisher, self.settings, messages).await
+    }
+}
+
+/// The delivery re-published to `queue` with `counter` set to `value`.
+fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
+    let mut copy =
+        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
+    copy.headers = d.headers;
+    copy.headers.insert(counter.into(), value.to_string());
+    copy.headers.remove("x-aptix-kind");
+    copy
+}
+
+/// Publishes with confirms; a reply whose session queue has expired gets the queue declared
+/// and is published once more.
+pub async fn publish_all(
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    messages: &[OutMessage],
+) -> Result<(), BrokerError> {
+    let confirmed = messages.iter().map(|m| async move {
+        match timed(settings, publisher.publish(m)).await {
+            Err(BrokerError::Unroutable { .. }) if m.session.is_some() => {
+                if let Some(session) = &m.session {
+                    settings.topology.declare_session(publisher.channel(), session).await?;
+                }
+                timed(settings, publisher.publish(m)).await
+            }
+            other => other,
+        }
+    });
+    futures_util::future::join_all(confirmed).await.into_iter().collect()
+}
+
+async fn timed(
+    settings: &RuntimeSettings,
+    fut: impl std::future::Future<Output = Result<(), BrokerError>>,
+) -> Result<(), BrokerError> {
+    tokio::time::timeout(settings.confirm_timeout, fut).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
+}
