@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::config::Settings;
 
+mod pipeline;
 mod retrieval;
 
 /// Benchmarks.
@@ -20,6 +21,17 @@ mod retrieval;
 pub enum BenchCommand {
     /// Indexing throughput and query latency of the embedded vector store.
     Retrieval(RetrievalBenchArgs),
+    /// Relay through five durable queues (the broker's ceiling) vs the real pipeline, side by
+    /// side: turns/s of both and the ratio.
+    Ceiling(pipeline::CeilingArgs),
+    /// Overhead per turn (publish to final reply, minus the LLM call) at a steady open-loop rate.
+    Overhead(pipeline::OverheadArgs),
+    /// In-flight capacity: many concurrent turns at high LLM latency; throughput and peak RSS.
+    Inflight(pipeline::InflightArgs),
+    /// Throughput with 1, 2 and 4 copies of the slowest stage.
+    Scaling(pipeline::ScalingArgs),
+    /// The four pipeline benchmarks (ceiling, overhead, inflight, scaling) with their defaults.
+    All(pipeline::AllArgs),
 }
 
 /// Options of `aptix bench retrieval`.
@@ -43,6 +55,11 @@ pub struct RetrievalBenchArgs {
 pub fn run(command: BenchCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
     match command {
         BenchCommand::Retrieval(args) => retrieval::run(args, settings),
+        BenchCommand::Ceiling(args) => pipeline::run(pipeline::Which::Ceiling(args), settings),
+        BenchCommand::Overhead(args) => pipeline::run(pipeline::Which::Overhead(args), settings),
+        BenchCommand::Inflight(args) => pipeline::run(pipeline::Which::Inflight(args), settings),
+        BenchCommand::Scaling(args) => pipeline::run(pipeline::Which::Scaling(args), settings),
+        BenchCommand::All(args) => pipeline::run(pipeline::Which::All(args), settings),
     }
 }
 

@@ -1,0 +1,317 @@
+//! The load driver: publishes real `AgentExecuteRequest` JSON to `<prefix>.requests` and reads
+//! each session's reply queue, as a backend would. The same driver feeds the relay and the
+//! pipeline, so both are measured through identical client code.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use lapin::options::BasicConsumeOptions;
+use lapin::types::FieldTable;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::timed_llm::MARKER;
+use crate::broker::{OutMessage, Publisher, Topology};
+use crate::contracts::SessionId;
+
+/// Questions cycled through by the turns; each retrieves different chunks from the crate's own
+/// source (or few from the fixture).
+const QUESTIONS: [&str; 8] = [
+    "how does the broker runtime wait for publisher confirms before it acks a delivery?",
+    "where are turns of one session admitted in arrival order?",
+    "explain how the invoke stage saves the provider answer before forwarding it",
+    "how is the AGN-002 context block rendered for retrieved chunks?",
+    "what happens when the provider reports previous_response_not_found?",
+    "how are retries delayed through the delay queues and dead-lettered?",
+    "how does the persist stage write the record and the outbox in one transaction?",
+    "which rules reject an InputArtifacts RelativePath?",
+];
+
+/// How one turn ended, as the client saw it.
+#[derive(Debug, Clone)]
+pub struct TurnSample {
+    /// Its session.
+    pub session: SessionId,
+    /// The benchmark turn id.
+    pub turn_id: String,
+    /// `start` as wall-clock time, to compare with database timestamps.
+    pub wall_start: chrono::DateTime<chrono::Utc>,
+    /// When it was published (open loop: when it was scheduled to be).
+    pub start: Instant,
+    /// When its final reply arrived (`None`: no reply before the timeout).
+    pub end: Option<Instant>,
+    /// Whether the reply was `Successful`.
+    pub ok: bool,
+}
+
+impl TurnSample {
+    /// Publish-to-final-reply time.
+    pub fn latency(&self) -> Option<Duration> {
+        self.end.map(|e| e.saturating_duration_since(self.start))
+    }
+}
+
+/// A final reply as the driver records it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplyInfo {
+    /// Arrival.
+    pub at: Instant,
+    /// `Successful` in the body.
+    pub ok: bool,
+    /// Body size.
+    pub bytes: usize,
+}
+
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<ReplyInfo>>>>;
+
+/// Publisher plus reply consumers for a set of sessions.
+pub struct Driver {
+    publisher: Publisher,
+    requests: String,
+    waiters: Waiters,
+    channels: Vec<lapin::Channel>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("requests", &self.requests).finish_non_exhaustive()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Outcome {
+    #[serde(rename = "Successful", default)]
+    successful: bool,
+}
+
+impl Driver {
+    /// Declares every session's reply queue (as a client must before publishing) and consumes
+    /// them (automatic acks: the client's own bookkeeping is not what is measured).
+    pub async fn new(
+        conn: &lapin::Connection,
+        topology: &Topology,
+        sessions: &[SessionId],
+    ) -> anyhow::Result<Driver> {
+        let publisher = Publisher::open(conn).await?;
+        let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
+        let mut channels = Vec::new();
+        let mut tasks = Vec::new();
+        for group in sessions.chunks(250) {
+            let ch = conn.create_channel().await?;
+            for s in group {
+                topology.declare_session(&ch, s).await?;
+                let queue = topology.session_queue(s);
+                let mut consumer = ch
+                    .basic_consume(
+                        queue.as_str().into(),
+                        "".into(),
+                        BasicConsumeOptions { no_ack: true, ..Default::default() },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                let waiters = waiters.clone();
+                tasks.push(tokio::spawn(async move {
+                    while let Some(Ok(d)) = consumer.next().await {
+                        let at = Instant::now();
+                        let headers = d.properties.headers().as_ref();
+                        let header = |k: &str| {
+                            headers
+                                .and_then(|h| h.inner().get(k))
+                                .and_then(|v| v.as_long_string())
+                                .map(|s| s.to_string())
+                        };
+                        if header("x-aptix-final").as_deref() != Some("true") {
+                            continue;
+                        }
+                        let Some(turn) = header("x-aptix-turn-id") else { continue };
+                        let ok = serde_json::from_slice::<Outcome>(&d.data).is_ok_and(|o| o.successful);
+                        let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&turn));
+                        if let Some(tx) = waiter {
+                            let _ = tx.send(ReplyInfo { at, ok, bytes: d.data.len() });
+                        }
+                    }
+                }));
+            }
+            channels.push(ch);
+        }
+        Ok(Driver { publisher, requests: topology.requests(), waiters, channels, tasks })
+    }
+
+    /// Publishes one request (with confirm) and returns where its final reply will arrive.
+    pub async fn submit(
+        &self,
+        session: &SessionId,
+        turn_id: &str,
+        body: Vec<u8>,
+    ) -> anyhow::Result<oneshot::Receiver<ReplyInfo>> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut w) = self.waiters.lock() {
+            w.insert(turn_id.to_owned(), tx);
+        }
+        // The ids travel as headers too, so the relay can route without parsing the body; the
+        // pipeline ignores them (validate reads the body).
+        let msg = OutMessage::to_queue(self.requests.clone(), "request", format!("bench:{turn_id}"), body)
+            .header("x-aptix-session-id", session.to_string())
+            .header("x-aptix-turn-id", turn_id);
+        self.publisher.publish(&msg).await?;
+        Ok(rx)
+    }
+
+    /// Publishes one turn and waits for its final reply.
+    pub async fn turn(
+        &self,
+        session: &SessionId,
+        turn_id: &str,
+        start: Instant,
+        timeout: Duration,
+    ) -> TurnSample {
+        let since_start =
+            chrono::Duration::from_std(Instant::now().saturating_duration_since(start)).unwrap_or_default();
+        let wall_start = chrono::Utc::now() - since_start;
+        let body = request(session, turn_id);
+        let reply = match self.submit(session, turn_id, body).await {
+            Ok(rx) => tokio::time::timeout(timeout, rx).await.ok().and_then(Result::ok),
+            Err(error) => {
+                tracing::warn!(%error, turn = turn_id, "publish failed");
+                None
+            }
+        };
+        if reply.is_none() {
+            if let Ok(mut w) = self.waiters.lock() {
+                w.remove(turn_id);
+            }
+        }
+        TurnSample {
+            session: *session,
+            turn_id: turn_id.to_owned(),
+            wall_start,
+            start,
+            end: reply.map(|r| r.at),
+            ok: reply.is_some_and(|r| r.ok),
+        }
+    }
+
+    /// Stops consuming.
+    pub async fn close(self) {
+        for ch in &self.channels {
+            let _ = ch.close(200, "bench done".into()).await;
+        }
+        let _ = self.publisher.channel().close(200, "bench done".into()).await;
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A user turn request whose instruction starts with `bench-turn <id>:`.
+pub fn request(session: &SessionId, turn_id: &str) -> Vec<u8> {
+    let n: usize = turn_id
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .fold(0, |a, d| a.wrapping_mul(10).wrapping_add(usize::from(d - b'0')));
+    let question = QUESTIONS[n % QUESTIONS.len()];
+    let body = serde_json::json!({
+        "SessionId": session,
+        "TurnId": turn_id,
+        "Instruction": format!("{MARKER} {turn_id}: {question}"),
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// New random session ids.
+pub fn sessions(n: usize) -> Vec<SessionId> {
+    (0..n).map(|_| SessionId::new(uuid::Uuid::new_v4())).collect()
+}
+
+/// Turn ids unique within an environment.
+#[derive(Debug, Default)]
+pub struct TurnIds(std::sync::atomic::AtomicU64);
+
+impl TurnIds {
+    /// The next id, `b000001`, `b000002`, ...
+    pub fn next(&self) -> String {
+        format!("b{:06}", self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+    }
+}
+
+/// Closed loop: every session sends a turn, waits for its final reply, sends the next, until
+/// `duration` has passed since the start (turns in flight then are still awaited). Session `i`
+/// of `n` sends its first turn at `i/n × ramp`, so a fixed LLM latency does not keep all
+/// sessions in lockstep.
+pub async fn closed_loop(
+    driver: &Arc<Driver>,
+    sessions: &[SessionId],
+    ids: &Arc<TurnIds>,
+    duration: Duration,
+    ramp: Duration,
+    timeout: Duration,
+) -> (Instant, Vec<TurnSample>) {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::with_capacity(sessions.len());
+    let n = sessions.len().max(1) as f64;
+    for (i, s) in sessions.iter().enumerate() {
+        let (driver, ids, s) = (driver.clone(), ids.clone(), *s);
+        let first = start + ramp.mul_f64(i as f64 / n);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(first).await;
+            let mut out = Vec::new();
+            while Instant::now() < deadline {
+                let id = ids.next();
+                let sample = driver.turn(&s, &id, Instant::now(), timeout).await;
+                let failed = sample.end.is_none();
+                out.push(sample);
+                if failed {
+                    break;
+                }
+            }
+            out
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        if let Ok(mut s) = t.await {
+            samples.append(&mut s);
+        }
+    }
+    (start, samples)
+}
+
+/// Open loop: `rate` turns per second for `duration`, round-robin over `sessions`, each
+/// published at its scheduled time whatever happened to earlier ones; latency is measured from
+/// the scheduled time (no coordinated omission).
+pub async fn open_loop(
+    driver: &Arc<Driver>,
+    sessions: &[SessionId],
+    ids: &Arc<TurnIds>,
+    rate: f64,
+    duration: Duration,
+    timeout: Duration,
+) -> (Instant, Vec<TurnSample>) {
+    let total = (rate * duration.as_secs_f64()).round() as usize;
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let at = start + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
+        tokio::time::sleep_until(at).await;
+        let (driver, s, id) = (driver.clone(), sessions[i % sessions.len().max(1)], ids.next());
+        tasks.push(tokio::spawn(async move { driver.turn(&s, &id, at, timeout).await }));
+    }
+    let mut samples = Vec::with_capacity(total);
+    for t in tasks {
+        if let Ok(s) = t.await {
+            samples.push(s);
+        }
+    }
+    (start, samples)
+}
+
+/// Completed turns per second among replies that arrived in `[from, to]`.
+pub fn throughput(samples: &[TurnSample], from: Instant, to: Instant) -> f64 {
+    let n = samples.iter().filter(|s| s.ok && s.end.is_some_and(|e| e >= from && e <= to)).count();
+    n as f64 / to.saturating_duration_since(from).as_secs_f64().max(1e-9)
+}

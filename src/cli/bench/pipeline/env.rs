@@ -1,0 +1,337 @@
+//! One benchmark environment, built fresh for every measured run and torn down afterwards:
+//! a random queue prefix, a new PostgreSQL database, the Responses simulator in-process (on a
+//! thread of its own, see `sim_thread`), an embedded vector store in a temporary directory
+//! holding an indexed corpus, and the shared pipeline dependencies. Stages are started with `pipeline::run`, exactly as `aptix run` does.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{connect, Publisher, StageName, Topology, RETRY_TIERS_MS};
+use crate::config::{ConnectionUrl, Settings};
+use crate::contracts::SessionId;
+use crate::index::{index_repository, IndexOptions};
+use crate::llm::{HttpLlmClient, LlmClient};
+use crate::pipeline;
+use crate::sim::{Latency, SimConfig};
+use crate::stages::Deps;
+use crate::store::Store;
+
+use super::sim_thread::SimThread;
+use super::timed_llm::TimedLlm;
+
+/// What the vector store holds.
+#[derive(Debug, Clone)]
+pub enum Corpus {
+    /// Three small files (what the integration tests index): seconds to set up, tiny chunks.
+    Fixture,
+    /// Every indexable file under a directory, as repository `aptix`.
+    Dir(PathBuf),
+}
+
+impl Corpus {
+    /// The default for full runs: this crate's own `src/` when it is on disk (about a hundred
+    /// Rust files, so retrieval returns real chunks up to the context's budget), else the fixture.
+    pub fn default_for(smoke: bool) -> Corpus {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        if smoke || !src.is_dir() {
+            Corpus::Fixture
+        } else {
+            Corpus::Dir(src)
+        }
+    }
+
+    /// For reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Corpus::Fixture => "built-in 3-file fixture".to_owned(),
+            Corpus::Dir(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// How to build an environment.
+#[derive(Debug, Clone)]
+pub struct EnvOptions {
+    /// Indexed corpus.
+    pub corpus: Corpus,
+    /// Simulator latency.
+    pub latency: Latency,
+}
+
+/// A live benchmark environment.
+pub struct BenchEnv {
+    /// Random id: the queue prefix is `bench-<id>`, the database `aptix_bench_<id>`.
+    pub id: String,
+    /// The settings every stage uses.
+    pub settings: Arc<Settings>,
+    /// Shared stage dependencies.
+    pub deps: Arc<Deps>,
+    /// Times every LLM call.
+    pub llm: Arc<TimedLlm>,
+    /// Pipeline queue names.
+    pub topology: Topology,
+    /// The driver's own connection.
+    pub conn: lapin::Connection,
+    /// A confirm-mode channel on `conn`.
+    pub publisher: Publisher,
+    sim: Option<SimThread>,
+    dir: PathBuf,
+    admin_url: String,
+    db_name: String,
+    running: Vec<(CancellationToken, JoinHandle<()>)>,
+    /// Extra topologies (the relay's) and session queues to delete at teardown.
+    extra_topologies: Vec<Topology>,
+    session_queues: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for BenchEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BenchEnv").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// Replaces the database name of a PostgreSQL URL (the path), keeping any query string.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let root = match base[after_scheme..].find('/') {
+        Some(i) => &base[..after_scheme + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{name}?{q}"),
+        None => format!("{root}/{name}"),
+    }
+}
+
+/// Small files to index when no corpus directory is used (the integration tests' fixture).
+fn write_fixture(root: &Path) -> std::io::Result<()> {
+    let files = [
+        ("billing/invoice.rs", "/// Sends the invoice e-mail.\npub fn send_invoice_email(invoice: &Invoice) -> Result<(), MailError> {\n    mailer::send(&invoice.customer, render(invoice))\n}\n"),
+        ("billing/tax.rs", "/// Computes VAT for an invoice line.\npub fn vat_for_line(line: &Line) -> Money {\n    line.amount * line.rate\n}\n"),
+        ("docs/README.md", "# Billing\n\nInvoices are e-mailed by `send_invoice_email`.\n"),
+    ];
+    for (path, text) in files {
+        let p = root.join(path);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(p, text)?;
+    }
+    Ok(())
+}
+
+impl BenchEnv {
+    /// Builds an environment from the user's settings (broker and database URLs are taken from
+    /// them; everything else is set here). On failure, whatever was created is removed.
+    pub async fn setup(base: &Settings, opts: &EnvOptions) -> anyhow::Result<BenchEnv> {
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let dir = std::env::temp_dir().join(format!("aptix-bench-{id}"));
+        std::fs::create_dir_all(&dir)?;
+        let db_name = format!("aptix_bench_{id}");
+        let admin_url = with_database(base.database.url.expose(), "postgres");
+        let result = Self::build(base, opts, &id, &dir, &db_name, &admin_url).await;
+        if result.is_err() {
+            drop_database(&admin_url, &db_name).await;
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    async fn build(
+        base: &Settings,
+        opts: &EnvOptions,
+        id: &str,
+        dir: &Path,
+        db_name: &str,
+        admin_url: &str,
+    ) -> anyhow::Result<BenchEnv> {
+        // No request log (it would hold every body); room for the responses of a long run.
+        let sim = SimThread::start(SimConfig {
+            latency: opts.latency,
+            log_capacity: 0,
+            store_capacity: 100_000,
+            ..SimConfig::default()
+        })
+        .await
+        .context("starting the simulator")?;
+        let mut settings = base.clone();
+        settings.amqp.prefix = format!("bench-{id}");
+        settings.database.url = ConnectionUrl::new(with_database(base.database.url.expose(), db_name));
+        settings.llm.base_url = sim.base_url.clone();
+        // Loopback simulator: never send a real key anywhere.
+        settings.llm.api_key = None;
+        for agent in settings.agent_contexts.values_mut() {
+            agent.llm_base_url = None;
+            agent.llm_api_key = None;
+        }
+        settings.llm.request_timeout_ms = settings.llm.request_timeout_ms.min(60_000);
+        settings.vector.url = None;
+        settings.vector.embeddings_url = None;
+        settings.vector.data_dir = dir.join("vectors");
+        // Leftovers of an interrupted run disappear on their own after ten minutes.
+        settings.pipeline.session_queue_expires_ms = 600_000;
+        settings.pipeline.migrate_on_start = true;
+        Store::create_database(settings.database.url.expose())
+            .await
+            .with_context(|| format!("creating database {db_name} (is PostgreSQL running?)"))?;
+        let settings = Arc::new(settings);
+        let llm = Arc::new(TimedLlm::new(HttpLlmClient::new(&settings.llm)?));
+        let dyn_llm: Arc<dyn LlmClient> = llm.clone();
+        let deps = Arc::new(pipeline::build_deps(settings.clone(), Some(dyn_llm)).await?);
+        let root = match &opts.corpus {
+            Corpus::Dir(p) => p.clone(),
+            Corpus::Fixture => {
+                let root = dir.join("repo");
+                write_fixture(&root)?;
+                root
+            }
+        };
+        let mut index = IndexOptions::new(&root, "aptix");
+        index.progress = false;
+        let collection = settings.agent_context(None).context("no default agent context")?.collection.clone();
+        index_repository(&deps.retrieval, &collection, &index).await.context("indexing the corpus")?;
+        let conn = connect(settings.amqp.url.expose()).await.context("connecting to RabbitMQ")?;
+        let publisher = Publisher::open(&conn).await?;
+        let topology = pipeline::topology(&settings);
+        topology.declare(publisher.channel()).await?;
+        Ok(BenchEnv {
+            id: id.to_owned(),
+            settings,
+            deps,
+            llm,
+            topology,
+            conn,
+            publisher,
+            sim: Some(sim),
+            dir: dir.to_owned(),
+            admin_url: admin_url.to_owned(),
+            db_name: db_name.to_owned(),
+            running: Vec::new(),
+            extra_topologies: Vec::new(),
+            session_queues: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The simulator thread's id, for CPU accounting.
+    pub fn sim_tid(&self) -> Option<&str> {
+        self.sim.as_ref().and_then(|s| s.tid.as_deref())
+    }
+
+    /// Starts `copies` consumers of each of `stages` (one `pipeline::run` call).
+    pub fn start(&mut self, stages: &[StageName], copies: usize) {
+        let token = CancellationToken::new();
+        let (deps, t, stages) = (self.deps.clone(), token.clone(), stages.to_vec());
+        let task = tokio::spawn(async move { pipeline::run(deps, &stages, copies, t).await });
+        self.running.push((token, task));
+    }
+
+    /// Stops every started stage consumer and waits for it.
+    pub async fn stop(&mut self) {
+        for (token, _) in &self.running {
+            token.cancel();
+        }
+        for (_, task) in self.running.drain(..) {
+            let _ = task.await;
+        }
+    }
+
+    /// A topology under `bench-<id>-<suffix>` (for the relay), deleted at teardown.
+    pub fn extra_topology(&mut self, suffix: &str) -> Topology {
+        let t = Topology::new(
+            &format!("bench-{}-{suffix}", self.id),
+            self.settings.pipeline.session_queue_expires_ms,
+        );
+        self.extra_topologies.push(t.clone());
+        t
+    }
+
+    /// Remembers session queues to delete at teardown.
+    pub fn track_sessions(&self, topology: &Topology, sessions: &[SessionId]) {
+        if let Ok(mut q) = self.session_queues.lock() {
+            q.extend(sessions.iter().map(|s| topology.session_queue(s)));
+        }
+    }
+
+    /// Stops the stages, deletes the queues, exchanges and database, stops the simulator and
+    /// removes the temporary directory. Best effort: a failure is reported, the rest still runs.
+    pub async fn teardown(mut self) {
+        self.stop().await;
+        if let Ok(ch) = self.conn.create_channel().await {
+            let sessions: Vec<String> = self.session_queues.lock().map(|q| q.clone()).unwrap_or_default();
+            for q in sessions {
+                let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+            }
+            let mut topologies = vec![self.topology.clone()];
+            topologies.append(&mut self.extra_topologies);
+            for t in &topologies {
+                delete_topology(&ch, t).await;
+            }
+            let _ = ch.close(200, "bench done".into()).await;
+        }
+        let _ = self.conn.close(200, "bench done".into()).await;
+        self.deps.store.pool().close().await;
+        drop_database(&self.admin_url, &self.db_name).await;
+        if let Some(sim) = self.sim.take() {
+            sim.stop().await;
+        }
+        // The embedded store flushes and unlocks when the last holder lets go.
+        drop(self.deps);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
+    let mut queues: Vec<String> = StageName::ALL.iter().map(|s| t.stage_queue(*s)).collect();
+    queues.push(t.dead());
+    queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
+    for q in queues {
+        let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+    }
+    let mut exchanges = vec![t.replies_exchange()];
+    exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
+    for e in exchanges {
+        let _ = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()).await;
+    }
+}
+
+async fn drop_database(admin_url: &str, name: &str) {
+    match sqlx::PgPool::connect(admin_url).await {
+        Ok(pool) => {
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            if let Err(error) = sqlx::query(&sql).execute(&pool).await {
+                tracing::warn!(%error, database = name, "could not drop the benchmark database");
+            }
+            pool.close().await;
+        }
+        Err(error) => {
+            tracing::warn!(%error, database = name, "could not connect to drop the benchmark database")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_is_replaced() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/aptix", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            with_database("postgres://u@h/aptix?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    }
+}

@@ -1,0 +1,274 @@
+//! The four benchmarks, each as "one run in a fresh environment" repeated `--runs` times, and
+//! what they share: the repeat loop, CPU and WAL accounting, queue-depth sampling, the closed
+//! loop and hop-size calibration.
+
+mod ceiling;
+mod inflight;
+mod overhead;
+mod scaling;
+
+pub use ceiling::ceiling;
+pub use inflight::inflight;
+pub use overhead::overhead;
+pub use scaling::scaling;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::driver::{self, Driver, TurnIds, TurnSample};
+use super::env::{BenchEnv, Corpus, EnvOptions};
+use super::relay::{self, HopSizes};
+use super::report::{finish, RunReport, Target};
+use super::sys::{self, CpuSnapshot, CpuUse, Wal};
+use super::{failures, Ceiling, CommonArgs, Inflight, Overhead, Scaling};
+use crate::broker::{StageName, Topology};
+use crate::cli::bench::Percentiles;
+use crate::config::Settings;
+use crate::sim::Latency;
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+fn env_options(corpus: &Corpus, latency_ms: u64) -> EnvOptions {
+    EnvOptions { corpus: corpus.clone(), latency: Latency { fixed_ms: latency_ms, ..Latency::default() } }
+}
+
+/// Runs `once` in a fresh environment `runs` times, tearing each down whatever happened.
+async fn repeat<F>(
+    common: &CommonArgs,
+    settings: &Settings,
+    opts: &EnvOptions,
+    mut once: F,
+) -> anyhow::Result<Vec<RunReport>>
+where
+    F: for<'a> FnMut(
+        &'a mut BenchEnv,
+        usize,
+    ) -> futures_util::future::BoxFuture<'a, anyhow::Result<RunReport>>,
+{
+    let mut out = Vec::new();
+    for i in 0..common.runs.max(1) {
+        let idle = idle_gate(common).await;
+        let mut env = BenchEnv::setup(settings, opts).await?;
+        let result = once(&mut env, i).await;
+        env.teardown().await;
+        let mut report = result?;
+        if let Some(idle) = idle {
+            report.detail("machine_idle_before_pct", idle);
+        }
+        out.push(report);
+    }
+    Ok(out)
+}
+
+/// Waits for an idle machine when asked to; returns the idle share seen.
+async fn idle_gate(common: &CommonArgs) -> Option<f64> {
+    (common.wait_idle > 0.0).then_some(())?;
+    Some(sys::wait_idle(common.wait_idle, Duration::from_secs(1800)).await)
+}
+
+/// Failed or unanswered turns.
+fn failed(samples: &[TurnSample]) -> usize {
+    samples.iter().filter(|s| !s.ok).count()
+}
+
+/// CPU milliseconds per completed turn, by process.
+/// Keys are `<key>cpu_<process>_ms`, labels `<label><process> CPU per turn`.
+fn cpu_per_turn(r: &mut RunReport, key: &str, label: &str, cpu: &CpuUse, turns: usize) {
+    let per = |s: f64| s * 1e3 / turns.max(1) as f64;
+    r.add(
+        format!("{key}cpu_aptix_ms"),
+        format!("{label}aptix CPU per turn (w/o simulator)"),
+        "ms",
+        per(cpu.aptix_s),
+    );
+    r.add(format!("{key}cpu_sim_ms"), format!("{label}simulator CPU per turn"), "ms", per(cpu.sim_s));
+    r.add(
+        format!("{key}cpu_rabbitmq_ms"),
+        format!("{label}RabbitMQ CPU per turn"),
+        "ms",
+        per(cpu.rabbitmq_s),
+    );
+    r.add(
+        format!("{key}cpu_postgres_ms"),
+        format!("{label}PostgreSQL CPU per turn"),
+        "ms",
+        per(cpu.postgres_s),
+    );
+}
+
+/// WAL written per completed turn (cluster-wide counters: other databases' writes count too).
+fn wal_per_turn(r: &mut RunReport, key: &str, label: &str, wal: &Wal, turns: usize) {
+    let n = turns.max(1) as f64;
+    r.add(format!("{key}wal_kb"), format!("{label}PostgreSQL WAL per turn"), "KB", wal.bytes / 1e3 / n);
+    r.add(
+        format!("{key}wal_syncs"),
+        format!("{label}PostgreSQL WAL flushes per turn"),
+        "flushes",
+        wal.syncs as f64 / n,
+    );
+}
+
+/// Average stored sizes of what a turn leaves in PostgreSQL (compressed, as stored).
+async fn stored_sizes(pool: &sqlx::PgPool) -> Value {
+    let q = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, Option<f64>>(sql).fetch_one(pool).await.ok().flatten()
+    };
+    json!({
+        "response_record_row_bytes": q("SELECT avg(pg_column_size(r.*))::float8 FROM response_records r").await,
+        "llm_result_bytes": q("SELECT avg(pg_column_size(result))::float8 FROM llm_results").await,
+        "session_state_bytes": q("SELECT avg(pg_column_size(state))::float8 FROM sessions").await,
+        "turn_row_bytes": q("SELECT avg(pg_column_size(t.*))::float8 FROM turns t").await,
+        "outbox_rows_left": q("SELECT count(*)::float8 FROM outbox").await,
+    })
+}
+
+/// Mean ready messages in each stage queue, sampled every 100 ms until `stop` fires.
+fn sample_depths(
+    ch: lapin::Channel,
+    topology: &Topology,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Vec<(String, f64)>> {
+    let topology = topology.clone();
+    tokio::spawn(async move {
+        let mut sums = [0u64; 5];
+        let mut n = 0u64;
+        while !stop.is_cancelled() {
+            for (i, s) in StageName::ALL.iter().enumerate() {
+                let q = topology.stage_queue(*s);
+                let opts = QueueDeclareOptions { passive: true, ..Default::default() };
+                if let Ok(d) = ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await {
+                    sums[i] += u64::from(d.message_count());
+                }
+            }
+            n += 1;
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        let _ = ch.close(200, "done".into()).await;
+        StageName::ALL
+            .iter()
+            .zip(sums)
+            .map(|(s, sum)| (s.as_str().to_owned(), sum as f64 / n.max(1) as f64))
+            .collect()
+    })
+}
+
+/// The stage whose input queue was deepest on average.
+fn slowest(depths: &[(String, f64)]) -> StageName {
+    let best = depths.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|d| d.0.clone()).unwrap_or_default();
+    StageName::ALL.into_iter().find(|s| s.as_str() == best).unwrap_or(StageName::Invoke)
+}
+
+/// A closed-loop load.
+struct Load {
+    sessions: usize,
+    secs: f64,
+    warmup: f64,
+    ramp: Duration,
+    timeout: Duration,
+}
+
+/// One closed-loop measurement of the full pipeline on `env` (stages must be running).
+struct Measured {
+    rate: f64,
+    samples: Vec<TurnSample>,
+    cpu: CpuUse,
+    wal: Wal,
+    depths: Vec<(String, f64)>,
+}
+
+async fn measure_closed(
+    env: &BenchEnv,
+    topology: &Topology,
+    ids: &Arc<TurnIds>,
+    load: &Load,
+) -> anyhow::Result<Measured> {
+    let (sessions_n, duration, warmup, timeout) = (load.sessions, load.secs, load.warmup, load.timeout);
+    let sessions = driver::sessions(sessions_n);
+    env.track_sessions(topology, &sessions);
+    let driver = Arc::new(Driver::new(&env.conn, topology, &sessions).await?);
+    let stop = CancellationToken::new();
+    let depths = sample_depths(env.conn.create_channel().await?, topology, stop.clone());
+    let pool = env.deps.store.pool();
+    let (before, wal_before) = (CpuSnapshot::take(env.sim_tid()), Wal::take(pool).await);
+    let (start, samples) =
+        driver::closed_loop(&driver, &sessions, ids, secs(duration), load.ramp, timeout).await;
+    let cpu = CpuSnapshot::take(env.sim_tid()).since(&before);
+    let wal = Wal::take(pool).await.since(&wal_before);
+    stop.cancel();
+    let depths = depths.await.unwrap_or_default();
+    if let Ok(d) = Arc::try_unwrap(driver) {
+        d.close().await;
+    }
+    let (from, to) = (start + secs(warmup.min(duration * 0.5)), start + secs(duration));
+    let rate = driver::throughput(&samples, from, to);
+    Ok(Measured { rate, samples, cpu, wal, depths })
+}
+
+/// Message sizes of one turn at every hop, from the real pipeline: the stages are started one
+/// at a time, and before the next one starts its input message is taken from its queue,
+/// measured and put back unchanged.
+async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec<HopSizes>> {
+    let session = driver::sessions(1);
+    env.track_sessions(&env.topology.clone(), &session);
+    let driver = Driver::new(&env.conn, &env.topology, &session).await?;
+    let ch = env.conn.create_channel().await?;
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let mut sizes: HopSizes = [0; 6];
+        let id = ids.next();
+        let body = driver::request(&session[0], &id);
+        sizes[0] = body.len();
+        let rx = driver.submit(&session[0], &id, body).await?;
+        for (i, stage) in StageName::ALL.iter().enumerate() {
+            env.start(&[*stage], 1);
+            let Some(next) = StageName::ALL.get(i + 1) else { break };
+            let queue = env.topology.stage_queue(*next);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let msg = loop {
+                if let Some(m) = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await?
+                {
+                    break m;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "calibration: nothing arrived in {queue}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            sizes[i + 1] = msg.delivery.data.len();
+            let confirm = env
+                .publisher
+                .channel()
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    &msg.delivery.data,
+                    msg.delivery.properties.clone(),
+                )
+                .await?
+                .await?;
+            anyhow::ensure!(confirm.is_ack(), "calibration: republish to {queue} was not confirmed");
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .context("calibration: no final reply")?
+            .context("calibration: reply channel closed")?;
+        anyhow::ensure!(reply.ok, "calibration turn failed");
+        sizes[5] = reply.bytes;
+        env.stop().await;
+        out.push(sizes);
+    }
+    driver.close().await;
+    let _ = ch.close(200, "done".into()).await;
+    Ok(out)
+}

@@ -1,0 +1,78 @@
+//! `aptix bench ceiling`: the relay through five durable queues, then the pipeline, side by side.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// `aptix bench ceiling`.
+pub async fn ceiling(
+    p: &Ceiling,
+    common: &CommonArgs,
+    corpus: &Corpus,
+    settings: &Settings,
+) -> anyhow::Result<(Value, usize)> {
+    let timeout = Duration::from_secs(common.turn_timeout_secs);
+    let opts = env_options(corpus, 0);
+    let prefetch = settings.pipeline.prefetch;
+    let runs = repeat(common, settings, &opts, |env, i| {
+        let p = p.clone();
+        Box::pin(async move {
+            let ids = Arc::new(TurnIds::default());
+            let calibration = calibrate(env, &ids).await?;
+            let mut sizes: HopSizes = [0; 6];
+            for (k, s) in sizes.iter_mut().enumerate() {
+                *s = calibration.iter().map(|c| c[k]).sum::<usize>() / calibration.len().max(1);
+            }
+            // Relay first, then the pipeline, same driver, same sizes, same sessions count.
+            let relay_topology = env.extra_topology("relay");
+            relay_topology.declare(env.publisher.channel()).await?;
+            let stop = CancellationToken::new();
+            let pf = StageName::ALL.map(|s| prefetch.get(s));
+            let relay_tasks =
+                relay::start(env.settings.amqp.url.expose(), &relay_topology, sizes, pf, stop.clone()).await?;
+            let load = Load { sessions: p.sessions, secs: p.secs, warmup: p.warmup, ramp: Duration::ZERO, timeout };
+            let relay = measure_closed(env, &relay_topology, &ids, &load).await?;
+            stop.cancel();
+            for t in relay_tasks {
+                let _ = t.await;
+            }
+            env.start(&StageName::ALL, 1);
+            let pipe = measure_closed(env, &env.topology.clone(), &ids, &load).await?;
+            env.stop().await;
+            let stored = stored_sizes(env.deps.store.pool()).await;
+            let mut r = RunReport::default();
+            r.add("relay_turns_per_s", "relay (5 queues, no work): turns/s", "turns/s", relay.rate);
+            r.add("pipeline_turns_per_s", "pipeline (5 stages, 1 copy each): turns/s", "turns/s", pipe.rate);
+            r.add("ratio", "pipeline / relay", "ratio", pipe.rate / relay.rate.max(1e-9));
+            cpu_per_turn(&mut r, "relay_", "relay: ", &relay.cpu, relay.samples.len());
+            cpu_per_turn(&mut r, "pipeline_", "pipeline: ", &pipe.cpu, pipe.samples.len());
+            wal_per_turn(&mut r, "pipeline_", "pipeline: ", &pipe.wal, pipe.samples.len());
+            r.add("pipeline_machine_busy", "pipeline: machine CPU busy", "%", pipe.cpu.machine_busy * 100.0);
+            r.failures = failed(&relay.samples) + failed(&pipe.samples);
+            r.detail("hop_sizes_bytes", json!({"turn_1": calibration.first(), "turn_2": calibration.get(1), "relay_used": sizes}));
+            r.detail("pipeline_mean_ready_per_queue", &pipe.depths);
+            r.detail("slowest_stage", slowest(&pipe.depths).as_str());
+            r.detail("stored_sizes", stored);
+            r.detail("pipeline_wal", pipe.wal);
+            r.detail("relay_cpu", relay.cpu);
+            r.detail("pipeline_cpu", pipe.cpu);
+            r.detail("turns", json!({"relay": relay.samples.len(), "pipeline": pipe.samples.len()}));
+            println!(
+                "  run {}: relay {:.0} turns/s, pipeline {:.0} turns/s (ratio {:.2}); hop sizes {:?}; deepest queue: {}",
+                i + 1,
+                relay.rate,
+                pipe.rate,
+                pipe.rate / relay.rate.max(1e-9),
+                sizes,
+                slowest(&pipe.depths).as_str()
+            );
+            Ok(r)
+        })
+    })
+    .await?;
+    let notes = vec![format!(
+        "closed loop, {} sessions, {} s per side ({} s warm-up not counted); simulator at zero latency",
+        p.sessions, p.secs, p.warmup
+    )];
+    let doc = finish("ceiling", json!(p), &runs, &[Target::AtLeast("ratio", 0.5)], &notes);
+    Ok((doc, failures(&runs)))
+}

@@ -1,0 +1,83 @@
+//! `aptix bench inflight`: many concurrent turns at a high LLM latency through one invoke worker.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// `aptix bench inflight`.
+pub async fn inflight(
+    p: &Inflight,
+    common: &CommonArgs,
+    corpus: &Corpus,
+    settings: &Settings,
+) -> anyhow::Result<(Value, usize)> {
+    let timeout = Duration::from_secs(common.turn_timeout_secs).max(Duration::from_millis(p.latency_ms * 5));
+    let opts = env_options(corpus, p.latency_ms);
+    let reset = sys::reset_peak_rss();
+    let runs = repeat(common, settings, &opts, |env, i| {
+        let p = p.clone();
+        Box::pin(async move {
+            sys::reset_peak_rss();
+            let rss_before = sys::status_mib("VmRSS:").unwrap_or(0.0);
+            env.start(&StageName::ALL, 1);
+            env.llm.reset_peak();
+            let ids = Arc::new(TurnIds::default());
+            let topology = env.topology.clone();
+            // Sessions start spread over one latency period, as steady arrivals would be.
+            let ramp = Duration::from_millis(p.latency_ms);
+            let load = Load { sessions: p.concurrency, secs: p.secs, warmup: p.warmup, ramp, timeout };
+            let m = measure_closed(env, &topology, &ids, &load).await?;
+            let hwm = sys::status_mib("VmHWM:").unwrap_or(0.0);
+            env.stop().await;
+            let ideal = p.concurrency as f64 / (p.latency_ms as f64 / 1e3).max(1e-3);
+            let mut r = RunReport::default();
+            r.add("turns_per_s", "throughput: turns/s", "turns/s", m.rate);
+            r.add("ideal_turns_per_s", "concurrency / latency", "turns/s", ideal);
+            r.add("efficiency_pct", "throughput / (concurrency / latency)", "%", m.rate / ideal * 100.0);
+            r.add("peak_llm_in_flight", "peak LLM calls in flight", "calls", env.llm.peak_in_flight() as f64);
+            r.add("peak_rss_mib", "peak RSS of the process (VmHWM)", "MiB", hwm);
+            r.add("rss_at_start_mib", "RSS when the run started", "MiB", rss_before);
+            r.add("machine_busy", "machine CPU busy", "%", m.cpu.machine_busy * 100.0);
+            cpu_per_turn(&mut r, "", "", &m.cpu, m.samples.len());
+            wal_per_turn(&mut r, "", "", &m.wal, m.samples.len());
+            r.failures = failed(&m.samples);
+            r.detail("mean_ready_per_queue", &m.depths);
+            r.detail("cpu", m.cpu);
+            r.detail("turns", m.samples.len());
+            println!(
+                "  run {}: {:.0} turns/s of {:.0} ideal ({:.0} %), peak in flight {}, VmHWM {:.0} MiB",
+                i + 1,
+                m.rate,
+                ideal,
+                m.rate / ideal * 100.0,
+                env.llm.peak_in_flight(),
+                hwm
+            );
+            Ok(r)
+        })
+    })
+    .await?;
+    let mut notes = vec![format!(
+        "closed loop: {} sessions with one turn in flight each, simulator latency {} ms, one copy of every stage, \
+         invoke prefetch {}; {} s ({} s warm-up not counted). VmHWM covers the whole benchmark process: \
+         pipeline, simulator and load driver",
+        p.concurrency,
+        p.latency_ms,
+        settings.pipeline.prefetch.invoke,
+        p.secs,
+        p.warmup
+    )];
+    if usize::from(settings.pipeline.prefetch.invoke) < p.concurrency {
+        notes.push(format!(
+            "invoke prefetch {} is below the concurrency {}: at most that many calls can be in flight",
+            settings.pipeline.prefetch.invoke, p.concurrency
+        ));
+    }
+    if !reset {
+        notes.push(
+            "could not reset VmHWM (/proc/self/clear_refs): the peak covers the whole process life".into(),
+        );
+    }
+    let targets = [Target::AtLeast("efficiency_pct", 90.0), Target::Below("peak_rss_mib", 300.0)];
+    let doc = finish("inflight", json!(p), &runs, &targets, &notes);
+    Ok((doc, failures(&runs)))
+}

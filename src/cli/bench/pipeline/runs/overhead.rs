@@ -1,0 +1,137 @@
+//! `aptix bench overhead`: publish to final reply minus the LLM call, at a steady open-loop rate, and where the time goes.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// `aptix bench overhead`.
+pub async fn overhead(
+    p: &Overhead,
+    common: &CommonArgs,
+    corpus: &Corpus,
+    settings: &Settings,
+) -> anyhow::Result<(Value, usize)> {
+    let timeout = Duration::from_secs(common.turn_timeout_secs);
+    let opts = env_options(corpus, 0);
+    let runs = repeat(common, settings, &opts, |env, i| {
+        let p = p.clone();
+        Box::pin(async move {
+            env.start(&StageName::ALL, 1);
+            let ids = Arc::new(TurnIds::default());
+            let sessions = driver::sessions(p.sessions);
+            let topology = env.topology.clone();
+            env.track_sessions(&topology, &sessions);
+            let driver = Arc::new(Driver::new(&env.conn, &topology, &sessions).await?);
+            let pool = env.deps.store.pool();
+            let (before, wal_before) = (CpuSnapshot::take(env.sim_tid()), Wal::take(pool).await);
+            let (start, samples) = driver::open_loop(&driver, &sessions, &ids, p.rate, secs(p.secs), timeout).await;
+            let cpu = CpuSnapshot::take(env.sim_tid()).since(&before);
+            let wal = Wal::take(pool).await.since(&wal_before);
+            if let Ok(d) = Arc::try_unwrap(driver) {
+                d.close().await;
+            }
+            env.stop().await;
+            let from = start + secs(p.warmup.min(p.secs * 0.5));
+            let counted: Vec<&TurnSample> = samples.iter().filter(|s| s.start >= from && s.ok).collect();
+            let (mut e2e, mut llm, mut over) = (Vec::new(), Vec::new(), Vec::new());
+            for s in &counted {
+                let Some(total) = s.latency() else { continue };
+                let call = env.llm.call_time(&s.turn_id).unwrap_or_default();
+                e2e.push(total);
+                llm.push(call);
+                over.push(total.saturating_sub(call));
+            }
+            let (e, l, o) = (Percentiles::of(&mut e2e), Percentiles::of(&mut llm), Percentiles::of(&mut over));
+            let mut r = RunReport::default();
+            let last = samples.iter().filter_map(|s| s.end).max().unwrap_or(start);
+            r.add("achieved_rate", "replies/s over the run", "turns/s", samples.iter().filter(|s| s.ok).count() as f64 / last.saturating_duration_since(start).as_secs_f64().max(1e-9));
+            r.add("overhead_p50_ms", "overhead p50 (e2e minus LLM call)", "ms", o.p50);
+            r.add("overhead_p99_ms", "overhead p99 (e2e minus LLM call)", "ms", o.p99);
+            r.add("overhead_max_ms", "overhead max", "ms", o.max);
+            r.add("e2e_p50_ms", "publish to final reply p50", "ms", e.p50);
+            r.add("e2e_p99_ms", "publish to final reply p99", "ms", e.p99);
+            r.add("llm_p50_ms", "LLM call (HTTP to simulator) p50", "ms", l.p50);
+            r.add("llm_p99_ms", "LLM call (HTTP to simulator) p99", "ms", l.p99);
+            r.add("machine_busy", "machine CPU busy", "%", cpu.machine_busy * 100.0);
+            cpu_per_turn(&mut r, "", "", &cpu, samples.len());
+            wal_per_turn(&mut r, "", "", &wal, samples.len());
+            r.failures = failed(&samples);
+            let segments = breakdown(env, &counted).await;
+            for (i, (key, label)) in SEGMENTS.iter().enumerate() {
+                let mut v = segments.get(i).cloned().unwrap_or_default();
+                let pc = Percentiles::of(&mut v);
+                r.add(format!("{key}_p50_ms"), format!("{label} p50"), "ms", pc.p50);
+                r.add(format!("{key}_p99_ms"), format!("{label} p99"), "ms", pc.p99);
+            }
+            r.detail("counted_turns", counted.len());
+            r.detail("cpu", cpu);
+            println!(
+                "  run {}: {} turns counted; overhead p50 {:.1} ms p99 {:.1} ms; e2e p50 {:.1} ms p99 {:.1} ms",
+                i + 1,
+                counted.len(),
+                o.p50,
+                o.p99,
+                e.p50,
+                e.p99
+            );
+            Ok(r)
+        })
+    })
+    .await?;
+    let notes = vec![format!(
+        "open loop at {} turns/s for {} s over {} sessions ({} s warm-up not counted); simulator at zero latency; \
+         latency from each turn's scheduled publish time; overhead = e2e minus the invoke stage's LLM call time",
+        p.rate, p.secs, p.sessions, p.warmup
+    )];
+    let targets = [Target::Below("overhead_p50_ms", 10.0), Target::Below("overhead_p99_ms", 40.0)];
+    let doc = finish("overhead", json!(p), &runs, &targets, &notes);
+    Ok((doc, failures(&runs)))
+}
+
+/// Where a turn's time goes, from database timestamps (`now()` is a transaction's start):
+/// turns.created_at (admission), llm_results.created_at (the answer saved by invoke),
+/// response_records.created_at (persist's transaction).
+const SEGMENTS: [(&str, &str); 4] = [
+    ("seg_admit", "  publish -> admission transaction (validate)"),
+    ("seg_to_llm_saved", "  admission -> LLM answer saved, minus LLM call"),
+    ("seg_to_persist", "  LLM answer saved -> persist transaction"),
+    ("seg_to_reply", "  persist transaction -> reply at client"),
+];
+
+async fn breakdown(env: &BenchEnv, counted: &[&TurnSample]) -> Vec<Vec<Duration>> {
+    type Row = (
+        String,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT t.session_id::text, t.turn_id, t.created_at, l.created_at, r.created_at
+         FROM turns t
+         LEFT JOIN llm_results l ON l.session_id = t.session_id AND l.turn_id = t.turn_id AND l.step = 0
+         LEFT JOIN response_records r ON r.session_id = t.session_id AND r.turn_id = t.turn_id AND r.step = 0",
+    )
+    .fetch_all(env.deps.store.pool())
+    .await
+    .unwrap_or_default();
+    let by_key: std::collections::HashMap<(String, String), &Row> =
+        rows.iter().map(|r| ((r.0.clone(), r.1.clone()), r)).collect();
+    let mut out = vec![Vec::new(); SEGMENTS.len()];
+    let gap = |a: chrono::DateTime<chrono::Utc>, b: chrono::DateTime<chrono::Utc>| {
+        (b - a).to_std().unwrap_or_default()
+    };
+    for s in counted {
+        let (Some(end), Some(row)) = (s.end, by_key.get(&(s.session.to_string(), s.turn_id.clone()))) else {
+            continue;
+        };
+        let (Some(saved), Some(persisted)) = (row.3, row.4) else { continue };
+        let wall_end = s.wall_start
+            + chrono::Duration::from_std(end.saturating_duration_since(s.start)).unwrap_or_default();
+        let call = env.llm.call_time(&s.turn_id).unwrap_or_default();
+        out[0].push(gap(s.wall_start, row.2));
+        out[1].push(gap(row.2, saved).saturating_sub(call));
+        out[2].push(gap(saved, persisted));
+        out[3].push(gap(persisted, wall_end));
+    }
+    out
+}
