@@ -3,7 +3,7 @@
 //! AGN-033 responses.
 //!
 //! Modules, bottom up: [`contracts`] (wire types and error codes), [`validate`] (AGN-034 rules),
-//! [`config`] (layered settings), [`telemetry`] (logging), [`cli`] (the `aptix` command).
+//! [`config`] (layered settings), [`telemetry`] (logging), [`otlp`] (trace export), [`cli`] (the `aptix` command).
 
 pub mod assemble;
 pub mod broker;
@@ -15,6 +15,7 @@ pub mod index;
 pub mod llm;
 pub mod messages;
 pub mod metrics;
+pub mod otlp;
 pub mod pipeline;
 pub mod reprocess;
 pub mod retrieve;

@@ -30,8 +30,9 @@ pub(super) struct Settler<'a> {
 
 /// How a delivery ends.
 enum Settled {
-    /// Published and confirmed (or nothing to publish): ack.
-    Done,
+    /// Published and confirmed (or nothing to publish): ack. The outcome names what was
+    /// published: `forwarded`, `retried`, `requeued` (a counted copy), `dead_lettered`.
+    Done(&'static str),
     /// Back to the broker unacked, at its place in the queue (shutdown during an in-place wait).
     Requeue,
 }
@@ -41,15 +42,22 @@ impl Settler<'_> {
     pub async fn settle(&self, d: Delivery, acker: &Acker) {
         let stage = self.stage.as_str();
         let _in_flight = crate::metrics::metrics().in_flight(stage);
+        let span = super::trace::HopSpan::start(stage, &d);
         let ordered = self.handler.ordering_key(&d).is_some();
-        let (outcome, result) = match (d.redelivered, ordered) {
-            (true, false) => ("requeued", self.republish_counted(d).await),
-            (true, true) => ("forwarded", self.redelivered_in_place(d).await),
-            (false, _) => ("forwarded", self.handle(d, ordered).await),
+        let result = match (d.redelivered, ordered) {
+            (true, false) => self.republish_counted(d).await,
+            (true, true) => self.redelivered_in_place(d, &span.span_id).await,
+            (false, _) => self.handle(d, ordered, &span.span_id).await,
         };
-        crate::metrics::metrics().message(stage, if result.is_ok() { outcome } else { "publish_failed" });
+        let outcome = match &result {
+            Ok(Settled::Done(outcome)) => outcome,
+            Ok(Settled::Requeue) => "returned",
+            Err(_) => "publish_failed",
+        };
+        crate::metrics::metrics().message(stage, outcome);
+        span.finish(outcome, result.as_ref().err().map(ToString::to_string));
         match result {
-            Ok(Settled::Done) => {
+            Ok(Settled::Done(_)) => {
                 // An ack on a channel recovered meanwhile fails: the broker redelivers.
                 if let Err(error) = acker.ack(BasicAckOptions::default()).await {
                     debug!(stage, %error, "ack failed, message will be redelivered");
@@ -66,8 +74,9 @@ impl Settler<'_> {
         }
     }
 
-    /// Runs the handler, and for ordered messages its in-place retries.
-    async fn handle(&self, mut d: Delivery, ordered: bool) -> Result<Settled, BrokerError> {
+    /// Runs the handler, and for ordered messages its in-place retries. Messages it publishes
+    /// carry `span_id` as their parent span.
+    async fn handle(&self, mut d: Delivery, ordered: bool, span_id: &str) -> Result<Settled, BrokerError> {
         let stage = self.stage.as_str();
         loop {
             let trace = super::trace::trace_id_of(&d);
@@ -75,11 +84,11 @@ impl Settler<'_> {
             match tracing::Instrument::instrument(self.handler.handle(d.clone()), span).await {
                 Disposition::Forward { mut messages, outbox_ids } => {
                     for m in &mut messages {
-                        super::trace::stamp(m, &d, trace.as_deref());
+                        super::trace::stamp(m, &d, trace.as_deref(), span_id);
                     }
                     self.publish(&messages).await?;
                     self.handler.published(outbox_ids).await;
-                    return Ok(Settled::Done);
+                    return Ok(Settled::Done("forwarded"));
                 }
                 Disposition::Retry { reason } if ordered => {
                     if let Some(end) = self.wait_in_place(&mut d, reason).await? {
@@ -91,7 +100,7 @@ impl Settler<'_> {
                     warn!(stage, %reason, "dead-lettering message");
                     let dead = self.dead_letter(&d, &reason);
                     self.publish(&[messages, vec![dead]].concat()).await?;
-                    return Ok(Settled::Done);
+                    return Ok(Settled::Done("dead_lettered"));
                 }
             }
         }
@@ -104,7 +113,7 @@ impl Settler<'_> {
         if next >= self.settings.max_attempts {
             warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
             self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
-            return Ok(Some(Settled::Done));
+            return Ok(Some(Settled::Done("dead_lettered")));
         }
         let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying in place");
@@ -116,16 +125,16 @@ impl Settler<'_> {
     }
 
     /// A redelivered ordered message: counted by the handler, then handled where it stands.
-    async fn redelivered_in_place(&self, d: Delivery) -> Result<Settled, BrokerError> {
+    async fn redelivered_in_place(&self, d: Delivery, span_id: &str) -> Result<Settled, BrokerError> {
         loop {
             match self.handler.count_redelivery(&d).await {
                 Ok(Some(count)) if count > self.settings.max_redeliveries => {
                     warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
                     let reason = format!("poison: delivered to a consumer that died {count} times");
                     self.give_up(d, reason).await?;
-                    return Ok(Settled::Done);
+                    return Ok(Settled::Done("dead_lettered"));
                 }
-                Ok(_) => return self.handle(d, true).await,
+                Ok(_) => return self.handle(d, true, span_id).await,
                 // Returning it to the broker would let the next message of its lane overtake it.
                 Err(reason) => {
                     warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");
@@ -144,11 +153,11 @@ impl Settler<'_> {
         if count > self.settings.max_redeliveries {
             warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
             self.give_up(d, format!("poison: delivered to a consumer that died {count} times")).await?;
-            return Ok(Settled::Done);
+            return Ok(Settled::Done("dead_lettered"));
         }
         let copy = copy_of(d, &self.queue(), "x-aptix-redeliveries", count);
         self.publish(&[copy]).await?;
-        Ok(Settled::Done)
+        Ok(Settled::Done("requeued"))
     }
 
     /// A transient failure of an unordered message: to a delay queue, or given up.
@@ -157,7 +166,7 @@ impl Settler<'_> {
         if next >= self.settings.max_attempts {
             warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
             self.give_up(d, format!("retries exhausted: {reason}")).await?;
-            return Ok(Settled::Done);
+            return Ok(Settled::Done("dead_lettered"));
         }
         let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
@@ -165,7 +174,7 @@ impl Settler<'_> {
         copy.exchange = self.settings.topology.delay_exchange(tier);
         copy.headers.insert("x-aptix-last-error".into(), reason);
         self.publish(&[copy]).await?;
-        Ok(Settled::Done)
+        Ok(Settled::Done("retried"))
     }
 
     /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.

@@ -5,6 +5,10 @@
 //! A client's own `traceparent` on the request is kept for the turn's messages. Otherwise, and
 //! for turns dispatched later from the database, the trace id is derived from
 //! `(SessionId, TurnId)`, so every process computes the same one without coordination.
+//!
+//! Each settled message is a span ([`HopSpan`]); the `traceparent` of what it publishes carries
+//! that span's id, so the next stage's span is its child. Spans are exported when OTLP export
+//! is on (`crate::otlp`).
 
 use sha2::{Digest, Sha256};
 
@@ -40,9 +44,76 @@ pub fn trace_id_of(d: &Delivery) -> Option<String> {
     Some(derived_trace_id(&session?.to_string(), &turn?))
 }
 
+/// The span id (16 hex digits) of a well-formed `traceparent`.
+pub fn parse_span_id(traceparent: &str) -> Option<&str> {
+    parse_trace_id(traceparent)?;
+    traceparent.split('-').nth(2)
+}
+
+/// A fresh span id.
+pub fn new_span_id() -> String {
+    hex::encode(&uuid::Uuid::new_v4().as_bytes()[..8])
+}
+
+/// The span of one stage settling one message.
+#[derive(Debug)]
+pub struct HopSpan {
+    /// This hop's span id, the parent of what it publishes.
+    pub span_id: String,
+    /// `None` when export is off: nothing else is collected then.
+    pending: Option<crate::otlp::SpanRecord>,
+}
+
+impl HopSpan {
+    /// Starts the span of `stage` handling `d`.
+    pub fn start(stage: &str, d: &Delivery) -> HopSpan {
+        let span_id = new_span_id();
+        let pending = crate::otlp::enabled().then(|| {
+            let (session, turn) = match turn_of(&d.headers) {
+                Some((s, t)) => (Some(s.to_owned()), Some(t.to_owned())),
+                None => {
+                    let (s, t) = crate::validate::turn_hint(&d.body);
+                    (s.map(|s| s.to_string()), t)
+                }
+            };
+            let mut attributes =
+                vec![("messaging.system", "rabbitmq".to_owned()), ("aptix.stage", stage.to_owned())];
+            attributes.extend(session.map(|s| ("aptix.session_id", s)));
+            attributes.extend(turn.map(|t| ("aptix.turn_id", t)));
+            attributes.extend(d.message_id.clone().map(|m| ("messaging.message.id", m)));
+            let now = std::time::SystemTime::now();
+            crate::otlp::SpanRecord {
+                trace_id: trace_id_of(d).unwrap_or_else(|| hex::encode(uuid::Uuid::new_v4().as_bytes())),
+                span_id: span_id.clone(),
+                parent_span_id: d
+                    .headers
+                    .get("traceparent")
+                    .and_then(|t| parse_span_id(t))
+                    .map(str::to_owned),
+                name: stage.to_owned(),
+                start: now,
+                end: now,
+                error: None,
+                attributes,
+            }
+        });
+        HopSpan { span_id, pending }
+    }
+
+    /// Ends the span with the message's outcome and exports it.
+    pub fn finish(self, outcome: &str, error: Option<String>) {
+        if let Some(mut span) = self.pending {
+            span.end = std::time::SystemTime::now();
+            span.attributes.push(("aptix.outcome", outcome.to_owned()));
+            span.error = error.or_else(|| (outcome == "dead_lettered").then(|| outcome.to_owned()));
+            crate::otlp::record(span);
+        }
+    }
+}
+
 /// Gives an outgoing message a `traceparent`: the incoming trace when it is the same turn,
-/// else the turn's derived trace, with a fresh span id for this hop.
-pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&str>) {
+/// else the turn's derived trace, with `span` (the publishing hop's span) as parent id.
+pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&str>, span: &str) {
     if out.headers.contains_key("traceparent") {
         return;
     }
@@ -60,7 +131,6 @@ pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&
         (false, Some(t), None) => t.to_owned(),
         (_, None, None) => return,
     };
-    let span = &hex::encode(uuid::Uuid::new_v4().as_bytes())[..16];
     out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-01"));
 }
 
@@ -78,5 +148,7 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert_eq!(a, derived_trace_id("s", "t1"));
         assert_ne!(a, derived_trace_id("s", "t2"));
+        assert_eq!(parse_span_id(tp), Some("00f067aa0ba902b7"));
+        assert_eq!(new_span_id().len(), 16);
     }
 }

@@ -30,11 +30,20 @@ pub fn run_stages(settings: Settings, stages: &[StageName], copies: usize) -> an
             .await
             .context("starting the pipeline")?;
         let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
+        let otlp = deps.settings.telemetry.otlp_endpoint.clone();
+        if !otlp.is_empty() {
+            let service = match stages {
+                [one] => format!("aptix-{}", one.as_str()),
+                _ => "aptix".to_owned(),
+            };
+            crate::otlp::install(&otlp, &service).context("starting OTLP export")?;
+        }
         let listen = deps.settings.telemetry.metrics_listen.clone();
         if !listen.is_empty() {
             tokio::spawn(crate::metrics::serve(listen, Some(deps.store.clone()), shutdown.clone()));
         }
         pipeline::run(Arc::new(deps), stages, copies, shutdown).await;
+        crate::otlp::flush().await;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -228,6 +228,9 @@ pub struct TelemetrySettings {
     pub format: crate::telemetry::LogFormat,
     /// Address of `/metrics`, `/healthz` and `/readyz` for worker processes; empty disables.
     pub metrics_listen: String,
+    /// OTLP/HTTP traces endpoint (`http://collector:4318/v1/traces`); empty disables export.
+    #[serde(default)]
+    pub otlp_endpoint: String,
     /// Prices for the LLM cost estimate.
     #[serde(default)]
     pub prices: Vec<crate::metrics::ModelPrice>,
