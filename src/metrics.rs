@@ -90,7 +90,7 @@ impl Metrics {
         let messages = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "stage_messages",
-            "Messages handled per stage by outcome (forwarded, retried, dead_lettered, requeued)",
+            "Messages handled per stage by outcome (forwarded, retried, requeued, dead_lettered, returned, publish_failed)",
             messages.clone(),
         );
         let in_flight = Family::<StageLabel, Gauge>::default();
