@@ -144,3 +144,17 @@ pub struct Answer {
     /// The raw provider response, stored unchanged.
     pub raw: Value,
 }
+
+impl From<crate::llm::LlmResponse> for Answer {
+    /// The answer as the pipeline keeps it (the provider's creation time, else now).
+    fn from(r: crate::llm::LlmResponse) -> Self {
+        use chrono::TimeZone as _;
+        let created_at = r
+            .raw
+            .get("created_at")
+            .and_then(Value::as_i64)
+            .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
+            .unwrap_or_else(Utc::now);
+        Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
+    }
+}

@@ -2,27 +2,16 @@
 //! the provider's answer and the reply the client would have got (never published). It is
 //! linked to the original record it reprocesses.
 
-use chrono::{TimeZone as _, Utc};
 use serde_json::{json, Value};
 
 use super::rebuild::{StepInput, TurnInputs};
 use crate::assemble::Assembled;
 use crate::config::ConversationContext;
 use crate::contracts::{AgentExecuteResponse, ApiError, InvokeResult, Outcome, Reply, UserWarning};
-use crate::llm::{LlmError, LlmResponse};
+use crate::llm::LlmError;
 use crate::messages::Answer;
+use crate::stages::persist::{base_record, with_owed_warnings};
 use crate::store::{LinkedRecord, NewRecord};
-
-/// The answer as the pipeline keeps it (the provider's creation time, else now).
-pub(crate) fn answer_of(r: LlmResponse) -> Answer {
-    let created_at = r
-        .raw
-        .get("created_at")
-        .and_then(Value::as_i64)
-        .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
-        .unwrap_or_else(Utc::now);
-    Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
-}
 
 /// The warnings a round trip owes the turn's final response: the original retrieval warnings of
 /// the step and the new assembly's.
@@ -41,15 +30,7 @@ pub(crate) fn answered(
     context: &ConversationContext,
     owed: &[UserWarning],
 ) -> LinkedRecord {
-    let outcome = match answer.outcome.clone() {
-        Outcome::Final(mut f) => {
-            let mut warnings = owed.to_vec();
-            warnings.append(&mut f.user_warnings);
-            f.user_warnings = warnings;
-            Outcome::Final(f)
-        }
-        other => other,
-    };
+    let outcome = with_owed_warnings(answer.outcome.clone(), owed);
     let kind = match outcome {
         Outcome::Final(_) => "final",
         Outcome::ClientToolContinuation(_) => "client_tool_continuation",
@@ -82,27 +63,12 @@ pub(crate) fn failed(
 }
 
 fn base(inputs: &TurnInputs, assembled: &Assembled, kind: &str, reply: Reply) -> NewRecord {
-    let sent = &assembled.record;
-    let turn = &inputs.turn;
-    let to = |v: Result<Value, serde_json::Error>| v.unwrap_or_else(|_| json!([]));
-    NewRecord {
-        kind: kind.to_owned(),
-        provider_response_id: None,
-        chain: serde_json::to_value(&sent.chain).unwrap_or_else(|_| json!({})),
-        request_payload: Some(assembled.body.clone()),
-        response_payload: None,
-        retrieved_chunks: to(serde_json::to_value(&sent.chunks)),
-        active_files: to(serde_json::to_value(&sent.files)),
-        skipped_files: to(serde_json::to_value(&sent.skipped_files)),
-        usage: None,
-        errors: json!([]),
-        instruction: turn.instruction().map(str::to_owned),
-        workspace_id: turn.workspace_id().map(str::to_owned),
-        repo: turn.repo().map(str::to_owned),
-        language: turn.language().map(str::to_owned),
-        rag_scope: to(serde_json::to_value(turn.rag_scope())),
-        reply: serde_json::to_value(&reply).unwrap_or(Value::Null),
-    }
+    base_record(
+        Some(&inputs.turn),
+        Some(assembled),
+        kind,
+        serde_json::to_value(&reply).unwrap_or(Value::Null),
+    )
 }
 
 fn link(inputs: &TurnInputs, step: &StepInput, record: NewRecord) -> LinkedRecord {

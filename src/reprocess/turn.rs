@@ -7,7 +7,7 @@ use chrono::Utc;
 use tracing::debug;
 
 use super::rebuild::{continuation_request, provider_answer, user_request, TurnInputs};
-use super::record::{answer_of, answered, failed, step_warnings};
+use super::record::{answered, failed, step_warnings};
 use crate::assemble::AssemblePolicy;
 use crate::config::{ConversationContext, Settings};
 use crate::contracts::{Outcome, ToolCall, UserTurn};
@@ -67,7 +67,7 @@ impl Replayer<'_> {
             let request = LlmRequest { endpoint: &self.endpoint, body: &assembled.body, deltas: None };
             match self.llm.create_response(request).await {
                 Ok(response) => {
-                    let answer = answer_of(response);
+                    let answer = crate::messages::Answer::from(response);
                     state = state.apply_answer(&assembled.update, &provider_answer(&answer), self.policy);
                     if let Outcome::ClientToolContinuation(c) = &answer.outcome {
                         calls = Some(c.tool_calls().to_vec());

@@ -2,7 +2,6 @@
 //! completed call is saved before it is forwarded, so a redelivered message never calls the
 //! provider twice; a lost chain (`previous_response_not_found`) is rebuilt and called again.
 
-use chrono::{TimeZone as _, Utc};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -42,7 +41,7 @@ pub async fn run(deps: &Deps, job: InvokeJob) -> Result<(StageName, StageMessage
     }
     record_call(deps, &assembled.body, &result);
     let round_trip = match result {
-        Ok(response) => RoundTrip::Answered(answer(response)),
+        Ok(response) => RoundTrip::Answered(Answer::from(response)),
         Err(e) if e.is_transient() => return Err(StageError::Transient(e.to_string())),
         Err(e) => RoundTrip::Failed {
             errors: vec![ApiError::new(e.code(), e.to_string())],
@@ -63,16 +62,6 @@ fn record_call(deps: &Deps, body: &serde_json::Value, result: &Result<LlmRespons
         Err(e) => (e.code().as_str(), None),
     };
     crate::metrics::metrics().llm_call(model, outcome, usage, &deps.settings.telemetry.prices);
-}
-
-fn answer(r: LlmResponse) -> Answer {
-    let created_at = r
-        .raw
-        .get("created_at")
-        .and_then(serde_json::Value::as_i64)
-        .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
-        .unwrap_or_else(Utc::now);
-    Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
 }
 
 async fn call(

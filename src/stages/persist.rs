@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{user_turn, Deps, StageError};
 use crate::assemble::{AnswerOutcome, Assembled, ProviderAnswer, SessionState};
-use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserWarning};
+use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserTurn, UserWarning};
 use crate::messages::{PersistJob, RoundTrip, TurnJob};
 use crate::store::{FinishStep, NewRecord, PendingOutbox, StepOutcome, TurnRow};
 
@@ -56,9 +56,15 @@ fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
 
 /// Adds retrieval and assembly warnings to a final answer (AGN-033: warnings are final-only).
 fn with_warnings(outcome: Outcome, job: &PersistJob) -> Outcome {
+    with_owed_warnings(outcome, &owed_warnings(job))
+}
+
+/// A final answer with the warnings the turn owes (`owed`) before the provider's own; a tool
+/// continuation unchanged. Shared with reprocessing, which must shape answers the same way.
+pub(crate) fn with_owed_warnings(outcome: Outcome, owed: &[UserWarning]) -> Outcome {
     match outcome {
         Outcome::Final(mut f) => {
-            let mut warnings = owed_warnings(job);
+            let mut warnings = owed.to_vec();
             warnings.append(&mut f.user_warnings);
             f.user_warnings = warnings;
             Outcome::Final(f)
@@ -100,20 +106,36 @@ fn record(
     errors: Value,
     reply: Value,
 ) -> NewRecord {
-    let turn = user_turn(&job.job);
-    let sent = job.assembled.as_ref().map(|a: &Assembled| &a.record);
+    let mut record =
+        base_record(user_turn(&job.job), job.assembled.as_ref(), &record_kind(&job.result), reply);
+    record.provider_response_id = provider_response_id;
+    record.response_payload = response_payload;
+    record.usage = usage;
+    record.errors = errors;
+    record
+}
+
+/// A record's fields that come from the turn and what was sent; the outcome's fields empty.
+/// Shared with reprocessing, whose records must read like the pipeline's.
+pub(crate) fn base_record(
+    turn: Option<&UserTurn>,
+    assembled: Option<&Assembled>,
+    kind: &str,
+    reply: Value,
+) -> NewRecord {
+    let sent = assembled.map(|a| &a.record);
     let to = |v: Option<Value>| v.unwrap_or_else(|| json!([]));
     NewRecord {
-        kind: record_kind(&job.result),
-        provider_response_id,
+        kind: kind.to_owned(),
+        provider_response_id: None,
         chain: sent.map(|r| serde_json::to_value(&r.chain).unwrap_or_default()).unwrap_or_else(|| json!({})),
-        request_payload: job.assembled.as_ref().map(|a| a.body.clone()),
-        response_payload,
+        request_payload: assembled.map(|a| a.body.clone()),
+        response_payload: None,
         retrieved_chunks: to(sent.and_then(|r| serde_json::to_value(&r.chunks).ok())),
         active_files: to(sent.and_then(|r| serde_json::to_value(&r.files).ok())),
         skipped_files: to(sent.and_then(|r| serde_json::to_value(&r.skipped_files).ok())),
-        usage,
-        errors,
+        usage: None,
+        errors: json!([]),
         instruction: turn.and_then(|t| t.instruction().map(str::to_owned)),
         workspace_id: turn.and_then(|t| t.workspace_id().map(str::to_owned)),
         repo: turn.and_then(|t| t.repo().map(str::to_owned)),
