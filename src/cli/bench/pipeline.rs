@@ -141,6 +141,10 @@ pub struct ScalingArgs {
     /// Sessions, closed loop [default: 256; 8 with --smoke].
     #[arg(long)]
     pub sessions: Option<usize>,
+    /// Simulator latency per call, ms. With a low `pipeline.prefetch.invoke` this makes invoke
+    /// the concurrency-bound stage that copies relieve [default: 0].
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
 }
 
 /// Options of `aptix bench all`: the four pipeline benchmarks with their defaults.
@@ -186,6 +190,7 @@ pub(crate) struct Scaling {
     secs: f64,
     warmup: f64,
     sessions: usize,
+    latency_ms: u64,
 }
 
 impl CeilingArgs {
@@ -237,6 +242,7 @@ impl ScalingArgs {
             secs: pick(self.secs, s, 1.5, 15.0),
             warmup: pick(self.warmup_secs, s, 0.5, 3.0),
             sessions: pick(self.sessions, s, 8, 256).max(1),
+            latency_ms: self.latency_ms,
         }
     }
 }
@@ -339,6 +345,7 @@ async fn dispatch(which: Which, common: &CommonArgs, settings: &Settings) -> any
                 secs: None,
                 warmup_secs: None,
                 sessions: None,
+                latency_ms: 0,
             };
             record("scaling", runs::scaling(&scaling.resolve(), common, &corpus, settings).await?);
         }

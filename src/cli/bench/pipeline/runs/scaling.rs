@@ -10,7 +10,7 @@ pub async fn scaling(
     corpus: &Corpus,
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
-    let opts = env_options(corpus, 0);
+    let opts = env_options(corpus, p.latency_ms);
     let mut stage = p.stage;
     let mut runs = Vec::new();
     for run in 0..common.runs.max(1) {
@@ -66,8 +66,9 @@ pub async fn scaling(
     }
     let notes = vec![format!(
         "closed loop, {} sessions, {} s per point ({} s warm-up not counted), fresh environment per point; \
-         the other stages at one copy; all stages in this one process (2 vCPUs shared with RabbitMQ and PostgreSQL)",
-        p.sessions, p.secs, p.warmup
+         simulator latency {} ms; prefetch per copy {:?}; the other stages at one copy; all stages in this one \
+         process (2 vCPUs shared with RabbitMQ and PostgreSQL)",
+        p.sessions, p.secs, p.warmup, p.latency_ms, settings.pipeline.prefetch
     )];
     let doc =
         finish("scaling", json!({"params": p, "stage": stage.map(StageName::as_str)}), &runs, &[], &notes);
