@@ -48,8 +48,9 @@ pub enum BrokerError {
 /// A received message, detached from the AMQP client.
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    /// Message body.
-    pub body: Vec<u8>,
+    /// Message body; shared, so the copy the runtime keeps for a retry or a dead letter costs
+    /// nothing while a stage holds its own.
+    pub body: bytes::Bytes,
     /// String-valued headers.
     pub headers: BTreeMap<String, String>,
     /// `message_id` property.

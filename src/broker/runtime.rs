@@ -272,7 +272,7 @@ fn detach(d: &lapin::message::Delivery) -> Delivery {
     let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
     let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
     Delivery {
-        body: d.data.clone(),
+        body: bytes::Bytes::from(d.data.clone()),
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
         redelivered: d.redelivered,
         attempt,

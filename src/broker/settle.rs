@@ -186,7 +186,7 @@ impl Settler<'_> {
 
     fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
         let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut msg = OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.clone());
+        let mut msg = OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
         msg.headers = d.headers.clone();
         msg.headers.remove("x-aptix-kind");
         msg.header("x-aptix-reason", reason)
@@ -206,7 +206,7 @@ impl Settler<'_> {
 /// The delivery re-published to `queue` with `counter` set to `value`.
 fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
     let mut copy =
-        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body);
+        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body.to_vec());
     copy.headers = d.headers;
     copy.headers.insert(counter.into(), value.to_string());
     copy.headers.remove("x-aptix-kind");
