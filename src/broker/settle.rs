@@ -205,8 +205,12 @@ impl Settler<'_> {
 
 /// The delivery re-published to `queue` with `counter` set to `value`.
 fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
-    let mut copy =
-        OutMessage::to_queue(queue.to_owned(), "turn", d.message_id.clone().unwrap_or_default(), d.body.to_vec());
+    let mut copy = OutMessage::to_queue(
+        queue.to_owned(),
+        "turn",
+        d.message_id.clone().unwrap_or_default(),
+        d.body.to_vec(),
+    );
     copy.headers = d.headers;
     copy.headers.insert(counter.into(), value.to_string());
     copy.headers.remove("x-aptix-kind");
