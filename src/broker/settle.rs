@@ -109,13 +109,9 @@ impl Settler<'_> {
     /// Waits out the retry tier of an ordered message's next attempt, holding its lane. `None`:
     /// try again now; otherwise how the message ended (given up, or returned on shutdown).
     async fn wait_in_place(&self, d: &mut Delivery, reason: String) -> Result<Option<Settled>, BrokerError> {
-        let next = d.attempt + 1;
-        if next >= self.settings.max_attempts {
-            warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
-            self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
+        let Some((next, tier)) = self.next_attempt(d, &reason).await? else {
             return Ok(Some(Settled::Done("dead_lettered")));
-        }
-        let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
+        };
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying in place");
         d.attempt = next;
         tokio::select! {
@@ -129,10 +125,7 @@ impl Settler<'_> {
         loop {
             match self.handler.count_redelivery(&d).await {
                 Ok(Some(count)) if count > self.settings.max_redeliveries => {
-                    warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
-                    let reason = format!("poison: delivered to a consumer that died {count} times");
-                    self.give_up(d, reason).await?;
-                    return Ok(Settled::Done("dead_lettered"));
+                    return self.poison(d, count).await
                 }
                 Ok(_) => return self.handle(d, true, span_id).await,
                 // Returning it to the broker would let the next message of its lane overtake it.
@@ -151,9 +144,7 @@ impl Settler<'_> {
     async fn republish_counted(&self, d: Delivery) -> Result<Settled, BrokerError> {
         let count: u32 = d.headers.get("x-aptix-redeliveries").and_then(|c| c.parse().ok()).unwrap_or(0) + 1;
         if count > self.settings.max_redeliveries {
-            warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
-            self.give_up(d, format!("poison: delivered to a consumer that died {count} times")).await?;
-            return Ok(Settled::Done("dead_lettered"));
+            return self.poison(d, count).await;
         }
         let copy = copy_of(d, &self.queue(), "x-aptix-redeliveries", count);
         self.publish(&[copy]).await?;
@@ -162,19 +153,34 @@ impl Settler<'_> {
 
     /// A transient failure of an unordered message: to a delay queue, or given up.
     async fn retry_later(&self, d: Delivery, reason: String) -> Result<Settled, BrokerError> {
-        let next = d.attempt + 1;
-        if next >= self.settings.max_attempts {
-            warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
-            self.give_up(d, format!("retries exhausted: {reason}")).await?;
+        let Some((next, tier)) = self.next_attempt(&d, &reason).await? else {
             return Ok(Settled::Done("dead_lettered"));
-        }
-        let tier = RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)];
+        };
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
         let mut copy = copy_of(d, &self.queue(), "x-aptix-attempt", next);
         copy.exchange = self.settings.topology.delay_exchange(tier);
         copy.headers.insert("x-aptix-last-error".into(), reason);
         self.publish(&[copy]).await?;
         Ok(Settled::Done("retried"))
+    }
+
+    /// The next attempt's number and its delay tier (ms), or `None` once the message was given
+    /// up because its attempts ran out.
+    async fn next_attempt(&self, d: &Delivery, reason: &str) -> Result<Option<(u32, u64)>, BrokerError> {
+        let next = d.attempt + 1;
+        if next >= self.settings.max_attempts {
+            warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
+            self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
+            return Ok(None);
+        }
+        Ok(Some((next, RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)])))
+    }
+
+    /// A message whose consumers died `count` times: given up as poison.
+    async fn poison(&self, d: Delivery, count: u32) -> Result<Settled, BrokerError> {
+        warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
+        self.give_up(d, format!("poison: delivered to a consumer that died {count} times")).await?;
+        Ok(Settled::Done("dead_lettered"))
     }
 
     /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
