@@ -10,6 +10,7 @@
 pub mod chunker;
 pub mod language;
 mod prepare;
+mod sample;
 pub mod walk;
 
 use std::collections::HashSet;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::retrieve::{ChunkPoint, Retrieval, RetrieveError, VectorStore};
 pub use chunker::{chunk_text, ChunkParams, TextChunk};
+pub use sample::write_sample_repo;
 pub use walk::SkipReason;
 
 /// Files chunked and encoded per blocking task.

@@ -64,20 +64,6 @@ pub fn test_settings(id: &str, sim_url: &str, data_dir: &Path) -> Settings {
     s
 }
 
-/// A tiny repository to index, so retrieval has something to find.
-pub fn write_fixture_repo(root: &Path) {
-    let files = [
-        ("billing/invoice.rs", "/// Sends the invoice e-mail.\npub fn send_invoice_email(invoice: &Invoice) -> Result<(), MailError> {\n    mailer::send(&invoice.customer, render(invoice))\n}\n"),
-        ("billing/tax.rs", "/// Computes VAT for an invoice line.\npub fn vat_for_line(line: &Line) -> Money {\n    line.amount * line.rate\n}\n"),
-        ("docs/README.md", "# Billing\n\nInvoices are e-mailed by `send_invoice_email`.\n"),
-    ];
-    for (path, text) in files {
-        let p = root.join(path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
-}
-
 impl Harness {
     /// Starts everything, with `copies` consumers per stage.
     pub async fn start(copies: usize) -> Harness {
@@ -97,7 +83,7 @@ impl Harness {
         let settings = Arc::new(settings);
         let deps = Arc::new(pipeline::build_deps(settings.clone(), None).await.unwrap());
         let repo = dir.join("repo");
-        write_fixture_repo(&repo);
+        aptix::index::write_sample_repo(&repo).unwrap();
         let mut opts = IndexOptions::new(&repo, "fixture");
         opts.progress = false;
         let collection = settings.agent_context(None).unwrap().collection.clone();

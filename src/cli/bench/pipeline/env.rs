@@ -112,23 +112,6 @@ pub fn with_database(url: &str, name: &str) -> String {
     }
 }
 
-/// Small files to index when no corpus directory is used (the integration tests' fixture).
-fn write_fixture(root: &Path) -> std::io::Result<()> {
-    let files = [
-        ("billing/invoice.rs", "/// Sends the invoice e-mail.\npub fn send_invoice_email(invoice: &Invoice) -> Result<(), MailError> {\n    mailer::send(&invoice.customer, render(invoice))\n}\n"),
-        ("billing/tax.rs", "/// Computes VAT for an invoice line.\npub fn vat_for_line(line: &Line) -> Money {\n    line.amount * line.rate\n}\n"),
-        ("docs/README.md", "# Billing\n\nInvoices are e-mailed by `send_invoice_email`.\n"),
-    ];
-    for (path, text) in files {
-        let p = root.join(path);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(p, text)?;
-    }
-    Ok(())
-}
-
 impl BenchEnv {
     /// Builds an environment from the user's settings (broker and database URLs are taken from
     /// them; everything else is set here). On failure, whatever was created is removed.
@@ -194,7 +177,7 @@ impl BenchEnv {
             Corpus::Dir(p) => p.clone(),
             Corpus::Fixture => {
                 let root = dir.join("repo");
-                write_fixture(&root)?;
+                crate::index::write_sample_repo(&root)?;
                 root
             }
         };
