@@ -2,6 +2,7 @@
 //! errors out. Only rules that need no stored state live here; session and turn rules belong to
 //! the validate stage.
 
+mod attachments;
 mod parse;
 mod rules;
 
