@@ -6,13 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::{
-    connect, run_stage, Handler, OutMessage, Publisher, RuntimeSettings, StageName, Topology,
-};
+use crate::broker::{run_stage, Handler, LazyPublisher, OutMessage, RuntimeSettings, StageName, Topology};
 use crate::config::Settings;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
@@ -35,7 +32,7 @@ pub enum StartError {
 
 /// The queue names configured in `settings`.
 pub fn topology(settings: &Settings) -> Topology {
-    Topology::new(&settings.amqp.prefix, settings.pipeline.session_queue_expires_ms)
+    Topology::new(&settings.amqp.prefix)
 }
 
 /// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
@@ -54,8 +51,7 @@ pub async fn build_deps(
     };
     let topology = topology(&settings);
     let deltas: Arc<dyn DeltaPublisher> = Arc::new(BrokerDeltas {
-        settings: runtime_settings(&settings, StageName::Invoke),
-        publisher: Mutex::new(None),
+        publisher: LazyPublisher::new(runtime_settings(&settings, StageName::Invoke)),
     });
     Ok(Deps {
         retrieval: Retrieval::from_settings(&settings)?,
@@ -92,15 +88,14 @@ pub async fn build_deps_patiently(
 
 /// How `stage` consumes, from configuration.
 pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSettings {
-    let attempts = settings.pipeline.max_attempts.get(stage);
     RuntimeSettings {
         amqp_url: settings.amqp.url.expose().to_owned(),
         topology: topology(settings),
         prefetch: settings.pipeline.prefetch.get(stage).max(1),
-        // 0 means never give up.
-        max_attempts: if attempts == 0 { u32::MAX } else { attempts },
+        max_attempts: settings.pipeline.max_attempts.get(stage).max(1),
         max_redeliveries: settings.pipeline.max_redeliveries,
         confirm_timeout: Duration::from_millis(settings.pipeline.confirm_timeout_ms),
+        max_message_bytes: settings.amqp.max_message_bytes,
     }
 }
 
@@ -153,28 +148,15 @@ pub fn shutdown_on_signals() -> CancellationToken {
 /// Publishes stream deltas on a connection of its own, reconnecting after failures.
 #[derive(Debug)]
 struct BrokerDeltas {
-    settings: RuntimeSettings,
-    publisher: Mutex<Option<(lapin::Connection, Publisher)>>,
+    publisher: LazyPublisher,
 }
 
 impl DeltaPublisher for BrokerDeltas {
     fn publish(&self, message: OutMessage) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let mut guard = self.publisher.lock().await;
-            if guard.is_none() {
-                match connect(&self.settings.amqp_url).await {
-                    Ok(conn) => match Publisher::open(&conn).await {
-                        Ok(p) => *guard = Some((conn, p)),
-                        Err(error) => warn!(%error, "cannot open a channel for stream deltas"),
-                    },
-                    Err(error) => warn!(%error, "cannot connect for stream deltas"),
-                }
-            }
-            let Some((_, publisher)) = guard.as_ref() else { return };
-            if let Err(error) = crate::broker::publish_all(publisher, &self.settings, &[message]).await {
+            if let Err(error) = self.publisher.publish(message).await {
                 // A lost delta is not fatal: the final reply carries the whole answer.
                 warn!(%error, "stream delta not published");
-                *guard = None;
             }
         })
     }

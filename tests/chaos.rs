@@ -571,7 +571,7 @@ impl Client {
     ) -> Result<(), BrokerError> {
         if self.link.is_none() {
             let conn = connect(AMQP).await?;
-            let publisher = Publisher::open(&conn).await?;
+            let publisher = Publisher::connect(AMQP).await?;
             self.link = Some((conn, publisher));
             self.reconnects += 1;
         }
@@ -1064,7 +1064,7 @@ async fn chaos(plan: Plan) -> Report {
     let t_start = Instant::now();
     eprintln!("chaos: plan {plan:?}");
     let mut rng = StdRng::seed_from_u64(plan.seed);
-    let mut h = Harness::start_with(0, |s| s.pipeline.session_queue_expires_ms = 3_600_000).await;
+    let mut h = Harness::start_with(0, |_| {}).await;
     index_fixture_for_children(&h).await;
     if plan.llm_faults {
         arm_llm_faults(&h);
@@ -1141,7 +1141,7 @@ async fn chaos(plan: Plan) -> Report {
 
     // The harness's own connection died with the broker restarts.
     h.conn = connect(AMQP).await.unwrap();
-    h.publisher = Publisher::open(&h.conn).await.unwrap();
+    h.publisher = Publisher::connect(AMQP).await.unwrap();
     let result = reconcile(&h, &sent, reconnects).await;
     let stats = h.sim.stats();
     let llm = json!({
@@ -1285,7 +1285,7 @@ async fn watch_finals(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "takes about a minute (the retry delays are 0.5 + 2 + 10 + 30 s); run with --ignored"]
 async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
-    let h = Harness::start_with(0, |s| s.pipeline.session_queue_expires_ms = 3_600_000).await;
+    let h = Harness::start_with(0, |_| {}).await;
     // An agent context whose LLM endpoint refuses connections: every attempt fails transiently.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dead_url = format!("http://127.0.0.1:{closed}/v1");
@@ -1306,7 +1306,7 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
     all.push(poison);
     let conn = connect(AMQP).await.unwrap();
     let finals = watch_finals(&conn, &h.topology, &all).await;
-    let publisher = Publisher::open(&conn).await.unwrap();
+    let publisher = Publisher::connect(AMQP).await.unwrap();
     let mut published: HashMap<(String, String), Instant> = HashMap::new();
     let mut send = async |session: &SessionId, turn: &str, extra: Value| {
         let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")});

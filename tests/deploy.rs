@@ -534,7 +534,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
     let k8s = K8s::load();
     let bins = bins();
     let env = k8s.env();
-    let topology = Topology::new(&env["APTIX__AMQP__PREFIX"], 0);
+    let topology = Topology::new(&env["APTIX__AMQP__PREFIX"]);
     let metrics_port = port_of(&env["APTIX__TELEMETRY__METRICS_LISTEN"]);
     let request_timeout = request_timeout_secs();
 
@@ -647,7 +647,7 @@ fn durable_entity(def: &Json) -> String {
 #[test]
 fn rabbitmq_definitions_match_the_topology() {
     let defs: Json = serde_json::from_str(&read("deploy/rabbitmq/definitions.json")).unwrap();
-    let topology = Topology::new("aptix", 0);
+    let topology = Topology::new("aptix");
 
     // Queues and their arguments, as Topology::declare declares them.
     let mut expected_queues = BTreeMap::new();

@@ -3,6 +3,7 @@
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
 mod publish;
+mod replies;
 mod runtime;
 mod settle;
 mod topology;
@@ -12,10 +13,15 @@ use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
 
-pub use publish::{OutMessage, Publisher};
+pub use publish::{HeaderValue, OutMessage, Publisher};
+pub use replies::LazyPublisher;
 pub use runtime::{connect, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
+
+/// How the reason given to [`Handler::exhausted`] starts when the handler's output can never be
+/// published (larger than the broker accepts), as opposed to retries running out.
+pub const UNDELIVERABLE: &str = "undeliverable";
 
 /// Why a broker operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +49,19 @@ pub enum BrokerError {
     /// Connecting, declaring the topology or starting to consume took too long.
     #[error("broker set-up timed out")]
     SetupTimeout,
+    /// The message is larger than the broker accepts; sending it would only close the channel.
+    #[error("a message to `{routing_key}` is {size} bytes; the broker accepts at most {limit} (amqp.max_message_bytes)")]
+    TooLarge {
+        /// Where it was going.
+        routing_key: String,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The publisher was shut down.
+    #[error("publisher closed")]
+    Closed,
 }
 
 /// A received message, detached from the AMQP client.
@@ -51,7 +70,7 @@ pub struct Delivery {
     /// Message body; shared, so the copy the runtime keeps for a retry or a dead letter costs
     /// nothing while a stage holds its own.
     pub body: bytes::Bytes,
-    /// String-valued headers.
+    /// Headers, as text (booleans and numbers spelled out).
     pub headers: BTreeMap<String, String>,
     /// `message_id` property.
     pub message_id: Option<String>,

@@ -33,6 +33,8 @@ pub struct RuntimeSettings {
     pub max_redeliveries: u32,
     /// Longest wait for a publish confirm.
     pub confirm_timeout: Duration,
+    /// Largest message the broker accepts (its `max_message_size`); bigger ones are never sent.
+    pub max_message_bytes: usize,
 }
 
 /// Opens a connection with a short heartbeat so a dead broker is noticed in seconds, not minutes.
@@ -80,7 +82,7 @@ async fn consume(
     // A set-up that stalls (a broker mid-restart can accept TCP and not answer) must neither
     // hang the worker nor keep it from stopping.
     let setup = tokio::time::timeout(SETUP_TIMEOUT, open(stage, settings));
-    let (consume_conn, publish_conn, publisher, channel, mut consumer, tag) = tokio::select! {
+    let (consume_conn, publisher, channel, mut consumer, tag) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         opened = setup => opened.map_err(|_| BrokerError::SetupTimeout)??,
     };
@@ -90,10 +92,19 @@ async fn consume(
     let permits = Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1))));
     let tracker = TaskTracker::new();
     let mut ordered = Ordered::default();
+    let mut watch = tokio::time::interval(Duration::from_secs(1));
     let outcome = loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             next = consumer.next() => next,
+            // A dead publishing connection must not leave the stage consuming what it can
+            // never forward: reconnect both.
+            _ = watch.tick() => {
+                if publisher.is_connected() {
+                    continue;
+                }
+                break Err(BrokerError::Closed);
+            }
         };
         let delivery = match next {
             None => {
@@ -104,7 +115,7 @@ async fn consume(
             Some(Err(e)) => break Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job { acker: delivery.acker.clone(), delivery: detach(&delivery) };
+        let job = Job { acker: delivery.acker.clone(), delivery: detach(&delivery, stage) };
         let worker = Worker {
             stage,
             handler: handler.clone(),
@@ -130,7 +141,7 @@ async fn consume(
     let close = async {
         let _ = channel.close(200, "stage stopping".into()).await;
         let _ = consume_conn.close(200, "stage stopping".into()).await;
-        let _ = publish_conn.close(200, "stage stopping".into()).await;
+        publisher.close(SETUP_TIMEOUT).await;
     };
     let _ = tokio::time::timeout(SETUP_TIMEOUT, close).await;
     outcome
@@ -139,14 +150,15 @@ async fn consume(
 /// Longest wait for connecting and declaring, or for closing.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
-type Opened = (Connection, Connection, Publisher, lapin::Channel, lapin::Consumer, String);
+type Opened = (Connection, Publisher, lapin::Channel, lapin::Consumer, String);
 
 /// Connects, declares the topology and starts consuming `stage`'s queue.
 async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, BrokerError> {
     // Separate connections: broker flow control on publishers must not stall acks.
     let consume_conn = connect(&settings.amqp_url).await?;
     let publish_conn = connect(&settings.amqp_url).await?;
-    let publisher = Publisher::open(&publish_conn).await?;
+    let publisher =
+        Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout).await?;
     settings.topology.declare(publisher.channel()).await?;
     let channel = consume_conn.create_channel().await?;
     channel.basic_qos(settings.prefetch, BasicQosOptions::default()).await?;
@@ -160,7 +172,7 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
             FieldTable::default(),
         )
         .await?;
-    Ok((consume_conn, publish_conn, publisher, channel, consumer, tag))
+    Ok((consume_conn, publisher, channel, consumer, tag))
 }
 
 /// A delivery detached from the consumer, with what is needed to settle it.
@@ -260,7 +272,7 @@ pub async fn process_one(
     let got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await?;
     let Some(msg) = got else { return Ok(false) };
     let acker = msg.delivery.acker.clone();
-    let d = detach(&msg.delivery);
+    let d = detach(&msg.delivery, stage);
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };
     settler.settle(d, &acker).await;
@@ -268,8 +280,13 @@ pub async fn process_one(
     Ok(true)
 }
 
-fn detach(d: &lapin::message::Delivery) -> Delivery {
-    let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+fn detach(d: &lapin::message::Delivery, stage: StageName) -> Delivery {
+    let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+    if stage == StageName::Validate {
+        // Ingress messages come from clients: the runtime's own counters and marks are not
+        // theirs to set.
+        headers.retain(|k, _| !k.starts_with("x-aptix-"));
+    }
     let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
     Delivery {
         body: bytes::Bytes::from(d.data.clone()),
@@ -291,6 +308,7 @@ fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
                 AMQPValue::LongLongInt(i) => i.to_string(),
                 AMQPValue::LongInt(i) => i.to_string(),
                 AMQPValue::ShortInt(i) => i.to_string(),
+                AMQPValue::Boolean(b) => b.to_string(),
                 _ => return None,
             };
             Some((k.to_string(), s))

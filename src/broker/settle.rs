@@ -86,7 +86,15 @@ impl Settler<'_> {
                     for m in &mut messages {
                         super::trace::stamp(m, &d, trace.as_deref(), span_id);
                     }
-                    self.publish(&messages).await?;
+                    match self.publish(&messages).await {
+                        // Never publishable: the turn ends here instead of retrying forever.
+                        Err(error @ BrokerError::TooLarge { .. }) => {
+                            warn!(stage, %error, "output undeliverable, giving the message up");
+                            self.give_up(d, format!("{}: {error}", super::UNDELIVERABLE)).await?;
+                            return Ok(Settled::Done("dead_lettered"));
+                        }
+                        other => other?,
+                    }
                     self.handler.published(outbox_ids).await;
                     return Ok(Settled::Done("forwarded"));
                 }
@@ -98,8 +106,7 @@ impl Settler<'_> {
                 Disposition::Retry { reason } => return self.retry_later(d, reason).await,
                 Disposition::DeadLetter { reason, messages } => {
                     warn!(stage, %reason, "dead-lettering message");
-                    let dead = self.dead_letter(&d, &reason);
-                    self.publish(&[messages, vec![dead]].concat()).await?;
+                    self.dead_letter_with(&d, &reason, messages).await?;
                     return Ok(Settled::Done("dead_lettered"));
                 }
             }
@@ -142,7 +149,9 @@ impl Settler<'_> {
 
     /// A redelivered unordered message: re-published with its count so crash loops are bounded.
     async fn republish_counted(&self, d: Delivery) -> Result<Settled, BrokerError> {
-        let count: u32 = d.headers.get("x-aptix-redeliveries").and_then(|c| c.parse().ok()).unwrap_or(0) + 1;
+        // An unreadable count (not one of ours) counts as spent; a count never wraps to 0.
+        let seen = d.headers.get("x-aptix-redeliveries").map_or(0, |c| c.parse::<u32>().unwrap_or(u32::MAX));
+        let count = seen.saturating_add(1);
         if count > self.settings.max_redeliveries {
             return self.poison(d, count).await;
         }
@@ -159,7 +168,7 @@ impl Settler<'_> {
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
         let mut copy = copy_of(d, &self.queue(), "x-aptix-attempt", next);
         copy.exchange = self.settings.topology.delay_exchange(tier);
-        copy.headers.insert("x-aptix-last-error".into(), reason);
+        copy.headers.insert("x-aptix-last-error".into(), reason.into());
         self.publish(&[copy]).await?;
         Ok(Settled::Done("retried"))
     }
@@ -167,7 +176,7 @@ impl Settler<'_> {
     /// The next attempt's number and its delay tier (ms), or `None` once the message was given
     /// up because its attempts ran out.
     async fn next_attempt(&self, d: &Delivery, reason: &str) -> Result<Option<(u32, u64)>, BrokerError> {
-        let next = d.attempt + 1;
+        let next = d.attempt.saturating_add(1);
         if next >= self.settings.max_attempts {
             warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
             self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
@@ -185,15 +194,33 @@ impl Settler<'_> {
 
     /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
     async fn give_up(&self, d: Delivery, reason: String) -> Result<(), BrokerError> {
-        let mut messages = self.handler.exhausted(d.clone(), reason.clone()).await;
-        messages.push(self.dead_letter(&d, &reason));
-        self.publish(&messages).await
+        let messages = self.handler.exhausted(d.clone(), reason.clone()).await;
+        self.dead_letter_with(&d, &reason, messages).await
+    }
+
+    /// Publishes `messages` and the dead letter of `d`. Messages the broker can never take
+    /// (too large) are dropped with an error log rather than retried forever: the dead letter,
+    /// the original body the broker already accepted once, still goes.
+    async fn dead_letter_with(
+        &self,
+        d: &Delivery,
+        reason: &str,
+        messages: Vec<OutMessage>,
+    ) -> Result<(), BrokerError> {
+        let dead = self.dead_letter(d, reason);
+        match self.publish(&[messages, vec![dead.clone()]].concat()).await {
+            Err(error @ BrokerError::TooLarge { .. }) => {
+                tracing::error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
+                self.publish(&[dead]).await
+            }
+            other => other,
+        }
     }
 
     fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
         let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut msg = OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
-        msg.headers = d.headers.clone();
+        msg.headers = d.headers.iter().map(|(k, v)| (k.clone(), v.as_str().into())).collect();
         msg.headers.remove("x-aptix-kind");
         msg.header("x-aptix-reason", reason)
             .header("x-aptix-stage", self.stage.as_str())
@@ -217,36 +244,32 @@ fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
         d.message_id.clone().unwrap_or_default(),
         d.body.to_vec(),
     );
-    copy.headers = d.headers;
-    copy.headers.insert(counter.into(), value.to_string());
+    copy.headers = d.headers.into_iter().map(|(k, v)| (k, v.into())).collect();
+    copy.headers.insert(counter.into(), value.into());
     copy.headers.remove("x-aptix-kind");
     copy
 }
 
-/// Publishes with confirms; a reply whose session queue has expired gets the queue declared
-/// and is published once more.
+/// Publishes with confirms. Replies and deltas go to their session's queue, made ready first
+/// (see `replies`).
 pub async fn publish_all(
     publisher: &Publisher,
     settings: &RuntimeSettings,
     messages: &[OutMessage],
 ) -> Result<(), BrokerError> {
     let confirmed = messages.iter().map(|m| async move {
-        match timed(settings, publisher.publish(m)).await {
-            Err(BrokerError::Unroutable { .. }) if m.session.is_some() => {
-                if let Some(session) = &m.session {
-                    settings.topology.declare_session(publisher.channel(), session).await?;
+        let publish = async {
+            match &m.session {
+                Some(session) => {
+                    publisher.sessions().publish(publisher, &settings.topology, session, m).await
                 }
-                timed(settings, publisher.publish(m)).await
+                None => publisher.publish(m).await,
             }
-            other => other,
-        }
+        };
+        // Declarations have no deadline of their own; a broker that stops answering must not
+        // hold the message forever.
+        let limit = settings.confirm_timeout * 3;
+        tokio::time::timeout(limit, publish).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
     });
     futures_util::future::join_all(confirmed).await.into_iter().collect()
-}
-
-async fn timed(
-    settings: &RuntimeSettings,
-    fut: impl std::future::Future<Output = Result<(), BrokerError>>,
-) -> Result<(), BrokerError> {
-    tokio::time::timeout(settings.confirm_timeout, fut).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
 }

@@ -1,10 +1,13 @@
 //! Queue and exchange names under the configured prefix, and their declaration.
 //!
 //! Every queue is a durable classic queue: quorum queues fsync every message and cannot be
-//! created per session, and one node gains nothing from replication.
+//! created per session, and one node gains nothing from replication. Bounds and expiry of
+//! session, dead-letter and unrouted queues come from RabbitMQ policies
+//! (`deploy/rabbitmq/`), never from `x-` arguments: a client declaring its reply queue then
+//! needs no server setting, and an operator changes a bound without redeclaring anything.
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
 use crate::contracts::SessionId;
@@ -55,13 +58,12 @@ pub const RETRY_TIERS_MS: [u64; 4] = [500, 2_000, 10_000, 30_000];
 #[derive(Debug, Clone)]
 pub struct Topology {
     prefix: String,
-    session_queue_expires_ms: u64,
 }
 
 impl Topology {
-    /// Names under `prefix`; session reply queues expire after `session_queue_expires_ms` unused.
-    pub fn new(prefix: &str, session_queue_expires_ms: u64) -> Self {
-        Topology { prefix: prefix.to_owned(), session_queue_expires_ms }
+    /// Names under `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Topology { prefix: prefix.to_owned() }
     }
 
     /// The prefix.
@@ -69,9 +71,28 @@ impl Topology {
         &self.prefix
     }
 
-    /// Ingress queue where backends publish requests; consumed by the validate stage.
+    /// The ingress queue, consumed by the validate stage. It shares its name with the entry
+    /// exchange ([`Topology::requests_exchange`]) bound to it, so messages published by older
+    /// clients straight to the queue still arrive.
     pub fn requests(&self) -> String {
         format!("{}.requests", self.prefix)
+    }
+
+    /// The entry point: clients publish requests here, routing key = SessionId.
+    pub fn requests_exchange(&self) -> String {
+        format!("{}.requests", self.prefix)
+    }
+
+    /// A request as a client publishes it: to the entry exchange, routing key = SessionId.
+    pub fn request(&self, session: &str, message_id: String, body: Vec<u8>) -> super::OutMessage {
+        let mut m = super::OutMessage::to_queue(session.to_owned(), "request", message_id, body);
+        m.exchange = self.requests_exchange();
+        m
+    }
+
+    /// Replies that could not be routed to their session's queue (the client deleted it).
+    pub fn unrouted(&self) -> String {
+        format!("{}.unrouted", self.prefix)
     }
 
     /// The queue a stage consumes.
@@ -102,17 +123,6 @@ impl Topology {
         format!("{}.delay.{tier_ms}", self.prefix)
     }
 
-    /// Arguments of a session reply queue; clients must declare it with exactly these.
-    pub fn session_queue_args(&self) -> FieldTable {
-        let mut args = FieldTable::default();
-        // Unused session queues disappear; a reply is never the only copy (it is in Postgres).
-        args.insert(
-            ShortString::from("x-expires"),
-            AMQPValue::LongLongInt(self.session_queue_expires_ms as i64),
-        );
-        args
-    }
-
     /// Declares everything except session queues. Idempotent; safe from every worker.
     pub async fn declare(&self, ch: &Channel) -> Result<(), lapin::Error> {
         for stage in StageName::ALL {
@@ -124,7 +134,9 @@ impl Topology {
             }
             durable_queue(ch, &self.stage_queue(stage), args).await?;
         }
+        self.declare_entry(ch).await?;
         durable_queue(ch, &self.dead(), FieldTable::default()).await?;
+        durable_queue(ch, &self.unrouted(), FieldTable::default()).await?;
         ch.exchange_declare(
             self.replies_exchange().into(),
             ExchangeKind::Direct,
@@ -136,6 +148,26 @@ impl Topology {
             self.declare_delay_tier(ch, tier).await?;
         }
         Ok(())
+    }
+
+    async fn declare_entry(&self, ch: &Channel) -> Result<(), lapin::Error> {
+        // Topic, bound with `#`: every routing key (the SessionId) reaches the ingress today,
+        // and a partitioning exchange can be bound behind it later without clients noticing.
+        ch.exchange_declare(
+            self.requests_exchange().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            self.requests().into(),
+            self.requests_exchange().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
     }
 
     async fn declare_delay_tier(&self, ch: &Channel, tier: u64) -> Result<(), lapin::Error> {
@@ -163,12 +195,24 @@ impl Topology {
         .await
     }
 
-    /// Declares a session's reply queue and binds it; idempotent.
+    /// Declares a session's reply queue (durable, no arguments: what a client declares too) and
+    /// binds it; idempotent.
     pub async fn declare_session(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
         let queue = self.session_queue(session);
-        durable_queue(ch, &queue, self.session_queue_args()).await?;
+        durable_queue(ch, &queue, FieldTable::default()).await?;
+        self.bind_session(ch, session).await
+    }
+
+    /// What a client does before publishing a session's first request (docs/client-protocol.md):
+    /// declares the reply queue, durable and with no arguments. The server binds it.
+    pub async fn declare_client_queue(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
+        durable_queue(ch, &self.session_queue(session), FieldTable::default()).await
+    }
+
+    /// Binds a session's existing reply queue to the replies exchange.
+    pub async fn bind_session(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
         ch.queue_bind(
-            queue.into(),
+            self.session_queue(session).into(),
             self.replies_exchange().into(),
             session.to_string().into(),
             QueueBindOptions::default(),

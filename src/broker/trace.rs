@@ -32,6 +32,14 @@ fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str
     Some((headers.get("x-aptix-session-id")?.as_str(), headers.get("x-aptix-turn-id")?.as_str()))
 }
 
+fn turn_of_out(out: &OutMessage) -> Option<(&str, &str)> {
+    let text = |k: &str| match out.headers.get(k) {
+        Some(super::HeaderValue::Str(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    Some((text("x-aptix-session-id")?, text("x-aptix-turn-id")?))
+}
+
 /// The trace id a delivery belongs to.
 pub fn trace_id_of(d: &Delivery) -> Option<String> {
     if let Some(id) = d.headers.get("traceparent").and_then(|t| parse_trace_id(t)) {
@@ -117,21 +125,21 @@ pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&
     if out.headers.contains_key("traceparent") {
         return;
     }
-    let same_turn = match (turn_of(&out.headers), turn_of(&incoming.headers)) {
+    let same_turn = match (turn_of_out(out), turn_of(&incoming.headers)) {
         (Some(a), Some(b)) => a == b,
         (Some(_), None) => {
             let (s, t) = crate::validate::turn_hint(&incoming.body);
-            turn_of(&out.headers) == s.map(|s| s.to_string()).as_deref().zip(t.as_deref())
+            turn_of_out(out) == s.map(|s| s.to_string()).as_deref().zip(t.as_deref())
         }
         _ => true,
     };
-    let trace = match (same_turn, incoming_trace, turn_of(&out.headers)) {
+    let trace = match (same_turn, incoming_trace, turn_of_out(out)) {
         (true, Some(t), _) => t.to_owned(),
         (_, _, Some((s, t))) => derived_trace_id(s, t),
         (false, Some(t), None) => t.to_owned(),
         (_, None, None) => return,
     };
-    out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-01"));
+    out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-01").into());
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use lapin::types::FieldTable;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{connect, OutMessage, Publisher, StageName, Topology};
+use crate::broker::{connect, Publisher, StageName, Topology};
 use crate::config::{ConnectionUrl, Settings};
 use crate::contracts::SessionId;
 use crate::index::{index_repository, IndexOptions};
@@ -136,7 +136,7 @@ struct Client {
 impl Client {
     async fn connect(settings: &Settings) -> anyhow::Result<Client> {
         let conn = connect(settings.amqp.url.expose()).await?;
-        let publisher = Publisher::open(&conn).await?;
+        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         let topology = pipeline::topology(settings);
         topology.declare(publisher.channel()).await?;
         Ok(Client { conn, publisher, topology })
@@ -145,10 +145,10 @@ impl Client {
     /// Sends a request and prints its replies until the final one, which it returns.
     async fn turn(&self, session: &SessionId, request: Value) -> anyhow::Result<Value> {
         let turn = request["TurnId"].as_str().unwrap_or_default().to_owned();
-        self.topology.declare_session(self.publisher.channel(), session).await?;
+        self.topology.declare_client_queue(self.publisher.channel(), session).await?;
         let body = serde_json::to_vec(&request)?;
         let id = format!("demo:{session}:{turn}:{}", uuid::Uuid::new_v4());
-        self.publisher.publish(&OutMessage::to_queue(self.topology.requests(), "request", id, body)).await?;
+        self.publisher.publish(&self.topology.request(&session.to_string(), id, body)).await?;
         let ch = self.conn.create_channel().await?;
         let queue = self.topology.session_queue(session);
         let mut consumer = ch

@@ -11,7 +11,7 @@ use futures_util::StreamExt as _;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 
-use crate::broker::{connect, OutMessage, Publisher, StageName};
+use crate::broker::{connect, Publisher, StageName};
 use crate::config::Settings;
 use crate::contracts::SessionId;
 use crate::pipeline;
@@ -93,7 +93,7 @@ pub fn submit(settings: Settings, file: &Path, wait: bool, timeout: Duration) ->
                 settings.amqp.url
             )
         })?;
-        let publisher = Publisher::open(&conn).await?;
+        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         topology.declare(publisher.channel()).await?;
         let waiting = match (wait, session) {
             (true, Some(s)) => Some(s),
@@ -102,12 +102,13 @@ pub fn submit(settings: Settings, file: &Path, wait: bool, timeout: Duration) ->
         };
         if let Some(s) = &waiting {
             // Declared before publishing so no reply can arrive before its queue exists.
-            topology.declare_session(publisher.channel(), s).await?;
+            topology.declare_client_queue(publisher.channel(), s).await?;
         }
         let id = format!("submit:{}", uuid::Uuid::new_v4());
-        publisher.publish(&OutMessage::to_queue(topology.requests(), "request", id, body)).await?;
+        let key = session.map_or_else(|| "-".to_owned(), |s| s.to_string());
+        publisher.publish(&topology.request(&key, id, body)).await?;
         let Some(session) = waiting else {
-            eprintln!("published to {}", topology.requests());
+            eprintln!("published to exchange {}", topology.requests_exchange());
             return Ok(ExitCode::SUCCESS);
         };
         let queue = topology.session_queue(&session);

@@ -80,6 +80,9 @@ pub struct AmqpSettings {
     pub url: ConnectionUrl,
     /// Prefix of every queue and exchange name, so deployments and tests never collide.
     pub prefix: String,
+    /// The broker's `max_message_size`, bytes: a message over it is never sent (the broker
+    /// would close the channel) and its turn fails instead.
+    pub max_message_bytes: usize,
 }
 
 /// PostgreSQL settings.
@@ -172,15 +175,12 @@ fn default_embeddings_dimension() -> usize {
 pub struct PipelineSettings {
     /// Unacked messages per stage consumer, which is also how many it handles at once.
     pub prefetch: StagePrefetch,
-    /// Attempts (first included) before a transient failure fails the turn; 0 means never give
-    /// up (for stages whose failure would leave a turn without a record).
+    /// Attempts (first included) before a transient failure fails the turn; at least 1.
     pub max_attempts: StageAttempts,
     /// Redeliveries after consumer crashes before a message is treated as poison.
     pub max_redeliveries: u32,
     /// Longest wait for a publisher confirm, milliseconds.
     pub confirm_timeout_ms: u64,
-    /// A session reply queue unused this long is deleted by the broker, milliseconds.
-    pub session_queue_expires_ms: u64,
     /// Apply database migrations when a worker starts.
     pub migrate_on_start: bool,
 }
@@ -288,7 +288,41 @@ impl Settings {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
         }
+        self.validate_pipeline()?;
         self.validate_contexts()
+    }
+
+    fn validate_pipeline(&self) -> Result<(), ConfigError> {
+        let a = &self.pipeline.max_attempts;
+        for (stage, n) in [
+            ("validate", a.validate),
+            ("retrieve", a.retrieve),
+            ("assemble", a.assemble),
+            ("invoke", a.invoke),
+            ("persist", a.persist),
+        ] {
+            if n == 0 {
+                let key = format!("pipeline.max_attempts.{stage}");
+                return Err(ConfigError::invalid(
+                    key,
+                    "must be at least 1: a message that can never succeed must end",
+                ));
+            }
+        }
+        // The invoke and persist messages carry the request about twice (the request and the
+        // assembled body built from it) plus retrieved context.
+        let needed = self.limits.max_request_bytes.saturating_mul(2).saturating_add(2 << 20);
+        if needed > self.amqp.max_message_bytes {
+            return Err(ConfigError::invalid(
+                "limits.max_request_bytes",
+                format!(
+                    "a request this large makes stage messages of about {needed} bytes, over amqp.max_message_bytes ({}); lower it to at most {}",
+                    self.amqp.max_message_bytes,
+                    self.amqp.max_message_bytes.saturating_sub(2 << 20) / 2
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_contexts(&self) -> Result<(), ConfigError> {

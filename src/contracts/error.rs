@@ -91,6 +91,7 @@ error_codes! {
     LlmInvalidResponse => "llm.invalid_response", "the provider's answer could not be understood";
     RetriesExhausted => "internal.retries_exhausted", "a dependency stayed unavailable through every retry; the turn was dead-lettered";
     Internal => "internal.error", "an unexpected server error; operators have the details in the logs";
+    Undeliverable => "internal.undeliverable", "a message of this turn could not be handed on (larger than the broker accepts, or its data unusable); the turn was dead-lettered";
 }
 
 impl fmt::Display for ErrorCode {

@@ -50,7 +50,7 @@ pub async fn run(deps: &Deps, job: InvokeJob) -> Result<(StageName, StageMessage
     };
     let persist =
         PersistJob { job: job.job, assembled: Some(assembled), warnings: job.warnings, result: round_trip };
-    let saved = serde_json::to_value(&persist).map_err(|e| StageError::Transient(e.to_string()))?;
+    let saved = serde_json::to_value(&persist)?;
     deps.store.save_llm_result(&key, step, &saved).await?;
     Ok((StageName::Persist, StageMessage::Persist(persist)))
 }
@@ -115,7 +115,8 @@ pub fn delta_message(
     )
     .header("x-aptix-session-id", key.session_id.to_string())
     .header("x-aptix-turn-id", key.turn_id.to_string())
-    .header("x-aptix-seq", delta.seq.to_string());
+    .header("x-aptix-step", step)
+    .header("x-aptix-seq", delta.seq);
     msg.exchange = topology.replies_exchange();
     msg.session = Some(key.session_id);
     msg

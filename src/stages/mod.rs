@@ -44,17 +44,35 @@ pub trait DeltaPublisher: Send + Sync + std::fmt::Debug {
     fn publish(&self, message: OutMessage) -> BoxFuture<'_, ()>;
 }
 
-/// Why a stage could not produce its output.
+/// Why a stage could not produce its output, classified by what happens to the message.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     /// A dependency is unavailable; the message is retried later.
     #[error("transient: {0}")]
     Transient(String),
+    /// The message can never be handled (corrupt data, a permanent database error): it is
+    /// dead-lettered with the reason now and its turn fails with an error reply.
+    #[error("permanent: {0}")]
+    Permanent(String),
+    /// The message must not be acted on (a step for a turn that is not running at that step):
+    /// dead-lettered with the reason, nothing else; the turn is not this message's to end.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl From<crate::store::StoreError> for StageError {
     fn from(e: crate::store::StoreError) -> Self {
-        StageError::Transient(e.to_string())
+        match e {
+            crate::store::StoreError::NotRunning { .. } => StageError::Refused(e.to_string()),
+            e if e.is_transient() => StageError::Transient(e.to_string()),
+            e => StageError::Permanent(e.to_string()),
+        }
+    }
+}
+
+impl From<serde_json::Error> for StageError {
+    fn from(e: serde_json::Error) -> Self {
+        StageError::Permanent(format!("unusable data: {e}"))
     }
 }
 
@@ -98,9 +116,11 @@ impl Deps {
     }
 
     /// The reply of a round trip, for the session's reply queue. `tag` makes the message id
-    /// stable for the same logical reply (`step-0`, `rejected-<fingerprint>`, ...).
+    /// stable for the same logical reply (`step-0`, `rejected-<fingerprint>`, ...); a `step-N`
+    /// tag marks the reply that ends step N of the turn.
     pub fn reply(&self, session: &SessionId, turn_id: Option<&str>, tag: &str, reply: &Reply) -> OutMessage {
-        self.reply_bytes(session, turn_id, tag, serde_json::to_vec(reply).unwrap_or_default())
+        let outcome = ReplyOutcome::of(reply, tag.starts_with("step-"));
+        self.reply_bytes(session, turn_id, tag, outcome, serde_json::to_vec(reply).unwrap_or_default())
     }
 
     /// Like [`Deps::reply`], for a reply already serialized (a stored one sent again).
@@ -109,6 +129,7 @@ impl Deps {
         session: &SessionId,
         turn_id: Option<&str>,
         tag: &str,
+        outcome: ReplyOutcome,
         body: Vec<u8>,
     ) -> OutMessage {
         let turn = turn_id.unwrap_or("-");
@@ -116,10 +137,61 @@ impl Deps {
             OutMessage::to_queue(session.to_string(), "reply", format!("reply:{session}:{turn}:{tag}"), body)
                 .header("x-aptix-session-id", session.to_string())
                 .header("x-aptix-turn-id", turn)
-                .header("x-aptix-final", "true");
+                .header("x-aptix-final", outcome != ReplyOutcome::ClientToolContinuation)
+                .header("x-aptix-outcome", outcome.as_str());
+        if let Some(step) = tag.strip_prefix("step-").and_then(|n| n.parse::<i64>().ok()) {
+            msg = msg.header("x-aptix-step", step);
+        }
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(*session);
         msg
+    }
+}
+
+/// What a reply tells its client, sent as the `x-aptix-outcome` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyOutcome {
+    /// The turn ended with an answer.
+    Final,
+    /// The turn waits for the client's tool results.
+    ClientToolContinuation,
+    /// The turn ended in failure.
+    Failed,
+    /// This submission was refused; no turn changed.
+    Refused,
+}
+
+impl ReplyOutcome {
+    /// Of a reply that ends a step (`step`), or that answers a submission.
+    pub fn of(reply: &Reply, step: bool) -> Self {
+        match (reply.result(), step) {
+            (Some(r), _) if matches!(r.outcome, crate::contracts::Outcome::ClientToolContinuation(_)) => {
+                ReplyOutcome::ClientToolContinuation
+            }
+            (Some(_), _) => ReplyOutcome::Final,
+            (None, true) => ReplyOutcome::Failed,
+            (None, false) => ReplyOutcome::Refused,
+        }
+    }
+
+    /// Of a stored step reply sent again.
+    pub fn of_stored(reply: &serde_json::Value) -> Self {
+        let kind = reply.pointer("/Result/Kind").and_then(serde_json::Value::as_str);
+        match kind {
+            Some("client_tool_continuation") => ReplyOutcome::ClientToolContinuation,
+            Some(_) => ReplyOutcome::Final,
+            None => ReplyOutcome::Failed,
+        }
+    }
+
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplyOutcome::Final => "final",
+            ReplyOutcome::ClientToolContinuation => "client_tool_continuation",
+            ReplyOutcome::Failed => "failed",
+            ReplyOutcome::Refused => "refused",
+        }
     }
 }
 
@@ -169,25 +241,70 @@ impl StageHandler {
         };
         let key: TurnKey = msg.key().clone();
         let result = match (self.stage, msg) {
-            (StageName::Retrieve, StageMessage::Retrieve(job)) => retrieve::run(&self.deps, job).await,
-            (StageName::Assemble, StageMessage::Assemble(job)) => assemble::run(&self.deps, job).await,
-            (StageName::Invoke, StageMessage::Invoke(job)) => invoke::run(&self.deps, job).await,
-            (StageName::Persist, StageMessage::Persist(job)) => {
-                return match persist::run(&self.deps, job).await {
-                    Ok(outbox) => Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids },
-                    Err(StageError::Transient(reason)) => Disposition::Retry { reason },
-                };
+            (StageName::Retrieve, StageMessage::Retrieve(job)) => {
+                self.next(retrieve::run(&self.deps, job).await)
             }
+            (StageName::Assemble, StageMessage::Assemble(job)) => {
+                self.next(assemble::run(&self.deps, job).await)
+            }
+            (StageName::Invoke, StageMessage::Invoke(job)) => self.next(invoke::run(&self.deps, job).await),
+            (StageName::Persist, StageMessage::Persist(job)) => persist::run(&self.deps, job)
+                .await
+                .map(|outbox| Disposition::Forward { messages: outbox.messages, outbox_ids: outbox.ids }),
             (stage, other) => {
                 let reason = format!("{} cannot handle a {:?} message", stage.as_str(), kind_of(&other));
                 return Disposition::DeadLetter { reason, messages: vec![] };
             }
         };
+        let (session, turn) = (&key.session_id, key.turn_id.as_str());
         match result {
-            Ok((next, msg)) => Disposition::forward(vec![self.deps.to_stage(next, &msg)]),
+            Ok(disposition) => disposition,
             Err(StageError::Transient(reason)) => {
-                warn!(stage = self.stage.as_str(), session = %key.session_id, turn = %key.turn_id, %reason, "transient failure");
+                warn!(stage = self.stage.as_str(), %session, turn, %reason, "transient failure");
                 Disposition::Retry { reason }
+            }
+            Err(StageError::Permanent(reason)) => {
+                warn!(stage = self.stage.as_str(), %session, turn, %reason, "permanent failure, failing the turn");
+                let messages = self.give_up(&d, &reason);
+                Disposition::DeadLetter { reason, messages }
+            }
+            Err(StageError::Refused(reason)) => Disposition::DeadLetter { reason, messages: vec![] },
+        }
+    }
+
+    fn next(&self, result: Result<(StageName, StageMessage), StageError>) -> Result<Disposition, StageError> {
+        result.map(|(next, msg)| Disposition::forward(vec![self.deps.to_stage(next, &msg)]))
+    }
+
+    /// The turn of a stage message that is given up ends with an error reply: through a failed
+    /// persist job, or nothing if that is what is being given up.
+    fn give_up(&self, delivery: &Delivery, reason: &str) -> Vec<OutMessage> {
+        let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
+        let code = if reason.starts_with(crate::broker::UNDELIVERABLE) {
+            ErrorCode::Undeliverable
+        } else if self.stage == StageName::Invoke {
+            ErrorCode::LlmUnavailable
+        } else {
+            ErrorCode::RetriesExhausted
+        };
+        let error = ApiError::new(code, format!("the {} stage gave up: {reason}", self.stage.as_str()));
+        match msg {
+            // A failure that could not even be recorded is an operator's to look at.
+            StageMessage::Persist(p)
+                if matches!(p.result, RoundTrip::Failed { .. }) && p.assembled.is_none() =>
+            {
+                tracing::error!(session = %p.job.key.session_id, turn = %p.job.key.turn_id, reason, "could not record a failed turn");
+                vec![]
+            }
+            // Persist must not give up silently: failing again means telling the client.
+            StageMessage::Persist(mut p) => {
+                p.result = RoundTrip::Failed { errors: vec![error], raw: None };
+                p.assembled = None;
+                vec![self.deps.to_stage(StageName::Persist, &StageMessage::Persist(p))]
+            }
+            other => {
+                let job = other.job().clone();
+                vec![self.deps.to_stage(StageName::Persist, &failed(job, vec![error]))]
             }
         }
     }
@@ -215,27 +332,10 @@ impl Handler for StageHandler {
                     &delivery.body,
                     delivery.message_id.as_deref(),
                     &reason,
-                );
+                )
+                .await;
             }
-            let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
-            let code = if self.stage == StageName::Invoke {
-                ErrorCode::LlmUnavailable
-            } else {
-                ErrorCode::RetriesExhausted
-            };
-            let error = ApiError::new(code, format!("the {} stage gave up: {reason}", self.stage.as_str()));
-            match msg {
-                // Persist must not give up silently: failing again means telling the client.
-                StageMessage::Persist(mut p) => {
-                    p.result = RoundTrip::Failed { errors: vec![error], raw: None };
-                    p.assembled = None;
-                    vec![self.deps.to_stage(StageName::Persist, &StageMessage::Persist(p))]
-                }
-                other => {
-                    let job = other.job().clone();
-                    vec![self.deps.to_stage(StageName::Persist, &failed(job, vec![error]))]
-                }
-            }
+            self.give_up(&delivery, &reason)
         })
     }
 

@@ -82,14 +82,15 @@ async fn new_state(
 ) -> Result<Option<Value>, StageError> {
     let Some(assembled) = &job.assembled else { return Ok(None) };
     let raw = deps.store.session_state(&job.job.key.session_id).await?;
-    let state: SessionState = serde_json::from_value(raw).unwrap_or_default();
+    // Corrupt state must not silently become an empty one: the turn fails instead.
+    let state: SessionState = serde_json::from_value(raw)?;
     let outcome = match outcome {
         Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
         Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
     };
     let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
     let next = state.apply_answer(&assembled.update, &answer, &deps.settings.assemble);
-    Ok(Some(serde_json::to_value(next).map_err(|e| StageError::Transient(e.to_string()))?))
+    Ok(Some(serde_json::to_value(next)?))
 }
 
 fn mode_display_name(deps: &Deps, job: &TurnJob) -> String {

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use tracing::{debug, info};
 
-use super::Deps;
+use super::{Deps, ReplyOutcome};
 use crate::assemble::check_tool_results;
 use crate::broker::{Disposition, OutMessage, StageName};
 use crate::contracts::{
@@ -15,7 +15,9 @@ use crate::contracts::{
     ValidatedRequest,
 };
 use crate::messages::StageMessage;
-use crate::store::{Admission, ContinuationAdmission, NewRecord, SessionMeta, StoreError, TurnRow};
+use crate::store::{
+    Admission, ContinuationAdmission, NewRecord, SessionMeta, StoreError, StoredReply, TurnRow,
+};
 use crate::validate::{turn_hint, validate_bytes};
 
 /// Handles one ingress message (`message_id` is the client's, if it set one).
@@ -25,28 +27,93 @@ pub async fn run(deps: &Deps, body: &[u8], message_id: Option<&str>) -> Disposit
     let submission = message_fingerprint(message_id, body);
     let request = match validate_bytes(body, &deps.settings.limits) {
         Ok(r) => r,
-        Err(errors) => return reject(deps, body, &submission, errors.0),
+        Err(errors) => return keep_refusals(deps, reject(deps, body, &submission, errors.0)).await,
     };
     let result = match &request {
         ValidatedRequest::UserTurn(turn) => user_turn(deps, &request, turn, &submission).await,
         ValidatedRequest::ToolContinuation(c) => continuation(deps, &request, c, &submission).await,
     };
     match result {
-        Ok(d) => d,
+        Ok(d) => keep_refusals(deps, d).await,
         Err(e) if e.is_transient() => Disposition::Retry { reason: e.to_string() },
-        Err(e) => Disposition::DeadLetter { reason: format!("stored data unusable: {e}"), messages: vec![] },
+        Err(e) => {
+            let reason = format!("stored data unusable: {e}");
+            let messages = exhausted(deps, body, message_id, &reason).await;
+            Disposition::DeadLetter { reason, messages }
+        }
     }
 }
 
-/// Validation gave up (the database stayed down): tell the client, if there is one to tell.
-pub fn exhausted(deps: &Deps, body: &[u8], message_id: Option<&str>, reason: &str) -> Vec<OutMessage> {
-    let tag = format!("exhausted-{}", message_fingerprint(message_id, body));
-    let error =
-        ApiError::new(ErrorCode::RetriesExhausted, format!("the request could not be admitted: {reason}"));
-    match turn_hint(body) {
-        (Some(session), turn) => vec![error_reply(deps, &session, turn.as_deref(), &tag, vec![error])],
-        (None, _) => vec![],
+/// Stores the refusals a disposition sends (replies not already in the outbox), so the
+/// database holds every reply a client can receive.
+async fn keep_refusals(deps: &Deps, d: Disposition) -> Disposition {
+    let Disposition::Forward { messages, outbox_ids } = d else { return d };
+    for m in messages.iter().filter(|m| m.kind == "reply") {
+        let (Some(session), Ok(body)) = (&m.session, serde_json::from_slice::<Value>(&m.body)) else {
+            continue;
+        };
+        let text = |k: &str| m.headers.get(k).map(crate::broker::HeaderValue::as_text);
+        let turn = text("x-aptix-turn-id").filter(|t| t != "-");
+        let outcome = text("x-aptix-outcome").unwrap_or_else(|| "refused".into());
+        let stored = StoredReply {
+            message_id: &m.message_id,
+            session,
+            turn_id: turn.as_deref(),
+            outcome: &outcome,
+            body: &body,
+        };
+        if outbox_ids.is_empty() {
+            if let Err(e) = deps.store.save_reply(&stored).await {
+                return Disposition::Retry { reason: format!("could not store a refusal: {e}") };
+            }
+        }
     }
+    Disposition::Forward { messages, outbox_ids }
+}
+
+/// The ingress message can never be handled (retries spent, poison, unusable data): the turn
+/// it admitted, if any, fails (record, reply, the session's next turn); otherwise the client
+/// is told, if there is one to tell.
+pub async fn exhausted(deps: &Deps, body: &[u8], message_id: Option<&str>, reason: &str) -> Vec<OutMessage> {
+    let submission = message_fingerprint(message_id, body);
+    let tag = format!("exhausted-{submission}");
+    tracing::error!(%reason, submission, "giving up an ingress message");
+    let error = ApiError::new(
+        ErrorCode::RetriesExhausted,
+        "the request could not be processed; an operator has the details".to_owned(),
+    );
+    let (session, turn) = turn_hint(body);
+    let Some(session) = session else { return vec![] };
+    if let (Some(turn), Ok(request)) = (&turn, validate_bytes(body, &deps.settings.limits)) {
+        if let Ok(Some(outbox)) = fail_admitted(deps, &session, turn, &request, error.clone()).await {
+            return outbox.messages;
+        }
+    }
+    vec![error_reply(deps, &session, turn.as_deref(), &tag, vec![error])]
+}
+
+async fn fail_admitted(
+    deps: &Deps,
+    session: &SessionId,
+    turn: &str,
+    request: &ValidatedRequest,
+    error: ApiError,
+) -> Result<Option<crate::store::PendingOutbox>, StoreError> {
+    let Ok(turn_id) = turn.parse() else { return Ok(None) };
+    let key = crate::contracts::TurnKey { session_id: *session, turn_id };
+    let fail = |row: &TurnRow, _: &str| -> (NewRecord, Vec<OutMessage>) {
+        let reply: Reply = InvokeResult::fail(vec![error.clone()]);
+        let record = NewRecord {
+            kind: "error".into(),
+            errors: serde_json::json!([error]),
+            reply: serde_json::to_value(&reply).unwrap_or_default(),
+            ..NewRecord::default()
+        };
+        let tag = format!("step-{}", row.step);
+        (record, vec![deps.reply(session, Some(turn), &tag, &reply)])
+    };
+    let fwd = |row: &TurnRow| forward(deps, row);
+    deps.store.fail_admitted(&key, &request.fingerprint(), &fail, &fwd).await
 }
 
 /// A stable name for one ingress message: the same for each redelivery of it, different for
@@ -82,13 +149,18 @@ fn error_reply(
     errors: Vec<ApiError>,
 ) -> OutMessage {
     let reply: Reply = InvokeResult::fail(errors);
-    deps.reply(session, turn, tag, &reply)
+    let mut msg = deps.reply(session, turn, tag, &reply);
+    // A refusal creates nothing: the session may not exist, so its queue is bound only if the
+    // client declared it.
+    msg.create_queue = false;
+    msg
 }
 
 fn stored_reply(deps: &Deps, session: &SessionId, turn: &str, submission: &str, reply: Value) -> OutMessage {
     // The same reply as the first time, under an id of its own: it answers another submission.
     let tag = format!("resent-{submission}");
-    deps.reply_bytes(session, Some(turn), &tag, serde_json::to_vec(&reply).unwrap_or_default())
+    let outcome = ReplyOutcome::of_stored(&reply);
+    deps.reply_bytes(session, Some(turn), &tag, outcome, serde_json::to_vec(&reply).unwrap_or_default())
 }
 
 /// The message that starts (or resumes) a stored turn.

@@ -2,6 +2,7 @@
 //! and the transactional outbox. One small client, created with its timeouts, used by stages.
 
 mod admit;
+mod fail;
 mod outbox;
 mod records;
 mod reprocess;
@@ -12,6 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
 pub use admit::{AbortFn, Admission, CheckFn, ContinuationAdmission, ForwardFn, SessionMeta};
+pub use fail::StoredReply;
 pub use outbox::PendingOutbox;
 pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
@@ -31,6 +33,17 @@ pub enum StoreError {
     /// Stored JSON did not match the expected shape.
     #[error("stored data is malformed: {0}")]
     Corrupt(#[from] serde_json::Error),
+    /// A step was offered for a turn that is not running at that step (a duplicate of a step
+    /// already ended differently, or a forged message).
+    #[error("turn `{turn}` is not running step {step} (it is {state})")]
+    NotRunning {
+        /// The turn.
+        turn: String,
+        /// The step offered.
+        step: i32,
+        /// The turn's state (and step, when running another).
+        state: String,
+    },
 }
 
 impl StoreError {
@@ -40,7 +53,7 @@ impl StoreError {
             StoreError::Db(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
                 sqlx_transient(e)
             }
-            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => false,
         }
     }
 }

@@ -80,6 +80,8 @@ pub(super) async fn pending_for_turn(
             headers: serde_json::from_value(headers)?,
             body: row.try_get("body")?,
             session: declare.then_some(SessionId::new(session)),
+            // Outbox replies belong to admitted turns: their session may get its queue.
+            create_queue: true,
         });
     }
     Ok(out)

@@ -202,6 +202,19 @@ impl Store {
             tx.commit().await?;
             return Ok(pending);
         }
+        let current: Option<(String, i32)> =
+            sqlx::query_as("SELECT state, step FROM turns WHERE session_id = $1 AND turn_id = $2")
+                .bind(session)
+                .bind(turn)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match current {
+            Some((state, step)) if state == "running" && step == f.step => {}
+            other => {
+                let state = other.map_or_else(|| "unknown".to_owned(), |(s, n)| format!("{s} at step {n}"));
+                return Err(StoreError::NotRunning { turn: turn.to_owned(), step: f.step, state });
+            }
+        }
         insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
         if let Some(state) = &f.session_state {
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
@@ -298,6 +311,8 @@ pub struct SessionView {
     pub turns: Vec<Value>,
     /// Its records, oldest first.
     pub records: Vec<Value>,
+    /// Refusals sent to it (replies that answered a submission, not a step), oldest first.
+    pub replies: Vec<Value>,
 }
 
 impl Store {
@@ -319,6 +334,7 @@ impl Store {
         .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        Ok(Some(SessionView { session, turns, records }))
+        let replies = self.session_replies(id).await?;
+        Ok(Some(SessionView { session, turns, records, replies }))
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aptix::broker::{connect, OutMessage, Publisher, StageName, Topology};
+use aptix::broker::{connect, Publisher, StageName, Topology};
 use aptix::config::{ConnectionUrl, Settings};
 use aptix::contracts::SessionId;
 use aptix::index::{index_repository, IndexOptions};
@@ -47,6 +47,9 @@ pub struct Harness {
     pub publisher: Publisher,
     pub topology: Topology,
     pub dir: std::path::PathBuf,
+    /// Sessions whose reply queues this test declared: deleted at teardown, since queues
+    /// declared the documented way (no arguments) expire only by an operator's policy.
+    pub sessions: std::sync::Mutex<std::collections::HashSet<SessionId>>,
 }
 
 /// Settings for a test: its own prefix, database and data directory; the simulator as LLM.
@@ -59,7 +62,6 @@ pub fn test_settings(id: &str, sim_url: &str, data_dir: &Path) -> Settings {
     s.llm.base_url = sim_url.to_owned();
     s.llm.request_timeout_ms = 10_000;
     s.vector.data_dir = data_dir.join("vectors");
-    s.pipeline.session_queue_expires_ms = 300_000;
     s.pipeline.confirm_timeout_ms = 10_000;
     s
 }
@@ -89,7 +91,7 @@ impl Harness {
         let collection = settings.agent_context(None).unwrap().collection.clone();
         index_repository(&deps.retrieval, &collection, &opts).await.unwrap();
         let conn = connect(AMQP).await.unwrap();
-        let publisher = Publisher::open(&conn).await.unwrap();
+        let publisher = Publisher::connect(AMQP).await.unwrap();
         let topology = pipeline::topology(&settings);
         topology.declare(publisher.channel()).await.unwrap();
         let mut h = Harness {
@@ -103,6 +105,7 @@ impl Harness {
             publisher,
             topology,
             dir,
+            sessions: Default::default(),
         };
         if copies > 0 {
             h.run(copies);
@@ -126,19 +129,22 @@ impl Harness {
         }
     }
 
-    /// Publishes raw bytes to the ingress queue.
+    /// Publishes raw bytes to the entry exchange, routing key = the SessionId it names (if any).
     pub async fn publish_raw(&self, body: Vec<u8>) {
-        let msg =
-            OutMessage::to_queue(self.topology.requests(), "request", uuid::Uuid::new_v4().to_string(), body);
+        let (session, _) = aptix::validate::turn_hint(&body);
+        let key = session.map_or_else(|| "-".to_owned(), |s| s.to_string());
+        let msg = self.topology.request(&key, uuid::Uuid::new_v4().to_string(), body);
         self.publisher.publish(&msg).await.unwrap();
     }
 
-    /// Declares the session queue (as a client would), then publishes the request.
+    /// Declares the session's reply queue as a client does (durable, no arguments; the server
+    /// binds it), then publishes the request.
     pub async fn submit(&self, request: &Value) {
         if let Some(s) =
             request.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse::<SessionId>().ok())
         {
-            self.topology.declare_session(self.publisher.channel(), &s).await.unwrap();
+            self.topology.declare_client_queue(self.publisher.channel(), &s).await.unwrap();
+            self.sessions.lock().unwrap().insert(s);
         }
         self.publish_raw(serde_json::to_vec(request).unwrap()).await;
     }
@@ -199,9 +205,17 @@ impl Harness {
         let ch = self.conn.create_channel().await.unwrap();
         let mut queues: Vec<String> = StageName::ALL.iter().map(|s| self.topology.stage_queue(*s)).collect();
         queues.push(self.topology.dead());
+        queues.push(self.topology.unrouted());
         queues.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
+        let sessions: Vec<SessionId> = self.sessions.lock().unwrap().drain().collect();
+        queues.extend(sessions.iter().map(|s| self.topology.session_queue(s)));
         for q in queues {
             let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+        }
+        let mut exchanges = vec![self.topology.requests_exchange(), self.topology.replies_exchange()];
+        exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
+        for e in exchanges {
+            let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
         }
         self.deps.store.pool().close().await;
         let url = self.settings.database.url.expose().replace(&format!("aptix_t_{}", self.id), "postgres");
@@ -223,7 +237,17 @@ pub fn headers(d: &lapin::message::Delivery) -> HashMap<String, String> {
         .map(|t| {
             t.inner()
                 .iter()
-                .filter_map(|(k, v)| v.as_long_string().map(|s| (k.to_string(), s.to_string())))
+                .filter_map(|(k, v)| {
+                    use lapin::types::AMQPValue;
+                    let text = match v {
+                        AMQPValue::LongString(s) => s.to_string(),
+                        AMQPValue::Boolean(b) => b.to_string(),
+                        AMQPValue::LongLongInt(i) => i.to_string(),
+                        AMQPValue::LongInt(i) => i.to_string(),
+                        _ => return None,
+                    };
+                    Some((k.to_string(), text))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -260,10 +284,6 @@ impl Harness {
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
             ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.clone()),
             ("APTIX__VECTOR__DATA_DIR".into(), self.dir.join("child-vectors").display().to_string()),
-            (
-                "APTIX__PIPELINE__SESSION_QUEUE_EXPIRES_MS".into(),
-                s.pipeline.session_queue_expires_ms.to_string(),
-            ),
             ("APTIX__TELEMETRY__METRICS_LISTEN".into(), "127.0.0.1:0".into()),
             ("RUST_LOG".into(), "warn".into()),
         ]

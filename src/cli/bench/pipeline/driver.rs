@@ -93,10 +93,11 @@ impl Driver {
     /// them (automatic acks: the client's own bookkeeping is not what is measured).
     pub async fn new(
         conn: &lapin::Connection,
+        amqp_url: &str,
         topology: &Topology,
         sessions: &[SessionId],
     ) -> anyhow::Result<Driver> {
-        let publisher = Publisher::open(conn).await?;
+        let publisher = Publisher::connect(amqp_url).await?;
         let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
         let mut channels = Vec::new();
         let mut tasks = Vec::new();

@@ -164,7 +164,6 @@ impl BenchEnv {
         settings.vector.embeddings_url = None;
         settings.vector.data_dir = dir.join("vectors");
         // Leftovers of an interrupted run disappear on their own after ten minutes.
-        settings.pipeline.session_queue_expires_ms = 600_000;
         settings.pipeline.migrate_on_start = true;
         Store::create_database(settings.database.url.expose())
             .await
@@ -186,7 +185,7 @@ impl BenchEnv {
         let collection = settings.agent_context(None).context("no default agent context")?.collection.clone();
         index_repository(&deps.retrieval, &collection, &index).await.context("indexing the corpus")?;
         let conn = connect(settings.amqp.url.expose()).await.context("connecting to RabbitMQ")?;
-        let publisher = Publisher::open(&conn).await?;
+        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         let topology = pipeline::topology(&settings);
         topology.declare(publisher.channel()).await?;
         Ok(BenchEnv {
@@ -232,10 +231,7 @@ impl BenchEnv {
 
     /// A topology under `bench-<id>-<suffix>` (for the relay), deleted at teardown.
     pub fn extra_topology(&mut self, suffix: &str) -> Topology {
-        let t = Topology::new(
-            &format!("bench-{}-{suffix}", self.id),
-            self.settings.pipeline.session_queue_expires_ms,
-        );
+        let t = Topology::new(&format!("bench-{}-{suffix}", self.id));
         self.extra_topologies.push(t.clone());
         t
     }

@@ -30,8 +30,7 @@ pub async fn start(
     let mut tasks = Vec::new();
     for (i, stage) in StageName::ALL.iter().enumerate() {
         let consume_conn = connect(amqp_url).await?;
-        let publish_conn = connect(amqp_url).await?;
-        let publisher = Publisher::open(&publish_conn).await?;
+        let publisher = Publisher::connect(amqp_url).await?;
         let channel = consume_conn.create_channel().await?;
         channel.basic_qos(prefetch[i].max(1), BasicQosOptions::default()).await?;
         let queue = topology.stage_queue(*stage);
@@ -102,7 +101,7 @@ pub async fn start(
             }
             let _ = channel.close(200, "relay done".into()).await;
             let _ = consume_conn.close(200, "relay done".into()).await;
-            let _ = publish_conn.close(200, "relay done".into()).await;
+            publisher.close(std::time::Duration::from_secs(5)).await;
         }));
     }
     Ok(tasks)

@@ -197,7 +197,7 @@ async fn measure_closed(
     let (sessions_n, duration, warmup, timeout) = (load.sessions, load.secs, load.warmup, load.timeout);
     let sessions = driver::sessions(sessions_n);
     env.track_sessions(topology, &sessions);
-    let driver = Arc::new(Driver::new(&env.conn, topology, &sessions).await?);
+    let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?);
     let stop = CancellationToken::new();
     let depths = sample_depths(env.conn.create_channel().await?, topology, stop.clone());
     let pool = env.deps.store.pool();
@@ -222,7 +222,7 @@ async fn measure_closed(
 async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec<HopSizes>> {
     let session = driver::sessions(1);
     env.track_sessions(&env.topology.clone(), &session);
-    let driver = Driver::new(&env.conn, &env.topology, &session).await?;
+    let driver = Driver::new(&env.conn, env.settings.amqp.url.expose(), &env.topology, &session).await?;
     let ch = env.conn.create_channel().await?;
     let mut out = Vec::new();
     for _ in 0..2 {

@@ -20,7 +20,7 @@ pub async fn overhead(
             let sessions = driver::sessions(p.sessions);
             let topology = env.topology.clone();
             env.track_sessions(&topology, &sessions);
-            let driver = Arc::new(Driver::new(&env.conn, &topology, &sessions).await?);
+            let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), &topology, &sessions).await?);
             let pool = env.deps.store.pool();
             let (before, wal_before) = (CpuSnapshot::take(env.sim_tid()), Wal::take(pool).await);
             let (start, samples) = driver::open_loop(&driver, &sessions, &ids, p.rate, secs(p.secs), timeout).await;

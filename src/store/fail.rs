@@ -1,0 +1,104 @@
+//! Ending admitted turns from outside their stages, and the replies that answer a submission
+//! rather than a turn's step.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::admit::{AbortFn, ForwardFn};
+use super::outbox::{self, PendingOutbox};
+use super::records::{dispatch_next, insert_record, TurnRow, TURN_COLUMNS};
+use super::{Store, StoreError};
+use crate::contracts::{SessionId, TurnKey};
+
+/// A reply that answers one submission (a refusal), as sent.
+#[derive(Debug, Clone)]
+pub struct StoredReply<'a> {
+    /// The reply's `message_id`.
+    pub message_id: &'a str,
+    /// The session it was sent to.
+    pub session: &'a SessionId,
+    /// The turn it names, if the request named a valid one.
+    pub turn_id: Option<&'a str>,
+    /// `refused`, `failed`, ...
+    pub outcome: &'a str,
+    /// The body as sent.
+    pub body: &'a Value,
+}
+
+impl Store {
+    /// Fails the turn that the submission with `fingerprint` admitted, when the message that
+    /// admitted it can never be handled again (poison, retries spent): its record, its reply
+    /// (built by `fail`) and the session's next turn, in one transaction. `None` when that
+    /// submission admitted nothing that is still open.
+    pub async fn fail_admitted(
+        &self,
+        key: &TurnKey,
+        fingerprint: &str,
+        fail: AbortFn<'_>,
+        forward: ForwardFn<'_>,
+    ) -> Result<Option<PendingOutbox>, StoreError> {
+        let session = key.session_id.as_uuid();
+        let turn = key.turn_id.as_str();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+            .bind(session)
+            .execute(&mut *tx)
+            .await?;
+        let sql = format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
+        let row: Option<TurnRow> =
+            sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *tx).await?;
+        let Some(row) = row else { return Ok(None) };
+        let ours =
+            row.fingerprint == fingerprint || row.continuation_fingerprint.as_deref() == Some(fingerprint);
+        if !ours || matches!(row.state.as_str(), "completed" | "failed") {
+            return Ok(None);
+        }
+        let (record, mut messages) = fail(&row, "the request that started this turn could not be processed");
+        insert_record(&mut tx, session, turn, row.step, &record, None).await?;
+        sqlx::query(
+            "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
+                 updated_at = now()
+             WHERE session_id = $1 AND turn_id = $2",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(&record.reply)
+        .execute(&mut *tx)
+        .await?;
+        // A queued turn was never the session's active one; only the active one hands over.
+        if row.state != "queued" {
+            if let Some(next) = dispatch_next(&mut tx, session).await? {
+                messages.push(forward(&next));
+            }
+        }
+        let out = outbox::insert(&mut tx, session, turn, messages).await?;
+        tx.commit().await?;
+        Ok(Some(out))
+    }
+
+    /// Keeps a refusal as it was sent; sending the same message again stores nothing new.
+    pub async fn save_reply(&self, reply: &StoredReply<'_>) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO replies (message_id, session_id, turn_id, outcome, body) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (message_id) DO NOTHING",
+        )
+        .bind(reply.message_id)
+        .bind(reply.session.as_uuid())
+        .bind(reply.turn_id)
+        .bind(reply.outcome)
+        .bind(reply.body)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The refusals sent to a session, oldest first.
+    pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT to_jsonb(r) FROM replies r WHERE session_id = $1 ORDER BY created_at, message_id",
+        )
+        .bind(session)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

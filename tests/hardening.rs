@@ -1,0 +1,128 @@
+//! Messages that can never be handled end their turn with a record and a reply instead of
+//! wedging the pipeline: an output larger than the broker accepts, an admitted turn whose ingress
+//! message is given up, and a persist step offered for a turn that is not running at that step.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use aptix::broker::{process_one, Delivery, Handler as _, OutMessage, StageName};
+use aptix::stages::StageHandler;
+use common::{new_session, user_turn, Harness};
+use lapin::options::BasicGetOptions;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn drive(h: &Harness, stage: StageName) -> bool {
+    let handler = StageHandler::new(stage, h.deps.clone());
+    let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
+    process_one(stage, &handler, &h.conn, &h.publisher, &settings).await.unwrap()
+}
+
+async fn turn_state(h: &Harness, session: &str, turn: &str) -> String {
+    sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1::uuid AND turn_id = $2")
+        .bind(session)
+        .bind(turn)
+        .fetch_one(h.deps.store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_output_larger_than_the_broker_accepts_fails_the_turn_and_the_pipeline_goes_on() {
+    // The invoke message carries the request and the body built from it: about twice the
+    // instruction, over this limit, while the ingress and retrieve messages fit under it.
+    let h = Harness::start_with(1, |s| s.amqp.max_message_bytes = 40_000).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "big", &"x".repeat(25_000))).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let reply = &replies.last().expect("a reply").body;
+    assert_eq!(reply["Successful"], false, "{reply}");
+    assert_eq!(reply["Errors"][0]["Code"], "internal.undeliverable", "{reply}");
+    let dead = h.dead_letters().await;
+    assert!(dead.iter().any(|(h, _)| h["x-aptix-reason"].contains("undeliverable")), "{dead:?}");
+    assert_eq!(h.records(&s).await.len(), 1, "one record of the failed turn");
+    // The next turn of the session runs, on the same workers, at once.
+    h.submit(&user_turn(&s, "small", "hello")).await;
+    let next = h.replies(&s, 1, WAIT).await;
+    assert_eq!(next.last().unwrap().body["Successful"], true, "{next:?}");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_session() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "first")).await;
+    h.submit(&user_turn(&s, "t2", "second")).await;
+    // Admit t1 and keep a copy of its ingress message; t2 queues behind it.
+    let ch = h.conn.create_channel().await.unwrap();
+    let requests = h.topology.requests();
+    let got = ch.basic_get(requests.as_str().into(), BasicGetOptions::default()).await.unwrap().unwrap();
+    let body = got.delivery.data.clone();
+    let message_id = got.delivery.properties.message_id().as_ref().map(|m| m.to_string());
+    got.delivery
+        .nack(lapin::options::BasicNackOptions { requeue: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(drive(&h, StageName::Validate).await && drive(&h, StageName::Validate).await);
+    assert_eq!(turn_state(&h, &s, "t1").await, "running");
+    assert_eq!(turn_state(&h, &s, "t2").await, "queued");
+    // The runtime gives the message up (it killed its consumers too often).
+    let handler = StageHandler::new(StageName::Validate, h.deps.clone());
+    let delivery = Delivery {
+        body: body.into(),
+        headers: Default::default(),
+        message_id,
+        redelivered: true,
+        attempt: 0,
+    };
+    let messages = handler.exhausted(delivery, "poison: test".into()).await;
+    assert_eq!(turn_state(&h, &s, "t1").await, "failed");
+    assert_eq!(turn_state(&h, &s, "t2").await, "running", "the session's next turn starts");
+    let records = h.records(&s).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["kind"], "error");
+    let reply = messages.iter().find(|m| m.kind == "reply").expect("a reply for t1");
+    let body: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(body["Errors"][0]["Code"], "internal.retries_exhausted");
+    assert!(!body.to_string().contains("poison"), "the reason stays in the logs: {body}");
+    assert!(messages.iter().any(|m| m.routing_key == h.topology.stage_queue(StageName::Retrieve)));
+    // The embedded vector store flushes when its last user lets go: before its directory goes.
+    drop(handler);
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_persist_step_for_a_turn_that_is_not_running_is_dead_lettered_and_writes_nothing() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble, StageName::Invoke] {
+        assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
+    }
+    let ch = h.conn.create_channel().await.unwrap();
+    let persist = h.topology.stage_queue(StageName::Persist);
+    let got = ch.basic_get(persist.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
+    let mut forged: Value = serde_json::from_slice(&got.delivery.data).unwrap();
+    // The genuine step, then the same message for a turn that never ran.
+    h.publisher
+        .publish(&OutMessage::to_queue(persist.clone(), "turn", "real".into(), got.delivery.data.clone()))
+        .await
+        .unwrap();
+    assert!(drive(&h, StageName::Persist).await);
+    forged["job"]["key"]["turn_id"] = "never-admitted".into();
+    let body = serde_json::to_vec(&forged).unwrap();
+    h.publisher.publish(&OutMessage::to_queue(persist, "turn", "forged".into(), body)).await.unwrap();
+    assert!(drive(&h, StageName::Persist).await);
+    let records = h.records(&s).await;
+    assert_eq!(records.len(), 1, "only the genuine step was recorded");
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].0["x-aptix-reason"].contains("not running"), "{:?}", dead[0].0);
+    let replies = h.replies(&s, 2, Duration::from_secs(3)).await;
+    assert_eq!(replies.len(), 1, "no reply for the forged step: {replies:?}");
+    h.teardown().await;
+}
