@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aptix::broker::OutMessage;
 use aptix::contracts::SessionId;
 use common::{new_session, terminate, user_turn, Harness};
 use lapin::options::{BasicGetOptions, QueueDeleteOptions};
@@ -153,12 +152,13 @@ fn generated() -> Vec<Case> {
     let file = |path: &str, contents: String| json!({"RelativePath": path, "FileName": path, "Contents": contents, "Origin": "ide"});
     let png =
         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    // Over limits.max_request_bytes (4 MiB); the broker's own limit (16 MiB) refuses bigger.
     add(
-        "body-over-16-mib",
-        &|s| to(json!({"SessionId": s, "TurnId": "t1", "Instruction": "x".repeat(16 * mib + 10)})),
+        "body-over-4-mib",
+        &|s| to(json!({"SessionId": s, "TurnId": "t1", "Instruction": "x".repeat(4 * mib + 10)})),
         "reply:request.too_large",
     );
-    add("garbage-over-16-mib", &|_| vec![b'A'; 16 * mib + 1], "dead:request.too_large");
+    add("garbage-over-4-mib", &|_| vec![b'A'; 4 * mib + 1], "dead:request.too_large");
     add(
         "instruction-200001-chars",
         &|s| to(json!({"SessionId": s, "TurnId": "t1", "Instruction": "é".repeat(200_001)})),
@@ -173,19 +173,19 @@ fn generated() -> Vec<Case> {
         "reply:validation.limit_exceeded",
     );
     add(
-        "artifact-over-4-mib",
+        "artifact-over-2-mib",
         &|s| {
             to(
-                json!({"SessionId": s, "TurnId": "t1", "InputArtifacts": [file("big.txt", "y".repeat(4 * mib + 1))]}),
+                json!({"SessionId": s, "TurnId": "t1", "InputArtifacts": [file("big.txt", "y".repeat(2 * mib + 1))]}),
             )
         },
         "reply:validation.limit_exceeded",
     );
     add(
-        "base64-artifact-over-4-mib",
+        "base64-artifact-over-2-mib",
         &|s| {
             use base64::Engine as _;
-            let data = base64::engine::general_purpose::STANDARD.encode(vec![0xffu8; 4 * mib + 3]);
+            let data = base64::engine::general_purpose::STANDARD.encode(vec![0xffu8; 2 * mib + 3]);
             let mut f = file("big.bin", data);
             f["Encoding"] = json!("base64");
             to(json!({"SessionId": s, "TurnId": "t1", "InputArtifacts": [f]}))
@@ -203,10 +203,10 @@ fn generated() -> Vec<Case> {
         "reply:validation.limit_exceeded",
     );
     add(
-        "image-over-10-mib",
+        "image-over-2-mib",
         &|s| {
             use base64::Engine as _;
-            let data = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 10 * mib + 3]);
+            let data = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 2 * mib + 3]);
             to(
                 json!({"SessionId": s, "TurnId": "t1", "ClipboardImages": [{"Id": "i", "MimeType": "image/png", "DataBase64": data}]}),
             )
@@ -384,11 +384,12 @@ async fn bad_input_corpus_gets_specific_errors_and_spares_valid_turns() {
             _ => {}
         }
         if let Some(s) = session {
-            h.topology.declare_session(h.publisher.channel(), &s).await.unwrap();
+            h.topology.declare_client_queue(h.publisher.channel(), &s).await.unwrap();
+            h.sessions.lock().unwrap().insert(s);
             sessions.entry(s.to_string()).or_default().push(i);
         }
-        let msg =
-            OutMessage::to_queue(h.topology.requests(), "request", format!("corpus:{}", case.name), body);
+        let key = session.map_or_else(|| "-".to_owned(), |s| s.to_string());
+        let msg = h.topology.request(&key, format!("corpus:{}", case.name), body);
         h.publisher.publish(&msg).await.unwrap();
     }
 

@@ -759,7 +759,8 @@ async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
                 .as_ref()
                 .map(|m| m.to_string())
                 .unwrap_or_default(),
-            is_final: h.get("x-aptix-final").map(String::as_str) == Some("true"),
+            // A reply (not a delta): it ends a step, whether or not the turn goes on.
+            is_final: h.get("x-aptix-kind").map(String::as_str) == Some("reply"),
             body: serde_json::from_slice(&m.delivery.data).unwrap_or(Value::Null),
         });
     }
@@ -1271,7 +1272,7 @@ async fn watch_finals(
             while let Some(Ok(d)) = consumer.next().await {
                 let _ = d.ack(BasicAckOptions::default()).await;
                 let h = common::headers(&d);
-                if h.get("x-aptix-final").map(String::as_str) == Some("true") {
+                if h.get("x-aptix-kind").map(String::as_str) == Some("reply") {
                     let body = serde_json::from_slice(&d.data).unwrap_or(Value::Null);
                     let turn = h.get("x-aptix-turn-id").cloned().unwrap_or_default();
                     seen.lock().unwrap().push((sid.clone(), turn, Instant::now(), body));

@@ -126,3 +126,31 @@ async fn a_persist_step_for_a_turn_that_is_not_running_is_dead_lettered_and_writ
     assert_eq!(replies.len(), 1, "no reply for the forged step: {replies:?}");
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_at_the_documented_maximum_flows_through_every_hop_within_16_mib() {
+    // The guard is RabbitMQ 4's default limit, whatever the local broker allows.
+    let h = Harness::start_with(1, |s| s.amqp.max_message_bytes = 16 * 1024 * 1024).await;
+    let limits = &h.settings.limits;
+    let s = new_session();
+    // Active files just under the size that is still sent to the model, so the assembled body
+    // carries them all again: the invoke and persist messages hold the request about twice.
+    let each = usize::try_from(h.settings.assemble.active_file_max_bytes).unwrap() - 1_000;
+    let count = (limits.max_request_bytes - 10_000) / (each + 200);
+    let artifacts: Vec<Value> = (0..count)
+        .map(|i| {
+            serde_json::json!({"RelativePath": format!("src/f{i}.rs"), "FileName": format!("f{i}.rs"),
+                "Contents": "y".repeat(each), "Origin": "ide"})
+        })
+        .collect();
+    let request = serde_json::json!({"SessionId": s, "TurnId": "max", "Instruction": "read them all",
+        "InputArtifacts": artifacts});
+    let size = serde_json::to_vec(&request).unwrap().len();
+    assert!(size <= limits.max_request_bytes && size > limits.max_request_bytes * 9 / 10, "{size}");
+    h.submit(&request).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let reply = &replies.last().expect("a reply").body;
+    assert_eq!(reply["Successful"], true, "{}", &reply.to_string()[..reply.to_string().len().min(2000)]);
+    assert!(h.dead_letters().await.is_empty());
+    h.teardown().await;
+}

@@ -15,7 +15,7 @@ use futures_util::future::BoxFuture;
 
 pub use publish::{HeaderValue, OutMessage, Publisher};
 pub use replies::LazyPublisher;
-pub use runtime::{connect, process_one, run_stage, RuntimeSettings};
+pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
 

@@ -297,6 +297,12 @@ fn detach(d: &lapin::message::Delivery, stage: StageName) -> Delivery {
     }
 }
 
+/// One header of a received message as text (booleans and integers spelled out), for the
+/// command-line clients that read reply queues.
+pub fn header_text(table: Option<&FieldTable>, key: &str) -> Option<String> {
+    table.and_then(|t| headers_of(t).remove(key))
+}
+
 fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
     table
         .inner()

@@ -251,25 +251,35 @@ fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
 }
 
 /// Publishes with confirms. Replies and deltas go to their session's queue, made ready first
-/// (see `replies`).
+/// (see `replies`), one after the other and before everything else: a turn's reply is in its
+/// queue before the session's next turn (dispatched by the same commit) can produce one.
 pub async fn publish_all(
     publisher: &Publisher,
     settings: &RuntimeSettings,
     messages: &[OutMessage],
 ) -> Result<(), BrokerError> {
-    let confirmed = messages.iter().map(|m| async move {
-        let publish = async {
-            match &m.session {
-                Some(session) => {
-                    publisher.sessions().publish(publisher, &settings.topology, session, m).await
-                }
-                None => publisher.publish(m).await,
-            }
-        };
-        // Declarations have no deadline of their own; a broker that stops answering must not
-        // hold the message forever.
-        let limit = settings.confirm_timeout * 3;
-        tokio::time::timeout(limit, publish).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
-    });
+    let (to_sessions, rest): (Vec<&OutMessage>, Vec<&OutMessage>) =
+        messages.iter().partition(|m| m.session.is_some());
+    for m in to_sessions {
+        publish_one(publisher, settings, m).await?;
+    }
+    let confirmed = rest.into_iter().map(|m| publish_one(publisher, settings, m));
     futures_util::future::join_all(confirmed).await.into_iter().collect()
+}
+
+async fn publish_one(
+    publisher: &Publisher,
+    settings: &RuntimeSettings,
+    m: &OutMessage,
+) -> Result<(), BrokerError> {
+    let publish = async {
+        match &m.session {
+            Some(session) => publisher.sessions().publish(publisher, &settings.topology, session, m).await,
+            None => publisher.publish(m).await,
+        }
+    };
+    // Declarations have no deadline of their own; a broker that stops answering must not hold
+    // the message forever.
+    let limit = settings.confirm_timeout * 3;
+    tokio::time::timeout(limit, publish).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
 }

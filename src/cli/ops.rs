@@ -136,14 +136,14 @@ async fn follow(conn: &lapin::Connection, queue: &str, turn: Option<&str>) -> an
         .await?;
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
-        let headers = delivery.properties.headers().clone().unwrap_or_default();
-        let header = |k: &str| headers.inner().get(k).and_then(|v| v.as_long_string()).map(|s| s.to_string());
+        let header = |k: &str| crate::broker::header_text(delivery.properties.headers().as_ref(), k);
         if turn.is_some() && header("x-aptix-turn-id").as_deref() != turn {
             continue;
         }
         println!("{}", String::from_utf8_lossy(&delivery.data));
         delivery.ack(BasicAckOptions::default()).await?;
-        if header("x-aptix-final").as_deref() == Some("true") {
+        // Any reply (not a delta) ends the wait: a tool-call reply asks the caller to act.
+        if header("x-aptix-kind").as_deref() == Some("reply") {
             let reply: serde_json::Value = serde_json::from_slice(&delivery.data).unwrap_or_default();
             let ok = reply.get("Successful").and_then(serde_json::Value::as_bool) == Some(true);
             return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) });

@@ -34,6 +34,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/_sim/control", post(control))
         .route("/_sim/requests", get(requests))
         .route("/_sim/stats", get(stats))
+        // Requests at Aptix's own maximum (4 MiB of request, sent about twice) must get through;
+        // axum's default is 2 MB.
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }
 

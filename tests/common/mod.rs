@@ -31,6 +31,7 @@ pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub struct ReplyMsg {
     pub turn_id: String,
     pub message_id: String,
+    /// A reply, not a delta: it ends a step (`x-aptix-final` says whether the turn ended too).
     pub is_final: bool,
     pub body: Value,
     pub headers: HashMap<String, String>,
@@ -258,7 +259,7 @@ fn reply_msg(d: &lapin::message::Delivery) -> ReplyMsg {
     ReplyMsg {
         turn_id: h.get("x-aptix-turn-id").cloned().unwrap_or_default(),
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
-        is_final: h.get("x-aptix-final").map(String::as_str) == Some("true"),
+        is_final: h.get("x-aptix-kind").map(String::as_str) == Some("reply"),
         body: serde_json::from_slice(&d.data).unwrap_or(Value::Null),
         headers: h.clone(),
     }

@@ -118,13 +118,7 @@ impl Driver {
                 tasks.push(tokio::spawn(async move {
                     while let Some(Ok(d)) = consumer.next().await {
                         let at = Instant::now();
-                        let headers = d.properties.headers().as_ref();
-                        let header = |k: &str| {
-                            headers
-                                .and_then(|h| h.inner().get(k))
-                                .and_then(|v| v.as_long_string())
-                                .map(|s| s.to_string())
-                        };
+                        let header = |k: &str| crate::broker::header_text(d.properties.headers().as_ref(), k);
                         if header("x-aptix-final").as_deref() != Some("true") {
                             continue;
                         }

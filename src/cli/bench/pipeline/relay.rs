@@ -82,7 +82,7 @@ pub async fn start(
                                 pad.to_vec(),
                             );
                             m.exchange = replies;
-                            m.header("x-aptix-final", "true")
+                            m.header("x-aptix-final", true)
                         }
                     }
                     .header("x-aptix-session-id", session)
