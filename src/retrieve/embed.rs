@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::RetrieveError;
-use crate::config::Settings;
+use crate::config::{ConnectionUrl, Settings};
 
 /// Texts per embeddings request.
 pub const EMBED_BATCH: usize = 64;
@@ -35,7 +35,7 @@ impl Embedder {
     /// The configured embedder, or `None` when `vector.embeddings_url` is unset.
     pub fn from_settings(settings: &Settings) -> Result<Option<Self>, RetrieveError> {
         let v = &settings.vector;
-        let Some(base) = v.embeddings_url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        let Some(base) = v.embeddings_url.as_ref().map(ConnectionUrl::expose).filter(|u| !u.trim().is_empty()) else {
             return Ok(None);
         };
         if v.embeddings_dimension == 0 {
