@@ -29,7 +29,9 @@ use crate::config::{redact_url, AgentContext, LlmSettings, Secret};
 use crate::contracts::{Outcome, Usage};
 
 pub use delta::{DeltaEvent, StreamDelta};
-pub use error::{LlmError, ProviderError, TimeoutPhase};
+pub use error::{
+    account_problem, LlmError, ProviderError, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
+};
 pub use http::HttpLlmClient;
 pub use map::{map_response, INCOMPLETE_WARNING_CODE};
 
