@@ -69,11 +69,11 @@ impl Retrieval {
     /// `vector.url` set → Qdrant server; else embedded shards under `vector.data_dir`.
     /// Nothing is opened or contacted until a collection is first used.
     pub fn from_settings(settings: &Settings) -> Result<Self, RetrieveError> {
-        let backend =
-            match settings.vector.url.as_ref().map(ConnectionUrl::expose).filter(|u| !u.trim().is_empty()) {
-                Some(_) => Backend::Server(ServerConnection::from_settings(&settings.vector)?),
-                None => Backend::Embedded { data_dir: settings.vector.data_dir.clone() },
-            };
+        let url = settings.vector.url.as_ref().map(ConnectionUrl::expose);
+        let backend = match url.filter(|u| !u.trim().is_empty()) {
+            Some(_) => Backend::Server(ServerConnection::from_settings(&settings.vector)?),
+            None => Backend::Embedded { data_dir: settings.vector.data_dir.clone() },
+        };
         Ok(Retrieval {
             inner: Arc::new(Inner {
                 backend,
