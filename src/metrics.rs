@@ -7,9 +7,9 @@
 //! message, is counted as [`OTHER_MODEL`], so no input can add series or write text into
 //! `/metrics`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::State;
