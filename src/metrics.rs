@@ -1,10 +1,16 @@
 //! Prometheus metrics and health: per-stage counts, failures by reason, retries, in-flight and
 //! latency; LLM calls, tokens by kind and estimated cost. Served with `/healthz` (the process is
 //! alive) and `/readyz` (broker connected and database answering) by [`serve`].
+//!
+//! Label values come from fixed sets only: a model id is a label only when it is configured
+//! (see [`Metrics::allow_configured_models`]); any other name, such as one in a forged stage
+//! message, is counted as [`OTHER_MODEL`], so no input can add series or write text into
+//! `/metrics`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::config::Settings;
 use crate::contracts::Usage;
 use crate::store::Store;
 
@@ -65,6 +72,9 @@ pub struct ModelPrice {
     pub output_usd_per_mtok: f64,
 }
 
+/// The `model` label of a call whose model is not configured.
+pub const OTHER_MODEL: &str = "other";
+
 /// Every metric of the process.
 #[derive(Debug)]
 pub struct Metrics {
@@ -76,6 +86,7 @@ pub struct Metrics {
     tokens: Family<TokenLabel, Counter>,
     cost_micro_usd: Family<CostLabel, Counter>,
     broker_connections: AtomicI64,
+    known_models: RwLock<HashSet<String>>,
 }
 
 /// The process-wide metrics.
@@ -122,6 +133,7 @@ impl Metrics {
             tokens,
             cost_micro_usd,
             broker_connections: AtomicI64::new(0),
+            known_models: RwLock::new(HashSet::new()),
         }
     }
 
@@ -138,8 +150,26 @@ impl Metrics {
         InFlight { stage, started: std::time::Instant::now() }
     }
 
-    /// Counts an LLM call and its tokens and cost.
+    /// Lets the models of `settings` (its conversation contexts and price table) be label values,
+    /// in addition to any allowed before.
+    pub fn allow_configured_models(&self, settings: &Settings) {
+        let contexts = settings.conversation_contexts.values().map(|c| c.model.clone());
+        let priced = settings.telemetry.prices.iter().map(|p| p.model.clone());
+        if let Ok(mut known) = self.known_models.write() {
+            known.extend(contexts.chain(priced));
+        }
+    }
+
+    /// `model` if it is configured, else [`OTHER_MODEL`].
+    fn model_label(&self, model: &str) -> String {
+        let known = self.known_models.read().is_ok_and(|k| k.contains(model));
+        if known { model } else { OTHER_MODEL }.to_owned()
+    }
+
+    /// Counts an LLM call and its tokens and cost; an unconfigured model counts as `other`.
     pub fn llm_call(&self, model: &str, outcome: &str, usage: Option<&Usage>, prices: &[ModelPrice]) {
+        let label = self.model_label(model);
+        let model = label.as_str();
         self.llm_calls
             .get_or_create(&ModelLabel { model: model.to_owned(), outcome: outcome.to_owned() })
             .inc();

@@ -131,7 +131,7 @@ async fn run(client: reqwest::Client, endpoint: String, service: String, mut rx:
             }
         }
         if dropped > 0 {
-            warn!(dropped, endpoint = %endpoint, "otlp export failed, spans dropped");
+            warn!(dropped, endpoint = %crate::config::redact_url(&endpoint), "otlp export failed, spans dropped");
             dropped = 0;
         }
     }
@@ -146,7 +146,7 @@ async fn send(client: &reqwest::Client, endpoint: &str, service: &str, batch: Ve
     match client.post(endpoint).json(&body).send().await.map(|r| r.error_for_status()) {
         Ok(Ok(_)) => 0,
         Ok(Err(error)) | Err(error) => {
-            debug!(%error, "otlp export request failed");
+            debug!(error = %error.without_url(), "otlp export request failed");
             batch.len()
         }
     }

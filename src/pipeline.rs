@@ -49,6 +49,7 @@ pub async fn build_deps(
         Some(l) => l,
         None => Arc::new(HttpLlmClient::new(&settings.llm)?),
     };
+    crate::metrics::metrics().allow_configured_models(&settings);
     let topology = topology(&settings);
     let deltas: Arc<dyn DeltaPublisher> = Arc::new(BrokerDeltas {
         publisher: LazyPublisher::new(runtime_settings(&settings, StageName::Invoke)),

@@ -81,4 +81,58 @@ fn layers_validation_and_redaction() {
     // Unknown keys are load errors that name the key.
     let err = Settings::load(Some(write("[amqp]\nurll = \"x\"").path())).unwrap_err().to_string();
     assert!(err.contains("urll"), "{err}");
+
+    secrets_anywhere_are_redacted();
+}
+
+/// Every secret marked `pw-…`: URL passwords, secret query parameters and API keys in every
+/// URL and key setting. None reaches `Debug`, the serialised settings or `aptix config`.
+const SECRET_FILE: &str = r#"
+    [amqp]
+    url = "amqps://app:pw-amqp@mq:5671/%2f?heartbeat=10&Password=pw-amqp-query"
+    [database]
+    url = "postgres://aptix@db:5432/aptix?password=pw-db&sslmode=require"
+    [llm]
+    base_url = "https://llm.example/openai/v1?api-version=2024-10&api-key=pw-llm-query"
+    api_key = "pw-llm-key"
+    [vector]
+    url = "https://qdrant:6334/?api_key=pw-vector-query"
+    api_key = "pw-vector-key"
+    embeddings_url = "https://emb.example/v1?access_token=pw-emb-query"
+    embeddings_api_key = "pw-emb-key"
+    [telemetry]
+    otlp_endpoint = "http://otel:pw-otlp@collector:4318/v1/traces?token=pw-otlp-query"
+    [agent_contexts.tenant]
+    collection = "tenant"
+    llm_base_url = "https://tenant.example/v1?apikey=pw-tenant-query&sslpassword=pw-ssl"
+    llm_api_key = "pw-tenant-key"
+"#;
+
+fn secrets_anywhere_are_redacted() {
+    let file = write(SECRET_FILE);
+    let s = Settings::load(Some(file.path())).unwrap();
+    assert_eq!(s.database.url.expose(), "postgres://aptix@db:5432/aptix?password=pw-db&sslmode=require");
+    let printed = format!("{s:?}\n{}", toml::to_string_pretty(&s).unwrap());
+    assert!(!printed.contains("pw-"), "a secret leaked:\n{printed}");
+    assert!(printed.contains("postgres://aptix@db:5432/aptix?password=***&sslmode=require"), "{printed}");
+    assert!(printed.contains("api-version=2024-10&api-key=***"), "{printed}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+        .args(["config", "--config"])
+        .arg(file.path())
+        .env_remove("APTIX_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains("pw-"), "`aptix config` leaked a secret:\n{stdout}");
+    for kept in [
+        "amqps://app:***@mq:5671/%2f?heartbeat=10&Password=***",
+        "postgres://aptix@db:5432/aptix?password=***&sslmode=require",
+        "http://otel:***@collector:4318/v1/traces?token=***",
+        "https://tenant.example/v1?apikey=***&sslpassword=***",
+    ] {
+        assert!(stdout.contains(kept), "missing {kept} in\n{stdout}");
+    }
 }

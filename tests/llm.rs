@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aptix::config::{AgentContext, Secret};
-use aptix::contracts::{ErrorCode, Outcome};
+use aptix::contracts::{ApiError, ErrorCode, Outcome};
 use aptix::llm::{
     DeltaEvent, Endpoint, HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse, ResponseStatus,
-    StreamDelta, TimeoutPhase, INCOMPLETE_WARNING_CODE,
+    StreamDelta, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED, INCOMPLETE_WARNING_CODE,
 };
 use aptix::sim::{Fault, SimHandle};
 use serde_json::{json, Value};
@@ -184,7 +184,8 @@ async fn exhausted_retries_report_unavailable() {
     let e = rig.call(&first_turn("hi", false)).await.unwrap_err();
     assert!(matches!(e, LlmError::Unavailable { attempts: 3, status: Some(500), .. }), "{e:?}");
     assert_eq!(e.code(), ErrorCode::LlmUnavailable);
-    assert!(e.to_string().contains("server had an error"), "{e}");
+    // The client reads the status and the provider's code; the provider's text goes to the log.
+    assert!(e.to_string().ends_with("HTTP 500 (server_error)"), "{e}");
     rig.sim.faults().clear();
 
     // A Retry-After beyond `retry_after_max_ms` ends the retries at once.
@@ -249,6 +250,48 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
     let right = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-right")));
     client.create(LlmRequest { endpoint: &right, body: &body, deltas: None }).await.unwrap();
     assert_eq!(sim.stats().requests, 2);
+}
+
+/// What the invoke stage puts in the client's reply for `e`.
+fn client_error(e: &LlmError) -> ApiError {
+    ApiError::new(e.code(), e.to_string())
+}
+
+#[tokio::test]
+async fn account_errors_reach_clients_as_a_fixed_sentence() {
+    let sim = start_sim(Some("sk-sim-right")).await;
+    let client = HttpLlmClient::new(&settings(&sim.base_url())).unwrap();
+    let body = first_turn("hi", false);
+    let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
+    let e = client.create(LlmRequest { endpoint: &wrong, body: &body, deltas: None }).await.unwrap_err();
+    let reply = client_error(&e);
+    assert_eq!(reply.code, ErrorCode::LlmRejected);
+    assert!(reply.message.ends_with(CREDENTIALS_REFUSED), "{}", reply.message);
+    assert!(!reply.message.contains("Incorrect API key"), "{}", reply.message);
+    // The provider's words stay on the error for the log.
+    assert!(matches!(&e, LlmError::Rejected { error, .. } if error.message.contains("Incorrect API key")));
+
+    // Injected 401 and 403 answers, and an exhausted quota, read the same way.
+    let rig = rig().await;
+    for (fault, sentence, text) in [
+        (Fault::Status { status: 401 }, CREDENTIALS_REFUSED, "Incorrect API key"),
+        (Fault::Status { status: 403 }, CREDENTIALS_REFUSED, "Country, region"),
+        (Fault::InsufficientQuota, ACCOUNT_UNUSABLE, "exceeded your current quota"),
+    ] {
+        rig.sim.faults().fail_next(fault, 1);
+        let e = rig.call(&first_turn("hi", false)).await.unwrap_err();
+        let reply = client_error(&e);
+        assert_eq!(reply.code, ErrorCode::LlmRejected);
+        assert!(reply.message.ends_with(sentence), "{}", reply.message);
+        assert!(!reply.message.contains(text), "{}", reply.message);
+    }
+
+    // A rate limit that outlasts the retries names neither the organisation nor its limits.
+    rig.sim.faults().fail_next(Fault::Status { status: 429 }, 10);
+    let e = rig.call(&first_turn("hi", false)).await.unwrap_err();
+    let reply = client_error(&e);
+    assert_eq!(reply.code, ErrorCode::LlmUnavailable);
+    assert!(reply.message.ends_with("HTTP 429 (rate_limit_exceeded)"), "{}", reply.message);
 }
 
 #[tokio::test]

@@ -35,6 +35,25 @@ async fn metrics_and_health_follow_the_pipeline() {
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
+
+    // A model name from a message (a forged invoke body, a provider's answer) is no label value
+    // unless configured: it is counted as `other`, and its text never reaches /metrics.
+    let forged = "forged-model\"} 1\naptix_injected_total{x=\"y";
+    let usage = aptix::contracts::Usage { input_tokens: 7, output_tokens: 3, ..Default::default() };
+    let prices = h.settings.telemetry.prices.clone();
+    aptix::metrics::metrics().llm_call(forged, "ok", Some(&usage), &prices);
+    aptix::metrics::metrics().llm_call("gpt-unconfigured", "llm.rejected", None, &prices);
+    let text = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(!text.contains("forged-model") && !text.contains("injected"), "{text}");
+    assert!(!text.contains("gpt-unconfigured"), "{text}");
+    for needle in [
+        r#"aptix_llm_calls_total{model="other",outcome="ok"}"#,
+        r#"aptix_llm_calls_total{model="other",outcome="llm.rejected"}"#,
+        r#"aptix_llm_tokens_total{model="other",kind="input"}"#,
+        r#"aptix_llm_calls_total{model="gpt-5.1",outcome="ok"}"#,
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
     // Without consumers the process is alive but not ready.
     h.stop_consumers().await;
     let shutdown = tokio_util::sync::CancellationToken::new();

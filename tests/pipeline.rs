@@ -261,3 +261,21 @@ async fn an_llm_that_stays_down_fails_the_turn_after_the_retries_and_dead_letter
     assert_eq!(h.records(&s).await.len(), 2, "the failed turn has its record too");
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_api_key_reaches_the_client_as_a_fixed_sentence() {
+    let h = Harness::start(1).await;
+    h.sim.faults().fail_next(aptix::sim::Fault::Status { status: 401 }, 1);
+    let s = new_session();
+    let reply = one_final(&h, &s, user_turn(&s, "t1", "hello?")).await;
+    assert_eq!(reply["Successful"], false);
+    let error = &reply["Errors"][0];
+    assert_eq!(error["Code"], "llm.rejected", "{reply}");
+    let message = error["Message"].as_str().unwrap();
+    assert!(message.ends_with(aptix::llm::CREDENTIALS_REFUSED), "{message}");
+    // The simulator's 401 body says "Incorrect API key provided."; the client never reads it.
+    assert!(!reply.to_string().contains("Incorrect API key"), "{reply}");
+    let records = h.records(&s).await;
+    assert!(!serde_json::to_string(&records).unwrap().contains("Incorrect API key"), "{records:?}");
+    h.teardown().await;
+}

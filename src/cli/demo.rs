@@ -116,7 +116,7 @@ async fn prepare(settings: &mut Settings, work: &Path) -> anyhow::Result<Option<
         None
     } else {
         let sim = crate::sim::start(crate::sim::SimConfig::default()).await?;
-        settings.llm.base_url = sim.base_url();
+        settings.llm.base_url = ConnectionUrl::new(sim.base_url());
         println!(
             "== using the Responses simulator at {} (set OPENAI_API_KEY to use OpenAI)\n",
             sim.base_url()

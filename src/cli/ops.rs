@@ -30,7 +30,7 @@ pub fn run_stages(settings: Settings, stages: &[StageName], copies: usize) -> an
             .await
             .context("starting the pipeline")?;
         let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
-        let otlp = deps.settings.telemetry.otlp_endpoint.clone();
+        let otlp = deps.settings.telemetry.otlp_endpoint.expose().to_owned();
         if !otlp.is_empty() {
             let service = match stages {
                 [one] => format!("aptix-{}", one.as_str()),

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::secret::Secret;
+use super::secret::{ConnectionUrl, Secret};
 use super::ConfigError;
 
 /// A reasoning profile, selected by `ConversationContextId`.
@@ -85,7 +85,7 @@ fn json_from_string<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value
 pub struct AgentContext {
     /// Overrides `llm.base_url` for this tenant.
     #[serde(default)]
-    pub llm_base_url: Option<String>,
+    pub llm_base_url: Option<ConnectionUrl>,
     /// Overrides `llm.api_key` for this tenant.
     #[serde(default)]
     pub llm_api_key: Option<Secret>,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
-pub use secret::{ConnectionUrl, Secret};
+pub use secret::{redact_url, ConnectionUrl, Secret};
 
 use crate::contracts::ContextId;
 use crate::validate::Limits;
@@ -100,7 +100,7 @@ pub struct DatabaseSettings {
 #[serde(deny_unknown_fields)]
 pub struct LlmSettings {
     /// Base URL up to and including `/v1`.
-    pub base_url: String,
+    pub base_url: ConnectionUrl,
     /// API key; when unset, `OPENAI_API_KEY` is used.
     #[serde(default)]
     pub api_key: Option<Secret>,
@@ -126,7 +126,7 @@ pub struct LlmSettings {
 pub struct VectorSettings {
     /// Qdrant server gRPC URL; when unset, the embedded on-disk store is used.
     #[serde(default)]
-    pub url: Option<String>,
+    pub url: Option<ConnectionUrl>,
     /// Qdrant API key.
     #[serde(default)]
     pub api_key: Option<Secret>,
@@ -141,7 +141,7 @@ pub struct VectorSettings {
     /// OpenAI-compatible embeddings base URL (up to `/v1`); when set, chunks also get dense
     /// vectors and retrieval fuses BM25 and dense results.
     #[serde(default)]
-    pub embeddings_url: Option<String>,
+    pub embeddings_url: Option<ConnectionUrl>,
     /// API key for the embeddings endpoint; when unset, `llm.api_key` is used.
     #[serde(default)]
     pub embeddings_api_key: Option<Secret>,
@@ -230,7 +230,7 @@ pub struct TelemetrySettings {
     pub metrics_listen: String,
     /// OTLP/HTTP traces endpoint (`http://collector:4318/v1/traces`); empty disables export.
     #[serde(default)]
-    pub otlp_endpoint: String,
+    pub otlp_endpoint: ConnectionUrl,
     /// Prices for the LLM cost estimate.
     #[serde(default)]
     pub prices: Vec<crate::metrics::ModelPrice>,
@@ -276,7 +276,8 @@ impl Settings {
         if self.database.max_connections == 0 {
             return Err(ConfigError::invalid("database.max_connections", "must be at least 1"));
         }
-        if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
+        let llm = self.llm.base_url.expose();
+        if !(llm.starts_with("http://") || llm.starts_with("https://")) {
             return Err(ConfigError::invalid("llm.base_url", "must start with http:// or https://"));
         }
         for (key, value) in [

@@ -1,4 +1,5 @@
-//! Values that must never reach a log: API keys, and URLs that may carry a password.
+//! Values that must never reach a log: API keys, and URLs that may carry a password or a key
+//! (in their userinfo or their query string).
 
 use std::fmt;
 
@@ -40,8 +41,8 @@ impl Serialize for Secret {
     }
 }
 
-/// A connection URL whose password, if any, is hidden when printed.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// A URL whose password and secret query values, if any, are hidden when printed.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct ConnectionUrl(String);
 
@@ -51,23 +52,107 @@ impl ConnectionUrl {
         ConnectionUrl(url.into())
     }
 
-    /// The full URL, password included.
+    /// The full URL, secrets included.
     pub fn expose(&self) -> &str {
         &self.0
     }
 
-    /// The URL with its password replaced by `***`.
+    /// The URL with its password and secret query values replaced by `***`.
     pub fn redacted(&self) -> String {
-        let Some(scheme_end) = self.0.find("://") else { return self.0.clone() };
-        let rest = &self.0[scheme_end + 3..];
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        let Some(at) = rest[..authority_end].rfind('@') else { return self.0.clone() };
-        let userinfo = &rest[..at];
-        match userinfo.find(':') {
-            Some(colon) => format!("{}{}:***{}", &self.0[..scheme_end + 3], &userinfo[..colon], &rest[at..]),
-            None => self.0.clone(),
+        redact_url(&self.0)
+    }
+}
+
+/// `url` with every secret it may carry replaced by `***`: the userinfo password, and the value
+/// of each query parameter whose name marks a secret (see [`is_secret_key`]). The rest is kept so
+/// that an operator can still tell which host and options are in use.
+pub fn redact_url(url: &str) -> String {
+    let (head, fragment) = url.split_once('#').map_or((url, None), |(h, f)| (h, Some(f)));
+    let (base, query) = head.split_once('?').map_or((head, None), |(b, q)| (b, Some(q)));
+    let mut out = redact_userinfo(base);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(&redact_query(query));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    out
+}
+
+/// `scheme://user:password@host…` with the password hidden; a user alone is kept.
+fn redact_userinfo(base: &str) -> String {
+    let Some(scheme_end) = base.find("://").map(|i| i + 3) else { return base.to_owned() };
+    let rest = &base[scheme_end..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let Some(at) = authority.rfind('@') else { return base.to_owned() };
+    match authority[..at].find(':') {
+        Some(colon) => format!("{}{}:***{}", &base[..scheme_end], &authority[..colon], &rest[at..]),
+        None => base.to_owned(),
+    }
+}
+
+/// `a=1&password=x;b=2` with secret values hidden; separators and other pairs are kept as sent.
+fn redact_query(query: &str) -> String {
+    let mut out = String::with_capacity(query.len());
+    let mut rest = query;
+    loop {
+        let end = rest.find(['&', ';']).unwrap_or(rest.len());
+        let pair = &rest[..end];
+        match pair.split_once('=') {
+            Some((key, _)) if is_secret_key(key) => {
+                out.push_str(key);
+                out.push_str("=***");
+            }
+            _ => out.push_str(pair),
+        }
+        let Some(separator) = rest[end..].chars().next() else { return out };
+        out.push(separator);
+        rest = &rest[end + 1..];
+    }
+}
+
+/// Whether a query parameter named `key` holds a secret: passwords, keys, tokens, secrets,
+/// signatures and credentials under their usual spellings (`password`, `pwd`, `api_key`,
+/// `apiKey`, `api-key`, `access_token`, `sslpassword`, `sig`, …), case-insensitive and after
+/// percent-decoding, so `Pass%77ord` is caught too. Erring towards hiding costs only readability.
+fn is_secret_key(key: &str) -> bool {
+    let name: String = percent_decode(key)
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
+        .flat_map(char::to_lowercase)
+        .collect();
+    matches!(name.as_str(), "pass" | "pwd" | "sig" | "auth" | "authorization")
+        || ["password", "passwd", "secret", "token", "credential", "signature"]
+            .iter()
+            .any(|word| name.contains(word))
+        || name.ends_with("key")
+}
+
+/// `%XX` escapes decoded (invalid ones kept); `+` is a space in query strings.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
         }
     }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl fmt::Debug for ConnectionUrl {
@@ -109,5 +194,24 @@ mod tests {
         assert_eq!(plain.to_string(), "postgres://postgres@127.0.0.1/aptix");
         let at_in_path = ConnectionUrl::new("http://host/a@b");
         assert_eq!(at_in_path.to_string(), "http://host/a@b");
+        assert_eq!(redact_url("http://host?to=a@b"), "http://host?to=a@b");
+    }
+
+    #[test]
+    fn secret_query_values_are_redacted() {
+        let u = ConnectionUrl::new("postgres://u:pw@db/aptix?password=x&sslmode=require");
+        assert_eq!(u.to_string(), "postgres://u:***@db/aptix?password=***&sslmode=require");
+        let keys = "https://h/v1?api-version=2024&api-key=k1&ApiKey=k2&access_token=k3;SSLPassword=k4";
+        assert_eq!(
+            redact_url(keys),
+            "https://h/v1?api-version=2024&api-key=***&ApiKey=***&access_token=***;SSLPassword=***"
+        );
+        for key in ["pass", "PWD", "key", "token", "secret", "apikey", "Pass%77ord", "sig"] {
+            let text = redact_url(&format!("amqp://h/%2f?heartbeat=10&{key}=hunter2#frag"));
+            assert_eq!(text, format!("amqp://h/%2f?heartbeat=10&{key}=***#frag"));
+        }
+        for kept in ["sslmode=require", "api-version=1", "heartbeat=10", "flag", "=x", ""] {
+            assert_eq!(redact_url(&format!("http://h/?{kept}")), format!("http://h/?{kept}"));
+        }
     }
 }

@@ -1,6 +1,12 @@
 //! Why an LLM call failed, classified by what the pipeline should do next, and the provider's
 //! `{"error":{message,type,param,code}}` body.
+//!
+//! An error's `Display` is what a client is told. When the provider's answer is about the
+//! operator's account (a refused key, no quota) its text may name the account, the key's prefix
+//! or the organisation, so clients get a fixed sentence instead and the provider's words go to
+//! the operator's log (see [`account_problem`]).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -96,7 +102,48 @@ impl fmt::Display for ProviderError {
     }
 }
 
-/// Why a call failed. [`LlmError::code`] gives the client-facing error code.
+/// What a client is told when the provider refused the configured credentials.
+pub const CREDENTIALS_REFUSED: &str =
+    "the LLM provider refused the request's credentials; an operator must check the configured API key";
+
+/// What a client is told when the provider's account cannot serve requests.
+pub const ACCOUNT_UNUSABLE: &str =
+    "the LLM provider's account cannot serve requests (quota or billing); an operator must check it";
+
+/// The fixed client sentence when a provider answer (with its HTTP status, if any) is about the
+/// operator's account rather than the request: 401, 403, 402, or an account error code.
+pub fn account_problem(status: Option<u16>, error: &ProviderError) -> Option<&'static str> {
+    const CREDENTIALS: [&str; 8] = [
+        "invalid_api_key",
+        "invalid_organization",
+        "invalid_project",
+        "account_deactivated",
+        "unauthorized",
+        "authentication_error",
+        "permission_denied",
+        "permission_error",
+    ];
+    const ACCOUNT: [&str; 4] =
+        ["insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "access_terminated"];
+    if matches!(status, Some(401 | 403)) || CREDENTIALS.iter().any(|c| error.is(c)) {
+        Some(CREDENTIALS_REFUSED)
+    } else if status == Some(402) || ACCOUNT.iter().any(|c| error.is(c)) {
+        Some(ACCOUNT_UNUSABLE)
+    } else {
+        None
+    }
+}
+
+/// The provider's error as a client may see it.
+fn client_text(status: Option<u16>, error: &ProviderError) -> Cow<'static, str> {
+    match account_problem(status, error) {
+        Some(sentence) => Cow::Borrowed(sentence),
+        None => Cow::Owned(error.to_string()),
+    }
+}
+
+/// Why a call failed. [`LlmError::code`] gives the client-facing error code; `Display` is safe
+/// to show a client (no account details), the fields keep the provider's own words.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
     /// Retryable failures (connection errors, 408/409/429/5xx) lasted through every retry, or the
@@ -107,7 +154,8 @@ pub enum LlmError {
         attempts: u32,
         /// HTTP status of the last attempt, if it got one.
         status: Option<u16>,
-        /// The last failure.
+        /// The last failure. For an HTTP answer: its status and the provider's error code, not
+        /// its text, which may name the account (that text goes to the log).
         cause: String,
     },
     /// Timeouts lasted through every retry, or a stream went silent after delivering events.
@@ -129,7 +177,7 @@ pub enum LlmError {
     },
     /// The provider rejected the request with a non-retryable status (400, 401, 403, 404, 422,
     /// or 429 `insufficient_quota`).
-    #[error("llm endpoint rejected the request (HTTP {status}): {error}")]
+    #[error("llm endpoint rejected the request (HTTP {status}): {}", client_text(Some(*status), error))]
     Rejected {
         /// HTTP status.
         status: u16,
@@ -154,7 +202,7 @@ pub enum LlmError {
         raw: Box<Value>,
     },
     /// The provider reported the response as `failed`, or sent a stream `error` event.
-    #[error("llm response failed: {error}")]
+    #[error("llm response failed: {}", client_text(None, error))]
     Failed {
         /// The provider's response id, when known.
         response_id: Option<String>,
@@ -195,6 +243,15 @@ impl LlmError {
         )
     }
 
+    /// The provider's error object and HTTP status, for the operator's log.
+    pub fn provider_error(&self) -> Option<(Option<u16>, &ProviderError)> {
+        match self {
+            LlmError::Rejected { status, error } => Some((Some(*status), error)),
+            LlmError::Failed { error, .. } => Some((None, error)),
+            _ => None,
+        }
+    }
+
     /// The provider response JSON carried by the error, if any (refusals and failures).
     pub fn raw_response(&self) -> Option<&Value> {
         match self {
@@ -220,5 +277,19 @@ mod tests {
         let junk = ProviderError::from_body(b"<html>bad gateway</html>");
         assert_eq!(junk.message, "<html>bad gateway</html>");
         assert_eq!(e.to_string(), "invalid_value: m (param `input`)");
+    }
+
+    #[test]
+    fn account_problems_display_a_fixed_sentence() {
+        let quota =
+            ProviderError::from_body(br#"{"code":"insufficient_quota","message":"org-secret is out"}"#);
+        let failed = LlmError::Failed { response_id: None, error: Box::new(quota), raw: None };
+        assert_eq!(failed.to_string(), format!("llm response failed: {ACCOUNT_UNUSABLE}"));
+        let key = ProviderError::from_body(br#"{"error":{"message":"key sk-abc...xyz is wrong"}}"#);
+        let rejected = LlmError::Rejected { status: 403, error: Box::new(key) };
+        assert!(!rejected.to_string().contains("sk-abc"), "{rejected}");
+        assert!(rejected.to_string().ends_with(CREDENTIALS_REFUSED));
+        let bad = ProviderError::from_body(br#"{"error":{"message":"m","code":"invalid_value"}}"#);
+        assert_eq!(account_problem(Some(400), &bad), None, "request errors keep their words");
     }
 }

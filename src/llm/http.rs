@@ -17,10 +17,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::delta::StreamDelta;
-use super::error::{LlmError, TimeoutPhase};
-use super::retry::{classify_status, classify_transport, error_chain, AttemptError, RetryCause, RetryPolicy};
+use super::error::{account_problem, LlmError, ProviderError, TimeoutPhase};
+use super::retry::{
+    classify_status, classify_transport, error_chain, transport_error, AttemptError, RetryCause, RetryPolicy,
+};
 use super::{map_response, stream, Endpoint, LlmClient, LlmRequest, LlmResponse};
-use crate::config::LlmSettings;
+use crate::config::{redact_url, LlmSettings};
 
 /// The largest error body read; error bodies are small, and a runaway one must not stall us.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -76,13 +78,20 @@ impl HttpLlmClient {
         let attempts = attempts.load(Ordering::Relaxed);
         match result {
             Ok((raw, request_id)) => {
-                let mut response = map_response(raw)?;
+                let mut response = map_response(raw).inspect_err(|e| {
+                    log_provider_error(e.provider_error(), false, attempts, request.endpoint)
+                })?;
                 response.attempts = attempts;
                 response.request_id = request_id;
                 tracing::debug!(response_id = %response.response_id, attempts, "llm call completed");
                 Ok(response)
             }
-            Err(e) => Err(e.into_final(attempts)),
+            Err(e) => {
+                // A retryable status's text is left out of the final error; log it here.
+                let stripped = !matches!(e, AttemptError::Fatal(_));
+                log_provider_error(e.provider_error(), stripped, attempts, request.endpoint);
+                Err(e.into_final(attempts))
+            }
         }
     }
 
@@ -125,7 +134,9 @@ impl HttpLlmClient {
         } else {
             let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
                 Err(_) => return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request))),
-                Ok(Err(e)) => return Err(AttemptError::retryable(RetryCause::Transport(error_chain(&e)))),
+                Ok(Err(e)) => {
+                    return Err(AttemptError::retryable(RetryCause::Transport(transport_error(&e))))
+                }
                 Ok(Ok(bytes)) => bytes,
             };
             serde_json::from_slice(&bytes).map_err(|e| {
@@ -133,6 +144,35 @@ impl HttpLlmClient {
             })?
         };
         Ok((raw, request_id))
+    }
+}
+
+/// Logs the provider's own words about a failed call where clients get less: at ERROR when the
+/// account needs an operator (refused key, no quota), at WARN when `stripped` (retries ran out
+/// and the client sees only the status and code). The configured key is blotted out in case a
+/// provider echoes it.
+fn log_provider_error(
+    provider: Option<(Option<u16>, &ProviderError)>,
+    stripped: bool,
+    attempts: u32,
+    endpoint: &Endpoint,
+) {
+    let Some((status, error)) = provider else { return };
+    let mut detail = error.to_string();
+    if let Some(key) = endpoint.api_key.as_ref().map(|k| k.expose()).filter(|k| !k.is_empty()) {
+        detail = detail.replace(key, "***");
+    }
+    let endpoint = redact_url(&endpoint.base_url);
+    if account_problem(status, error).is_some() {
+        tracing::error!(
+            status,
+            attempts,
+            %endpoint,
+            provider_error = %detail,
+            "llm provider refused the configured account; check its api key, quota and billing"
+        );
+    } else if stripped {
+        tracing::warn!(status, attempts, %endpoint, provider_error = %detail, "llm call failed after retries");
     }
 }
 

@@ -25,11 +25,13 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::config::{AgentContext, LlmSettings, Secret};
+use crate::config::{redact_url, AgentContext, LlmSettings, Secret};
 use crate::contracts::{Outcome, Usage};
 
 pub use delta::{DeltaEvent, StreamDelta};
-pub use error::{LlmError, ProviderError, TimeoutPhase};
+pub use error::{
+    account_problem, LlmError, ProviderError, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
+};
 pub use http::HttpLlmClient;
 pub use map::{map_response, INCOMPLETE_WARNING_CODE};
 
@@ -50,8 +52,8 @@ impl Endpoint {
 
     /// The endpoint serving a request: the AgentContext's overrides, else `[llm]`.
     pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Self {
-        let base_url =
-            agent.and_then(|a| a.llm_base_url.clone()).unwrap_or_else(|| settings.base_url.clone());
+        let base_url = agent.and_then(|a| a.llm_base_url.as_ref()).unwrap_or(&settings.base_url);
+        let base_url = base_url.expose().to_owned();
         let api_key = agent.and_then(|a| a.llm_api_key.clone()).or_else(|| settings.api_key.clone());
         Endpoint { base_url, api_key }
     }
@@ -73,8 +75,11 @@ impl Endpoint {
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The key prints as `Secret(***)`; the URL carries no secret.
-        f.debug_struct("Endpoint").field("base_url", &self.base_url).field("api_key", &self.api_key).finish()
+        // The key prints as `Secret(***)`; a key in the URL's query string (`?api-key=`) is hidden.
+        f.debug_struct("Endpoint")
+            .field("base_url", &redact_url(&self.base_url))
+            .field("api_key", &self.api_key)
+            .finish()
     }
 }
 

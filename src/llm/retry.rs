@@ -13,8 +13,8 @@ use backon::ExponentialBuilder;
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 
-use super::error::{LlmError, ProviderError, TimeoutPhase};
-use crate::config::LlmSettings;
+use super::error::{account_problem, LlmError, ProviderError, TimeoutPhase};
+use crate::config::{redact_url, LlmSettings};
 
 /// Backoff settings, from `[llm]`.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +88,19 @@ impl AttemptError {
         matches!(self, AttemptError::Retryable { .. })
     }
 
+    /// The provider's error object and HTTP status, for the operator's log: the answer that
+    /// ended the call, whose text [`AttemptError::into_final`] keeps from clients.
+    pub(crate) fn provider_error(&self) -> Option<(Option<u16>, &ProviderError)> {
+        match self {
+            AttemptError::Retryable { cause: RetryCause::Status { status, error }, .. }
+            | AttemptError::Interrupted { cause: RetryCause::Status { status, error }, .. } => {
+                Some((Some(*status), error))
+            }
+            AttemptError::Fatal(e) => e.provider_error(),
+            _ => None,
+        }
+    }
+
     /// The error the caller sees after `attempts` attempts.
     pub(crate) fn into_final(self, attempts: u32) -> LlmError {
         match self {
@@ -102,7 +115,7 @@ impl AttemptError {
                 LlmError::Unavailable {
                     attempts,
                     status: Some(status),
-                    cause: format!("HTTP {status}: {error}{wait}"),
+                    cause: status_cause(status, &error) + &wait,
                 }
             }
             AttemptError::Retryable { cause: RetryCause::Transport(cause), .. } => {
@@ -112,10 +125,23 @@ impl AttemptError {
                 LlmError::StreamInterrupted { events, cause }
             }
             AttemptError::Interrupted { events, cause: RetryCause::Status { status, error } } => {
-                LlmError::StreamInterrupted { events, cause: format!("HTTP {status}: {error}") }
+                LlmError::StreamInterrupted { events, cause: status_cause(status, &error) }
             }
             AttemptError::Fatal(e) => e,
         }
+    }
+}
+
+/// An HTTP failure as a client may read it: the status and the provider's machine code (e.g.
+/// `HTTP 429 (rate_limit_exceeded)`), or the fixed sentence for an account problem. The provider's
+/// text stays out: a rate-limit message names the organisation and its limits.
+fn status_cause(status: u16, error: &ProviderError) -> String {
+    if let Some(sentence) = account_problem(Some(status), error) {
+        return format!("HTTP {status}: {sentence}");
+    }
+    match error.code.as_deref().or(error.kind.as_deref()) {
+        Some(code) => format!("HTTP {status} ({code})"),
+        None => format!("HTTP {status}"),
     }
 }
 
@@ -154,7 +180,16 @@ pub(crate) fn classify_transport(e: &reqwest::Error) -> AttemptError {
     if e.is_timeout() {
         return AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Connect));
     }
-    AttemptError::retryable(RetryCause::Transport(error_chain(e)))
+    AttemptError::retryable(RetryCause::Transport(transport_error(e)))
+}
+
+/// A reqwest error on one line, with secrets in its URL (`?api-key=`) hidden.
+pub(crate) fn transport_error(e: &reqwest::Error) -> String {
+    let text = error_chain(e);
+    match e.url() {
+        Some(url) => text.replace(url.as_str(), &redact_url(url.as_str())),
+        None => text,
+    }
 }
 
 /// An error and its sources on one line.

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::delta::{DeltaEvent, DeltaSink, StreamDelta};
 use super::error::{LlmError, ProviderError, TimeoutPhase};
-use super::retry::{error_chain, AttemptError, RetryCause};
+use super::retry::{transport_error, AttemptError, RetryCause};
 use super::sse::SseDecoder;
 
 /// A function call being streamed.
@@ -63,7 +63,7 @@ pub(crate) async fn read(
                     acc.broken(RetryCause::Transport("the stream ended without a terminal event".into()))
                 )
             }
-            Ok(Some(Err(e))) => return Err(acc.broken(RetryCause::Transport(error_chain(&e)))),
+            Ok(Some(Err(e))) => return Err(acc.broken(RetryCause::Transport(transport_error(&e)))),
             Ok(Some(Ok(chunk))) => chunk,
         };
         let events = decoder.push(&chunk).map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e)))?;

@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use tracing::warn;
 
 use super::RetrieveError;
-use crate::config::Settings;
+use crate::config::{ConnectionUrl, Settings};
 
 /// Texts per embeddings request.
 pub const EMBED_BATCH: usize = 64;
@@ -35,7 +36,9 @@ impl Embedder {
     /// The configured embedder, or `None` when `vector.embeddings_url` is unset.
     pub fn from_settings(settings: &Settings) -> Result<Option<Self>, RetrieveError> {
         let v = &settings.vector;
-        let Some(base) = v.embeddings_url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        let Some(base) =
+            v.embeddings_url.as_ref().map(ConnectionUrl::expose).filter(|u| !u.trim().is_empty())
+        else {
             return Ok(None);
         };
         if v.embeddings_dimension == 0 {
@@ -78,15 +81,17 @@ impl Embedder {
             request = request.bearer_auth(key);
         }
         let fail = |message: String, retryable: bool| RetrieveError::Embedding { message, retryable };
-        let response = request.send().await.map_err(|e| fail(e.to_string(), true))?;
+        // Error texts may reach a client once retries run out: no URL (it may carry a key) and
+        // no provider text (it may name the account); the provider's words go to the log.
+        let response = request.send().await.map_err(|e| fail(e.without_url().to_string(), true))?;
         let status = response.status();
         if !status.is_success() {
             let retryable = status.as_u16() == 429 || status.is_server_error();
             let text = response.text().await.unwrap_or_default();
-            return Err(fail(
-                format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()),
-                retryable,
-            ));
+            let error = crate::llm::ProviderError::from_body(text.as_bytes());
+            let code = error.code.as_deref().or(error.kind.as_deref()).unwrap_or("no code");
+            warn!(status = status.as_u16(), provider_error = %error, "embeddings endpoint refused the request");
+            return Err(fail(format!("HTTP {} ({code})", status.as_u16()), retryable));
         }
         let parsed: EmbeddingsResponse = response.json().await.map_err(|e| fail(e.to_string(), false))?;
         let mut vectors = vec![Vec::new(); texts.len()];

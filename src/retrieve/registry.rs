@@ -13,7 +13,7 @@ use super::server::{ServerConnection, ServerStore};
 use super::store::{StoreQuery, VectorStore};
 use super::{filter, select, RetrieveError};
 use crate::chunk::Chunk;
-use crate::config::Settings;
+use crate::config::{ConnectionUrl, Settings};
 use crate::contracts::{ScopeCondition, UserWarning};
 
 /// Warning code when dense retrieval failed and the turn fell back to BM25 only.
@@ -69,7 +69,8 @@ impl Retrieval {
     /// `vector.url` set → Qdrant server; else embedded shards under `vector.data_dir`.
     /// Nothing is opened or contacted until a collection is first used.
     pub fn from_settings(settings: &Settings) -> Result<Self, RetrieveError> {
-        let backend = match settings.vector.url.as_deref().filter(|u| !u.trim().is_empty()) {
+        let url = settings.vector.url.as_ref().map(ConnectionUrl::expose);
+        let backend = match url.filter(|u| !u.trim().is_empty()) {
             Some(_) => Backend::Server(ServerConnection::from_settings(&settings.vector)?),
             None => Backend::Embedded { data_dir: settings.vector.data_dir.clone() },
         };

@@ -22,7 +22,7 @@ use super::payload::{ChunkPayload, INDEXED_KEYWORD_FIELDS};
 use super::store::{ChunkPoint, StoreQuery, StoredChunk, VectorStore};
 use super::{RetrieveError, DENSE_VECTOR, RRF_K, SPARSE_VECTOR};
 use crate::chunk::Chunk;
-use crate::config::VectorSettings;
+use crate::config::{ConnectionUrl, VectorSettings};
 
 /// Points per upsert request.
 const UPSERT_BATCH: usize = 256;
@@ -42,7 +42,11 @@ impl std::fmt::Debug for ServerConnection {
 impl ServerConnection {
     /// Connects lazily to `vector.url` with the API key and the configured timeouts.
     pub fn from_settings(v: &VectorSettings) -> Result<Self, RetrieveError> {
-        let url = v.url.as_deref().ok_or_else(|| RetrieveError::Config("vector.url is not set".into()))?;
+        let url = v
+            .url
+            .as_ref()
+            .map(ConnectionUrl::expose)
+            .ok_or_else(|| RetrieveError::Config("vector.url is not set".into()))?;
         let client = Qdrant::from_url(url)
             .api_key(v.api_key.as_ref().map(|k| k.expose().to_owned()))
             .timeout(Duration::from_secs(v.timeout_secs.max(1)))

@@ -60,7 +60,7 @@ pub fn test_settings(id: &str, sim_url: &str, data_dir: &Path) -> Settings {
     s.amqp.prefix = format!("t-{id}");
     s.database.url = ConnectionUrl::new(format!("postgres://postgres@127.0.0.1:5432/aptix_t_{id}"));
     s.database.max_connections = 8;
-    s.llm.base_url = sim_url.to_owned();
+    s.llm.base_url = ConnectionUrl::new(sim_url);
     s.llm.request_timeout_ms = 10_000;
     s.vector.data_dir = data_dir.join("vectors");
     s.pipeline.confirm_timeout_ms = 10_000;
@@ -283,7 +283,7 @@ impl Harness {
             ("APTIX__AMQP__PREFIX".into(), s.amqp.prefix.clone()),
             ("APTIX__AMQP__URL".into(), s.amqp.url.expose().to_owned()),
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
-            ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.clone()),
+            ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.expose().to_owned()),
             ("APTIX__VECTOR__DATA_DIR".into(), self.dir.join("child-vectors").display().to_string()),
             ("APTIX__TELEMETRY__METRICS_LISTEN".into(), "127.0.0.1:0".into()),
             ("RUST_LOG".into(), "warn".into()),

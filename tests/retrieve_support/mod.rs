@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use aptix::config::Settings;
+use aptix::config::{ConnectionUrl, Settings};
 use aptix::contracts::ScopeCondition;
 use aptix::index::{index_repository, IndexOptions, IndexSummary};
 use aptix::retrieve::filter::{FilterSpec, SCOPE_KEY_IGNORED};
@@ -38,7 +38,7 @@ pub fn fixture(root: &Path) {
 /// Default settings with the embedded store under `data_dir` (or the server at `url`).
 pub fn settings(data_dir: &Path, url: Option<String>) -> Settings {
     let mut s = Settings::load(None).unwrap();
-    s.vector.url = url;
+    s.vector.url = url.map(ConnectionUrl::new);
     s.vector.embeddings_url = None;
     s.vector.data_dir = data_dir.to_path_buf();
     s

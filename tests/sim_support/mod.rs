@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use aptix::config::LlmSettings;
+use aptix::config::{ConnectionUrl, LlmSettings};
 use aptix::sim::{self, SimConfig, SimHandle};
 use serde_json::{json, Value};
 
@@ -27,7 +27,7 @@ pub async fn start_sim(api_key: Option<&str>) -> SimHandle {
 /// Client settings for tests: short timeouts and backoff, two retries.
 pub fn settings(base_url: &str) -> LlmSettings {
     LlmSettings {
-        base_url: base_url.to_owned(),
+        base_url: ConnectionUrl::new(base_url),
         api_key: None,
         connect_timeout_ms: 300,
         request_timeout_ms: 1500,

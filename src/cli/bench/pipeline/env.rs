@@ -152,7 +152,7 @@ impl BenchEnv {
         let mut settings = base.clone();
         settings.amqp.prefix = format!("bench-{id}");
         settings.database.url = ConnectionUrl::new(with_database(base.database.url.expose(), db_name));
-        settings.llm.base_url = sim.base_url.clone();
+        settings.llm.base_url = ConnectionUrl::new(sim.base_url.clone());
         // Loopback simulator: never send a real key anywhere.
         settings.llm.api_key = None;
         for agent in settings.agent_contexts.values_mut() {
