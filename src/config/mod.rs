@@ -288,6 +288,7 @@ impl Settings {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
         }
+        self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.validate_contexts()
     }
 
