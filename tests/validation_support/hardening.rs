@@ -371,3 +371,48 @@ fn default_limits_are_the_example_file() {
     assert_eq!(limits.max_image_bytes, 3 * 1024 * 1024);
     assert_eq!(limits.max_errors, 20);
 }
+
+#[test]
+fn corpus_expectations_hold_for_the_stateless_rules() {
+    // The same expectations `tests/bad_input.rs` checks through the pipeline, checked here in
+    // milliseconds for every case the stateless rules decide alone.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/bad");
+    let manifest = std::fs::read_to_string(dir.join("expected.tsv")).unwrap();
+    let stateless = |c: &str| c.starts_with("request.") || c.starts_with("validation.");
+    let mut checked = 0;
+    for line in manifest.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (file, setup, expected) = (cols[0], cols[1], cols[2]);
+        let body = std::fs::read(dir.join(file)).unwrap();
+        let result = validate_bytes(&body, &Limits::default());
+        let got: Vec<String> = match &result {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.iter().map(|e| e.code.as_str().to_owned()).collect(),
+        };
+        let (routed, codes) = match expected.split_once(':') {
+            Some(("dead", code)) => (false, vec![code.to_owned()]),
+            Some(("reply", codes)) => (true, expand(codes)),
+            _ => (true, Vec::new()),
+        };
+        if setup != "-" || !codes.iter().all(|c| stateless(c)) {
+            continue;
+        }
+        assert_eq!(session_hint(&body).is_some(), routed, "{file}: session hint");
+        let got = if routed { got } else { got.into_iter().take(1).collect() };
+        assert_eq!(got, codes, "{file}");
+        checked += 1;
+    }
+    assert!(checked > 120, "only {checked} corpus cases checked");
+}
+
+/// `a,b*3` → `[a, b, b, b]`, as in `expected.tsv`.
+fn expand(codes: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for item in codes.split(',') {
+        match item.split_once('*') {
+            Some((code, n)) => out.extend(std::iter::repeat_n(code.to_owned(), n.parse().unwrap())),
+            None => out.push(item.to_owned()),
+        }
+    }
+    out
+}
