@@ -416,3 +416,33 @@ fn expand(codes: &str) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn wire_form_by_reference_is_the_converted_wire_form() {
+    use aptix::contracts::AgentExecuteRequest;
+    use sha2::{Digest as _, Sha256};
+    let bodies = [
+        user(json!({
+            "InputArtifacts": [artifact(json!({"MimeType": "text/x-rust", "Language": "rust"})),
+                artifact(json!({"RelativePath": "docs/a.bin", "Encoding": "base64", "Contents": "AP8=", "Origin": "user"})),
+                artifact(json!({"RelativePath": "q.txt", "Contents": "say \"hi\"\n\t\u{1}é"}))],
+            "ClipboardImages": [image(json!({"MimeType": "IMAGE/PNG"}))],
+            "RagScope": [{"Key": "path", "Operator": "does_not_contain", "Values": ["tests/", "b"]}],
+            "Stream": true, "Repo": "acme/billing", "WorkspaceId": "w", "Language": "C#",
+            "SolutionContextText": "ctx", "ConversationContextId": "default", "AgentContextId": "a"
+        })),
+        user(json!({"Stream": false, "Instruction": null, "InputArtifacts": [artifact(json!({}))]})),
+        cont(json!({"ToolResults": [
+            {"ToolCallId": "call_1", "ExecutionMs": 5, "ResultJson": "[1,2]"},
+            {"ToolCallId": "call_2", "ExecutionMs": 9, "ErrorMessage": "file \"x\" not found"}]})),
+    ];
+    for body in bodies {
+        let v = validate_bytes(&bytes(&body), &Limits::default()).unwrap();
+        let converted = serde_json::to_vec(&AgentExecuteRequest::from(v.clone())).unwrap();
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec(&v).unwrap()).unwrap(),
+            String::from_utf8(converted.clone()).unwrap()
+        );
+        assert_eq!(v.fingerprint(), hex::encode(Sha256::digest(&converted)));
+    }
+}
