@@ -13,6 +13,7 @@ mod limits;
 mod parse;
 mod rules;
 mod scan;
+mod skim;
 mod text;
 
 use std::fmt;

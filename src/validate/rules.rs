@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::attachments::{artifacts, images};
 use super::errors::Errors;
-use super::scan::Skip;
+use super::skim::Skip;
 use super::{text, Limits};
 use crate::contracts::ids::clip;
 use crate::contracts::request::{RagScopeConditionWire, ToolResultWire};
