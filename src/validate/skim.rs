@@ -56,8 +56,9 @@ macro_rules! scalars {
 
 pub(super) use scalars;
 
-/// Any JSON value, read and dropped. Unlike [`IgnoredAny`](serde::de::IgnoredAny) it goes through `deserialize_any`,
-/// so serde_json's nesting limit applies (as it did when bodies were parsed into a tree).
+/// Any JSON value, read and dropped. Unlike [`IgnoredAny`](serde::de::IgnoredAny) it goes
+/// through `deserialize_any`, so serde_json's nesting limit applies (as it did when bodies were
+/// parsed into a tree).
 pub(super) struct Skip;
 
 impl<'de> Deserialize<'de> for Skip {
