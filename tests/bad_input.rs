@@ -158,7 +158,42 @@ fn generated() -> Vec<Case> {
         &|s| to(json!({"SessionId": s, "TurnId": "t1", "Instruction": "x".repeat(4 * mib + 10)})),
         "reply:request.too_large",
     );
+    add(
+        "16-mib-of-junk-with-a-session",
+        &|s| to(json!({"SessionId": s, "TurnId": "t1", "Junk": "j".repeat(16 * mib - 100)})),
+        "reply:request.too_large",
+    );
     add("garbage-over-4-mib", &|_| vec![b'A'; 4 * mib + 1], "dead:request.too_large");
+    add(
+        "280000-empty-artifacts",
+        &|s| {
+            let mut b = format!(r#"{{"SessionId":"{s}","TurnId":"t1","InputArtifacts":["#).into_bytes();
+            b.extend_from_slice(&b"{},".repeat(280_000));
+            b.pop();
+            b.extend_from_slice(b"]}");
+            b
+        },
+        "reply:validation.limit_exceeded",
+    );
+    add(
+        "900000-rag-scope-values",
+        &|s| {
+            let values = vec!["v"; 900_000];
+            to(
+                json!({"SessionId": s, "TurnId": "t1", "Instruction": "x", "RagScope": [{"Key": "path", "Operator": "==", "Values": values}]}),
+            )
+        },
+        "reply:validation.limit_exceeded",
+    );
+    add(
+        "3-mb-image-id",
+        &|s| {
+            to(
+                json!({"SessionId": s, "TurnId": "t1", "ClipboardImages": [{"Id": "i".repeat(3_000_000), "MimeType": "image/png", "DataBase64": png}]}),
+            )
+        },
+        "reply:validation.limit_exceeded",
+    );
     add(
         "instruction-200001-chars",
         &|s| to(json!({"SessionId": s, "TurnId": "t1", "Instruction": "é".repeat(200_001)})),
@@ -181,6 +216,7 @@ fn generated() -> Vec<Case> {
         },
         "reply:validation.limit_exceeded",
     );
+    // Base64 of more than 3 MiB is more than 4 MiB: the request limit refuses it first.
     add(
         "base64-artifact-over-2-mib",
         &|s| {
@@ -254,7 +290,7 @@ fn generated() -> Vec<Case> {
             }
             to(Value::Object(m))
         },
-        "reply:request.unknown_field*2000",
+        "reply:request.unknown_field*20,request.too_many_errors",
     );
     add(
         "nesting-100000-deep",
@@ -266,7 +302,7 @@ fn generated() -> Vec<Case> {
             b.push(b'}');
             b
         },
-        "dead:request.invalid_json",
+        "reply:request.invalid_json",
     );
     cases
 }

@@ -9,6 +9,11 @@ use aptix::contracts::{ArtifactContents, ErrorCode, Origin, ScopeOperator, ToolO
 use aptix::validate::{session_hint, validate_bytes, Limits};
 use serde_json::{json, Value};
 
+// Issue 13's rules (bounded work, NUL, clipping, capped errors, names and paths) live in their own
+// file so this one stays a table of the original rules.
+#[path = "validation_support/hardening.rs"]
+mod hardening;
+
 const SID: &str = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
 
 fn user(extra: Value) -> Value {
@@ -54,6 +59,15 @@ fn image(extra: Value) -> Value {
     let mut a = json!({"Id": "img1", "MimeType": "image/png", "DataBase64": "iVBORw0KGgo="});
     merge(&mut a, extra);
     a
+}
+
+/// A user turn with `n` unknown properties (`Junk0`...).
+fn many_unknown(n: usize) -> Value {
+    let mut body = user(json!({}));
+    for i in 0..n {
+        body[format!("Junk{i}")] = json!(i);
+    }
+    body
 }
 
 /// (name, body, expected code, expected field)
@@ -376,6 +390,31 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
             Some("RagScope[0].Values"),
         ),
         (
+            "NUL in Instruction",
+            b(user(json!({"Instruction": "a\u{0}b"}))),
+            ErrorCode::RequestNulCharacter,
+            Some("Instruction"),
+        ),
+        (
+            "bidi override in path",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/\u{202e}sr.exe"}))]}))),
+            ErrorCode::PathFormatCharacter,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        (
+            "zero-width space in file name",
+            b(user(json!({"InputArtifacts": [artifact(json!({"FileName": "lib\u{200b}.rs"}))]}))),
+            ErrorCode::PathFormatCharacter,
+            Some("InputArtifacts[0].FileName"),
+        ),
+        (
+            "full-width dots",
+            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "\u{ff0e}\u{ff0e}/x"}))]}))),
+            ErrorCode::PathTraversal,
+            Some("InputArtifacts[0].RelativePath"),
+        ),
+        ("too many errors", b(user(many_unknown(25))), ErrorCode::RequestTooManyErrors, None),
+        (
             "bad context id",
             b(user(json!({"ConversationContextId": "has space"}))),
             ErrorCode::ContextIdInvalid,
@@ -430,8 +469,13 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
         max_tool_results: 1,
         max_tool_result_bytes: 2,
         max_rag_scope_conditions: 1,
+        max_rag_scope_values: 2,
+        max_rag_scope_value_chars: 3,
+        max_path_chars: 6,
+        max_name_chars: 5,
         ..Limits::default()
     };
+    let long = "abcdef";
     let scope = json!({"Key": "path", "Operator": "==", "Values": ["a"]});
     vec![
         (tight.clone(), user(json!({"Instruction": "123456"})), "Instruction", "max_instruction_chars"),
@@ -484,7 +528,78 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
             "ToolResults[0].ErrorMessage",
             "max_tool_result_bytes",
         ),
-        (tight, user(json!({"RagScope": [scope.clone(), scope]})), "RagScope", "max_rag_scope_conditions"),
+        (
+            tight.clone(),
+            user(json!({"RagScope": [scope.clone(), scope]})),
+            "RagScope",
+            "max_rag_scope_conditions",
+        ),
+        (
+            tight.clone(),
+            user(json!({"RagScope": [{"Key": "path", "Operator": "==", "Values": ["a", "b", "c"]}]})),
+            "RagScope[0].Values",
+            "max_rag_scope_values",
+        ),
+        (
+            tight.clone(),
+            user(json!({"RagScope": [{"Key": "path", "Operator": "==", "Values": ["a", "abcd"]}]})),
+            "RagScope[0].Values[1]",
+            "max_rag_scope_value_chars",
+        ),
+        (
+            tight.clone(),
+            user(json!({"RagScope": [{"Key": long, "Operator": "==", "Values": ["a"]}]})),
+            "RagScope[0].Key",
+            "max_name_chars",
+        ),
+        (
+            tight.clone(),
+            user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/a.rs"}))]})),
+            "InputArtifacts[0].RelativePath",
+            "max_path_chars",
+        ),
+        (
+            tight.clone(),
+            user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": long}))]})),
+            "InputArtifacts[0].FileName",
+            "max_name_chars",
+        ),
+        (
+            tight.clone(),
+            user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": "a", "MimeType": long}))]}),
+            ),
+            "InputArtifacts[0].MimeType",
+            "max_name_chars",
+        ),
+        (
+            tight.clone(),
+            user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": "a", "Language": long}))]}),
+            ),
+            "InputArtifacts[0].Language",
+            "max_name_chars",
+        ),
+        (
+            tight.clone(),
+            user(json!({"ClipboardImages": [image(json!({"Id": long, "DataBase64": "YQ=="}))]})),
+            "ClipboardImages[0].Id",
+            "max_name_chars",
+        ),
+        (
+            tight.clone(),
+            user(
+                json!({"ClipboardImages": [image(json!({"MimeType": "image/pngxx", "DataBase64": "YQ=="}))]}),
+            ),
+            "ClipboardImages[0].MimeType",
+            "max_name_chars",
+        ),
+        (
+            tight,
+            cont(json!({"ToolResults": [{"ToolCallId": long, "ExecutionMs": 1, "ResultJson": "1"}]})),
+            "ToolResults[0].ToolCallId",
+            "max_name_chars",
+        ),
     ]
 }
 

@@ -290,6 +290,7 @@ impl Settings {
             }
         }
         self.validate_pipeline()?;
+        self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.validate_contexts()
     }
 

@@ -44,6 +44,8 @@ error_codes! {
     RequestUnknownField => "request.unknown_field", "a property that AGN-034 does not define";
     RequestForbiddenField => "request.forbidden_field", "a server-owned property (mode, model or provider continuation state)";
     RequestInvalidType => "request.invalid_type", "a property has the wrong JSON type";
+    RequestNulCharacter => "request.nul_character", "a string holds a NUL character (U+0000), which PostgreSQL cannot store; `Field` names it";
+    RequestTooManyErrors => "request.too_many_errors", "the request has more problems than `limits.max_errors`: the first ones are listed, this entry counts the rest";
     SessionIdMissing => "validation.session_id_missing", "`SessionId` is absent or empty";
     SessionIdInvalid => "validation.session_id_invalid", "`SessionId` is not a UUID";
     TurnIdMissing => "validation.turn_id_missing", "`TurnId` is absent or empty";
@@ -61,6 +63,7 @@ error_codes! {
     PathDriveLetter => "validation.path_drive_letter", "`RelativePath` starts with a drive letter such as `C:`";
     PathTraversal => "validation.path_traversal", "`RelativePath` has a `..` segment";
     PathNul => "validation.path_nul", "`RelativePath` contains a NUL character";
+    PathFormatCharacter => "validation.path_format_character", "`RelativePath` or `FileName` contains a control or invisible format character (Unicode Cf: bidi controls such as U+202E, zero-width characters such as U+200B)";
     PathDuplicate => "validation.path_duplicate", "two artifacts share a `RelativePath`";
     FileNameMissing => "validation.file_name_missing", "an artifact has no `FileName`";
     ContentsMissing => "validation.contents_missing", "an artifact has no `Contents`";

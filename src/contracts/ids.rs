@@ -5,6 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization as _;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 use uuid::Uuid;
 
 use super::error::ErrorCode;
@@ -140,13 +142,15 @@ impl<'de> Deserialize<'de> for ContextId {
     }
 }
 
-/// A workspace-relative path: not absolute, no drive letter, no `..` segment, no NUL.
+/// A workspace-relative path: not absolute, no drive letter, no `..` segment, no NUL, no control
+/// or invisible format character; NFKC-normalised, and checked in that form, so look-alikes such
+/// as `．．/x` (full-width dots) are the traversal they resemble.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
 pub struct RelativePath(String);
 
 impl RelativePath {
-    /// The path as sent by the client.
+    /// The path as sent by the client, NFKC-normalised.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -161,30 +165,43 @@ impl fmt::Display for RelativePath {
 impl FromStr for RelativePath {
     type Err = (ErrorCode, String);
 
-    fn from_str(p: &str) -> Result<Self, Self::Err> {
-        if p.is_empty() {
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        if raw.is_empty() {
             return Err((ErrorCode::PathMissing, "RelativePath is required".into()));
         }
-        if p.contains('\0') {
+        if raw.contains('\0') {
             return Err((ErrorCode::PathNul, "RelativePath contains a NUL character".into()));
         }
+        if let Some(c) = disguising_character(raw) {
+            return Err((
+                ErrorCode::PathFormatCharacter,
+                format!(
+                    "RelativePath `{}` contains U+{:04X}, a control or invisible format character (a \
+                     bidi control, a zero-width character, ...) that can disguise a path",
+                    clip(raw),
+                    u32::from(c)
+                ),
+            ));
+        }
+        let p: String = raw.nfkc().collect();
+        let shown = if p == raw { clip(raw) } else { format!("{}` (NFKC: `{}", clip(raw), clip(&p)) };
         if p.starts_with('/') || p.starts_with('\\') {
             return Err((
                 ErrorCode::PathAbsolute,
-                format!("RelativePath `{}` is absolute; send it relative to the workspace root", clip(p)),
+                format!("RelativePath `{shown}` is absolute; send it relative to the workspace root"),
             ));
         }
         let bytes = p.as_bytes();
         if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' {
             return Err((
                 ErrorCode::PathDriveLetter,
-                format!("RelativePath `{}` starts with a drive letter", clip(p)),
+                format!("RelativePath `{shown}` starts with a drive letter"),
             ));
         }
         if p.split(['/', '\\']).any(|seg| seg == "..") {
-            return Err((ErrorCode::PathTraversal, format!("RelativePath `{}` has a `..` segment", clip(p))));
+            return Err((ErrorCode::PathTraversal, format!("RelativePath `{shown}` has a `..` segment")));
         }
-        Ok(RelativePath(p.to_owned()))
+        Ok(RelativePath(p))
     }
 }
 
@@ -199,13 +216,19 @@ fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
 }
 
-/// Shortens user-supplied text quoted back in an error message.
+/// The first character of `s` that can disguise a name: a control character (Unicode Cc; NUL
+/// has its own error) or an invisible format character (Cf: bidi controls such as U+202E,
+/// zero-width characters such as U+200B, the BOM, ...).
+pub(crate) fn disguising_character(s: &str) -> Option<char> {
+    s.chars().find(|&c| c != '\0' && (c.is_control() || c.general_category() == GeneralCategory::Format))
+}
+
+/// Shortens user-supplied text quoted back in an error message, escaping what is not printable
+/// (NUL included), so a quoted value can always be stored and shown.
 pub(crate) fn clip(s: &str) -> String {
     const MAX: usize = 80;
-    if s.chars().count() <= MAX {
-        s.escape_debug().to_string()
-    } else {
-        let head: String = s.chars().take(MAX).collect();
-        format!("{}…", head.escape_debug())
+    match s.char_indices().nth(MAX) {
+        None => s.escape_debug().to_string(),
+        Some((end, _)) => format!("{}…", s[..end].escape_debug()),
     }
 }

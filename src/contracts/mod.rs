@@ -6,6 +6,7 @@ pub mod ids;
 pub mod request;
 pub mod response;
 pub mod validated;
+mod wire;
 
 pub use error::{ApiError, ErrorCode};
 pub use ids::{ContextId, RelativePath, SessionId, TurnId};

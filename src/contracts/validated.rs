@@ -23,9 +23,10 @@ pub struct TurnKey {
     pub turn_id: TurnId,
 }
 
-/// A request that passed every stateless AGN-034 rule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(into = "AgentExecuteRequest", try_from = "AgentExecuteRequest")]
+/// A request that passed every stateless AGN-034 rule. It serializes to its AGN-034 wire form
+/// (by reference, see `wire.rs`) and deserializing it re-runs the structural rules.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "AgentExecuteRequest")]
 pub enum ValidatedRequest {
     /// A User Turn Request.
     UserTurn(UserTurn),
@@ -45,8 +46,25 @@ impl ValidatedRequest {
     /// SHA-256 (hex) of the canonical wire form: equal for the same content however it was
     /// spelled, so a re-sent turn is told apart from a conflicting one.
     pub fn fingerprint(&self) -> String {
-        let canonical = serde_json::to_vec(&AgentExecuteRequest::from(self.clone())).unwrap_or_default();
-        hex::encode(Sha256::digest(canonical))
+        // Hashed as it is written: neither the request nor its JSON is copied.
+        let mut hash = HashWriter(Sha256::new());
+        // Writing to a hash cannot fail, and a validated request always serializes.
+        let _ = serde_json::to_writer(&mut hash, self);
+        hex::encode(hash.0.finalize())
+    }
+}
+
+/// Feeds written bytes to SHA-256.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

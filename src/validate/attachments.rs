@@ -1,12 +1,13 @@
-//! The AGN-034 rules for what a user turn attaches: input artifacts (paths, encodings,
+//! The AGN-034 rules for what a user turn attaches: input artifacts (paths, names, encodings,
 //! sizes, duplicates) and clipboard images (ids, MIME types, base64 data, sizes).
 
 use std::collections::HashSet;
 
 use base64::Engine as _;
 
-use super::rules::Errors;
-use super::Limits;
+use super::errors::Errors;
+use super::{text, Limits};
+use crate::contracts::ids::clip;
 use crate::contracts::request::{ClipboardImageWire, InputArtifactWire};
 use crate::contracts::validated::{ArtifactContents, ClipboardImage, InputArtifact, Origin};
 use crate::contracts::{ErrorCode, RelativePath};
@@ -31,39 +32,63 @@ fn artifact(
     limits: &Limits,
 ) -> Option<InputArtifact> {
     let f = |name: &str| format!("InputArtifacts[{i}].{name}");
-    let path = match a.relative_path.as_deref().unwrap_or("").parse::<RelativePath>() {
-        Ok(p) if !paths.insert(p.as_str().to_owned()) => {
-            e.at(ErrorCode::PathDuplicate, f("RelativePath"), format!("`{p}` is sent more than once"));
+    let path = artifact_path(e, &f("RelativePath"), a.relative_path.as_deref().unwrap_or(""), paths, limits);
+    let file_name = match a.file_name.filter(|n| !n.trim().is_empty()) {
+        None => {
+            e.at(ErrorCode::FileNameMissing, f("FileName"), "FileName is required");
             None
         }
-        Ok(p) => Some(p),
-        Err((code, msg)) => {
-            e.at(code, f("RelativePath"), msg);
-            None
-        }
+        Some(name) => text::file_name(e, &f("FileName"), name, limits),
     };
-    let file_name = a.file_name.filter(|n| !n.trim().is_empty());
-    if file_name.is_none() {
-        e.at(ErrorCode::FileNameMissing, f("FileName"), "FileName is required");
-    }
     let origin = match a.origin.as_deref() {
         Some("ide") => Some(Origin::Ide),
         Some("user") => Some(Origin::User),
         other => {
-            let got = other.map_or("nothing".to_owned(), |o| format!("`{}`", crate::contracts::ids::clip(o)));
+            let got = other.map_or("nothing".to_owned(), |o| format!("`{}`", clip(o)));
             e.at(ErrorCode::OriginInvalid, f("Origin"), format!("Origin must be `ide` or `user`, got {got}"));
             None
         }
     };
+    let mut hints_ok = true;
+    for (name, value) in [("MimeType", &a.mime_type), ("Language", &a.language)] {
+        if let Some(v) = value {
+            hints_ok &= !e.chars_limit(&f(name), v, "max_name_chars", limits.max_name_chars);
+        }
+    }
     let contents = artifact_contents(e, &f, a.contents, a.encoding.as_deref(), limits);
     Some(InputArtifact {
         path: path?,
         file_name: file_name?,
         contents: contents?,
         origin: origin?,
-        mime_type: a.mime_type,
-        language: a.language.filter(|l| !l.trim().is_empty()),
+        mime_type: a.mime_type.filter(|_| hints_ok),
+        language: a.language.filter(|l| hints_ok && !l.trim().is_empty()),
     })
+}
+
+/// The artifact's path, within `limits.max_path_chars` and unique in the request (compared in
+/// its normalised form).
+fn artifact_path(
+    e: &mut Errors,
+    field: &str,
+    raw: &str,
+    paths: &mut HashSet<String>,
+    limits: &Limits,
+) -> Option<RelativePath> {
+    if e.chars_limit(field, raw, "max_path_chars", limits.max_path_chars) {
+        return None;
+    }
+    match raw.parse::<RelativePath>() {
+        Ok(p) if !paths.insert(p.as_str().to_owned()) => {
+            e.at(ErrorCode::PathDuplicate, field, format!("`{}` is sent more than once", clip(p.as_str())));
+            None
+        }
+        Ok(p) => Some(p),
+        Err((code, msg)) => {
+            e.at(code, field, msg);
+            None
+        }
+    }
 }
 
 fn artifact_contents(
@@ -79,11 +104,8 @@ fn artifact_contents(
     };
     let decoded = match encoding {
         None | Some("utf8") => ArtifactContents::Text(contents),
-        Some("base64") => match decode_base64(&contents) {
-            Ok(bytes) => match String::from_utf8(bytes) {
-                Ok(text) => ArtifactContents::Text(text),
-                Err(err) => ArtifactContents::Binary(err.into_bytes()),
-            },
+        Some("base64") => match decode_base64(compact_base64(contents)) {
+            Ok(bytes) => text_or_binary(bytes),
             Err(msg) => {
                 e.at(
                     ErrorCode::ContentsBase64Invalid,
@@ -97,7 +119,7 @@ fn artifact_contents(
             e.at(
                 ErrorCode::EncodingInvalid,
                 f("Encoding"),
-                format!("Encoding must be `utf8` or `base64`, got `{}`", crate::contracts::ids::clip(other)),
+                format!("Encoding must be `utf8` or `base64`, got `{}`", clip(other)),
             );
             return None;
         }
@@ -112,6 +134,20 @@ fn artifact_contents(
     Some(decoded)
 }
 
+/// Decoded base64 is text when it is UTF-8 without NUL. A NUL makes it binary, as the indexer
+/// decides for files on disk: no text file holds one (UTF-16 text does, and is valid UTF-8 byte
+/// for byte), and text with NUL could not be stored. Binary files are not sent to the model; the
+/// turn's reply warns that they were skipped.
+fn text_or_binary(bytes: Vec<u8>) -> ArtifactContents {
+    if bytes.contains(&0) {
+        return ArtifactContents::Binary(bytes);
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => ArtifactContents::Text(text),
+        Err(err) => ArtifactContents::Binary(err.into_bytes()),
+    }
+}
+
 pub(super) fn images(
     e: &mut Errors,
     wires: Vec<ClipboardImageWire>,
@@ -119,82 +155,125 @@ pub(super) fn images(
 ) -> Option<Vec<ClipboardImage>> {
     e.limit("ClipboardImages", "entries", wires.len(), "max_images", limits.max_images);
     let mut ids = HashSet::new();
-    let parsed: Vec<Option<ClipboardImage>> = wires
-        .into_iter()
-        .enumerate()
-        .map(|(i, img)| {
-            let f = |name: &str| format!("ClipboardImages[{i}].{name}");
-            let id = match img.id.filter(|s| !s.is_empty()) {
-                None => {
-                    e.at(ErrorCode::ImageIdMissing, f("Id"), "Id is required");
-                    None
-                }
-                Some(id) if !ids.insert(id.clone()) => {
-                    e.at(
-                        ErrorCode::ImageIdDuplicate,
-                        f("Id"),
-                        format!("image Id `{id}` appears more than once"),
-                    );
-                    None
-                }
-                Some(id) => Some(id),
-            };
-            let mime = img.mime_type.map(|m| m.trim().to_ascii_lowercase());
-            let mime = match mime {
-                Some(m)
-                    if m.strip_prefix("image/")
-                        .is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ';', ' '])) =>
-                {
-                    Some(m)
-                }
-                other => {
-                    let got = other
-                        .map_or("nothing".to_owned(), |m| format!("`{}`", crate::contracts::ids::clip(&m)));
-                    e.at(
-                        ErrorCode::ImageMimeInvalid,
-                        f("MimeType"),
-                        format!("MimeType must be an image/* type, got {got}"),
-                    );
-                    None
-                }
-            };
-            let data = img.data_base64.unwrap_or_default();
-            let len = match decode_base64(&data) {
-                Ok(bytes) if !bytes.is_empty() => {
-                    e.limit(
-                        &f("DataBase64"),
-                        "bytes",
-                        bytes.len(),
-                        "max_image_bytes",
-                        limits.max_image_bytes,
-                    );
-                    Some(bytes.len())
-                }
-                Ok(_) => {
-                    e.at(
-                        ErrorCode::ImageBase64Invalid,
-                        f("DataBase64"),
-                        "DataBase64 is required and must not be empty",
-                    );
-                    None
-                }
-                Err(msg) => {
-                    e.at(
-                        ErrorCode::ImageBase64Invalid,
-                        f("DataBase64"),
-                        format!("DataBase64 is not valid base64: {msg}"),
-                    );
-                    None
-                }
-            };
-            let data_base64: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-            Some(ClipboardImage { id: id?, mime_type: mime?, data_base64, byte_len: len? })
-        })
-        .collect();
+    let parsed: Vec<Option<ClipboardImage>> =
+        wires.into_iter().enumerate().map(|(i, img)| image(e, i, img, &mut ids, limits)).collect();
     parsed.into_iter().collect()
 }
 
-fn decode_base64(data: &str) -> Result<Vec<u8>, String> {
-    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+fn image(
+    e: &mut Errors,
+    i: usize,
+    img: ClipboardImageWire,
+    ids: &mut HashSet<String>,
+    limits: &Limits,
+) -> Option<ClipboardImage> {
+    let f = |name: &str| format!("ClipboardImages[{i}].{name}");
+    let id = match img.id.filter(|s| !s.is_empty()) {
+        None => {
+            e.at(ErrorCode::ImageIdMissing, f("Id"), "Id is required");
+            None
+        }
+        Some(id) if e.chars_limit(&f("Id"), &id, "max_name_chars", limits.max_name_chars) => None,
+        Some(id) if !ids.insert(id.clone()) => {
+            e.at(
+                ErrorCode::ImageIdDuplicate,
+                f("Id"),
+                format!("image Id `{}` appears more than once", clip(&id)),
+            );
+            None
+        }
+        Some(id) => Some(id),
+    };
+    let mime = image_mime(e, &f("MimeType"), img.mime_type, limits);
+    let data_base64 = compact_base64(img.data_base64.unwrap_or_default());
+    let len = match decode_base64_len(&data_base64) {
+        Ok(0) => {
+            e.at(
+                ErrorCode::ImageBase64Invalid,
+                f("DataBase64"),
+                "DataBase64 is required and must not be empty",
+            );
+            None
+        }
+        Ok(n) => {
+            e.limit(&f("DataBase64"), "bytes", n, "max_image_bytes", limits.max_image_bytes);
+            Some(n)
+        }
+        Err(msg) => {
+            e.at(
+                ErrorCode::ImageBase64Invalid,
+                f("DataBase64"),
+                format!("DataBase64 is not valid base64: {msg}"),
+            );
+            None
+        }
+    };
+    Some(ClipboardImage { id: id?, mime_type: mime?, data_base64, byte_len: len? })
+}
+
+/// An `image/*` MIME type without parameters, lowercased, within `limits.max_name_chars`.
+fn image_mime(e: &mut Errors, field: &str, raw: Option<String>, limits: &Limits) -> Option<String> {
+    if raw.as_ref().is_some_and(|m| e.chars_limit(field, m, "max_name_chars", limits.max_name_chars)) {
+        return None;
+    }
+    match raw.map(|m| m.trim().to_ascii_lowercase()) {
+        Some(m)
+            if m.strip_prefix("image/")
+                .is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ';', ' '])) =>
+        {
+            Some(m)
+        }
+        other => {
+            let got = other.map_or("nothing".to_owned(), |m| format!("`{}`", clip(&m)));
+            e.at(ErrorCode::ImageMimeInvalid, field, format!("MimeType must be an image/* type, got {got}"));
+            None
+        }
+    }
+}
+
+/// Base64 without the line breaks MIME allows, reusing the string when it has none.
+fn compact_base64(data: String) -> String {
+    if data.bytes().any(|b| b.is_ascii_whitespace()) {
+        data.chars().filter(|c| !c.is_ascii_whitespace()).collect()
+    } else {
+        data
+    }
+}
+
+fn decode_base64(compact: String) -> Result<Vec<u8>, String> {
     base64::engine::general_purpose::STANDARD.decode(compact.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// The decoded size of compact base64, checked in pieces so no copy of the image is made.
+fn decode_base64_len(compact: &str) -> Result<usize, String> {
+    // A multiple of 4 characters decodes on its own; padding is only allowed in the last piece.
+    const PIECE: usize = 16 * 1024;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut buf = vec![0u8; PIECE / 4 * 3];
+    let bytes = compact.as_bytes();
+    let mut total = 0;
+    for (n, piece) in bytes.chunks(PIECE).enumerate() {
+        let last = (n + 1) * PIECE >= bytes.len();
+        if !last && piece.contains(&b'=') {
+            return Err("padding `=` before the end".into());
+        }
+        total += engine.decode_slice(piece, &mut buf).map_err(|e| offset_error(e, n * PIECE))?;
+    }
+    Ok(total)
+}
+
+/// A decode error of one piece, with offsets counted from the start of the data.
+fn offset_error(e: base64::DecodeSliceError, start: usize) -> String {
+    use base64::{DecodeError, DecodeSliceError};
+    let e = match e {
+        DecodeSliceError::DecodeError(e) => e,
+        DecodeSliceError::OutputSliceTooSmall => return e.to_string(),
+    };
+    match e {
+        DecodeError::InvalidByte(at, b) => DecodeError::InvalidByte(start + at, b),
+        DecodeError::InvalidLastSymbol(at, b) => DecodeError::InvalidLastSymbol(start + at, b),
+        DecodeError::InvalidLength(n) => DecodeError::InvalidLength(start + n),
+        other => other,
+    }
+    .to_string()
 }

@@ -1,17 +1,35 @@
-//! Bytes to the wire request: size, UTF-8, JSON syntax, property names and JSON types.
+//! Bytes to the wire request: size, UTF-8, then one bounded scan (syntax, kind, property names,
+//! list lengths) before the typed read of the known properties.
 
-use serde_json::Value;
+use serde::de::value::MapDeserializer;
 
-use super::{Limits, ValidationErrors};
-use crate::contracts::request::{FORBIDDEN_FIELDS, REQUEST_FIELDS};
-use crate::contracts::{AgentExecuteRequest, ApiError, ErrorCode, SessionId};
+use super::errors::Errors;
+use super::scan::{known_fields, scan};
+use super::{rules, Limits, ValidationErrors};
+use crate::contracts::ids::clip;
+use crate::contracts::{AgentExecuteRequest, ApiError, ErrorCode};
 
 /// Parses a message body into the wire request, reporting every unknown or forbidden top-level
-/// property by name.
+/// property by name (with the request's other problems, when there are any).
 pub fn parse_bytes(bytes: &[u8], limits: &Limits) -> Result<AgentExecuteRequest, ValidationErrors> {
-    let fail = |e: ApiError| Err(ValidationErrors(vec![e]));
+    let mut e = Errors::new(limits.max_errors);
+    match read(bytes, limits, &mut e) {
+        Some(wire) if e.is_empty() => Ok(wire),
+        Some(wire) => {
+            // Names were wrong: the rules still run on the rest, so every problem is reported.
+            let _ = rules::check(wire, limits, &mut e);
+            Err(e.finish())
+        }
+        None => Err(e.finish()),
+    }
+}
+
+/// The wire request, or `None` when it cannot be read (the reasons are in `e`). A request read
+/// despite unknown or forbidden properties is returned with those errors already in `e`.
+pub(super) fn read(bytes: &[u8], limits: &Limits, e: &mut Errors) -> Option<AgentExecuteRequest> {
+    // The size first: nothing is read from a body over the limit.
     if bytes.len() > limits.max_request_bytes {
-        return fail(ApiError::new(
+        e.push(ApiError::new(
             ErrorCode::RequestTooLarge,
             format!(
                 "the request is {} bytes; the limit (limits.max_request_bytes) is {}",
@@ -19,82 +37,53 @@ pub fn parse_bytes(bytes: &[u8], limits: &Limits) -> Result<AgentExecuteRequest,
                 limits.max_request_bytes
             ),
         ));
+        return None;
     }
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
-        Err(e) => {
-            return fail(ApiError::new(
+        Err(err) => {
+            e.push(ApiError::new(
                 ErrorCode::RequestInvalidUtf8,
-                format!("the request is not valid UTF-8 (first bad byte at offset {})", e.valid_up_to()),
-            ))
+                format!("the request is not valid UTF-8 (first bad byte at offset {})", err.valid_up_to()),
+            ));
+            return None;
         }
     };
-    let value: Value = match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(e) => return fail(ApiError::new(ErrorCode::RequestInvalidJson, json_problem(&e))),
+    let scanned = match scan(text, limits, e) {
+        Ok(s) => s,
+        Err(err) => {
+            // Errors the scan recorded before it hit bad syntax are about a broken document.
+            *e = Errors::new(limits.max_errors);
+            e.push(ApiError::new(ErrorCode::RequestInvalidJson, json_problem(&err)));
+            return None;
+        }
     };
-    let Value::Object(map) = &value else {
-        return fail(ApiError::new(
+    if let Some(kind) = scanned.not_object {
+        e.push(ApiError::new(
             ErrorCode::RequestNotObject,
-            format!("the request must be a JSON object, not {}", kind_of(&value)),
+            format!("the request must be a JSON object, not {kind}"),
         ));
-    };
-    let name_errors: Vec<ApiError> = map.keys().filter_map(|k| field_name_error(k)).collect();
-    if name_errors.is_empty() {
-        // Deserialize from the text, not the Value: only the text still shows duplicate properties.
-        let mut de = serde_json::Deserializer::from_str(text);
-        return serde_path_to_error::deserialize(&mut de).map_err(|e| ValidationErrors(vec![type_error(&e)]));
-    }
-    // Drop the offending properties and read the rest, so their problems are reported too.
-    let mut rest = map.clone();
-    rest.retain(|k, _| REQUEST_FIELDS.contains(&k.as_str()));
-    let mut errors = name_errors;
-    match serde_path_to_error::deserialize::<_, AgentExecuteRequest>(Value::Object(rest)) {
-        Ok(wire) => {
-            if let Err(more) = super::validate_wire(wire, limits) {
-                errors.extend(more.0);
-            }
-        }
-        Err(e) => errors.push(type_error(&e)),
-    }
-    Err(ValidationErrors(errors))
-}
-
-/// The `(SessionId, TurnId)` a possibly invalid body names, as far as they can be read.
-pub fn turn_hint(bytes: &[u8]) -> (Option<SessionId>, Option<String>) {
-    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(bytes) else {
-        return (None, None);
-    };
-    let session = map.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse().ok());
-    let turn = map
-        .get("TurnId")
-        .and_then(Value::as_str)
-        .filter(|t| t.parse::<crate::contracts::TurnId>().is_ok())
-        .map(str::to_owned);
-    (session, turn)
-}
-
-fn field_name_error(key: &str) -> Option<ApiError> {
-    if REQUEST_FIELDS.contains(&key) {
         return None;
     }
-    if FORBIDDEN_FIELDS.iter().any(|f| f.eq_ignore_ascii_case(key)) {
-        return Some(ApiError::at(
-            ErrorCode::RequestForbiddenField,
-            key,
-            format!("`{key}` is server-owned and must not appear in a request (AGN-034 §3)"),
-        ));
+    if scanned.over_limit {
+        // Refused before anything is built per element: the errors name the lists.
+        return None;
     }
-    let hint = REQUEST_FIELDS
-        .iter()
-        .find(|f| f.eq_ignore_ascii_case(key))
-        .map(|f| format!("; property names are PascalCase: did you mean `{f}`?"))
-        .unwrap_or_default();
-    Some(ApiError::at(
-        ErrorCode::RequestUnknownField,
-        key,
-        format!("`{}` is not an AgentExecuteRequest property{hint}", crate::contracts::ids::clip(key)),
-    ))
+    let fields = match known_fields(text) {
+        Ok(f) => f,
+        Err(err) => {
+            e.push(ApiError::new(ErrorCode::RequestInvalidJson, json_problem(&err)));
+            return None;
+        }
+    };
+    let map = MapDeserializer::<_, serde_json::Error>::new(fields.into_iter());
+    match serde_path_to_error::deserialize::<_, AgentExecuteRequest>(map) {
+        Ok(wire) => Some(wire),
+        Err(err) => {
+            e.push(type_error(&err));
+            None
+        }
+    }
 }
 
 fn type_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
@@ -111,15 +100,15 @@ fn type_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         let owner = if parent.is_empty() { "the request".to_owned() } else { format!("`{parent}`") };
         return ApiError::at(
             ErrorCode::RequestUnknownField,
-            field.clone(),
-            format!("`{name}` is not a property of {owner}"),
+            clip(&field),
+            format!("`{}` is not a property of {owner}", clip(&name)),
         );
     }
     if let Some(name) = backticked(&message, "duplicate field `") {
         return ApiError::at(
             ErrorCode::RequestInvalidJson,
-            name.clone(),
-            format!("property `{name}` appears more than once"),
+            clip(&name),
+            format!("property `{}` appears more than once", clip(&name)),
         );
     }
     ApiError::at(ErrorCode::RequestInvalidType, path.clone(), format!("{path}: {message}"))
@@ -144,15 +133,4 @@ fn strip_position(msg: &str) -> String {
 fn backticked(message: &str, prefix: &str) -> Option<String> {
     let rest = message.strip_prefix(prefix)?;
     rest.find('`').map(|end| rest[..end].to_owned())
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

@@ -5,60 +5,41 @@
 use std::collections::HashSet;
 
 use super::attachments::{artifacts, images};
-use super::{Limits, ValidationErrors};
+use super::errors::Errors;
+use super::skim::Skip;
+use super::{text, Limits};
+use crate::contracts::ids::clip;
 use crate::contracts::request::{RagScopeConditionWire, ToolResultWire};
 use crate::contracts::validated::{
     ClipboardImage, InputArtifact, ScopeCondition, ScopeOperator, ToolContinuation, TurnKey, UserTurn,
 };
 use crate::contracts::{
-    AgentExecuteRequest, ApiError, ContextId, ErrorCode, SessionId, ToolOutcome, ToolResult, TurnId,
-    ValidatedRequest,
+    AgentExecuteRequest, ContextId, ErrorCode, SessionId, ToolOutcome, ToolResult, TurnId, ValidatedRequest,
 };
 
-#[derive(Default)]
-pub(super) struct Errors(Vec<ApiError>);
-
-impl Errors {
-    pub(super) fn at(&mut self, code: ErrorCode, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(ApiError::at(code, field, message));
-    }
-
-    pub(super) fn limit(&mut self, field: &str, what: &str, actual: usize, key: &str, max: usize) {
-        if actual > max {
-            self.at(
-                ErrorCode::LimitExceeded,
-                field,
-                format!("{field} has {actual} {what}; the limit (limits.{key}) is {max}"),
-            );
-        }
-    }
-}
-
-pub(super) fn validate(
-    w: AgentExecuteRequest,
-    limits: &Limits,
-) -> Result<ValidatedRequest, ValidationErrors> {
-    let mut e = Errors::default();
-    let session_id =
-        parse_or(&mut e, "SessionId", w.session_id.as_deref(), ErrorCode::SessionIdMissing, |s| {
-            s.parse::<SessionId>()
-        });
+/// Applies every rule to `w`, recording failures in `e`; the validated request when `e` ends up
+/// empty (errors recorded before the call, such as unknown property names, count too).
+pub(super) fn check(w: AgentExecuteRequest, limits: &Limits, e: &mut Errors) -> Option<ValidatedRequest> {
+    text::nul_characters(&w, e);
+    let session_id = parse_or(e, "SessionId", w.session_id.as_deref(), ErrorCode::SessionIdMissing, |s| {
+        s.parse::<SessionId>()
+    });
     let turn_id =
-        parse_or(&mut e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| s.parse::<TurnId>());
+        parse_or(e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| s.parse::<TurnId>());
     let result = if w.tool_results.is_some() {
-        continuation(&mut e, w, limits).map(|results| (results, None))
+        continuation(e, w, limits).map(|results| (results, None))
     } else {
-        user_turn_parts(&mut e, w, limits).map(|parts| (Vec::new(), Some(parts)))
+        user_turn_parts(e, w, limits).map(|parts| (Vec::new(), Some(parts)))
     };
     match (session_id, turn_id, result) {
-        (Some(session_id), Some(turn_id), Some((results, parts))) if e.0.is_empty() => {
+        (Some(session_id), Some(turn_id), Some((results, parts))) if e.is_empty() => {
             let key = TurnKey { session_id, turn_id };
-            Ok(match parts {
+            Some(match parts {
                 Some(p) => ValidatedRequest::UserTurn(p.into_turn(key)),
                 None => ValidatedRequest::ToolContinuation(ToolContinuation { key, results }),
             })
         }
-        _ => Err(ValidationErrors(e.0)),
+        _ => None,
     }
 }
 
@@ -124,11 +105,12 @@ fn tool_result(
             e.at(ErrorCode::ToolCallIdMissing, f("ToolCallId"), "ToolCallId is required");
             None
         }
+        Some(id) if e.chars_limit(&f("ToolCallId"), &id, "max_name_chars", limits.max_name_chars) => None,
         Some(id) if !seen.insert(id.clone()) => {
             e.at(
                 ErrorCode::ToolCallIdDuplicate,
                 f("ToolCallId"),
-                format!("ToolCallId `{id}` appears more than once"),
+                format!("ToolCallId `{}` appears more than once", clip(&id)),
             );
             None
         }
@@ -146,7 +128,8 @@ fn tool_result(
                 "max_tool_result_bytes",
                 limits.max_tool_result_bytes,
             );
-            match serde_json::from_str::<serde_json::Value>(&json) {
+            // Checked without building it: a tree of a large document costs many times its size.
+            match serde_json::from_str::<Skip>(&json) {
                 Ok(_) => Some(ToolOutcome::ResultJson(json)),
                 Err(err) => {
                     e.at(
@@ -292,9 +275,13 @@ fn rag_scope(
         .map(|(i, c)| {
             let f = |name: &str| format!("RagScope[{i}].{name}");
             let key = c.key.filter(|k| !k.trim().is_empty());
-            if key.is_none() {
-                e.at(ErrorCode::RagScopeKeyMissing, f("Key"), "Key is required");
-            }
+            let key_ok = match &key {
+                None => {
+                    e.at(ErrorCode::RagScopeKeyMissing, f("Key"), "Key is required");
+                    false
+                }
+                Some(k) => !e.chars_limit(&f("Key"), k, "max_name_chars", limits.max_name_chars),
+            };
             let operator = c.operator.as_deref().and_then(ScopeOperator::parse);
             if operator.is_none() {
                 let got = c
@@ -308,16 +295,32 @@ fn rag_scope(
                 );
             }
             let values = c.values.unwrap_or_default();
-            let values_ok = !values.is_empty() && values.iter().all(|v| !v.is_empty());
-            if !values_ok {
-                e.at(
-                    ErrorCode::RagScopeValuesEmpty,
-                    f("Values"),
-                    "Values needs at least one value, and no value may be empty",
-                );
-            }
-            Some(ScopeCondition { key: key?, operator: operator?, values: values_ok.then_some(values)? })
+            let values_ok = scope_values(e, i, &values, limits);
+            Some(ScopeCondition {
+                key: key.filter(|_| key_ok)?,
+                operator: operator?,
+                values: values_ok.then_some(values)?,
+            })
         })
         .collect();
     parsed.into_iter().collect()
+}
+
+/// One condition's `Values`: at least one, none empty, within the count and length limits.
+fn scope_values(e: &mut Errors, i: usize, values: &[String], limits: &Limits) -> bool {
+    let field = format!("RagScope[{i}].Values");
+    let mut ok = !values.is_empty() && values.iter().all(|v| !v.is_empty());
+    if !ok {
+        e.at(
+            ErrorCode::RagScopeValuesEmpty,
+            field.as_str(),
+            "Values needs at least one value, and no value may be empty",
+        );
+    }
+    ok &= !e.limit(&field, "values", values.len(), "max_rag_scope_values", limits.max_rag_scope_values);
+    let max = limits.max_rag_scope_value_chars;
+    for (j, v) in values.iter().enumerate().filter(|(_, v)| v.len() > max) {
+        ok &= !e.chars_limit(&format!("{field}[{j}]"), v, "max_rag_scope_value_chars", max);
+    }
+    ok
 }
