@@ -44,14 +44,19 @@ fn ensure_users() {
     });
 }
 
-/// The broker URL of `user`, with the password setup.sh gave it (its environment, or its dev
-/// default).
+/// The broker URL of `user`, with the password setup.sh gave it (from the same environment
+/// variable or file, or its dev default).
 fn url(user: &str) -> String {
     let (var, default) = match user {
         WORKER => ("APTIX_WORKER_PASSWORD", "aptix-worker-dev"),
         _ => ("APTIX_CLIENT_PASSWORD", "aptix-client-dev"),
     };
-    let password = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    let password = match std::env::var(format!("{var}_FILE")) {
+        Ok(file) if !file.is_empty() => {
+            std::fs::read_to_string(&file).unwrap().trim_end_matches('\n').to_owned()
+        }
+        _ => std::env::var(var).ok().filter(|p| !p.is_empty()).unwrap_or_else(|| default.to_owned()),
+    };
     let escaped: String = password
         .bytes()
         .map(|b| {

@@ -14,6 +14,8 @@
 # Environment:
 #   APTIX_WORKER_PASSWORD  password of `aptix-worker` (the workers' amqp.url); dev default
 #   APTIX_CLIENT_PASSWORD  password of `aptix-client` (the backends); dev default
+#   APTIX_WORKER_PASSWORD_FILE, APTIX_CLIENT_PASSWORD_FILE
+#                          files holding them instead (a mounted Secret follows its updates)
 #   APTIX_RABBITMQ_NODE    node to manage (rabbitmqctl -n), when not the local default
 #
 # The users (docs: the deploy section; /work/notes/protocol-v2.md):
@@ -40,13 +42,24 @@ if (($# > 1)); then
   exit 2
 fi
 prefix="${1:-[A-Za-z0-9_-]+}"
-worker_password="${APTIX_WORKER_PASSWORD:-aptix-worker-dev}"
-client_password="${APTIX_CLIENT_PASSWORD:-aptix-client-dev}"
 
 die() {
   echo "setup.sh: $*" >&2
   exit 1
 }
+
+# The password in $1, or in the file named by $1_FILE (trailing newlines dropped), or $2.
+password() {
+  local file_var="${1}_FILE"
+  if [[ -n "${!file_var:-}" ]]; then
+    [[ -r "${!file_var}" ]] || die "$file_var: cannot read ${!file_var}"
+    printf '%s' "$(<"${!file_var}")"
+  else
+    printf '%s' "${!1:-$2}"
+  fi
+}
+worker_password="$(password APTIX_WORKER_PASSWORD aptix-worker-dev)"
+client_password="$(password APTIX_CLIENT_PASSWORD aptix-client-dev)"
 
 # A JSON string literal. Values with control characters are refused before any is used (neither
 # a prefix nor a password needs them, and JSON would need them escaped).

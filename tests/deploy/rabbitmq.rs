@@ -190,6 +190,30 @@ fn setup_script_writes_the_shipped_definitions() {
     assert_eq!(either["permissions"], expected_permissions("(?:a|b)"));
 }
 
+#[test]
+fn setup_script_reads_passwords_from_files_and_refuses_what_it_cannot_use() {
+    let run = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new("bash");
+        cmd.arg(root().join(SETUP)).arg("--print").arg("aptix");
+        for var in ["APTIX_WORKER_PASSWORD", "APTIX_CLIENT_PASSWORD"] {
+            cmd.env_remove(var).env_remove(format!("{var}_FILE"));
+        }
+        let out = cmd.envs(vars.iter().copied()).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker");
+    std::fs::write(&file, "from-a-secret\n").unwrap();
+    let file = file.to_str().unwrap();
+    assert_eq!(run(&[("APTIX_WORKER_PASSWORD_FILE", file)]), (true, String::new()));
+    let (ok, err) = run(&[("APTIX_CLIENT_PASSWORD_FILE", "/nonexistent/aptix-client")]);
+    assert!(!ok && err.contains("APTIX_CLIENT_PASSWORD_FILE"), "{err}");
+    let (ok, err) = run(&[("APTIX_WORKER_PASSWORD", "tab\there")]);
+    assert!(!ok && err.contains("control character"), "{err}");
+    let (ok, err) = run(&[("APTIX_WORKER_PASSWORD", "")]);
+    assert!(ok, "an empty variable means the dev default: {err}");
+}
+
 /// The `key = value` settings of a rabbitmq.conf text.
 fn conf_settings(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -320,16 +344,26 @@ fn kubernetes_wires_the_broker_configuration_and_the_worker_user() {
         .expect("the ConfigMap mounted");
     assert_eq!(mount["mountPath"].as_str(), Some("/etc/aptix"), "where setup.sh is documented");
 
-    // setup.sh in the pod reads the passwords from the users' Secret.
+    // setup.sh in the pod reads the passwords from the files of the mounted users' Secret (they
+    // follow its updates, unlike environment variables).
     let users = k8s.named("Secret", "aptix-rabbitmq-users");
+    let secret_volume = pod["volumes"]
+        .as_sequence()
+        .and_then(|v| v.iter().find(|v| v["secret"]["secretName"].as_str() == Some("aptix-rabbitmq-users")))
+        .expect("a volume of the aptix-rabbitmq-users Secret");
+    let secret_dir = container["volumeMounts"]
+        .as_sequence()
+        .and_then(|m| m.iter().find(|m| m["name"] == secret_volume["name"]))
+        .and_then(|m| m["mountPath"].as_str())
+        .expect("the Secret mounted");
     for key in ["APTIX_WORKER_PASSWORD", "APTIX_CLIENT_PASSWORD"] {
-        let from = container["env"]
+        let file_var = format!("{key}_FILE");
+        let path = container["env"]
             .as_sequence()
-            .and_then(|env| env.iter().find(|e| e["name"].as_str() == Some(key)))
-            .map(|e| &e["valueFrom"]["secretKeyRef"])
-            .unwrap_or_else(|| panic!("{key} in the RabbitMQ container"));
-        assert_eq!(from["name"].as_str(), Some("aptix-rabbitmq-users"), "{key}");
-        assert_eq!(from["key"].as_str(), Some(key));
+            .and_then(|env| env.iter().find(|e| e["name"].as_str() == Some(&file_var)))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{file_var} in the RabbitMQ container"));
+        assert_eq!(path, format!("{secret_dir}/{key}"), "{file_var}");
         assert!(users["stringData"][key].is_string(), "{key} in the Secret template");
     }
 
