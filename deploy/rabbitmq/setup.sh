@@ -18,7 +18,7 @@
 #                          files holding them instead (a mounted Secret follows its updates)
 #   APTIX_RABBITMQ_NODE    node to manage (rabbitmqctl -n), when not the local default
 #
-# The users (docs: the deploy section; /work/notes/protocol-v2.md):
+# The users (docs/client-protocol.md):
 #   aptix-worker  configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
 #                 stage messages and dead letters through the default exchange, and the delay
 #                 queues dead-letter into it)
