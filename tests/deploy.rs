@@ -1,11 +1,14 @@
 //! The deployment files, checked without Docker, a cluster or a network: `docker-compose.yml`,
-//! `deploy/Dockerfile`, `.dockerignore`, `deploy/k8s/` and `deploy/rabbitmq/definitions.json`.
+//! `deploy/Dockerfile`, `.dockerignore`, `deploy/k8s/` and `deploy/rabbitmq/` (in the `rabbitmq`
+//! module).
 //!
 //! Every YAML document parses; every command names a `[[bin]]` target; every `APTIX__…`
 //! variable is a configuration key (proved by `aptix config` with those variables set, which
 //! refuses unknown keys, and by finding each value in the effective configuration it prints);
 //! health checks and probes use the metrics port and the `/healthz` / `/readyz` paths; the
-//! RabbitMQ definitions and the KEDA queue names match `aptix::broker::Topology`.
+//! RabbitMQ definitions and the KEDA queue names match `aptix::broker::Topology`; the broker's
+//! users, permissions, policies and message size limit are the ones every shipped configuration
+//! wires.
 
 // Helpers panic with the file and key at fault; unwrap is the point in a test.
 #![allow(clippy::unwrap_used)]
@@ -14,9 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
-use aptix::broker::{StageName, Topology, RETRY_TIERS_MS};
-use serde_json::{json, Value as Json};
+use aptix::broker::{StageName, Topology};
 use serde_yaml_ng::Value as Yaml;
+
+// The RabbitMQ checks, in their own file (a subdirectory: not a test target of its own).
+#[path = "deploy/rabbitmq.rs"]
+mod rabbitmq;
 
 // --- helpers -------------------------------------------------------------------------------
 
@@ -276,11 +282,11 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
     assert!(yaml_str(&services["postgres"]["image"], "postgres image").starts_with("postgres:"));
     assert!(yaml_str(&services["qdrant"]["image"], "qdrant image").starts_with("qdrant/qdrant"));
 
-    // Every service but the one-shot migrate has a health check; every Aptix service is built
-    // from deploy/Dockerfile as the same image and runs a real binary.
+    // Every service but the one-shot ones (migrate, rabbitmq-setup) has a health check; every
+    // Aptix service is built from deploy/Dockerfile as the same image and runs a real binary.
     let mut image = None;
     for (name, svc) in &services {
-        if name != "migrate" {
+        if svc.get("restart").map(scalar).as_deref() != Some("no") {
             assert!(svc["healthcheck"]["test"].is_sequence(), "service {name} has no health check");
         }
         if svc.get("build").is_none() {
@@ -505,8 +511,12 @@ fn kubernetes_manifests_are_namespace_agnostic_and_listed() {
     let listed: BTreeSet<String> =
         string_list(&kustomization["resources"], "resources").into_iter().collect();
     let files: BTreeSet<String> = k8s.docs.iter().map(|(f, _)| f.clone()).collect();
-    let expected: BTreeSet<String> = files.into_iter().filter(|f| f != "secret.example.yaml").collect();
-    assert_eq!(listed, expected, "kustomization.yaml lists every manifest but the Secret template");
+    // The examples (the Secrets, a RabbitMQ) are applied by hand; `../rabbitmq` generates the
+    // RabbitMQ ConfigMap from deploy/rabbitmq/.
+    let mut expected: BTreeSet<String> =
+        files.into_iter().filter(|f| !f.ends_with(".example.yaml")).collect();
+    expected.insert("../rabbitmq".to_owned());
+    assert_eq!(listed, expected, "kustomization.yaml lists every manifest but the examples");
     // Every ConfigMap and Secret a pod reads is defined here.
     for (owner, c) in k8s.containers() {
         for from in c["envFrom"].as_sequence().into_iter().flatten() {
@@ -630,83 +640,6 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
             assert!(max <= 2, "validate consumes a single-active-consumer queue: cap it at 2, not {max}");
         }
     }
-}
-
-// --- RabbitMQ definitions ------------------------------------------------------------------
-
-/// The name of a queue or exchange definition, after checking it is durable, kept when unused,
-/// and in the default vhost.
-fn durable_entity(def: &Json) -> String {
-    let name = def["name"].as_str().expect("a name").to_owned();
-    assert_eq!(def["vhost"], "/", "{name}");
-    assert_eq!(def["durable"], true, "{name} is durable");
-    assert_eq!(def["auto_delete"], false, "{name}");
-    name
-}
-
-#[test]
-fn rabbitmq_definitions_match_the_topology() {
-    let defs: Json = serde_json::from_str(&read("deploy/rabbitmq/definitions.json")).unwrap();
-    let topology = Topology::new("aptix");
-
-    // Queues and their arguments, as Topology::declare declares them.
-    let mut expected_queues = BTreeMap::new();
-    for stage in StageName::ALL {
-        let args =
-            if stage == StageName::Validate { json!({"x-single-active-consumer": true}) } else { json!({}) };
-        expected_queues.insert(topology.stage_queue(stage), args);
-    }
-    assert_eq!(topology.stage_queue(StageName::Validate), topology.requests());
-    expected_queues.insert(topology.dead(), json!({}));
-    for tier in RETRY_TIERS_MS {
-        expected_queues.insert(
-            topology.delay_exchange(tier),
-            json!({"x-message-ttl": tier, "x-dead-letter-exchange": ""}),
-        );
-    }
-    let mut queues = BTreeMap::new();
-    for q in defs["queues"].as_array().expect("queues") {
-        let name = durable_entity(q);
-        assert!(q.get("type").is_none_or(|t| t == "classic"), "{name} is a classic queue");
-        assert!(queues.insert(name.clone(), q["arguments"].clone()).is_none(), "{name} twice");
-    }
-    assert_eq!(queues, expected_queues);
-
-    let mut expected_exchanges = BTreeMap::from([(topology.replies_exchange(), "direct")]);
-    for tier in RETRY_TIERS_MS {
-        expected_exchanges.insert(topology.delay_exchange(tier), "fanout");
-    }
-    let mut exchanges = BTreeMap::new();
-    for x in defs["exchanges"].as_array().expect("exchanges") {
-        let name = durable_entity(x);
-        assert_eq!(x["internal"], false, "{name}");
-        assert_eq!(x["arguments"], json!({}), "{name}");
-        exchanges.insert(name, x["type"].as_str().unwrap().to_owned());
-    }
-    let expected_exchanges: BTreeMap<String, String> =
-        expected_exchanges.into_iter().map(|(k, v)| (k, v.to_owned())).collect();
-    assert_eq!(exchanges, expected_exchanges);
-
-    // Each delay exchange feeds its queue of the same name; session queues are bound at run time.
-    let expected_bindings: BTreeMap<String, Json> = RETRY_TIERS_MS
-        .iter()
-        .map(|&t| {
-            let name = topology.delay_exchange(t);
-            let binding = json!({"source": name, "vhost": "/", "destination": name,
-                                 "destination_type": "queue", "routing_key": "", "arguments": {}});
-            (name, binding)
-        })
-        .collect();
-    let mut bindings = BTreeMap::new();
-    for b in defs["bindings"].as_array().expect("bindings") {
-        let source = b["source"].as_str().unwrap().to_owned();
-        assert!(bindings.insert(source.clone(), b.clone()).is_none(), "two bindings from {source}");
-    }
-    assert_eq!(bindings, expected_bindings);
-
-    // Nothing else: no users or permissions (credentials stay out of the repository).
-    let keys: BTreeSet<&str> = defs.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, BTreeSet::from(["bindings", "exchanges", "queues"]));
 }
 
 #[test]

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Creates or updates Aptix's two RabbitMQ users, their permissions on the vhost `/` and the queue
+# policies, on the node this machine's `rabbitmqctl` reaches. Idempotent: run it again after a
+# password change or an upgrade. Everything goes in one `rabbitmqctl import_definitions` (each
+# rabbitmqctl call costs about a second).
+#
+#   deploy/rabbitmq/setup.sh [--print] [PREFIX_REGEX]
+#
+# PREFIX_REGEX  the queue-name prefix (`amqp.prefix`), as a regular expression. The default,
+#               `[A-Za-z0-9_-]+`, matches every prefix: the local machine's tests (`t-<12 hex>`),
+#               `aptix` and the demo's `aptix-demo`. A deployment passes its own: `setup.sh aptix`.
+# --print       prints the definitions instead of importing them (passwords shown as ***).
+#
+# Environment:
+#   APTIX_WORKER_PASSWORD  password of `aptix-worker` (the workers' amqp.url); dev default
+#   APTIX_CLIENT_PASSWORD  password of `aptix-client` (the backends); dev default
+#   APTIX_WORKER_PASSWORD_FILE, APTIX_CLIENT_PASSWORD_FILE
+#                          files holding them instead (a mounted Secret follows its updates)
+#   APTIX_RABBITMQ_NODE    node to manage (rabbitmqctl -n), when not the local default
+#
+# The users (docs/client-protocol.md):
+#   aptix-worker  configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
+#                 stage messages and dead letters through the default exchange, and the delay
+#                 queues dead-letter into it)
+#   aptix-client  write: ^P\.requests$ (the entry exchange only, not the default exchange, so a
+#                 client cannot publish into a stage queue); configure, read: ^P\.session\..*
+# Policies (RabbitMQ's convention for bounds and expiry; queues are declared without x-args):
+#   P-sessions  ^P\.session\.   expires 24 h, max-length 10000 (drop-head: replies are also in
+#                               PostgreSQL)
+#   P-dead      ^P\.dead$       max-length 100000, max-length-bytes 1 GiB, message-ttl 14 days
+#   P-unrouted  ^P\.unrouted$   the same bounds as P-dead
+# where P is PREFIX_REGEX and the policy names use it when it is a plain name, else `aptix-any`.
+set -euo pipefail
+
+print=false
+if [[ "${1:-}" == "--print" ]]; then
+  print=true
+  shift
+fi
+if (($# > 1)); then
+  echo "usage: $0 [--print] [PREFIX_REGEX]" >&2
+  exit 2
+fi
+prefix="${1:-[A-Za-z0-9_-]+}"
+
+die() {
+  echo "setup.sh: $*" >&2
+  exit 1
+}
+
+# The password in $1, or in the file named by $1_FILE (trailing newlines dropped), or $2.
+password() {
+  local file_var="${1}_FILE"
+  if [[ -n "${!file_var:-}" ]]; then
+    [[ -r "${!file_var}" ]] || die "$file_var: cannot read ${!file_var}"
+    printf '%s' "$(<"${!file_var}")"
+  else
+    printf '%s' "${!1:-$2}"
+  fi
+}
+worker_password="$(password APTIX_WORKER_PASSWORD aptix-worker-dev)"
+client_password="$(password APTIX_CLIENT_PASSWORD aptix-client-dev)"
+
+# A JSON string literal. Values with control characters are refused before any is used (neither
+# a prefix nor a password needs them, and JSON would need them escaped).
+json() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  printf '"%s"' "$s"
+}
+
+[[ -n "$prefix" ]] || die "empty PREFIX_REGEX"
+[[ -n "$worker_password" && -n "$client_password" ]] || die "empty password"
+for value in "$prefix" "$worker_password" "$client_password"; do
+  if [[ "$value" =~ [[:cntrl:]] ]]; then die "control character in PREFIX_REGEX or a password"; fi
+done
+if [[ "$prefix" =~ ^[A-Za-z0-9_-]+$ ]]; then
+  name="$prefix"
+else
+  name="aptix-any"
+fi
+# An alternation must not leak out of the anchors.
+p="$prefix"
+[[ "$p" == *"|"* ]] && p="(?:$p)"
+
+if $print; then
+  worker_password="***"
+  client_password="***"
+fi
+
+all="^$p\\..*"
+session="^$p\\.session\\..*"
+bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000}'
+
+definitions=$(
+  cat <<EOF
+{
+  "users": [
+    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": []},
+    {"name": "aptix-client", "password": $(json "$client_password"), "tags": []}
+  ],
+  "permissions": [
+    {"user": "aptix-worker", "vhost": "/", "configure": $(json "$all"),
+     "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")},
+    {"user": "aptix-client", "vhost": "/", "configure": $(json "$session"),
+     "write": $(json "^$p\\.requests\$"), "read": $(json "$session")}
+  ],
+  "policies": [
+    {"vhost": "/", "name": $(json "$name-sessions"), "pattern": $(json "^$p\\.session\\."),
+     "apply-to": "queues", "priority": 0,
+     "definition": {"expires": 86400000, "max-length": 10000, "overflow": "drop-head"}},
+    {"vhost": "/", "name": $(json "$name-dead"), "pattern": $(json "^$p\\.dead\$"),
+     "apply-to": "queues", "priority": 0, "definition": $bounded},
+    {"vhost": "/", "name": $(json "$name-unrouted"), "pattern": $(json "^$p\\.unrouted\$"),
+     "apply-to": "queues", "priority": 0, "definition": $bounded}
+  ]
+}
+EOF
+)
+
+if $print; then
+  printf '%s\n' "$definitions"
+  exit 0
+fi
+
+ctl=(rabbitmqctl -q)
+[[ -n "${APTIX_RABBITMQ_NODE:-}" ]] && ctl+=(-n "$APTIX_RABBITMQ_NODE")
+# From stdin (no file argument): the passwords never appear on a command line or in a file.
+# rabbitmqctl waits for the import to finish, whatever its "asynchronous" message says.
+printf '%s\n' "$definitions" | "${ctl[@]}" import_definitions >/dev/null
+echo "setup.sh: users aptix-worker and aptix-client, their permissions on / and the policies" \
+  "$name-sessions, $name-dead, $name-unrouted are in place (prefix $prefix)"
