@@ -167,6 +167,8 @@ def test_the_reply_queue_is_durable_with_no_arguments(fake, broker):
         s = c.open_session()
     # Re-declaring it as the server does (durable, no arguments) must not close the channel.
     admin = pika.BlockingConnection(pika.URLParameters(broker))
-    ok = admin.channel().queue_declare(s.queue, durable=True, arguments={})
+    ch = admin.channel()
+    ok = ch.queue_declare(s.queue, durable=True, arguments={})
     assert ok.method.queue == s.queue
+    ch.queue_delete(s.queue)
     admin.close()
