@@ -172,3 +172,16 @@ def test_the_reply_queue_is_durable_with_no_arguments(fake, broker):
     assert ok.method.queue == s.queue
     ch.queue_delete(s.queue)
     admin.close()
+
+
+def test_tool_results_go_in_the_order_of_the_calls(fake, broker):
+    from aptix_client import ToolResult
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        # As if the session had received a ToolCalls for t1 asking for c1 then c2.
+        s._pending_calls["t1"] = ["c1", "c2"]
+        with pytest.raises(ValueError, match="waits for results"):
+            s.submit_tool_results("t1", [ToolResult.ok("c1", 1)])
+        sub = s.submit_tool_results("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)])
+        assert [r["ToolCallId"] for r in sub.body["ToolResults"]] == ["c1", "c2"]
+        s.next_event(10)

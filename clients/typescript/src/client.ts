@@ -132,6 +132,8 @@ export class Session {
   private readonly returned = new Set<string>();
   private wake: (() => void)[] = [];
   private failure: Error | null = null;
+  /** The calls each turn waits for (from its latest tool_calls), to order results by. */
+  readonly pendingCalls = new Map<string, string[]>();
 
   constructor(
     readonly client: Client,
@@ -169,10 +171,26 @@ export class Session {
     return this.submit(body, opts);
   }
 
-  /** Publishes a tool-result continuation; `results` in the order of the calls. */
-  submitToolResults(turnId: string, results: ToolResult[], opts: SubmitOptions = {}): Promise<Submission> {
-    const body = { SessionId: this.sessionId, TurnId: turnId, ToolResults: results.map(ToolResult.toWire) };
+  /**
+   * Publishes a tool-result continuation. When this session received the turn's tool_calls,
+   * `results` must answer exactly those calls (an Error otherwise) and are sent in the order of
+   * the calls, whatever their order here.
+   */
+  async submitToolResults(turnId: string, results: ToolResult[], opts: SubmitOptions = {}): Promise<Submission> {
+    const ordered = this.inCallOrder(turnId, results);
+    const body = { SessionId: this.sessionId, TurnId: turnId, ToolResults: ordered.map(ToolResult.toWire) };
     return this.submit(body, opts);
+  }
+
+  private inCallOrder(turnId: string, results: ToolResult[]): ToolResult[] {
+    const expected = this.pendingCalls.get(turnId);
+    if (!expected) return results;
+    const byId = new Map(results.map((r) => [r.toolCallId, r]));
+    const same = byId.size === results.length && results.length === expected.length && expected.every((id) => byId.has(id));
+    if (!same) {
+      throw new Error(`turn ${turnId} waits for results of ${expected.join(", ")}, got ${results.map((r) => r.toolCallId).join(", ")}`);
+    }
+    return expected.map((id) => byId.get(id) as ToolResult);
   }
 
   /**
@@ -231,6 +249,8 @@ export class Session {
         throw new ProtocolError(`${id} names session ${event.sessionId} on ${this.queue}`);
       }
       if (id) this.seen.add(id);
+      if (event.type === "tool_calls" && event.turnId) this.pendingCalls.set(event.turnId, event.calls.map((c) => c.toolCallId));
+      else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
       this.inbox.push({ msg, event });
     } catch (e) {

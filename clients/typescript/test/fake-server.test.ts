@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 
-import { Client, PublishError, Schemas, WireMessage, findSchemasDir } from "../src";
+import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir } from "../src";
 
 const ADMIN = process.env.APTIX_TEST_ADMIN_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
 const schemas = new Schemas(findSchemasDir(__dirname) ?? "schemas");
@@ -154,4 +154,15 @@ test("an unroutable request is an error", async () => {
     await ch.deleteExchange(`${prefix}.requests`);
     await admin.close();
   }
+});
+
+test("tool results go in the order of the calls", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const s = await c.openSession();
+  s.pendingCalls.set("t1", ["c1", "c2"]); // as if a tool_calls for t1 had asked for c1 then c2
+  await assert.rejects(s.submitToolResults("t1", [ToolResult.ok("c1", 1)]), /waits for results/);
+  const sub = await s.submitToolResults("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)]);
+  assert.deepEqual((sub.body as { ToolResults: { ToolCallId: string }[] }).ToolResults.map((r) => r.ToolCallId), ["c1", "c2"]);
+  await s.nextEvent({ timeoutMs: 10_000 });
+  await c.close();
 });

@@ -24,7 +24,8 @@ import pika
 import pika.exceptions
 
 from . import protocol as p
-from .events import AnyEvent, Delta, ErrorReply, Final, Reply, ToolCall, ToolCalls, ToolResult, parse_event
+from .events import (AnyEvent, Delta, ErrorReply, Failed, Final, Reply, ToolCall, ToolCalls, ToolResult,
+                     parse_event)
 from .schemas import Schemas, find_schemas_dir
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -131,6 +132,8 @@ class Session:
         self._handled: List[int] = []
         self.seen: Set[str] = set()
         self.duplicates_dropped = 0
+        # The calls each turn waits for (from its latest ToolCalls), to order results by.
+        self._pending_calls: Dict[str, List[str]] = {}
         ch = client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, arguments={})
@@ -167,11 +170,13 @@ class Session:
         message_id: Optional[str] = None,
         traceparent: Optional[str] = None,
     ) -> Submission:
-        """Publishes a tool-result continuation; `results` in the order of the calls."""
+        """Publishes a tool-result continuation. When this session received the turn's
+        ToolCalls, `results` must answer exactly those calls (ValueError otherwise) and are sent
+        in the order of the calls, whatever their order here."""
         body = {
             "SessionId": self.session_id,
             "TurnId": turn_id,
-            "ToolResults": [r.to_wire() for r in results],
+            "ToolResults": [r.to_wire() for r in self._in_call_order(turn_id, results)],
         }
         return self.submit(body, message_id=message_id, traceparent=traceparent)
 
@@ -206,6 +211,16 @@ class Session:
         turn = parsed.get("TurnId") if isinstance(parsed, Mapping) else None
         return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed)
 
+    def _in_call_order(self, turn_id: str, results: Sequence[ToolResult]) -> List[ToolResult]:
+        expected = self._pending_calls.get(turn_id)
+        if expected is None:
+            return list(results)
+        by_id = {r.tool_call_id: r for r in results}
+        if sorted(by_id) != sorted(expected) or len(by_id) != len(results):
+            raise ValueError(f"turn {turn_id} waits for results of {expected}, "
+                             f"got {[r.tool_call_id for r in results]}")
+        return [by_id[i] for i in expected]
+
     # --- events -------------------------------------------------------------------------
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
@@ -231,6 +246,10 @@ class Session:
             return
         if mid:
             self.seen.add(mid)
+        if isinstance(event, ToolCalls) and event.turn_id:
+            self._pending_calls[event.turn_id] = [c.tool_call_id for c in event.calls]
+        elif isinstance(event, (Final, Failed)) and event.turn_id:
+            self._pending_calls.pop(event.turn_id, None)
         if self.client.wire_log:
             self.client.wire_log("in", _wire_in(self.queue, props, event.body))
         self._inbox.append((tag, event))
@@ -255,6 +274,8 @@ class Session:
                     if isinstance(item, Exception):
                         raise item
                     return item
+            if not self._ch.is_open:
+                raise pika.exceptions.ChannelClosed(0, f"the channel of {self.queue} is closed")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EventTimeout(f"no event for {turn_id or 'the session'} within {timeout}s")
