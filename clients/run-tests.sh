@@ -76,7 +76,11 @@ unset APTIX_CONFIG
 
 "$aptix" sim --listen 127.0.0.1:0 >"$work/sim.out" 2>"$work/sim.log" &
 sim_pid=$!
-for _ in $(seq 1 100); do [[ -s "$work/sim.out" ]] && break; sleep 0.1; done
+for _ in $(seq 1 100); do
+  [[ -s "$work/sim.out" ]] && break
+  kill -0 "$sim_pid" 2>/dev/null || break
+  sleep 0.1
+done
 sim_url="$(head -n1 "$work/sim.out")"
 [[ "$sim_url" == http* ]] || { cat "$work/sim.log" >&2; die "aptix sim printed no base URL"; }
 export APTIX__LLM__BASE_URL="$sim_url"
@@ -106,7 +110,7 @@ fi
 [[ "$client_url" == "$admin_url" ]] && echo "clients connect as the admin account (rabbitmqctl unavailable)"
 
 export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url"
-export APTIX_TEST_ADMIN_AMQP_URL="$admin_url" APTIX_TEST_REQUIRE_PIPELINE=1
+export APTIX_TEST_ADMIN_AMQP_URL="$admin_url" APTIX_TEST_REQUIRE_PIPELINE=1 APTIX_CLIENTS_WORK="$work"
 export APTIX_SCHEMAS_DIR="${APTIX_SCHEMAS_DIR:-$(cd "$here/.." && pwd)/schemas}"
 
 if [[ $# -gt 0 ]]; then

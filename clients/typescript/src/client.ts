@@ -300,12 +300,16 @@ export class Session {
     }
   }
 
-  /** Events of one turn, up to and including its final reply (or a refusal). */
+  /**
+   * Events of one turn up to and including its next reply: `final` / `failed` (the turn is
+   * over), `refused` (that submission was refused), or `tool_calls` (the step is over: submit
+   * the results, then iterate again for the next step).
+   */
   async *turnEvents(turnId: string, opts: { timeoutMs?: number } = {}): AsyncGenerator<AptixEvent> {
     for (;;) {
       const e = await this.nextEvent({ ...opts, turnId });
       yield e;
-      if (e.type !== "delta" && (e.final || e.type === "failed" || e.type === "refused")) return;
+      if (e.type !== "delta") return;
     }
   }
 

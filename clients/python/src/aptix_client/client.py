@@ -24,7 +24,7 @@ import pika
 import pika.exceptions
 
 from . import protocol as p
-from .events import (AnyEvent, Delta, ErrorReply, Failed, Final, Reply, ToolCall, ToolCalls, ToolResult,
+from .events import (AnyEvent, Delta, Failed, Final, Reply, ToolCall, ToolCalls, ToolResult,
                      parse_event)
 from .schemas import Schemas, find_schemas_dir
 
@@ -290,11 +290,13 @@ class Session:
                 return
 
     def turn_events(self, turn_id: str, timeout: float = 60.0) -> Iterator[AnyEvent]:
-        """Events of one turn, up to and including its final reply (or a refusal)."""
+        """Events of one turn up to and including its next reply: `Final` / `Failed` (the turn
+        is over), `Refused` (that submission was refused), or `ToolCalls` (the step is over:
+        submit the results, then iterate again for the next step)."""
         while True:
             event = self.next_event(timeout, turn_id)
             yield event
-            if isinstance(event, Reply) and (event.final or isinstance(event, ErrorReply)):
+            if isinstance(event, Reply):
                 return
 
     def run_turn(
@@ -312,18 +314,18 @@ class Session:
         Refused)."""
         self.submit_turn(turn_id, instruction, **fields)
         while True:
+            reply: Optional[Reply] = None
             for event in self.turn_events(turn_id, timeout):
                 if on_event:
                     on_event(event)
-                if isinstance(event, ToolCalls):
-                    if tools is None:
-                        raise RuntimeError(f"turn {turn_id} asks for tools and no handler was given")
-                    self.submit_tool_results(turn_id, [tools(c) for c in event.calls])
-                    break
-                if isinstance(event, (Final, ErrorReply)):
-                    return event
-            else:  # pragma: no cover - turn_events only ends on a final reply
-                raise RuntimeError("turn ended without a final reply")
+                if isinstance(event, Reply):
+                    reply = event
+            if not isinstance(reply, ToolCalls):
+                assert reply is not None  # turn_events ends on a reply
+                return reply
+            if tools is None:
+                raise RuntimeError(f"turn {turn_id} asks for tools and no handler was given")
+            self.submit_tool_results(turn_id, [tools(c) for c in reply.calls])
 
     # --- lifecycle ----------------------------------------------------------------------
 
