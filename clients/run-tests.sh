@@ -109,7 +109,7 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
 fi
 [[ "$client_url" == "$admin_url" ]] && echo "clients connect as the admin account (rabbitmqctl unavailable)"
 
-export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url"
+export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url" APTIX_TEST_BIN="$aptix"
 export APTIX_TEST_ADMIN_AMQP_URL="$admin_url" APTIX_TEST_REQUIRE_PIPELINE=1 APTIX_CLIENTS_WORK="$work"
 export APTIX_SCHEMAS_DIR="${APTIX_SCHEMAS_DIR:-$(cd "$here/.." && pwd)/schemas}"
 

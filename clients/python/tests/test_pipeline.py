@@ -7,6 +7,8 @@ protocol v2 (the client does both when built with `schemas=` and `strict=True`).
 """
 
 import json
+import os
+import subprocess
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
@@ -148,3 +150,28 @@ def test_load_20_sessions_x_5_turns_exactly_once_in_order(client):
     for s in sessions:
         with pytest.raises(EventTimeout):
             s.next_event(0.2)
+
+
+def test_every_received_reply_is_stored_as_received(client, pipeline):
+    """`aptix session show` holds the conversation the client saw, refusals included."""
+    if not os.environ.get("APTIX_TEST_BIN"):
+        pytest.skip("APTIX_TEST_BIN names no aptix binary")
+    s = client.open_session()
+    received = []
+    s.submit({"SessionId": s.session_id, "TurnId": "t0", "Instruction": "x", "Mode": "DDR"}, validate=False)
+    received.append(s.next_event(WAIT))
+    received.append(s.run_turn("t1", 'tools @call(run_tests)', timeout=WAIT, on_event=received.append,
+                               tools=lambda c: ToolResult.error(c, "no tests matched", 2)))
+    s.submit_turn("t1", 'tools @call(run_tests)')   # duplicate
+    received.append(s.next_event(WAIT, "t1"))
+    s.submit_turn("t1", "other")                     # conflict
+    received.append(s.next_event(WAIT, "t1"))
+    replies = {e.message_id: e for e in received if not isinstance(e, Delta)}
+    assert len(replies) == 5, list(replies)
+    shown = subprocess.run([os.environ["APTIX_TEST_BIN"], "session", "show", s.session_id],
+                           capture_output=True, text=True, timeout=60, check=True)
+    stored = {r["message_id"]: r for r in json.loads(shown.stdout)["replies"]}
+    assert set(stored) == set(replies)
+    for mid, event in replies.items():
+        assert stored[mid]["body"] == event.body, mid
+        assert stored[mid]["outcome"] == event.outcome, mid

@@ -7,8 +7,9 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { execFileSync } from "node:child_process";
 
-import { AptixEvent, Client, Delta, Final, Schemas, ToolResult, findSchemasDir } from "../src";
+import { AptixEvent, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir } from "../src";
 
 const PREFIX = process.env.APTIX_TEST_PREFIX;
 const SIM = process.env.APTIX_TEST_SIM_URL;
@@ -157,5 +158,26 @@ describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-
         assert.equal(s.duplicatesDropped, 0, "the broker delivered a reply twice");
       }),
     );
+  });
+
+  test("every received reply is stored as received", { skip: process.env.APTIX_TEST_BIN ? false : "APTIX_TEST_BIN names no aptix binary" }, async () => {
+    const s = await client.openSession();
+    const received: AptixEvent[] = [];
+    await s.submit({ SessionId: s.sessionId, TurnId: "t0", Instruction: "x", Mode: "DDR" }, { validate: false });
+    received.push(await s.nextEvent(WAIT));
+    await s.runTurn("t1", "tools @call(run_tests)", { ...WAIT, onEvent: (e) => received.push(e), tools: (c) => ToolResult.error(c, "no tests matched", 2) });
+    await s.submitTurn("t1", "tools @call(run_tests)"); // duplicate
+    received.push(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    await s.submitTurn("t1", "other"); // conflict
+    received.push(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    const replies = new Map(received.filter((e) => e.type !== "delta").map((e) => [e.messageId, e]));
+    assert.equal(replies.size, 5, [...replies.keys()].join(" "));
+    const shown = JSON.parse(execFileSync(process.env.APTIX_TEST_BIN!, ["session", "show", s.sessionId], { encoding: "utf8" }));
+    const stored = new Map<string, { body: unknown; outcome: string }>(shown.replies.map((r: { message_id: string }) => [r.message_id, r]));
+    assert.deepEqual([...stored.keys()].sort(), [...replies.keys()].sort());
+    for (const [id, e] of replies) {
+      assert.deepEqual(stored.get(id)?.body, e.body, id);
+      assert.equal(stored.get(id)?.outcome, (e as Reply).outcome, id);
+    }
   });
 });
