@@ -3,6 +3,7 @@
 #
 #   clients/run-tests.sh PATH/TO/aptix                 # install deps, start everything, run both suites
 #   clients/run-tests.sh PATH/TO/aptix -- CMD ARGS...  # same environment, run CMD instead of the suites
+#   CLIENTS_PREFIX=NAME clients/run-tests.sh ...        # a chosen queue prefix instead of cl-<random>
 #
 # It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci),
 # starts `aptix sim` and the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random
@@ -26,7 +27,7 @@ log() { printf '\n== clients: %s\n' "$*"; }
 die() { echo "clients: $*" >&2; exit 1; }
 
 rand="$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
-prefix="cl-$rand"
+prefix="${CLIENTS_PREFIX:-cl-$rand}"
 db="aptix_clients_$rand"
 admin_url="${APTIX_TEST_ADMIN_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 work="$(mktemp -d)"

@@ -23,14 +23,21 @@ def main() -> None:
 
     def show(direction: str, msg: dict) -> None:
         # Deltas beyond the first few of a step are counted, not printed.
-        if msg.get("properties", {}).get("type") == "delta" and msg["headers"].get("x-aptix-seq", 0) >= DELTAS_SHOWN:
+        if msg["properties"].get("type") == "delta" and msg["headers"].get("x-aptix-seq", 0) >= DELTAS_SHOWN:
             hidden["deltas"] += 1
             return
         if hidden["deltas"]:
             print(f"... {hidden['deltas']} more deltas ...\n")
             hidden["deltas"] = 0
-        arrow = "client -> broker" if direction == "out" else "broker -> client"
-        print(f"{arrow}\n{json.dumps(msg, indent=2)}\n")
+        if direction == "out":
+            print(f"client -> exchange {msg['exchange']}, routing key {msg['routing_key']}, mandatory")
+        else:
+            print(f"{msg['queue']} -> client")
+        print(f"  properties {json.dumps(msg['properties'])}")
+        print(f"  headers    {json.dumps(msg['headers'])}")
+        body = json.dumps(msg["body"], indent=2).replace("\n", "\n  ")
+        print(f"  body       {body}\n" if msg["properties"].get("type") != "delta"
+              else f"  body       {json.dumps(msg['body'])}\n")
 
     with Client(url, prefix, schemas=True, wire_log=show) as client:
         s = client.open_session()

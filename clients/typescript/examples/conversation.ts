@@ -24,7 +24,12 @@ async function main(): Promise<void> {
     }
     if (hidden > 0) console.log(`... ${hidden} more deltas ...\n`);
     hidden = 0;
-    console.log(`${direction === "out" ? "client -> broker" : "broker -> client"}\n${JSON.stringify(m, null, 2)}\n`);
+    if (direction === "out") console.log(`client -> exchange ${m.exchange}, routing key ${m.routingKey}, mandatory`);
+    else console.log(`${m.queue} -> client`);
+    console.log(`  properties ${JSON.stringify(m.properties)}`);
+    console.log(`  headers    ${JSON.stringify(m.headers)}`);
+    const body = m.properties.type === "delta" ? JSON.stringify(m.body) : JSON.stringify(m.body, null, 2).replace(/\n/g, "\n  ");
+    console.log(`  body       ${body}\n`);
   };
   const client = await Client.connect({ url, prefix, schemas: true, wireLog: show });
   const s = await client.openSession();
