@@ -3,7 +3,8 @@ a streamed user turn whose answer calls a client tool, the tool results, the str
 a duplicate of the first turn and a conflicting one.
 
     APTIX_PREFIX=aptix python examples/conversation.py [AMQP_URL]
-    clients/run-tests.sh target/debug/aptix -- clients/python/.venv/bin/python clients/python/examples/conversation.py
+    clients/run-tests.sh target/debug/aptix -- \
+        clients/python/.venv/bin/python clients/python/examples/conversation.py
 """
 
 import json
@@ -23,7 +24,8 @@ def main() -> None:
 
     def show(direction: str, msg: dict) -> None:
         # Deltas beyond the first few of a step are counted, not printed.
-        if msg["properties"].get("type") == "delta" and msg["headers"].get("x-aptix-seq", 0) >= DELTAS_SHOWN:
+        is_delta = msg["properties"].get("type") == "delta"
+        if is_delta and msg["headers"].get("x-aptix-seq", 0) >= DELTAS_SHOWN:
             hidden["deltas"] += 1
             return
         if hidden["deltas"]:
@@ -49,9 +51,8 @@ def main() -> None:
         calls = [e for e in s.turn_events("turn-1") if isinstance(e, ToolCalls)][0]
 
         print("# 2. the tool results, in the order of the calls; the follow-up streams")
-        s.submit_tool_results("turn-1", [
-            ToolResult.ok(c, {"contents": "pub const RETRY_TIERS_MS: [u64; 4] = [500, 2000, 10000, 30000];"}, 4)
-            for c in calls.calls])
+        contents = "pub const RETRY_TIERS_MS: [u64; 4] = [500, 2000, 10000, 30000];"
+        s.submit_tool_results("turn-1", [ToolResult.ok(c, {"contents": contents}, 4) for c in calls.calls])
         list(s.turn_events("turn-1"))
 
         print("# 3. a duplicate: the same TurnId and content again -> the stored reply, no LLM call")

@@ -36,7 +36,7 @@ def test_delta_ids():
 
 @pytest.mark.parametrize("bad", [
     "", "r1", f"reply:{S}:t1", f"reply:{S}:t1:step-x", f"reply:{S}:t1:conflict-123",
-    f"reply:not-a-uuid:t1:step-0", f"reply:{S}:-:step-0", f"reply:{S}:t 1:step-0",
+    "reply:not-a-uuid:t1:step-0", f"reply:{S}:-:step-0", f"reply:{S}:t 1:step-0",
     f"delta:{S}:t1:0", f"delta:{S}:t1:a:1", f"reply:{S}:t1:unknown-{HEX}",
 ])
 def test_malformed_ids(bad):

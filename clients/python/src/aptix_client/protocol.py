@@ -101,11 +101,11 @@ def parse_message_id(message_id: str) -> "ReplyId | DeltaId":
         if turn != NO_TURN and not is_turn_id(turn):
             raise ValueError(f"bad turn in reply id {message_id!r}")
         turn_id = None if turn == NO_TURN else turn
-        step = _STEP_TAG.match(tag)
-        if step:
+        step_tag = _STEP_TAG.match(tag)
+        if step_tag:
             if turn_id is None:
                 raise ValueError(f"a step reply needs a turn: {message_id!r}")
-            return ReplyId(session, turn_id, int(step.group(1)), None, None)
+            return ReplyId(session, turn_id, int(step_tag.group(1)), None, None)
         sub = _SUBMISSION.match(tag)
         if sub:
             return ReplyId(session, turn_id, None, sub.group(1), sub.group(2).lower())
