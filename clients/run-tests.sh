@@ -32,7 +32,7 @@ db="aptix_clients_$rand"
 admin_url="${APTIX_TEST_ADMIN_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 work="$(mktemp -d)"
 venv="$here/python/.venv"
-sim_pid="" run_pid="" client_user=""
+sim_pid="" run_pid="" client_user="" py=""
 
 stop() { # SIGTERM, then wait for the process to exit
   local pid=$1
@@ -45,8 +45,8 @@ stop() { # SIGTERM, then wait for the process to exit
 cleanup() {
   stop "$run_pid"
   stop "$sim_pid"
-  if [[ -x "$venv/bin/python" ]]; then
-    APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$venv/bin/python" "$here/python/tests/broker_cleanup.py" "$prefix" \
+  if [[ -n "$py" ]]; then
+    APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$py" "$here/python/tests/broker_cleanup.py" "$prefix" \
       || echo "clients: could not remove the broker objects of $prefix" >&2
   fi
   [[ -n "$client_user" ]] && rabbitmqctl -q delete_user "$client_user" >/dev/null 2>&1
@@ -57,11 +57,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 log "python dependencies (clients/python/.venv)"
-if [[ ! -x "$venv/bin/python" ]]; then
-  python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+py="$venv/bin/python"
+if [[ ! -x "$py" ]] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
+  # No venv module (Debian without python3-venv): install for this user instead.
+  rm -rf "$venv"
+  py=python3
+  echo "python3 -m venv is unavailable; installing with pip --user"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$here/python[test]" \
-  || die "pip install failed"
+if [[ "$py" == python3 ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check --user -e "$here/python[test]" \
+    || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages -e "$here/python[test]" \
+    || die "pip install --user failed"
+else
+  "$py" -m pip install --quiet --disable-pip-version-check -e "$here/python[test]" || die "pip install failed"
+fi
 
 log "node dependencies (npm ci) and build (tsc)"
 (cd "$here/typescript" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build) \
@@ -92,7 +101,7 @@ echo "simulator at $sim_url"
   || { cat "$work/index.log" >&2; die "aptix index failed"; }
 "$aptix" run >"$work/run.log" 2>&1 &
 run_pid=$!
-APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$venv/bin/python" "$here/python/tests/broker_cleanup.py" --wait-ready "$prefix" \
+APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$py" "$here/python/tests/broker_cleanup.py" --wait-ready "$prefix" \
   || { cat "$work/run.log" >&2; die "the pipeline did not start"; }
 echo "pipeline running (pid $run_pid)"
 
@@ -120,7 +129,7 @@ if [[ $# -gt 0 ]]; then
 fi
 
 log "python client: pytest"
-(cd "$here/python" && timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) | tee "$work/pytest.out"
+(cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider tests) | tee "$work/pytest.out"
 py_rc=${PIPESTATUS[0]}
 
 log "typescript client: node --test"
