@@ -1,0 +1,36 @@
+"""Aptix Orchestrator client (protocol v2): sessions, requests and typed reply events over RabbitMQ.
+
+    from aptix_client import Client, ToolResult, Final, ToolCalls, Delta
+
+    with Client("amqp://guest:guest@127.0.0.1:5672/%2f", prefix="aptix", schemas=True) as c:
+        s = c.open_session()
+        reply = s.run_turn("t1", "Explain the retry tiers",
+                           tools=lambda call: ToolResult.ok(call, {"contents": "..."}))
+"""
+
+from .client import Client, EventTimeout, PublishError, Session, Submission, DEFAULT_URL
+from .events import (
+    AnyEvent,
+    ApiError,
+    Delta,
+    ErrorReply,
+    Event,
+    Failed,
+    Final,
+    Refused,
+    Reply,
+    ToolCall,
+    ToolCalls,
+    ToolResult,
+    parse_event,
+)
+from .protocol import DeltaId, ProtocolError, ReplyId, parse_message_id, requests_exchange, session_queue
+from .schemas import SchemaError, Schemas, find_schemas_dir
+
+__all__ = [
+    "AnyEvent", "ApiError", "Client", "DEFAULT_URL", "Delta", "DeltaId", "ErrorReply", "Event",
+    "EventTimeout", "Failed", "Final", "ProtocolError", "PublishError", "Refused", "Reply",
+    "ReplyId", "SchemaError", "Schemas", "Session", "Submission", "ToolCall", "ToolCalls",
+    "ToolResult", "find_schemas_dir", "parse_event", "parse_message_id", "requests_exchange",
+    "session_queue",
+]

@@ -1,0 +1,171 @@
+"""Names, header keys and the message_id grammar of the Aptix client protocol (v2).
+
+Everything here is pure: no broker, no I/O. The rest of the package builds on it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+CONTENT_TYPE = "application/json"
+
+H_SESSION_ID = "x-aptix-session-id"
+H_TURN_ID = "x-aptix-turn-id"
+H_KIND = "x-aptix-kind"
+H_FINAL = "x-aptix-final"
+H_STEP = "x-aptix-step"
+H_SEQ = "x-aptix-seq"
+H_OUTCOME = "x-aptix-outcome"
+H_TRACEPARENT = "traceparent"
+
+KIND_REPLY = "reply"
+KIND_DELTA = "delta"
+
+OUTCOME_FINAL = "final"
+OUTCOME_CONTINUATION = "client_tool_continuation"
+OUTCOME_FAILED = "failed"
+OUTCOME_REFUSED = "refused"
+OUTCOMES = (OUTCOME_FINAL, OUTCOME_CONTINUATION, OUTCOME_FAILED, OUTCOME_REFUSED)
+
+SUBMISSION_TAGS = (
+    "rejected",
+    "rejected-context",
+    "rejected-awaiting",
+    "rejected-continuation",
+    "conflict",
+    "resent",
+    "exhausted",
+)
+
+NO_TURN = "-"
+
+_TURN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_SUBMISSION = re.compile(r"^(%s)-([0-9a-fA-F]{24})$" % "|".join(re.escape(t) for t in SUBMISSION_TAGS))
+_STEP_TAG = re.compile(r"^step-([0-9]+)$")
+
+
+def requests_exchange(prefix: str) -> str:
+    """The entry exchange every request is published to (routing key = SessionId)."""
+    return f"{prefix}.requests"
+
+
+def session_queue(prefix: str, session_id: str) -> str:
+    """A session's reply queue, declared durable with no arguments by client and server."""
+    return f"{prefix}.session.{session_id}"
+
+
+def is_turn_id(value: str) -> bool:
+    return bool(_TURN_ID.match(value))
+
+
+def is_session_id(value: str) -> bool:
+    return bool(_UUID.match(value))
+
+
+@dataclass(frozen=True)
+class ReplyId:
+    """A parsed reply `message_id`: `reply:<SessionId>:<turn>:<reply-tag>`."""
+
+    session_id: str
+    turn_id: Optional[str]  # None for "-"
+    step: Optional[int]  # for `step-N`
+    submission_tag: Optional[str]  # for `<tag>-<24 hex>`
+    fingerprint: Optional[str]
+
+
+@dataclass(frozen=True)
+class DeltaId:
+    """A parsed delta `message_id`: `delta:<SessionId>:<TurnId>:<step>:<seq>`."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    seq: int
+
+
+def parse_message_id(message_id: str) -> "ReplyId | DeltaId":
+    """Parses a reply or delta `message_id`; raises ValueError when it breaks the grammar.
+
+    TurnIds may contain `:`, so the id is split from both ends: the SessionId (a UUID, no `:`)
+    after the first colon, the tag (no `:`) after the last one.
+    """
+    if message_id.startswith("reply:"):
+        rest = message_id[len("reply:"):]
+        session, sep, rest = rest.partition(":")
+        turn, sep2, tag = rest.rpartition(":")
+        if not (sep and sep2 and is_session_id(session)):
+            raise ValueError(f"malformed reply id {message_id!r}")
+        if turn != NO_TURN and not is_turn_id(turn):
+            raise ValueError(f"bad turn in reply id {message_id!r}")
+        turn_id = None if turn == NO_TURN else turn
+        step_tag = _STEP_TAG.match(tag)
+        if step_tag:
+            if turn_id is None:
+                raise ValueError(f"a step reply needs a turn: {message_id!r}")
+            return ReplyId(session, turn_id, int(step_tag.group(1)), None, None)
+        sub = _SUBMISSION.match(tag)
+        if sub:
+            return ReplyId(session, turn_id, None, sub.group(1), sub.group(2).lower())
+        raise ValueError(f"unknown reply tag in {message_id!r}")
+    if message_id.startswith("delta:"):
+        rest = message_id[len("delta:"):]
+        session, sep, rest = rest.partition(":")
+        head, sep2, seq = rest.rpartition(":")
+        turn, sep3, step = head.rpartition(":")
+        if not (sep and sep2 and sep3 and is_session_id(session) and is_turn_id(turn)):
+            raise ValueError(f"malformed delta id {message_id!r}")
+        if not (step.isdigit() and seq.isdigit()):
+            raise ValueError(f"bad step or seq in delta id {message_id!r}")
+        return DeltaId(session, turn, int(step), int(seq))
+    raise ValueError(f"unknown message id {message_id!r}")
+
+
+class ProtocolError(Exception):
+    """A message on the reply queue breaks protocol v2 (missing or mistyped header, bad id...)."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_reply_headers(kind: str, message_id: Optional[str], headers: Mapping[str, Any]) -> None:
+    """Checks the properties and headers a reply or delta must carry, with their AMQP types.
+
+    Raises ProtocolError naming every problem found.
+    """
+    problems = []
+    if kind not in (KIND_REPLY, KIND_DELTA):
+        problems.append(f"property type is {kind!r}, not reply or delta")
+    if not message_id:
+        problems.append("no message_id")
+    for name in (H_SESSION_ID, H_TURN_ID, H_KIND):
+        if not isinstance(headers.get(name), str):
+            problems.append(f"{name} is {headers.get(name)!r}, not a string")
+    if headers.get(H_KIND) != kind:
+        problems.append(f"{H_KIND} {headers.get(H_KIND)!r} differs from type {kind!r}")
+    if kind == KIND_REPLY:
+        if not isinstance(headers.get(H_FINAL), bool):
+            problems.append(f"{H_FINAL} is {headers.get(H_FINAL)!r}, not a boolean")
+        if headers.get(H_OUTCOME) not in OUTCOMES:
+            problems.append(f"{H_OUTCOME} is {headers.get(H_OUTCOME)!r}")
+        if H_STEP in headers and not _is_int(headers[H_STEP]):
+            problems.append(f"{H_STEP} is {headers[H_STEP]!r}, not an integer")
+    if kind == KIND_DELTA:
+        for name in (H_STEP, H_SEQ):
+            if not _is_int(headers.get(name)):
+                problems.append(f"{name} is {headers.get(name)!r}, not an integer")
+    if message_id:
+        try:
+            parsed = parse_message_id(message_id)
+        except ValueError as e:
+            problems.append(str(e))
+        else:
+            if isinstance(parsed, DeltaId) != (kind == KIND_DELTA):
+                problems.append(f"message_id {message_id!r} does not fit type {kind!r}")
+            elif parsed.session_id != headers.get(H_SESSION_ID):
+                problems.append(f"message_id {message_id!r} names another session")
+    if problems:
+        raise ProtocolError("; ".join(problems))

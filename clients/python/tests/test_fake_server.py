@@ -1,0 +1,189 @@
+"""The client's AMQP side against the real RabbitMQ, with a small fake server in a thread playing
+the pipeline's part of protocol v2 (entry exchange, ingress queue, replies exchange, typed headers).
+
+The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
+publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string.
+"""
+
+import json
+import threading
+
+import pika
+import pytest
+
+from aptix_client import Client, Delta, Final, ProtocolError, PublishError
+
+S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
+
+
+class FakeServer(threading.Thread):
+    def __init__(self, url, prefix):
+        super().__init__(daemon=True)
+        self.prefix = prefix
+        self.conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = self.conn.channel()
+        ch.exchange_declare(f"{prefix}.requests", "topic", durable=True)
+        ch.queue_declare(f"{prefix}.requests", durable=True)
+        ch.queue_bind(f"{prefix}.requests", f"{prefix}.requests", "#")
+        ch.exchange_declare(f"{prefix}.replies", "direct", durable=True)
+        ch.basic_consume(f"{prefix}.requests", self.on_request)
+        self.ch = ch
+        self.requests = []
+
+    def run(self):
+        self.ch.start_consuming()
+
+    def stop(self):
+        self.conn.add_callback_threadsafe(self.ch.stop_consuming)
+        self.join(5)
+        sessions = [f"{self.prefix}.session.{r[1]['SessionId']}" for r in self.requests]
+        for q in [f"{self.prefix}.requests", *sessions]:
+            self.ch.queue_delete(q)
+        for x in ("requests", "replies"):
+            self.ch.exchange_delete(f"{self.prefix}.{x}")
+        self.conn.close()
+
+    def publish(self, session, mid, kind, headers, body):
+        props = pika.BasicProperties(type=kind, message_id=mid, content_type="application/json",
+                                     delivery_mode=2, headers=headers)
+        self.ch.basic_publish(f"{self.prefix}.replies", session, json.dumps(body).encode(), props,
+                              mandatory=True)
+
+    def on_request(self, ch, method, props, raw):
+        req = json.loads(raw)
+        self.requests.append((props, req, method.routing_key))
+        s, t, text = req["SessionId"], req["TurnId"], req.get("Instruction", "")
+        q = f"{self.prefix}.session.{s}"
+        ch.queue_declare(q, durable=True, arguments={})
+        ch.queue_bind(q, f"{self.prefix}.replies", s)
+        common = {"x-aptix-session-id": s, "x-aptix-turn-id": t}
+        answer = ""
+        if "@stream" in text:
+            for seq, piece in enumerate(["a", "b", "c"]):
+                answer += piece
+                self.publish(s, f"delta:{s}:{t}:0:{seq}", "delta",
+                             dict(common, **{"x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": seq}),
+                             {"Delta": True, "SessionId": s, "TurnId": t, "Step": 0, "Seq": seq,
+                              "Event": {"Type": "OutputText", "OutputIndex": 0, "Text": piece}})
+        final = "true" if "@badheader" in text else True
+        headers = dict(common, **{"x-aptix-kind": "reply", "x-aptix-final": final, "x-aptix-step": 0,
+                                  "x-aptix-outcome": "final"})
+        body = {"Successful": True, "Errors": [], "Warnings": [], "Result": {
+            "SessionId": s, "TurnId": t, "ModeDisplayName": "General", "Kind": "final",
+            "PrimaryOutputText": answer or f"echo: {text}"}}
+        for _ in range(2 if "@dup" in text else 1):
+            self.publish(s, f"reply:{s}:{t}:step-0", "reply", headers, body)
+        ch.basic_ack(method.delivery_tag)
+
+
+@pytest.fixture
+def fake(broker, prefix):
+    server = FakeServer(broker, prefix)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_turn_on_the_wire(fake, broker, schemas):
+    wire = []
+    with Client(broker, fake.prefix, schemas=schemas, wire_log=lambda d, m: wire.append((d, m))) as c:
+        s = c.open_session()
+        sub = s.submit_turn("t1", "hello")
+        reply = s.next_event(10)
+    assert isinstance(reply, Final) and reply.text == "echo: hello"
+    props, req, key = fake.requests[0]
+    assert key == s.session_id
+    assert (props.delivery_mode, props.content_type) == (2, "application/json")
+    assert props.message_id == sub.message_id
+    assert req == {"SessionId": s.session_id, "TurnId": "t1", "Instruction": "hello"}
+    assert [d for d, _ in wire] == ["out", "in"]
+    assert wire[0][1]["exchange"] == f"{fake.prefix}.requests" and wire[0][1]["mandatory"]
+    assert wire[1][1]["headers"]["x-aptix-final"] is True
+
+
+def test_fresh_message_ids_and_traceparent(fake, broker):
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        a = s.submit_turn("t1", "one", traceparent=tp)
+        b = s.submit_turn("t2", "two")
+        s.next_event(10), s.next_event(10)
+    assert a.message_id != b.message_id
+    assert fake.requests[0][0].headers == {"traceparent": tp}
+
+
+def test_deltas_in_order_then_final(fake, broker, schemas):
+    with Client(broker, fake.prefix, schemas=schemas) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@stream", stream=True)
+        events = list(s.turn_events("t1", 10))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert [d.seq for d in deltas] == [0, 1, 2]
+    assert isinstance(events[-1], Final) and "".join(d.text for d in deltas) == events[-1].text
+
+
+def test_duplicates_are_dropped_by_message_id(fake, broker):
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@dup")
+        s.submit_turn("t2", "after")
+        assert s.next_event(10).turn_id == "t1"
+        assert s.next_event(10).turn_id == "t2"
+        assert s.duplicates_dropped == 1
+
+
+def test_events_of_one_turn_can_be_read_first(fake, broker):
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "first")
+        s.submit_turn("t2", "second")
+        assert s.next_event(10, turn_id="t2").turn_id == "t2"
+        assert s.next_event(10).turn_id == "t1"
+
+
+def test_mistyped_headers_raise(fake, broker):
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@badheader")
+        with pytest.raises(ProtocolError, match="x-aptix-final"):
+            s.next_event(10)
+
+
+def test_an_unroutable_request_is_an_error(broker, prefix):
+    admin = pika.BlockingConnection(pika.URLParameters(broker))
+    ch = admin.channel()
+    ch.exchange_declare(f"{prefix}.requests", "topic", durable=True)  # nothing bound behind it
+    try:
+        with Client(broker, prefix) as c:
+            s = c.open_session(S2)
+            with pytest.raises(PublishError, match="unroutable"):
+                s.submit_turn("t1", "lost")
+            s.delete_queue()
+    finally:
+        ch.exchange_delete(f"{prefix}.requests")
+        admin.close()
+
+
+def test_the_reply_queue_is_durable_with_no_arguments(fake, broker):
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+    # Re-declaring it as the server does (durable, no arguments) must not close the channel.
+    admin = pika.BlockingConnection(pika.URLParameters(broker))
+    ch = admin.channel()
+    ok = ch.queue_declare(s.queue, durable=True, arguments={})
+    assert ok.method.queue == s.queue
+    ch.queue_delete(s.queue)
+    admin.close()
+
+
+def test_tool_results_go_in_the_order_of_the_calls(fake, broker):
+    from aptix_client import ToolResult
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        # As if the session had received a ToolCalls for t1 asking for c1 then c2.
+        s._pending_calls["t1"] = ["c1", "c2"]
+        with pytest.raises(ValueError, match="waits for results"):
+            s.submit_tool_results("t1", [ToolResult.ok("c1", 1)])
+        sub = s.submit_tool_results("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)])
+        assert [r["ToolCallId"] for r in sub.body["ToolResults"]] == ["c1", "c2"]
+        s.next_event(10)

@@ -1,0 +1,84 @@
+"""The message_id grammar and the header checks of protocol v2, without a broker."""
+
+import pytest
+
+from aptix_client import DeltaId, ProtocolError, ReplyId, parse_message_id
+from aptix_client.protocol import check_reply_headers, requests_exchange, session_queue
+
+S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
+HEX = "0123456789abcdef01234567"
+
+
+def test_names():
+    assert requests_exchange("aptix") == "aptix.requests"
+    assert session_queue("t-1", S) == f"t-1.session.{S}"
+
+
+def test_step_replies_and_turn_ids_with_colons():
+    assert parse_message_id(f"reply:{S}:t1:step-0") == ReplyId(S, "t1", 0, None, None)
+    assert parse_message_id(f"reply:{S}:a:b.c:step-12") == ReplyId(S, "a:b.c", 12, None, None)
+
+
+@pytest.mark.parametrize("tag", ["rejected", "rejected-context", "rejected-awaiting",
+                                 "rejected-continuation", "conflict", "resent", "exhausted"])
+def test_submission_replies(tag):
+    assert parse_message_id(f"reply:{S}:t1:{tag}-{HEX}") == ReplyId(S, "t1", None, tag, HEX)
+
+
+def test_refusal_without_a_turn():
+    assert parse_message_id(f"reply:{S}:-:rejected-{HEX}") == ReplyId(S, None, None, "rejected", HEX)
+
+
+def test_delta_ids():
+    assert parse_message_id(f"delta:{S}:t1:1:42") == DeltaId(S, "t1", 1, 42)
+    assert parse_message_id(f"delta:{S}:x:y:0:3") == DeltaId(S, "x:y", 0, 3)
+
+
+@pytest.mark.parametrize("bad", [
+    "", "r1", f"reply:{S}:t1", f"reply:{S}:t1:step-x", f"reply:{S}:t1:conflict-123",
+    "reply:not-a-uuid:t1:step-0", f"reply:{S}:-:step-0", f"reply:{S}:t 1:step-0",
+    f"delta:{S}:t1:0", f"delta:{S}:t1:a:1", f"reply:{S}:t1:unknown-{HEX}",
+])
+def test_malformed_ids(bad):
+    with pytest.raises(ValueError):
+        parse_message_id(bad)
+
+
+def reply_headers(**over):
+    h = {"x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "reply",
+         "x-aptix-final": True, "x-aptix-step": 0, "x-aptix-outcome": "final"}
+    h.update(over)
+    return {k: v for k, v in h.items() if v is not None}
+
+
+def test_good_headers_pass():
+    check_reply_headers("reply", f"reply:{S}:t1:step-0", reply_headers())
+    check_reply_headers("delta", f"delta:{S}:t1:0:3", {
+        "x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "delta",
+        "x-aptix-step": 0, "x-aptix-seq": 3})
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"x-aptix-final": "true"}, "x-aptix-final"),            # a string, not an AMQP boolean
+    ({"x-aptix-step": "0"}, "x-aptix-step"),
+    ({"x-aptix-step": True}, "x-aptix-step"),                # a boolean is not an integer
+    ({"x-aptix-outcome": None}, "x-aptix-outcome"),
+    ({"x-aptix-outcome": "done"}, "x-aptix-outcome"),
+    ({"x-aptix-kind": "delta"}, "differs"),
+    ({"x-aptix-session-id": "5f0c6f7e-8a1b-4c2d-9e3f-000000000000"}, "another session"),
+])
+def test_bad_headers_are_named(over, needle):
+    with pytest.raises(ProtocolError, match=needle):
+        check_reply_headers("reply", f"reply:{S}:t1:step-0", reply_headers(**over))
+
+
+def test_delta_seq_must_be_an_integer():
+    with pytest.raises(ProtocolError, match="x-aptix-seq"):
+        check_reply_headers("delta", f"delta:{S}:t1:0:10", {
+            "x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "delta",
+            "x-aptix-step": 0, "x-aptix-seq": "10"})
+
+
+def test_a_delta_id_on_a_reply_is_refused():
+    with pytest.raises(ProtocolError, match="does not fit"):
+        check_reply_headers("reply", f"delta:{S}:t1:0:1", reply_headers())

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Tests of the official clients (clients/python, clients/typescript) against the REAL pipeline.
+#
+#   clients/run-tests.sh PATH/TO/aptix                 # install deps, start everything, run both suites
+#   clients/run-tests.sh PATH/TO/aptix -- CMD ARGS...  # same environment, run CMD instead of the suites
+#   CLIENTS_PREFIX=NAME clients/run-tests.sh ...        # a chosen queue prefix instead of cl-<random>
+#
+# It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci),
+# starts `aptix sim` and the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random
+# queue prefix, a fresh database and a temporary vector store, creates a broker user with exactly
+# the `aptix-client` permissions of docs/client-protocol.md for that prefix (when rabbitmqctl
+# works; guest otherwise), runs pytest then `node --test`, stops everything (SIGTERM, wait),
+# removes what it created, and exits non-zero on any failure.
+#
+# Needs RabbitMQ on 127.0.0.1:5672 (guest/guest) and PostgreSQL on 127.0.0.1:5432 (postgres,
+# trust), python3 (>= 3.10) and Node 20 with npm.
+set -uo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+aptix="${1:?usage: clients/run-tests.sh PATH/TO/aptix [-- CMD ...]}"
+shift
+[[ "${1:-}" == "--" ]] && shift
+aptix="$(cd "$(dirname "$aptix")" && pwd)/$(basename "$aptix")"
+[[ -x "$aptix" ]] || { echo "not an executable: $aptix" >&2; exit 2; }
+
+log() { printf '\n== clients: %s\n' "$*"; }
+die() { echo "clients: $*" >&2; exit 1; }
+
+rand="$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
+prefix="${CLIENTS_PREFIX:-cl-$rand}"
+db="aptix_clients_$rand"
+admin_url="${APTIX_TEST_ADMIN_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+work="$(mktemp -d)"
+venv="$here/python/.venv"
+sim_pid="" run_pid="" client_user="" py=""
+
+stop() { # SIGTERM, then wait for the process to exit
+  local pid=$1
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  wait "$pid" 2>/dev/null
+}
+
+cleanup() {
+  stop "$run_pid"
+  stop "$sim_pid"
+  if [[ -n "$py" ]]; then
+    APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$py" "$here/python/tests/broker_cleanup.py" "$prefix" \
+      || echo "clients: could not remove the broker objects of $prefix" >&2
+  fi
+  [[ -n "$client_user" ]] && rabbitmqctl -q delete_user "$client_user" >/dev/null 2>&1
+  psql -h 127.0.0.1 -U postgres -d postgres -qAtc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "python dependencies (clients/python/.venv)"
+py="$venv/bin/python"
+if [[ ! -x "$py" ]] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
+  # No venv module (Debian without python3-venv): install for this user instead.
+  rm -rf "$venv"
+  py=python3
+  echo "python3 -m venv is unavailable; installing with pip --user"
+fi
+if [[ "$py" == python3 ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check --user -e "$here/python[test]" \
+    || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages -e "$here/python[test]" \
+    || die "pip install --user failed"
+else
+  "$py" -m pip install --quiet --disable-pip-version-check -e "$here/python[test]" || die "pip install failed"
+fi
+
+log "node dependencies (npm ci) and build (tsc)"
+(cd "$here/typescript" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build) \
+  || die "npm ci / tsc failed"
+
+log "simulator and pipeline (prefix $prefix, database $db)"
+export APTIX__AMQP__PREFIX="$prefix"
+export APTIX__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
+export APTIX__VECTOR__DATA_DIR="$work/vectors"
+export APTIX__TELEMETRY__METRICS_LISTEN=""
+export RUST_LOG="${RUST_LOG:-warn}"
+unset APTIX_CONFIG
+
+"$aptix" sim --listen 127.0.0.1:0 >"$work/sim.out" 2>"$work/sim.log" &
+sim_pid=$!
+for _ in $(seq 1 100); do
+  [[ -s "$work/sim.out" ]] && break
+  kill -0 "$sim_pid" 2>/dev/null || break
+  sleep 0.1
+done
+sim_url="$(head -n1 "$work/sim.out")"
+[[ "$sim_url" == http* ]] || { cat "$work/sim.log" >&2; die "aptix sim printed no base URL"; }
+export APTIX__LLM__BASE_URL="$sim_url"
+echo "simulator at $sim_url"
+
+"$aptix" migrate >"$work/migrate.log" 2>&1 || { cat "$work/migrate.log" >&2; die "aptix migrate failed"; }
+"$aptix" index "$here/python/src" --repo clients >"$work/index.log" 2>&1 \
+  || { cat "$work/index.log" >&2; die "aptix index failed"; }
+"$aptix" run >"$work/run.log" 2>&1 &
+run_pid=$!
+APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$py" "$here/python/tests/broker_cleanup.py" --wait-ready "$prefix" \
+  || { cat "$work/run.log" >&2; die "the pipeline did not start"; }
+echo "pipeline running (pid $run_pid)"
+
+client_url="$admin_url"
+if command -v rabbitmqctl >/dev/null 2>&1; then
+  user="aptix-client-$rand" pass="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+  p="${prefix//./\\.}"
+  if rabbitmqctl -q add_user "$user" "$pass" >/dev/null 2>&1; then
+    client_user="$user"
+    if rabbitmqctl -q set_permissions -p / "$user" "^$p\\.session\\..*" "^$p\\.requests\$" "^$p\\.session\\..*" >/dev/null 2>&1; then
+      client_url="amqp://$user:$pass@127.0.0.1:5672/%2f"
+      echo "clients connect as $user (configure/read ^$p\\.session\\..*, write ^$p\\.requests\$)"
+    fi
+  fi
+fi
+[[ "$client_url" == "$admin_url" ]] && echo "clients connect as the admin account (rabbitmqctl unavailable)"
+
+export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url" APTIX_TEST_BIN="$aptix"
+export APTIX_TEST_ADMIN_AMQP_URL="$admin_url" APTIX_TEST_REQUIRE_PIPELINE=1 APTIX_CLIENTS_WORK="$work"
+export APTIX_SCHEMAS_DIR="${APTIX_SCHEMAS_DIR:-$(cd "$here/.." && pwd)/schemas}"
+
+if [[ $# -gt 0 ]]; then
+  "$@"
+  exit $?
+fi
+
+log "python client: pytest"
+(cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider tests) | tee "$work/pytest.out"
+py_rc=${PIPESTATUS[0]}
+
+log "typescript client: node --test"
+(cd "$here/typescript" && timeout 600 node --test --test-reporter=tap dist/test/) >"$work/node.out" 2>&1
+node_rc=$?
+grep -E '^(not ok|# Subtest)' "$work/node.out" | grep -B1 '^not ok' || true
+[[ $node_rc -ne 0 ]] && tail -n 80 "$work/node.out"
+grep -E '^# (tests|suites|pass|fail|cancelled|skipped|todo|duration_ms) ' "$work/node.out"
+
+if [[ $py_rc -ne 0 || $node_rc -ne 0 ]]; then
+  log "pipeline log (last 60 lines)"
+  tail -n 60 "$work/run.log"
+fi
+
+py_pass=$(grep -Eo '[0-9]+ passed' "$work/pytest.out" | tail -n1 | grep -Eo '[0-9]+' || echo 0)
+py_fail=$(grep -Eo '[0-9]+ (failed|errors?)' "$work/pytest.out" | awk '{s+=$1} END {print s+0}')
+node_pass=$(sed -n 's/^# pass //p' "$work/node.out" | tail -n1)
+node_fail=$(sed -n 's/^# fail //p' "$work/node.out" | tail -n1)
+passed=$((py_pass + ${node_pass:-0}))
+failed=$((${py_fail:-0} + ${node_fail:-0}))
+[[ $py_rc -ne 0 || $node_rc -ne 0 ]] && [[ $failed -eq 0 ]] && failed=1
+echo
+echo "clients: $passed passed, $failed failed"
+[[ $py_rc -eq 0 && $node_rc -eq 0 ]]

@@ -1,0 +1,172 @@
+/**
+ * Names, header keys and the message_id grammar of the Aptix client protocol (v2). Pure: no
+ * broker, no I/O; the rest of the package builds on it.
+ */
+
+export const CONTENT_TYPE = "application/json";
+
+export const H_SESSION_ID = "x-aptix-session-id";
+export const H_TURN_ID = "x-aptix-turn-id";
+export const H_KIND = "x-aptix-kind";
+export const H_FINAL = "x-aptix-final";
+export const H_STEP = "x-aptix-step";
+export const H_SEQ = "x-aptix-seq";
+export const H_OUTCOME = "x-aptix-outcome";
+export const H_TRACEPARENT = "traceparent";
+
+export type Outcome = "final" | "client_tool_continuation" | "failed" | "refused";
+export const OUTCOMES: readonly Outcome[] = ["final", "client_tool_continuation", "failed", "refused"];
+
+export const SUBMISSION_TAGS = [
+  "rejected",
+  "rejected-context",
+  "rejected-awaiting",
+  "rejected-continuation",
+  "conflict",
+  "resent",
+  "exhausted",
+] as const;
+export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
+
+/** The TurnId of a reply to a request that named no valid one. */
+export const NO_TURN = "-";
+
+const TURN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
+const SUBMISSION = new RegExp(`^(${SUBMISSION_TAGS.join("|")})-([0-9a-fA-F]{24})$`);
+const STEP_TAG = /^step-([0-9]+)$/;
+
+/** The entry exchange every request is published to (routing key = SessionId). */
+export function requestsExchange(prefix: string): string {
+  return `${prefix}.requests`;
+}
+
+/** A session's reply queue, declared durable with no arguments by client and server. */
+export function sessionQueue(prefix: string, sessionId: string): string {
+  return `${prefix}.session.${sessionId}`;
+}
+
+export function isTurnId(v: string): boolean {
+  return TURN_ID.test(v);
+}
+
+export function isSessionId(v: string): boolean {
+  return UUID.test(v);
+}
+
+/** A parsed reply id: `reply:<SessionId>:<turn>:<reply-tag>`. */
+export interface ReplyId {
+  kind: "reply";
+  sessionId: string;
+  /** null for "-" */
+  turnId: string | null;
+  /** for `step-N` */
+  step: number | null;
+  /** for `<tag>-<24 hex>` */
+  submissionTag: SubmissionTag | null;
+  fingerprint: string | null;
+}
+
+/** A parsed delta id: `delta:<SessionId>:<TurnId>:<step>:<seq>`. */
+export interface DeltaId {
+  kind: "delta";
+  sessionId: string;
+  turnId: string;
+  step: number;
+  seq: number;
+}
+
+/** A message on a reply queue breaks protocol v2 (missing or mistyped header, bad id, ...). */
+export class ProtocolError extends Error {
+  override name = "ProtocolError";
+}
+
+function splitFirst(s: string): [string, string] | null {
+  const i = s.indexOf(":");
+  return i < 0 ? null : [s.slice(0, i), s.slice(i + 1)];
+}
+
+function splitLast(s: string): [string, string] | null {
+  const i = s.lastIndexOf(":");
+  return i < 0 ? null : [s.slice(0, i), s.slice(i + 1)];
+}
+
+/**
+ * Parses a reply or delta message_id; throws ProtocolError when it breaks the grammar. TurnIds
+ * may contain `:`, so the id is split from both ends.
+ */
+export function parseMessageId(id: string): ReplyId | DeltaId {
+  const bad = (why: string): never => {
+    throw new ProtocolError(`${why}: ${JSON.stringify(id)}`);
+  };
+  if (id.startsWith("reply:")) {
+    const a = splitFirst(id.slice(6)) ?? bad("malformed reply id");
+    const b = splitLast(a[1]) ?? bad("malformed reply id");
+    const [session, [turn, tag]] = [a[0], b];
+    if (!isSessionId(session)) bad("bad session in reply id");
+    if (turn !== NO_TURN && !isTurnId(turn)) bad("bad turn in reply id");
+    const turnId = turn === NO_TURN ? null : turn;
+    const step = STEP_TAG.exec(tag);
+    if (step) {
+      if (turnId === null) bad("a step reply needs a turn");
+      return { kind: "reply", sessionId: session, turnId, step: Number(step[1]), submissionTag: null, fingerprint: null };
+    }
+    const sub = SUBMISSION.exec(tag) ?? bad("unknown reply tag");
+    return {
+      kind: "reply",
+      sessionId: session,
+      turnId,
+      step: null,
+      submissionTag: sub[1] as SubmissionTag,
+      fingerprint: sub[2].toLowerCase(),
+    };
+  }
+  if (id.startsWith("delta:")) {
+    const a = splitFirst(id.slice(6)) ?? bad("malformed delta id");
+    const b = splitLast(a[1]) ?? bad("malformed delta id");
+    const c = splitLast(b[0]) ?? bad("malformed delta id");
+    const [session, turn, step, seq] = [a[0], c[0], c[1], b[1]];
+    if (!isSessionId(session) || !isTurnId(turn)) bad("malformed delta id");
+    if (!/^[0-9]+$/.test(step) || !/^[0-9]+$/.test(seq)) bad("bad step or seq in delta id");
+    return { kind: "delta", sessionId: session, turnId: turn, step: Number(step), seq: Number(seq) };
+  }
+  return bad("unknown message id");
+}
+
+export type Headers = Record<string, unknown>;
+
+const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
+
+/** Checks the headers a reply or delta must carry, with their AMQP types; names every problem. */
+export function checkReplyHeaders(kind: string | undefined, messageId: string | undefined, h: Headers): void {
+  const problems: string[] = [];
+  if (kind !== "reply" && kind !== "delta") problems.push(`property type is ${JSON.stringify(kind)}, not reply or delta`);
+  if (!messageId) problems.push("no message_id");
+  for (const name of [H_SESSION_ID, H_TURN_ID, H_KIND]) {
+    if (typeof h[name] !== "string") problems.push(`${name} is ${JSON.stringify(h[name])}, not a string`);
+  }
+  if (h[H_KIND] !== kind) problems.push(`${H_KIND} ${JSON.stringify(h[H_KIND])} differs from type ${JSON.stringify(kind)}`);
+  if (kind === "reply") {
+    if (typeof h[H_FINAL] !== "boolean") problems.push(`${H_FINAL} is ${JSON.stringify(h[H_FINAL])}, not a boolean`);
+    if (!OUTCOMES.includes(h[H_OUTCOME] as Outcome)) problems.push(`${H_OUTCOME} is ${JSON.stringify(h[H_OUTCOME])}`);
+    if (H_STEP in h && !isInt(h[H_STEP])) problems.push(`${H_STEP} is ${JSON.stringify(h[H_STEP])}, not an integer`);
+  }
+  if (kind === "delta") {
+    for (const name of [H_STEP, H_SEQ]) {
+      if (!isInt(h[name])) problems.push(`${name} is ${JSON.stringify(h[name])}, not an integer`);
+    }
+  }
+  if (messageId) {
+    try {
+      const parsed = parseMessageId(messageId);
+      if ((parsed.kind === "delta") !== (kind === "delta")) {
+        problems.push(`message_id ${messageId} does not fit type ${kind}`);
+      } else if (parsed.sessionId !== h[H_SESSION_ID]) {
+        problems.push(`message_id ${messageId} names another session`);
+      }
+    } catch (e) {
+      problems.push((e as Error).message);
+    }
+  }
+  if (problems.length > 0) throw new ProtocolError(problems.join("; "));
+}

@@ -1,0 +1,168 @@
+// The client's AMQP side against the real RabbitMQ, with a small fake server in the same process
+// playing the pipeline's part of protocol v2. `@stream` adds three deltas before the final
+// reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
+// `x-aptix-final` as a string.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import * as amqp from "amqplib";
+
+import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir } from "../src";
+
+const ADMIN = process.env.APTIX_TEST_ADMIN_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
+const schemas = new Schemas(findSchemasDir(__dirname) ?? "schemas");
+
+type Conn = Awaited<ReturnType<typeof amqp.connect>>;
+
+class FakeServer {
+  readonly prefix = `tsc-${randomUUID().slice(0, 12)}`;
+  readonly requests: amqp.ConsumeMessage[] = [];
+  conn!: Conn;
+  ch!: amqp.ConfirmChannel;
+
+  async start(): Promise<void> {
+    this.conn = await amqp.connect(ADMIN);
+    const ch = (this.ch = await this.conn.createConfirmChannel());
+    const p = this.prefix;
+    await ch.assertExchange(`${p}.requests`, "topic", { durable: true });
+    await ch.assertQueue(`${p}.requests`, { durable: true });
+    await ch.bindQueue(`${p}.requests`, `${p}.requests`, "#");
+    await ch.assertExchange(`${p}.replies`, "direct", { durable: true });
+    await ch.consume(`${p}.requests`, (m) => m && void this.answer(m));
+  }
+
+  private publish(session: string, id: string, type: string, headers: Record<string, unknown>, body: unknown): void {
+    this.ch.publish(`${this.prefix}.replies`, session, Buffer.from(JSON.stringify(body)), {
+      type, messageId: id, contentType: "application/json", deliveryMode: 2, headers, mandatory: true,
+    });
+  }
+
+  private async answer(m: amqp.ConsumeMessage): Promise<void> {
+    this.requests.push(m);
+    const req = JSON.parse(m.content.toString());
+    const [s, t, text] = [req.SessionId as string, req.TurnId as string, (req.Instruction ?? "") as string];
+    const q = `${this.prefix}.session.${s}`;
+    await this.ch.assertQueue(q, { durable: true, arguments: {} });
+    await this.ch.bindQueue(q, `${this.prefix}.replies`, s);
+    const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
+    let answer = "";
+    if (text.includes("@stream")) {
+      ["a", "b", "c"].forEach((piece, seq) => {
+        answer += piece;
+        this.publish(s, `delta:${s}:${t}:0:${seq}`, "delta", { ...common, "x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": seq },
+          { Delta: true, SessionId: s, TurnId: t, Step: 0, Seq: seq, Event: { Type: "OutputText", OutputIndex: 0, Text: piece } });
+      });
+    }
+    const headers = { ...common, "x-aptix-kind": "reply", "x-aptix-final": text.includes("@badheader") ? "true" : true, "x-aptix-step": 0, "x-aptix-outcome": "final" };
+    const body = { Successful: true, Errors: [], Warnings: [], Result: { SessionId: s, TurnId: t, ModeDisplayName: "General", Kind: "final", PrimaryOutputText: answer || `echo: ${text}` } };
+    for (let i = 0; i < (text.includes("@dup") ? 2 : 1); i++) this.publish(s, `reply:${s}:${t}:step-0`, "reply", headers, body);
+    await this.ch.waitForConfirms();
+    this.ch.ack(m);
+  }
+
+  async stop(): Promise<void> {
+    for (const m of this.requests) await this.ch.deleteQueue(`${this.prefix}.session.${JSON.parse(m.content.toString()).SessionId}`);
+    await this.ch.deleteQueue(`${this.prefix}.requests`);
+    for (const x of ["requests", "replies"]) await this.ch.deleteExchange(`${this.prefix}.${x}`);
+    await this.conn.close();
+  }
+}
+
+const fake = new FakeServer();
+before(() => fake.start());
+after(() => fake.stop());
+
+test("a turn on the wire", async () => {
+  const wire: [string, WireMessage][] = [];
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, schemas, wireLog: (d, m) => wire.push([d, m]) });
+  const s = await c.openSession();
+  const sub = await s.submitTurn("t1", "hello");
+  const reply = await s.nextEvent({ timeoutMs: 10_000 });
+  await c.close();
+  assert.equal(reply.type, "final");
+  assert.equal(reply.type === "final" && reply.text, "echo: hello");
+  const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+  assert.ok(req);
+  assert.equal(req.fields.routingKey, s.sessionId);
+  assert.equal(req.fields.exchange, `${fake.prefix}.requests`);
+  assert.equal(req.properties.deliveryMode, 2);
+  assert.equal(req.properties.contentType, "application/json");
+  assert.deepEqual(JSON.parse(req.content.toString()), { SessionId: s.sessionId, TurnId: "t1", Instruction: "hello" });
+  assert.deepEqual(wire.map(([d]) => d), ["out", "in"]);
+  assert.equal(wire[1][1].headers["x-aptix-final"], true);
+});
+
+test("fresh message ids and traceparent", async () => {
+  const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const s = await c.openSession();
+  const a = await s.submitTurn("t1", "one", { traceparent: tp });
+  const b = await s.submitTurn("t2", "two");
+  await s.nextEvent({ timeoutMs: 10_000 });
+  await s.nextEvent({ timeoutMs: 10_000 });
+  await c.close();
+  assert.notEqual(a.messageId, b.messageId);
+  const req = fake.requests.find((m) => m.properties.messageId === a.messageId);
+  assert.deepEqual(req?.properties.headers, { traceparent: tp });
+});
+
+test("deltas in order, then the final reply", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, schemas });
+  const s = await c.openSession();
+  await s.submitTurn("t1", "@stream", { stream: true });
+  const events = [];
+  for await (const e of s.turnEvents("t1", { timeoutMs: 10_000 })) events.push(e);
+  await c.close();
+  const deltas = events.flatMap((e) => (e.type === "delta" ? [e] : []));
+  assert.deepEqual(deltas.map((d) => d.seq), [0, 1, 2]);
+  const last = events[events.length - 1];
+  assert.equal(last.type === "final" && last.text, deltas.map((d) => d.text).join(""));
+});
+
+test("duplicates are dropped by message_id; one turn's events can be read first", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const s = await c.openSession();
+  await s.submitTurn("t1", "@dup");
+  await s.submitTurn("t2", "after");
+  assert.equal((await s.nextEvent({ timeoutMs: 10_000, turnId: "t2" })).turnId, "t2");
+  assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).turnId, "t1");
+  await assert.rejects(s.nextEvent({ timeoutMs: 300 }), /no event/);
+  assert.equal(s.duplicatesDropped, 1);
+  await c.close();
+});
+
+test("mistyped headers are an error", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const s = await c.openSession();
+  await s.submitTurn("t1", "@badheader");
+  await assert.rejects(s.nextEvent({ timeoutMs: 10_000 }), /x-aptix-final/);
+  await c.close();
+});
+
+test("an unroutable request is an error", async () => {
+  const prefix = `tsc-${randomUUID().slice(0, 12)}`;
+  const admin = await amqp.connect(ADMIN);
+  const ch = await admin.createChannel();
+  await ch.assertExchange(`${prefix}.requests`, "topic", { durable: true }); // nothing bound behind it
+  try {
+    const c = await Client.connect({ url: ADMIN, prefix });
+    const s = await c.openSession();
+    await assert.rejects(s.submitTurn("t1", "lost"), PublishError);
+    await s.deleteQueue();
+    await c.close();
+  } finally {
+    await ch.deleteExchange(`${prefix}.requests`);
+    await admin.close();
+  }
+});
+
+test("tool results go in the order of the calls", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const s = await c.openSession();
+  s.pendingCalls.set("t1", ["c1", "c2"]); // as if a tool_calls for t1 had asked for c1 then c2
+  await assert.rejects(s.submitToolResults("t1", [ToolResult.ok("c1", 1)]), /waits for results/);
+  const sub = await s.submitToolResults("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)]);
+  assert.deepEqual((sub.body as { ToolResults: { ToolCallId: string }[] }).ToolResults.map((r) => r.ToolCallId), ["c1", "c2"]);
+  await s.nextEvent({ timeoutMs: 10_000 });
+  await c.close();
+});

@@ -1,0 +1,185 @@
+// The client against the REAL pipeline (`aptix run` + `aptix sim`, started by
+// clients/run-tests.sh): a plain turn, a client tool round trip with a streamed follow-up, a
+// duplicate, a conflict, validation refusals, and 20 sessions x 5 turns published at once. Every
+// received body is checked against the repository's schemas and every header against protocol v2.
+// Needs APTIX_TEST_PREFIX and APTIX_TEST_SIM_URL; skipped without them unless
+// APTIX_TEST_REQUIRE_PIPELINE=1.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { execFileSync } from "node:child_process";
+
+import { AptixEvent, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir } from "../src";
+
+const PREFIX = process.env.APTIX_TEST_PREFIX;
+const SIM = process.env.APTIX_TEST_SIM_URL;
+const URL = process.env.APTIX_TEST_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
+const WAIT = { timeoutMs: 90_000 };
+const ready = Boolean(PREFIX && SIM);
+
+if (!ready && process.env.APTIX_TEST_REQUIRE_PIPELINE === "1") {
+  throw new Error("APTIX_TEST_PREFIX and APTIX_TEST_SIM_URL must be set");
+}
+
+async function collect(it: AsyncIterable<AptixEvent>): Promise<AptixEvent[]> {
+  const out: AptixEvent[] = [];
+  for await (const e of it) out.push(e);
+  return out;
+}
+
+/** How many Responses API requests the simulator logged whose body mentions `marker`. */
+async function llmCallsMentioning(marker: string): Promise<number> {
+  const res = await fetch(`${SIM!.replace(/\/v1\/?$/, "")}/_sim/requests`);
+  const bodies = (await res.json()) as unknown[];
+  return bodies.filter((b) => JSON.stringify(b).includes(marker)).length;
+}
+
+function asFinal(e: AptixEvent | undefined): Final {
+  assert.equal(e?.type, "final", JSON.stringify(e?.body));
+  return e as Final;
+}
+
+describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {
+  let client: Client;
+  before(async () => {
+    client = await Client.connect({ url: URL, prefix: PREFIX, schemas: new Schemas(findSchemasDir(__dirname)!), strict: true });
+  });
+  after(() => client.close());
+
+  test("a user turn gets its final reply", async () => {
+    const s = await client.openSession();
+    await s.submitTurn("t1", "hello from node");
+    const events = await collect(s.turnEvents("t1", WAIT));
+    assert.equal(events.length, 1);
+    const reply = asFinal(events[0]);
+    assert.equal(reply.final, true);
+    assert.equal(reply.outcome, "final");
+    assert.equal(reply.step, 0);
+    assert.equal(reply.messageId, `reply:${s.sessionId}:t1:step-0`);
+    assert.ok(reply.text.split("\n").includes("instruction: hello from node"), reply.text);
+    assert.ok(reply.traceparent);
+    await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
+  });
+
+  test("a tool round trip, then a streamed follow-up", async () => {
+    const s = await client.openSession();
+    await s.submitTurn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})', { stream: true });
+    const first = await collect(s.turnEvents("t1", WAIT));
+    const calls = first[first.length - 1];
+    assert.equal(calls.type, "tool_calls", JSON.stringify(calls.body));
+    if (calls.type !== "tool_calls") return;
+    assert.equal(calls.final, false);
+    assert.equal(calls.step, 0);
+    assert.deepEqual(calls.calls.map((c) => c.name), ["read_file"]);
+    assert.deepEqual(JSON.parse(calls.calls[0].argumentsJson), { path: "src/lib.rs" });
+    assert.ok(first.slice(0, -1).every((e) => e.type === "delta" && e.step === 0));
+    assert.ok(calls.traceparent, "traceparent on every reply");
+
+    await s.submitToolResults("t1", calls.calls.map((c) => ToolResult.ok(c, { contents: "pub fn answer() -> u32 { 42 }" }, 3)));
+    const second = await collect(s.turnEvents("t1", WAIT));
+    const final = asFinal(second[second.length - 1]);
+    const deltas = second.slice(0, -1) as Delta[];
+    assert.equal(final.step, 1);
+    assert.equal(final.messageId, `reply:${s.sessionId}:t1:step-1`);
+    assert.ok(final.text.includes(`tool_output ${calls.calls[0].toolCallId}`), final.text);
+    assert.ok(deltas.length >= 3);
+    assert.ok(deltas.every((d) => d.type === "delta" && d.step === 1));
+    assert.deepEqual(deltas.map((d) => d.seq), deltas.map((_, i) => i));
+    assert.equal(deltas.map((d) => d.text).join(""), final.text);
+    for (const d of deltas) {
+      assert.equal(d.messageId, `delta:${s.sessionId}:t1:1:${d.seq}`);
+    }
+    assert.equal(final.traceparent?.split("-")[1], calls.traceparent?.split("-")[1], "one trace per turn");
+  });
+
+  test("a duplicate gets the stored reply without a second LLM call", async () => {
+    const marker = `dup-${randomUUID()}`;
+    const s = await client.openSession();
+    await s.submitTurn("t1", marker);
+    const first = asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(await llmCallsMentioning(marker), 1);
+    await s.submitTurn("t1", marker);
+    const second = asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(second.resent, true);
+    assert.deepEqual(second.body, first.body);
+    assert.ok(second.messageId.startsWith(`reply:${s.sessionId}:t1:resent-`));
+    assert.equal(await llmCallsMentioning(marker), 1, "a duplicate must not call the LLM");
+  });
+
+  test("a conflict is refused", async () => {
+    const s = await client.openSession();
+    asFinal(await s.runTurn("t1", "the original", WAIT));
+    await s.submitTurn("t1", "something else");
+    const reply = await s.nextEvent({ ...WAIT, turnId: "t1" });
+    assert.equal(reply.type, "refused", JSON.stringify(reply.body));
+    if (reply.type !== "refused") return;
+    assert.equal(reply.code, "turn.conflict");
+    assert.ok(reply.messageId.startsWith(`reply:${s.sessionId}:t1:conflict-`));
+    await s.submitTurn("t1", "the original");
+    asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+  });
+
+  test("validation refusals", async () => {
+    const s = await client.openSession(); // a session the server has never seen
+    await s.submit({ SessionId: s.sessionId, TurnId: "t1", Instruction: "x", Mode: "DDR" }, { validate: false });
+    const r1 = await s.nextEvent(WAIT);
+    assert.equal(r1.type, "refused", JSON.stringify(r1.body));
+    if (r1.type !== "refused") return;
+    assert.equal(r1.code, "request.forbidden_field");
+    assert.equal(r1.turnId, "t1");
+    await s.submit({ SessionId: s.sessionId, TurnId: "turn 2", Instruction: "x" }, { validate: false });
+    const r2 = await s.nextEvent(WAIT);
+    assert.equal(r2.type === "refused" && r2.code, "validation.turn_id_invalid");
+    assert.equal(r2.turnId, null);
+    assert.ok(r2.messageId.startsWith(`reply:${s.sessionId}:-:rejected-`));
+    asFinal(await s.runTurn("t1", "now valid", WAIT));
+  });
+
+  test("20 sessions x 5 turns at once: every reply exactly once, in order", async () => {
+    const sessions = await Promise.all(Array.from({ length: 20 }, () => client.openSession()));
+    for (let turn = 0; turn < 5; turn++) {
+      await Promise.all(sessions.map((s) => s.submitTurn(`t${turn}`, `question ${turn} of ${s.sessionId}`)));
+    }
+    await Promise.all(
+      sessions.map(async (s) => {
+        const finals: Final[] = [];
+        while (finals.length < 5) finals.push(asFinal(await s.nextEvent(WAIT)));
+        assert.deepEqual(finals.map((f) => f.turnId), ["t0", "t1", "t2", "t3", "t4"], `order in ${s.sessionId}`);
+        const keys = new Set(finals.map((f) => `${f.sessionId}/${f.turnId}`));
+        assert.equal(keys.size, 5);
+        finals.forEach((f, i) => {
+          assert.ok(f.text.split("\n").includes(`instruction: question ${i} of ${s.sessionId}`), f.text);
+          assert.ok(f.text.includes(`chain_depth: ${i + 1}`), "turns of a session ran one at a time, in order");
+        });
+        await assert.rejects(s.nextEvent({ timeoutMs: 300 }), /no event/);
+        assert.equal(s.duplicatesDropped, 0, "the broker delivered a reply twice");
+      }),
+    );
+  });
+
+  test("every received reply is stored as received", { skip: process.env.APTIX_TEST_BIN ? false : "APTIX_TEST_BIN names no aptix binary" }, async () => {
+    const s = await client.openSession();
+    const received: AptixEvent[] = [];
+    await s.submit({ SessionId: s.sessionId, TurnId: "t0", Instruction: "x", Mode: "DDR" }, { validate: false });
+    received.push(await s.nextEvent(WAIT));
+    await s.runTurn("t1", "tools @call(run_tests)", { ...WAIT, onEvent: (e) => received.push(e), tools: (c) => ToolResult.error(c, "no tests matched", 2) });
+    await s.submitTurn("t1", "tools @call(run_tests)"); // duplicate
+    received.push(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    await s.submitTurn("t1", "other"); // conflict
+    received.push(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    const replies = new Map(received.filter((e) => e.type !== "delta").map((e) => [e.messageId, e]));
+    assert.equal(replies.size, 5, [...replies.keys()].join(" "));
+    const shown = JSON.parse(execFileSync(process.env.APTIX_TEST_BIN!, ["session", "show", s.sessionId], { encoding: "utf8" }));
+    // Step replies are in `records` (by turn and step), the others in `replies`.
+    const stored = new Map<string, unknown>();
+    for (const r of shown.replies as { message_id: string; body: unknown; outcome: string }[]) {
+      stored.set(r.message_id, r.body);
+      assert.equal(r.outcome, (replies.get(r.message_id) as Reply | undefined)?.outcome, r.message_id);
+    }
+    for (const r of shown.records as { turn_id: string; step: number; reply: unknown }[]) {
+      stored.set(`reply:${s.sessionId}:${r.turn_id}:step-${r.step}`, r.reply);
+    }
+    assert.deepEqual([...stored.keys()].sort(), [...replies.keys()].sort());
+    for (const [id, e] of replies) assert.deepEqual(stored.get(id), e.body, id);
+  });
+});

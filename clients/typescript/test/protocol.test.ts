@@ -1,0 +1,71 @@
+// The message_id grammar and the header checks of protocol v2, without a broker.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import { ProtocolError, checkReplyHeaders, parseMessageId, requestsExchange, sessionQueue } from "../src";
+
+const S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
+const HEX = "0123456789abcdef01234567";
+
+test("names", () => {
+  assert.equal(requestsExchange("aptix"), "aptix.requests");
+  assert.equal(sessionQueue("t-1", S), `t-1.session.${S}`);
+});
+
+test("step replies, turn ids with colons", () => {
+  assert.deepEqual(parseMessageId(`reply:${S}:t1:step-0`), {
+    kind: "reply", sessionId: S, turnId: "t1", step: 0, submissionTag: null, fingerprint: null,
+  });
+  assert.equal((parseMessageId(`reply:${S}:a:b.c:step-12`) as { turnId: string }).turnId, "a:b.c");
+});
+
+test("submission replies", () => {
+  for (const tag of ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted"]) {
+    assert.deepEqual(parseMessageId(`reply:${S}:t1:${tag}-${HEX}`), {
+      kind: "reply", sessionId: S, turnId: "t1", step: null, submissionTag: tag, fingerprint: HEX,
+    });
+  }
+  assert.equal((parseMessageId(`reply:${S}:-:rejected-${HEX}`) as { turnId: null }).turnId, null);
+});
+
+test("delta ids", () => {
+  assert.deepEqual(parseMessageId(`delta:${S}:x:y:0:3`), { kind: "delta", sessionId: S, turnId: "x:y", step: 0, seq: 3 });
+});
+
+test("malformed ids are refused", () => {
+  for (const bad of ["", "r1", `reply:${S}:t1`, `reply:${S}:t1:step-x`, `reply:${S}:t1:conflict-123`,
+    "reply:not-a-uuid:t1:step-0", `reply:${S}:-:step-0`, `reply:${S}:t 1:step-0`, `delta:${S}:t1:0`,
+    `delta:${S}:t1:a:1`, `reply:${S}:t1:unknown-${HEX}`]) {
+    assert.throws(() => parseMessageId(bad), ProtocolError, bad);
+  }
+});
+
+const good = () => ({
+  "x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "reply",
+  "x-aptix-final": true as unknown, "x-aptix-step": 0 as unknown, "x-aptix-outcome": "final" as unknown,
+});
+
+test("good headers pass", () => {
+  checkReplyHeaders("reply", `reply:${S}:t1:step-0`, good());
+  checkReplyHeaders("delta", `delta:${S}:t1:0:3`, {
+    "x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": 3,
+  });
+});
+
+test("mistyped headers are named", () => {
+  const cases: [Record<string, unknown>, RegExp][] = [
+    [{ "x-aptix-final": "true" }, /x-aptix-final/],
+    [{ "x-aptix-step": "0" }, /x-aptix-step/],
+    [{ "x-aptix-outcome": undefined }, /x-aptix-outcome/],
+    [{ "x-aptix-kind": "delta" }, /differs/],
+    [{ "x-aptix-session-id": "5f0c6f7e-8a1b-4c2d-9e3f-000000000000" }, /another session/],
+  ];
+  for (const [over, re] of cases) {
+    const h: Record<string, unknown> = { ...good(), ...over };
+    for (const k of Object.keys(h)) if (h[k] === undefined) delete h[k];
+    assert.throws(() => checkReplyHeaders("reply", `reply:${S}:t1:step-0`, h), re);
+  }
+  assert.throws(() => checkReplyHeaders("delta", `delta:${S}:t1:0:10`, {
+    "x-aptix-session-id": S, "x-aptix-turn-id": "t1", "x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": "10",
+  }), /x-aptix-seq/);
+});

@@ -1,0 +1,26 @@
+// Schema checks against the repository's schemas/ (examples pass, broken documents fail).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+import { SchemaError, Schemas, findSchemasDir } from "../src";
+
+const dir = findSchemasDir(__dirname);
+const schemas = new Schemas(dir ?? "schemas");
+const examples = path.join(path.dirname(dir ?? "."), "examples");
+
+test("examples match the request schema", () => {
+  for (const name of ["user-turn.json", "tool-continuation.json"]) {
+    schemas.checkRequest(JSON.parse(fs.readFileSync(path.join(examples, name), "utf8")));
+  }
+});
+
+test("an unknown request property is refused", () => {
+  assert.throws(() => schemas.checkRequest({ SessionId: "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f", TurnId: "t", Instruction: "x", Mode: "DDR" }), SchemaError);
+});
+
+test("reply schema", () => {
+  schemas.checkReply({ Successful: false, Result: null, Errors: [{ Code: "turn.conflict", Message: "x" }] });
+  assert.throws(() => schemas.checkReply({ Successful: true, Result: { Kind: "final" } }), SchemaError);
+});
