@@ -154,3 +154,31 @@ async fn a_request_at_the_documented_maximum_flows_through_every_hop_within_16_m
     assert!(h.dead_letters().await.is_empty());
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupt_stored_state_at_persist_is_dead_lettered_now_and_the_turn_fails() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble, StageName::Invoke] {
+        assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
+    }
+    // The session's state becomes unreadable between assembly and persist.
+    sqlx::query("UPDATE sessions SET state = '[\"not a state\"]'::jsonb WHERE id = $1::uuid")
+        .bind(&s)
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+    assert!(drive(&h, StageName::Persist).await);
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1, "dead-lettered at once, not retried: {dead:?}");
+    assert!(dead[0].0["x-aptix-reason"].contains("unusable data"), "{:?}", dead[0].0);
+    // Its failed-turn message is next: the turn ends with a record and a reply.
+    assert!(drive(&h, StageName::Persist).await);
+    assert_eq!(turn_state(&h, &s, "t1").await, "failed");
+    let replies = h.replies(&s, 1, WAIT).await;
+    let reply = &replies.last().expect("a reply").body;
+    assert_eq!(reply["Errors"][0]["Code"], "internal.error", "{reply}");
+    assert!(!reply.to_string().contains("not a state"), "details stay in the logs: {reply}");
+    h.teardown().await;
+}

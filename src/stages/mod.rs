@@ -265,7 +265,14 @@ impl StageHandler {
             }
             Err(StageError::Permanent(reason)) => {
                 warn!(stage = self.stage.as_str(), %session, turn, %reason, "permanent failure, failing the turn");
-                let messages = self.give_up(&d, &reason);
+                let error = ApiError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the {} stage could not use this turn's data; an operator has the details",
+                        self.stage.as_str()
+                    ),
+                );
+                let messages = self.fail_turn(&d, error);
                 Disposition::DeadLetter { reason, messages }
             }
             Err(StageError::Refused(reason)) => Disposition::DeadLetter { reason, messages: vec![] },
@@ -276,10 +283,9 @@ impl StageHandler {
         result.map(|(next, msg)| Disposition::forward(vec![self.deps.to_stage(next, &msg)]))
     }
 
-    /// The turn of a stage message that is given up ends with an error reply: through a failed
-    /// persist job, or nothing if that is what is being given up.
+    /// The turn of a stage message that is given up (retries spent, poison, undeliverable)
+    /// ends with an error reply.
     fn give_up(&self, delivery: &Delivery, reason: &str) -> Vec<OutMessage> {
-        let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
         let code = if reason.starts_with(crate::broker::UNDELIVERABLE) {
             ErrorCode::Undeliverable
         } else if self.stage == StageName::Invoke {
@@ -288,12 +294,20 @@ impl StageHandler {
             ErrorCode::RetriesExhausted
         };
         let error = ApiError::new(code, format!("the {} stage gave up: {reason}", self.stage.as_str()));
+        self.fail_turn(delivery, error)
+    }
+
+    /// The messages that end a stage message's turn with `error`: a failed persist job, or
+    /// nothing if a failed persist job is what cannot be handled.
+    fn fail_turn(&self, delivery: &Delivery, error: ApiError) -> Vec<OutMessage> {
+        let Ok(msg) = serde_json::from_slice::<StageMessage>(&delivery.body) else { return vec![] };
         match msg {
             // A failure that could not even be recorded is an operator's to look at.
             StageMessage::Persist(p)
                 if matches!(p.result, RoundTrip::Failed { .. }) && p.assembled.is_none() =>
             {
-                tracing::error!(session = %p.job.key.session_id, turn = %p.job.key.turn_id, reason, "could not record a failed turn");
+                let (session, turn) = (&p.job.key.session_id, &p.job.key.turn_id);
+                tracing::error!(%session, %turn, error = %error.message, "could not record a failed turn");
                 vec![]
             }
             // Persist must not give up silently: failing again means telling the client.
