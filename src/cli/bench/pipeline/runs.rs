@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -245,19 +245,19 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
             sizes[i + 1] = msg.delivery.data.len();
-            let confirm = env
-                .publisher
-                .channel()
-                .basic_publish(
-                    "".into(),
-                    queue.as_str().into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    &msg.delivery.data,
-                    msg.delivery.properties.clone(),
-                )
-                .await?
-                .await?;
-            anyhow::ensure!(confirm.is_ack(), "calibration: republish to {queue} was not confirmed");
+            let props = &msg.delivery.properties;
+            let id = props.message_id().as_ref().map_or_else(String::new, |m| m.to_string());
+            let mut again =
+                crate::broker::OutMessage::to_queue(queue.clone(), "turn", id, msg.delivery.data.clone());
+            for key in ["x-aptix-session-id", "x-aptix-turn-id", "traceparent"] {
+                if let Some(value) = crate::broker::header_text(props.headers().as_ref(), key) {
+                    again = again.header(key, value);
+                }
+            }
+            env.publisher
+                .publish(&again)
+                .await
+                .with_context(|| format!("calibration: republish to {queue} was not confirmed"))?;
         }
         let reply = tokio::time::timeout(Duration::from_secs(30), rx)
             .await
