@@ -149,6 +149,33 @@ async fn refusals_reach_a_declared_queue_and_a_deleted_queue_sends_them_to_unrou
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replies_to_a_submission_carry_its_message_id_as_correlation_id() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let sid = s.parse().unwrap();
+    h.topology.declare_client_queue(h.publisher.channel(), &sid).await.unwrap();
+    h.sessions.lock().unwrap().insert(sid);
+    let refused = json!({"SessionId": s, "TurnId": "a"}).to_string().into_bytes();
+    h.publisher.publish(&h.topology.request(&s, "client-m1".into(), refused)).await.unwrap();
+    let ch = h.conn.create_channel().await.unwrap();
+    let queue = h.topology.session_queue(&sid);
+    let mut consumer = ch
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let d = tokio::time::timeout(WAIT, consumer.next()).await.unwrap().unwrap().unwrap();
+    d.ack(BasicAckOptions::default()).await.unwrap();
+    assert_eq!(d.properties.correlation_id().as_ref().map(|c| c.as_str()), Some("client-m1"));
+    assert_eq!(header(&d, "x-aptix-outcome"), Some(&AMQPValue::LongString("refused".into())));
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn internal_headers_set_by_a_client_are_dropped_at_ingress() {
     let h = Harness::start(1).await;
     let mut msg = h.topology.request("-", "forged".into(), br#"{"TurnId":"x"}"#.to_vec());

@@ -114,6 +114,10 @@ pub struct OutMessage {
     /// only bound if the client declared it (a refusal, which must leave nothing behind).
     #[serde(default = "yes")]
     pub create_queue: bool,
+    /// For replies that answer one submission: the request's `message_id`, sent as the AMQP
+    /// `correlation_id` property.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
 }
 
 fn yes() -> bool {
@@ -132,6 +136,7 @@ impl OutMessage {
             body,
             session: None,
             create_queue: true,
+            correlation_id: None,
         }
     }
 
@@ -147,12 +152,16 @@ impl OutMessage {
             table.insert(ShortString::from(k.as_str()), v.amqp());
         }
         table.insert("x-aptix-kind".into(), AMQPValue::LongString(self.kind.as_str().into()));
-        BasicProperties::default()
+        let props = BasicProperties::default()
             .with_content_type("application/json".into())
             .with_delivery_mode(2)
             .with_message_id(self.message_id.as_str().into())
             .with_type(self.kind.as_str().into())
-            .with_headers(table)
+            .with_headers(table);
+        match &self.correlation_id {
+            Some(id) => props.with_correlation_id(id.as_str().into()),
+            None => props,
+        }
     }
 }
 

@@ -27,14 +27,16 @@ pub async fn run(deps: &Deps, body: &[u8], message_id: Option<&str>) -> Disposit
     let submission = message_fingerprint(message_id, body);
     let request = match validate_bytes(body, &deps.settings.limits) {
         Ok(r) => r,
-        Err(errors) => return keep_refusals(deps, reject(deps, body, &submission, errors.0)).await,
+        Err(errors) => {
+            return keep_refusals(deps, message_id, reject(deps, body, &submission, errors.0)).await
+        }
     };
     let result = match &request {
         ValidatedRequest::UserTurn(turn) => user_turn(deps, &request, turn, &submission).await,
         ValidatedRequest::ToolContinuation(c) => continuation(deps, &request, c, &submission).await,
     };
     match result {
-        Ok(d) => keep_refusals(deps, d).await,
+        Ok(d) => keep_refusals(deps, message_id, d).await,
         Err(e) if e.is_transient() => Disposition::Retry { reason: e.to_string() },
         Err(e) => {
             let reason = format!("stored data unusable: {e}");
@@ -44,10 +46,17 @@ pub async fn run(deps: &Deps, body: &[u8], message_id: Option<&str>) -> Disposit
     }
 }
 
-/// Stores the refusals a disposition sends (replies not already in the outbox), so the
-/// database holds every reply a client can receive.
-async fn keep_refusals(deps: &Deps, d: Disposition) -> Disposition {
-    let Disposition::Forward { messages, outbox_ids } = d else { return d };
+/// Stores the replies a disposition sends that answer this submission (refusals and stored
+/// replies sent again, not the outbox's), so the database holds every reply a client can
+/// receive, and marks them with the request's `message_id` as their `correlation_id`.
+async fn keep_refusals(deps: &Deps, message_id: Option<&str>, d: Disposition) -> Disposition {
+    let Disposition::Forward { mut messages, outbox_ids } = d else { return d };
+    if !outbox_ids.is_empty() {
+        return Disposition::Forward { messages, outbox_ids };
+    }
+    for m in messages.iter_mut().filter(|m| m.kind == "reply") {
+        m.correlation_id = message_id.map(str::to_owned);
+    }
     for m in messages.iter().filter(|m| m.kind == "reply") {
         let (Some(session), Ok(body)) = (&m.session, serde_json::from_slice::<Value>(&m.body)) else {
             continue;
@@ -62,10 +71,8 @@ async fn keep_refusals(deps: &Deps, d: Disposition) -> Disposition {
             outcome: &outcome,
             body: &body,
         };
-        if outbox_ids.is_empty() {
-            if let Err(e) = deps.store.save_reply(&stored).await {
-                return Disposition::Retry { reason: format!("could not store a refusal: {e}") };
-            }
+        if let Err(e) = deps.store.save_reply(&stored).await {
+            return Disposition::Retry { reason: format!("could not store a refusal: {e}") };
         }
     }
     Disposition::Forward { messages, outbox_ids }

@@ -82,6 +82,7 @@ pub(super) async fn pending_for_turn(
             session: declare.then_some(SessionId::new(session)),
             // Outbox replies belong to admitted turns: their session may get its queue.
             create_queue: true,
+            correlation_id: None,
         });
     }
     Ok(out)
