@@ -339,6 +339,40 @@ async fn request_log_is_bounded_and_controls_work_over_http() {
     sim.shutdown().await;
 }
 
+#[tokio::test]
+async fn the_control_route_refuses_unknown_fields_and_values_with_a_named_400() {
+    let sim = start_sim(None).await;
+    let url = format!("http://{}/_sim/control", sim.addr());
+    let http = reqwest::Client::new();
+    let cases = [
+        (json!({"command":"fail_next","fault":{"kind":"server_error"},"count":1,"times":3}), "unknown field `times`"),
+        (json!({"command":"fail_next","fault":{"kind":"rate_limit","retry_after":5},"count":1}), "unknown field `retry_after`"),
+        (json!({"command":"clear_faults","now":true}), "unknown field `now`"),
+        (json!({"command":"set_latency","latency":{"fixed_ms":5,"jitter":1}}), "unknown field `jitter`"),
+        (json!({"command":"fail_forever"}), "unknown variant `fail_forever`"),
+        (json!({"fault":{"kind":"hang"},"count":1}), "missing field `command`"),
+        (json!({"command":"fail_randomly","fault":{"kind":"hang"},"probability":1.5}), "between 0 and 1"),
+    ];
+    for (body, expected) in cases {
+        let resp = http.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{body}");
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(answer["error"]["code"], "invalid_control_command", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    let resp = http.post(&url).body("not json").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    // Nothing was armed by the refused commands, and they are not counted as API errors.
+    assert_eq!(sim.faults().queued(), 0);
+    assert_eq!(post(&sim.base_url(), &first_turn("x", false)).await.0, 200);
+    assert_eq!(sim.stats().errors, 0);
+    let ok = json!({"command":"fail_next","fault":{"kind":"status","status":503},"count":1});
+    assert_eq!(http.post(&url).json(&ok).send().await.unwrap().status().as_u16(), 204);
+    assert_eq!(post(&sim.base_url(), &first_turn("x", false)).await.0, 503);
+    sim.shutdown().await;
+}
+
 #[test]
 fn the_sim_command_serves_until_stopped() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_aptix"))

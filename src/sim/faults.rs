@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// One injected failure.
+/// One injected failure. Read strictly (unknown kinds and fields are refused), see `control`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", try_from = "super::control::FaultWire")]
 pub enum Fault {
     /// 429 `rate_limit_exceeded`, with `retry-after-ms` and/or `Retry-After` (seconds) headers.
     RateLimit {
@@ -120,6 +120,7 @@ impl FaultPlan {
 
 /// Artificial latency.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Latency {
     /// Added before every answer, milliseconds.
     #[serde(default)]

@@ -8,6 +8,7 @@
 //! does for the DESIGN.md §5 rules; answers deterministically, steered by directives in the
 //! instruction (see the `script` module and the README); and injects latency and faults on demand.
 
+mod control;
 mod directives;
 mod errors;
 mod faults;
@@ -23,10 +24,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use control::Control;
 pub use faults::{Fault, FaultPlan, Latency};
 pub use state::{LoggedRequest, SimStats};
 
@@ -61,51 +62,6 @@ impl Default for SimConfig {
             store_capacity: 50_000,
             delta_chars: 16,
             hang_limit: Duration::from_secs(300),
-        }
-    }
-}
-
-/// A control command, in-process ([`SimHandle::control`]) or as the JSON body of
-/// `POST /_sim/control`, e.g. `{"command":"fail_next","fault":{"kind":"server_error"},"count":2}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "command", rename_all = "snake_case")]
-pub enum Control {
-    /// The next `count` requests get `fault`.
-    FailNext {
-        /// The fault.
-        fault: Fault,
-        /// How many requests.
-        count: usize,
-    },
-    /// Each request gets `fault` with `probability`.
-    FailRandomly {
-        /// The fault.
-        fault: Fault,
-        /// 0-1; 0 disarms it.
-        probability: f64,
-    },
-    /// Disarm all faults.
-    ClearFaults,
-    /// Replace the latency settings.
-    SetLatency {
-        /// The new latency.
-        latency: Latency,
-    },
-    /// Forget every stored response (chains break with `previous_response_not_found`).
-    ForgetStoredResponses,
-    /// Empty the request log.
-    ClearRequestLog,
-}
-
-impl Control {
-    fn apply(self, st: &SimState) {
-        match self {
-            Control::FailNext { fault, count } => st.faults.fail_next(fault, count),
-            Control::FailRandomly { fault, probability } => st.faults.fail_randomly(fault, probability),
-            Control::ClearFaults => st.faults.clear(),
-            Control::SetLatency { latency } => st.latency.set(latency),
-            Control::ForgetStoredResponses => st.forget_all(),
-            Control::ClearRequestLog => st.clear_log(),
         }
     }
 }

@@ -230,9 +230,16 @@ async fn retrieve(State(st): State<Shared>, headers: HeaderMap, Path(id): Path<S
     }
 }
 
-async fn control(State(st): State<Shared>, Json(command): Json<Control>) -> StatusCode {
-    command.apply(&st);
-    StatusCode::NO_CONTENT
+/// 204 once applied; 400 with the API's error shape, naming the problem, for a body that is
+/// not a valid command (not counted in the stats, which count `/v1/responses` answers).
+async fn control(State(st): State<Shared>, raw: Bytes) -> Response {
+    match Control::from_json(&raw) {
+        Ok(command) => {
+            command.apply(&st);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(message) => ApiFailure::invalid(message, None, Some("invalid_control_command")).into_response(),
+    }
 }
 
 async fn requests(State(st): State<Shared>) -> Json<Vec<Value>> {
