@@ -345,8 +345,14 @@ async fn the_control_route_refuses_unknown_fields_and_values_with_a_named_400() 
     let url = format!("http://{}/_sim/control", sim.addr());
     let http = reqwest::Client::new();
     let cases = [
-        (json!({"command":"fail_next","fault":{"kind":"server_error"},"count":1,"times":3}), "unknown field `times`"),
-        (json!({"command":"fail_next","fault":{"kind":"rate_limit","retry_after":5},"count":1}), "unknown field `retry_after`"),
+        (
+            json!({"command":"fail_next","fault":{"kind":"server_error"},"count":1,"times":3}),
+            "unknown field `times`",
+        ),
+        (
+            json!({"command":"fail_next","fault":{"kind":"rate_limit","retry_after":5},"count":1}),
+            "unknown field `retry_after`",
+        ),
         (json!({"command":"clear_faults","now":true}), "unknown field `now`"),
         (json!({"command":"set_latency","latency":{"fixed_ms":5,"jitter":1}}), "unknown field `jitter`"),
         (json!({"command":"fail_forever"}), "unknown variant `fail_forever`"),

@@ -46,10 +46,11 @@ pub enum Command {
     },
     /// Print the effective configuration (secrets redacted) after validating it.
     Config,
-    /// Print a JSON Schema: `request` or `response`.
+    /// Print a JSON Schema: `request` (AgentExecuteRequest), `response` (the InvokeResult of a
+    /// reply) or `delta` (the body of a stream delta).
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["request", "response"])]
+        #[arg(value_parser = ["request", "response", "delta"])]
         which: String,
     },
     /// Run the OpenAI Responses API simulator (tests, benchmarks, offline demo) until Ctrl-C.
@@ -153,11 +154,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", toml::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Schema { which } => {
-            let index = usize::from(which == "response");
-            print!("{}", crate::schema::render(&crate::schema::all()[index].schema));
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Schema { which } => match crate::schema::named(&which) {
+            Some(file) => {
+                print!("{}", crate::schema::render(&file.schema));
+                Ok(ExitCode::SUCCESS)
+            }
+            None => anyhow::bail!("no schema named `{which}`"),
+        },
     }
 }
 

@@ -1,6 +1,7 @@
 //! The public contracts: the AGN-034 request (wire and validated forms), the AGN-033 response
 //! inside `InvokeResult<T>`, and the stable error codes. JSON spelling follows DESIGN.md §2-3.
 
+pub mod delta;
 pub mod error;
 pub mod ids;
 pub mod request;
@@ -8,6 +9,7 @@ pub mod response;
 pub mod validated;
 mod wire;
 
+pub use delta::ReplyDelta;
 pub use error::{ApiError, ErrorCode};
 pub use ids::{ContextId, RelativePath, SessionId, TurnId};
 pub use request::AgentExecuteRequest;

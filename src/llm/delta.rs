@@ -2,6 +2,7 @@
 //! relay partial output to the client out-of-band (AGN-033 §1.3 keeps progress streams out of
 //! the response contract).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -17,16 +18,17 @@ pub struct StreamDelta {
     pub event: DeltaEvent,
 }
 
-/// The kinds of delta.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "Type", rename_all = "PascalCase", rename_all_fields = "PascalCase")]
+/// The kinds of delta, told apart by `Type`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "Type", rename_all = "PascalCase", rename_all_fields = "PascalCase", deny_unknown_fields)]
 pub enum DeltaEvent {
-    /// The provider accepted the request and named the response.
+    /// The provider accepted the request and named the response (first delta of a step).
     Started {
         /// The provider's response id.
         response_id: String,
     },
-    /// More answer text.
+    /// More answer text; a step's `OutputText` deltas of one `OutputIndex`, in `Seq` order, add
+    /// up to the text of that output item.
     OutputText {
         /// The output item it belongs to.
         output_index: u64,
@@ -42,7 +44,8 @@ pub enum DeltaEvent {
         /// The tool name.
         name: String,
     },
-    /// More of a function call's arguments (JSON text, not yet complete).
+    /// More of a function call's arguments (JSON text, complete only once every piece of the
+    /// call arrived; the reply's `ToolCalls[].ArgumentsJson` is the whole).
     ToolArguments {
         /// The call id.
         call_id: String,

@@ -164,9 +164,7 @@ mod tests {
     fn every_command_and_fault_reads_back_what_it_writes() {
         let mut commands = vec![
             Control::ClearFaults,
-            Control::SetLatency {
-                latency: Latency { fixed_ms: 5, jitter_ms: 1, per_event_ms: 2 },
-            },
+            Control::SetLatency { latency: Latency { fixed_ms: 5, jitter_ms: 1, per_event_ms: 2 } },
             Control::ForgetStoredResponses,
             Control::ClearRequestLog,
         ];
@@ -184,13 +182,19 @@ mod tests {
     fn unknown_fields_and_bad_values_are_named() {
         let cases = [
             (r#"{"command":"clear_faults","all":true}"#, "unknown field `all`"),
-            (r#"{"command":"fail_next","fault":{"kind":"hang","for_ms":5},"count":1}"#, "unknown field `for_ms`"),
+            (
+                r#"{"command":"fail_next","fault":{"kind":"hang","for_ms":5},"count":1}"#,
+                "unknown field `for_ms`",
+            ),
             (r#"{"command":"fail_next","fault":{"kind":"server_error"},"cuont":1}"#, "unknown field `cuont`"),
             (r#"{"command":"set_latency","latency":{"fixed":5}}"#, "unknown field `fixed`"),
             (r#"{"command":"fail_nxt"}"#, "unknown variant `fail_nxt`"),
             (r#"{"command":"fail_next","fault":{"kind":"server_error"}}"#, "missing field `count`"),
             (r#"{"command":"fail_randomly","fault":{"kind":"hang"},"probability":2}"#, "between 0 and 1"),
-            (r#"{"command":"fail_next","fault":{"kind":"status","status":42},"count":1}"#, "between 100 and 599"),
+            (
+                r#"{"command":"fail_next","fault":{"kind":"status","status":42},"count":1}"#,
+                "between 100 and 599",
+            ),
         ];
         for (body, expected) in cases {
             match Control::from_json(body.as_bytes()) {
