@@ -20,7 +20,11 @@ def test_unknown_request_property_is_refused(schemas):
 
 
 def test_reply_schema(schemas):
+    # Replies always carry Warnings (empty on a failure); the schema requires it.
     schemas.check_reply({"Successful": False, "Result": None,
-                         "Errors": [{"Code": "turn.conflict", "Message": "x"}]})
+                         "Errors": [{"Code": "turn.conflict", "Message": "x"}], "Warnings": []})
+    with pytest.raises(SchemaError):
+        schemas.check_reply({"Successful": False, "Result": None,
+                             "Errors": [{"Code": "turn.conflict", "Message": "x"}]})
     with pytest.raises(SchemaError):
         schemas.check_reply({"Successful": True, "Result": {"Kind": "final"}})

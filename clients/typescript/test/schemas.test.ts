@@ -21,6 +21,11 @@ test("an unknown request property is refused", () => {
 });
 
 test("reply schema", () => {
-  schemas.checkReply({ Successful: false, Result: null, Errors: [{ Code: "turn.conflict", Message: "x" }] });
+  // Replies always carry Warnings (empty on a failure); the schema requires it.
+  schemas.checkReply({ Successful: false, Result: null, Errors: [{ Code: "turn.conflict", Message: "x" }], Warnings: [] });
+  assert.throws(
+    () => schemas.checkReply({ Successful: false, Result: null, Errors: [{ Code: "turn.conflict", Message: "x" }] }),
+    SchemaError,
+  );
   assert.throws(() => schemas.checkReply({ Successful: true, Result: { Kind: "final" } }), SchemaError);
 });
