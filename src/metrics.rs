@@ -22,13 +22,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
+
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::Settings;
+use crate::config::{ModelPrice, Settings};
 use crate::contracts::Usage;
-use crate::store::Store;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageLabel {
@@ -56,20 +55,6 @@ struct CostLabel {
 struct TokenLabel {
     model: String,
     kind: String,
-}
-
-/// A model's price, for the cost estimate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelPrice {
-    /// Model id as sent in `model`.
-    pub model: String,
-    /// USD per million uncached input tokens.
-    pub input_usd_per_mtok: f64,
-    /// USD per million cached input tokens.
-    pub cached_input_usd_per_mtok: f64,
-    /// USD per million output tokens (reasoning included).
-    pub output_usd_per_mtok: f64,
 }
 
 /// The `model` label of a call whose model is not configured.
@@ -225,14 +210,20 @@ impl Drop for InFlight {
     }
 }
 
+/// A dependency `/readyz` checks (the database), without metrics knowing what it is.
+pub trait Ready: Send + Sync {
+    /// Whether it answers now.
+    fn ready(&self) -> futures_util::future::BoxFuture<'_, bool>;
+}
+
 #[derive(Clone)]
 struct HealthState {
-    store: Option<Store>,
+    database: Option<Arc<dyn Ready>>,
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listen` until `shutdown`. A port already in
 /// use is logged and skipped: metrics must never stop a worker.
-pub async fn serve(listen: String, store: Option<Store>, shutdown: CancellationToken) {
+pub async fn serve(listen: String, database: Option<Arc<dyn Ready>>, shutdown: CancellationToken) {
     let addr: SocketAddr = match listen.parse() {
         Ok(a) => a,
         Err(e) => return warn!(%listen, error = %e, "metrics address is invalid; not serving metrics"),
@@ -246,15 +237,15 @@ pub async fn serve(listen: String, store: Option<Store>, shutdown: CancellationT
         .route("/metrics", get(|| async { metrics().encode() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .with_state(Arc::new(HealthState { store }));
+        .with_state(Arc::new(HealthState { database }));
     let _ =
         axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
 }
 
 async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
     let broker = metrics().broker_connections.load(Ordering::Relaxed) > 0;
-    let database = match &state.store {
-        Some(store) => store.ping().await,
+    let database = match &state.database {
+        Some(db) => db.ready().await,
         None => true,
     };
     let status = if broker && database { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

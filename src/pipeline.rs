@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::{run_stage, Handler, LazyPublisher, OutMessage, RuntimeSettings, StageName, Topology};
+use crate::broker::{run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology};
 use crate::config::Settings;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
-use crate::stages::{DeltaPublisher, Deps, StageHandler};
+use crate::stage::{BrokerDeltas, Chain, DeltaSink};
+use crate::stages::Deps;
 use crate::store::Store;
 
 /// Why the pipeline could not start.
@@ -30,9 +30,9 @@ pub enum StartError {
     Retrieve(#[from] crate::retrieve::RetrieveError),
 }
 
-/// The queue names configured in `settings`.
+/// The queue names configured in `settings`, with the pipeline's stages.
 pub fn topology(settings: &Settings) -> Topology {
-    Topology::new(&settings.amqp.prefix)
+    Topology::new(&settings.amqp.prefix).with_stages(&crate::stages::names())
 }
 
 /// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
@@ -51,9 +51,8 @@ pub async fn build_deps(
     };
     crate::metrics::metrics().allow_configured_models(&settings);
     let topology = topology(&settings);
-    let deltas: Arc<dyn DeltaPublisher> = Arc::new(BrokerDeltas {
-        publisher: LazyPublisher::new(runtime_settings(&settings, StageName::Invoke)),
-    });
+    let publisher = LazyPublisher::new(runtime_settings(&settings, StageName::new("deltas")));
+    let deltas: Arc<dyn DeltaSink> = Arc::new(BrokerDeltas::new(publisher, topology.clone()));
     Ok(Deps {
         retrieval: Retrieval::from_settings(&settings)?,
         store,
@@ -92,23 +91,43 @@ pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSetting
     RuntimeSettings {
         amqp_url: settings.amqp.url.expose().to_owned(),
         topology: topology(settings),
-        prefetch: settings.pipeline.prefetch.get(stage).max(1),
-        max_attempts: settings.pipeline.max_attempts.get(stage).max(1),
+        prefetch: settings.pipeline.prefetch.get(stage.as_str()).max(1),
+        max_attempts: settings.pipeline.max_attempts.get(stage.as_str()).max(1),
         max_redeliveries: settings.pipeline.max_redeliveries,
         confirm_timeout: Duration::from_millis(settings.pipeline.confirm_timeout_ms),
         max_message_bytes: settings.amqp.max_message_bytes,
     }
 }
 
-/// Runs `copies` consumers of each of `stages` until `shutdown` fires, then waits for them to
-/// finish their in-flight messages.
+/// The runtime handler of stage `name` of the pipeline ([`crate::stages::chain`]).
+pub fn handler(deps: &Deps, name: StageName) -> Option<Arc<dyn Handler>> {
+    crate::stages::chain().handler(name, deps)
+}
+
+/// Runs `copies` consumers of each of `stages` of the pipeline until `shutdown` fires, then
+/// waits for them to finish their in-flight messages.
 pub async fn run(deps: Arc<Deps>, stages: &[StageName], copies: usize, shutdown: CancellationToken) {
+    run_chain(&crate::stages::chain(), deps, stages, copies, shutdown).await
+}
+
+/// Like [`run`], for any chain of stages (a pipeline with a stage of its own, in tests).
+pub async fn run_chain(
+    chain: &Chain<Deps>,
+    deps: Arc<Deps>,
+    stages: &[StageName],
+    copies: usize,
+    shutdown: CancellationToken,
+) {
     let mut tasks = Vec::new();
     for &stage in stages {
+        let Some(handler) = chain.handler(stage, &deps) else {
+            warn!(stage = stage.as_str(), "no such stage in the pipeline");
+            continue;
+        };
+        let mut settings = runtime_settings(&deps.settings, stage);
+        settings.topology = chain.topology(&deps);
         for _ in 0..copies.max(1) {
-            let handler: Arc<dyn Handler> = Arc::new(StageHandler::new(stage, deps.clone()));
-            let settings = runtime_settings(&deps.settings, stage);
-            tasks.push(tokio::spawn(run_stage(stage, handler, settings, shutdown.clone())));
+            tasks.push(tokio::spawn(run_stage(stage, handler.clone(), settings.clone(), shutdown.clone())));
         }
     }
     info!(stages = ?stages.iter().map(|s| s.as_str()).collect::<Vec<_>>(), copies, "pipeline running");
@@ -144,21 +163,4 @@ pub fn shutdown_on_signals() -> CancellationToken {
         t.cancel();
     });
     token
-}
-
-/// Publishes stream deltas on a connection of its own, reconnecting after failures.
-#[derive(Debug)]
-struct BrokerDeltas {
-    publisher: LazyPublisher,
-}
-
-impl DeltaPublisher for BrokerDeltas {
-    fn publish(&self, message: OutMessage) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if let Err(error) = self.publisher.publish(message).await {
-                // A lost delta is not fatal: the final reply carries the whole answer.
-                warn!(%error, "stream delta not published");
-            }
-        })
-    }
 }

@@ -15,7 +15,7 @@ use aptix::assemble::{
 use aptix::chunk::Chunk;
 use aptix::config::{ConversationContext, FunctionTool};
 use aptix::contracts::{ErrorCode, ToolCall, ToolContinuation, UserTurn, ValidatedRequest};
-use aptix::validate::{validate_bytes, Limits};
+use aptix::rules::{validate_bytes, Limits};
 use assemble_support::{assert_golden, pretty, write_request_body};
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use serde_json::{json, Value};

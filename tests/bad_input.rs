@@ -308,7 +308,7 @@ fn generated() -> Vec<Case> {
 }
 
 fn session_of(body: &[u8]) -> Option<SessionId> {
-    aptix::validate::session_hint(body)
+    aptix::rules::session_hint(body)
 }
 
 fn codes(reply: &Value) -> Vec<String> {

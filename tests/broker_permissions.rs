@@ -78,7 +78,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     ensure_users();
-    let topology = Topology::new(&format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let topology = Topology::new(&format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+        .with_stages(&aptix::stages::names());
     let session = SessionId::new(uuid::Uuid::new_v4());
     let outcome = tokio::spawn(body(topology.clone(), session)).await;
     cleanup(&topology, &session).await;
@@ -89,7 +90,7 @@ where
 
 async fn cleanup(topology: &Topology, session: &SessionId) {
     let admin = connect(ADMIN).await.unwrap();
-    let mut queues: Vec<String> = StageName::ALL.iter().map(|&s| topology.stage_queue(s)).collect();
+    let mut queues: Vec<String> = aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
     queues.extend([topology.dead(), topology.unrouted(), topology.session_queue(session)]);
     let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
     for tier in RETRY_TIERS_MS {
@@ -193,7 +194,7 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
         let client = connect(&url(CLIENT)).await.unwrap();
         let entry = topology.requests_exchange();
         let requests = topology.requests();
-        let persist = topology.stage_queue(StageName::Persist);
+        let persist = topology.stage_queue(StageName::new("persist"));
         let reply_queue = topology.session_queue(&session);
 
         // What protocol v2 lets a client do.
@@ -206,7 +207,8 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
         assert_refused("client publishes into persist", publish(&client, "", &persist, &forged).await);
         assert_eq!(depth(&worker, &persist).await, 0, "the forged message never arrived");
         // Nor into any other internal queue, nor the ingress queue behind the exchange's back.
-        let mut internal: Vec<String> = StageName::ALL.iter().map(|&s| topology.stage_queue(s)).collect();
+        let mut internal: Vec<String> =
+            aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
         internal.extend([topology.dead(), topology.unrouted()]);
         for queue in &internal {
             let what = format!("client publishes to {queue} through the default exchange");
@@ -239,7 +241,7 @@ async fn the_worker_user_may_do_all_of_it() {
         // The whole topology, delay queues dead-lettering into the default exchange included.
         let worker = connect(&url(WORKER)).await.unwrap();
         topology.declare(&worker.create_channel().await.unwrap()).await.unwrap();
-        let persist = topology.stage_queue(StageName::Persist);
+        let persist = topology.stage_queue(StageName::new("persist"));
 
         publish(&worker, &topology.requests_exchange(), &session.to_string(), b"{}").await.unwrap();
         assert_eq!(depth(&worker, &topology.requests()).await, 1);

@@ -427,8 +427,8 @@ impl Fleet {
             .unwrap_or_else(|_| h.dir.join("worker-logs"));
         std::fs::create_dir_all(&logs).unwrap();
         let mut fleet = Fleet { procs: Vec::new(), env, logs, report: FleetReport::default() };
-        for stage in StageName::ALL {
-            let n = if stage == StageName::Retrieve { 1 } else { copies.max(1) };
+        for stage in aptix::stages::names() {
+            let n = if stage == StageName::new("retrieve") { 1 } else { copies.max(1) };
             for slot in 0..n {
                 let child = fleet.spawn(stage, slot);
                 fleet.procs.push(Proc { stage, slot, child, spawned: Instant::now() });
@@ -699,7 +699,7 @@ async fn queue_depth(conn: &lapin::Connection, names: &[String]) -> Option<u32> 
 }
 
 fn work_queues(topology: &Topology) -> Vec<String> {
-    let mut names: Vec<String> = StageName::ALL.iter().map(|s| topology.stage_queue(*s)).collect();
+    let mut names: Vec<String> = aptix::stages::names().iter().map(|s| topology.stage_queue(*s)).collect();
     names.extend(RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     names
 }
@@ -1298,7 +1298,7 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
         ],
     );
     let mut fleet = Fleet::start(&h, 1, env);
-    let max_attempts = h.settings.pipeline.max_attempts.get(StageName::Invoke);
+    let max_attempts = h.settings.pipeline.max_attempts.get("invoke");
     h.sim.set_latency(Latency { fixed_ms: 20, jitter_ms: 30, per_event_ms: 0 });
 
     let poison = SessionId::random();

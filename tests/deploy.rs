@@ -314,7 +314,7 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
     assert_eq!(scalar(&migrate["restart"]), "no", "migrate runs once");
 
     let request_timeout = request_timeout_secs();
-    for stage in StageName::ALL {
+    for stage in aptix::stages::names() {
         let name = stage.as_str();
         let svc = services.get(name).unwrap_or_else(|| panic!("no compose service for the {name} stage"));
         assert_eq!(string_list(&svc["command"], "command"), [worker_bin(stage)], "{name}");
@@ -338,7 +338,7 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
             "{name}'s health check must ask /readyz on the metrics port {listen}: {check}"
         );
         let grace = svc.get("stop_grace_period").map_or(10, |g| duration_secs(&scalar(g)));
-        if stage == StageName::Invoke {
+        if stage == StageName::new("invoke") {
             assert!(
                 grace >= request_timeout,
                 "invoke's stop_grace_period {grace}s < an LLM call ({request_timeout}s)"
@@ -544,7 +544,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
     let k8s = K8s::load();
     let bins = bins();
     let env = k8s.env();
-    let topology = Topology::new(&env["APTIX__AMQP__PREFIX"]);
+    let topology = Topology::new(&env["APTIX__AMQP__PREFIX"]).with_stages(&aptix::stages::names());
     let metrics_port = port_of(&env["APTIX__TELEMETRY__METRICS_LISTEN"]);
     let request_timeout = request_timeout_secs();
 
@@ -565,7 +565,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
     let job_container = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(string_list(&job_container["command"], "command"), ["aptix", "migrate"]);
 
-    for stage in StageName::ALL {
+    for stage in aptix::stages::names() {
         let name = format!("aptix-{}", stage.as_str());
         let deployment = k8s.named("Deployment", &name);
         let pod = &deployment["spec"]["template"]["spec"];
@@ -595,7 +595,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
 
         let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
         assert!(grace >= 30, "{name}: terminationGracePeriodSeconds {grace}");
-        if stage == StageName::Invoke {
+        if stage == StageName::new("invoke") {
             assert!(
                 grace >= request_timeout,
                 "invoke's grace period {grace}s < an LLM call ({request_timeout}s)"
@@ -635,7 +635,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
         let min = spec["minReplicaCount"].as_u64().unwrap_or(0);
         let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
         assert!(min >= 1 && min <= max, "{name}: replicas {min}..={max}");
-        if stage == StageName::Validate {
+        if stage == StageName::new("validate") {
             // x-single-active-consumer: more replicas are only standbys.
             assert!(max <= 2, "validate consumes a single-active-consumer queue: cap it at 2, not {max}");
         }

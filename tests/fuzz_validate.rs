@@ -3,7 +3,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-use aptix::validate::{validate_bytes, Limits};
+use aptix::rules::{validate_bytes, Limits};
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 

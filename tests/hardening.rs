@@ -7,8 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use aptix::broker::{process_one, Delivery, Handler as _, OutMessage, StageName};
-use aptix::stages::StageHandler;
+use aptix::broker::{process_one, Delivery, OutMessage, StageName};
 use common::{new_session, user_turn, Harness};
 use lapin::options::BasicGetOptions;
 use serde_json::Value;
@@ -16,9 +15,9 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn drive(h: &Harness, stage: StageName) -> bool {
-    let handler = StageHandler::new(stage, h.deps.clone());
+    let handler = aptix::pipeline::handler(&h.deps, stage).unwrap();
     let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
-    process_one(stage, &handler, &h.conn, &h.publisher, &settings).await.unwrap()
+    process_one(stage, &*handler, &h.conn, &h.publisher, &settings).await.unwrap()
 }
 
 async fn turn_state(h: &Harness, session: &str, turn: &str) -> String {
@@ -67,17 +66,18 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
         .nack(lapin::options::BasicNackOptions { requeue: true, ..Default::default() })
         .await
         .unwrap();
-    assert!(drive(&h, StageName::Validate).await && drive(&h, StageName::Validate).await);
+    assert!(drive(&h, StageName::new("validate")).await && drive(&h, StageName::new("validate")).await);
     assert_eq!(turn_state(&h, &s, "t1").await, "running");
     assert_eq!(turn_state(&h, &s, "t2").await, "queued");
     // The runtime gives the message up (it killed its consumers too often).
-    let handler = StageHandler::new(StageName::Validate, h.deps.clone());
+    let handler = aptix::pipeline::handler(&h.deps, StageName::new("validate")).unwrap();
     let delivery = Delivery {
         body: body.into(),
         headers: Default::default(),
         message_id,
         redelivered: true,
         attempt: 0,
+        hint: Default::default(),
     };
     let messages = handler.exhausted(delivery, "poison: test".into()).await;
     assert_eq!(turn_state(&h, &s, "t1").await, "failed");
@@ -89,7 +89,7 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
     let body: Value = serde_json::from_slice(&reply.body).unwrap();
     assert_eq!(body["Errors"][0]["Code"], "internal.retries_exhausted");
     assert!(!body.to_string().contains("poison"), "the reason stays in the logs: {body}");
-    assert!(messages.iter().any(|m| m.routing_key == h.topology.stage_queue(StageName::Retrieve)));
+    assert!(messages.iter().any(|m| m.routing_key == h.topology.stage_queue(StageName::new("retrieve"))));
     // The embedded vector store flushes when its last user lets go: before its directory goes.
     drop(handler);
     h.teardown().await;
@@ -100,11 +100,16 @@ async fn a_persist_step_for_a_turn_that_is_not_running_is_dead_lettered_and_writ
     let h = Harness::start(0).await;
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "hello")).await;
-    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble, StageName::Invoke] {
+    for stage in [
+        StageName::new("validate"),
+        StageName::new("retrieve"),
+        StageName::new("assemble"),
+        StageName::new("invoke"),
+    ] {
         assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
     }
     let ch = h.conn.create_channel().await.unwrap();
-    let persist = h.topology.stage_queue(StageName::Persist);
+    let persist = h.topology.stage_queue(StageName::new("persist"));
     let got = ch.basic_get(persist.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
     let mut forged: Value = serde_json::from_slice(&got.delivery.data).unwrap();
     // The genuine step, then the same message for a turn that never ran.
@@ -112,11 +117,11 @@ async fn a_persist_step_for_a_turn_that_is_not_running_is_dead_lettered_and_writ
         .publish(&OutMessage::to_queue(persist.clone(), "turn", "real".into(), got.delivery.data.clone()))
         .await
         .unwrap();
-    assert!(drive(&h, StageName::Persist).await);
+    assert!(drive(&h, StageName::new("persist")).await);
     forged["job"]["key"]["turn_id"] = "never-admitted".into();
     let body = serde_json::to_vec(&forged).unwrap();
     h.publisher.publish(&OutMessage::to_queue(persist, "turn", "forged".into(), body)).await.unwrap();
-    assert!(drive(&h, StageName::Persist).await);
+    assert!(drive(&h, StageName::new("persist")).await);
     let records = h.records(&s).await;
     assert_eq!(records.len(), 1, "only the genuine step was recorded");
     let dead = h.dead_letters().await;
@@ -160,7 +165,12 @@ async fn corrupt_stored_state_at_persist_is_dead_lettered_now_and_the_turn_fails
     let h = Harness::start(0).await;
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "hello")).await;
-    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble, StageName::Invoke] {
+    for stage in [
+        StageName::new("validate"),
+        StageName::new("retrieve"),
+        StageName::new("assemble"),
+        StageName::new("invoke"),
+    ] {
         assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
     }
     // The session's state becomes unreadable between assembly and persist.
@@ -169,12 +179,12 @@ async fn corrupt_stored_state_at_persist_is_dead_lettered_now_and_the_turn_fails
         .execute(h.deps.store.pool())
         .await
         .unwrap();
-    assert!(drive(&h, StageName::Persist).await);
+    assert!(drive(&h, StageName::new("persist")).await);
     let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "dead-lettered at once, not retried: {dead:?}");
     assert!(dead[0].0["x-aptix-reason"].contains("unusable data"), "{:?}", dead[0].0);
     // Its failed-turn message is next: the turn ends with a record and a reply.
-    assert!(drive(&h, StageName::Persist).await);
+    assert!(drive(&h, StageName::new("persist")).await);
     assert_eq!(turn_state(&h, &s, "t1").await, "failed");
     let replies = h.replies(&s, 1, WAIT).await;
     let reply = &replies.last().expect("a reply").body;

@@ -15,7 +15,11 @@ async fn metrics_and_health_follow_the_pipeline() {
     let mut h = Harness::start(1).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
-    tokio::spawn(aptix::metrics::serve(listen.clone(), Some(h.deps.store.clone()), h.shutdown.clone()));
+    tokio::spawn(aptix::metrics::serve(
+        listen.clone(),
+        Some(std::sync::Arc::new(h.deps.store.clone())),
+        h.shutdown.clone(),
+    ));
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "count me")).await;
     assert_eq!(h.replies(&s, 1, Duration::from_secs(60)).await.len(), 1);
@@ -60,7 +64,7 @@ async fn metrics_and_health_follow_the_pipeline() {
     let port2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     tokio::spawn(aptix::metrics::serve(
         format!("127.0.0.1:{port2}"),
-        Some(h.deps.store.clone()),
+        Some(std::sync::Arc::new(h.deps.store.clone())),
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -10,7 +10,6 @@ mod common;
 use std::time::Duration;
 
 use aptix::broker::{process_one, OutMessage, StageName};
-use aptix::stages::StageHandler;
 use common::{new_session, user_turn, Harness};
 use lapin::options::BasicGetOptions;
 use serde_json::{json, Value};
@@ -120,9 +119,9 @@ async fn duplicates_get_the_stored_reply_and_conflicts_are_refused() {
 }
 
 async fn drive(h: &Harness, stage: StageName) -> bool {
-    let handler = StageHandler::new(stage, h.deps.clone());
+    let handler = aptix::pipeline::handler(&h.deps, stage).unwrap();
     let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
-    process_one(stage, &handler, &h.conn, &h.publisher, &settings).await.unwrap()
+    process_one(stage, &*handler, &h.conn, &h.publisher, &settings).await.unwrap()
 }
 
 /// Duplicates the next message of a stage queue, as a redelivery after a crash would.
@@ -141,14 +140,14 @@ async fn redelivered_stage_messages_cause_one_call_one_record_one_reply() {
     let h = Harness::start(0).await;
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "hello")).await;
-    for stage in [StageName::Validate, StageName::Retrieve, StageName::Assemble] {
+    for stage in [StageName::new("validate"), StageName::new("retrieve"), StageName::new("assemble")] {
         assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
     }
-    duplicate_head(&h, StageName::Invoke).await;
-    assert!(drive(&h, StageName::Invoke).await && drive(&h, StageName::Invoke).await);
+    duplicate_head(&h, StageName::new("invoke")).await;
+    assert!(drive(&h, StageName::new("invoke")).await && drive(&h, StageName::new("invoke")).await);
     assert_eq!(h.sim.requests().len(), 1, "the saved answer must be reused");
-    duplicate_head(&h, StageName::Persist).await;
-    while drive(&h, StageName::Persist).await {}
+    duplicate_head(&h, StageName::new("persist")).await;
+    while drive(&h, StageName::new("persist")).await {}
     assert_eq!(h.records(&s).await.len(), 1);
     let replies = h.replies(&s, 2, Duration::from_secs(3)).await;
     assert_eq!(replies.iter().filter(|r| r.is_final).count(), 1, "{replies:?}");
@@ -242,7 +241,7 @@ async fn a_turn_is_one_trace_across_stages() {
 async fn an_llm_that_stays_down_fails_the_turn_after_the_retries_and_dead_letters_it() {
     let h = Harness::start_with(1, |s| {
         s.llm.max_retries = 0;
-        s.pipeline.max_attempts.invoke = 2;
+        s.pipeline.max_attempts.set("invoke", 2);
     })
     .await;
     h.sim.faults().fail_randomly(aptix::sim::Fault::ServerError, 1.0);

@@ -90,10 +90,10 @@ fn the_examples_are_what_the_request_schema_says() {
 
 #[test]
 fn requests_the_schema_accepts_the_server_accepts() {
-    let limits = aptix::validate::Limits::default();
+    let limits = aptix::rules::Limits::default();
     for (file, body) in corpus("request", "valid") {
         let bytes = serde_json::to_vec(&body).unwrap();
-        if let Err(e) = aptix::validate::validate_bytes(&bytes, &limits) {
+        if let Err(e) = aptix::rules::validate_bytes(&bytes, &limits) {
             panic!("request/valid/{file} is refused by the server: {e}");
         }
     }
@@ -159,7 +159,7 @@ fn deltas_published_by_the_invoke_stage_pass_the_delta_schema() {
     ];
     for (seq, event) in events.into_iter().enumerate() {
         let delta = StreamDelta { seq: seq as u64, event };
-        let msg = aptix::stages::invoke::delta_message(&topology, &key, 2, &delta);
+        let msg = aptix::stage::delta_message(&topology, &key, 2, &delta);
         let body: Value = serde_json::from_slice(&msg.body).unwrap();
         assert!(v.is_valid(&body), "{body}: {:?}", errors_of(&v, &body));
         let typed = ReplyDelta::new(key.session_id, key.turn_id.clone(), 2, &delta);

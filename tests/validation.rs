@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use aptix::contracts::{ArtifactContents, ErrorCode, Origin, ScopeOperator, ToolOutcome, ValidatedRequest};
-use aptix::validate::{session_hint, validate_bytes, Limits};
+use aptix::rules::{session_hint, validate_bytes, Limits};
 use serde_json::{json, Value};
 
 // Issue 13's rules (bounded work, NUL, clipping, capped errors, names and paths) live in their own
@@ -675,10 +675,23 @@ fn valid_continuation_is_typed_and_round_trips() {
 }
 
 #[test]
-fn deserializing_a_validated_request_revalidates() {
+fn inner_messages_are_trusted_and_stored_requests_are_checked_again() {
+    // Inner queue messages are written only by Aptix: decoding one runs no rule.
     let bad = json!({"SessionId": SID, "TurnId": "t", "InputArtifacts": [artifact(json!({"RelativePath": "../x"}))]});
-    let err = serde_json::from_value::<ValidatedRequest>(bad).unwrap_err().to_string();
+    assert!(serde_json::from_value::<ValidatedRequest>(bad.clone()).is_ok());
+    // A shape no validated request has is still refused.
+    let shapeless = json!({"SessionId": SID, "TurnId": "t", "RagScope": [{"Key": "k", "Operator": "~", "Values": ["v"]}]});
+    assert!(serde_json::from_value::<ValidatedRequest>(shapeless).is_err());
+    // Requests read back from PostgreSQL go through the rules again.
+    let err = aptix::rules::from_stored(&bad).unwrap_err();
     assert!(err.contains("validation.path_traversal"), "{err}");
+    // What the pipeline writes reads back unchanged, images included.
+    let good = user(
+        json!({"ClipboardImages": [{"Id": "i1", "MimeType": "image/png", "DataBase64": "iVBORw0KGgo="}]}),
+    );
+    let v = validate_bytes(&serde_json::to_vec(&good).unwrap(), &Limits::default()).unwrap();
+    let back: ValidatedRequest = serde_json::from_value(serde_json::to_value(&v).unwrap()).unwrap();
+    assert_eq!(back, v, "trusted decoding gives the validated value");
 }
 
 #[test]

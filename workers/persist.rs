@@ -2,5 +2,5 @@
 //! telemetry, build, run until SIGTERM. Start more copies to scale the stage.
 
 fn main() -> std::process::ExitCode {
-    aptix::cli::worker_main(aptix::broker::StageName::Persist)
+    aptix::worker::main("persist")
 }

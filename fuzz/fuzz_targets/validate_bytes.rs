@@ -4,7 +4,7 @@
 #![no_main]
 
 use aptix::contracts::ValidatedRequest;
-use aptix::validate::{turn_hint, validate_bytes, Limits};
+use aptix::rules::{turn_hint, validate_bytes, Limits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,10 +5,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::policy::AssemblePolicy;
 use super::record::{ChainReason, ChainRecord, ChainStatus};
 use super::state::{ChainState, SessionState};
 use crate::chunk::Chunk;
+use crate::config::AssemblePolicy;
 
 /// The chain decision for the next request of a session.
 #[derive(Debug, Clone)]

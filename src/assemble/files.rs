@@ -3,9 +3,9 @@
 //! and how a whole file is rendered in the AGN-002 chunk format (`Lines: 1-N`).
 
 use super::block::{render_section, ChunkView};
-use super::policy::AssemblePolicy;
 use super::record::{SentFile, SkipReason, SkippedFile, WARN_FILE_BINARY, WARN_FILE_TOO_LARGE};
 use super::state::{ChainState, StoredFile};
+use crate::config::AssemblePolicy;
 use crate::contracts::{ArtifactContents, InputArtifact, UserWarning};
 use crate::index::language::language_for;
 

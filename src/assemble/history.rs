@@ -6,9 +6,9 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::policy::AssemblePolicy;
 use super::state::StoredFile;
 use crate::chunk::Chunk;
+use crate::config::AssemblePolicy;
 
 /// Most paths remembered as cut: enough to name them, bounded like everything else here.
 const FILES_CUT_CAP: usize = 64;

@@ -23,7 +23,6 @@ mod continuation;
 mod files;
 mod history;
 mod message;
-mod policy;
 mod record;
 mod rehydrate;
 mod state;
@@ -33,10 +32,10 @@ mod user_turn;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::AssemblePolicy;
 pub use block::{render_context_block, CONTEXT_HEADER};
 pub use chain::{plan_chain, unsent_chunks, ChainPlan};
 pub use history::{History, TranscriptEntry};
-pub use policy::AssemblePolicy;
 pub use record::{
     ChainReason, ChainRecord, ChainStatus, RehydrationRecord, SentChunk, SentFile, SentRecord,
     SentToolOutput, SkipReason, SkippedFile, TurnKind, WARN_FILE_BINARY, WARN_FILE_TOO_LARGE,

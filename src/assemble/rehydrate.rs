@@ -11,10 +11,10 @@ use super::block::{push_fenced, render_section, ChunkView};
 use super::files::{render_files, sent_file};
 use super::history::{shorten_entry, trim_oldest, TranscriptEntry};
 use super::message::{text_part, user_message_of};
-use super::policy::AssemblePolicy;
 use super::record::{ChainReason, RehydrationRecord, SentChunk, SentFile, WARN_HISTORY_TRUNCATED};
 use super::state::{FileHash, SessionState, StoredFile};
 use crate::chunk::Chunk;
+use crate::config::AssemblePolicy;
 use crate::contracts::UserWarning;
 
 /// What a new chain is preloaded with.

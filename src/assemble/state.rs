@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::history::History;
-use super::policy::AssemblePolicy;
 use super::record::{ChainReason, TurnKind};
 use crate::chunk::Chunk;
+use crate::config::AssemblePolicy;
 use crate::contracts::ToolCall;
 
 /// Most chunk ids remembered per chain. Forgetting the oldest only means a chunk retrieved

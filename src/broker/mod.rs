@@ -2,6 +2,7 @@
 //! [`Delivery`] and answers with a [`Disposition`]; the runtime consumes, publishes with confirms,
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
+pub mod client;
 mod publish;
 mod replies;
 mod runtime;
@@ -78,6 +79,19 @@ pub struct Delivery {
     pub redelivered: bool,
     /// 0 on first processing, +1 per retry through a delay queue.
     pub attempt: u32,
+    /// The turn it names, read once when it arrives (see [`TurnHint`]).
+    pub hint: TurnHint,
+}
+
+/// The session and turn a delivery names: from the `x-aptix-session-id` and `x-aptix-turn-id`
+/// headers of inner messages, else from the handler's one scan of the body (client
+/// submissions), so nothing downstream parses the body again to find them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnHint {
+    /// The SessionId, if there is a valid one.
+    pub session: Option<String>,
+    /// The TurnId, if there is a valid one.
+    pub turn: Option<String>,
 }
 
 /// What to do with a delivery once its handler ran.
@@ -120,6 +134,13 @@ pub trait Handler: Send + Sync + 'static {
     /// Retries ran out: what to publish instead so the turn still ends with a reply
     /// (usually a failure outcome for the persist stage). The original is dead-lettered.
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>>;
+
+    /// The turn a body names, for deliveries whose headers do not say (called once per
+    /// delivery, when it arrives).
+    fn hint(&self, body: &[u8]) -> TurnHint {
+        let _ = body;
+        TurnHint::default()
+    }
 
     /// Deliveries with the same key are handled one at a time, in delivery order (deliveries
     /// without a key, or with different keys, run concurrently).

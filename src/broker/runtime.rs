@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use super::settle::Settler;
-use super::{BrokerError, Delivery, Handler, Publisher, StageName, Topology};
+use super::{BrokerError, Delivery, Handler, Publisher, StageName, Topology, TurnHint};
 
 /// How a stage consumes.
 #[derive(Debug, Clone)]
@@ -115,7 +115,10 @@ async fn consume(
             Some(Err(e)) => break Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job { acker: delivery.acker.clone(), delivery: detach(&delivery, stage) };
+        let job = Job {
+            acker: delivery.acker.clone(),
+            delivery: detach(&delivery, settings.topology.is_ingress(stage), handler.as_ref()),
+        };
         let worker = Worker {
             stage,
             handler: handler.clone(),
@@ -272,7 +275,7 @@ pub async fn process_one(
     let got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await?;
     let Some(msg) = got else { return Ok(false) };
     let acker = msg.delivery.acker.clone();
-    let d = detach(&msg.delivery, stage);
+    let d = detach(&msg.delivery, settings.topology.is_ingress(stage), handler);
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };
     settler.settle(d, &acker).await;
@@ -280,15 +283,20 @@ pub async fn process_one(
     Ok(true)
 }
 
-fn detach(d: &lapin::message::Delivery, stage: StageName) -> Delivery {
+fn detach(d: &lapin::message::Delivery, ingress: bool, handler: &dyn Handler) -> Delivery {
     let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
-    if stage == StageName::Validate {
+    if ingress {
         // Ingress messages come from clients: the runtime's own counters and marks are not
         // theirs to set.
         headers.retain(|k, _| !k.starts_with("x-aptix-"));
     }
     let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let hint = match (headers.get("x-aptix-session-id"), headers.get("x-aptix-turn-id")) {
+        (Some(s), Some(t)) => TurnHint { session: Some(s.clone()), turn: Some(t.clone()) },
+        _ => handler.hint(&d.data),
+    };
     Delivery {
+        hint,
         body: bytes::Bytes::from(d.data.clone()),
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
         redelivered: d.redelivered,
@@ -303,7 +311,7 @@ pub fn header_text(table: Option<&FieldTable>, key: &str) -> Option<String> {
     table.and_then(|t| headers_of(t).remove(key))
 }
 
-fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
+pub(super) fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
     table
         .inner()
         .iter()

@@ -12,41 +12,26 @@ use lapin::{Channel, ExchangeKind};
 
 use crate::contracts::SessionId;
 
-/// A pipeline stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum StageName {
-    /// Parse, check, and admit turns; consumes the ingress queue.
-    Validate,
-    /// Fill the `[CONTEXT]` block from the vector store.
-    Retrieve,
-    /// Build the `/responses` body.
-    Assemble,
-    /// Call the LLM.
-    Invoke,
-    /// Write the immutable record and publish the reply.
-    Persist,
-}
+/// A stage's name: its queue suffix, configuration key, metric label and worker name. Names come
+/// from the stages themselves (`Stage::NAME`); the broker only carries them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StageName(&'static str);
 
 impl StageName {
-    /// All stages in pipeline order.
-    pub const ALL: [StageName; 5] = [
-        StageName::Validate,
-        StageName::Retrieve,
-        StageName::Assemble,
-        StageName::Invoke,
-        StageName::Persist,
-    ];
+    /// The name `name`.
+    pub const fn new(name: &'static str) -> Self {
+        StageName(name)
+    }
 
-    /// Lowercase name.
+    /// The name as text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            StageName::Validate => "validate",
-            StageName::Retrieve => "retrieve",
-            StageName::Assemble => "assemble",
-            StageName::Invoke => "invoke",
-            StageName::Persist => "persist",
-        }
+        self.0
+    }
+}
+
+impl std::fmt::Display for StageName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
     }
 }
 
@@ -58,12 +43,30 @@ pub const RETRY_TIERS_MS: [u64; 4] = [500, 2_000, 10_000, 30_000];
 #[derive(Debug, Clone)]
 pub struct Topology {
     prefix: String,
+    /// The pipeline's stages in order; the first consumes the ingress queue.
+    stages: std::sync::Arc<[StageName]>,
 }
 
 impl Topology {
     /// Names under `prefix`.
     pub fn new(prefix: &str) -> Self {
-        Topology { prefix: prefix.to_owned() }
+        Topology { prefix: prefix.to_owned(), stages: std::sync::Arc::new([]) }
+    }
+
+    /// The same names, for a pipeline of `stages` in order (the first consumes the ingress).
+    pub fn with_stages(mut self, stages: &[StageName]) -> Self {
+        self.stages = stages.into();
+        self
+    }
+
+    /// The pipeline's stages in order.
+    pub fn stages(&self) -> &[StageName] {
+        &self.stages
+    }
+
+    /// Whether `stage` consumes the ingress queue (the pipeline's first stage).
+    pub fn is_ingress(&self, stage: StageName) -> bool {
+        self.stages.first() == Some(&stage)
     }
 
     /// The prefix.
@@ -97,10 +100,10 @@ impl Topology {
 
     /// The queue a stage consumes.
     pub fn stage_queue(&self, stage: StageName) -> String {
-        match stage {
-            StageName::Validate => self.requests(),
-            other => format!("{}.{}", self.prefix, other.as_str()),
+        if self.is_ingress(stage) {
+            return self.requests();
         }
+        format!("{}.{}", self.prefix, stage.as_str())
     }
 
     /// Direct exchange for replies, routing key = SessionId.
@@ -123,16 +126,16 @@ impl Topology {
         format!("{}.delay.{tier_ms}", self.prefix)
     }
 
-    /// Declares everything except session queues. Idempotent; safe from every worker.
+    /// Declares everything except session queues: the ingress queue and entry exchange always,
+    /// the other stage queues of [`Topology::with_stages`]. Idempotent; safe from every worker.
     pub async fn declare(&self, ch: &Channel) -> Result<(), lapin::Error> {
-        for stage in StageName::ALL {
-            let mut args = FieldTable::default();
-            if stage == StageName::Validate {
-                // One validate consumer at a time receives (the others stand by), so turns of a
-                // session are admitted in the order they were published.
-                args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
-            }
-            durable_queue(ch, &self.stage_queue(stage), args).await?;
+        let mut ingress = FieldTable::default();
+        // One ingress consumer at a time receives (the others stand by), so turns of a session
+        // are admitted in the order they were published.
+        ingress.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        durable_queue(ch, &self.requests(), ingress).await?;
+        for &stage in self.stages.iter().skip(1) {
+            durable_queue(ch, &self.stage_queue(stage), FieldTable::default()).await?;
         }
         self.declare_entry(ch).await?;
         durable_queue(ch, &self.dead(), FieldTable::default()).await?;

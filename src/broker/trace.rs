@@ -48,8 +48,7 @@ pub fn trace_id_of(d: &Delivery) -> Option<String> {
     if let Some((s, t)) = turn_of(&d.headers) {
         return Some(derived_trace_id(s, t));
     }
-    let (session, turn) = crate::validate::turn_hint(&d.body);
-    Some(derived_trace_id(&session?.to_string(), &turn?))
+    Some(derived_trace_id(d.hint.session.as_deref()?, d.hint.turn.as_deref()?))
 }
 
 /// The span id (16 hex digits) of a well-formed `traceparent`.
@@ -79,10 +78,7 @@ impl HopSpan {
         let pending = crate::otlp::enabled().then(|| {
             let (session, turn) = match turn_of(&d.headers) {
                 Some((s, t)) => (Some(s.to_owned()), Some(t.to_owned())),
-                None => {
-                    let (s, t) = crate::validate::turn_hint(&d.body);
-                    (s.map(|s| s.to_string()), t)
-                }
+                None => (d.hint.session.clone(), d.hint.turn.clone()),
             };
             let mut attributes =
                 vec![("messaging.system", "rabbitmq".to_owned()), ("aptix.stage", stage.to_owned())];
@@ -128,8 +124,8 @@ pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&
     let same_turn = match (turn_of_out(out), turn_of(&incoming.headers)) {
         (Some(a), Some(b)) => a == b,
         (Some(_), None) => {
-            let (s, t) = crate::validate::turn_hint(&incoming.body);
-            turn_of_out(out) == s.map(|s| s.to_string()).as_deref().zip(t.as_deref())
+            let hint = &incoming.hint;
+            turn_of_out(out) == hint.session.as_deref().zip(hint.turn.as_deref())
         }
         _ => true,
     };

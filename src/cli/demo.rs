@@ -10,13 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures_util::StreamExt as _;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions};
-use lapin::types::FieldTable;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{connect, Publisher, StageName, Topology};
+use crate::broker::client::SessionClient;
 use crate::config::{ConnectionUrl, Settings};
 use crate::contracts::SessionId;
 use crate::index::{index_repository, IndexOptions};
@@ -25,7 +22,7 @@ use crate::store::Store;
 
 /// Runs the demo; exit 0 when every turn got its reply.
 pub fn run(settings: Settings) -> anyhow::Result<ExitCode> {
-    super::ops::block_on(demo(settings))
+    crate::worker::block_on(demo(settings))
 }
 
 async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
@@ -46,7 +43,8 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
         println!("== indexed ./src into the embedded vector store\n{summary}\n");
     }
     let shutdown = CancellationToken::new();
-    let running = tokio::spawn(pipeline::run(deps.clone(), &StageName::ALL, 1, shutdown.clone()));
+    let (stages, d, token) = (crate::stages::names(), deps.clone(), shutdown.clone());
+    let running = tokio::spawn(async move { pipeline::run(d, &stages, 1, token).await });
     let client = Client::connect(&settings).await?;
     let session = SessionId::random();
     println!("== session {session}\n");
@@ -128,43 +126,29 @@ async fn prepare(settings: &mut Settings, work: &Path) -> anyhow::Result<Option<
 
 /// A backend's view: publish requests, read the session's reply queue.
 struct Client {
-    conn: lapin::Connection,
-    publisher: Publisher,
-    topology: Topology,
+    inner: SessionClient,
 }
 
 impl Client {
     async fn connect(settings: &Settings) -> anyhow::Result<Client> {
-        let conn = connect(settings.amqp.url.expose()).await?;
-        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
-        let topology = pipeline::topology(settings);
-        topology.declare(publisher.channel()).await?;
-        Ok(Client { conn, publisher, topology })
+        let inner = SessionClient::connect(settings.amqp.url.expose(), pipeline::topology(settings)).await?;
+        Ok(Client { inner })
     }
 
     /// Sends a request and prints its replies until the final one, which it returns.
     async fn turn(&self, session: &SessionId, request: Value) -> anyhow::Result<Value> {
         let turn = request["TurnId"].as_str().unwrap_or_default().to_owned();
-        self.topology.declare_client_queue(self.publisher.channel(), session).await?;
+        self.inner.open_session(session).await?;
         let body = serde_json::to_vec(&request)?;
         let id = format!("demo:{session}:{turn}:{}", uuid::Uuid::new_v4());
-        self.publisher.publish(&self.topology.request(&session.to_string(), id, body)).await?;
-        let ch = self.conn.create_channel().await?;
-        let queue = self.topology.session_queue(session);
-        let mut consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        self.inner.submit(&session.to_string(), id, body).await?;
+        let mut replies = self.inner.replies(session, 64).await?;
         let mut streamed = false;
         let reply = loop {
-            let next = tokio::time::timeout(Duration::from_secs(120), consumer.next()).await;
-            let delivery = next.context("no reply within 120 s")?.context("reply queue closed")??;
-            delivery.ack(BasicAckOptions::default()).await?;
-            let body: Value = serde_json::from_slice(&delivery.data).unwrap_or(Value::Null);
+            let next = tokio::time::timeout(Duration::from_secs(120), replies.next()).await;
+            let message = next.context("no reply within 120 s")?.context("reply queue closed")??;
+            message.ack().await?;
+            let body: Value = serde_json::from_slice(&message.body).unwrap_or(Value::Null);
             if body["Delta"] == true {
                 if let Some(text) =
                     body["Event"]["Text"].as_str().filter(|_| body["Event"]["Type"] == "OutputText")
@@ -184,7 +168,7 @@ impl Client {
         if streamed {
             println!("\n");
         }
-        let _ = ch.close(200, "done".into()).await;
+        replies.close().await;
         print_reply(&turn, &reply, streamed);
         Ok(reply)
     }

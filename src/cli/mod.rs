@@ -1,13 +1,14 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod check_request;
 mod demo;
 mod ops;
 mod render_context;
 mod reprocess;
 mod sim;
-mod validate;
 
-pub mod bench;
+pub use crate::worker::{block_on, load_settings};
+
 pub mod eval_retrieval;
 pub mod index;
 
@@ -17,8 +18,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Settings;
-use crate::telemetry::{self, LogFormat};
+use crate::telemetry::LogFormat;
 
 /// Aptix Orchestrator.
 #[derive(Debug, Parser)]
@@ -65,19 +65,15 @@ pub enum Command {
     Index(index::IndexArgs),
     /// Index a source tree and report recall@k and MRR for a JSONL query set.
     EvalRetrieval(eval_retrieval::EvalArgs),
-    /// Benchmarks (not timed tests).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
     /// Run one pipeline stage until SIGTERM (scale a stage by starting more copies).
     Worker {
-        /// The stage.
-        #[arg(value_enum)]
-        stage: crate::broker::StageName,
+        /// The stage, by name (`validate`, `retrieve`, `assemble`, `invoke`, `persist`).
+        stage: String,
         /// Consumers of the stage in this process.
         #[arg(long, default_value_t = 1)]
         copies: usize,
     },
-    /// Run all five stages in one process until SIGTERM.
+    /// Run every stage of the pipeline in one process until SIGTERM.
     Run {
         /// Consumers of each stage in this process.
         #[arg(long, default_value_t = 1)]
@@ -122,8 +118,8 @@ pub enum SessionCommand {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || load_settings(cli.config.as_deref(), cli.log_format);
     match cli.command {
-        Command::Worker { stage, copies } => ops::run_stages(settings()?, &[stage], copies),
-        Command::Run { copies } => ops::run_stages(settings()?, &crate::broker::StageName::ALL, copies),
+        Command::Worker { stage, copies } => crate::worker::run(settings()?, &[stage], copies),
+        Command::Run { copies } => crate::worker::run(settings()?, &[], copies),
         Command::Migrate => ops::migrate(settings()?),
         Command::Submit { file, wait, timeout } => {
             ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
@@ -139,15 +135,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             eval_retrieval::run(args, &settings)
         }
-        Command::Bench(command) => {
-            let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
-            bench::run(command, &settings)
-        }
         Command::Sim(args) => sim::run(args, cli.log_format),
         Command::RenderContext { file } => Ok(render_context::run(&file)),
         Command::Validate { file } => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
-            Ok(validate::run(&file, &settings.limits))
+            Ok(check_request::run(&file, &settings.limits))
         }
         Command::Config => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
@@ -162,25 +154,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             None => anyhow::bail!("no schema named `{which}`"),
         },
     }
-}
-
-/// The whole of a worker binary: load configuration, start logging, run `stage` until SIGTERM.
-pub fn worker_main(stage: crate::broker::StageName) -> ExitCode {
-    let result = load_settings(None, None).and_then(|settings| ops::run_stages(settings, &[stage], 1));
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Loads and validates settings, then starts logging in the configured format.
-pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::Result<Settings> {
-    let settings = Settings::load(path)?;
-    telemetry::init(format.unwrap_or(settings.telemetry.format));
-    Ok(settings)
 }
 
 /// Reads a file, or standard input for `-`.

@@ -119,7 +119,7 @@ pub fn run(args: ReprocessArgs, settings: Settings) -> anyhow::Result<ExitCode> 
             return Ok(ExitCode::from(2));
         }
     };
-    super::ops::block_on(async move {
+    crate::worker::block_on(async move {
         let settings = Arc::new(settings);
         let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
         if !store.ping().await {

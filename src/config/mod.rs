@@ -2,7 +2,9 @@
 //! key), then a file (`--config PATH` or `APTIX_CONFIG`), then `APTIX__SECTION__KEY` environment
 //! variables. Validated once at start-up; secrets are redacted whenever printed.
 
+mod assemble_policy;
 mod contexts;
+mod limits;
 mod secret;
 
 use std::collections::BTreeMap;
@@ -10,11 +12,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use assemble_policy::AssemblePolicy;
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
+pub use limits::Limits;
 pub use secret::{redact_url, ConnectionUrl, Secret};
 
 use crate::contracts::ContextId;
-use crate::validate::Limits;
 
 /// The built-in defaults: the commented example file shipped at the repository root.
 pub const DEFAULTS_TOML: &str = include_str!("../../aptix.example.toml");
@@ -69,7 +72,7 @@ pub struct Settings {
     pub agent_contexts: BTreeMap<String, AgentContext>,
     /// Request assembly: active-file limit, provider retention, rehydration budgets.
     #[serde(default)]
-    pub assemble: crate::assemble::AssemblePolicy,
+    pub assemble: AssemblePolicy,
 }
 
 /// RabbitMQ settings.
@@ -185,33 +188,27 @@ pub struct PipelineSettings {
     pub migrate_on_start: bool,
 }
 
-/// A value per stage.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PerStage<T> {
-    /// The validate stage.
-    pub validate: T,
-    /// The retrieve stage.
-    pub retrieve: T,
-    /// The assemble stage.
-    pub assemble: T,
-    /// The invoke stage.
-    pub invoke: T,
-    /// The persist stage.
-    pub persist: T,
-}
+/// A value per stage, keyed by stage name, with a `default` for stages not listed (a stage
+/// added to the pipeline needs no entry). Names are checked against the pipeline when a worker
+/// starts ([`PerStage::unknown`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PerStage<T>(pub std::collections::BTreeMap<String, T>);
 
-impl<T: Copy> PerStage<T> {
-    /// The value for `stage`.
-    pub fn get(&self, stage: crate::broker::StageName) -> T {
-        use crate::broker::StageName as S;
-        match stage {
-            S::Validate => self.validate,
-            S::Retrieve => self.retrieve,
-            S::Assemble => self.assemble,
-            S::Invoke => self.invoke,
-            S::Persist => self.persist,
-        }
+impl<T: Copy + Default> PerStage<T> {
+    /// The value for the stage called `stage`: its own, else `default`, else `T::default()`.
+    pub fn get(&self, stage: &str) -> T {
+        self.0.get(stage).or_else(|| self.0.get("default")).copied().unwrap_or_default()
+    }
+
+    /// Sets the value for `stage`.
+    pub fn set(&mut self, stage: &str, value: T) {
+        self.0.insert(stage.to_owned(), value);
+    }
+
+    /// Keys that name no stage in `stages` (and are not `default`).
+    pub fn unknown<'a>(&'a self, stages: &'a [&str]) -> impl Iterator<Item = &'a str> + 'a {
+        self.0.keys().map(String::as_str).filter(move |k| *k != "default" && !stages.contains(k))
     }
 }
 
@@ -219,6 +216,20 @@ impl<T: Copy> PerStage<T> {
 pub type StagePrefetch = PerStage<u16>;
 /// Attempts per stage.
 pub type StageAttempts = PerStage<u32>;
+
+/// A model's price, for the cost estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Model id as sent in `model`.
+    pub model: String,
+    /// USD per million uncached input tokens.
+    pub input_usd_per_mtok: f64,
+    /// USD per million cached input tokens.
+    pub cached_input_usd_per_mtok: f64,
+    /// USD per million output tokens (reasoning included).
+    pub output_usd_per_mtok: f64,
+}
 
 /// Log output settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -233,7 +244,7 @@ pub struct TelemetrySettings {
     pub otlp_endpoint: ConnectionUrl,
     /// Prices for the LLM cost estimate.
     #[serde(default)]
-    pub prices: Vec<crate::metrics::ModelPrice>,
+    pub prices: Vec<ModelPrice>,
 }
 
 impl Settings {
@@ -256,6 +267,21 @@ impl Settings {
         }
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Checks that per-stage tables only name stages of the pipeline `stages` (run when the
+    /// pipeline is known, at worker start).
+    pub fn check_stage_names(&self, stages: &[&str]) -> Result<(), ConfigError> {
+        let p = &self.pipeline;
+        let unknown = p.prefetch.unknown(stages).map(|k| ("prefetch", k));
+        let mut unknown = unknown.chain(p.max_attempts.unknown(stages).map(|k| ("max_attempts", k)));
+        if let Some((table, key)) = unknown.next() {
+            return Err(ConfigError::invalid(
+                format!("pipeline.{table}.{key}"),
+                format!("no stage is called `{key}`; the pipeline has {}", stages.join(", ")),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks every cross-key rule; the error names the key.
@@ -295,14 +321,7 @@ impl Settings {
     }
 
     fn validate_pipeline(&self) -> Result<(), ConfigError> {
-        let a = &self.pipeline.max_attempts;
-        for (stage, n) in [
-            ("validate", a.validate),
-            ("retrieve", a.retrieve),
-            ("assemble", a.assemble),
-            ("invoke", a.invoke),
-            ("persist", a.persist),
-        ] {
+        for (stage, &n) in &self.pipeline.max_attempts.0 {
             if n == 0 {
                 let key = format!("pipeline.max_attempts.{stage}");
                 return Err(ConfigError::invalid(

@@ -150,6 +150,11 @@ impl<'de> Deserialize<'de> for ContextId {
 pub struct RelativePath(String);
 
 impl RelativePath {
+    /// A path that was checked when its request was validated (read back from an inner message).
+    pub(crate) fn trusted(path: String) -> Self {
+        RelativePath(path)
+    }
+
     /// The path as sent by the client, NFKC-normalised.
     pub fn as_str(&self) -> &str {
         &self.0

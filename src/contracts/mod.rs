@@ -6,6 +6,7 @@ pub mod error;
 pub mod ids;
 pub mod request;
 pub mod response;
+mod trusted;
 pub mod validated;
 mod wire;
 

@@ -1,8 +1,8 @@
 //! Validated AGN-034 requests: the only request types later stages accept.
 //!
-//! Values are built by [`crate::validate`] and cannot be constructed otherwise. On the wire they
-//! serialize back to the AGN-034 shape and deserializing them re-runs the structural rules, so an
-//! inter-stage message can never smuggle an invalid request past the validate stage.
+//! Values are built by [`crate::rules`] from what clients send. On the wire they serialize back
+//! to the AGN-034 shape; deserializing one trusts it (`trusted.rs`): only Aptix writes its inner
+//! queues, and requests read back from PostgreSQL are checked again at that boundary.
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -24,7 +24,7 @@ pub struct TurnKey {
 }
 
 /// A request that passed every stateless AGN-034 rule. It serializes to its AGN-034 wire form
-/// (by reference, see `wire.rs`) and deserializing it re-runs the structural rules.
+/// (by reference, see `wire.rs`); deserializing it is trusted (see `trusted.rs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "AgentExecuteRequest")]
 pub enum ValidatedRequest {
@@ -65,14 +65,6 @@ impl std::io::Write for HashWriter {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
-    type Error = crate::validate::ValidationErrors;
-
-    fn try_from(wire: AgentExecuteRequest) -> Result<Self, Self::Error> {
-        crate::validate::validate_wire(wire, &crate::validate::Limits::structural_only())
     }
 }
 
@@ -318,6 +310,11 @@ pub struct ScopeCondition {
 }
 
 impl ScopeCondition {
+    /// A condition built by a program (a benchmark, a tool), not read from a client.
+    pub fn new(key: String, operator: ScopeOperator, values: Vec<String>) -> Self {
+        ScopeCondition { key, operator, values }
+    }
+
     /// Payload key.
     pub fn key(&self) -> &str {
         &self.key

@@ -1,5 +1,5 @@
 //! A three-file sample repository (billing code and its README): what the integration tests
-//! index and what `aptix bench --fixture-corpus` indexes when small stage messages are wanted.
+//! index and what `aptix-bench --fixture-corpus` indexes when small stage messages are wanted.
 
 use std::path::Path;
 

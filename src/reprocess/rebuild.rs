@@ -27,7 +27,7 @@ use crate::assemble::{
 use crate::chunk::Chunk;
 use crate::config::{ConversationContext, Settings};
 use crate::contracts::{Outcome, ToolCall, ToolContinuation, ToolResult, UserTurn, ValidatedRequest};
-use crate::messages::{Answer, PersistJob, RoundTrip};
+use crate::messages::{Answer, PersistJob, RoundTrip, SavedRoundTrip};
 use crate::store::{OriginalStep, Store, StoreError};
 
 /// One original record of the turn and its saved round trip, if there is one.
@@ -66,7 +66,7 @@ pub(crate) async fn originals(
     Ok(steps
         .into_iter()
         .map(|original| {
-            let parsed = original.saved.clone().map(serde_json::from_value::<PersistJob>).transpose();
+            let parsed = original.saved.clone().map(SavedRoundTrip::read).transpose();
             match parsed {
                 Ok(job) => StepInput { original, job, unreadable: None },
                 Err(e) => StepInput { original, job: None, unreadable: Some(e.to_string()) },
@@ -112,7 +112,7 @@ pub(crate) async fn load(
 pub(crate) fn replay_state(saved: &[Value], policy: &AssemblePolicy) -> SessionState {
     let mut state = SessionState::default();
     for value in saved {
-        let job = match serde_json::from_value::<PersistJob>(value.clone()) {
+        let job = match SavedRoundTrip::read(value.clone()) {
             Ok(job) => job,
             Err(error) => {
                 // The rebuilt history lacks this round trip; the rest of it still counts.

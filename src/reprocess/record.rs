@@ -9,8 +9,8 @@ use crate::assemble::Assembled;
 use crate::config::ConversationContext;
 use crate::contracts::{AgentExecuteResponse, ApiError, InvokeResult, Outcome, Reply, UserWarning};
 use crate::llm::LlmError;
+use crate::messages::with_owed_warnings;
 use crate::messages::Answer;
-use crate::stages::persist::{base_record, with_owed_warnings};
 use crate::store::{LinkedRecord, NewRecord};
 
 /// The warnings a round trip owes the turn's final response: the original retrieval warnings of
@@ -63,7 +63,7 @@ pub(crate) fn failed(
 }
 
 fn base(inputs: &TurnInputs, assembled: &Assembled, kind: &str, reply: Reply) -> NewRecord {
-    base_record(
+    NewRecord::base(
         Some(&inputs.turn),
         Some(assembled),
         kind,

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::{object_at, refine_property, session_id, to_value, turn_id};
 use crate::contracts::AgentExecuteRequest;
-use crate::validate::Limits;
+use crate::rules::Limits;
 
 /// What a context id may be (`crate::contracts::ContextId`).
 const CONTEXT_ID_PATTERN: &str = "^[A-Za-z0-9._:-]{1,64}$";

@@ -12,12 +12,12 @@ mod control;
 mod directives;
 mod errors;
 mod faults;
+mod request_rules;
 mod response;
 mod script;
 mod server;
 mod sse;
 mod state;
-mod validate;
 mod validate_input;
 
 use std::net::SocketAddr;

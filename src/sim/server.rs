@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::errors::ApiFailure;
 use super::faults::Fault;
 use super::state::{SimState, Stored};
-use super::{response, script, sse, validate, Control};
+use super::{request_rules, response, script, sse, Control};
 
 type Shared = Arc<SimState>;
 
@@ -83,7 +83,7 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
         Some(cut @ (Fault::StreamCut { .. } | Fault::StreamStall { .. })) => Some(cut),
     };
     let Ok(body) = serde_json::from_slice::<Value>(&raw) else { return fail(&st, ApiFailure::unparsable()) };
-    if let Err(e) = validate::body(&body) {
+    if let Err(e) = request_rules::body(&body) {
         return fail(&st, e);
     }
     let prev = match body.get("previous_response_id").and_then(Value::as_str) {
@@ -93,7 +93,7 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
         },
         None => None,
     };
-    if let Err(e) = validate::tool_outputs(&body, prev.as_deref()) {
+    if let Err(e) = request_rules::tool_outputs(&body, prev.as_deref()) {
         return fail(&st, e);
     }
     let reply = script::reply(&body, raw.len(), prev.as_deref(), &|prefix| st.id(prefix));

@@ -1,50 +1,137 @@
 //! Persist: how a round trip ended in; the immutable record, the session's new state, the
 //! turn's transition and the reply, committed together, out (through the outbox).
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
-use super::{user_turn, Deps, StageError};
-use crate::assemble::{AnswerOutcome, Assembled, ProviderAnswer, SessionState};
-use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserTurn, UserWarning};
-use crate::messages::{PersistJob, RoundTrip, TurnJob};
-use crate::store::{FinishStep, NewRecord, PendingOutbox, StepOutcome, TurnRow};
+use super::Deps;
+use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
+use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserWarning};
+use crate::messages::{with_owed_warnings, Done, Outgoing, PersistJob, ReplyOut, RoundTrip};
+use crate::stage::{Output, Stage, StageError};
+use crate::store::{FinishStep, NewRecord, StepOutcome};
 
-/// Runs the stage for one round trip.
-pub async fn run(deps: &Deps, job: PersistJob) -> Result<PendingOutbox, StageError> {
-    let key = job.job.key.clone();
-    let step = job.job.step;
-    let (reply, step_outcome, session_state, provider_id, usage, raw, errors) = match job.result.clone() {
-        RoundTrip::Answered(a) => {
-            let outcome = with_warnings(a.outcome, &job);
-            let state = new_state(deps, &job, &a.response_id, a.created_at, &outcome).await?;
-            let step_outcome = match &outcome {
-                Outcome::Final(_) => StepOutcome::Completed,
-                Outcome::ClientToolContinuation(c) => StepOutcome::AwaitingToolResults {
-                    pending: serde_json::to_value(c.tool_calls()).unwrap_or_default(),
-                    warnings: serde_json::to_value(owed_warnings(&job)).unwrap_or_default(),
-                },
-            };
-            let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
-                session_id: key.session_id,
-                turn_id: key.turn_id.clone(),
-                mode_display_name: mode_display_name(deps, &job.job),
-                outcome,
-            });
-            let usage = a.usage.map(|u| serde_json::to_value(u).unwrap_or_default());
-            (reply, step_outcome, state, Some(a.response_id), usage, Some(a.raw), json!([]))
-        }
-        RoundTrip::Failed { errors, raw } => {
-            let errors_json = serde_json::to_value(&errors).unwrap_or_default();
-            (InvokeResult::fail(errors), StepOutcome::Failed, None, None, None, raw, errors_json)
-        }
-    };
-    let reply_json = serde_json::to_value(&reply).unwrap_or_default();
-    let record = record(&job, provider_id, raw, usage, errors, reply_json);
-    let messages =
-        vec![deps.reply(&key.session_id, Some(key.turn_id.as_str()), &format!("step-{step}"), &reply)];
-    let finish = FinishStep { key, step, record, session_state, outcome: step_outcome, messages };
-    let next = |row: &TurnRow| super::validate::forward(deps, row);
-    Ok(deps.store.finish_step(finish, &next).await?)
+/// Writes the immutable record and publishes the reply.
+#[derive(Debug)]
+pub struct Persist {
+    deps: Arc<Deps>,
+}
+
+impl Persist {
+    /// The stage, using `deps`' store and settings.
+    pub fn new(deps: &Deps) -> Self {
+        Persist { deps: Arc::new(deps.clone()) }
+    }
+}
+
+/// What a round trip's end writes, before the record.
+struct Ending {
+    reply: Reply,
+    outcome: StepOutcome,
+    session_state: Option<Value>,
+    provider_id: Option<String>,
+    usage: Option<Value>,
+    raw: Option<Value>,
+    errors: Value,
+}
+
+impl Stage for Persist {
+    const NAME: &'static str = "persist";
+    type In = PersistJob;
+    type Out = Done;
+
+    async fn run(&self, job: PersistJob) -> Result<Output<Done>, StageError> {
+        let (key, step) = (job.job.key.clone(), job.job.step);
+        let e = self.ending(&job).await?;
+        let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?;
+        let mut record = NewRecord::base(
+            job.job.user_turn().ok(),
+            job.assembled.as_ref(),
+            record_kind(&job.result),
+            out.body.clone(),
+        );
+        record.provider_response_id = e.provider_id;
+        record.response_payload = e.raw;
+        record.usage = e.usage;
+        record.errors = e.errors;
+        let messages = vec![Outgoing::Reply(out)];
+        let finish =
+            FinishStep { key, step, record, session_state: e.session_state, outcome: e.outcome, messages };
+        let pending = self.deps.store.finish_step(finish).await?;
+        Ok(Output::committed(pending.ids, pending.messages))
+    }
+}
+
+impl Persist {
+    async fn ending(&self, job: &PersistJob) -> Result<Ending, StageError> {
+        let key = &job.job.key;
+        Ok(match &job.result {
+            RoundTrip::Answered(a) => {
+                let outcome = with_owed_warnings(a.outcome.clone(), &owed_warnings(job));
+                let session_state = self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
+                let step_outcome = match &outcome {
+                    Outcome::Final(_) => StepOutcome::Completed,
+                    Outcome::ClientToolContinuation(c) => StepOutcome::AwaitingToolResults {
+                        pending: serde_json::to_value(c.tool_calls())?,
+                        warnings: serde_json::to_value(owed_warnings(job))?,
+                    },
+                };
+                let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
+                    session_id: key.session_id,
+                    turn_id: key.turn_id.clone(),
+                    mode_display_name: self.mode_display_name(job),
+                    outcome,
+                });
+                Ending {
+                    reply,
+                    outcome: step_outcome,
+                    session_state,
+                    provider_id: Some(a.response_id.clone()),
+                    usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
+                    raw: Some(a.raw.clone()),
+                    errors: json!([]),
+                }
+            }
+            RoundTrip::Failed { errors, raw } => Ending {
+                reply: InvokeResult::fail(errors.clone()),
+                outcome: StepOutcome::Failed,
+                session_state: None,
+                provider_id: None,
+                usage: None,
+                raw: raw.clone(),
+                errors: serde_json::to_value(errors)?,
+            },
+        })
+    }
+
+    async fn new_state(
+        &self,
+        job: &PersistJob,
+        response_id: &str,
+        created_at: chrono::DateTime<chrono::Utc>,
+        outcome: &Outcome,
+    ) -> Result<Option<Value>, StageError> {
+        let Some(assembled) = &job.assembled else { return Ok(None) };
+        let raw = self.deps.store.session_state(&job.job.key.session_id).await?;
+        // Corrupt state must not silently become an empty one: the turn fails instead.
+        let state: SessionState = serde_json::from_value(raw)?;
+        let outcome = match outcome {
+            Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
+            Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
+        };
+        let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
+        let next = state.apply_answer(&assembled.update, &answer, &self.deps.settings.assemble);
+        Ok(Some(serde_json::to_value(next)?))
+    }
+
+    fn mode_display_name(&self, job: &PersistJob) -> String {
+        job.job
+            .user_turn()
+            .ok()
+            .and_then(|t| self.deps.conversation_context(t).ok())
+            .map_or_else(String::new, |c| c.mode_display_name.clone())
+    }
 }
 
 /// Warnings of this round trip and the turn's earlier ones (AGN-033: warnings are final-only,
@@ -54,100 +141,7 @@ fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
     job.warnings.iter().chain(assembled).cloned().collect()
 }
 
-/// Adds retrieval and assembly warnings to a final answer (AGN-033: warnings are final-only).
-fn with_warnings(outcome: Outcome, job: &PersistJob) -> Outcome {
-    with_owed_warnings(outcome, &owed_warnings(job))
-}
-
-/// A final answer with the warnings the turn owes (`owed`) before the provider's own; a tool
-/// continuation unchanged. Shared with reprocessing, which must shape answers the same way.
-pub(crate) fn with_owed_warnings(outcome: Outcome, owed: &[UserWarning]) -> Outcome {
-    match outcome {
-        Outcome::Final(mut f) => {
-            let mut warnings = owed.to_vec();
-            warnings.append(&mut f.user_warnings);
-            f.user_warnings = warnings;
-            Outcome::Final(f)
-        }
-        other => other,
-    }
-}
-
-async fn new_state(
-    deps: &Deps,
-    job: &PersistJob,
-    response_id: &str,
-    created_at: chrono::DateTime<chrono::Utc>,
-    outcome: &Outcome,
-) -> Result<Option<Value>, StageError> {
-    let Some(assembled) = &job.assembled else { return Ok(None) };
-    let raw = deps.store.session_state(&job.job.key.session_id).await?;
-    // Corrupt state must not silently become an empty one: the turn fails instead.
-    let state: SessionState = serde_json::from_value(raw)?;
-    let outcome = match outcome {
-        Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
-        Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
-    };
-    let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
-    let next = state.apply_answer(&assembled.update, &answer, &deps.settings.assemble);
-    Ok(Some(serde_json::to_value(next)?))
-}
-
-fn mode_display_name(deps: &Deps, job: &TurnJob) -> String {
-    user_turn(job)
-        .and_then(|t| deps.conversation_context(t).ok())
-        .map_or_else(String::new, |c| c.mode_display_name.clone())
-}
-
-fn record(
-    job: &PersistJob,
-    provider_response_id: Option<String>,
-    response_payload: Option<Value>,
-    usage: Option<Value>,
-    errors: Value,
-    reply: Value,
-) -> NewRecord {
-    let mut record =
-        base_record(user_turn(&job.job), job.assembled.as_ref(), &record_kind(&job.result), reply);
-    record.provider_response_id = provider_response_id;
-    record.response_payload = response_payload;
-    record.usage = usage;
-    record.errors = errors;
-    record
-}
-
-/// A record's fields that come from the turn and what was sent; the outcome's fields empty.
-/// Shared with reprocessing, whose records must read like the pipeline's.
-pub(crate) fn base_record(
-    turn: Option<&UserTurn>,
-    assembled: Option<&Assembled>,
-    kind: &str,
-    reply: Value,
-) -> NewRecord {
-    let sent = assembled.map(|a| &a.record);
-    let to = |v: Option<Value>| v.unwrap_or_else(|| json!([]));
-    NewRecord {
-        kind: kind.to_owned(),
-        provider_response_id: None,
-        chain: sent.map(|r| serde_json::to_value(&r.chain).unwrap_or_default()).unwrap_or_else(|| json!({})),
-        request_payload: assembled.map(|a| a.body.clone()),
-        response_payload: None,
-        retrieved_chunks: to(sent.and_then(|r| serde_json::to_value(&r.chunks).ok())),
-        active_files: to(sent.and_then(|r| serde_json::to_value(&r.files).ok())),
-        skipped_files: to(sent.and_then(|r| serde_json::to_value(&r.skipped_files).ok())),
-        usage: None,
-        errors: json!([]),
-        instruction: turn.and_then(|t| t.instruction().map(str::to_owned)),
-        workspace_id: turn.and_then(|t| t.workspace_id().map(str::to_owned)),
-        repo: turn.and_then(|t| t.repo().map(str::to_owned)),
-        language: turn.and_then(|t| t.language().map(str::to_owned)),
-        rag_scope: turn
-            .map_or_else(|| json!([]), |t| serde_json::to_value(t.rag_scope()).unwrap_or_default()),
-        reply,
-    }
-}
-
-fn record_kind(result: &RoundTrip) -> String {
+fn record_kind(result: &RoundTrip) -> &'static str {
     match result {
         RoundTrip::Answered(a) => match a.outcome {
             Outcome::Final(_) => "final",
@@ -155,5 +149,4 @@ fn record_kind(result: &RoundTrip) -> String {
         },
         RoundTrip::Failed { .. } => "error",
     }
-    .to_owned()
 }

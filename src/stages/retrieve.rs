@@ -1,56 +1,72 @@
 //! Retrieve: an admitted turn in; the turn with its `[CONTEXT]` chunks out. Tool continuations
 //! pass straight through (they carry tool outputs, not a new question).
 
+use std::sync::Arc;
+
 use tracing::warn;
 
-use super::{failed, user_turn, Deps, StageError};
-use crate::broker::StageName;
+use super::Deps;
 use crate::contracts::{ArtifactContents, UserTurn, UserWarning};
-use crate::messages::{AssembleJob, StageMessage, TurnJob};
+use crate::messages::{AssembleJob, TurnJob};
 use crate::retrieve::SearchRequest;
+use crate::stage::{Output, Stage, StageError};
 
 /// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
 pub const RETRIEVAL_UNAVAILABLE: &str = "retrieval.unavailable";
 
-/// Runs the stage for one turn.
-pub async fn run(deps: &Deps, job: TurnJob) -> Result<(StageName, StageMessage), StageError> {
-    let Some(turn) = user_turn(&job).cloned() else {
-        return Ok((StageName::Persist, failed(job, vec![not_a_user_turn()])));
-    };
-    if job.continuation.is_some() {
-        let warnings = job.carried_warnings.clone();
-        return Ok((
-            StageName::Assemble,
-            StageMessage::Assemble(AssembleJob { job, chunks: vec![], warnings }),
-        ));
+/// Fills the `[CONTEXT]` block from the vector store.
+#[derive(Debug)]
+pub struct Retrieve {
+    deps: Arc<Deps>,
+}
+
+impl Retrieve {
+    /// The stage, using `deps`' settings and vector store.
+    pub fn new(deps: &Deps) -> Self {
+        Retrieve { deps: Arc::new(deps.clone()) }
     }
-    let (context, agent) = match (deps.conversation_context(&turn), deps.agent_context(&turn)) {
-        (Ok(c), Ok(a)) => (c, a),
-        (Err(e), _) | (_, Err(e)) => return Ok((StageName::Persist, failed(job, vec![e]))),
-    };
-    let query = query_text(&turn);
-    let request = SearchRequest {
-        collection: &agent.collection,
-        query_text: &query,
-        repo: turn.repo(),
-        scope: turn.rag_scope(),
-        top_k: context.top_k,
-        budget_chars: context.chunk_budget_chars,
-    };
-    let (chunks, warnings) = match deps.retrieval.search(request).await {
-        Ok(found) => (found.chunks, found.warnings),
-        Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
-        Err(e) => {
-            warn!(session = %job.key.session_id, turn = %job.key.turn_id, error = %e, "retrieval failed; continuing without context");
-            let warning = UserWarning {
-                code: RETRIEVAL_UNAVAILABLE.to_owned(),
-                message: "source context could not be retrieved for this turn; the answer may miss it"
-                    .to_owned(),
-            };
-            (Vec::new(), vec![warning])
+}
+
+impl Stage for Retrieve {
+    const NAME: &'static str = "retrieve";
+    type In = TurnJob;
+    type Out = AssembleJob;
+
+    async fn run(&self, job: TurnJob) -> Result<Output<AssembleJob>, StageError> {
+        let turn = job.user_turn().map_err(StageError::fail)?;
+        if job.continuation.is_some() {
+            let warnings = job.carried_warnings.clone();
+            return Ok(Output::next(AssembleJob { job, chunks: vec![], warnings }));
         }
-    };
-    Ok((StageName::Assemble, StageMessage::Assemble(AssembleJob { job, chunks, warnings })))
+        let deps = &self.deps;
+        let (context, agent) = match (deps.conversation_context(turn), deps.agent_context(turn)) {
+            (Ok(c), Ok(a)) => (c, a),
+            (Err(e), _) | (_, Err(e)) => return Err(StageError::fail(e)),
+        };
+        let query = query_text(turn);
+        let request = SearchRequest {
+            collection: &agent.collection,
+            query_text: &query,
+            repo: turn.repo(),
+            scope: turn.rag_scope(),
+            top_k: context.top_k,
+            budget_chars: context.chunk_budget_chars,
+        };
+        let (chunks, warnings) = match deps.retrieval.search(request).await {
+            Ok(found) => (found.chunks, found.warnings),
+            Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
+            Err(e) => {
+                warn!(session = %job.key.session_id, turn = %job.key.turn_id, error = %e, "retrieval failed; continuing without context");
+                let warning = UserWarning {
+                    code: RETRIEVAL_UNAVAILABLE.to_owned(),
+                    message: "source context could not be retrieved for this turn; the answer may miss it"
+                        .to_owned(),
+                };
+                (Vec::new(), vec![warning])
+            }
+        };
+        Ok(Output::next(AssembleJob { job, chunks, warnings }))
+    }
 }
 
 /// What to search for: the instruction, else the names of the files sent with the turn.
@@ -64,11 +80,4 @@ fn query_text(turn: &UserTurn) -> String {
         parts.push(text.lines().take(20).collect::<Vec<_>>().join("\n"));
     }
     parts.join("\n")
-}
-
-pub(super) fn not_a_user_turn() -> crate::contracts::ApiError {
-    crate::contracts::ApiError::new(
-        crate::contracts::ErrorCode::Internal,
-        "the stored turn is not a user turn",
-    )
 }

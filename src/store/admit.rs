@@ -6,17 +6,10 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
-use super::records::{dispatch_next, insert_record, NewRecord, TurnRow, TURN_COLUMNS};
+use super::records::{dispatch_next, insert_record, NewRecord, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::broker::OutMessage;
-use crate::contracts::TurnKey;
-
-/// Builds the message that starts (or resumes) a turn.
-pub type ForwardFn<'a> = &'a (dyn Fn(&TurnRow) -> OutMessage + Sync);
-/// Compares tool results with a turn's pending calls; `Err` says how they differ.
-pub type CheckFn<'a> = &'a (dyn Fn(&TurnRow) -> Result<(), String> + Sync);
-/// Builds the record and messages of a turn aborted by mismatched tool results.
-pub type AbortFn<'a> = &'a (dyn Fn(&TurnRow, &str) -> (NewRecord, Vec<OutMessage>) + Sync);
+use crate::contracts::{ApiError, ErrorCode, InvokeResult, Reply, ToolCall, ToolContinuation, TurnKey};
+use crate::messages::{Outgoing, ReplyOut};
 
 /// Session columns a user turn may set.
 #[derive(Debug, Clone, Default)]
@@ -87,7 +80,7 @@ pub enum ContinuationAdmission {
     /// The turn is not waiting for tool results.
     NotAwaiting {
         /// Its state.
-        state: String,
+        state: TurnState,
     },
     /// The results did not match; the turn was failed and its error reply is in `outbox`.
     Aborted {
@@ -108,19 +101,27 @@ async fn turn_row(conn: &mut PgConnection, session: Uuid, turn: &str) -> Result<
     Ok(sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *conn).await?)
 }
 
-fn finished(state: &str) -> bool {
-    state == "completed" || state == "failed"
+/// The record and reply of a turn failed at `row`'s step with `error`, and the reply's message.
+pub(super) fn failure(
+    row: &TurnRow,
+    error: ApiError,
+    request_payload: Option<Value>,
+) -> Result<(NewRecord, Outgoing), StoreError> {
+    let reply: Reply = InvokeResult::fail(vec![error.clone()]);
+    let key = row.key()?;
+    let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?;
+    let record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
+    Ok((record, Outgoing::Reply(out)))
 }
 
 impl Store {
-    /// Admits a validated user turn. `forward` builds the message that starts the turn.
+    /// Admits a validated user turn; a turn that runs now gets its start message in the outbox.
     pub async fn admit_user_turn(
         &self,
         key: &TurnKey,
         fingerprint: &str,
         request: &Value,
         meta: &SessionMeta,
-        forward: ForwardFn<'_>,
     ) -> Result<Admission, StoreError> {
         let session = key.session_id.as_uuid();
         let turn = key.turn_id.as_str();
@@ -142,7 +143,7 @@ impl Store {
         if let Some(existing) = turn_row(&mut tx, session, turn).await? {
             let outcome = if existing.fingerprint != fingerprint {
                 Admission::Conflict
-            } else if finished(&existing.state) {
+            } else if existing.state.is_finished() {
                 Admission::Finished { reply: existing.last_reply.unwrap_or(Value::Null) }
             } else {
                 Admission::InFlight { outbox: outbox::pending_for_turn(&mut tx, session, turn).await? }
@@ -157,7 +158,7 @@ impl Store {
                     .bind(active)
                     .fetch_optional(&mut *tx)
                     .await?;
-            if state.as_deref() == Some("awaiting_tool_results") {
+            if state.as_deref() == Some(TurnState::AwaitingToolResults.as_str()) {
                 tx.commit().await?;
                 return Ok(Admission::AwaitingToolResults { turn_id: active.clone() });
             }
@@ -171,7 +172,7 @@ impl Store {
             .bind(session)
             .bind(turn)
             .bind(next_seq)
-            .bind(if queued { "queued" } else { "running" })
+            .bind(if queued { TurnState::Queued } else { TurnState::Running }.as_str())
             .bind(fingerprint)
             .bind(request)
             .fetch_one(&mut *tx)
@@ -184,22 +185,20 @@ impl Store {
         .bind(turn)
         .execute(&mut *tx)
         .await?;
-        let messages = if queued { Vec::new() } else { vec![forward(&row)] };
+        let messages = if queued { Vec::new() } else { vec![Outgoing::Start(row.start_job()?)] };
         let outbox = outbox::insert(&mut tx, session, turn, messages).await?;
         tx.commit().await?;
         Ok(Admission::Accepted { outbox, queued, new_session: created })
     }
 
-    /// Admits a tool continuation. `check` compares the results with the pending calls; on a
-    /// mismatch `abort` builds the failed turn's record and error reply, and the turn ends.
+    /// Admits a tool continuation (`continuation` is `parsed` in wire form). Results that do
+    /// not match the pending calls end the turn with an error record and reply.
     pub async fn admit_continuation(
         &self,
         key: &TurnKey,
         fingerprint: &str,
         continuation: &Value,
-        check: CheckFn<'_>,
-        abort: AbortFn<'_>,
-        forward: ForwardFn<'_>,
+        parsed: &ToolContinuation,
     ) -> Result<ContinuationAdmission, StoreError> {
         let session = key.session_id.as_uuid();
         let turn = key.turn_id.as_str();
@@ -217,9 +216,9 @@ impl Store {
             return Ok(ContinuationAdmission::NotFound);
         };
         if row.continuation_fingerprint.as_deref() == Some(fingerprint)
-            && row.state != "awaiting_tool_results"
+            && row.state != TurnState::AwaitingToolResults
         {
-            let outcome = if finished(&row.state) {
+            let outcome = if row.state.is_finished() {
                 ContinuationAdmission::Finished { reply: row.last_reply.clone().unwrap_or(Value::Null) }
             } else {
                 ContinuationAdmission::InFlight {
@@ -229,12 +228,17 @@ impl Store {
             tx.commit().await?;
             return Ok(outcome);
         }
-        if row.state != "awaiting_tool_results" {
+        if row.state != TurnState::AwaitingToolResults {
             tx.commit().await?;
             return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
         }
-        if let Err(reason) = check(&row) {
-            let (record, mut messages) = abort(&row, &reason);
+        let pending: Vec<ToolCall> =
+            row.pending_tool_calls.clone().map(serde_json::from_value).transpose()?.unwrap_or_default();
+        if let Err(mismatch) = crate::assemble::check_tool_results(&pending, parsed) {
+            let reason = mismatch.to_api_error().message;
+            let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
+            let (record, reply) = failure(&row, error, Some(continuation.clone()))?;
+            let mut messages = vec![reply];
             insert_record(&mut tx, session, turn, row.step, &record, None).await?;
             sqlx::query(
                 "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
@@ -249,7 +253,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(forward(&next));
+                messages.push(Outgoing::Start(next.start_job()?));
             }
             let outbox = outbox::insert(&mut tx, session, turn, messages).await?;
             tx.commit().await?;
@@ -265,9 +269,9 @@ impl Store {
         .bind(fingerprint)
         .execute(&mut *tx)
         .await?;
-        row.state = "running".into();
+        row.state = TurnState::Running;
         row.continuation = Some(continuation.clone());
-        let outbox = outbox::insert(&mut tx, session, turn, vec![forward(&row)]).await?;
+        let outbox = outbox::insert(&mut tx, session, turn, vec![Outgoing::Start(row.start_job()?)]).await?;
         tx.commit().await?;
         Ok(ContinuationAdmission::Accepted { outbox })
     }

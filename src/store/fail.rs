@@ -4,11 +4,12 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::admit::{AbortFn, ForwardFn};
+use super::admit::failure;
 use super::outbox::{self, PendingOutbox};
-use super::records::{dispatch_next, insert_record, TurnRow, TURN_COLUMNS};
+use super::records::{dispatch_next, insert_record, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{SessionId, TurnKey};
+use crate::contracts::{ApiError, SessionId, TurnKey};
+use crate::messages::Outgoing;
 
 /// A reply that answers one submission (a refusal), as sent.
 #[derive(Debug, Clone)]
@@ -20,7 +21,7 @@ pub struct StoredReply<'a> {
     /// The turn it names, if the request named a valid one.
     pub turn_id: Option<&'a str>,
     /// `refused`, `failed`, ...
-    pub outcome: &'a str,
+    pub outcome: crate::messages::ReplyOutcome,
     /// The body as sent.
     pub body: &'a Value,
 }
@@ -28,14 +29,13 @@ pub struct StoredReply<'a> {
 impl Store {
     /// Fails the turn that the submission with `fingerprint` admitted, when the message that
     /// admitted it can never be handled again (poison, retries spent): its record, its reply
-    /// (built by `fail`) and the session's next turn, in one transaction. `None` when that
+    /// (with `error`) and the session's next turn, in one transaction. `None` when that
     /// submission admitted nothing that is still open.
     pub async fn fail_admitted(
         &self,
         key: &TurnKey,
         fingerprint: &str,
-        fail: AbortFn<'_>,
-        forward: ForwardFn<'_>,
+        error: ApiError,
     ) -> Result<Option<PendingOutbox>, StoreError> {
         let session = key.session_id.as_uuid();
         let turn = key.turn_id.as_str();
@@ -50,10 +50,11 @@ impl Store {
         let Some(row) = row else { return Ok(None) };
         let ours =
             row.fingerprint == fingerprint || row.continuation_fingerprint.as_deref() == Some(fingerprint);
-        if !ours || matches!(row.state.as_str(), "completed" | "failed") {
+        if !ours || row.state.is_finished() {
             return Ok(None);
         }
-        let (record, mut messages) = fail(&row, "the request that started this turn could not be processed");
+        let (record, reply) = failure(&row, error, None)?;
+        let mut messages = vec![reply];
         insert_record(&mut tx, session, turn, row.step, &record, None).await?;
         sqlx::query(
             "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
@@ -66,9 +67,9 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         // A queued turn was never the session's active one; only the active one hands over.
-        if row.state != "queued" {
+        if row.state != TurnState::Queued {
             if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(forward(&next));
+                messages.push(Outgoing::Start(next.start_job()?));
             }
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;
@@ -85,7 +86,7 @@ impl Store {
         .bind(reply.message_id)
         .bind(reply.session.as_uuid())
         .bind(reply.turn_id)
-        .bind(reply.outcome)
+        .bind(reply.outcome.as_str())
         .bind(reply.body)
         .execute(&self.pool)
         .await?;

@@ -12,10 +12,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
-pub use admit::{AbortFn, Admission, CheckFn, ContinuationAdmission, ForwardFn, SessionMeta};
+pub use admit::{Admission, ContinuationAdmission, SessionMeta};
 pub use fail::StoredReply;
 pub use outbox::PendingOutbox;
-pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow};
+pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow, TurnState};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
 
 /// Embedded migrations (`migrations/`).
@@ -67,6 +67,12 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
             Some("40001" | "40P01" | "57014" | "53300" | "57P01" | "57P02" | "57P03")
         ),
         _ => true,
+    }
+}
+
+impl crate::metrics::Ready for Store {
+    fn ready(&self) -> futures_util::future::BoxFuture<'_, bool> {
+        Box::pin(self.ping())
     }
 }
 

@@ -1,13 +1,16 @@
 //! The transactional outbox: messages written in the same transaction as the state change they
 //! announce, published after the commit, deleted once confirmed. A crash between commit and
 //! publish leaves the rows; the redelivered input finds and publishes them.
+//!
+//! Rows hold typed, versioned [`Outgoing`] payloads (`payload`); rows written before that hold
+//! an AMQP message in the other columns and are read as [`Outgoing::Legacy`] until drained.
 
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::broker::OutMessage;
 use crate::contracts::SessionId;
+use crate::messages::{LegacyMessage, Outgoing};
 
 /// Outbox rows and the messages they hold.
 #[derive(Debug, Default, Clone)]
@@ -15,7 +18,7 @@ pub struct PendingOutbox {
     /// Row ids, to delete once published.
     pub ids: Vec<i64>,
     /// The messages, in insertion order.
-    pub messages: Vec<OutMessage>,
+    pub messages: Vec<Outgoing>,
 }
 
 impl PendingOutbox {
@@ -29,23 +32,16 @@ pub(super) async fn insert(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
-    messages: Vec<OutMessage>,
+    messages: Vec<Outgoing>,
 ) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
     for m in messages {
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO outbox (session_id, turn_id, exchange, routing_key, message_id, kind, declare_session, headers, body)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+            "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $3) RETURNING id",
         )
         .bind(session)
         .bind(turn)
-        .bind(&m.exchange)
-        .bind(&m.routing_key)
-        .bind(&m.message_id)
-        .bind(&m.kind)
-        .bind(m.session.is_some())
-        .bind(serde_json::to_value(&m.headers)?)
-        .bind(&m.body)
+        .bind(serde_json::to_value(&m)?)
         .fetch_one(&mut *conn)
         .await?;
         out.ids.push(id);
@@ -60,7 +56,7 @@ pub(super) async fn pending_for_turn(
     turn: &str,
 ) -> Result<PendingOutbox, StoreError> {
     let rows = sqlx::query(
-        "SELECT id, exchange, routing_key, message_id, kind, declare_session, headers, body
+        "SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers, body
          FROM outbox WHERE session_id = $1 AND turn_id = $2 ORDER BY id",
     )
     .bind(session)
@@ -69,23 +65,26 @@ pub(super) async fn pending_for_turn(
     .await?;
     let mut out = PendingOutbox::default();
     for row in rows {
-        let headers: serde_json::Value = row.try_get("headers")?;
-        let declare: bool = row.try_get("declare_session")?;
+        let payload: Option<serde_json::Value> = row.try_get("payload")?;
         out.ids.push(row.try_get("id")?);
-        out.messages.push(OutMessage {
-            exchange: row.try_get("exchange")?,
-            routing_key: row.try_get("routing_key")?,
-            message_id: row.try_get("message_id")?,
-            kind: row.try_get("kind")?,
-            headers: serde_json::from_value(headers)?,
-            body: row.try_get("body")?,
-            session: declare.then_some(SessionId::new(session)),
-            // Outbox replies belong to admitted turns: their session may get its queue.
-            create_queue: true,
-            correlation_id: None,
+        out.messages.push(match payload {
+            Some(p) => serde_json::from_value(p)?,
+            None => Outgoing::Legacy(legacy(&row)?),
         });
     }
     Ok(out)
+}
+
+fn legacy(row: &sqlx::postgres::PgRow) -> Result<LegacyMessage, StoreError> {
+    Ok(LegacyMessage {
+        exchange: row.try_get("exchange")?,
+        routing_key: row.try_get("routing_key")?,
+        message_id: row.try_get("message_id")?,
+        kind: row.try_get("kind")?,
+        headers: row.try_get("headers")?,
+        body: row.try_get("body")?,
+        declare_session: row.try_get("declare_session")?,
+    })
 }
 
 impl Store {

@@ -2,14 +2,62 @@
 //! turn transition, reply and next-turn dispatch in one transaction.
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
 use super::{Store, StoreError};
-use crate::broker::OutMessage;
-use crate::contracts::{SessionId, TurnKey};
+use crate::assemble::Assembled;
+use crate::contracts::{ApiError, SessionId, TurnKey, UserTurn};
+use crate::messages::{Outgoing, TurnJob};
+
+/// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnState {
+    /// Waits behind the session's active turn.
+    Queued,
+    /// Holds the session and moves through the stages.
+    Running,
+    /// Holds the session until the client sends tool results.
+    AwaitingToolResults,
+    /// Ended with a final answer.
+    Completed,
+    /// Ended with an error reply.
+    Failed,
+}
+
+impl TurnState {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Queued => "queued",
+            TurnState::Running => "running",
+            TurnState::AwaitingToolResults => "awaiting_tool_results",
+            TurnState::Completed => "completed",
+            TurnState::Failed => "failed",
+        }
+    }
+
+    /// Whether the turn has ended.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TurnState::Completed | TurnState::Failed)
+    }
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for TurnState {
+    type Error = StoreError;
+    fn try_from(s: String) -> Result<Self, StoreError> {
+        serde_json::from_value(serde_json::Value::String(s)).map_err(StoreError::Corrupt)
+    }
+}
 
 /// A row of `turns`.
 #[derive(Debug, Clone, FromRow, Serialize)]
@@ -20,8 +68,9 @@ pub struct TurnRow {
     pub turn_id: String,
     /// Arrival order within the session.
     pub seq: i64,
-    /// `queued`, `running`, `awaiting_tool_results`, `completed` or `failed`.
-    pub state: String,
+    /// Where the turn stands.
+    #[sqlx(try_from = "String")]
+    pub state: TurnState,
     /// Fingerprint of the admitted request.
     pub fingerprint: String,
     /// The validated request (wire form).
@@ -38,6 +87,44 @@ pub struct TurnRow {
     pub continuation: Option<Value>,
     /// Its fingerprint.
     pub continuation_fingerprint: Option<String>,
+}
+
+impl TurnRow {
+    /// The turn's key.
+    pub fn key(&self) -> Result<TurnKey, StoreError> {
+        let turn_id = self
+            .turn_id
+            .parse()
+            .map_err(|(_, e)| StoreError::Corrupt(serde::de::Error::custom(format!("stored TurnId: {e}"))))?;
+        Ok(TurnKey { session_id: SessionId::new(self.session_id), turn_id })
+    }
+
+    /// The message that starts (or resumes) this turn at its current step. The request is read
+    /// back from PostgreSQL, so it is checked here, once, as it leaves the store.
+    pub fn start_job(&self) -> Result<TurnJob, StoreError> {
+        let decode = |v: &Value| {
+            crate::rules::from_stored(v).map_err(|e| StoreError::Corrupt(serde::de::Error::custom(e)))
+        };
+        Ok(TurnJob {
+            key: self.key()?,
+            step: self.step,
+            turn: decode(&self.request)?,
+            continuation: self.continuation.as_ref().map(decode).transpose()?,
+            pending_tool_calls: self
+                .pending_tool_calls
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+            admitted_at: chrono::Utc::now(),
+            carried_warnings: self
+                .pending_warnings
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+        })
+    }
 }
 
 pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint";
@@ -79,6 +166,61 @@ pub struct NewRecord {
     pub reply: Value,
 }
 
+impl NewRecord {
+    /// A record's fields that come from the turn and what was sent; the outcome's fields empty.
+    /// Shared by the persist stage and reprocessing, whose records must read alike.
+    pub fn base(
+        turn: Option<&UserTurn>,
+        assembled: Option<&Assembled>,
+        kind: &str,
+        reply: Value,
+    ) -> NewRecord {
+        let sent = assembled.map(|a| &a.record);
+        let to = |v: Option<Value>| v.unwrap_or_else(|| json!([]));
+        NewRecord {
+            kind: kind.to_owned(),
+            provider_response_id: None,
+            chain: sent
+                .map(|r| serde_json::to_value(&r.chain).unwrap_or_default())
+                .unwrap_or_else(|| json!({})),
+            request_payload: assembled.map(|a| a.body.clone()),
+            response_payload: None,
+            retrieved_chunks: to(sent.and_then(|r| serde_json::to_value(&r.chunks).ok())),
+            active_files: to(sent.and_then(|r| serde_json::to_value(&r.files).ok())),
+            skipped_files: to(sent.and_then(|r| serde_json::to_value(&r.skipped_files).ok())),
+            usage: None,
+            errors: json!([]),
+            instruction: turn.and_then(|t| t.instruction().map(str::to_owned)),
+            workspace_id: turn.and_then(|t| t.workspace_id().map(str::to_owned)),
+            repo: turn.and_then(|t| t.repo().map(str::to_owned)),
+            language: turn.and_then(|t| t.language().map(str::to_owned)),
+            rag_scope: turn
+                .map_or_else(|| json!([]), |t| serde_json::to_value(t.rag_scope()).unwrap_or_default()),
+            reply,
+        }
+    }
+
+    /// The record of a step that failed with `errors` before any request was built.
+    pub fn failure(
+        errors: &[ApiError],
+        reply: Value,
+        request_payload: Option<Value>,
+    ) -> Result<Self, StoreError> {
+        Ok(NewRecord {
+            kind: "error".into(),
+            errors: serde_json::to_value(errors)?,
+            reply,
+            request_payload,
+            chain: serde_json::json!({}),
+            retrieved_chunks: serde_json::json!([]),
+            active_files: serde_json::json!([]),
+            skipped_files: serde_json::json!([]),
+            rag_scope: serde_json::json!([]),
+            ..NewRecord::default()
+        })
+    }
+}
+
 /// How a round trip leaves its turn.
 #[derive(Debug, Clone)]
 pub enum StepOutcome {
@@ -108,8 +250,8 @@ pub struct FinishStep {
     pub session_state: Option<Value>,
     /// The turn's transition.
     pub outcome: StepOutcome,
-    /// Messages to publish after the commit (the reply, stream end markers).
-    pub messages: Vec<OutMessage>,
+    /// Messages to publish after the commit (the reply).
+    pub messages: Vec<Outgoing>,
 }
 
 pub(super) async fn insert_record(
@@ -177,11 +319,7 @@ pub(super) async fn dispatch_next(
 impl Store {
     /// Ends a round trip in one transaction. Idempotent: if its record already exists, nothing
     /// changes and the turn's unpublished outbox rows are returned for publishing.
-    pub async fn finish_step(
-        &self,
-        f: FinishStep,
-        next_turn: super::admit::ForwardFn<'_>,
-    ) -> Result<PendingOutbox, StoreError> {
+    pub async fn finish_step(&self, f: FinishStep) -> Result<PendingOutbox, StoreError> {
         let session = f.key.session_id.as_uuid();
         let turn = f.key.turn_id.as_str();
         let mut tx = self.pool.begin().await?;
@@ -208,8 +346,9 @@ impl Store {
                 .bind(turn)
                 .fetch_optional(&mut *tx)
                 .await?;
+        let current = current.map(|(s, n)| TurnState::try_from(s).map(|s| (s, n))).transpose()?;
         match current {
-            Some((state, step)) if state == "running" && step == f.step => {}
+            Some((TurnState::Running, step)) if step == f.step => {}
             other => {
                 let state = other.map_or_else(|| "unknown".to_owned(), |(s, n)| format!("{s} at step {n}"));
                 return Err(StoreError::NotRunning { turn: turn.to_owned(), step: f.step, state });
@@ -224,10 +363,10 @@ impl Store {
                 .await?;
         }
         let (state, pending, warnings) = match &f.outcome {
-            StepOutcome::Completed => ("completed", None, None),
-            StepOutcome::Failed => ("failed", None, None),
+            StepOutcome::Completed => (TurnState::Completed, None, None),
+            StepOutcome::Failed => (TurnState::Failed, None, None),
             StepOutcome::AwaitingToolResults { pending, warnings } => {
-                ("awaiting_tool_results", Some(pending.clone()), Some(warnings.clone()))
+                (TurnState::AwaitingToolResults, Some(pending.clone()), Some(warnings.clone()))
             }
         };
         sqlx::query(
@@ -237,7 +376,7 @@ impl Store {
         )
         .bind(session)
         .bind(turn)
-        .bind(state)
+        .bind(state.as_str())
         .bind(f.step + 1)
         .bind(&pending)
         .bind(&f.record.reply)
@@ -247,7 +386,7 @@ impl Store {
         let mut messages = f.messages;
         if pending.is_none() {
             if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(next_turn(&next));
+                messages.push(Outgoing::Start(next.start_job()?));
             }
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;

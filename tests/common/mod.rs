@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aptix::broker::{connect, Publisher, StageName, Topology};
+use aptix::broker::{connect, Publisher, Topology};
 use aptix::config::{ConnectionUrl, Settings};
 use aptix::contracts::SessionId;
 use aptix::index::{index_repository, IndexOptions};
@@ -119,7 +119,21 @@ impl Harness {
         self.shutdown = CancellationToken::new();
         let (deps, token) = (self.deps.clone(), self.shutdown.clone());
         self.running =
-            Some(tokio::spawn(async move { pipeline::run(deps, &StageName::ALL, copies, token).await }));
+            Some(tokio::spawn(
+                async move { pipeline::run(deps, &aptix::stages::names(), copies, token).await },
+            ));
+    }
+
+    /// Starts `copies` consumers of every stage of `chain` (a pipeline with a stage of its own)
+    /// in this process.
+    #[allow(dead_code)]
+    pub fn run_chain(&mut self, chain: aptix::stage::Chain<Deps>, copies: usize) {
+        self.shutdown = CancellationToken::new();
+        let (deps, token) = (self.deps.clone(), self.shutdown.clone());
+        self.running = Some(tokio::spawn(async move {
+            let names = chain.names();
+            pipeline::run_chain(&chain, deps, &names, copies, token).await
+        }));
     }
 
     /// Stops the in-process consumers and waits for them.
@@ -132,7 +146,7 @@ impl Harness {
 
     /// Publishes raw bytes to the entry exchange, routing key = the SessionId it names (if any).
     pub async fn publish_raw(&self, body: Vec<u8>) {
-        let (session, _) = aptix::validate::turn_hint(&body);
+        let (session, _) = aptix::rules::turn_hint(&body);
         let key = session.map_or_else(|| "-".to_owned(), |s| s.to_string());
         let msg = self.topology.request(&key, uuid::Uuid::new_v4().to_string(), body);
         self.publisher.publish(&msg).await.unwrap();
@@ -204,7 +218,8 @@ impl Harness {
     pub async fn teardown(mut self) {
         self.stop_consumers().await;
         let ch = self.conn.create_channel().await.unwrap();
-        let mut queues: Vec<String> = StageName::ALL.iter().map(|s| self.topology.stage_queue(*s)).collect();
+        let mut queues: Vec<String> =
+            aptix::stages::names().iter().map(|s| self.topology.stage_queue(*s)).collect();
         queues.push(self.topology.dead());
         queues.push(self.topology.unrouted());
         queues.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));

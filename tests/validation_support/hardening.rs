@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use aptix::contracts::{ArtifactContents, ErrorCode, ValidatedRequest};
-use aptix::validate::{session_hint, turn_hint, validate_bytes, Limits};
+use aptix::rules::{session_hint, turn_hint, validate_bytes, Limits};
 use serde_json::{json, Value};
 
 use super::{artifact, cont, errors_of, image, many_unknown, user, SID};

@@ -18,7 +18,7 @@ pub async fn inflight(
         Box::pin(async move {
             sys::reset_peak_rss();
             let rss_before = sys::status_mib("VmRSS:").unwrap_or(0.0);
-            env.start(&StageName::ALL, 1);
+            env.start(&aptix::stages::names(), 1);
             env.llm.reset_peak();
             let ids = Arc::new(TurnIds::default());
             let topology = env.topology.clone();
@@ -62,14 +62,15 @@ pub async fn inflight(
          pipeline, simulator and load driver",
         p.concurrency,
         p.latency_ms,
-        settings.pipeline.prefetch.invoke,
+        settings.pipeline.prefetch.get("invoke"),
         p.secs,
         p.warmup
     )];
-    if usize::from(settings.pipeline.prefetch.invoke) < p.concurrency {
+    if usize::from(settings.pipeline.prefetch.get("invoke")) < p.concurrency {
         notes.push(format!(
             "invoke prefetch {} is below the concurrency {}: at most that many calls can be in flight",
-            settings.pipeline.prefetch.invoke, p.concurrency
+            settings.pipeline.prefetch.get("invoke"),
+            p.concurrency
         ));
     }
     if !reset {

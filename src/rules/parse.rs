@@ -5,7 +5,7 @@ use serde::de::value::MapDeserializer;
 
 use super::errors::Errors;
 use super::scan::{known_fields, scan};
-use super::{rules, Limits, ValidationErrors};
+use super::{checks, Limits, ValidationErrors};
 use crate::contracts::ids::clip;
 use crate::contracts::{AgentExecuteRequest, ApiError, ErrorCode};
 
@@ -17,7 +17,7 @@ pub fn parse_bytes(bytes: &[u8], limits: &Limits) -> Result<AgentExecuteRequest,
         Some(wire) if e.is_empty() => Ok(wire),
         Some(wire) => {
             // Names were wrong: the rules still run on the rest, so every problem is reported.
-            let _ = rules::check(wire, limits, &mut e);
+            let _ = checks::check(wire, limits, &mut e);
             Err(e.finish())
         }
         None => Err(e.finish()),

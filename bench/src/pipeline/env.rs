@@ -11,15 +11,15 @@ use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{connect, Publisher, StageName, Topology, RETRY_TIERS_MS};
-use crate::config::{ConnectionUrl, Settings};
-use crate::contracts::SessionId;
-use crate::index::{index_repository, IndexOptions};
-use crate::llm::{HttpLlmClient, LlmClient};
-use crate::pipeline;
-use crate::sim::{Latency, SimConfig};
-use crate::stages::Deps;
-use crate::store::Store;
+use aptix::broker::{connect, Publisher, StageName, Topology, RETRY_TIERS_MS};
+use aptix::config::{ConnectionUrl, Settings};
+use aptix::contracts::SessionId;
+use aptix::index::{index_repository, IndexOptions};
+use aptix::llm::{HttpLlmClient, LlmClient};
+use aptix::pipeline;
+use aptix::sim::{Latency, SimConfig};
+use aptix::stages::Deps;
+use aptix::store::Store;
 
 use super::sim_thread::SimThread;
 use super::timed_llm::TimedLlm;
@@ -176,7 +176,7 @@ impl BenchEnv {
             Corpus::Dir(p) => p.clone(),
             Corpus::Fixture => {
                 let root = dir.join("repo");
-                crate::index::write_sample_repo(&root)?;
+                aptix::index::write_sample_repo(&root)?;
                 root
             }
         };
@@ -231,7 +231,7 @@ impl BenchEnv {
 
     /// A topology under `bench-<id>-<suffix>` (for the relay), deleted at teardown.
     pub fn extra_topology(&mut self, suffix: &str) -> Topology {
-        let t = Topology::new(&format!("bench-{}-{suffix}", self.id));
+        let t = Topology::new(&format!("bench-{}-{suffix}", self.id)).with_stages(&aptix::stages::names());
         self.extra_topologies.push(t.clone());
         t
     }
@@ -272,7 +272,7 @@ impl BenchEnv {
 }
 
 async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
-    let mut queues: Vec<String> = StageName::ALL.iter().map(|s| t.stage_queue(*s)).collect();
+    let mut queues: Vec<String> = t.stages().iter().map(|s| t.stage_queue(*s)).collect();
     queues.push(t.dead());
     queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for q in queues {

@@ -11,7 +11,14 @@ pub async fn scaling(
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
     let opts = env_options(corpus, p.latency_ms);
-    let mut stage = p.stage;
+    let mut stage = match &p.stage {
+        Some(name) => Some(
+            aptix::stages::chain()
+                .find(name)
+                .ok_or_else(|| anyhow::anyhow!("no stage is called `{name}`"))?,
+        ),
+        None => None,
+    };
     let mut runs = Vec::new();
     for run in 0..common.runs.max(1) {
         let mut r = RunReport::default();
@@ -70,8 +77,7 @@ pub async fn scaling(
          process (2 vCPUs shared with RabbitMQ and PostgreSQL)",
         p.sessions, p.secs, p.warmup, p.latency_ms, settings.pipeline.prefetch
     )];
-    let doc =
-        finish("scaling", json!({"params": p, "stage": stage.map(StageName::as_str)}), &runs, &[], &notes);
+    let doc = finish("scaling", json!({"params": p, "stage": stage.map(|s| s.as_str())}), &runs, &[], &notes);
     Ok((doc, failures(&runs)))
 }
 
@@ -91,10 +97,10 @@ async fn point(
         match stage {
             Some(s) => {
                 env.start(&[s], copies);
-                let others: Vec<StageName> = StageName::ALL.into_iter().filter(|o| *o != s).collect();
+                let others: Vec<StageName> = aptix::stages::names().into_iter().filter(|o| *o != s).collect();
                 env.start(&others, 1);
             }
-            None => env.start(&StageName::ALL, 1),
+            None => env.start(&aptix::stages::names(), 1),
         }
         let ids = Arc::new(TurnIds::default());
         let topology = env.topology.clone();

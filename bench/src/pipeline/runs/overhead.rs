@@ -15,7 +15,7 @@ pub async fn overhead(
     let runs = repeat(common, settings, &opts, |env, i| {
         let p = p.clone();
         Box::pin(async move {
-            env.start(&StageName::ALL, 1);
+            env.start(&aptix::stages::names(), 1);
             let ids = Arc::new(TurnIds::default());
             let sessions = driver::sessions(p.sessions);
             let topology = env.topology.clone();

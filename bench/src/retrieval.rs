@@ -9,10 +9,10 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::SeedableRng;
 
 use super::{Percentiles, RetrievalBenchArgs};
-use crate::config::Settings;
-use crate::contracts::{ScopeCondition, ScopeOperator};
-use crate::index::{index_repository, walk, IndexOptions};
-use crate::retrieve::{Retrieval, SearchRequest};
+use aptix::config::Settings;
+use aptix::contracts::{ScopeCondition, ScopeOperator};
+use aptix::index::{index_repository, walk, IndexOptions};
+use aptix::retrieve::{Retrieval, SearchRequest};
 
 const COLLECTION: &str = "bench";
 const REPO: &str = "registry-sample";
@@ -27,7 +27,7 @@ struct Probe {
 pub fn run(args: RetrievalBenchArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     let source = match args.source.clone() {
         Some(s) => s,
-        None => crate::cli::eval_retrieval::registry_sources()
+        None => aptix::cli::eval_retrieval::registry_sources()
             .into_iter()
             .next()
             .context("no cargo registry sources; pass --source")?,
@@ -86,11 +86,7 @@ async fn bench(args: &RetrievalBenchArgs, settings: &Settings, source: &Path) ->
         let mut samples = Vec::with_capacity(probes.len());
         let mut returned = 0usize;
         for (i, p) in probes.iter().enumerate() {
-            let scope = [ScopeCondition {
-                key: "path".into(),
-                operator: ScopeOperator::Contains,
-                values: vec![p.dir.clone()],
-            }];
+            let scope = [ScopeCondition::new("path".into(), ScopeOperator::Contains, vec![p.dir.clone()])];
             let request = SearchRequest {
                 collection: COLLECTION,
                 query_text: &p.text,
@@ -136,7 +132,7 @@ fn copy_corpus(source: &Path, corpus: &Path, want: usize) -> anyhow::Result<(usi
     let mut crates: Vec<PathBuf> =
         std::fs::read_dir(source)?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     crates.sort();
-    let params = crate::index::ChunkParams::default();
+    let params = aptix::index::ChunkParams::default();
     let (mut chunks, mut files, mut used) = (0usize, 0usize, 0usize);
     for dir in crates {
         if chunks >= want {
@@ -152,7 +148,7 @@ fn copy_corpus(source: &Path, corpus: &Path, want: usize) -> anyhow::Result<(usi
                 std::fs::create_dir_all(parent)?;
             }
             std::fs::write(&target, &file.text)?;
-            chunks += crate::index::chunk_text(&file.text, &params).len();
+            chunks += aptix::index::chunk_text(&file.text, &params).len();
             files += 1;
             if chunks >= want {
                 break;

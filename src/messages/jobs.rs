@@ -1,10 +1,5 @@
-//! Every message that crosses a queue edge between stages, in one place. Each is tagged with
-//! its kind and version (`"Kind": "turn.assemble/v1"`); a consumer rejects kinds it does not
-//! know, so a rolling upgrade can never feed a stage a shape it misreads.
-//!
-//! Edges: backends → `requests` (raw `AgentExecuteRequest` JSON) → validate → `retrieve`
-//! ([`TurnJob`]) → `assemble` ([`AssembleJob`]) → `invoke` ([`InvokeJob`]) → `persist`
-//! ([`PersistJob`]) → the session's reply queue (`InvokeResult<AgentExecuteResponse>`).
+//! The turn as it travels: the admitted turn ([`TurnJob`]), with its chunks ([`AssembleJob`]),
+//! with its `/responses` body ([`InvokeJob`]), and how its round trip ended ([`PersistJob`]).
 //!
 //! Requests travel whole: they were validated once and fit in a message, and re-reading them
 //! from PostgreSQL at every hop would cost more than carrying them.
@@ -13,44 +8,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::assemble::Assembled;
+use crate::assemble::{assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, TurnInput};
 use crate::chunk::Chunk;
-use crate::contracts::{ApiError, Outcome, ToolCall, TurnKey, Usage, UserWarning, ValidatedRequest};
-
-/// A message between stages.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "Kind")]
-pub enum StageMessage {
-    /// validate → retrieve: an admitted turn (or a resumed one, for a tool continuation).
-    #[serde(rename = "turn.retrieve/v1")]
-    Retrieve(TurnJob),
-    /// retrieve → assemble: the turn with its retrieved chunks.
-    #[serde(rename = "turn.assemble/v1")]
-    Assemble(AssembleJob),
-    /// assemble → invoke: the turn with its `/responses` body.
-    #[serde(rename = "turn.invoke/v1")]
-    Invoke(InvokeJob),
-    /// any stage → persist: how the round trip ended.
-    #[serde(rename = "turn.persist/v1")]
-    Persist(PersistJob),
-}
-
-impl StageMessage {
-    /// The turn the message belongs to.
-    pub fn key(&self) -> &TurnKey {
-        &self.job().key
-    }
-
-    /// The turn job inside.
-    pub fn job(&self) -> &TurnJob {
-        match self {
-            StageMessage::Retrieve(j) => j,
-            StageMessage::Assemble(a) => &a.job,
-            StageMessage::Invoke(i) => &i.job,
-            StageMessage::Persist(p) => &p.job,
-        }
-    }
-}
+use crate::config::ConversationContext;
+use crate::contracts::{
+    ApiError, ErrorCode, Outcome, ToolCall, TurnKey, Usage, UserTurn, UserWarning, ValidatedRequest,
+};
 
 /// One round trip of a turn: the user turn, and the continuation that resumed it, if any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +35,42 @@ pub struct TurnJob {
     /// Warnings of earlier round trips of this turn, owed to its final response.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carried_warnings: Vec<UserWarning>,
+}
+
+impl TurnJob {
+    /// The user turn that opened the turn (a stored turn always is one).
+    pub fn user_turn(&self) -> Result<&UserTurn, ApiError> {
+        match &self.turn {
+            ValidatedRequest::UserTurn(t) => Ok(t),
+            ValidatedRequest::ToolContinuation(_) => {
+                Err(ApiError::new(ErrorCode::Internal, "the stored turn is not a user turn"))
+            }
+        }
+    }
+}
+
+impl TurnJob {
+    /// Builds this round trip's `/responses` request from the session's `state` (used by the
+    /// assemble stage, and by invoke to rebuild a chain the provider lost).
+    pub fn assemble(
+        &self,
+        chunks: &[Chunk],
+        state: &SessionState,
+        context: &ConversationContext,
+        policy: &AssemblePolicy,
+    ) -> Result<Assembled, ApiError> {
+        let turn = self.user_turn()?;
+        let turn_input = match &self.continuation {
+            Some(ValidatedRequest::ToolContinuation(c)) => TurnInput::ToolContinuation {
+                continuation: c,
+                pending: &self.pending_tool_calls,
+                stream: turn.stream(),
+            },
+            _ => TurnInput::User { turn, chunks },
+        };
+        let input = AssembleInput { state, context, policy, now: Utc::now(), turn: turn_input };
+        assemble(input).map_err(|e| e.to_api_error())
+    }
 }
 
 /// The turn with what retrieval found.
@@ -111,6 +110,32 @@ pub struct PersistJob {
     pub warnings: Vec<UserWarning>,
     /// The provider's answer or the reason there is none.
     pub result: RoundTrip,
+}
+
+impl PersistJob {
+    /// A round trip that ends the turn with `errors`.
+    pub fn failed(job: TurnJob, errors: Vec<ApiError>) -> Self {
+        PersistJob {
+            job,
+            assembled: None,
+            warnings: Vec::new(),
+            result: RoundTrip::Failed { errors, raw: None },
+        }
+    }
+}
+
+/// A final answer with the warnings the turn owes (`owed`) before the provider's own; a tool
+/// continuation unchanged. Shared by the persist stage and reprocessing, which must shape answers alike.
+pub fn with_owed_warnings(outcome: Outcome, owed: &[UserWarning]) -> Outcome {
+    match outcome {
+        Outcome::Final(mut f) => {
+            let mut warnings = owed.to_vec();
+            warnings.append(&mut f.user_warnings);
+            f.user_warnings = warnings;
+            Outcome::Final(f)
+        }
+        other => other,
+    }
 }
 
 /// The result of calling the provider.
@@ -156,5 +181,49 @@ impl From<crate::llm::LlmResponse> for Answer {
             .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
             .unwrap_or_else(Utc::now);
         Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
+    }
+}
+
+/// A provider answer kept at rest (`llm_results`), versioned: rows written before versioning
+/// hold a bare [`PersistJob`] and still read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SavedRoundTrip {
+    /// Written from version 1 on: `{"v": 1, "job": {..}}`.
+    Current {
+        /// Format version; only 1 exists.
+        v: u16,
+        /// The round trip.
+        job: PersistJob,
+    },
+    /// A bare `PersistJob`, as written before versioning.
+    Legacy(PersistJob),
+}
+
+impl SavedRoundTrip {
+    /// The format written now.
+    pub const VERSION: u16 = 1;
+
+    /// `job`, in the current format.
+    pub fn encode(job: &PersistJob) -> Result<Value, serde_json::Error> {
+        #[derive(Serialize)]
+        struct Current<'a> {
+            v: u16,
+            job: &'a PersistJob,
+        }
+        serde_json::to_value(Current { v: Self::VERSION, job })
+    }
+
+    /// A saved answer as stored, in any format this build reads.
+    pub fn read(stored: Value) -> Result<PersistJob, String> {
+        serde_json::from_value::<SavedRoundTrip>(stored).map_err(|e| e.to_string())?.into_job()
+    }
+
+    /// The round trip, if this build reads its version.
+    pub fn into_job(self) -> Result<PersistJob, String> {
+        match self {
+            SavedRoundTrip::Current { v: Self::VERSION, job } | SavedRoundTrip::Legacy(job) => Ok(job),
+            SavedRoundTrip::Current { v, .. } => Err(format!("saved answer has unknown version {v}")),
+        }
     }
 }

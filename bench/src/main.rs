@@ -1,4 +1,6 @@
-//! `aptix bench ...`: benchmarks (not timed tests). Each kind is a [`BenchCommand`] variant.
+//! `aptix-bench ...` (`cargo run --release -p aptix-bench -- ...`): benchmarks, not timed tests,
+//! built on the `aptix` library's public API only. Each kind is a [`BenchCommand`] variant;
+//! `docs/benchmarks.md` has the figures and how they were measured.
 //!
 //! `aptix bench retrieval` measures the embedded store on real code: it copies whole source files
 //! of the local cargo registry's crates into one tree until that tree chunks into `--chunks`
@@ -11,10 +13,35 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::config::Settings;
+use clap::Parser;
+
+use aptix::config::Settings;
 
 mod pipeline;
 mod retrieval;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "aptix-bench", about = "Aptix benchmarks (figures in docs/benchmarks.md)")]
+struct Cli {
+    /// Configuration file (else APTIX_CONFIG, else built-in defaults).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = aptix::worker::load_settings(cli.config.as_deref(), None).and_then(|s| run(cli.command, &s));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
 
 /// Benchmarks.
 #[derive(Debug, clap::Subcommand)]

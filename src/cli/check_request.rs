@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::contracts::{ApiError, ErrorCode, InvokeResult, ValidatedRequest};
-use crate::validate::{validate_bytes, Limits};
+use crate::rules::{validate_bytes, Limits};
 
 /// What a valid request is, as printed in `Result`.
 #[derive(Debug, Serialize)]

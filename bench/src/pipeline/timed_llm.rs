@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::llm::{HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse};
+use aptix::llm::{HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse};
 
 /// The LLM client the stages use: the real HTTP client, timed. It records each call's wall
 /// time under the benchmark turn id found in the instruction (see [`turn_marker`]) and counts

@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 
-use crate::sim::SimConfig;
+use aptix::sim::SimConfig;
 
 /// The simulator on a thread of its own with a single-threaded runtime: every request it serves
 /// is handled there, so that thread's CPU time is the simulator's.
@@ -31,7 +31,7 @@ impl SimThread {
                 }
             };
             rt.block_on(async move {
-                match crate::sim::start(config).await {
+                match aptix::sim::start(config).await {
                     Ok(sim) => {
                         // "/proc/thread-self" links to "<pid>/task/<tid>".
                         let tid = std::fs::read_link("/proc/thread-self")

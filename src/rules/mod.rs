@@ -7,21 +7,22 @@
 //! known properties, then the rules. Error lists are capped at `limits.max_errors` (`errors`).
 
 mod attachments;
+mod checks;
 mod errors;
 mod hint;
-mod limits;
 mod parse;
-mod rules;
 mod scan;
 mod skim;
 mod text;
 
 use std::fmt;
 
+use serde::Deserialize as _;
+
 use crate::contracts::{AgentExecuteRequest, ApiError, ValidatedRequest};
 
+pub use crate::config::Limits;
 pub use hint::{session_hint, turn_hint};
-pub use limits::Limits;
 pub use parse::parse_bytes;
 
 /// One or more validation failures, in the order they were found.
@@ -43,7 +44,14 @@ pub fn validate_bytes(bytes: &[u8], limits: &Limits) -> Result<ValidatedRequest,
     let Some(wire) = parse::read(bytes, limits, &mut e) else {
         return Err(e.finish());
     };
-    rules::check(wire, limits, &mut e).filter(|_| e.is_empty()).ok_or_else(|| e.finish())
+    checks::check(wire, limits, &mut e).filter(|_| e.is_empty()).ok_or_else(|| e.finish())
+}
+
+/// A request read back from PostgreSQL, checked again at that boundary (the structural rules:
+/// a row edited by hand or written by another version must not reach a stage unchecked).
+pub fn from_stored(value: &serde_json::Value) -> Result<ValidatedRequest, String> {
+    let wire = AgentExecuteRequest::deserialize(value).map_err(|e| e.to_string())?;
+    validate_wire(wire, &Limits::structural_only()).map_err(|e| e.to_string())
 }
 
 /// Applies the AGN-034 rules to an already-parsed request.
@@ -52,5 +60,5 @@ pub fn validate_wire(
     limits: &Limits,
 ) -> Result<ValidatedRequest, ValidationErrors> {
     let mut e = errors::Errors::new(limits.max_errors);
-    rules::check(wire, limits, &mut e).filter(|_| e.is_empty()).ok_or_else(|| e.finish())
+    checks::check(wire, limits, &mut e).filter(|_| e.is_empty()).ok_or_else(|| e.finish())
 }

@@ -28,10 +28,10 @@ use super::relay::{self, HopSizes};
 use super::report::{finish, RunReport, Target};
 use super::sys::{self, CpuSnapshot, CpuUse, Wal};
 use super::{failures, Ceiling, CommonArgs, Inflight, Overhead, Scaling};
-use crate::broker::{StageName, Topology};
-use crate::cli::bench::Percentiles;
-use crate::config::Settings;
-use crate::sim::Latency;
+use crate::Percentiles;
+use aptix::broker::{StageName, Topology};
+use aptix::config::Settings;
+use aptix::sim::Latency;
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
@@ -139,10 +139,11 @@ fn sample_depths(
 ) -> tokio::task::JoinHandle<Vec<(String, f64)>> {
     let topology = topology.clone();
     tokio::spawn(async move {
-        let mut sums = [0u64; 5];
+        let stages = topology.stages().to_vec();
+        let mut sums = vec![0u64; stages.len()];
         let mut n = 0u64;
         while !stop.is_cancelled() {
-            for (i, s) in StageName::ALL.iter().enumerate() {
+            for (i, s) in stages.iter().enumerate() {
                 let q = topology.stage_queue(*s);
                 let opts = QueueDeclareOptions { passive: true, ..Default::default() };
                 if let Ok(d) = ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await {
@@ -156,7 +157,7 @@ fn sample_depths(
             }
         }
         let _ = ch.close(200, "done".into()).await;
-        StageName::ALL
+        stages
             .iter()
             .zip(sums)
             .map(|(s, sum)| (s.as_str().to_owned(), sum as f64 / n.max(1) as f64))
@@ -167,7 +168,8 @@ fn sample_depths(
 /// The stage whose input queue was deepest on average.
 fn slowest(depths: &[(String, f64)]) -> StageName {
     let best = depths.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|d| d.0.clone()).unwrap_or_default();
-    StageName::ALL.into_iter().find(|s| s.as_str() == best).unwrap_or(StageName::Invoke)
+    let stages = aptix::stages::names();
+    stages.iter().copied().find(|s| s.as_str() == best).unwrap_or(stages[0])
 }
 
 /// A closed-loop load.
@@ -226,14 +228,15 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
     let ch = env.conn.create_channel().await?;
     let mut out = Vec::new();
     for _ in 0..2 {
-        let mut sizes: HopSizes = [0; 6];
+        let stages = env.topology.stages().to_vec();
+        let mut sizes: HopSizes = vec![0; stages.len() + 1];
         let id = ids.next();
         let body = driver::request(&session[0], &id);
         sizes[0] = body.len();
         let rx = driver.submit(&session[0], &id, body).await?;
-        for (i, stage) in StageName::ALL.iter().enumerate() {
+        for (i, stage) in stages.iter().enumerate() {
             env.start(&[*stage], 1);
-            let Some(next) = StageName::ALL.get(i + 1) else { break };
+            let Some(next) = stages.get(i + 1) else { break };
             let queue = env.topology.stage_queue(*next);
             let deadline = Instant::now() + Duration::from_secs(30);
             let msg = loop {
@@ -248,9 +251,9 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
             let props = &msg.delivery.properties;
             let id = props.message_id().as_ref().map_or_else(String::new, |m| m.to_string());
             let mut again =
-                crate::broker::OutMessage::to_queue(queue.clone(), "turn", id, msg.delivery.data.clone());
+                aptix::broker::OutMessage::to_queue(queue.clone(), "turn", id, msg.delivery.data.clone());
             for key in ["x-aptix-session-id", "x-aptix-turn-id", "traceparent"] {
-                if let Some(value) = crate::broker::header_text(props.headers().as_ref(), key) {
+                if let Some(value) = aptix::broker::header_text(props.headers().as_ref(), key) {
                     again = again.header(key, value);
                 }
             }
@@ -264,7 +267,7 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
             .context("calibration: no final reply")?
             .context("calibration: reply channel closed")?;
         anyhow::ensure!(reply.ok, "calibration turn failed");
-        sizes[5] = reply.bytes;
+        sizes[stages.len()] = reply.bytes;
         env.stop().await;
         out.push(sizes);
     }

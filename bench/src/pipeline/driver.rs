@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::timed_llm::MARKER;
-use crate::broker::{OutMessage, Publisher, Topology};
-use crate::contracts::SessionId;
+use aptix::broker::{OutMessage, Publisher, Topology};
+use aptix::contracts::SessionId;
 
 /// Questions cycled through by the turns; each retrieves different chunks from the crate's own
 /// source (or few from the fixture).
@@ -118,7 +118,7 @@ impl Driver {
                 tasks.push(tokio::spawn(async move {
                     while let Some(Ok(d)) = consumer.next().await {
                         let at = Instant::now();
-                        let header = |k: &str| crate::broker::header_text(d.properties.headers().as_ref(), k);
+                        let header = |k: &str| aptix::broker::header_text(d.properties.headers().as_ref(), k);
                         if header("x-aptix-final").as_deref() != Some("true") {
                             continue;
                         }

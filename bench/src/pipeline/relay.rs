@@ -13,22 +13,23 @@ use lapin::types::{AMQPValue, FieldTable};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{connect, OutMessage, Publisher, StageName, Topology};
+use aptix::broker::{connect, OutMessage, Publisher, Topology};
 
-/// Message sizes in bytes: index 0 is the request, 1-4 what validate, retrieve, assemble and
-/// invoke publish, 5 the reply.
-pub type HopSizes = [usize; 6];
+/// Message sizes in bytes: index 0 is the request, then what each stage but the last
+/// publishes, and last the reply (one more than the pipeline has stages).
+pub type HopSizes = Vec<usize>;
 
-/// Starts the five relay stages; they run until `shutdown` fires.
+/// Starts one relay stage per pipeline stage; they run until `shutdown` fires.
 pub async fn start(
     amqp_url: &str,
     topology: &Topology,
     sizes: HopSizes,
-    prefetch: [u16; 5],
+    prefetch: Vec<u16>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let mut tasks = Vec::new();
-    for (i, stage) in StageName::ALL.iter().enumerate() {
+    let stages = topology.stages().to_vec();
+    for (i, stage) in stages.iter().enumerate() {
         let consume_conn = connect(amqp_url).await?;
         let publisher = Publisher::connect(amqp_url).await?;
         let channel = consume_conn.create_channel().await?;
@@ -42,13 +43,13 @@ pub async fn start(
                 FieldTable::default(),
             )
             .await?;
-        let next = StageName::ALL.get(i + 1).map(|s| topology.stage_queue(*s));
+        let next = stages.get(i + 1).map(|s| topology.stage_queue(*s));
         let replies = topology.replies_exchange();
         // One padding buffer per stage, shared by every message it sends.
         let pad: Arc<Vec<u8>> = Arc::new(if next.is_some() {
             vec![b'x'; sizes[i + 1]]
         } else {
-            let filler = sizes[5].saturating_sub(30);
+            let filler = sizes[stages.len()].saturating_sub(30);
             format!("{{\"Successful\":true,\"Pad\":\"{}\"}}", "x".repeat(filler)).into_bytes()
         });
         let token = shutdown.clone();

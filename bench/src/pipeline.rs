@@ -21,8 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use crate::broker::StageName;
-use crate::config::Settings;
+use aptix::config::Settings;
 use env::Corpus;
 use report::RunReport;
 
@@ -127,8 +126,8 @@ pub struct ScalingArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// The stage to scale [default: the one with the deepest input queue in the 1-copy run].
-    #[arg(long, value_enum)]
-    pub stage: Option<StageName>,
+    #[arg(long)]
+    pub stage: Option<String>,
     /// Copies of that stage to measure, comma-separated [default: 1,2,4; 1,2 with --smoke].
     #[arg(long, value_delimiter = ',')]
     pub copies: Option<Vec<usize>>,
@@ -185,7 +184,7 @@ pub(crate) struct Inflight {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct Scaling {
-    stage: Option<StageName>,
+    stage: Option<String>,
     copies: Vec<usize>,
     secs: f64,
     warmup: f64,
@@ -237,7 +236,7 @@ impl ScalingArgs {
             copies.push(1);
         }
         Scaling {
-            stage: self.stage,
+            stage: self.stage.clone(),
             copies,
             secs: pick(self.secs, s, 1.5, 15.0),
             warmup: pick(self.warmup_secs, s, 0.5, 3.0),

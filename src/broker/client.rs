@@ -1,0 +1,122 @@
+//! The client side of the protocol (docs/client-protocol.md) for Aptix's own tools (`aptix
+//! demo`, `aptix submit`): declare a session's reply queue, publish a request to the entry
+//! exchange, read the replies. Keeps AMQP inside the broker module.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt as _;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::Acker;
+use lapin::{Channel, Connection, Consumer};
+
+use super::runtime::headers_of;
+use super::{connect, BrokerError, Publisher, Topology};
+use crate::contracts::SessionId;
+
+/// A connection that publishes requests and reads session replies.
+#[derive(Debug)]
+pub struct SessionClient {
+    conn: Connection,
+    publisher: Publisher,
+    topology: Topology,
+}
+
+impl SessionClient {
+    /// Connects to `url` and declares `topology` (idempotent).
+    pub async fn connect(url: &str, topology: Topology) -> Result<Self, BrokerError> {
+        let conn = connect(url).await?;
+        let publisher = Publisher::connect(url).await?;
+        topology.declare(publisher.channel()).await?;
+        Ok(SessionClient { conn, publisher, topology })
+    }
+
+    /// Declares `session`'s reply queue, as a client does before its first request.
+    pub async fn open_session(&self, session: &SessionId) -> Result<(), BrokerError> {
+        Ok(self.topology.declare_client_queue(self.publisher.channel(), session).await?)
+    }
+
+    /// Publishes a request (`routing_key` = its SessionId) and waits for the broker's confirm.
+    pub async fn submit(
+        &self,
+        routing_key: &str,
+        message_id: String,
+        body: Vec<u8>,
+    ) -> Result<(), BrokerError> {
+        self.publisher.publish(&self.topology.request(routing_key, message_id, body)).await
+    }
+
+    /// Consumes `session`'s reply queue; at most `prefetch` replies are held unacked.
+    pub async fn replies(&self, session: &SessionId, prefetch: u16) -> Result<Replies, BrokerError> {
+        let channel = self.conn.create_channel().await?;
+        channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+        let queue = self.topology.session_queue(session);
+        let consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Replies { channel, consumer })
+    }
+
+    /// The entry exchange requests go to.
+    pub fn requests_exchange(&self) -> String {
+        self.topology.requests_exchange()
+    }
+}
+
+/// Messages of a session's reply queue, in order.
+#[derive(Debug)]
+pub struct Replies {
+    channel: Channel,
+    consumer: Consumer,
+}
+
+/// One reply-queue message (a reply or a stream delta); unacked messages go back to the queue
+/// when the consumer closes.
+#[derive(Debug)]
+pub struct ReplyMessage {
+    /// The body.
+    pub body: Vec<u8>,
+    /// Headers as text.
+    pub headers: BTreeMap<String, String>,
+    acker: Acker,
+}
+
+impl ReplyMessage {
+    /// A header as text.
+    pub fn header(&self, key: &str) -> Option<&str> {
+        self.headers.get(key).map(String::as_str)
+    }
+
+    /// Whether it is a reply (not a stream delta).
+    pub fn is_reply(&self) -> bool {
+        self.header("x-aptix-kind") == Some("reply")
+    }
+
+    /// Removes it from the queue.
+    pub async fn ack(&self) -> Result<(), BrokerError> {
+        self.acker.ack(BasicAckOptions::default()).await?;
+        Ok(())
+    }
+}
+
+impl Replies {
+    /// The next message; `None` when the consumer stopped.
+    pub async fn next(&mut self) -> Option<Result<ReplyMessage, BrokerError>> {
+        let d = match self.consumer.next().await? {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+        Some(Ok(ReplyMessage { body: d.data, headers, acker: d.acker }))
+    }
+
+    /// Stops consuming.
+    pub async fn close(self) {
+        let _ = self.channel.close(200, "done".into()).await;
+    }
+}

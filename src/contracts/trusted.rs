@@ -1,0 +1,115 @@
+//! Reading back a request that Aptix itself validated and wrote (inner queue messages): the
+//! wire form maps straight onto the validated types, with no rule run and no image decoded. Only
+//! Aptix writes its inner queues, and their messages are tagged with a versioned kind; requests
+//! read from PostgreSQL are checked again at that boundary (`crate::rules::from_stored`).
+
+use base64::Engine as _;
+
+use super::ids::RelativePath;
+use super::request::{AgentExecuteRequest, ClipboardImageWire, InputArtifactWire, ToolResultWire};
+use super::response::{ToolOutcome, ToolResult};
+use super::validated::{
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator, ToolContinuation,
+    TurnKey, UserTurn, ValidatedRequest,
+};
+
+impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
+    type Error = String;
+
+    /// Trusted: `w` was written from a validated request. A shape that cannot come from one
+    /// (a missing id, an unknown operator) is reported; nothing else is checked.
+    fn try_from(w: AgentExecuteRequest) -> Result<Self, String> {
+        let session_id = w.session_id.as_deref().ok_or("no SessionId")?.parse().map_err(|(_, m)| m)?;
+        let turn_id = w.turn_id.as_deref().ok_or("no TurnId")?.parse().map_err(|(_, m): (_, String)| m)?;
+        let key = TurnKey { session_id, turn_id };
+        if let Some(results) = w.tool_results {
+            let results = results.into_iter().map(tool_result).collect::<Result<_, _>>()?;
+            return Ok(ValidatedRequest::ToolContinuation(ToolContinuation { key, results }));
+        }
+        let scope = w.rag_scope.unwrap_or_default().into_iter().map(|c| {
+            Ok(ScopeCondition {
+                key: c.key.ok_or("a scope condition without Key")?,
+                operator: c
+                    .operator
+                    .as_deref()
+                    .and_then(ScopeOperator::parse)
+                    .ok_or("an unknown Operator")?,
+                values: c.values.unwrap_or_default(),
+            })
+        });
+        let context = |id: Option<String>| id.map(|c| c.parse()).transpose();
+        Ok(ValidatedRequest::UserTurn(UserTurn {
+            key,
+            instruction: w.instruction,
+            artifacts: w
+                .input_artifacts
+                .unwrap_or_default()
+                .into_iter()
+                .map(artifact)
+                .collect::<Result<_, _>>()?,
+            images: w
+                .clipboard_images
+                .unwrap_or_default()
+                .into_iter()
+                .map(image)
+                .collect::<Result<_, _>>()?,
+            rag_scope: scope.collect::<Result<_, &str>>()?,
+            solution_context: w.solution_context_text,
+            workspace_id: w.workspace_id,
+            repo: w.repo,
+            language: w.language,
+            stream: w.stream.unwrap_or(false),
+            agent_context_id: context(w.agent_context_id)?,
+            conversation_context_id: context(w.conversation_context_id)?,
+        }))
+    }
+}
+
+fn tool_result(r: ToolResultWire) -> Result<ToolResult, String> {
+    let outcome = match (r.result_json, r.error_message) {
+        (Some(json), None) => ToolOutcome::ResultJson(json),
+        (None, Some(message)) => ToolOutcome::ErrorMessage(message),
+        _ => return Err("a tool result without exactly one outcome".into()),
+    };
+    Ok(ToolResult {
+        tool_call_id: r.tool_call_id.ok_or("a tool result without ToolCallId")?,
+        execution_ms: r.execution_ms.ok_or("a tool result without ExecutionMs")?,
+        outcome,
+    })
+}
+
+fn artifact(a: InputArtifactWire) -> Result<InputArtifact, String> {
+    let contents = a.contents.ok_or("an artifact without Contents")?;
+    let contents = match a.encoding.as_deref() {
+        Some("base64") => ArtifactContents::Binary(
+            base64::engine::general_purpose::STANDARD.decode(contents).map_err(|e| e.to_string())?,
+        ),
+        _ => ArtifactContents::Text(contents),
+    };
+    let origin = match a.origin.as_deref() {
+        Some("ide") => Origin::Ide,
+        Some("user") => Origin::User,
+        _ => return Err("an artifact without a known Origin".into()),
+    };
+    Ok(InputArtifact {
+        path: RelativePath::trusted(a.relative_path.ok_or("an artifact without RelativePath")?),
+        file_name: a.file_name.ok_or("an artifact without FileName")?,
+        contents,
+        origin,
+        mime_type: a.mime_type,
+        language: a.language,
+    })
+}
+
+fn image(i: ClipboardImageWire) -> Result<ClipboardImage, String> {
+    let data_base64 = i.data_base64.ok_or("an image without DataBase64")?;
+    // The decoded size from the text alone: validated base64 has no whitespace.
+    let padding = data_base64.bytes().rev().take_while(|b| *b == b'=').count();
+    let byte_len = (data_base64.len() / 4 * 3).saturating_sub(padding);
+    Ok(ClipboardImage {
+        id: i.id.ok_or("an image without Id")?,
+        mime_type: i.mime_type.ok_or("an image without MimeType")?,
+        data_base64,
+        byte_len,
+    })
+}

@@ -1,0 +1,121 @@
+//! Every message that crosses a queue edge or waits in the outbox, in one place. A message
+//! between stages is tagged with its kind and version (`"Kind": "turn.assemble/v1"`); a stage
+//! rejects kinds it does not expect, so a rolling upgrade can never feed it a shape it misreads.
+//!
+//! Edges (named by the artifact, not by who consumes it): backends → `requests` (raw
+//! `AgentExecuteRequest` JSON, [`Submission`]) → an admitted turn ([`TurnJob`]) → with its chunks
+//! ([`AssembleJob`]) → with its `/responses` body ([`InvokeJob`]) → how the round trip ended
+//! ([`PersistJob`]) → the session's reply queue ([`Outgoing::Reply`]).
+//!
+//! Inner messages are written only by Aptix and were validated when their request entered, so
+//! they are decoded as they are: nothing is validated twice.
+
+mod jobs;
+mod outgoing;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub use jobs::{
+    with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob,
+};
+pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission};
+
+use crate::contracts::ApiError;
+
+/// A message between stages: its kind on the wire, and the turn it carries.
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// `"Kind"` on the wire, with its version (`turn.retrieve/v1`).
+    const KIND: &'static str;
+
+    /// The turn the message belongs to.
+    fn turn(&self) -> &TurnJob;
+
+    /// The round trip this message becomes when its turn fails with `errors` (sent to the last
+    /// stage, which records it and replies). `None` when there is nothing left to fail.
+    fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
+        Some(PersistJob::failed(self.turn().clone(), errors))
+    }
+}
+
+impl Message for TurnJob {
+    const KIND: &'static str = "turn.retrieve/v1";
+    fn turn(&self) -> &TurnJob {
+        self
+    }
+}
+
+impl Message for AssembleJob {
+    const KIND: &'static str = "turn.assemble/v1";
+    fn turn(&self) -> &TurnJob {
+        &self.job
+    }
+}
+
+impl Message for InvokeJob {
+    const KIND: &'static str = "turn.invoke/v1";
+    fn turn(&self) -> &TurnJob {
+        &self.job
+    }
+}
+
+impl Message for PersistJob {
+    const KIND: &'static str = "turn.persist/v1";
+    fn turn(&self) -> &TurnJob {
+        &self.job
+    }
+
+    /// Failing a round trip again replaces its result; a failure that could not even be
+    /// recorded is an operator's to look at, not another message's.
+    fn fail(mut self, errors: Vec<ApiError>) -> Option<PersistJob> {
+        if matches!(self.result, RoundTrip::Failed { .. }) && self.assembled.is_none() {
+            let (session, turn) = (&self.job.key.session_id, &self.job.key.turn_id);
+            tracing::error!(%session, %turn, ?errors, "could not record a failed turn");
+            return None;
+        }
+        self.result = RoundTrip::Failed { errors, raw: None };
+        self.assembled = None;
+        Some(self)
+    }
+}
+
+/// What the last stage hands on: nothing (it ends the round trip).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Done {}
+
+impl Message for Done {
+    const KIND: &'static str = "done";
+    fn turn(&self) -> &TurnJob {
+        match *self {}
+    }
+}
+
+#[derive(Serialize)]
+struct Tagged<'a, M> {
+    #[serde(rename = "Kind")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a M,
+}
+
+#[derive(Deserialize)]
+struct Untagged<M> {
+    #[serde(rename = "Kind")]
+    kind: String,
+    #[serde(flatten)]
+    body: M,
+}
+
+/// `message` as it goes on the wire: its fields, tagged with its kind.
+pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&Tagged { kind: M::KIND, body: message })
+}
+
+/// A message of kind `M` from the wire (one parse; a kind other than `M::KIND` is an error).
+pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, String> {
+    let tagged: Untagged<M> = serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
+    if tagged.kind != M::KIND {
+        return Err(format!("a `{}` message where `{}` was expected", tagged.kind, M::KIND));
+    }
+    Ok(tagged.body)
+}

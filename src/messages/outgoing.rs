@@ -1,0 +1,187 @@
+//! What a committed state change announces (the outbox holds these), and what enters the
+//! pipeline from clients.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::TurnJob;
+use crate::contracts::{ApiError, InvokeResult, Outcome, Reply, SessionId};
+
+/// A request as a client published it: bytes not yet parsed, and its `message_id`.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The body, as received.
+    pub body: bytes::Bytes,
+    /// The client's `message_id`, if it set one.
+    pub message_id: Option<String>,
+}
+
+/// A message to publish once the transaction that decided it has committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "Kind")]
+pub enum Outgoing {
+    /// Start (or resume) a turn at the pipeline's first stage after admission.
+    #[serde(rename = "outgoing.start/v1")]
+    Start(TurnJob),
+    /// A reply for the session's reply queue.
+    #[serde(rename = "outgoing.reply/v1")]
+    Reply(ReplyOut),
+    /// An outbox row written before rows were typed: an AMQP message as it was built then.
+    #[serde(skip)]
+    Legacy(LegacyMessage),
+}
+
+/// An outbox row in the format before typed payloads (read until such rows are drained).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LegacyMessage {
+    /// Exchange.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Message id.
+    pub message_id: String,
+    /// `type` property.
+    pub kind: String,
+    /// Headers, as stored.
+    pub headers: Value,
+    /// Body.
+    pub body: Vec<u8>,
+    /// Whether it goes to a session's reply queue.
+    pub declare_session: bool,
+}
+
+/// A reply to a session, as the outbox keeps it and the client receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyOut {
+    /// The session.
+    pub session: SessionId,
+    /// The turn it names, if the request named a valid one.
+    pub turn_id: Option<String>,
+    /// Makes the message id stable for the same logical reply (`step-0`, `rejected-<fp>`).
+    pub tag: String,
+    /// The step it ends, for replies that end one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<i32>,
+    /// What it tells the client (`x-aptix-outcome`).
+    pub outcome: ReplyOutcome,
+    /// The AGN-033 reply.
+    pub body: Value,
+    /// Whether the session's queue may be declared for it (refusals only bind a queue the
+    /// client declared).
+    #[serde(default = "yes")]
+    pub create_queue: bool,
+    /// The `message_id` of the request it answers, for refusals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ReplyOut {
+    /// The reply that ends round trip `step` of a turn.
+    pub fn step(
+        session: SessionId,
+        turn_id: &str,
+        step: i32,
+        reply: &Reply,
+    ) -> Result<Self, serde_json::Error> {
+        Ok(ReplyOut {
+            session,
+            turn_id: Some(turn_id.to_owned()),
+            tag: format!("step-{step}"),
+            step: Some(step),
+            outcome: ReplyOutcome::of(reply, true),
+            body: serde_json::to_value(reply)?,
+            create_queue: true,
+            correlation_id: None,
+        })
+    }
+
+    /// A refusal of a submission: creates nothing (the session may not exist).
+    pub fn refusal(session: SessionId, turn_id: Option<&str>, tag: String, errors: Vec<ApiError>) -> Self {
+        let reply: Reply = InvokeResult::fail(errors);
+        ReplyOut {
+            session,
+            turn_id: turn_id.map(str::to_owned),
+            tag,
+            step: None,
+            outcome: ReplyOutcome::Refused,
+            body: serde_json::to_value(&reply).unwrap_or(Value::Null),
+            create_queue: false,
+            correlation_id: None,
+        }
+    }
+
+    /// A stored step reply sent again, under an id of its own (it answers another submission).
+    pub fn resent(session: SessionId, turn_id: &str, submission: &str, stored: Value) -> Self {
+        ReplyOut {
+            session,
+            turn_id: Some(turn_id.to_owned()),
+            tag: format!("resent-{submission}"),
+            step: None,
+            outcome: ReplyOutcome::of_stored(&stored),
+            body: stored,
+            create_queue: true,
+            correlation_id: None,
+        }
+    }
+
+    /// Its `message_id`: the same for every copy of the same logical reply.
+    pub fn message_id(&self) -> String {
+        format!("reply:{}:{}:{}", self.session, self.turn_id.as_deref().unwrap_or("-"), self.tag)
+    }
+}
+
+/// What a reply tells its client, sent as the `x-aptix-outcome` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyOutcome {
+    /// The turn ended with an answer.
+    Final,
+    /// The turn waits for the client's tool results.
+    ClientToolContinuation,
+    /// The turn ended in failure.
+    Failed,
+    /// This submission was refused; no turn changed.
+    Refused,
+}
+
+impl ReplyOutcome {
+    /// Of a reply that ends a step (`step`), or that answers a submission.
+    pub fn of(reply: &Reply, step: bool) -> Self {
+        match (reply.result(), step) {
+            (Some(r), _) if matches!(r.outcome, Outcome::ClientToolContinuation(_)) => {
+                ReplyOutcome::ClientToolContinuation
+            }
+            (Some(_), _) => ReplyOutcome::Final,
+            (None, true) => ReplyOutcome::Failed,
+            (None, false) => ReplyOutcome::Refused,
+        }
+    }
+
+    /// Of a stored step reply sent again.
+    pub fn of_stored(reply: &Value) -> Self {
+        match reply.pointer("/Result/Kind").and_then(Value::as_str) {
+            Some("client_tool_continuation") => ReplyOutcome::ClientToolContinuation,
+            Some(_) => ReplyOutcome::Final,
+            None => ReplyOutcome::Failed,
+        }
+    }
+
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplyOutcome::Final => "final",
+            ReplyOutcome::ClientToolContinuation => "client_tool_continuation",
+            ReplyOutcome::Failed => "failed",
+            ReplyOutcome::Refused => "refused",
+        }
+    }
+
+    /// Whether the turn ended (`x-aptix-final`): everything but a tool-call round trip.
+    pub fn ends_turn(self) -> bool {
+        self != ReplyOutcome::ClientToolContinuation
+    }
+}

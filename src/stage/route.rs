@@ -1,0 +1,155 @@
+//! Where a stage's output goes: the chain decides the queues, this turns typed messages into
+//! broker messages (ids, headers, reply routing). The only place stage messages meet AMQP.
+
+use futures_util::future::BoxFuture;
+use tracing::warn;
+
+use super::Output;
+use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
+use crate::contracts::TurnKey;
+use crate::llm::StreamDelta;
+use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
+
+/// Where one stage's outputs go, from its place in the chain.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The stage.
+    pub stage: StageName,
+    /// The stage after it, if any.
+    pub next: Option<StageName>,
+    /// The stage a turn starts (or resumes) at after admission.
+    pub start: StageName,
+    /// The last stage, which ends round trips.
+    pub finisher: StageName,
+    /// Queue names.
+    pub topology: Topology,
+}
+
+impl Route {
+    /// The broker messages of `output`.
+    pub fn messages<M: Message>(&self, output: Output<M>) -> Result<Vec<OutMessage>, String> {
+        let mut out = Vec::with_capacity(output.messages.len() + 1);
+        if let Some(m) = &output.next {
+            let next = self.next.ok_or_else(|| format!("{} is the last stage", self.stage))?;
+            out.push(self.to_stage(next, m)?);
+        }
+        if let Some(job) = &output.finish {
+            out.push(self.to_stage(self.finisher, job)?);
+        }
+        for m in output.messages {
+            out.push(self.outgoing(m)?);
+        }
+        Ok(out)
+    }
+
+    /// `job` ending its round trip now, for the last stage.
+    pub fn finish(&self, job: &PersistJob) -> Result<OutMessage, String> {
+        self.to_stage(self.finisher, job)
+    }
+
+    fn outgoing(&self, m: Outgoing) -> Result<OutMessage, String> {
+        match m {
+            Outgoing::Start(job) => self.to_stage::<TurnJob>(self.start, &job),
+            Outgoing::Reply(r) => Ok(self.reply(r)),
+            Outgoing::Legacy(l) => legacy(l),
+        }
+    }
+
+    fn to_stage<M: Message>(&self, stage: StageName, m: &M) -> Result<OutMessage, String> {
+        let (key, step) = (&m.turn().key, m.turn().step);
+        let id = format!("{stage}:{}:{}:{step}", key.session_id, key.turn_id);
+        let body = encode(m).map_err(|e| format!("unencodable {}: {e}", M::KIND))?;
+        Ok(OutMessage::to_queue(self.topology.stage_queue(stage), "turn", id, body)
+            .header("x-aptix-session-id", key.session_id.to_string())
+            .header("x-aptix-turn-id", key.turn_id.to_string()))
+    }
+
+    /// A reply for its session's reply queue.
+    pub fn reply(&self, r: ReplyOut) -> OutMessage {
+        let body = serde_json::to_vec(&r.body).unwrap_or_default();
+        let turn = r.turn_id.as_deref().unwrap_or("-");
+        let mut msg = OutMessage::to_queue(r.session.to_string(), "reply", r.message_id(), body)
+            .header("x-aptix-session-id", r.session.to_string())
+            .header("x-aptix-turn-id", turn)
+            .header("x-aptix-final", r.outcome.ends_turn())
+            .header("x-aptix-outcome", r.outcome.as_str());
+        if let Some(step) = r.step {
+            msg = msg.header("x-aptix-step", i64::from(step));
+        }
+        msg.exchange = self.topology.replies_exchange();
+        msg.session = Some(r.session);
+        msg.create_queue = r.create_queue;
+        msg.correlation_id = r.correlation_id;
+        msg
+    }
+}
+
+fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
+    let headers: std::collections::BTreeMap<String, HeaderValue> =
+        serde_json::from_value(l.headers).map_err(|e| format!("legacy outbox headers: {e}"))?;
+    let session = headers.get("x-aptix-session-id").and_then(|s| s.as_text().parse().ok());
+    let mut msg = OutMessage::to_queue(l.routing_key, &l.kind, l.message_id, l.body);
+    msg.exchange = l.exchange;
+    msg.headers = headers;
+    msg.session = if l.declare_session { session } else { None };
+    Ok(msg)
+}
+
+/// Where stream deltas of a call go while it runs.
+pub trait DeltaSink: Send + Sync + std::fmt::Debug {
+    /// Publishes one delta of round trip `step` of turn `key`; a lost delta is never fatal
+    /// (the final reply carries the whole answer).
+    fn publish<'a>(&'a self, key: &'a TurnKey, step: i32, delta: &'a StreamDelta) -> BoxFuture<'a, ()>;
+}
+
+/// Stream deltas to the session's reply queue, on a broker connection of their own.
+#[derive(Debug)]
+pub struct BrokerDeltas {
+    publisher: LazyPublisher,
+    topology: Topology,
+}
+
+impl BrokerDeltas {
+    /// Deltas published with `publisher`, named by `topology`.
+    pub fn new(publisher: LazyPublisher, topology: Topology) -> Self {
+        BrokerDeltas { publisher, topology }
+    }
+}
+
+impl DeltaSink for BrokerDeltas {
+    fn publish<'a>(&'a self, key: &'a TurnKey, step: i32, delta: &'a StreamDelta) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let message = delta_message(&self.topology, key, step, delta);
+            if let Err(error) = self.publisher.publish(message).await {
+                warn!(%error, "stream delta not published");
+            }
+        })
+    }
+}
+
+/// A stream delta as published to the session's reply queue: marked as a delta in the `type`
+/// property, the `x-aptix-kind` header and the body.
+pub fn delta_message(topology: &Topology, key: &TurnKey, step: i32, delta: &StreamDelta) -> OutMessage {
+    let body = serde_json::json!({
+        "Delta": true,
+        "SessionId": key.session_id,
+        "TurnId": key.turn_id,
+        "Step": step,
+        "Seq": delta.seq,
+        "Event": delta.event,
+    });
+    let id = format!("delta:{}:{}:{step}:{}", key.session_id, key.turn_id, delta.seq);
+    let mut msg = OutMessage::to_queue(
+        key.session_id.to_string(),
+        "delta",
+        id,
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
+    .header("x-aptix-session-id", key.session_id.to_string())
+    .header("x-aptix-turn-id", key.turn_id.to_string())
+    .header("x-aptix-step", i64::from(step))
+    .header("x-aptix-seq", delta.seq);
+    msg.exchange = topology.replies_exchange();
+    msg.session = Some(key.session_id);
+    msg
+}

@@ -1,0 +1,152 @@
+//! The one adapter between a [`Stage`] and the broker runtime: decode the input once, run the
+//! stage, route its output, and turn each error class into what happens to the message.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use sha2::{Digest as _, Sha256};
+use tracing::warn;
+
+use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
+use crate::broker::{Delivery, Disposition, Handler, OutMessage, UNDELIVERABLE};
+use crate::contracts::{ApiError, ErrorCode};
+
+/// What the runtime's bookkeeping needs from the database, without the stage framework
+/// knowing the store.
+pub trait Ledger: Send + Sync + std::fmt::Debug {
+    /// Deletes outbox rows whose messages were confirmed.
+    fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), String>>;
+    /// Counts, durably, one more delivery of the message named `key`; returns the total.
+    fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, String>>;
+}
+
+/// A stage as the broker runtime sees it.
+#[derive(Debug)]
+pub struct Runner<S> {
+    stage: S,
+    route: Route,
+    ledger: Arc<dyn Ledger>,
+}
+
+impl<S: Stage> Runner<S> {
+    /// Runs `stage`, sending its outputs along `route`.
+    pub fn new(stage: S, route: Route, ledger: Arc<dyn Ledger>) -> Self {
+        Runner { stage, route, ledger }
+    }
+
+    async fn handle_typed(&self, d: Delivery) -> Disposition {
+        let input = match S::In::decode(&d) {
+            Ok(i) => i,
+            Err(reason) => return Disposition::DeadLetter { reason, messages: vec![] },
+        };
+        match self.stage.run(input).await {
+            Ok(output) => self.forward(output),
+            Err(e) => self.failed(&d, e).await,
+        }
+    }
+
+    fn forward(&self, output: Output<S::Out>) -> Disposition {
+        let outbox_ids = output.outbox_ids.clone();
+        match self.route.messages(output) {
+            Ok(messages) => Disposition::Forward { messages, outbox_ids },
+            Err(reason) => Disposition::DeadLetter { reason, messages: vec![] },
+        }
+    }
+
+    async fn failed(&self, d: &Delivery, error: StageError) -> Disposition {
+        let stage = S::NAME;
+        match error {
+            StageError::Transient(reason) => {
+                warn!(stage, %reason, "transient failure");
+                Disposition::Retry { reason }
+            }
+            StageError::Fail(errors) => {
+                // The input decoded a moment ago; it decodes again.
+                let job = S::In::decode(d).ok().and_then(|i| i.fail(errors));
+                self.forward(Output::finish(job))
+            }
+            StageError::Permanent(reason) => {
+                warn!(stage, %reason, "permanent failure, failing the turn");
+                let error = ApiError::new(
+                    ErrorCode::Internal,
+                    format!("the {stage} stage could not use this turn's data; an operator has the details"),
+                );
+                let messages = self.give_up(d, error).await;
+                Disposition::DeadLetter { reason, messages }
+            }
+            StageError::Refused(reason) => Disposition::DeadLetter { reason, messages: vec![] },
+        }
+    }
+
+    /// The messages that end an input's turn with `error` (nothing if it cannot be decoded).
+    async fn give_up(&self, d: &Delivery, error: ApiError) -> Vec<OutMessage> {
+        let Ok(input) = S::In::decode(d) else { return vec![] };
+        let output = match self.stage.give_up(input, error).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(stage = S::NAME, error = %e, "could not end a given-up message's turn");
+                return vec![];
+            }
+        };
+        // Outbox rows of a give-up are published with the dead letter and stay until a
+        // redelivery of the turn finds them (consumers drop the copy by message id).
+        match self.route.messages(output) {
+            Ok(messages) => messages,
+            Err(reason) => {
+                tracing::error!(stage = S::NAME, %reason, "could not route a given-up message's turn");
+                vec![]
+            }
+        }
+    }
+}
+
+impl<S: Stage> Handler for Runner<S> {
+    fn handle(&self, delivery: Delivery) -> BoxFuture<'_, Disposition> {
+        Box::pin(self.handle_typed(delivery))
+    }
+
+    fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>> {
+        Box::pin(async move {
+            let code =
+                if reason.starts_with(UNDELIVERABLE) { ErrorCode::Undeliverable } else { S::EXHAUSTED };
+            let error = ApiError::new(code, format!("the {} stage gave up: {reason}", S::NAME));
+            self.give_up(&delivery, error).await
+        })
+    }
+
+    fn hint(&self, body: &[u8]) -> TurnHint {
+        S::hint(body)
+    }
+
+    fn ordering_key(&self, delivery: &Delivery) -> Option<String> {
+        if S::ORDERED {
+            delivery.hint.session.clone()
+        } else {
+            None
+        }
+    }
+
+    fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+        let key = message_fingerprint(delivery.message_id.as_deref(), &delivery.body);
+        Box::pin(async move { self.ledger.count_redelivery(key).await.map(Some) })
+    }
+
+    fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(error) = self.ledger.delete_outbox(outbox_ids).await {
+                // The rows stay; a redelivery would publish them again (consumers dedupe by id).
+                warn!(%error, "could not delete published outbox rows");
+            }
+        })
+    }
+}
+
+/// A stable name for one delivered message: the same for each redelivery of it, different for
+/// another submission (another message id, or other bytes).
+pub fn message_fingerprint(message_id: Option<&str>, body: &[u8]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(message_id.unwrap_or_default().as_bytes());
+    hash.update([0]);
+    hash.update(body);
+    hex::encode(&hash.finalize()[..12])
+}

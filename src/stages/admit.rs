@@ -1,0 +1,220 @@
+//! Admit (the `validate` stage): a client's submission in; an admitted turn for the next stage,
+//! or an error reply, out. Stateless rules first (`crate::rules`), then the stateful ones
+//! (contexts, idempotency, one turn at a time, tool continuations) inside one database
+//! transaction.
+
+use std::sync::Arc;
+
+use tracing::{debug, info};
+
+use super::Deps;
+use crate::contracts::{
+    ApiError, ErrorCode, SessionId, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+};
+use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
+use crate::rules::{turn_hint, validate_bytes};
+use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
+use crate::store::{Admission, ContinuationAdmission, SessionMeta, StoredReply};
+
+/// Parses, checks and admits turns; consumes the ingress queue.
+#[derive(Debug)]
+pub struct Admit {
+    deps: Arc<Deps>,
+}
+
+impl Admit {
+    /// The stage, using `deps`' settings and store.
+    pub fn new(deps: &Deps) -> Self {
+        Admit { deps: Arc::new(deps.clone()) }
+    }
+}
+
+impl Stage for Admit {
+    const NAME: &'static str = "validate";
+    type In = Submission;
+    type Out = TurnJob;
+
+    async fn run(&self, s: Submission) -> Result<Output<TurnJob>, StageError> {
+        // Replies that answer this submission rather than a turn's step get ids derived from
+        // it, so a redelivered message yields the same id and the client can drop the copy.
+        let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
+        let output = match validate_bytes(&s.body, &self.deps.settings.limits) {
+            Ok(request) => match &request {
+                ValidatedRequest::UserTurn(t) => self.user_turn(&request, t, &submission).await?,
+                ValidatedRequest::ToolContinuation(c) => self.continuation(&request, c, &submission).await?,
+            },
+            Err(errors) => reject(&s.body, &submission, errors.0)?,
+        };
+        self.keep_refusals(s.message_id.as_deref(), output).await
+    }
+
+    /// The submission can never be handled (retries spent, poison, unusable data): the turn it
+    /// admitted, if any, fails (record, reply, the session's next turn); otherwise the client
+    /// is told, if there is one to tell.
+    async fn give_up(&self, s: Submission, error: ApiError) -> Result<Output<TurnJob>, StageError> {
+        let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
+        tracing::error!(reason = %error.message, submission, "giving up an ingress message");
+        let error = ApiError::new(
+            error.code,
+            "the request could not be processed; an operator has the details".to_owned(),
+        );
+        let (session, turn) = turn_hint(&s.body);
+        let Some(session) = session else { return Ok(Output::publish(vec![])) };
+        let parsed = turn.as_deref().and_then(|t| t.parse().ok());
+        if let (Some(turn_id), Ok(request)) = (parsed, validate_bytes(&s.body, &self.deps.settings.limits)) {
+            let key = TurnKey { session_id: session, turn_id };
+            let failed = self.deps.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
+            if let Ok(Some(outbox)) = failed {
+                return Ok(Output::committed(outbox.ids, outbox.messages));
+            }
+        }
+        let tag = format!("exhausted-{submission}");
+        Ok(Output::publish(vec![refusal(session, turn.as_deref(), tag, vec![error])]))
+    }
+
+    const ORDERED: bool = true;
+
+    fn hint(body: &[u8]) -> TurnHint {
+        let (session, turn) = turn_hint(body);
+        TurnHint { session: session.map(|s| s.to_string()), turn }
+    }
+}
+
+impl Admit {
+    /// Stores the replies that answer this submission (refusals and stored replies sent again,
+    /// not the outbox's), so the database holds every reply a client can receive, and marks
+    /// them with the request's `message_id` as their `correlation_id`.
+    async fn keep_refusals(
+        &self,
+        message_id: Option<&str>,
+        mut output: Output<TurnJob>,
+    ) -> Result<Output<TurnJob>, StageError> {
+        if !output.outbox_ids.is_empty() {
+            return Ok(output);
+        }
+        for m in &mut output.messages {
+            let Outgoing::Reply(r) = m else { continue };
+            r.correlation_id = message_id.map(str::to_owned);
+            let stored = StoredReply {
+                message_id: &r.message_id(),
+                session: &r.session,
+                turn_id: r.turn_id.as_deref(),
+                outcome: r.outcome,
+                body: &r.body,
+            };
+            self.deps
+                .store
+                .save_reply(&stored)
+                .await
+                .map_err(|e| StageError::Transient(format!("could not store a refusal: {e}")))?;
+        }
+        Ok(output)
+    }
+
+    async fn user_turn(
+        &self,
+        request: &ValidatedRequest,
+        turn: &UserTurn,
+        submission: &str,
+    ) -> Result<Output<TurnJob>, StageError> {
+        let key = turn.key();
+        let (session, turn_id) = (key.session_id, key.turn_id.as_str());
+        let refuse = |what: &str, errors| {
+            let tag = format!("{what}-{submission}");
+            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
+        };
+        let contexts = [self.deps.conversation_context(turn).err(), self.deps.agent_context(turn).err()];
+        let context_errors: Vec<ApiError> = contexts.into_iter().flatten().collect();
+        if !context_errors.is_empty() {
+            return refuse("rejected-context", context_errors);
+        }
+        let meta = SessionMeta {
+            agent_context_id: turn.agent_context_id().map(|c| c.to_string()),
+            conversation_context_id: turn.conversation_context_id().map(|c| c.to_string()),
+            workspace_id: turn.workspace_id().map(str::to_owned),
+            repo: turn.repo().map(str::to_owned),
+        };
+        let wire = serde_json::to_value(request)?;
+        let admission = self.deps.store.admit_user_turn(key, &request.fingerprint(), &wire, &meta).await?;
+        match admission {
+            Admission::Accepted { outbox, queued, new_session } => {
+                info!(%session, turn = turn_id, queued, new_session, "turn admitted");
+                Ok(Output::committed(outbox.ids, outbox.messages))
+            }
+            Admission::InFlight { outbox } => {
+                info!(%session, turn = turn_id, "duplicate of a turn in flight");
+                Ok(Output::committed(outbox.ids, outbox.messages))
+            }
+            Admission::Finished { reply } => {
+                Ok(Output::publish(vec![Outgoing::Reply(ReplyOut::resent(session, turn_id, submission, reply))]))
+            }
+            Admission::Conflict => refuse(
+                "conflict",
+                vec![ApiError::at(
+                    ErrorCode::TurnConflict,
+                    "TurnId",
+                    format!("TurnId `{turn_id}` was already used in this session with different content"),
+                )],
+            ),
+            Admission::AwaitingToolResults { turn_id: waiting } => refuse(
+                "rejected-awaiting",
+                vec![ApiError::new(
+                    ErrorCode::SessionAwaitingToolResults,
+                    format!("the session waits for the tool results of turn `{waiting}`; submit them before a new turn"),
+                )],
+            ),
+        }
+    }
+
+    async fn continuation(
+        &self,
+        request: &ValidatedRequest,
+        c: &ToolContinuation,
+        submission: &str,
+    ) -> Result<Output<TurnJob>, StageError> {
+        let key = c.key();
+        let (session, turn_id) = (key.session_id, key.turn_id.as_str());
+        let wire = serde_json::to_value(request)?;
+        let admission = self.deps.store.admit_continuation(key, &request.fingerprint(), &wire, c).await?;
+        let refuse = |code: ErrorCode, message: String| {
+            let tag = format!("rejected-continuation-{submission}");
+            let errors = vec![ApiError::at(code, "TurnId", message)];
+            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
+        };
+        match admission {
+            ContinuationAdmission::Accepted { outbox }
+            | ContinuationAdmission::InFlight { outbox }
+            | ContinuationAdmission::Aborted { outbox } => Ok(Output::committed(outbox.ids, outbox.messages)),
+            ContinuationAdmission::Finished { reply } => Ok(Output::publish(vec![Outgoing::Reply(
+                ReplyOut::resent(session, turn_id, submission, reply),
+            )])),
+            ContinuationAdmission::NotFound => {
+                refuse(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))
+            }
+            ContinuationAdmission::NotAwaiting { state } => refuse(
+                ErrorCode::TurnNotAwaitingToolResults,
+                format!("turn `{turn_id}` is {state}, not waiting for tool results"),
+            ),
+        }
+    }
+}
+
+/// An invalid submission: refused to its session, or dead-lettered when it names none.
+fn reject(body: &[u8], submission: &str, errors: Vec<ApiError>) -> Result<Output<TurnJob>, StageError> {
+    match turn_hint(body) {
+        (Some(session), turn) => {
+            debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
+            let tag = format!("rejected-{submission}");
+            Ok(Output::publish(vec![refusal(session, turn.as_deref(), tag, errors)]))
+        }
+        // Nobody to answer: keep the message and the reason for an operator.
+        (None, _) => {
+            let first = errors.first().map_or_else(String::new, ToString::to_string);
+            Err(StageError::Refused(format!("no usable SessionId; {first}")))
+        }
+    }
+}
+
+fn refusal(session: SessionId, turn: Option<&str>, tag: String, errors: Vec<ApiError>) -> Outgoing {
+    Outgoing::Reply(ReplyOut::refusal(session, turn, tag, errors))
+}

@@ -1,0 +1,88 @@
+//! Running stages as a process: `aptix worker <stage>`, `aptix run`, and the per-stage worker
+//! binaries. Configuration, telemetry, dependencies, then the stages of the registry
+//! ([`crate::stages::chain`]) until SIGINT or SIGTERM.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::broker::StageName;
+use crate::config::Settings;
+use crate::pipeline;
+use crate::telemetry::{self, LogFormat};
+
+/// The whole of a worker binary: load configuration, start logging, run stage `name` until
+/// SIGTERM.
+pub fn main(name: &str) -> ExitCode {
+    let result = load_settings(None, None).and_then(|s| run(s, &[name.to_owned()], 1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The pipeline's stages called `names` (every stage when `names` is empty), after checking
+/// that the configuration's per-stage tables name only stages of the pipeline.
+pub fn stages(settings: &Settings, names: &[String]) -> anyhow::Result<Vec<StageName>> {
+    let chain = crate::stages::chain();
+    let all = chain.names();
+    let known: Vec<&str> = all.iter().map(|n| n.as_str()).collect();
+    settings.check_stage_names(&known)?;
+    if names.is_empty() {
+        return Ok(all);
+    }
+    names
+        .iter()
+        .map(|n| {
+            chain
+                .find(n)
+                .with_context(|| format!("no stage is called `{n}`; the pipeline has {}", known.join(", ")))
+        })
+        .collect()
+}
+
+/// Consumes the stages called `names` (every stage when empty), `copies` consumers each,
+/// until SIGINT or SIGTERM.
+pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Result<ExitCode> {
+    let stages = stages(&settings, names)?;
+    block_on(async move {
+        let shutdown = pipeline::shutdown_on_signals();
+        let deps = pipeline::build_deps_patiently(Arc::new(settings), &shutdown)
+            .await
+            .context("starting the pipeline")?;
+        let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
+        let otlp = deps.settings.telemetry.otlp_endpoint.expose().to_owned();
+        if !otlp.is_empty() {
+            let service = match stages.as_slice() {
+                [one] => format!("aptix-{one}"),
+                _ => "aptix".to_owned(),
+            };
+            crate::otlp::install(&otlp, &service).context("starting OTLP export")?;
+        }
+        let listen = deps.settings.telemetry.metrics_listen.clone();
+        if !listen.is_empty() {
+            let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
+            tokio::spawn(crate::metrics::serve(listen, Some(database), shutdown.clone()));
+        }
+        pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;
+        crate::otlp::flush().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Loads and validates settings, then starts logging in the configured format.
+pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::Result<Settings> {
+    let settings = Settings::load(path)?;
+    telemetry::init(format.unwrap_or(settings.telemetry.format));
+    Ok(settings)
+}
+
+/// Runs an async command on a fresh multi-threaded runtime.
+pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(f: F) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
+}

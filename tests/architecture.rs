@@ -1,0 +1,144 @@
+//! The import rules of `docs/architecture.md`, read from the code: modules only use modules on
+//! lower layers (so there is no cycle), a stage never uses another stage or the broker, and only
+//! the broker module speaks AMQP.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn layers() -> BTreeMap<String, usize> {
+    let doc = std::fs::read_to_string("docs/architecture.md").unwrap();
+    let block =
+        doc.split("<!-- layers:begin -->").nth(1).unwrap().split("<!-- layers:end -->").next().unwrap();
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("```")).collect();
+    let mut out = BTreeMap::new();
+    for (i, line) in lines.iter().enumerate() {
+        for module in line.split_whitespace() {
+            out.insert(module.to_owned(), lines.len() - i);
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file without comments (doc links name modules without using them).
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The top-level modules a file names as `crate::x` (including `crate::{x, y}`).
+fn used_modules(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            for part in group.split(',') {
+                let name: String =
+                    part.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.insert(name);
+            }
+        } else {
+            out.insert(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+fn module_of(path: &Path) -> String {
+    let rel = path.strip_prefix("src").unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+    first.trim_end_matches(".rs").to_owned()
+}
+
+fn sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(Path::new("src"), &mut files);
+    files.retain(|f| !matches!(module_of(f).as_str(), "lib" | "main"));
+    files
+}
+
+#[test]
+fn modules_only_use_lower_layers() {
+    let layers = layers();
+    let mut wrong = Vec::new();
+    for file in sources() {
+        let module = module_of(&file);
+        let Some(&level) = layers.get(&module) else {
+            wrong.push(format!(
+                "{}: module `{module}` is on no layer of docs/architecture.md",
+                file.display()
+            ));
+            continue;
+        };
+        for used in used_modules(&code(&file)) {
+            if used == module {
+                continue;
+            }
+            match layers.get(&used) {
+                Some(&l) if l < level => {}
+                Some(_) => {
+                    wrong.push(format!("{}: `{module}` uses `{used}`, which is not below it", file.display()))
+                }
+                None => wrong.push(format!("{}: uses `{used}`, which is on no layer", file.display())),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports against docs/architecture.md:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_stage_uses_no_other_stage_and_not_the_broker() {
+    let registry = code(Path::new("src/stages/mod.rs"));
+    let stages: Vec<String> = registry
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ").map(|m| m.trim_end_matches(';').to_owned()))
+        .collect();
+    assert!(stages.len() >= 5, "the registry declares the stage modules: {stages:?}");
+    let mut wrong = Vec::new();
+    for stage in &stages {
+        let path = PathBuf::from(format!("src/stages/{stage}.rs"));
+        let text = code(&path);
+        for other in stages.iter().filter(|o| *o != stage) {
+            for needle in [format!("super::{other}"), format!("stages::{other}")] {
+                if text.contains(&needle) {
+                    wrong.push(format!("{}: uses the stage `{other}`", path.display()));
+                }
+            }
+        }
+        if text.contains("crate::broker") || text.contains("lapin") {
+            wrong.push(format!("{}: uses the broker", path.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn only_the_broker_module_speaks_amqp() {
+    let users: Vec<String> = sources()
+        .into_iter()
+        .filter(|f| module_of(f) != "broker" && code(f).contains("lapin"))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(users.is_empty(), "lapin outside src/broker: {users:?}");
+}
+
+#[test]
+fn the_checker_sees_what_it_must() {
+    // The parser itself, on code it must flag: a rule that finds nothing proves nothing.
+    let used = used_modules("use crate::{store::Store, broker};\nlet x = crate::stages::chain();");
+    assert_eq!(used.into_iter().collect::<Vec<_>>(), ["broker", "stages", "store"]);
+    assert!(layers()["stages"] > layers()["store"] && layers()["store"] > layers()["contracts"]);
+}

@@ -1,0 +1,77 @@
+//! Adding a stage is one file and one registry line: a rerank stage between retrieve and
+//! assemble, written here as a user of the library would, runs in a real pipeline (RabbitMQ,
+//! PostgreSQL, the embedded store, the simulator) and its work reaches the client.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use aptix::contracts::UserWarning;
+use aptix::messages::AssembleJob;
+use aptix::stage::{Chain, Output, Stage, StageError};
+use aptix::stages::{admit, assemble, invoke, persist, retrieve, Deps};
+use common::{new_session, user_turn, Harness};
+
+/// Reorders retrieved chunks: by path, then by line, and says so in a warning.
+#[derive(Debug)]
+struct Rerank;
+
+impl Rerank {
+    fn new(_: &Deps) -> Self {
+        Rerank
+    }
+}
+
+impl Stage for Rerank {
+    const NAME: &'static str = "rerank";
+    type In = AssembleJob;
+    type Out = AssembleJob;
+
+    async fn run(&self, mut job: AssembleJob) -> Result<Output<AssembleJob>, StageError> {
+        job.chunks.sort_by(|a, b| (&a.path, a.start_line).cmp(&(&b.path, b.start_line)));
+        job.warnings.push(UserWarning {
+            code: "rerank.applied".into(),
+            message: format!("{} chunks reordered by path", job.chunks.len()),
+        });
+        Ok(Output::next(job))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stage_added_between_retrieve_and_assemble_runs_in_the_pipeline() {
+    let mut h = Harness::start(0).await;
+    // The registry of `aptix::stages::chain`, with one more line.
+    let chain = Chain::ingress(admit::Admit::new)
+        .then(retrieve::Retrieve::new)
+        .then(Rerank::new)
+        .then(assemble::Assemble::new)
+        .then(invoke::Invoke::new)
+        .finish(persist::Persist::new);
+    let names: Vec<&str> = chain.names().iter().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["validate", "retrieve", "rerank", "assemble", "invoke", "persist"]);
+    h.run_chain(chain, 1);
+    let s = new_session();
+    h.submit(&user_turn(
+        &s,
+        "t1",
+        "How is the invoice e-mail sent, and how is VAT computed for an invoice line?",
+    ))
+    .await;
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    let reply = &replies.last().expect("a reply").body;
+    assert_eq!(reply["Successful"], true, "{reply}");
+    let warnings = reply["Result"]["UserWarnings"].as_array().unwrap();
+    assert!(warnings.iter().any(|w| w["Code"] == "rerank.applied"), "{reply}");
+    let records = h.records(&s).await;
+    let chunks = records[0]["retrieved_chunks"].as_array().unwrap();
+    assert!(!chunks.is_empty(), "the fixture repository has context for this question");
+    let paths: Vec<&str> = chunks.iter().map(|c| c["path"].as_str().unwrap()).collect();
+    let mut sorted = paths.clone();
+    sorted.sort();
+    assert_eq!(paths, sorted, "assembled in the reranked order");
+    let ch = h.conn.create_channel().await.unwrap();
+    let _ =
+        ch.queue_delete(format!("{}.rerank", h.topology.prefix()).as_str().into(), Default::default()).await;
+    h.teardown().await;
+}

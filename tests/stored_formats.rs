@@ -1,0 +1,101 @@
+//! Rows written by the previous version still work after an upgrade: an outbox row holding a
+//! ready-made AMQP message (before typed payloads) is published, and a saved provider answer
+//! stored as a bare round trip (before versioning) is used instead of calling the provider again.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use aptix::broker::{process_one, StageName};
+use common::{new_session, user_turn, Harness};
+use lapin::options::BasicGetOptions;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn drive(h: &Harness, stage: &'static str) -> bool {
+    let stage = StageName::new(stage);
+    let handler = aptix::pipeline::handler(&h.deps, stage).unwrap();
+    let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
+    process_one(stage, &*handler, &h.conn, &h.publisher, &settings).await.unwrap()
+}
+
+async fn take(h: &Harness, stage: &'static str) -> Vec<u8> {
+    let ch = h.conn.create_channel().await.unwrap();
+    let queue = h.topology.stage_queue(StageName::new(stage));
+    let got = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap();
+    got.expect("a message").delivery.data.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outbox_row_in_the_old_format_is_published_when_its_turn_is_found_again() {
+    let mut h = Harness::start(0).await;
+    let s = new_session();
+    let request = user_turn(&s, "t1", "hello");
+    h.submit(&request).await;
+    assert!(drive(&h, "validate").await);
+    // The old version crashed after its commit and before its publish: its row holds the
+    // message itself (exchange, routing key, headers, body), and nothing was published.
+    let body = take(&h, "retrieve").await;
+    let queue = h.topology.stage_queue(StageName::new("retrieve"));
+    sqlx::query(
+        "INSERT INTO outbox (session_id, turn_id, exchange, routing_key, message_id, kind, declare_session, headers, body)
+         VALUES ($1::uuid, 't1', '', $2, $3, 'turn', false, $4, $5)",
+    )
+    .bind(&s)
+    .bind(&queue)
+    .bind(format!("retrieve:{s}:t1:0"))
+    .bind(json!({"x-aptix-session-id": s, "x-aptix-turn-id": "t1"}))
+    .bind(&body)
+    .execute(h.deps.store.pool())
+    .await
+    .unwrap();
+    // The client's redelivered request finds the turn in flight and publishes the row.
+    h.run(1);
+    h.submit(&request).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(replies.last().unwrap().body["Successful"], true, "{:?}", replies.last().unwrap().body);
+    assert_eq!(h.records(&s).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(h.deps.store.outbox_len().await.unwrap(), 0, "the old row was deleted once published");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_saved_answer_in_the_old_format_is_forwarded_without_a_second_call() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    for stage in ["validate", "retrieve", "assemble"] {
+        assert!(drive(&h, stage).await, "{stage}");
+    }
+    let invoke = take(&h, "invoke").await;
+    let queue = h.topology.stage_queue(StageName::new("invoke"));
+    let copy = aptix::broker::OutMessage::to_queue(queue, "turn", "copy".into(), invoke);
+    h.publisher.publish(&copy).await.unwrap();
+    h.publisher.publish(&copy).await.unwrap();
+    assert!(drive(&h, "invoke").await);
+    assert_eq!(h.sim.stats().requests, 1);
+    // Rewrite the saved answer as the previous version stored it: the bare round trip.
+    let saved: serde_json::Value =
+        sqlx::query_scalar("SELECT result FROM llm_results WHERE session_id = $1::uuid AND turn_id = 't1'")
+            .bind(&s)
+            .fetch_one(h.deps.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(saved["v"], 1, "written with its version: {saved}");
+    sqlx::query("UPDATE llm_results SET result = $2 WHERE session_id = $1::uuid AND turn_id = 't1'")
+        .bind(&s)
+        .bind(&saved["job"])
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+    assert!(drive(&h, "invoke").await, "the redelivered copy");
+    assert_eq!(h.sim.stats().requests, 1, "the old-format answer was used");
+    assert!(drive(&h, "persist").await && drive(&h, "persist").await);
+    assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
+    assert_eq!(h.records(&s).await.len(), 1, "one record for the two copies");
+    assert!(h.dead_letters().await.is_empty());
+    h.teardown().await;
+}
