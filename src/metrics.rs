@@ -52,6 +52,12 @@ struct CostLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JsonLabel {
+    op: &'static str,
+    what: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabel {
     model: String,
     kind: String,
@@ -70,6 +76,7 @@ pub struct Metrics {
     llm_calls: Family<ModelLabel, Counter>,
     tokens: Family<TokenLabel, Counter>,
     cost_micro_usd: Family<CostLabel, Counter>,
+    json: Family<JsonLabel, Counter>,
     broker_connections: AtomicI64,
     known_models: RwLock<HashSet<String>>,
 }
@@ -96,7 +103,11 @@ impl Metrics {
         });
         registry.register("stage_duration_seconds", "Time from delivery to ack", duration.clone());
         let llm_calls = Family::<ModelLabel, Counter>::default();
-        registry.register("llm_calls", "Responses API calls by model and outcome", llm_calls.clone());
+        registry.register(
+            "llm_calls",
+            "Responses API calls by model and outcome",
+            llm_calls.clone(),
+        );
         let tokens = Family::<TokenLabel, Counter>::default();
         registry.register(
             "llm_tokens",
@@ -109,7 +120,14 @@ impl Metrics {
             "Estimated spend in millionths of a USD, from the configured price table",
             cost_micro_usd.clone(),
         );
+        let json = Family::<JsonLabel, Counter>::default();
+        registry.register(
+            "json_ops",
+            "JSON parses and serialisations of requests, stage messages, outbox rows, replies and stored state, by what",
+            json.clone(),
+        );
         Metrics {
+            json,
             registry,
             messages,
             in_flight,
@@ -120,6 +138,16 @@ impl Metrics {
             broker_connections: AtomicI64::new(0),
             known_models: RwLock::new(HashSet::new()),
         }
+    }
+
+    /// Counts one JSON parse or serialisation (`op`) of `what` (docs/benchmarks.md, "Work per turn").
+    pub fn json(&self, op: &'static str, what: &'static str) {
+        self.json.get_or_create(&JsonLabel { op, what }).inc();
+    }
+
+    /// How many `op`s of `what` this process did.
+    pub fn json_count(&self, op: &'static str, what: &'static str) -> u64 {
+        self.json.get_or_create(&JsonLabel { op, what }).get()
     }
 
     /// Counts a settled message.
@@ -152,7 +180,13 @@ impl Metrics {
     }
 
     /// Counts an LLM call and its tokens and cost; an unconfigured model counts as `other`.
-    pub fn llm_call(&self, model: &str, outcome: &str, usage: Option<&Usage>, prices: &[ModelPrice]) {
+    pub fn llm_call(
+        &self,
+        model: &str,
+        outcome: &str,
+        usage: Option<&Usage>,
+        prices: &[ModelPrice],
+    ) {
         let label = self.model_label(model);
         let model = label.as_str();
         self.llm_calls
@@ -226,11 +260,15 @@ struct HealthState {
 pub async fn serve(listen: String, database: Option<Arc<dyn Ready>>, shutdown: CancellationToken) {
     let addr: SocketAddr = match listen.parse() {
         Ok(a) => a,
-        Err(e) => return warn!(%listen, error = %e, "metrics address is invalid; not serving metrics"),
+        Err(e) => {
+            return warn!(%listen, error = %e, "metrics address is invalid; not serving metrics")
+        }
     };
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
-        Err(e) => return warn!(%addr, error = %e, "cannot bind the metrics port; not serving metrics"),
+        Err(e) => {
+            return warn!(%addr, error = %e, "cannot bind the metrics port; not serving metrics")
+        }
     };
     info!(addr = %listener.local_addr().map_or(addr, |a| a), "serving metrics and health");
     let app = axum::Router::new()
@@ -238,8 +276,9 @@ pub async fn serve(listen: String, database: Option<Arc<dyn Ready>>, shutdown: C
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(Arc::new(HealthState { database }));
-    let _ =
-        axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
+    let _ = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
 }
 
 async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {

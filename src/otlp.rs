@@ -99,7 +99,12 @@ pub async fn flush() {
     }
 }
 
-async fn run(client: reqwest::Client, endpoint: String, service: String, mut rx: mpsc::Receiver<Command>) {
+async fn run(
+    client: reqwest::Client,
+    endpoint: String,
+    service: String,
+    mut rx: mpsc::Receiver<Command>,
+) {
     let mut batch: Vec<SpanRecord> = Vec::new();
     let mut dropped = 0usize;
     loop {
@@ -138,7 +143,12 @@ async fn run(client: reqwest::Client, endpoint: String, service: String, mut rx:
 }
 
 /// Posts one batch; returns how many spans were lost.
-async fn send(client: &reqwest::Client, endpoint: &str, service: &str, batch: Vec<SpanRecord>) -> usize {
+async fn send(
+    client: &reqwest::Client,
+    endpoint: &str,
+    service: &str,
+    batch: Vec<SpanRecord>,
+) -> usize {
     if batch.is_empty() {
         return 0;
     }

@@ -106,7 +106,12 @@ pub fn handler(deps: &Deps, name: StageName) -> Option<Arc<dyn Handler>> {
 
 /// Runs `copies` consumers of each of `stages` of the pipeline until `shutdown` fires, then
 /// waits for them to finish their in-flight messages.
-pub async fn run(deps: Arc<Deps>, stages: &[StageName], copies: usize, shutdown: CancellationToken) {
+pub async fn run(
+    deps: Arc<Deps>,
+    stages: &[StageName],
+    copies: usize,
+    shutdown: CancellationToken,
+) {
     run_chain(&crate::stages::chain(), deps, stages, copies, shutdown).await
 }
 
@@ -127,7 +132,12 @@ pub async fn run_chain(
         let mut settings = runtime_settings(&deps.settings, stage);
         settings.topology = chain.topology(&deps);
         for _ in 0..copies.max(1) {
-            tasks.push(tokio::spawn(run_stage(stage, handler.clone(), settings.clone(), shutdown.clone())));
+            tasks.push(tokio::spawn(run_stage(
+                stage,
+                handler.clone(),
+                settings.clone(),
+                shutdown.clone(),
+            )));
         }
     }
     info!(stages = ?stages.iter().map(|s| s.as_str()).collect::<Vec<_>>(), copies, "pipeline running");
@@ -144,14 +154,15 @@ pub fn shutdown_on_signals() -> CancellationToken {
         let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
         {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    t.cancel();
-                    return;
-                }
-            };
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = ctrl_c.await;
+                        t.cancel();
+                        return;
+                    }
+                };
             tokio::select! {
                 _ = ctrl_c => {}
                 _ = term.recv() => {}

@@ -19,8 +19,8 @@ pub enum LogFormat {
 /// tests and embedded runs can call it freely.
 pub fn init(format: LogFormat) {
     // qdrant-edge logs internal start-up chatter at WARN; only its errors matter to an operator.
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,qdrant_edge=error"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,qdrant_edge=error"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // An error here only means a subscriber is already installed.
     let _ = match format {

@@ -39,9 +39,9 @@ pub fn stages(settings: &Settings, names: &[String]) -> anyhow::Result<Vec<Stage
     names
         .iter()
         .map(|n| {
-            chain
-                .find(n)
-                .with_context(|| format!("no stage is called `{n}`; the pipeline has {}", known.join(", ")))
+            chain.find(n).with_context(|| {
+                format!("no stage is called `{n}`; the pipeline has {}", known.join(", "))
+            })
         })
         .collect()
 }
@@ -83,6 +83,8 @@ pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::
 }
 
 /// Runs an async command on a fresh multi-threaded runtime.
-pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(f: F) -> anyhow::Result<ExitCode> {
+pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
+    f: F,
+) -> anyhow::Result<ExitCode> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
 }

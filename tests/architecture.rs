@@ -8,9 +8,15 @@ use std::path::{Path, PathBuf};
 
 fn layers() -> BTreeMap<String, usize> {
     let doc = std::fs::read_to_string("docs/architecture.md").unwrap();
-    let block =
-        doc.split("<!-- layers:begin -->").nth(1).unwrap().split("<!-- layers:end -->").next().unwrap();
-    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("```")).collect();
+    let block = doc
+        .split("<!-- layers:begin -->")
+        .nth(1)
+        .unwrap()
+        .split("<!-- layers:end -->")
+        .next()
+        .unwrap();
+    let lines: Vec<&str> =
+        block.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("```")).collect();
     let mut out = BTreeMap::new();
     for (i, line) in lines.iter().enumerate() {
         for module in line.split_whitespace() {
@@ -89,10 +95,13 @@ fn modules_only_use_lower_layers() {
             }
             match layers.get(&used) {
                 Some(&l) if l < level => {}
-                Some(_) => {
-                    wrong.push(format!("{}: `{module}` uses `{used}`, which is not below it", file.display()))
+                Some(_) => wrong.push(format!(
+                    "{}: `{module}` uses `{used}`, which is not below it",
+                    file.display()
+                )),
+                None => {
+                    wrong.push(format!("{}: uses `{used}`, which is on no layer", file.display()))
                 }
-                None => wrong.push(format!("{}: uses `{used}`, which is on no layer", file.display())),
             }
         }
     }
@@ -104,7 +113,9 @@ fn a_stage_uses_no_other_stage_and_not_the_broker() {
     let registry = code(Path::new("src/stages/mod.rs"));
     let stages: Vec<String> = registry
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod ").map(|m| m.trim_end_matches(';').to_owned()))
+        .filter_map(|l| {
+            l.trim().strip_prefix("pub mod ").map(|m| m.trim_end_matches(';').to_owned())
+        })
         .collect();
     assert!(stages.len() >= 5, "the registry declares the stage modules: {stages:?}");
     let mut wrong = Vec::new();

@@ -32,7 +32,8 @@ fn golden_blocks() {
 #[test]
 fn agn002_example_is_byte_exact() {
     // Hand-written here as well as in the golden file, so blessing cannot quietly change it.
-    let expected = "[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\nPath: Billing/Managers/InvoiceManager.cs\n\
+    let expected =
+        "[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\nPath: Billing/Managers/InvoiceManager.cs\n\
         Lines: 40-85\nLanguage: csharp\n```csharp\npublic class InvoiceManager\n{\n    \
         public void SendInvoiceEmail(Invoice invoice) {\n        ...\n    }\n}\n```\n\n\
         === CHUNK 2 ===\nId: ctx_2\nPath: Billing/Api/InvoiceController.cs\nLines: 10-55\n\
@@ -60,7 +61,9 @@ fn read_back(block: &str) -> String {
     let fence_len = lines[open].chars().take_while(|c| *c == '`').count();
     let closes = |l: &str| {
         let t = l.trim_start_matches(' ');
-        l.len() - t.len() <= 3 && t.trim_end().len() >= fence_len && t.trim_end().chars().all(|c| c == '`')
+        l.len() - t.len() <= 3
+            && t.trim_end().len() >= fence_len
+            && t.trim_end().chars().all(|c| c == '`')
     };
     let close = open + 1 + lines[open + 1..].iter().position(|l| closes(l)).unwrap();
     lines[open + 1..close].join("\n")

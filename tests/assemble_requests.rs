@@ -160,15 +160,23 @@ impl Session {
 
     fn tools(&self, c: &ToolContinuation, pending: &[ToolCall], now: DateTime<Utc>) -> Assembled {
         let turn = TurnInput::ToolContinuation { continuation: c, pending, stream: false };
-        let input =
-            AssembleInput { state: &self.state, context: &self.context, policy: &self.policy, now, turn };
+        let input = AssembleInput {
+            state: &self.state,
+            context: &self.context,
+            policy: &self.policy,
+            now,
+            turn,
+        };
         assemble(input).unwrap()
     }
 
     fn answer(&mut self, a: &Assembled, at: DateTime<Utc>, outcome: AnswerOutcome) {
         self.answers += 1;
-        let answer =
-            ProviderAnswer { response_id: format!("resp_{:03}", self.answers), created_at: at, outcome };
+        let answer = ProviderAnswer {
+            response_id: format!("resp_{:03}", self.answers),
+            created_at: at,
+            outcome,
+        };
         self.state = self.state.apply_answer(&a.update, &answer, &self.policy);
     }
 
@@ -196,13 +204,20 @@ fn check_invariants(name: &str, body: &Value) {
     let input = body["input"].as_array().unwrap();
     let systems = input.iter().filter(|i| i["role"] == "system").count();
     let continued = body.get("previous_response_id").is_some();
-    assert_eq!(systems, usize::from(!continued), "{name}: system message on a chain's first call only");
+    assert_eq!(
+        systems,
+        usize::from(!continued),
+        "{name}: system message on a chain's first call only"
+    );
     if !continued {
         assert_eq!(input[0]["role"], "system", "{name}");
     }
     for item in input.iter().filter(|i| i.get("role").is_some()) {
         for part in item["content"].as_array().unwrap() {
-            assert!(matches!(part["type"].as_str(), Some("input_text" | "input_image")), "{name}: {part}");
+            assert!(
+                matches!(part["type"].as_str(), Some("input_text" | "input_image")),
+                "{name}: {part}"
+            );
         }
     }
 }
@@ -234,8 +249,9 @@ fn first_turn() {
     let parts = texts(user);
     assert!(parts[0].starts_with("[MODE: DDR_CREATION]\n\n[INSTRUCTION]\nCreate a DDR"));
     assert!(parts[1].starts_with("[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\n"));
-    assert!(parts[2]
-        .starts_with("[ACTIVE FILES]\n\n=== CHUNK 3 ===\nId: file:Billing/Managers/InvoiceManager.cs@"));
+    assert!(parts[2].starts_with(
+        "[ACTIVE FILES]\n\n=== CHUNK 3 ===\nId: file:Billing/Managers/InvoiceManager.cs@"
+    ));
     assert!(parts[3].starts_with("[SOLUTION CONTEXT]\n"));
 }
 
@@ -251,7 +267,13 @@ fn follow_up_sends_only_new_chunks() {
     let s = after_first_turn();
     let turn = user_turn(json!({"TurnId": "turn-2", "Instruction": "Add the retry policy."}));
     let mut chunks = invoice_chunks();
-    chunks.push(chunk("ctx_3", "Billing/Mail/RetryPolicy.cs", (1, 2), "csharp", "class RetryPolicy { }\n"));
+    chunks.push(chunk(
+        "ctx_3",
+        "Billing/Mail/RetryPolicy.cs",
+        (1, 2),
+        "csharp",
+        "class RetryPolicy { }\n",
+    ));
     let a = s.user(&turn, &chunks, t0() + TimeDelta::hours(1));
     golden("follow-up", &a);
     assert_eq!(a.body["previous_response_id"], "resp_001");
@@ -314,7 +336,10 @@ fn tool_continuation_answers_in_call_order() {
     assert_eq!(input.len(), 2);
     assert_eq!(input[0]["type"], "function_call_output");
     assert_eq!(input[1]["call_id"], "call_2");
-    assert!(input[1]["output"].as_str().unwrap().starts_with("ERROR: the tool `run_tests` failed: cargo"));
+    assert!(input[1]["output"]
+        .as_str()
+        .unwrap()
+        .starts_with("ERROR: the tool `run_tests` failed: cargo"));
     assert!(a.record.tool_outputs[1].failed && !a.record.tool_outputs[0].failed);
 }
 
@@ -330,9 +355,15 @@ fn tool_results_that_do_not_match_are_a_mismatch() {
     ]}));
     for c in [&reversed, &short] {
         assert!(aptix::assemble::check_tool_results(&calls(), c).is_err());
-        let turn = TurnInput::ToolContinuation { continuation: c, pending: &calls(), stream: false };
-        let input =
-            AssembleInput { state: &s.state, context: &s.context, policy: &s.policy, now: t0(), turn };
+        let turn =
+            TurnInput::ToolContinuation { continuation: c, pending: &calls(), stream: false };
+        let input = AssembleInput {
+            state: &s.state,
+            context: &s.context,
+            policy: &s.policy,
+            now: t0(),
+            turn,
+        };
         let err = assemble(input).unwrap_err();
         assert_eq!(err.code(), ErrorCode::ToolResultsMismatch);
         assert_eq!(err.to_api_error().code, ErrorCode::ToolResultsMismatch);
@@ -343,7 +374,8 @@ fn tool_results_that_do_not_match_are_a_mismatch() {
 #[test]
 fn abandoned_tool_calls_are_answered_before_the_next_turn() {
     let s = awaiting_tools();
-    let turn = user_turn(json!({"TurnId": "turn-2", "Instruction": "Never mind; summarise instead."}));
+    let turn =
+        user_turn(json!({"TurnId": "turn-2", "Instruction": "Never mind; summarise instead."}));
     let a = s.user(&turn, &[], t0() + TimeDelta::minutes(2));
     golden("abandoned-tool-calls", &a);
     let input = a.body["input"].as_array().unwrap();
@@ -362,7 +394,10 @@ fn images_without_instruction() {
     let a = s.user(&turn, &[], t0());
     golden("images", &a);
     let content = a.body["input"][1]["content"].as_array().unwrap();
-    assert!(content[0]["text"].as_str().unwrap().starts_with("[MODE: DDR_CREATION]\n\n[INSTRUCTION]\n("));
+    assert!(content[0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("[MODE: DDR_CREATION]\n\n[INSTRUCTION]\n("));
     assert_eq!(
         content[1],
         json!({"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"})
@@ -451,7 +486,9 @@ fn previous_response_not_found_rehydrates_within_budgets() {
     assert_eq!(a.record.chain.status, ChainStatus::Rehydrated);
     assert_eq!(
         a.record.chain.reason,
-        aptix::assemble::ChainReason::PreviousResponseNotFound { previous_response_id: "resp_004".into() }
+        aptix::assemble::ChainReason::PreviousResponseNotFound {
+            previous_response_id: "resp_004".into()
+        }
     );
     let r = a.record.rehydration.as_ref().unwrap();
     assert!(r.transcript_turns >= 1 && r.transcript_turns_cut >= 1, "{r:?}");

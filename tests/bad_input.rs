@@ -167,7 +167,8 @@ fn generated() -> Vec<Case> {
     add(
         "280000-empty-artifacts",
         &|s| {
-            let mut b = format!(r#"{{"SessionId":"{s}","TurnId":"t1","InputArtifacts":["#).into_bytes();
+            let mut b =
+                format!(r#"{{"SessionId":"{s}","TurnId":"t1","InputArtifacts":["#).into_bytes();
             b.extend_from_slice(&b"{},".repeat(280_000));
             b.pop();
             b.extend_from_slice(b"]}");
@@ -202,7 +203,8 @@ fn generated() -> Vec<Case> {
     add(
         "65-artifacts",
         &|s| {
-            let files: Vec<Value> = (0..65).map(|i| file(&format!("f{i}.rs"), "fn f() {}".into())).collect();
+            let files: Vec<Value> =
+                (0..65).map(|i| file(&format!("f{i}.rs"), "fn f() {}".into())).collect();
             to(json!({"SessionId": s, "TurnId": "t1", "InputArtifacts": files}))
         },
         "reply:validation.limit_exceeded",
@@ -295,8 +297,8 @@ fn generated() -> Vec<Case> {
     add(
         "nesting-100000-deep",
         &|s| {
-            let mut b =
-                format!("{{\"SessionId\": \"{s}\", \"TurnId\": \"t1\", \"Instruction\": ").into_bytes();
+            let mut b = format!("{{\"SessionId\": \"{s}\", \"TurnId\": \"t1\", \"Instruction\": ")
+                .into_bytes();
             b.extend(std::iter::repeat_n(b'[', 100_000));
             b.extend(std::iter::repeat_n(b']', 100_000));
             b.push(b'}');
@@ -321,7 +323,9 @@ fn codes(reply: &Value) -> Vec<String> {
 fn call_ids(reply: &Value) -> Vec<String> {
     reply["Result"]["ToolCalls"]
         .as_array()
-        .map(|a| a.iter().map(|c| c["ToolCallId"].as_str().unwrap_or_default().to_owned()).collect())
+        .map(|a| {
+            a.iter().map(|c| c["ToolCallId"].as_str().unwrap_or_default().to_owned()).collect()
+        })
         .unwrap_or_default()
 }
 
@@ -341,8 +345,11 @@ async fn run_setups(h: &Harness, cases: &[Case]) -> HashMap<(String, String), Ve
     let mut calls = HashMap::new();
     for s in &steps {
         let replies = h.replies(&s.session, 1, WAIT).await;
-        let reply =
-            &replies.iter().find(|r| r.is_final).unwrap_or_else(|| panic!("no set-up reply for {s:?}")).body;
+        let reply = &replies
+            .iter()
+            .find(|r| r.is_final)
+            .unwrap_or_else(|| panic!("no set-up reply for {s:?}"))
+            .body;
         assert_eq!(reply["Successful"], true, "set-up {s:?}: {reply}");
         let kind = reply["Result"]["Kind"].as_str().unwrap_or_default();
         if s.kind == "done" {
@@ -371,7 +378,11 @@ fn with_calls(case: &Case, calls: &HashMap<(String, String), Vec<String>>) -> Ve
 }
 
 /// Every dead letter that arrives within `limit`, until `want` are in.
-async fn collect_dead(h: &Harness, want: usize, limit: Duration) -> Vec<(HashMap<String, String>, Vec<u8>)> {
+async fn collect_dead(
+    h: &Harness,
+    want: usize,
+    limit: Duration,
+) -> Vec<(HashMap<String, String>, Vec<u8>)> {
     let deadline = Instant::now() + limit;
     let mut out = Vec::new();
     while out.len() < want && Instant::now() < deadline {
@@ -386,7 +397,9 @@ async fn leftover(h: &Harness, session: &str) -> Vec<Value> {
     let ch = h.conn.create_channel().await.unwrap();
     let queue = format!("{}.session.{session}", h.topology.prefix());
     let mut out = Vec::new();
-    while let Ok(Some(m)) = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await {
+    while let Ok(Some(m)) =
+        ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await
+    {
         out.push(serde_json::from_slice(&m.delivery.data).unwrap_or(Value::Null));
     }
     let _ = ch.close(200, "done".into()).await;
@@ -462,9 +475,11 @@ async fn bad_input_corpus_gets_specific_errors_and_spares_valid_turns() {
         }
     }
 
-    let dead_cases: Vec<&Case> = cases.iter().filter(|c| matches!(c.expected, Expected::Dead(_))).collect();
+    let dead_cases: Vec<&Case> =
+        cases.iter().filter(|c| matches!(c.expected, Expected::Dead(_))).collect();
     let dead = collect_dead(&h, dead_cases.len(), WAIT).await;
-    let mut by_body: HashMap<&[u8], &Case> = dead_cases.iter().map(|c| (c.body.as_slice(), *c)).collect();
+    let mut by_body: HashMap<&[u8], &Case> =
+        dead_cases.iter().map(|c| (c.body.as_slice(), *c)).collect();
     assert_eq!(by_body.len(), dead_cases.len(), "two dead-letter cases have the same body");
     for (headers, body) in &dead {
         let reason = headers.get("x-aptix-reason").cloned().unwrap_or_default();
@@ -472,8 +487,10 @@ async fn bad_input_corpus_gets_specific_errors_and_spares_valid_turns() {
             Some(case) => {
                 let Expected::Dead(code) = &case.expected else { unreachable!() };
                 if !(reason.contains("no usable SessionId") && reason.contains(code.as_str())) {
-                    failures
-                        .push(format!("{}: dead-letter reason `{reason}` does not name {code}", case.name));
+                    failures.push(format!(
+                        "{}: dead-letter reason `{reason}` does not name {code}",
+                        case.name
+                    ));
                 }
                 if headers.get("x-aptix-stage").map(String::as_str) != Some("validate") {
                     failures.push(format!(
@@ -531,15 +548,23 @@ async fn bad_input_corpus_gets_specific_errors_and_spares_valid_turns() {
             .unwrap()
             .iter()
             .map(|c| {
-                let id =
-                    c.get("ToolCallId").or_else(|| c.get("tool_call_id")).and_then(Value::as_str).unwrap();
+                let id = c
+                    .get("ToolCallId")
+                    .or_else(|| c.get("tool_call_id"))
+                    .and_then(Value::as_str)
+                    .unwrap();
                 json!({"ToolCallId": id, "ExecutionMs": 3, "ResultJson": "{\"contents\":\"ok\"}"})
             })
             .collect();
         h.submit(&json!({"SessionId": session, "TurnId": turn, "ToolResults": results})).await;
     }
     for (session, turn, _) in &waiting {
-        let reply = h.replies(&session.to_string(), 1, WAIT).await.pop().expect("a continuation reply").body;
+        let reply = h
+            .replies(&session.to_string(), 1, WAIT)
+            .await
+            .pop()
+            .expect("a continuation reply")
+            .body;
         assert_eq!(reply["Successful"], true, "{session}/{turn}: {reply}");
         assert_eq!(reply["Result"]["Kind"], "final", "{session}/{turn}: {reply}");
     }

@@ -17,8 +17,8 @@ use std::sync::OnceLock;
 use aptix::broker::{connect, StageName, Topology, RETRY_TIERS_MS};
 use aptix::contracts::SessionId;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation, Connection};
@@ -55,7 +55,9 @@ fn url(user: &str) -> String {
         Ok(file) if !file.is_empty() => {
             std::fs::read_to_string(&file).unwrap().trim_end_matches('\n').to_owned()
         }
-        _ => std::env::var(var).ok().filter(|p| !p.is_empty()).unwrap_or_else(|| default.to_owned()),
+        _ => {
+            std::env::var(var).ok().filter(|p| !p.is_empty()).unwrap_or_else(|| default.to_owned())
+        }
     };
     let escaped: String = password
         .bytes()
@@ -78,8 +80,9 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     ensure_users();
-    let topology = Topology::new(&format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
-        .with_stages(&aptix::stages::names());
+    let topology =
+        Topology::new(&format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+            .with_stages(&aptix::stages::names());
     let session = SessionId::new(uuid::Uuid::new_v4());
     let outcome = tokio::spawn(body(topology.clone(), session)).await;
     cleanup(&topology, &session).await;
@@ -90,7 +93,8 @@ where
 
 async fn cleanup(topology: &Topology, session: &SessionId) {
     let admin = connect(ADMIN).await.unwrap();
-    let mut queues: Vec<String> = aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
+    let mut queues: Vec<String> =
+        aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
     queues.extend([topology.dead(), topology.unrouted(), topology.session_queue(session)]);
     let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
     for tier in RETRY_TIERS_MS {
@@ -113,7 +117,12 @@ async fn cleanup(topology: &Topology, session: &SessionId) {
 
 /// Publishes as a client does (persistent JSON, mandatory, confirmed) on a new channel; `Ok` only
 /// when the broker confirmed and routed it.
-async fn publish(conn: &Connection, exchange: &str, key: &str, body: &[u8]) -> Result<(), lapin::Error> {
+async fn publish(
+    conn: &Connection,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<(), lapin::Error> {
     let ch = conn.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let props = BasicProperties::default()
@@ -121,8 +130,12 @@ async fn publish(conn: &Connection, exchange: &str, key: &str, body: &[u8]) -> R
         .with_content_type("application/json".into())
         .with_message_id(uuid::Uuid::new_v4().to_string().into());
     let options = BasicPublishOptions { mandatory: true, ..Default::default() };
-    let confirmation = ch.basic_publish(exchange.into(), key.into(), options, body, props).await?.await?;
-    assert!(matches!(confirmation, Confirmation::Ack(None)), "{exchange:?}/{key}: {confirmation:?}");
+    let confirmation =
+        ch.basic_publish(exchange.into(), key.into(), options, body, props).await?.await?;
+    assert!(
+        matches!(confirmation, Confirmation::Ack(None)),
+        "{exchange:?}/{key}: {confirmation:?}"
+    );
     Ok(())
 }
 
@@ -137,7 +150,9 @@ async fn open_reply_queue(conn: &Connection, queue: &str) -> Result<(), lapin::E
 async fn consume(conn: &Connection, queue: &str) -> Result<(), lapin::Error> {
     let ch = conn.create_channel().await?;
     let options = BasicConsumeOptions::default();
-    ch.basic_consume(queue.into(), "perm-test".into(), options, FieldTable::default()).await.map(|_| ())
+    ch.basic_consume(queue.into(), "perm-test".into(), options, FieldTable::default())
+        .await
+        .map(|_| ())
 }
 
 async fn bind_session(
@@ -204,7 +219,10 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
 
         // A forged stage message through the default exchange: refused, never delivered.
         let forged = forged_persist(&session);
-        assert_refused("client publishes into persist", publish(&client, "", &persist, &forged).await);
+        assert_refused(
+            "client publishes into persist",
+            publish(&client, "", &persist, &forged).await,
+        );
         assert_eq!(depth(&worker, &persist).await, 0, "the forged message never arrived");
         // Nor into any other internal queue, nor the ingress queue behind the exchange's back.
         let mut internal: Vec<String> =
@@ -226,7 +244,9 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
         assert_refused("client consumes dead", consume(&client, &topology.dead()).await);
         let delete = async {
             let ch = client.create_channel().await?;
-            ch.queue_delete(persist.as_str().into(), QueueDeleteOptions::default()).await.map(|_| ())
+            ch.queue_delete(persist.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map(|_| ())
         };
         assert_refused("client deletes persist", delete.await);
         assert_refused("client binds to replies", bind_session(&client, &topology, &session).await);

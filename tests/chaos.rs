@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aptix::broker::{connect, BrokerError, OutMessage, Publisher, StageName, Topology, RETRY_TIERS_MS};
+use aptix::broker::{
+    connect, BrokerError, OutMessage, Publisher, StageName, Topology, RETRY_TIERS_MS,
+};
 use aptix::contracts::SessionId;
 use aptix::sim::{Fault, Latency};
 use chrono::{DateTime, Utc};
@@ -142,7 +144,8 @@ enum Service {
 }
 
 fn port_open(port: u16) -> bool {
-    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).is_ok()
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+        .is_ok()
 }
 
 fn pg_version() -> String {
@@ -176,8 +179,11 @@ fn ensure_services() {
     }
     if !port_open(5432) {
         eprintln!("chaos: PostgreSQL is down, starting it");
-        let _ = service_cmd("pg_ctlcluster", &["--skip-systemctl-redirect", &pg_version(), "main", "start"])
-            .output();
+        let _ = service_cmd(
+            "pg_ctlcluster",
+            &["--skip-systemctl-redirect", &pg_version(), "main", "start"],
+        )
+        .output();
         wait(5432);
     }
 }
@@ -280,7 +286,12 @@ fn started_during_restart(windows: &Windows, spawned: Instant) -> bool {
     })
 }
 
-async fn restart(service: Service, after_turns: usize, pool: &PgPool, windows: &Windows) -> Restart {
+async fn restart(
+    service: Service,
+    after_turns: usize,
+    pool: &PgPool,
+    windows: &Windows,
+) -> Restart {
     let mut report = Restart {
         service,
         after_turns,
@@ -301,13 +312,18 @@ async fn restart(service: Service, after_turns: usize, pool: &PgPool, windows: &
             return report;
         }
         if waiting.elapsed().as_secs().is_multiple_of(30) {
-            eprintln!("chaos: waiting for other test binaries before restarting {service:?}: {others:?}");
+            eprintln!(
+                "chaos: waiting for other test binaries before restarting {service:?}: {others:?}"
+            );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     report.waited_for_others_s = waiting.elapsed().as_secs_f64();
     report.in_flight = unfinished(pool).await;
-    eprintln!("chaos: restarting {service:?} after {after_turns} turns ({} in flight)", report.in_flight);
+    eprintln!(
+        "chaos: restarting {service:?} after {after_turns} turns ({} in flight)",
+        report.in_flight
+    );
     let t0 = Instant::now();
     let window = {
         let mut w = windows.lock().unwrap();
@@ -325,8 +341,11 @@ async fn restart(service: Service, after_turns: usize, pool: &PgPool, windows: &
         Service::Postgres => (
             5432,
             tokio::spawn(async {
-                run_cmd("pg_ctlcluster", &["--skip-systemctl-redirect", &pg_version(), "main", "restart"])
-                    .await
+                run_cmd(
+                    "pg_ctlcluster",
+                    &["--skip-systemctl-redirect", &pg_version(), "main", "restart"],
+                )
+                .await
             }),
         ),
     };
@@ -365,7 +384,10 @@ async fn restart(service: Service, after_turns: usize, pool: &PgPool, windows: &
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     windows.lock().unwrap()[window].1 = Some(Instant::now());
-    eprintln!("chaos: {service:?} down {:.1} s, recovered in {:?} s", report.down_s, report.recovery_s);
+    eprintln!(
+        "chaos: {service:?} down {:.1} s, recovered in {:?} s",
+        report.down_s, report.recovery_s
+    );
     report
 }
 
@@ -440,10 +462,15 @@ impl Fleet {
 
     fn spawn(&mut self, stage: StageName, slot: usize) -> Child {
         self.report.spawns += 1;
-        let mut log =
-            std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(stage, slot)).unwrap();
-        let _ =
-            std::io::Write::write_all(&mut log, format!("=== chaos: spawned at {}\n", Utc::now()).as_bytes());
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(stage, slot))
+            .unwrap();
+        let _ = std::io::Write::write_all(
+            &mut log,
+            format!("=== chaos: spawned at {}\n", Utc::now()).as_bytes(),
+        );
         Command::new(aptix_bin())
             .args(["worker", stage.as_str()])
             .env_remove("APTIX_CONFIG")
@@ -501,16 +528,21 @@ impl Fleet {
     async fn stop(&mut self) {
         for p in &self.procs {
             if let Some(pid) = p.child.id() {
-                let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+                let _ =
+                    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
             }
         }
         for p in &mut self.procs {
             match tokio::time::timeout(Duration::from_secs(60), p.child.wait()).await {
                 Ok(Ok(status)) if status.success() => {}
-                Ok(Ok(status)) => {
-                    self.report.unclean_stops.push(format!("{}-{}: {status}", p.stage.as_str(), p.slot))
+                Ok(Ok(status)) => self.report.unclean_stops.push(format!(
+                    "{}-{}: {status}",
+                    p.stage.as_str(),
+                    p.slot
+                )),
+                Ok(Err(e)) => {
+                    self.report.unclean_stops.push(format!("{}-{}: {e}", p.stage.as_str(), p.slot))
                 }
-                Ok(Err(e)) => self.report.unclean_stops.push(format!("{}-{}: {e}", p.stage.as_str(), p.slot)),
                 Err(_) => {
                     let why = diagnose(&self.logs, p);
                     let _ = p.child.start_kill();
@@ -545,7 +577,8 @@ fn diagnose(logs: &std::path::Path, p: &Proc) -> String {
         })
         .unwrap_or_default();
     let log = std::fs::read_to_string(log_path(logs, p.stage, p.slot)).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: Vec<&str> =
+        log.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
     format!("pid {pid}, sockets [{sockets}], log tail:\n{}", tail.join("\n"))
 }
 
@@ -584,11 +617,19 @@ impl Client {
     }
 
     /// Publishes until the broker confirms; returns the attempts it took.
-    async fn publish(&mut self, topology: &Topology, session: &SessionId, msg: &OutMessage) -> usize {
+    async fn publish(
+        &mut self,
+        topology: &Topology,
+        session: &SessionId,
+        msg: &OutMessage,
+    ) -> usize {
         let started = Instant::now();
         for attempt in 1.. {
-            match tokio::time::timeout(Duration::from_secs(15), self.try_publish(topology, session, msg))
-                .await
+            match tokio::time::timeout(
+                Duration::from_secs(15),
+                self.try_publish(topology, session, msg),
+            )
+            .await
             {
                 Ok(Ok(())) => return attempt,
                 Ok(Err(e)) if attempt == 1 => eprintln!("chaos: publish failed ({e}); retrying"),
@@ -691,15 +732,19 @@ async fn queue_depth(conn: &lapin::Connection, names: &[String]) -> Option<u32> 
     let mut total = 0;
     for name in names {
         let opts = QueueDeclareOptions { passive: true, ..Default::default() };
-        total +=
-            ch.queue_declare(name.as_str().into(), opts, FieldTable::default()).await.ok()?.message_count();
+        total += ch
+            .queue_declare(name.as_str().into(), opts, FieldTable::default())
+            .await
+            .ok()?
+            .message_count();
     }
     let _ = ch.close(200, "done".into()).await;
     Some(total)
 }
 
 fn work_queues(topology: &Topology) -> Vec<String> {
-    let mut names: Vec<String> = aptix::stages::names().iter().map(|s| topology.stage_queue(*s)).collect();
+    let mut names: Vec<String> =
+        aptix::stages::names().iter().map(|s| topology.stage_queue(*s)).collect();
     names.extend(RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     names
 }
@@ -726,8 +771,9 @@ async fn drain(h: &Harness, accepted: usize, limit: Duration) -> Option<Duration
             }
             Err(_) => None,
         };
-        let done =
-            counts == Some((accepted as i64, accepted as i64)) && outbox == Some(0) && depth == Some(0);
+        let done = counts == Some((accepted as i64, accepted as i64))
+            && outbox == Some(0)
+            && depth == Some(0);
         quiet = if done { quiet + 1 } else { 0 };
         if quiet >= 4 {
             return Some(start.elapsed());
@@ -862,11 +908,12 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     .fetch_all(pool)
     .await
     .unwrap();
-    let turns: Vec<(String, String, i64, String)> =
-        sqlx::query_as("SELECT session_id::text, turn_id, seq, state FROM turns ORDER BY session_id, seq")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let turns: Vec<(String, String, i64, String)> = sqlx::query_as(
+        "SELECT session_id::text, turn_id, seq, state FROM turns ORDER BY session_id, seq",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     let ledger: HashMap<(String, String), &Sent> =
         sent.iter().map(|s| ((s.session.to_string(), s.turn.clone()), s)).collect();
     let mut records_of: HashMap<(String, String), Vec<&RecordRow>> = HashMap::new();
@@ -960,7 +1007,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             let text = reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default();
             if !text.contains(&s.instruction) {
                 r.crossed_replies += 1;
-                r.examples.push(format!("reply of {}/{} does not answer it: {text:.200}", key.0, key.1));
+                r.examples
+                    .push(format!("reply of {}/{} does not answer it: {text:.200}", key.0, key.1));
             }
         } else {
             for code in codes(reply) {
@@ -980,8 +1028,10 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     // successful turn one deeper than the one before), and reply arrival (informational).
     for s in &sessions {
         let sid = s.to_string();
-        let submitted: Vec<&str> = sent.iter().filter(|x| x.session == *s).map(|x| x.turn.as_str()).collect();
-        let admitted: Vec<&str> = turns.iter().filter(|t| t.0 == sid).map(|t| t.1.as_str()).collect();
+        let submitted: Vec<&str> =
+            sent.iter().filter(|x| x.session == *s).map(|x| x.turn.as_str()).collect();
+        let admitted: Vec<&str> =
+            turns.iter().filter(|t| t.0 == sid).map(|t| t.1.as_str()).collect();
         if admitted != submitted {
             r.sessions_admitted_out_of_order += 1;
             r.order_examples.push(format!("{sid}: admitted {admitted:?}, submitted {submitted:?}"));
@@ -990,13 +1040,15 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             records.iter().filter(|x| x.0 == sid && x.2 == 0).map(|x| x.1.as_str()).collect();
         if ran != submitted {
             r.sessions_run_out_of_order += 1;
-            r.order_examples.push(format!("{sid}: records in order {ran:?}, submitted {submitted:?}"));
+            r.order_examples
+                .push(format!("{sid}: records in order {ran:?}, submitted {submitted:?}"));
         }
         let mut depth = 0;
         let mut depths = Vec::new();
         let mut broken = false;
         for t in &submitted {
-            let Some(f) = finals_of.get(&(sid.clone(), (*t).to_owned())).and_then(|f| f.first()) else {
+            let Some(f) = finals_of.get(&(sid.clone(), (*t).to_owned())).and_then(|f| f.first())
+            else {
                 continue;
             };
             if f.body["Successful"] == true {
@@ -1008,7 +1060,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         }
         if broken {
             r.sessions_with_broken_chain += 1;
-            r.order_examples.push(format!("{sid}: chain depths {depths:?} over turns {submitted:?}"));
+            r.order_examples
+                .push(format!("{sid}: chain depths {depths:?} over turns {submitted:?}"));
         }
         if arrival.get(&sid).map(|a| a.iter().map(String::as_str).collect::<Vec<_>>())
             != Some(submitted.clone())
@@ -1022,7 +1075,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         ch.basic_get(h.topology.dead().as_str().into(), BasicGetOptions { no_ack: true }).await
     {
         r.dead_letters += 1;
-        let reason = common::headers(&m.delivery).get("x-aptix-reason").cloned().unwrap_or_default();
+        let reason =
+            common::headers(&m.delivery).get("x-aptix-reason").cloned().unwrap_or_default();
         let short: String = reason.chars().take(90).collect();
         *r.dead_letter_reasons.entry(short).or_default() += 1;
     }
@@ -1167,8 +1221,12 @@ async fn chaos(plan: Plan) -> Report {
     }
     let ch = h.conn.create_channel().await.unwrap();
     for s in &sessions {
-        let _ =
-            ch.queue_delete(h.topology.session_queue(s).as_str().into(), QueueDeleteOptions::default()).await;
+        let _ = ch
+            .queue_delete(
+                h.topology.session_queue(s).as_str().into(),
+                QueueDeleteOptions::default(),
+            )
+            .await;
     }
     let _ = std::fs::remove_dir_all(h.dir.join("worker-logs"));
     h.teardown().await;
@@ -1210,14 +1268,20 @@ fn assert_sound(report: &Report) {
         report.fleet.crashes == 0,
         format!("workers exited by themselves: {:?}", report.fleet.unexpected_exits),
     );
-    check(report.fleet.unclean_stops.is_empty(), format!("unclean stops: {:?}", report.fleet.unclean_stops));
+    check(
+        report.fleet.unclean_stops.is_empty(),
+        format!("unclean stops: {:?}", report.fleet.unclean_stops),
+    );
     check(
         report.fleet.kills_total >= report.plan.min_kills,
         format!("only {} kills", report.fleet.kills_total),
     );
     for s in &report.restarts {
         check(s.skipped.is_none(), format!("{:?} restart skipped: {:?}", s.service, s.skipped));
-        check(s.recovery_s.is_some(), format!("no turn finished after the {:?} restart", s.service));
+        check(
+            s.recovery_s.is_some(),
+            format!("no turn finished after the {:?} restart", s.service),
+        );
     }
     assert!(
         problems.is_empty(),
@@ -1232,7 +1296,10 @@ fn assert_sound(report: &Report) {
 #[ignore = "chaos: restarts RabbitMQ and PostgreSQL; run under flock /tmp/aptix-heavy.lock (docs/reliability.md)"]
 async fn chaos_full() {
     let plan = Plan::full();
-    assert!(plan.sessions * plan.turns_per_session >= 1000 || std::env::var("APTIX_CHAOS_SESSIONS").is_ok());
+    assert!(
+        plan.sessions * plan.turns_per_session >= 1000
+            || std::env::var("APTIX_CHAOS_SESSIONS").is_ok()
+    );
     let report = chaos(plan).await;
     assert_sound(&report);
 }
@@ -1310,7 +1377,8 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
     let publisher = Publisher::connect(AMQP).await.unwrap();
     let mut published: HashMap<(String, String), Instant> = HashMap::new();
     let mut send = async |session: &SessionId, turn: &str, extra: Value| {
-        let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")});
+        let mut body =
+            json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")});
         if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
             b.extend(e);
         }
@@ -1364,8 +1432,10 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
         seen.iter().filter(|(s, _, _, _)| *s == poison.to_string()).collect();
     let p1: Vec<_> = poison_replies.iter().filter(|r| r.1 == "p1").collect();
     let p2: Vec<_> = poison_replies.iter().filter(|r| r.1 == "p2").collect();
-    let dead_p1: Vec<_> =
-        dead.iter().filter(|(hd, _)| hd.get("x-aptix-turn-id").map(String::as_str) == Some("p1")).collect();
+    let dead_p1: Vec<_> = dead
+        .iter()
+        .filter(|(hd, _)| hd.get("x-aptix-turn-id").map(String::as_str) == Some("p1"))
+        .collect();
     let last_other = seen.iter().filter(|(s, _, _, _)| *s != poison.to_string()).map(|r| r.2).max();
     let summary = json!({
         "max_attempts_invoke": max_attempts,
@@ -1413,8 +1483,12 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
     assert!(fleet.report.unclean_stops.is_empty(), "{:?}", fleet.report.unclean_stops);
     let ch = conn.create_channel().await.unwrap();
     for s in &all {
-        let _ =
-            ch.queue_delete(h.topology.session_queue(s).as_str().into(), QueueDeleteOptions::default()).await;
+        let _ = ch
+            .queue_delete(
+                h.topology.session_queue(s).as_str().into(),
+                QueueDeleteOptions::default(),
+            )
+            .await;
     }
     h.teardown().await;
 }
@@ -1433,11 +1507,17 @@ async fn admitted(h: &Harness, session: &SessionId) -> Vec<String> {
 }
 
 async fn publish_turn(h: &Harness, session: &SessionId, turn: &str) {
-    h.submit(&json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")})).await;
+    h.submit(
+        &json!({"SessionId": session, "TurnId": turn, "Instruction": format!("{turn}: hello")}),
+    )
+    .await;
 }
 
 /// Locks the session's row until the returned transaction ends.
-async fn hold_session_row(h: &Harness, s: &SessionId) -> sqlx::Transaction<'static, sqlx::Postgres> {
+async fn hold_session_row(
+    h: &Harness,
+    s: &SessionId,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut tx = h.deps.store.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
         .bind(s.as_uuid())
@@ -1551,7 +1631,11 @@ async fn statement_timeout_in_validate_is_retried_or_answered() {
     let dead = h.dead_letters().await;
     h.teardown().await;
     let reasons: Vec<_> = dead.iter().map(|(hd, _)| hd.get("x-aptix-reason").cloned()).collect();
-    assert_eq!(replies.iter().filter(|r| r.is_final).count(), 1, "no reply to t1; dead letters: {reasons:?}");
+    assert_eq!(
+        replies.iter().filter(|r| r.is_final).count(),
+        1,
+        "no reply to t1; dead letters: {reasons:?}"
+    );
 }
 
 /// A request handled twice (redelivered after its consumer died, or the same message published
@@ -1564,8 +1648,12 @@ async fn a_request_handled_twice_is_answered_under_one_message_id() {
     h.topology.declare_session(h.publisher.channel(), &s).await.unwrap();
     let (topology, publisher) = (&h.topology, &h.publisher);
     let publish = |id: &'static str, body: Value| {
-        let msg =
-            OutMessage::to_queue(topology.requests(), "request", id.into(), body.to_string().into_bytes());
+        let msg = OutMessage::to_queue(
+            topology.requests(),
+            "request",
+            id.into(),
+            body.to_string().into_bytes(),
+        );
         async move { publisher.publish(&msg).await.unwrap() }
     };
     let t0 = json!({"SessionId": s, "TurnId": "t0", "Instruction": "hello"});
@@ -1581,7 +1669,8 @@ async fn a_request_handled_twice_is_answered_under_one_message_id() {
     publish("m3", bad).await;
     let replies = h.replies(&s.to_string(), 5, Duration::from_secs(60)).await;
     h.teardown().await;
-    let ids: Vec<&str> = replies.iter().filter(|r| r.is_final).map(|r| r.message_id.as_str()).collect();
+    let ids: Vec<&str> =
+        replies.iter().filter(|r| r.is_final).map(|r| r.message_id.as_str()).collect();
     assert_eq!(ids.len(), 5, "{ids:?}");
     assert_eq!(ids[0], ids[1], "one message handled twice, two reply ids");
     assert_ne!(ids[1], ids[2], "two submissions share a reply id");

@@ -52,7 +52,9 @@ fn garbage_is_a_clear_error_not_a_panic() {
     for input in [&b""[..], b"{", b"\xff\xfe", b"null", b"[]"] {
         let out = validate_stdin(input);
         assert_eq!(out.status.code(), Some(1), "{input:?}");
-        assert!(out.stderr.is_empty() || !String::from_utf8_lossy(&out.stderr).contains("panicked"));
+        assert!(
+            out.stderr.is_empty() || !String::from_utf8_lossy(&out.stderr).contains("panicked")
+        );
         assert_eq!(stdout_json(&out)["Successful"], false);
     }
 }

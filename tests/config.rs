@@ -28,7 +28,10 @@ fn layers_validation_and_redaction() {
     assert_eq!(defaults.amqp.prefix, "aptix");
     let ctx = defaults.conversation_context(None).unwrap();
     assert_eq!(ctx.tools.len(), 2);
-    assert_eq!(ctx.tools[0].parameters["additionalProperties"], false, "JSON Schema keys keep their case");
+    assert_eq!(
+        ctx.tools[0].parameters["additionalProperties"], false,
+        "JSON Schema keys keep their case"
+    );
 
     // A file overrides defaults and adds contexts; ids keep their case.
     let file = write(
@@ -111,10 +114,16 @@ const SECRET_FILE: &str = r#"
 fn secrets_anywhere_are_redacted() {
     let file = write(SECRET_FILE);
     let s = Settings::load(Some(file.path())).unwrap();
-    assert_eq!(s.database.url.expose(), "postgres://aptix@db:5432/aptix?password=pw-db&sslmode=require");
+    assert_eq!(
+        s.database.url.expose(),
+        "postgres://aptix@db:5432/aptix?password=pw-db&sslmode=require"
+    );
     let printed = format!("{s:?}\n{}", toml::to_string_pretty(&s).unwrap());
     assert!(!printed.contains("pw-"), "a secret leaked:\n{printed}");
-    assert!(printed.contains("postgres://aptix@db:5432/aptix?password=***&sslmode=require"), "{printed}");
+    assert!(
+        printed.contains("postgres://aptix@db:5432/aptix?password=***&sslmode=require"),
+        "{printed}"
+    );
     assert!(printed.contains("api-version=2024-10&api-key=***"), "{printed}");
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use aptix::contracts::{
-    AgentExecuteResponse, ApiError, ErrorCode, FileRef, FinalOutput, InvokeResult, Outcome, Reply, SessionId,
-    ToolCall, ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
+    AgentExecuteResponse, ApiError, ErrorCode, FileRef, FinalOutput, InvokeResult, Outcome, Reply,
+    SessionId, ToolCall, ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
 };
 use serde_json::{json, Value};
 
@@ -78,7 +78,11 @@ fn continuation_round_trips_and_carries_no_final_buckets() {
             name: "read_file".into(),
             arguments_json: "{\"path\":\"a\"}".into(),
         },
-        ToolCall { tool_call_id: "call_2".into(), name: "run_tests".into(), arguments_json: "{}".into() },
+        ToolCall {
+            tool_call_id: "call_2".into(),
+            name: "run_tests".into(),
+            arguments_json: "{}".into(),
+        },
     ];
     let out = ToolContinuationOutput::new(calls, Some("Reading files".into())).unwrap();
     let reply: Reply = InvokeResult::ok(envelope(Outcome::ClientToolContinuation(out)));
@@ -114,7 +118,10 @@ fn forbidden_buckets_are_rejected_on_read() {
         response_json("final", json!({"PrimaryOutputText": "x", "ToolCalls": call})),
         response_json("final", json!({"PrimaryOutputText": "x", "ToolContinuationMessage": "m"})),
         response_json("final", json!({})),
-        response_json("client_tool_continuation", json!({"ToolCalls": call, "PrimaryOutputText": "x"})),
+        response_json(
+            "client_tool_continuation",
+            json!({"ToolCalls": call, "PrimaryOutputText": "x"}),
+        ),
         response_json("client_tool_continuation", json!({"ToolCalls": call, "Files": []})),
         response_json("client_tool_continuation", json!({"ToolCalls": call, "Usage": null})),
         response_json("client_tool_continuation", json!({"ToolCalls": call, "UserWarnings": []})),
@@ -127,8 +134,11 @@ fn forbidden_buckets_are_rejected_on_read() {
 
 #[test]
 fn failed_invoke_result_has_errors_and_null_result() {
-    let reply: Reply =
-        InvokeResult::fail(vec![ApiError::at(ErrorCode::InstructionMissing, "Instruction", "needed")]);
+    let reply: Reply = InvokeResult::fail(vec![ApiError::at(
+        ErrorCode::InstructionMissing,
+        "Instruction",
+        "needed",
+    )]);
     let v = serde_json::to_value(&reply).unwrap();
     assert_eq!(
         v,

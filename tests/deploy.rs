@@ -40,7 +40,8 @@ fn yaml_docs(rel: &str) -> Vec<Yaml> {
     let text = read(rel);
     let mut docs = Vec::new();
     for de in serde_yaml_ng::Deserializer::from_str(&text) {
-        let mut doc: Yaml = serde::Deserialize::deserialize(de).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        let mut doc: Yaml =
+            serde::Deserialize::deserialize(de).unwrap_or_else(|e| panic!("{rel}: {e}"));
         for _ in 0..8 {
             doc.apply_merge().unwrap_or_else(|e| panic!("{rel}: merge keys: {e}"));
         }
@@ -113,7 +114,12 @@ fn interpolate(s: &str) -> String {
 /// Names of the `[[bin]]` targets in Cargo.toml.
 fn bins() -> BTreeSet<String> {
     let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
-    manifest["bin"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_owned()).collect()
+    manifest["bin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 fn worker_bin(stage: StageName) -> String {
@@ -180,10 +186,11 @@ fn aptix_config(vars: &BTreeMap<String, String>) -> Result<toml::Value, String> 
 fn assert_config_keys(source: &str, vars: &BTreeMap<String, String>) {
     let aptix: Vec<_> = vars.keys().filter(|k| k.starts_with("APTIX__")).collect();
     assert!(!aptix.is_empty(), "{source}: no APTIX__ variables found");
-    let config =
-        aptix_config(vars).unwrap_or_else(|e| panic!("{source}: the configuration does not load:\n{e}"));
+    let config = aptix_config(vars)
+        .unwrap_or_else(|e| panic!("{source}: the configuration does not load:\n{e}"));
     for name in aptix {
-        let path: Vec<String> = name["APTIX__".len()..].split("__").map(str::to_lowercase).collect();
+        let path: Vec<String> =
+            name["APTIX__".len()..].split("__").map(str::to_lowercase).collect();
         let mut node = &config;
         for part in &path {
             node = node.get(part).unwrap_or_else(|| {
@@ -292,7 +299,11 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
         if svc.get("build").is_none() {
             continue;
         }
-        assert_eq!(yaml_str(&svc["build"]["dockerfile"], "dockerfile"), "deploy/Dockerfile", "{name}");
+        assert_eq!(
+            yaml_str(&svc["build"]["dockerfile"], "dockerfile"),
+            "deploy/Dockerfile",
+            "{name}"
+        );
         assert_eq!(yaml_str(&svc["build"]["context"], "context"), ".", "{name}");
         let this = yaml_str(&svc["image"], "image").to_owned();
         assert_eq!(
@@ -316,10 +327,14 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
     let request_timeout = request_timeout_secs();
     for stage in aptix::stages::names() {
         let name = stage.as_str();
-        let svc = services.get(name).unwrap_or_else(|| panic!("no compose service for the {name} stage"));
+        let svc =
+            services.get(name).unwrap_or_else(|| panic!("no compose service for the {name} stage"));
         assert_eq!(string_list(&svc["command"], "command"), [worker_bin(stage)], "{name}");
         // `--scale` starts copies: no fixed container name, no published host port.
-        assert!(svc.get("container_name").is_none(), "{name} has a container_name and cannot scale");
+        assert!(
+            svc.get("container_name").is_none(),
+            "{name} has a container_name and cannot scale"
+        );
         assert!(svc.get("ports").is_none(), "{name} publishes ports and cannot scale");
         assert_eq!(
             yaml_str(&svc["depends_on"]["migrate"]["condition"], "condition"),
@@ -327,10 +342,18 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
             "{name} waits for the migrations"
         );
         let env = compose_env(svc);
-        assert_eq!(env.get("APTIX__PIPELINE__MIGRATE_ON_START").map(String::as_str), Some("false"), "{name}");
-        let listen =
-            env.get("APTIX__TELEMETRY__METRICS_LISTEN").unwrap_or_else(|| panic!("{name}: no metrics port"));
-        assert!(listen.starts_with("0.0.0.0:"), "{name} must serve health beyond loopback: {listen}");
+        assert_eq!(
+            env.get("APTIX__PIPELINE__MIGRATE_ON_START").map(String::as_str),
+            Some("false"),
+            "{name}"
+        );
+        let listen = env
+            .get("APTIX__TELEMETRY__METRICS_LISTEN")
+            .unwrap_or_else(|| panic!("{name}: no metrics port"));
+        assert!(
+            listen.starts_with("0.0.0.0:"),
+            "{name} must serve health beyond loopback: {listen}"
+        );
         let check = string_list(&svc["healthcheck"]["test"], "healthcheck").join(" ");
         assert!(
             check.contains(&format!("/dev/tcp/127.0.0.1/{}", port_of(listen)))
@@ -371,7 +394,8 @@ fn compose_variables_are_configuration_keys() {
 #[test]
 fn an_unknown_variable_is_refused() {
     // The check above is only as good as this: a misspelt key must stop the process.
-    let vars = BTreeMap::from([("APTIX__TELEMETRY__METRICS_LISTN".to_owned(), "0.0.0.0:9464".to_owned())]);
+    let vars =
+        BTreeMap::from([("APTIX__TELEMETRY__METRICS_LISTN".to_owned(), "0.0.0.0:9464".to_owned())]);
     let err = aptix_config(&vars).expect_err("an unknown key must be refused");
     assert!(err.contains("metrics_listn"), "the error names the key: {err}");
 }
@@ -403,30 +427,46 @@ fn dockerfile_ships_every_binary_and_runs_as_non_root() {
     // Runtime: Debian slim, CA certificates, a non-root numeric user.
     let from: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FROM ")).collect();
     assert!(from.first().unwrap().starts_with("FROM rust:"), "Rust builder stage");
-    assert!(from.last().unwrap().starts_with("FROM debian:") && from.last().unwrap().contains("-slim"));
+    assert!(
+        from.last().unwrap().starts_with("FROM debian:") && from.last().unwrap().contains("-slim")
+    );
     assert!(dockerfile.contains("ca-certificates"));
-    let user =
-        lines.iter().rev().find(|l| l.starts_with("USER ")).expect("a USER line")["USER ".len()..].trim();
-    let uid: u32 =
-        user.split(':').next().unwrap().parse().expect("a numeric uid (Kubernetes runAsNonRoot needs it)");
+    let user = lines.iter().rev().find(|l| l.starts_with("USER ")).expect("a USER line")
+        ["USER ".len()..]
+        .trim();
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a numeric uid (Kubernetes runAsNonRoot needs it)");
     assert_ne!(uid, 0, "the image must not run as root");
 
     // Everything the build copies from the context exists and is let through .dockerignore.
     let ignore = read(".dockerignore");
-    let allowed: BTreeSet<&str> =
-        ignore.lines().filter_map(|l| l.trim().strip_prefix('!')).map(|p| p.trim_end_matches('/')).collect();
+    let allowed: BTreeSet<&str> = ignore
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/'))
+        .collect();
     assert!(ignore.lines().any(|l| l.trim() == "*"), ".dockerignore is an allow-list");
     for line in lines.iter().filter(|l| l.starts_with("COPY ") && !l.contains("--from=")) {
         let args: Vec<&str> = line.split_whitespace().skip(1).collect();
         for src in &args[..args.len() - 1] {
             let src = src.trim_end_matches('/');
-            assert!(root().join(src).exists(), "deploy/Dockerfile copies {src}, which does not exist");
+            assert!(
+                root().join(src).exists(),
+                "deploy/Dockerfile copies {src}, which does not exist"
+            );
             assert!(allowed.contains(src), ".dockerignore does not let {src} through");
         }
     }
     // What the crate embeds at compile time is in the context.
     for embedded in ["aptix.example.toml", "migrations"] {
-        assert!(allowed.contains(embedded), ".dockerignore drops {embedded}, which the build embeds");
+        assert!(
+            allowed.contains(embedded),
+            ".dockerignore drops {embedded}, which the build embeds"
+        );
     }
 }
 
@@ -490,7 +530,9 @@ impl K8s {
         for kind in ["Deployment", "Job"] {
             for d in self.of_kind(kind) {
                 let name = yaml_str(&d["metadata"]["name"], "name").to_owned();
-                for c in d["spec"]["template"]["spec"]["containers"].as_sequence().expect("containers") {
+                for c in
+                    d["spec"]["template"]["spec"]["containers"].as_sequence().expect("containers")
+                {
                     out.push((name.clone(), c));
                 }
             }
@@ -503,7 +545,10 @@ impl K8s {
 fn kubernetes_manifests_are_namespace_agnostic_and_listed() {
     let k8s = K8s::load();
     for (file, doc) in &k8s.docs {
-        assert!(doc["apiVersion"].is_string() && doc["kind"].is_string(), "{file}: apiVersion and kind");
+        assert!(
+            doc["apiVersion"].is_string() && doc["kind"].is_string(),
+            "{file}: apiVersion and kind"
+        );
         assert!(doc["metadata"]["name"].is_string(), "{file}: metadata.name");
         assert!(doc["metadata"].get("namespace").is_none(), "{file}: no namespace (apply with -n)");
     }
@@ -584,10 +629,16 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
             .as_sequence()
             .and_then(|ports| ports.iter().find(|p| p["name"].as_str() == Some("metrics")))
             .unwrap_or_else(|| panic!("{name}: a port named metrics"));
-        assert_eq!(port["containerPort"].as_u64(), Some(u64::from(metrics_port)), "{name}: metrics port");
-        for (probe, path) in
-            [("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]
-        {
+        assert_eq!(
+            port["containerPort"].as_u64(),
+            Some(u64::from(metrics_port)),
+            "{name}: metrics port"
+        );
+        for (probe, path) in [
+            ("startupProbe", "/healthz"),
+            ("livenessProbe", "/healthz"),
+            ("readinessProbe", "/readyz"),
+        ] {
             let get = &c[probe]["httpGet"];
             assert_eq!(get["path"].as_str(), Some(path), "{name}: {probe}");
             assert_eq!(get["port"].as_str(), Some("metrics"), "{name}: {probe} port");
@@ -628,7 +679,11 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
             .as_sequence()
             .and_then(|refs| refs.iter().find(|r| r["parameter"].as_str() == Some("host")))
             .expect("the TriggerAuthentication maps `host`");
-        assert_eq!(host["key"].as_str(), Some("APTIX__AMQP__URL"), "KEDA reads the workers' own broker URL");
+        assert_eq!(
+            host["key"].as_str(),
+            Some("APTIX__AMQP__URL"),
+            "KEDA reads the workers' own broker URL"
+        );
         let secret = k8s.named("Secret", yaml_str(&host["name"], "secret name"));
         assert!(secret["stringData"].get("APTIX__AMQP__URL").is_some());
 
@@ -637,7 +692,10 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
         assert!(min >= 1 && min <= max, "{name}: replicas {min}..={max}");
         if stage == StageName::new("validate") {
             // x-single-active-consumer: more replicas are only standbys.
-            assert!(max <= 2, "validate consumes a single-active-consumer queue: cap it at 2, not {max}");
+            assert!(
+                max <= 2,
+                "validate consumes a single-active-consumer queue: cap it at 2, not {max}"
+            );
         }
     }
 }

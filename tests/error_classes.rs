@@ -23,7 +23,11 @@ async fn drive(h: &Harness, deps: &aptix::stages::Deps, stage: &'static str) -> 
 }
 
 async fn reason_of_dead_letters(h: &Harness) -> Vec<String> {
-    h.dead_letters().await.into_iter().map(|(headers, _)| headers["x-aptix-reason"].clone()).collect()
+    h.dead_letters()
+        .await
+        .into_iter()
+        .map(|(headers, _)| headers["x-aptix-reason"].clone())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -37,7 +41,12 @@ async fn transient_a_provider_outage_is_retried_through_the_delay_queue_and_the_
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "hello")).await;
     let replies = h.replies(&s, 1, WAIT).await;
-    assert_eq!(replies.last().unwrap().body["Successful"], true, "{:?}", replies.last().unwrap().body);
+    assert_eq!(
+        replies.last().unwrap().body["Successful"],
+        true,
+        "{:?}",
+        replies.last().unwrap().body
+    );
     assert_eq!(h.sim.stats().requests, 3, "two failed calls, then the one that answered");
     assert!(h.dead_letters().await.is_empty());
     assert_eq!(h.records(&s).await.len(), 1);
@@ -129,9 +138,14 @@ async fn refused_a_step_for_a_turn_that_is_not_running_it_is_dead_lettered_and_c
     // Copy the persist message, finish the turn, then offer the copy again.
     let ch = h.conn.create_channel().await.unwrap();
     let queue = h.topology.stage_queue(StageName::new("persist"));
-    let got = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
+    let got = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .unwrap();
     let body = got.delivery.data.clone();
-    let real = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", "real".into(), body.clone());
+    let real =
+        aptix::broker::OutMessage::to_queue(queue.clone(), "turn", "real".into(), body.clone());
     h.publisher.publish(&real).await.unwrap();
     assert!(drive(&h, &h.deps, "persist").await);
     let mut forged: Value = serde_json::from_slice(&body).unwrap();

@@ -59,14 +59,17 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
     // Admit t1 and keep a copy of its ingress message; t2 queues behind it.
     let ch = h.conn.create_channel().await.unwrap();
     let requests = h.topology.requests();
-    let got = ch.basic_get(requests.as_str().into(), BasicGetOptions::default()).await.unwrap().unwrap();
+    let got =
+        ch.basic_get(requests.as_str().into(), BasicGetOptions::default()).await.unwrap().unwrap();
     let body = got.delivery.data.clone();
     let message_id = got.delivery.properties.message_id().as_ref().map(|m| m.to_string());
     got.delivery
         .nack(lapin::options::BasicNackOptions { requeue: true, ..Default::default() })
         .await
         .unwrap();
-    assert!(drive(&h, StageName::new("validate")).await && drive(&h, StageName::new("validate")).await);
+    assert!(
+        drive(&h, StageName::new("validate")).await && drive(&h, StageName::new("validate")).await
+    );
     assert_eq!(turn_state(&h, &s, "t1").await, "running");
     assert_eq!(turn_state(&h, &s, "t2").await, "queued");
     // The runtime gives the message up (it killed its consumers too often).
@@ -89,7 +92,9 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
     let body: Value = serde_json::from_slice(&reply.body).unwrap();
     assert_eq!(body["Errors"][0]["Code"], "internal.retries_exhausted");
     assert!(!body.to_string().contains("poison"), "the reason stays in the logs: {body}");
-    assert!(messages.iter().any(|m| m.routing_key == h.topology.stage_queue(StageName::new("retrieve"))));
+    assert!(messages
+        .iter()
+        .any(|m| m.routing_key == h.topology.stage_queue(StageName::new("retrieve"))));
     // The embedded vector store flushes when its last user lets go: before its directory goes.
     drop(handler);
     h.teardown().await;
@@ -110,17 +115,29 @@ async fn a_persist_step_for_a_turn_that_is_not_running_is_dead_lettered_and_writ
     }
     let ch = h.conn.create_channel().await.unwrap();
     let persist = h.topology.stage_queue(StageName::new("persist"));
-    let got = ch.basic_get(persist.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
+    let got = ch
+        .basic_get(persist.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .unwrap();
     let mut forged: Value = serde_json::from_slice(&got.delivery.data).unwrap();
     // The genuine step, then the same message for a turn that never ran.
     h.publisher
-        .publish(&OutMessage::to_queue(persist.clone(), "turn", "real".into(), got.delivery.data.clone()))
+        .publish(&OutMessage::to_queue(
+            persist.clone(),
+            "turn",
+            "real".into(),
+            got.delivery.data.clone(),
+        ))
         .await
         .unwrap();
     assert!(drive(&h, StageName::new("persist")).await);
     forged["job"]["key"]["turn_id"] = "never-admitted".into();
     let body = serde_json::to_vec(&forged).unwrap();
-    h.publisher.publish(&OutMessage::to_queue(persist, "turn", "forged".into(), body)).await.unwrap();
+    h.publisher
+        .publish(&OutMessage::to_queue(persist, "turn", "forged".into(), body))
+        .await
+        .unwrap();
     assert!(drive(&h, StageName::new("persist")).await);
     let records = h.records(&s).await;
     assert_eq!(records.len(), 1, "only the genuine step was recorded");
@@ -155,7 +172,12 @@ async fn a_request_at_the_documented_maximum_flows_through_every_hop_within_16_m
     h.submit(&request).await;
     let replies = h.replies(&s, 1, WAIT).await;
     let reply = &replies.last().expect("a reply").body;
-    assert_eq!(reply["Successful"], true, "{}", &reply.to_string()[..reply.to_string().len().min(2000)]);
+    assert_eq!(
+        reply["Successful"],
+        true,
+        "{}",
+        &reply.to_string()[..reply.to_string().len().min(2000)]
+    );
     assert!(h.dead_letters().await.is_empty());
     h.teardown().await;
 }

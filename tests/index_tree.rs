@@ -37,7 +37,10 @@ fn chunks_of_this_repositorys_sources_have_exact_spans() {
                 path.display()
             );
             assert!(e - s < params.max_lines, "{}: chunk {s}-{e} longer than max", path.display());
-            assert!(!lines[s - 1].trim().is_empty() && !lines[e - 1].trim().is_empty(), "chunks are trimmed");
+            assert!(
+                !lines[s - 1].trim().is_empty() && !lines[e - 1].trim().is_empty(),
+                "chunks are trimmed"
+            );
             assert!(s > prev_start, "chunks are ordered");
             prev_start = s;
             covered[s - 1..e].iter_mut().for_each(|c| *c = true);
@@ -66,8 +69,13 @@ fn chunks_prefer_top_level_item_boundaries() {
         }
         text.push_str("}\n\n");
     }
-    let params =
-        ChunkParams { target_lines: 20, min_lines: 10, max_lines: 30, overlap_lines: 3, max_chars: 10_000 };
+    let params = ChunkParams {
+        target_lines: 20,
+        min_lines: 10,
+        max_lines: 30,
+        overlap_lines: 3,
+        max_chars: 10_000,
+    };
     let spans: Vec<(u32, u32)> =
         chunk_text(&text, &params).iter().map(|c| (c.start_line, c.end_line)).collect();
     assert_eq!(spans, vec![(1, 20), (22, 41), (43, 62)]);
@@ -76,8 +84,13 @@ fn chunks_prefer_top_level_item_boundaries() {
 #[test]
 fn hard_cuts_overlap_and_long_lines_are_bounded() {
     let text: String = (1..=100).map(|i| format!("    call({i});\n")).collect();
-    let params =
-        ChunkParams { target_lines: 30, min_lines: 10, max_lines: 40, overlap_lines: 5, max_chars: 100_000 };
+    let params = ChunkParams {
+        target_lines: 30,
+        min_lines: 10,
+        max_lines: 40,
+        overlap_lines: 5,
+        max_chars: 100_000,
+    };
     let chunks = chunk_text(&text, &params);
     assert_eq!((chunks[0].start_line, chunks[0].end_line), (1, 40));
     assert_eq!(chunks[1].start_line, 36, "a hard cut overlaps by overlap_lines");

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use aptix::config::{AgentContext, Secret};
 use aptix::contracts::{ApiError, ErrorCode, Outcome};
 use aptix::llm::{
-    DeltaEvent, Endpoint, HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse, ResponseStatus,
-    StreamDelta, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED, INCOMPLETE_WARNING_CODE,
+    DeltaEvent, Endpoint, HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse,
+    ResponseStatus, StreamDelta, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
+    INCOMPLETE_WARNING_CODE,
 };
 use aptix::sim::{Fault, SimHandle};
 use serde_json::{json, Value};
@@ -37,7 +38,9 @@ async fn rig() -> Rig {
 
 impl Rig {
     async fn call(&self, body: &Value) -> Result<LlmResponse, LlmError> {
-        self.client.create_response(LlmRequest { endpoint: &self.endpoint, body, deltas: None }).await
+        self.client
+            .create_response(LlmRequest { endpoint: &self.endpoint, body, deltas: None })
+            .await
     }
 
     /// A streaming call; returns the result and every delta forwarded.
@@ -117,7 +120,10 @@ async fn streamed_answer_forwards_ordered_deltas() {
 #[tokio::test]
 async fn tool_calls_one_and_several_keep_order_and_chain_outputs() {
     let rig = rig().await;
-    let one = rig.call(&first_turn(r#"Look: @call(read_file, {"path":"src/lib.rs"})"#, false)).await.unwrap();
+    let one = rig
+        .call(&first_turn(r#"Look: @call(read_file, {"path":"src/lib.rs"})"#, false))
+        .await
+        .unwrap();
     assert_eq!(calls(&one), vec![("read_file".into(), r#"{"path":"src/lib.rs"}"#.into())]);
     assert!(one.usage.is_some(), "usage is reported for continuations too");
 
@@ -145,7 +151,10 @@ async fn tool_calls_one_and_several_keep_order_and_chain_outputs() {
         let Outcome::ClientToolContinuation(t) = &several.outcome else { unreachable!() };
         let ids: Vec<&str> = t.tool_calls().iter().map(|c| c.tool_call_id.as_str()).collect();
         let answered = rig
-            .call(&tool_outputs(&several.response_id, &[(ids[0], "3 passed"), (ids[1], "fn main() {}")]))
+            .call(&tool_outputs(
+                &several.response_id,
+                &[(ids[0], "3 passed"), (ids[1], "fn main() {}")],
+            ))
             .await
             .unwrap();
         let text = final_text(&answered);
@@ -158,7 +167,9 @@ async fn tool_calls_one_and_several_keep_order_and_chain_outputs() {
 #[tokio::test]
 async fn retryable_statuses_are_retried_honouring_retry_after() {
     let rig = rig().await;
-    rig.sim.faults().fail_next(Fault::RateLimit { retry_after_ms: Some(30), retry_after_secs: Some(5) }, 2);
+    rig.sim
+        .faults()
+        .fail_next(Fault::RateLimit { retry_after_ms: Some(30), retry_after_secs: Some(5) }, 2);
     let r = rig.call(&first_turn("hi", false)).await.unwrap();
     assert_eq!(r.attempts, 3);
 
@@ -171,7 +182,9 @@ async fn retryable_statuses_are_retried_honouring_retry_after() {
     assert_eq!(r.unwrap().attempts, 2);
 
     // `Retry-After` in whole seconds is honoured too: the retry waits at least that long.
-    rig.sim.faults().fail_next(Fault::RateLimit { retry_after_ms: None, retry_after_secs: Some(1) }, 1);
+    rig.sim
+        .faults()
+        .fail_next(Fault::RateLimit { retry_after_ms: None, retry_after_secs: Some(1) }, 1);
     let started = Instant::now();
     assert_eq!(rig.call(&first_turn("hi", false)).await.unwrap().attempts, 2);
     assert!(started.elapsed() >= Duration::from_secs(1));
@@ -189,7 +202,9 @@ async fn exhausted_retries_report_unavailable() {
     rig.sim.faults().clear();
 
     // A Retry-After beyond `retry_after_max_ms` ends the retries at once.
-    rig.sim.faults().fail_next(Fault::RateLimit { retry_after_ms: None, retry_after_secs: Some(60) }, 1);
+    rig.sim
+        .faults()
+        .fail_next(Fault::RateLimit { retry_after_ms: None, retry_after_secs: Some(60) }, 1);
     let e = rig.call(&first_turn("hi", false)).await.unwrap_err();
     assert!(matches!(e, LlmError::Unavailable { attempts: 1, status: Some(429), .. }), "{e:?}");
 }
@@ -244,9 +259,18 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
     let client = HttpLlmClient::new(&settings(&sim.base_url())).unwrap();
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
-    let e = client.create(LlmRequest { endpoint: &wrong, body: &body, deltas: None }).await.unwrap_err();
-    assert!(matches!(&e, LlmError::Rejected { status: 401, error } if error.is("invalid_api_key")), "{e:?}");
-    assert!(!format!("{e:?} {e} {wrong:?}").contains("sk-sim-wrong"), "the key never appears in errors");
+    let e = client
+        .create(LlmRequest { endpoint: &wrong, body: &body, deltas: None })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, LlmError::Rejected { status: 401, error } if error.is("invalid_api_key")),
+        "{e:?}"
+    );
+    assert!(
+        !format!("{e:?} {e} {wrong:?}").contains("sk-sim-wrong"),
+        "the key never appears in errors"
+    );
     let right = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-right")));
     client.create(LlmRequest { endpoint: &right, body: &body, deltas: None }).await.unwrap();
     assert_eq!(sim.stats().requests, 2);
@@ -263,13 +287,18 @@ async fn account_errors_reach_clients_as_a_fixed_sentence() {
     let client = HttpLlmClient::new(&settings(&sim.base_url())).unwrap();
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
-    let e = client.create(LlmRequest { endpoint: &wrong, body: &body, deltas: None }).await.unwrap_err();
+    let e = client
+        .create(LlmRequest { endpoint: &wrong, body: &body, deltas: None })
+        .await
+        .unwrap_err();
     let reply = client_error(&e);
     assert_eq!(reply.code, ErrorCode::LlmRejected);
     assert!(reply.message.ends_with(CREDENTIALS_REFUSED), "{}", reply.message);
     assert!(!reply.message.contains("Incorrect API key"), "{}", reply.message);
     // The provider's words stay on the error for the log.
-    assert!(matches!(&e, LlmError::Rejected { error, .. } if error.message.contains("Incorrect API key")));
+    assert!(
+        matches!(&e, LlmError::Rejected { error, .. } if error.message.contains("Incorrect API key"))
+    );
 
     // Injected 401 and 403 answers, and an exhausted quota, read the same way.
     let rig = rig().await;
@@ -309,7 +338,10 @@ async fn stream_broken_after_first_token_is_reported_not_retried() {
     rig.sim.faults().fail_next(Fault::StreamStall { after_events: 5 }, 1);
     let (r, _) = rig.stream(&first_turn("hi", true)).await;
     let e = r.unwrap_err();
-    assert!(matches!(e, LlmError::Timeout { attempts: 1, phase: TimeoutPhase::StreamIdle }), "{e:?}");
+    assert!(
+        matches!(e, LlmError::Timeout { attempts: 1, phase: TimeoutPhase::StreamIdle }),
+        "{e:?}"
+    );
     assert_eq!(e.code(), ErrorCode::LlmTimeout);
     assert_eq!(rig.requests(), 2);
 }
@@ -345,8 +377,10 @@ async fn request_timeout_then_retry_recovers_and_exhaustion_reports_timeout() {
     let client = HttpLlmClient::new(&quick).unwrap();
     rig.sim.faults().fail_next(Fault::Hang, 2);
     let body = first_turn("hi", false);
-    let e =
-        client.create(LlmRequest { endpoint: &rig.endpoint, body: &body, deltas: None }).await.unwrap_err();
+    let e = client
+        .create(LlmRequest { endpoint: &rig.endpoint, body: &body, deltas: None })
+        .await
+        .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Request }), "{e:?}");
     assert_eq!(e.code(), ErrorCode::LlmTimeout);
 }
@@ -360,7 +394,9 @@ async fn connect_timeout_and_refused_connections() {
     let addr = listener.local_addr().unwrap();
     let mut fillers = Vec::new();
     loop {
-        match tokio::time::timeout(Duration::from_millis(100), tokio::net::TcpStream::connect(addr)).await {
+        match tokio::time::timeout(Duration::from_millis(100), tokio::net::TcpStream::connect(addr))
+            .await
+        {
             Ok(Ok(stream)) if fillers.len() < 64 => fillers.push(stream),
             _ => break,
         }
@@ -371,11 +407,17 @@ async fn connect_timeout_and_refused_connections() {
     let client = HttpLlmClient::new(&quick).unwrap();
     let endpoint = Endpoint::new(format!("http://{addr}/v1"), None);
     let body = first_turn("hi", false);
-    let e = client.create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None }).await.unwrap_err();
+    let e = client
+        .create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None })
+        .await
+        .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Connect }), "{e:?}");
 
     drop((listener, fillers));
-    let e = client.create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None }).await.unwrap_err();
+    let e = client
+        .create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None })
+        .await
+        .unwrap_err();
     assert!(matches!(e, LlmError::Unavailable { attempts: 2, status: None, .. }), "{e:?}");
 }
 
@@ -389,7 +431,10 @@ async fn incomplete_refused_and_failed_responses() {
         assert_eq!(f.user_warnings[0].code, INCOMPLETE_WARNING_CODE);
 
         let e = rig.stream(&first_turn("@refuse", stream)).await.0.unwrap_err();
-        assert!(matches!(&e, LlmError::Refused { refusal, .. } if refusal.contains("can't help")), "{e:?}");
+        assert!(
+            matches!(&e, LlmError::Refused { refusal, .. } if refusal.contains("can't help")),
+            "{e:?}"
+        );
         assert_eq!(e.code(), ErrorCode::LlmRefused);
         assert!(e.raw_response().is_some());
 
@@ -414,7 +459,10 @@ fn endpoints_resolve_per_tenant_and_keep_query_strings() {
     }))
     .unwrap();
     let e = Endpoint::resolve(&s, Some(&tenant));
-    assert_eq!(e.url("responses"), "https://tenant.example/openai/v1/responses?api-version=preview");
+    assert_eq!(
+        e.url("responses"),
+        "https://tenant.example/openai/v1/responses?api-version=preview"
+    );
     assert_eq!(e.api_key.as_ref().map(Secret::expose), Some("sk-tenant"));
     assert!(!format!("{e:?}").contains("sk-tenant"));
     assert_eq!(Endpoint::resolve(&s, None).url("responses"), "https://api.example/v1/responses");

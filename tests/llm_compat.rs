@@ -112,8 +112,7 @@ async fn streams_without_a_terminal_event_are_errors() {
 #[tokio::test]
 async fn error_events_json_answers_and_garbage() {
     let (base, script) = server().await;
-    let error =
-        json!({"type":"error","sequence_number":1,"code":"server_error","message":"boom","param":null});
+    let error = json!({"type":"error","sequence_number":1,"code":"server_error","message":"boom","param":null});
     let e = call(&base, &script, "text/event-stream", sse(&[created(), error])).await.unwrap_err();
     assert!(
         matches!(&e, LlmError::Failed { response_id: Some(id), error, .. } if id == "resp_c" && error.message == "boom"),

@@ -73,7 +73,8 @@ async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage() {
     let chain = ["validate", "retrieve", "assemble", "invoke", "persist"];
     let mut parent = client_span.to_owned();
     for stage in chain {
-        let span = spans.get(stage).unwrap_or_else(|| panic!("no {stage} span; got {:?}", spans.keys()));
+        let span =
+            spans.get(stage).unwrap_or_else(|| panic!("no {stage} span; got {:?}", spans.keys()));
         assert_eq!(span["parentSpanId"], parent.as_str(), "{stage}'s parent");
         assert_eq!(span["kind"], 5);
         assert_eq!(span["status"]["code"], 1, "{span}");

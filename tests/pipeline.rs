@@ -55,7 +55,8 @@ async fn multi_turn_conversation_end_to_end() {
 
     // Follow-up: chained, no system message, unchanged file not resent, new file sent.
     let mut t2 = user_turn(&s, "t2", "And the tax?");
-    t2["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 1 }\n"), file("src/b.rs", "fn b() {}\n")]);
+    t2["InputArtifacts"] =
+        json!([file("src/a.rs", "fn a() { 1 }\n"), file("src/b.rs", "fn b() {}\n")]);
     let r2 = one_final(&h, &s, t2).await;
     assert!(text(&r2).contains("chain_depth: 2"), "{}", text(&r2));
     let body2 = h.sim.request_bodies()[1].clone();
@@ -128,9 +129,14 @@ async fn drive(h: &Harness, stage: StageName) -> bool {
 async fn duplicate_head(h: &Harness, stage: StageName) {
     let ch = h.conn.create_channel().await.unwrap();
     let queue = h.topology.stage_queue(stage);
-    let m = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
+    let m = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .unwrap();
     for _ in 0..2 {
-        let msg = OutMessage::to_queue(queue.clone(), "turn", "dup".into(), m.delivery.data.clone());
+        let msg =
+            OutMessage::to_queue(queue.clone(), "turn", "dup".into(), m.delivery.data.clone());
         h.publisher.publish(&msg).await.unwrap();
     }
 }
@@ -140,7 +146,9 @@ async fn redelivered_stage_messages_cause_one_call_one_record_one_reply() {
     let h = Harness::start(0).await;
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "hello")).await;
-    for stage in [StageName::new("validate"), StageName::new("retrieve"), StageName::new("assemble")] {
+    for stage in
+        [StageName::new("validate"), StageName::new("retrieve"), StageName::new("assemble")]
+    {
         assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
     }
     duplicate_head(&h, StageName::new("invoke")).await;
@@ -170,7 +178,11 @@ async fn two_copies_of_every_stage_keep_per_session_order() {
         assert_eq!(order, ["t0", "t1", "t2", "t3"], "session {s}");
         for (i, r) in finals.iter().enumerate() {
             // Each turn chained onto the one before: they ran one at a time, in order.
-            assert!(text(&r.body).contains(&format!("chain_depth: {}", i + 1)), "{}", text(&r.body));
+            assert!(
+                text(&r.body).contains(&format!("chain_depth: {}", i + 1)),
+                "{}",
+                text(&r.body)
+            );
         }
         assert_eq!(h.records(s).await.len(), 4);
     }
@@ -233,7 +245,10 @@ async fn a_turn_is_one_trace_across_stages() {
     h.submit(&user_turn(&s, "t2", "derived")).await;
     let reply = h.replies(&s, 1, WAIT).await.pop().unwrap();
     let expected = aptix::broker::trace::derived_trace_id(&s, "t2");
-    assert_eq!(aptix::broker::trace::parse_trace_id(&reply.headers["traceparent"]), Some(expected.as_str()));
+    assert_eq!(
+        aptix::broker::trace::parse_trace_id(&reply.headers["traceparent"]),
+        Some(expected.as_str())
+    );
     h.teardown().await;
 }
 

@@ -23,11 +23,13 @@ fn header<'a>(d: &'a lapin::message::Delivery, key: &str) -> Option<&'a AMQPValu
 }
 
 async fn stored_refusals(h: &Harness, session: &str) -> Vec<Value> {
-    sqlx::query_scalar("SELECT to_jsonb(r) FROM replies r WHERE session_id = $1::uuid ORDER BY created_at")
-        .bind(session)
-        .fetch_all(h.deps.store.pool())
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT to_jsonb(r) FROM replies r WHERE session_id = $1::uuid ORDER BY created_at",
+    )
+    .bind(session)
+    .fetch_all(h.deps.store.pool())
+    .await
+    .unwrap()
 }
 
 async fn queue_exists(h: &Harness, queue: &str) -> bool {
@@ -83,7 +85,8 @@ async fn twenty_sessions_of_five_turns_published_at_once_get_every_reply_once_in
     futures_util::future::join_all(sessions.iter().map(publish)).await;
     let all = futures_util::future::join_all(sessions.iter().map(|s| h.replies(s, 5, WAIT))).await;
     for (s, replies) in sessions.iter().zip(all) {
-        let finals: Vec<&str> = replies.iter().filter(|r| r.is_final).map(|r| r.turn_id.as_str()).collect();
+        let finals: Vec<&str> =
+            replies.iter().filter(|r| r.is_final).map(|r| r.turn_id.as_str()).collect();
         assert_eq!(finals, ["t1", "t2", "t3", "t4", "t5"], "session {s}: {replies:?}");
         let mut ids: Vec<&str> = replies.iter().map(|r| r.message_id.as_str()).collect();
         ids.dedup();
@@ -109,9 +112,13 @@ async fn a_refusal_for_an_unknown_session_creates_no_queue_and_is_stored() {
     assert!(!queue_exists(&h, &h.topology.session_queue(&s.parse().unwrap())).await);
     // It is kept where an operator sees it instead of being dropped.
     let ch = h.conn.create_channel().await.unwrap();
-    let got = ch.basic_get(h.topology.unrouted().as_str().into(), BasicGetOptions { no_ack: true }).await;
+    let got =
+        ch.basic_get(h.topology.unrouted().as_str().into(), BasicGetOptions { no_ack: true }).await;
     let kept = got.unwrap().expect("the refusal in the unrouted queue");
-    assert_eq!(kept.delivery.properties.message_id().as_ref().unwrap().as_str(), stored[0]["message_id"]);
+    assert_eq!(
+        kept.delivery.properties.message_id().as_ref().unwrap().as_str(),
+        stored[0]["message_id"]
+    );
     // An ordinary turn of another session is answered at once.
     let other = new_session();
     h.submit(&user_turn(&other, "t1", "hi")).await;
@@ -136,7 +143,8 @@ async fn refusals_reach_a_declared_queue_and_a_deleted_queue_sends_them_to_unrou
     h.publish_raw(json!({"SessionId": s, "TurnId": "b"}).to_string().into_bytes()).await;
     let deadline = tokio::time::Instant::now() + WAIT;
     let kept = loop {
-        let got = ch.basic_get(h.topology.unrouted().as_str().into(), BasicGetOptions { no_ack: true });
+        let got =
+            ch.basic_get(h.topology.unrouted().as_str().into(), BasicGetOptions { no_ack: true });
         if let Some(m) = got.await.unwrap() {
             break m;
         }

@@ -20,20 +20,28 @@ async fn concurrent_mandatory_publishes_get_their_own_returns() {
     let ch = conn.create_channel().await.unwrap();
     let p = prefix();
     let (routable, missing) = (format!("{p}.here"), format!("{p}.nowhere"));
-    ch.queue_declare(routable.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())
-        .await
-        .unwrap();
+    ch.queue_declare(
+        routable.as_str().into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     for round in 0..5 {
         // Interleaved: every third message goes to a queue that does not exist.
         let messages: Vec<(bool, OutMessage)> = (0..300)
             .map(|i| {
                 let lost = i % 3 == 0;
                 let queue = if lost { missing.clone() } else { routable.clone() };
-                (lost, OutMessage::to_queue(queue, "turn", format!("m-{round}-{i}"), vec![b'x'; 64]))
+                (
+                    lost,
+                    OutMessage::to_queue(queue, "turn", format!("m-{round}-{i}"), vec![b'x'; 64]),
+                )
             })
             .collect();
         let results =
-            futures_util::future::join_all(messages.iter().map(|(_, m)| publisher.publish(m))).await;
+            futures_util::future::join_all(messages.iter().map(|(_, m)| publisher.publish(m)))
+                .await;
         for ((lost, m), result) in messages.iter().zip(results) {
             match (lost, result) {
                 (true, Err(BrokerError::Unroutable { routing_key, .. })) => {
@@ -82,7 +90,8 @@ async fn a_channel_closed_by_the_broker_is_replaced() {
 #[tokio::test]
 async fn a_message_over_the_limit_is_refused_before_sending() {
     let conn = connect(AMQP).await.unwrap();
-    let publisher = Publisher::open_with(conn, 1024, std::time::Duration::from_secs(5)).await.unwrap();
+    let publisher =
+        Publisher::open_with(conn, 1024, std::time::Duration::from_secs(5)).await.unwrap();
     let m = OutMessage::to_queue("anything".into(), "turn", "big".into(), vec![b'x'; 1025]);
     match publisher.publish(&m).await {
         Err(BrokerError::TooLarge { size, limit, .. }) => assert_eq!((size, limit), (1025, 1024)),

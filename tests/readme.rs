@@ -86,10 +86,16 @@ fn the_simulator_doc_describes_every_control_command_and_fault() {
     let doc = read("docs/simulator.md");
     for command in every_command() {
         let name = serde_json::to_value(&command).unwrap()["command"].as_str().unwrap().to_owned();
-        assert!(doc.contains(&format!("| `{name}` |")), "docs/simulator.md is missing the command {name}");
+        assert!(
+            doc.contains(&format!("| `{name}` |")),
+            "docs/simulator.md is missing the command {name}"
+        );
     }
     for fault in every_fault() {
         let kind = serde_json::to_value(&fault).unwrap()["kind"].as_str().unwrap().to_owned();
-        assert!(doc.contains(&format!("| `{kind}` |")), "docs/simulator.md is missing the fault {kind}");
+        assert!(
+            doc.contains(&format!("| `{kind}` |")),
+            "docs/simulator.md is missing the fault {kind}"
+        );
     }
 }

@@ -34,8 +34,7 @@ async fn one_final(h: &Harness, session: &str, request: Value) -> Value {
 async fn conversation(h: &Harness) -> (String, String) {
     let a = new_session();
     let mut t1 = user_turn(&a, "t1", "How is the invoice e-mail sent? send_invoice_email");
-    t1["InputArtifacts"] =
-        json!([{"RelativePath": "src/a.rs", "FileName": "a.rs", "Contents": "fn a() {}\n", "Origin": "ide"}]);
+    t1["InputArtifacts"] = json!([{"RelativePath": "src/a.rs", "FileName": "a.rs", "Contents": "fn a() {}\n", "Origin": "ide"}]);
     one_final(h, &a, t1).await;
     one_final(h, &a, user_turn(&a, "t2", "And the tax? vat_for_line")).await;
     let r3 = one_final(h, &a, user_turn(&a, "t3", "Read the file @call(read_file)")).await;
@@ -122,8 +121,10 @@ async fn reprocessing_links_new_records_resumes_and_touches_nothing_live() {
     // Cancelled before it starts: nothing runs, everything is left for later.
     let cancelled = CancellationToken::new();
     cancelled.cancel();
-    let stopped =
-        r.run(&options(everything.clone(), "r1"), &ProgressBar::hidden(), &cancelled).await.unwrap();
+    let stopped = r
+        .run(&options(everything.clone(), "r1"), &ProgressBar::hidden(), &cancelled)
+        .await
+        .unwrap();
     assert_eq!((stopped.done, stopped.left, stopped.interrupted), (0, 4, true), "{stopped}");
     assert!(stopped.to_string().contains("(interrupted)"), "{stopped}");
 
@@ -138,11 +139,21 @@ async fn reprocessing_links_new_records_resumes_and_touches_nothing_live() {
     let mut rest = options(everything.clone(), "r1");
     rest.concurrency = 3;
     let second = run(&r, &rest).await;
-    assert_eq!((second.done, second.already_done, second.failed, second.left), (2, 2, 0, 0), "{second}");
+    assert_eq!(
+        (second.done, second.already_done, second.failed, second.left),
+        (2, 2, 0, 0),
+        "{second}"
+    );
     let records = run_records(&h, "r1").await;
-    let originals = texts(&h, "SELECT id::text FROM response_records WHERE reprocess_of IS NULL").await;
-    assert_eq!(records.len(), originals.len(), "one new record per original round trip: {records:#?}");
-    let mut linked: Vec<&str> = records.iter().map(|r| r["reprocess_of"].as_str().unwrap()).collect();
+    let originals =
+        texts(&h, "SELECT id::text FROM response_records WHERE reprocess_of IS NULL").await;
+    assert_eq!(
+        records.len(),
+        originals.len(),
+        "one new record per original round trip: {records:#?}"
+    );
+    let mut linked: Vec<&str> =
+        records.iter().map(|r| r["reprocess_of"].as_str().unwrap()).collect();
     linked.sort_unstable();
     linked.dedup();
     assert_eq!(linked.len(), originals.len());
@@ -200,7 +211,10 @@ async fn reprocessing_links_new_records_resumes_and_touches_nothing_live() {
     }
     // The live pipeline still works on the same session afterwards, chained as before.
     let next = one_final(&h, &b, user_turn(&b, "later", "one more")).await;
-    assert!(next["Result"]["PrimaryOutputText"].as_str().unwrap().contains("chain_depth: 2"), "{next}");
+    assert!(
+        next["Result"]["PrimaryOutputText"].as_str().unwrap().contains("chain_depth: 2"),
+        "{next}"
+    );
     h.teardown().await;
 }
 

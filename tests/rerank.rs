@@ -71,7 +71,8 @@ async fn a_stage_added_between_retrieve_and_assemble_runs_in_the_pipeline() {
     sorted.sort();
     assert_eq!(paths, sorted, "assembled in the reranked order");
     let ch = h.conn.create_channel().await.unwrap();
-    let _ =
-        ch.queue_delete(format!("{}.rerank", h.topology.prefix()).as_str().into(), Default::default()).await;
+    let _ = ch
+        .queue_delete(format!("{}.rerank", h.topology.prefix()).as_str().into(), Default::default())
+        .await;
     h.teardown().await;
 }

@@ -10,10 +10,11 @@ use aptix::retrieve::Retrieval;
 async fn shipped_query_set_keeps_its_recall_and_mrr() {
     let root = env!("CARGO_MANIFEST_DIR");
     let queries =
-        parse_queries(&std::fs::read_to_string(format!("{root}/eval/tokio.jsonl")).unwrap()).unwrap();
+        parse_queries(&std::fs::read_to_string(format!("{root}/eval/tokio.jsonl")).unwrap())
+            .unwrap();
     assert!(queries.len() >= 30);
-    let source =
-        registry_crate("tokio").expect("tokio is a dependency, so its source is in the cargo registry");
+    let source = registry_crate("tokio")
+        .expect("tokio is a dependency, so its source is in the cargo registry");
     let data = tempfile::tempdir().unwrap();
     let mut settings = aptix::config::Settings::load(None).unwrap();
     settings.vector.url = None;

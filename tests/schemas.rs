@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 
 use aptix::contracts::{
-    AgentExecuteResponse, ApiError, ErrorCode, FinalOutput, InvokeResult, Outcome, Reply, ReplyDelta,
-    SessionId, ToolCall, ToolContinuationOutput, Usage,
+    AgentExecuteResponse, ApiError, ErrorCode, FinalOutput, InvokeResult, Outcome, Reply,
+    ReplyDelta, SessionId, ToolCall, ToolContinuationOutput, Usage,
 };
 use aptix::llm::{DeltaEvent, StreamDelta};
 use serde_json::{json, Value};
@@ -31,7 +31,8 @@ fn validator(name: &str) -> jsonschema::Validator {
 /// `(file name, parsed body)` of every corpus file of `name/kind`, sorted.
 fn corpus(name: &str, kind: &str) -> Vec<(String, Value)> {
     let dir = root().join("tests/schema_corpus").join(name).join(kind);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(!files.is_empty(), "no corpus files in {}", dir.display());
     let read = |p: &PathBuf| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
@@ -79,11 +80,13 @@ fn every_corpus_file_passes_or_fails_its_schema_as_filed() {
 #[test]
 fn the_examples_are_what_the_request_schema_says() {
     let v = validator("request");
-    for (file, valid) in [("user-turn.json", true), ("tool-continuation.json", true), ("invalid.json", false)]
+    for (file, valid) in
+        [("user-turn.json", true), ("tool-continuation.json", true), ("invalid.json", false)]
     {
-        let body: Value =
-            serde_json::from_str(&std::fs::read_to_string(root().join("examples").join(file)).unwrap())
-                .unwrap();
+        let body: Value = serde_json::from_str(
+            &std::fs::read_to_string(root().join("examples").join(file)).unwrap(),
+        )
+        .unwrap();
         assert_eq!(v.is_valid(&body), valid, "examples/{file}: {:?}", errors_of(&v, &body));
     }
 }
@@ -129,8 +132,11 @@ fn replies_built_by_the_server_pass_the_response_schema() {
     let mut final_output = FinalOutput::text("done");
     final_output.usage =
         Some(Usage { input_tokens: 3, output_tokens: 2, total_tokens: 5, ..Usage::default() });
-    let call =
-        ToolCall { tool_call_id: "call_1".into(), name: "read_file".into(), arguments_json: "{}".into() };
+    let call = ToolCall {
+        tool_call_id: "call_1".into(),
+        name: "read_file".into(),
+        arguments_json: "{}".into(),
+    };
     let tools = ToolContinuationOutput::new(vec![call], Some("reading".into())).unwrap();
     let replies: Vec<Reply> = vec![
         InvokeResult::ok(response(Outcome::Final(FinalOutput::text("plain")))),
@@ -149,12 +155,18 @@ fn replies_built_by_the_server_pass_the_response_schema() {
 fn deltas_published_by_the_invoke_stage_pass_the_delta_schema() {
     let v = validator("delta");
     let topology = aptix::broker::Topology::new("t-schema");
-    let key =
-        aptix::contracts::TurnKey { session_id: SessionId::random(), turn_id: "turn-7".parse().unwrap() };
+    let key = aptix::contracts::TurnKey {
+        session_id: SessionId::random(),
+        turn_id: "turn-7".parse().unwrap(),
+    };
     let events = [
         DeltaEvent::Started { response_id: "resp_1".into() },
         DeltaEvent::OutputText { output_index: 0, text: "Hel".into() },
-        DeltaEvent::ToolCallStarted { output_index: 1, call_id: "call_1".into(), name: "read_file".into() },
+        DeltaEvent::ToolCallStarted {
+            output_index: 1,
+            call_id: "call_1".into(),
+            name: "read_file".into(),
+        },
         DeltaEvent::ToolArguments { call_id: "call_1".into(), text: "{\"pa".into() },
     ];
     for (seq, event) in events.into_iter().enumerate() {
@@ -179,7 +191,8 @@ fn the_request_schema_names_every_field_and_keeps_the_scenarios_apart() {
     for def in [user, continuation] {
         assert_eq!(def["additionalProperties"], false);
     }
-    let names = |d: &Value| d["properties"].as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    let names =
+        |d: &Value| d["properties"].as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     let mut all = names(user);
     all.extend(names(continuation));
     for field in aptix::contracts::request::REQUEST_FIELDS {

@@ -16,8 +16,12 @@ use serde_json::{json, Value};
 use sim_support::{first_turn, next_turn, start_sim, tool_outputs, PNG_1X1};
 
 async fn post(base: &str, body: &Value) -> (u16, Value) {
-    let resp =
-        reqwest::Client::new().post(format!("{base}/responses")).json(body).send().await.expect("sent");
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/responses"))
+        .json(body)
+        .send()
+        .await
+        .expect("sent");
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
@@ -53,7 +57,8 @@ async fn malformed_bodies_get_the_apis_400() {
         ),
         (
             edit(&|b| {
-                b["input"][0] = json!({"role":"assistant","content":[{"type":"input_text","text":"x"}]})
+                b["input"][0] =
+                    json!({"role":"assistant","content":[{"type":"input_text","text":"x"}]})
             }),
             "input[0].content[0]",
             Some("invalid_value"),
@@ -61,14 +66,17 @@ async fn malformed_bodies_get_the_apis_400() {
         ),
         (
             edit(&|b| {
-                b["tools"][0] = json!({"type":"function","function":{"name":"read_file","parameters":{}}})
+                b["tools"][0] =
+                    json!({"type":"function","function":{"name":"read_file","parameters":{}}})
             }),
             "tools[0].name",
             Some("missing_required_parameter"),
             "Missing required parameter",
         ),
         (
-            edit(&|b| b["tool_choice"] = json!({"type":"function","function":{"name":"read_file"}})),
+            edit(&|b| {
+                b["tool_choice"] = json!({"type":"function","function":{"name":"read_file"}})
+            }),
             "tool_choice.name",
             Some("missing_required_parameter"),
             "tool_choice.name",
@@ -123,9 +131,17 @@ async fn malformed_bodies_get_the_apis_400() {
             Some("integer_below_min_value"),
             ">= 16",
         ),
-        (edit(&|b| b["temperature"] = json!(3)), "temperature", Some("decimal_above_max_value"), "<= 2"),
         (
-            edit(&|b| b["input"] = json!([{"type":"function_call_output","call_id":"call_x","output":"1"}])),
+            edit(&|b| b["temperature"] = json!(3)),
+            "temperature",
+            Some("decimal_above_max_value"),
+            "<= 2",
+        ),
+        (
+            edit(&|b| {
+                b["input"] =
+                    json!([{"type":"function_call_output","call_id":"call_x","output":"1"}])
+            }),
             "input",
             None,
             "No tool call found for function call output with call_id call_x",
@@ -144,8 +160,12 @@ async fn malformed_bodies_get_the_apis_400() {
         assert_eq!((p, c), (Some(param), code), "{v}");
         assert!(message.contains(fragment), "{message}");
     }
-    let resp =
-        reqwest::Client::new().post(format!("{base}/responses")).body("{not json").send().await.unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/responses"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
 
     // Everything DESIGN.md §5 asks for is accepted: input_text, a data-URL image, flat tools,
@@ -169,25 +189,37 @@ async fn stored_responses_chain_and_can_be_forgotten() {
     let (status, r2) = post(&base, &next_turn(id1, "second", false)).await;
     assert_eq!(status, 200, "{r2}");
     let text = r2["output"][0]["content"][0]["text"].as_str().unwrap();
-    assert!(text.contains("chain_depth: 2") && text.contains("system_messages_in_chain: 1"), "{text}");
+    assert!(
+        text.contains("chain_depth: 2") && text.contains("system_messages_in_chain: 1"),
+        "{text}"
+    );
     assert_eq!(r2["previous_response_id"], id1);
-    let context =
-        r1["usage"]["input_tokens"].as_u64().unwrap() + r1["usage"]["output_tokens"].as_u64().unwrap();
+    let context = r1["usage"]["input_tokens"].as_u64().unwrap()
+        + r1["usage"]["output_tokens"].as_u64().unwrap();
     assert_eq!(
         r2["usage"]["input_tokens_details"]["cached_tokens"], context,
         "the chain is billed again, as cached"
     );
 
-    let fetched: Value = reqwest::get(format!("{base}/responses/{id1}")).await.unwrap().json().await.unwrap();
+    let fetched: Value =
+        reqwest::get(format!("{base}/responses/{id1}")).await.unwrap().json().await.unwrap();
     assert_eq!(fetched, r1);
-    assert_eq!(reqwest::get(format!("{base}/responses/resp_nope")).await.unwrap().status().as_u16(), 404);
+    assert_eq!(
+        reqwest::get(format!("{base}/responses/resp_nope")).await.unwrap().status().as_u16(),
+        404
+    );
 
     // A tool call must be answered before the chain goes on, and the answers are echoed.
     let (_, calls) = post(&base, &next_turn(r2["id"].as_str().unwrap(), "@call(*)", false)).await;
-    let call_ids: Vec<&str> =
-        calls["output"].as_array().unwrap().iter().map(|i| i["call_id"].as_str().unwrap()).collect();
+    let call_ids: Vec<&str> = calls["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["call_id"].as_str().unwrap())
+        .collect();
     assert_eq!(call_ids.len(), 2);
-    let (status, v) = post(&base, &next_turn(calls["id"].as_str().unwrap(), "ignore the tools", false)).await;
+    let (status, v) =
+        post(&base, &next_turn(calls["id"].as_str().unwrap(), "ignore the tools", false)).await;
     assert_eq!(status, 400);
     assert!(error_of(&v).2.starts_with("No tool output found for function call"), "{v}");
     let outputs = [(call_ids[0], "{\"ok\":true}"), (call_ids[1], "fn main() {}")];
@@ -223,7 +255,11 @@ fn sse_events(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|f| !f.trim().is_empty())
         .map(|frame| {
-            let event = frame.lines().find_map(|l| l.strip_prefix("event: ")).expect("event line").to_owned();
+            let event = frame
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .expect("event line")
+                .to_owned();
             let data = frame.lines().find_map(|l| l.strip_prefix("data: ")).expect("data line");
             (event, serde_json::from_str(data).expect("JSON data"))
         })
@@ -276,7 +312,10 @@ async fn streams_follow_the_real_event_sequence() {
     let (_, completed) = events.last().unwrap();
     let text: String = events.iter().filter_map(|(_, d)| d["delta"].as_str()).collect();
     assert_eq!(completed["response"]["output"][1]["content"][0]["text"], text);
-    assert!(completed["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64() > Some(0));
+    assert!(
+        completed["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64()
+            > Some(0)
+    );
 
     let resp = reqwest::Client::new()
         .post(format!("{}/responses", sim.base_url()))
@@ -286,7 +325,10 @@ async fn streams_follow_the_real_event_sequence() {
         .unwrap();
     let events = sse_events(&resp.text().await.unwrap());
     let added = &events.iter().find(|(n, _)| n == "response.output_item.added").unwrap().1["item"];
-    assert_eq!((added["arguments"].as_str(), added["status"].as_str()), (Some(""), Some("in_progress")));
+    assert_eq!(
+        (added["arguments"].as_str(), added["status"].as_str()),
+        (Some(""), Some("in_progress"))
+    );
     let args: String = events
         .iter()
         .filter(|(n, _)| n == "response.function_call_arguments.delta")
@@ -306,13 +348,22 @@ async fn request_log_is_bounded_and_controls_work_over_http() {
     }
     let logged = sim.requests();
     assert_eq!(logged.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 3, 4]);
-    assert!(sim.request_bodies()[0]["input"][1]["content"][0]["text"].as_str().unwrap().ends_with("turn 2"));
+    assert!(sim.request_bodies()[0]["input"][1]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .ends_with("turn 2"));
 
     let root = format!("http://{}", sim.addr());
     let http = reqwest::Client::new();
     let command = Control::FailNext { fault: Fault::ServerError, count: 1 };
     assert_eq!(
-        http.post(format!("{root}/_sim/control")).json(&command).send().await.unwrap().status().as_u16(),
+        http.post(format!("{root}/_sim/control"))
+            .json(&command)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
         204
     );
     assert_eq!(post(&base, &first_turn("x", false)).await.0, 500);
@@ -320,7 +371,8 @@ async fn request_log_is_bounded_and_controls_work_over_http() {
     let bodies: Vec<Value> =
         http.get(format!("{root}/_sim/requests")).send().await.unwrap().json().await.unwrap();
     assert_eq!(bodies.len(), 3);
-    let stats: Value = http.get(format!("{root}/_sim/stats")).send().await.unwrap().json().await.unwrap();
+    let stats: Value =
+        http.get(format!("{root}/_sim/stats")).send().await.unwrap().json().await.unwrap();
     assert_eq!(
         (stats["requests"].as_u64(), stats["faults"].as_u64(), stats["responses"].as_u64()),
         (Some(7), Some(1), Some(6))
@@ -354,10 +406,16 @@ async fn the_control_route_refuses_unknown_fields_and_values_with_a_named_400() 
             "unknown field `retry_after`",
         ),
         (json!({"command":"clear_faults","now":true}), "unknown field `now`"),
-        (json!({"command":"set_latency","latency":{"fixed_ms":5,"jitter":1}}), "unknown field `jitter`"),
+        (
+            json!({"command":"set_latency","latency":{"fixed_ms":5,"jitter":1}}),
+            "unknown field `jitter`",
+        ),
         (json!({"command":"fail_forever"}), "unknown variant `fail_forever`"),
         (json!({"fault":{"kind":"hang"},"count":1}), "missing field `command`"),
-        (json!({"command":"fail_randomly","fault":{"kind":"hang"},"probability":1.5}), "between 0 and 1"),
+        (
+            json!({"command":"fail_randomly","fault":{"kind":"hang"},"probability":1.5}),
+            "between 0 and 1",
+        ),
     ];
     for (body, expected) in cases {
         let resp = http.post(&url).json(&body).send().await.unwrap();

@@ -25,7 +25,8 @@ async fn measure(label: &str, base: &str, body: Value) {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers = (0..CONCURRENCY).map(|_| {
-        let (http, body, next, url) = (http.clone(), body.clone(), next.clone(), format!("{base}/responses"));
+        let (http, body, next, url) =
+            (http.clone(), body.clone(), next.clone(), format!("{base}/responses"));
         tokio::spawn(async move {
             let mut failed = 0;
             while next.fetch_add(1, Ordering::Relaxed) < REQUESTS {

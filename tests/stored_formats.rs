@@ -55,10 +55,19 @@ async fn an_outbox_row_in_the_old_format_is_published_when_its_turn_is_found_aga
     h.run(1);
     h.submit(&request).await;
     let replies = h.replies(&s, 1, WAIT).await;
-    assert_eq!(replies.last().unwrap().body["Successful"], true, "{:?}", replies.last().unwrap().body);
+    assert_eq!(
+        replies.last().unwrap().body["Successful"],
+        true,
+        "{:?}",
+        replies.last().unwrap().body
+    );
     assert_eq!(h.records(&s).await.len(), 1);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(h.deps.store.outbox_len().await.unwrap(), 0, "the old row was deleted once published");
+    assert_eq!(
+        h.deps.store.outbox_len().await.unwrap(),
+        0,
+        "the old row was deleted once published"
+    );
     h.teardown().await;
 }
 
@@ -78,19 +87,22 @@ async fn a_saved_answer_in_the_old_format_is_forwarded_without_a_second_call() {
     assert!(drive(&h, "invoke").await);
     assert_eq!(h.sim.stats().requests, 1);
     // Rewrite the saved answer as the previous version stored it: the bare round trip.
-    let saved: serde_json::Value =
-        sqlx::query_scalar("SELECT result FROM llm_results WHERE session_id = $1::uuid AND turn_id = 't1'")
-            .bind(&s)
-            .fetch_one(h.deps.store.pool())
-            .await
-            .unwrap();
+    let saved: serde_json::Value = sqlx::query_scalar(
+        "SELECT result FROM llm_results WHERE session_id = $1::uuid AND turn_id = 't1'",
+    )
+    .bind(&s)
+    .fetch_one(h.deps.store.pool())
+    .await
+    .unwrap();
     assert_eq!(saved["v"], 1, "written with its version: {saved}");
-    sqlx::query("UPDATE llm_results SET result = $2 WHERE session_id = $1::uuid AND turn_id = 't1'")
-        .bind(&s)
-        .bind(&saved["job"])
-        .execute(h.deps.store.pool())
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE llm_results SET result = $2 WHERE session_id = $1::uuid AND turn_id = 't1'",
+    )
+    .bind(&s)
+    .bind(&saved["job"])
+    .execute(h.deps.store.pool())
+    .await
+    .unwrap();
     assert!(drive(&h, "invoke").await, "the redelivered copy");
     assert_eq!(h.sim.stats().requests, 1, "the old-format answer was used");
     assert!(drive(&h, "persist").await && drive(&h, "persist").await);

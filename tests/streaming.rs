@@ -14,7 +14,8 @@ use common::{new_session, user_turn, Harness};
 async fn streamed_turn_publishes_ordered_deltas_then_the_final_reply() {
     let h = Harness::start(1).await;
     let s = new_session();
-    let mut request = user_turn(&s, "t1", "Stream me a long answer about send_invoice_email please");
+    let mut request =
+        user_turn(&s, "t1", "Stream me a long answer about send_invoice_email please");
     request["Stream"] = serde_json::json!(true);
     h.submit(&request).await;
     let messages = h.replies(&s, 1, Duration::from_secs(60)).await;

@@ -5,7 +5,9 @@
 
 use std::collections::HashSet;
 
-use aptix::contracts::{ArtifactContents, ErrorCode, Origin, ScopeOperator, ToolOutcome, ValidatedRequest};
+use aptix::contracts::{
+    ArtifactContents, ErrorCode, Origin, ScopeOperator, ToolOutcome, ValidatedRequest,
+};
 use aptix::rules::{session_hint, validate_bytes, Limits};
 use serde_json::{json, Value};
 
@@ -17,7 +19,8 @@ mod hardening;
 const SID: &str = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
 
 fn user(extra: Value) -> Value {
-    let mut base = json!({"SessionId": SID, "TurnId": "t-1", "Instruction": "Explain the invoice flow"});
+    let mut base =
+        json!({"SessionId": SID, "TurnId": "t-1", "Instruction": "Explain the invoice flow"});
     merge(&mut base, extra);
     base
 }
@@ -78,8 +81,10 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ("truncated json", br#"{"SessionId": "#.to_vec(), ErrorCode::RequestInvalidJson, None),
         (
             "duplicate key",
-            format!(r#"{{"SessionId":"{SID}","SessionId":"{SID}","TurnId":"a","Instruction":"x"}}"#)
-                .into_bytes(),
+            format!(
+                r#"{{"SessionId":"{SID}","SessionId":"{SID}","TurnId":"a","Instruction":"x"}}"#
+            )
+            .into_bytes(),
             ErrorCode::RequestInvalidJson,
             Some("SessionId"),
         ),
@@ -97,7 +102,12 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
             ErrorCode::RequestUnknownField,
             Some("InputArtifacts[0].Size"),
         ),
-        ("Mode", b(user(json!({"Mode": "DDR_CREATION"}))), ErrorCode::RequestForbiddenField, Some("Mode")),
+        (
+            "Mode",
+            b(user(json!({"Mode": "DDR_CREATION"}))),
+            ErrorCode::RequestForbiddenField,
+            Some("Mode"),
+        ),
         (
             "previous_response_id",
             b(user(json!({"previous_response_id": "resp_1"}))),
@@ -116,14 +126,26 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
             ErrorCode::RequestForbiddenField,
             Some("ToolsJson"),
         ),
-        ("wrong type", b(user(json!({"Stream": "yes"}))), ErrorCode::RequestInvalidType, Some("Stream")),
+        (
+            "wrong type",
+            b(user(json!({"Stream": "yes"}))),
+            ErrorCode::RequestInvalidType,
+            Some("Stream"),
+        ),
         (
             "negative ExecutionMs",
-            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": -1, "ResultJson": "1"}]}))),
+            b(cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": -1, "ResultJson": "1"}]}),
+            )),
             ErrorCode::RequestInvalidType,
             Some("ToolResults[0].ExecutionMs"),
         ),
-        ("no SessionId", b(user(json!({"SessionId": null}))), ErrorCode::SessionIdMissing, Some("SessionId")),
+        (
+            "no SessionId",
+            b(user(json!({"SessionId": null}))),
+            ErrorCode::SessionIdMissing,
+            Some("SessionId"),
+        ),
         (
             "empty SessionId",
             b(user(json!({"SessionId": ""}))),
@@ -138,7 +160,12 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         ("no TurnId", b(user(json!({"TurnId": null}))), ErrorCode::TurnIdMissing, Some("TurnId")),
         ("empty TurnId", b(user(json!({"TurnId": ""}))), ErrorCode::TurnIdMissing, Some("TurnId")),
-        ("TurnId chars", b(user(json!({"TurnId": "a b"}))), ErrorCode::TurnIdInvalid, Some("TurnId")),
+        (
+            "TurnId chars",
+            b(user(json!({"TurnId": "a b"}))),
+            ErrorCode::TurnIdInvalid,
+            Some("TurnId"),
+        ),
         (
             "TurnId length",
             b(user(json!({"TurnId": "a".repeat(129)}))),
@@ -229,7 +256,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "ResultJson not JSON",
-            b(cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "{oops"}]}))),
+            b(cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "{oops"}]}),
+            )),
             ErrorCode::ToolResultJsonInvalid,
             Some("ToolResults[0].ResultJson"),
         ),
@@ -247,13 +276,17 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "backslash path",
-            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "\\\\server\\share"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "\\\\server\\share"}))]}),
+            )),
             ErrorCode::PathAbsolute,
             Some("InputArtifacts[0].RelativePath"),
         ),
         (
             "drive letter",
-            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "C:\\src\\a.cs"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "C:\\src\\a.cs"}))]}),
+            )),
             ErrorCode::PathDriveLetter,
             Some("InputArtifacts[0].RelativePath"),
         ),
@@ -265,7 +298,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "dotdot",
-            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/../../etc"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/../../etc"}))]}),
+            )),
             ErrorCode::PathTraversal,
             Some("InputArtifacts[0].RelativePath"),
         ),
@@ -319,7 +354,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "bad base64 contents",
-            b(user(json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "@@@"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "@@@"}))]}),
+            )),
             ErrorCode::ContentsBase64Invalid,
             Some("InputArtifacts[0].Contents"),
         ),
@@ -373,7 +410,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "scope operator case",
-            b(user(json!({"RagScope": [{"Key": "path", "Operator": "Contains", "Values": ["a"]}]}))),
+            b(user(
+                json!({"RagScope": [{"Key": "path", "Operator": "Contains", "Values": ["a"]}]}),
+            )),
             ErrorCode::RagScopeOperatorInvalid,
             Some("RagScope[0].Operator"),
         ),
@@ -397,7 +436,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "bidi override in path",
-            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/\u{202e}sr.exe"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "src/\u{202e}sr.exe"}))]}),
+            )),
             ErrorCode::PathFormatCharacter,
             Some("InputArtifacts[0].RelativePath"),
         ),
@@ -409,7 +450,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
         ),
         (
             "full-width dots",
-            b(user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "\u{ff0e}\u{ff0e}/x"}))]}))),
+            b(user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "\u{ff0e}\u{ff0e}/x"}))]}),
+            )),
             ErrorCode::PathTraversal,
             Some("InputArtifacts[0].RelativePath"),
         ),
@@ -447,7 +490,8 @@ fn every_stateless_code_is_exercised() {
         .map(|(_, _, code, _)| code)
         .chain(limit_cases().into_iter().map(|_| ErrorCode::LimitExceeded))
         .collect();
-    let exercised = exercised.into_iter().chain([ErrorCode::RequestTooLarge]).collect::<HashSet<_>>();
+    let exercised =
+        exercised.into_iter().chain([ErrorCode::RequestTooLarge]).collect::<HashSet<_>>();
     for code in ErrorCode::ALL {
         let stateful = ["context.", "turn.", "session.", "tool_results.", "llm.", "internal."];
         if stateful.iter().any(|p| code.as_str().starts_with(p)) {
@@ -478,7 +522,12 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
     let long = "abcdef";
     let scope = json!({"Key": "path", "Operator": "==", "Values": ["a"]});
     vec![
-        (tight.clone(), user(json!({"Instruction": "123456"})), "Instruction", "max_instruction_chars"),
+        (
+            tight.clone(),
+            user(json!({"Instruction": "123456"})),
+            "Instruction",
+            "max_instruction_chars",
+        ),
         (
             tight.clone(),
             user(json!({"SolutionContextText": "abcd"})),
@@ -524,7 +573,9 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
         ),
         (
             tight.clone(),
-            cont(json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ErrorMessage": "boom"}]})),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": "a", "ExecutionMs": 1, "ErrorMessage": "boom"}]}),
+            ),
             "ToolResults[0].ErrorMessage",
             "max_tool_result_bytes",
         ),
@@ -536,7 +587,9 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
         ),
         (
             tight.clone(),
-            user(json!({"RagScope": [{"Key": "path", "Operator": "==", "Values": ["a", "b", "c"]}]})),
+            user(
+                json!({"RagScope": [{"Key": "path", "Operator": "==", "Values": ["a", "b", "c"]}]}),
+            ),
             "RagScope[0].Values",
             "max_rag_scope_values",
         ),
@@ -560,7 +613,9 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
         ),
         (
             tight.clone(),
-            user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": long}))]})),
+            user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": long}))]}),
+            ),
             "InputArtifacts[0].FileName",
             "max_name_chars",
         ),
@@ -596,7 +651,9 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
         ),
         (
             tight,
-            cont(json!({"ToolResults": [{"ToolCallId": long, "ExecutionMs": 1, "ResultJson": "1"}]})),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": long, "ExecutionMs": 1, "ResultJson": "1"}]}),
+            ),
             "ToolResults[0].ToolCallId",
             "max_name_chars",
         ),
@@ -608,13 +665,15 @@ fn limits_are_enforced_and_named() {
     for (limits, body, field, key) in limit_cases() {
         let result = validate_bytes(&serde_json::to_vec(&body).unwrap(), &limits);
         let errors = result.expect_err(field).0;
-        let hit =
-            errors.iter().find(|e| e.code == ErrorCode::LimitExceeded && e.field.as_deref() == Some(field));
+        let hit = errors
+            .iter()
+            .find(|e| e.code == ErrorCode::LimitExceeded && e.field.as_deref() == Some(field));
         let hit = hit.unwrap_or_else(|| panic!("{field}: {errors:?}"));
         assert!(hit.message.contains(key), "{field}: message does not name {key}: {}", hit.message);
     }
     let small = Limits { max_request_bytes: 10, ..Limits::default() };
-    let errors = validate_bytes(&serde_json::to_vec(&user(json!({}))).unwrap(), &small).unwrap_err().0;
+    let errors =
+        validate_bytes(&serde_json::to_vec(&user(json!({}))).unwrap(), &small).unwrap_err().0;
     assert_eq!(errors[0].code, ErrorCode::RequestTooLarge);
     assert!(errors[0].message.contains("max_request_bytes"));
 }
@@ -624,8 +683,10 @@ fn all_problems_are_reported_at_once() {
     let body = user(
         json!({"TurnId": "bad id", "InputArtifacts": [artifact(json!({"RelativePath": "/abs", "Origin": "x"}))]}),
     );
-    let codes: Vec<ErrorCode> =
-        errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default()).into_iter().map(|e| e.0).collect();
+    let codes: Vec<ErrorCode> = errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default())
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
     for code in [ErrorCode::TurnIdInvalid, ErrorCode::PathAbsolute, ErrorCode::OriginInvalid] {
         assert!(codes.contains(&code), "{code} missing from {codes:?}");
     }
@@ -696,9 +757,11 @@ fn inner_messages_are_trusted_and_stored_requests_are_checked_again() {
 
 #[test]
 fn fingerprint_ignores_spelling_but_not_content() {
-    let a = validate_bytes(&serde_json::to_vec(&user(json!({}))).unwrap(), &Limits::default()).unwrap();
-    let reordered =
-        format!(r#"{{"Instruction":"Explain the invoice flow","TurnId":"t-1","SessionId":"{SID}"}}"#);
+    let a =
+        validate_bytes(&serde_json::to_vec(&user(json!({}))).unwrap(), &Limits::default()).unwrap();
+    let reordered = format!(
+        r#"{{"Instruction":"Explain the invoice flow","TurnId":"t-1","SessionId":"{SID}"}}"#
+    );
     let b = validate_bytes(reordered.as_bytes(), &Limits::default()).unwrap();
     let c = validate_bytes(
         &serde_json::to_vec(&user(json!({"Instruction": "other"}))).unwrap(),
@@ -720,7 +783,9 @@ fn session_hint_reads_invalid_requests() {
 #[test]
 fn forbidden_fields_do_not_hide_other_problems() {
     let body = user(json!({"Mode": "X", "TurnId": "bad id"}));
-    let codes: Vec<ErrorCode> =
-        errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default()).into_iter().map(|e| e.0).collect();
+    let codes: Vec<ErrorCode> = errors_of(&serde_json::to_vec(&body).unwrap(), &Limits::default())
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
     assert_eq!(codes, [ErrorCode::RequestForbiddenField, ErrorCode::TurnIdInvalid]);
 }

@@ -33,7 +33,8 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = aptix::worker::load_settings(cli.config.as_deref(), None).and_then(|s| run(cli.command, &s));
+    let result = aptix::worker::load_settings(cli.config.as_deref(), None)
+        .and_then(|s| run(cli.command, &s));
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -47,7 +47,11 @@ pub fn run(args: RetrievalBenchArgs, settings: &Settings) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-async fn bench(args: &RetrievalBenchArgs, settings: &Settings, source: &Path) -> anyhow::Result<()> {
+async fn bench(
+    args: &RetrievalBenchArgs,
+    settings: &Settings,
+    source: &Path,
+) -> anyhow::Result<()> {
     println!(
         "retrieval benchmark: embedded Qdrant Edge, BM25, target {} chunks from {}",
         args.chunks,
@@ -86,7 +90,8 @@ async fn bench(args: &RetrievalBenchArgs, settings: &Settings, source: &Path) ->
         let mut samples = Vec::with_capacity(probes.len());
         let mut returned = 0usize;
         for (i, p) in probes.iter().enumerate() {
-            let scope = [ScopeCondition::new("path".into(), ScopeOperator::Contains, vec![p.dir.clone()])];
+            let scope =
+                [ScopeCondition::new("path".into(), ScopeOperator::Contains, vec![p.dir.clone()])];
             let request = SearchRequest {
                 collection: COLLECTION,
                 query_text: &p.text,
@@ -172,8 +177,10 @@ fn probes(corpus: &Path, n: usize) -> anyhow::Result<Vec<Probe>> {
         let Ok(file) = walk::read(corpus, path) else { continue };
         let lines: Vec<&str> = file.text.lines().collect();
         let Some(line) = lines.choose(&mut rng) else { continue };
-        let words: Vec<&str> =
-            line.split(|c: char| !c.is_alphanumeric() && c != '_').filter(|w| w.len() >= 4).collect();
+        let words: Vec<&str> = line
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .filter(|w| w.len() >= 4)
+            .collect();
         if words.len() < 2 {
             continue;
         }

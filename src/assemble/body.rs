@@ -80,6 +80,8 @@ mod tests {
         assert_eq!(relaxed["tool_choice"], "auto");
         assert_eq!(relaxed["tools"], forced["tools"], "tools are still sent on every call");
         context.tool_choice = None;
-        assert!(envelope(&context, None, vec![], false, ToolChoice::Relax).get("tool_choice").is_none());
+        assert!(envelope(&context, None, vec![], false, ToolChoice::Relax)
+            .get("tool_choice")
+            .is_none());
     }
 }

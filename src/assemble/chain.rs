@@ -35,7 +35,11 @@ impl<'a> ChainPlan<'a> {
 }
 
 /// Decides how the next request of the session relates to the provider chain, at time `now`.
-pub fn plan_chain<'a>(state: &'a SessionState, policy: &AssemblePolicy, now: DateTime<Utc>) -> ChainPlan<'a> {
+pub fn plan_chain<'a>(
+    state: &'a SessionState,
+    policy: &AssemblePolicy,
+    now: DateTime<Utc>,
+) -> ChainPlan<'a> {
     let reason = match &state.chain {
         Some(chain) => {
             let expired_at = policy.expires_at(chain.responded_at);

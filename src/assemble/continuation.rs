@@ -9,7 +9,9 @@ use serde_json::Value;
 
 use super::body::{envelope, ToolChoice};
 use super::chain::plan_chain;
-use super::message::{instruction_block, solution_context_text, system_message, text_part, user_message_of};
+use super::message::{
+    instruction_block, solution_context_text, system_message, text_part, user_message_of,
+};
 use super::record::{ChainStatus, SentRecord, TurnKind};
 use super::rehydrate::{rehydrate, Rehydration};
 use super::state::StateUpdate;
@@ -39,10 +41,12 @@ pub(crate) fn assemble_tool_continuation(
     if continuing.is_none() {
         items.push(system_message(&context.system_prompt));
         if plan.record().status == ChainStatus::Rehydrated {
-            rehydration = rehydrate(state, policy, &plan.record().reason, &HashSet::new(), &HashSet::new());
+            rehydration =
+                rehydrate(state, policy, &plan.record().reason, &HashSet::new(), &HashSet::new());
             items.extend(rehydration.message.take());
         }
-        let mut parts = vec![text_part(instruction_block(mode, open.and_then(|t| t.instruction.as_deref())))];
+        let mut parts =
+            vec![text_part(instruction_block(mode, open.and_then(|t| t.instruction.as_deref())))];
         if let Some(solution) = &state.solution_context {
             parts.push(text_part(solution_context_text(solution)));
             solution_sha = Some(sha256_hex(solution));
@@ -68,7 +72,8 @@ pub(crate) fn assemble_tool_continuation(
         solution_context_sent: solution_sha.is_some(),
         images: Vec::new(),
         tool_outputs,
-        rehydration: (plan.record().status == ChainStatus::Rehydrated).then(|| rehydration.record.clone()),
+        rehydration: (plan.record().status == ChainStatus::Rehydrated)
+            .then(|| rehydration.record.clone()),
         user_warnings: rehydration.warning.iter().cloned().collect(),
     };
     let update = StateUpdate {

@@ -35,10 +35,12 @@ pub(crate) fn select_files(
         let path = artifact.path().as_str().to_owned();
         let sha256 = artifact.sha256();
         let bytes = artifact.contents().as_bytes().len() as u64;
-        let skip = |reason| SkippedFile { path: path.clone(), sha256: sha256.clone(), bytes, reason };
+        let skip =
+            |reason| SkippedFile { path: path.clone(), sha256: sha256.clone(), bytes, reason };
         let text = match artifact.contents() {
             _ if bytes > policy.active_file_max_bytes => {
-                out.skipped.push(skip(SkipReason::TooLarge { limit_bytes: policy.active_file_max_bytes }));
+                out.skipped
+                    .push(skip(SkipReason::TooLarge { limit_bytes: policy.active_file_max_bytes }));
                 continue;
             }
             ArtifactContents::Binary(_) => {
@@ -93,8 +95,9 @@ pub(crate) fn skipped_note(skipped: &[SkippedFile]) -> Option<String> {
     if skipped.is_empty() {
         return None;
     }
-    let mut note =
-        String::from("[SKIPPED FILES]\nThese files were supplied with the turn but not included:\n");
+    let mut note = String::from(
+        "[SKIPPED FILES]\nThese files were supplied with the turn but not included:\n",
+    );
     for f in skipped {
         let why = match f.reason {
             SkipReason::TooLarge { limit_bytes } => {
@@ -108,7 +111,12 @@ pub(crate) fn skipped_note(skipped: &[SkippedFile]) -> Option<String> {
 }
 
 /// Renders whole files as chunks under `header`, numbered from `first`.
-pub(crate) fn render_files(header: &str, note: Option<&str>, files: &[StoredFile], first: usize) -> String {
+pub(crate) fn render_files(
+    header: &str,
+    note: Option<&str>,
+    files: &[StoredFile],
+    first: usize,
+) -> String {
     let ids: Vec<String> = files.iter().map(file_chunk_id).collect();
     let views = files.iter().zip(&ids).map(|(f, id)| ChunkView {
         id,

@@ -188,7 +188,8 @@ mod tests {
 
     #[test]
     fn oldest_turns_go_first_and_are_counted() {
-        let policy = AssemblePolicy { rehydrate_transcript_chars: 250, ..AssemblePolicy::default() };
+        let policy =
+            AssemblePolicy { rehydrate_transcript_chars: 250, ..AssemblePolicy::default() };
         let mut h = History::default();
         for n in 0..5 {
             h.record_turn(entry(n, 100), &policy);
@@ -200,7 +201,8 @@ mod tests {
 
     #[test]
     fn a_turn_over_the_whole_budget_is_shortened_not_lost() {
-        let policy = AssemblePolicy { rehydrate_transcript_chars: 200, ..AssemblePolicy::default() };
+        let policy =
+            AssemblePolicy { rehydrate_transcript_chars: 200, ..AssemblePolicy::default() };
         let mut h = History::default();
         h.record_turn(entry(1, 10_000), &policy);
         assert_eq!(h.transcript.len(), 1);

@@ -67,7 +67,8 @@ pub(crate) fn solution_context_text(text: &str) -> String {
 /// The user message of a turn.
 pub(crate) fn user_message(c: &UserContent<'_>) -> Value {
     let mut parts = vec![text_part(instruction_block(c.mode, c.instruction))];
-    let context = render_section(CONTEXT_HEADER, None, c.chunks.iter().map(|c| ChunkView::from(*c)), 1);
+    let context =
+        render_section(CONTEXT_HEADER, None, c.chunks.iter().map(|c| ChunkView::from(*c)), 1);
     // Files continue the chunk numbering, so "Chunk N" names one thing within the message.
     let files = render_files(ACTIVE_FILES_HEADER, None, c.files, c.chunks.len() + 1);
     for text in [context, files] {
@@ -82,7 +83,9 @@ pub(crate) fn user_message(c: &UserContent<'_>) -> Value {
         parts.push(text_part(solution_context_text(solution)));
     }
     for image in c.images {
-        parts.push(json!({ "type": "input_image", "image_url": image.data_url(), "detail": "auto" }));
+        parts.push(
+            json!({ "type": "input_image", "image_url": image.data_url(), "detail": "auto" }),
+        );
     }
     user_message_of(parts)
 }

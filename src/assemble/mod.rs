@@ -42,7 +42,8 @@ pub use record::{
     WARN_HISTORY_TRUNCATED,
 };
 pub use state::{
-    AnswerOutcome, ChainState, FileHash, OpenTurn, ProviderAnswer, SessionState, StateUpdate, StoredFile,
+    AnswerOutcome, ChainState, FileHash, OpenTurn, ProviderAnswer, SessionState, StateUpdate,
+    StoredFile,
 };
 pub use tools::{check_tool_results, ToolResultsMismatch};
 

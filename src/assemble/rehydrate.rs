@@ -40,7 +40,10 @@ impl Rehydration {
 
     /// The restored files' hashes: the new chain holds these versions once answered.
     pub fn file_hashes(&self) -> Vec<FileHash> {
-        self.files.iter().map(|f| FileHash { path: f.path.clone(), sha256: f.sha256.clone() }).collect()
+        self.files
+            .iter()
+            .map(|f| FileHash { path: f.path.clone(), sha256: f.sha256.clone() })
+            .collect()
     }
 }
 
@@ -74,7 +77,8 @@ pub(crate) fn rehydrate(
         history.files.iter().filter(|f| !turn_paths.contains(f.path.as_str())).cloned().collect();
     let mut files_cut: Vec<String> =
         history.files_cut.iter().filter(|p| !turn_paths.contains(p.as_str())).cloned().collect();
-    files_cut.extend(trim_oldest(&mut files, policy.rehydrate_file_chars).into_iter().map(|f| f.path));
+    files_cut
+        .extend(trim_oldest(&mut files, policy.rehydrate_file_chars).into_iter().map(|f| f.path));
     record.files_cut = files_cut;
 
     let mut parts = Vec::new();
@@ -85,13 +89,22 @@ pub(crate) fn rehydrate(
         parts.push(text_part(render_transcript(&transcript, &record)));
     }
     let context_note = (record.chunks_cut > 0).then(|| {
-        format!("{} older chunks are not repeated: they did not fit the history budget.", record.chunks_cut)
+        format!(
+            "{} older chunks are not repeated: they did not fit the history budget.",
+            record.chunks_cut
+        )
     });
-    let context =
-        render_section("[EARLIER CONTEXT]", context_note.as_deref(), chunks.iter().map(ChunkView::from), 1);
-    let files_note = (!record.files_cut.is_empty())
-        .then(|| format!("Not restored (over the history budget): {}.", record.files_cut.join(", ")));
-    let files_text = render_files("[EARLIER ACTIVE FILES]", files_note.as_deref(), &files, chunks.len() + 1);
+    let context = render_section(
+        "[EARLIER CONTEXT]",
+        context_note.as_deref(),
+        chunks.iter().map(ChunkView::from),
+        1,
+    );
+    let files_note = (!record.files_cut.is_empty()).then(|| {
+        format!("Not restored (over the history budget): {}.", record.files_cut.join(", "))
+    });
+    let files_text =
+        render_files("[EARLIER ACTIVE FILES]", files_note.as_deref(), &files, chunks.len() + 1);
     for text in [context, files_text] {
         if !text.is_empty() {
             parts.push(text_part(text));

@@ -23,6 +23,10 @@ const CHAIN_CHUNK_ID_CAP: usize = 4096;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SessionState {
+    /// Format version at rest (`"v"`); rows written before versioning read as 0, which is the
+    /// same shape as 1.
+    #[serde(rename = "v")]
+    pub version: u16,
     /// The provider chain the next call continues, if any.
     pub chain: Option<ChainState>,
     /// Why the chain was dropped, when it was dropped on the provider's word; reported by the
@@ -161,6 +165,28 @@ pub struct StateUpdate {
 }
 
 impl SessionState {
+    /// The format written now.
+    pub const VERSION: u16 = 1;
+
+    /// The state as `sessions.state` holds it (`{}` for a new session). Unreadable JSON or a
+    /// version this build does not know is an error, never an empty state.
+    pub fn from_stored(stored: serde_json::Value) -> Result<SessionState, String> {
+        crate::metrics::metrics().json("parse", "session_state");
+        let state: SessionState =
+            serde_json::from_value(stored).map_err(|e| format!("session state: {e}"))?;
+        if state.version > Self::VERSION {
+            return Err(format!("session state has unknown version {}", state.version));
+        }
+        Ok(state)
+    }
+
+    /// The state as stored, with the current version.
+    pub fn to_stored(mut self) -> Result<serde_json::Value, serde_json::Error> {
+        crate::metrics::metrics().json("serialize", "session_state");
+        self.version = Self::VERSION;
+        serde_json::to_value(self)
+    }
+
     /// The state after the provider answered the request `update` came from.
     pub fn apply_answer(
         &self,
@@ -182,17 +208,20 @@ impl SessionState {
         };
         chain.previous_response_id.clone_from(&answer.response_id);
         chain.responded_at = answer.created_at;
-        let sent_ids = update.rehydrated_chunk_ids.iter().chain(update.chunks.iter().map(|c| &c.id));
+        let sent_ids =
+            update.rehydrated_chunk_ids.iter().chain(update.chunks.iter().map(|c| &c.id));
         for id in sent_ids {
             chain.chunk_ids.retain(|c| c != id);
             chain.chunk_ids.push(id.clone());
         }
         let excess = chain.chunk_ids.len().saturating_sub(CHAIN_CHUNK_ID_CAP);
         chain.chunk_ids.drain(..excess);
-        let sent_files =
-            update.rehydrated_files.iter().cloned().chain(
-                update.files.iter().map(|f| FileHash { path: f.path.clone(), sha256: f.sha256.clone() }),
-            );
+        let sent_files = update.rehydrated_files.iter().cloned().chain(
+            update
+                .files
+                .iter()
+                .map(|f| FileHash { path: f.path.clone(), sha256: f.sha256.clone() }),
+        );
         for file in sent_files {
             chain.files.retain(|f| f.path != file.path);
             chain.files.push(file);
@@ -212,7 +241,12 @@ impl SessionState {
     }
 
     /// Tracks the open turn: a final answer moves it to the transcript, tool calls keep it open.
-    fn close_or_keep_turn(&mut self, update: &StateUpdate, answer: &ProviderAnswer, policy: &AssemblePolicy) {
+    fn close_or_keep_turn(
+        &mut self,
+        update: &StateUpdate,
+        answer: &ProviderAnswer,
+        policy: &AssemblePolicy,
+    ) {
         let mut turn = match (update.kind, self.open_turn.take()) {
             (TurnKind::ToolContinuation, Some(open)) if open.turn_id == update.turn_id => open,
             _ => OpenTurn {

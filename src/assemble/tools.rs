@@ -68,12 +68,16 @@ fn output_text(call: &ToolCall, result: &ToolResult) -> (String, bool) {
 
 /// A `function_call_output` item with its record entry.
 fn output_item(call: &ToolCall, output: String, failed: bool) -> (Value, SentToolOutput) {
-    let item = json!({ "type": "function_call_output", "call_id": call.tool_call_id, "output": output });
+    let item =
+        json!({ "type": "function_call_output", "call_id": call.tool_call_id, "output": output });
     (item, SentToolOutput { call_id: call.tool_call_id.clone(), name: call.name.clone(), failed })
 }
 
 /// The output items answering `pending` with `results` (already checked to match), in order.
-pub(crate) fn result_items(pending: &[ToolCall], results: &[ToolResult]) -> Vec<(Value, SentToolOutput)> {
+pub(crate) fn result_items(
+    pending: &[ToolCall],
+    results: &[ToolResult],
+) -> Vec<(Value, SentToolOutput)> {
     pending
         .iter()
         .zip(results)

@@ -24,7 +24,11 @@ pub(crate) fn sha256_hex(text: &str) -> String {
 }
 
 /// Builds the request for a user turn with its retrieved `chunks`.
-pub(crate) fn assemble_user_turn(input: &AssembleInput<'_>, turn: &UserTurn, chunks: &[Chunk]) -> Assembled {
+pub(crate) fn assemble_user_turn(
+    input: &AssembleInput<'_>,
+    turn: &UserTurn,
+    chunks: &[Chunk],
+) -> Assembled {
     let (state, context, policy) = (input.state, input.context, input.policy);
     let plan = plan_chain(state, policy, input.now);
     let continuing = plan.continuing();
@@ -46,7 +50,8 @@ pub(crate) fn assemble_user_turn(input: &AssembleInput<'_>, turn: &UserTurn, chu
             items.push(system_message(&context.system_prompt));
             if plan.record().status == ChainStatus::Rehydrated {
                 let sent: HashSet<&str> = send_chunks.iter().map(|c| c.id.as_str()).collect();
-                let paths: HashSet<&str> = turn.artifacts().iter().map(|a| a.path().as_str()).collect();
+                let paths: HashSet<&str> =
+                    turn.artifacts().iter().map(|a| a.path().as_str()).collect();
                 rehydration = rehydrate(state, policy, &plan.record().reason, &sent, &paths);
                 items.extend(rehydration.message.take());
             }
@@ -99,7 +104,8 @@ pub(crate) fn assemble_user_turn(input: &AssembleInput<'_>, turn: &UserTurn, chu
         solution_context_sent: solution.is_some(),
         images: turn.images().iter().map(|i| i.id().to_owned()).collect(),
         tool_outputs,
-        rehydration: (plan.record().status == ChainStatus::Rehydrated).then(|| rehydration.record.clone()),
+        rehydration: (plan.record().status == ChainStatus::Rehydrated)
+            .then(|| rehydration.record.clone()),
         user_warnings,
     };
     let update = StateUpdate {

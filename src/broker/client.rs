@@ -47,7 +47,11 @@ impl SessionClient {
     }
 
     /// Consumes `session`'s reply queue; at most `prefetch` replies are held unacked.
-    pub async fn replies(&self, session: &SessionId, prefetch: u16) -> Result<Replies, BrokerError> {
+    pub async fn replies(
+        &self,
+        session: &SessionId,
+        prefetch: u16,
+    ) -> Result<Replies, BrokerError> {
         let channel = self.conn.create_channel().await?;
         channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
         let queue = self.topology.session_queue(session);

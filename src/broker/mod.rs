@@ -3,6 +3,7 @@
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
 pub mod client;
+mod message;
 mod publish;
 mod replies;
 mod runtime;
@@ -14,7 +15,8 @@ use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
 
-pub use publish::{HeaderValue, OutMessage, Publisher};
+pub use message::{HeaderValue, OutMessage};
+pub use publish::Publisher;
 pub use replies::LazyPublisher;
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;

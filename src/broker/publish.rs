@@ -8,162 +8,14 @@
 //! A channel the broker closed (a refused message, a failed declaration) is dropped and the next
 //! publish opens a fresh one, so one bad message never leaves the worker unable to publish.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{Channel, Connection};
 use tokio::sync::Semaphore;
 
-use super::BrokerError;
-
-/// A header value with its AMQP type: clients read booleans and integers as such.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(untagged)]
-pub enum HeaderValue {
-    /// AMQP boolean.
-    Bool(bool),
-    /// AMQP long-long integer.
-    Int(i64),
-    /// AMQP long string.
-    Str(String),
-}
-
-impl HeaderValue {
-    /// The value as text (numbers and booleans spelled out).
-    pub fn as_text(&self) -> String {
-        match self {
-            HeaderValue::Bool(b) => b.to_string(),
-            HeaderValue::Int(i) => i.to_string(),
-            HeaderValue::Str(s) => s.clone(),
-        }
-    }
-
-    fn amqp(&self) -> AMQPValue {
-        match self {
-            HeaderValue::Bool(b) => AMQPValue::Boolean(*b),
-            HeaderValue::Int(i) => AMQPValue::LongLongInt(*i),
-            HeaderValue::Str(s) => AMQPValue::LongString(s.as_str().into()),
-        }
-    }
-}
-
-impl From<String> for HeaderValue {
-    fn from(s: String) -> Self {
-        HeaderValue::Str(s)
-    }
-}
-
-impl From<&str> for HeaderValue {
-    fn from(s: &str) -> Self {
-        HeaderValue::Str(s.to_owned())
-    }
-}
-
-impl From<bool> for HeaderValue {
-    fn from(b: bool) -> Self {
-        HeaderValue::Bool(b)
-    }
-}
-
-impl From<i64> for HeaderValue {
-    fn from(i: i64) -> Self {
-        HeaderValue::Int(i)
-    }
-}
-
-impl From<u32> for HeaderValue {
-    fn from(i: u32) -> Self {
-        HeaderValue::Int(i64::from(i))
-    }
-}
-
-impl From<i32> for HeaderValue {
-    fn from(i: i32) -> Self {
-        HeaderValue::Int(i64::from(i))
-    }
-}
-
-impl From<u64> for HeaderValue {
-    fn from(i: u64) -> Self {
-        HeaderValue::Int(i64::try_from(i).unwrap_or(i64::MAX))
-    }
-}
-
-/// One message to publish.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct OutMessage {
-    /// Exchange (`""` for the default exchange).
-    pub exchange: String,
-    /// Routing key (a queue name on the default exchange).
-    pub routing_key: String,
-    /// Stable id: the same logical message always has the same id, so consumers can dedupe.
-    pub message_id: String,
-    /// What the message is (`turn`, `reply`, `delta`, `dead`), also sent as a header.
-    pub kind: String,
-    /// Headers (trace context, attempt, turn ids), with their AMQP types.
-    pub headers: BTreeMap<String, HeaderValue>,
-    /// JSON body.
-    pub body: Vec<u8>,
-    /// For replies and deltas: the session whose reply queue must exist and be bound first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<crate::contracts::SessionId>,
-    /// Whether the session's queue may be created for this message (an admitted session), or
-    /// only bound if the client declared it (a refusal, which must leave nothing behind).
-    #[serde(default = "yes")]
-    pub create_queue: bool,
-    /// For replies that answer one submission: the request's `message_id`, sent as the AMQP
-    /// `correlation_id` property.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub correlation_id: Option<String>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl OutMessage {
-    /// A message for the default exchange, i.e. straight to `queue`.
-    pub fn to_queue(queue: String, kind: &str, message_id: String, body: Vec<u8>) -> Self {
-        OutMessage {
-            exchange: String::new(),
-            routing_key: queue,
-            message_id,
-            kind: kind.to_owned(),
-            headers: BTreeMap::new(),
-            body,
-            session: None,
-            create_queue: true,
-            correlation_id: None,
-        }
-    }
-
-    /// Adds a header.
-    pub fn header(mut self, key: &str, value: impl Into<HeaderValue>) -> Self {
-        self.headers.insert(key.to_owned(), value.into());
-        self
-    }
-
-    pub(crate) fn properties(&self) -> BasicProperties {
-        let mut table = FieldTable::default();
-        for (k, v) in &self.headers {
-            table.insert(ShortString::from(k.as_str()), v.amqp());
-        }
-        table.insert("x-aptix-kind".into(), AMQPValue::LongString(self.kind.as_str().into()));
-        let props = BasicProperties::default()
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_message_id(self.message_id.as_str().into())
-            .with_type(self.kind.as_str().into())
-            .with_headers(table);
-        match &self.correlation_id {
-            Some(id) => props.with_correlation_id(id.as_str().into()),
-            None => props,
-        }
-    }
-}
+use super::{BrokerError, OutMessage};
 
 /// Most channels one publisher keeps open, i.e. publishes awaiting their confirm at once.
 const MAX_CHANNELS: usize = 256;
@@ -257,7 +109,8 @@ impl Publisher {
             return Err(BrokerError::Closed);
         };
         let channel = self.take_channel().await?;
-        let confirmed = tokio::time::timeout(self.inner.confirm_timeout, publish_on(&channel, msg)).await;
+        let confirmed =
+            tokio::time::timeout(self.inner.confirm_timeout, publish_on(&channel, msg)).await;
         match confirmed {
             Ok(Ok(outcome)) => {
                 self.give_back(channel);
@@ -315,7 +168,10 @@ fn discard(channel: Channel) {
 
 /// One publish on a channel that has no other publish outstanding. The outer error means the
 /// channel is unusable; the inner one is about this message only.
-async fn publish_on(channel: &Channel, msg: &OutMessage) -> Result<Result<(), BrokerError>, BrokerError> {
+async fn publish_on(
+    channel: &Channel,
+    msg: &OutMessage,
+) -> Result<Result<(), BrokerError>, BrokerError> {
     let confirm = channel
         .basic_publish(
             msg.exchange.as_str().into(),

@@ -136,7 +136,8 @@ impl LazyPublisher {
         if guard.is_none() {
             let conn = super::connect(&self.settings.amqp_url).await?;
             let s = &self.settings;
-            *guard = Some(Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?);
+            *guard =
+                Some(Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?);
         }
         let Some(publisher) = guard.as_ref() else { return Err(BrokerError::Closed) };
         let result = super::publish_all(publisher, &self.settings, &[message]).await;

@@ -108,9 +108,9 @@ async fn consume(
         };
         let delivery = match next {
             None => {
-                break Err(BrokerError::Amqp(lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
-                    lapin::ConnectionState::Closed,
-                ))))
+                break Err(BrokerError::Amqp(lapin::Error::from(
+                    lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
+                )))
             }
             Some(Err(e)) => break Err(e.into()),
             Some(Ok(d)) => d,
@@ -135,9 +135,11 @@ async fn consume(
         }
     };
     crate::metrics::metrics().broker_connection(-1);
-    let _ =
-        tokio::time::timeout(SETUP_TIMEOUT, channel.basic_cancel(tag.as_str().into(), Default::default()))
-            .await;
+    let _ = tokio::time::timeout(
+        SETUP_TIMEOUT,
+        channel.basic_cancel(tag.as_str().into(), Default::default()),
+    )
+    .await;
     tracker.close();
     tracker.wait().await;
     // Closing waits for the broker's answer; a dead broker must not hold up the exit.
@@ -161,7 +163,8 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
     let consume_conn = connect(&settings.amqp_url).await?;
     let publish_conn = connect(&settings.amqp_url).await?;
     let publisher =
-        Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout).await?;
+        Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)
+            .await?;
     settings.topology.declare(publisher.channel()).await?;
     let channel = consume_conn.create_channel().await?;
     channel.basic_qos(settings.prefetch, BasicQosOptions::default()).await?;
@@ -225,7 +228,9 @@ struct Lane {
 impl Ordered {
     fn dispatch(&mut self, key: String, job: Job, worker: Worker, tracker: &TaskTracker) {
         // Idle lanes are dropped so the map only holds keys with work.
-        self.lanes.retain(|_, lane| lane.lock().map(|l| l.running || !l.queue.is_empty()).unwrap_or(false));
+        self.lanes.retain(|_, lane| {
+            lane.lock().map(|l| l.running || !l.queue.is_empty()).unwrap_or(false)
+        });
         let lane = self.lanes.entry(key).or_default().clone();
         let Ok(mut state) = lane.lock() else { return };
         state.queue.push_back(job);

@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::runtime::RuntimeSettings;
-use super::{BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS};
+use super::{
+    BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS,
+};
 
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
@@ -76,11 +78,17 @@ impl Settler<'_> {
 
     /// Runs the handler, and for ordered messages its in-place retries. Messages it publishes
     /// carry `span_id` as their parent span.
-    async fn handle(&self, mut d: Delivery, ordered: bool, span_id: &str) -> Result<Settled, BrokerError> {
+    async fn handle(
+        &self,
+        mut d: Delivery,
+        ordered: bool,
+        span_id: &str,
+    ) -> Result<Settled, BrokerError> {
         let stage = self.stage.as_str();
         loop {
             let trace = super::trace::trace_id_of(&d);
-            let span = tracing::info_span!("stage", stage, trace_id = trace.as_deref().unwrap_or("-"));
+            let span =
+                tracing::info_span!("stage", stage, trace_id = trace.as_deref().unwrap_or("-"));
             match tracing::Instrument::instrument(self.handler.handle(d.clone()), span).await {
                 Disposition::Forward { mut messages, outbox_ids } => {
                     for m in &mut messages {
@@ -115,7 +123,11 @@ impl Settler<'_> {
 
     /// Waits out the retry tier of an ordered message's next attempt, holding its lane. `None`:
     /// try again now; otherwise how the message ended (given up, or returned on shutdown).
-    async fn wait_in_place(&self, d: &mut Delivery, reason: String) -> Result<Option<Settled>, BrokerError> {
+    async fn wait_in_place(
+        &self,
+        d: &mut Delivery,
+        reason: String,
+    ) -> Result<Option<Settled>, BrokerError> {
         let Some((next, tier)) = self.next_attempt(d, &reason).await? else {
             return Ok(Some(Settled::Done("dead_lettered")));
         };
@@ -128,7 +140,11 @@ impl Settler<'_> {
     }
 
     /// A redelivered ordered message: counted by the handler, then handled where it stands.
-    async fn redelivered_in_place(&self, d: Delivery, span_id: &str) -> Result<Settled, BrokerError> {
+    async fn redelivered_in_place(
+        &self,
+        d: Delivery,
+        span_id: &str,
+    ) -> Result<Settled, BrokerError> {
         loop {
             match self.handler.count_redelivery(&d).await {
                 Ok(Some(count)) if count > self.settings.max_redeliveries => {
@@ -150,7 +166,10 @@ impl Settler<'_> {
     /// A redelivered unordered message: re-published with its count so crash loops are bounded.
     async fn republish_counted(&self, d: Delivery) -> Result<Settled, BrokerError> {
         // An unreadable count (not one of ours) counts as spent; a count never wraps to 0.
-        let seen = d.headers.get("x-aptix-redeliveries").map_or(0, |c| c.parse::<u32>().unwrap_or(u32::MAX));
+        let seen = d
+            .headers
+            .get("x-aptix-redeliveries")
+            .map_or(0, |c| c.parse::<u32>().unwrap_or(u32::MAX));
         let count = seen.saturating_add(1);
         if count > self.settings.max_redeliveries {
             return self.poison(d, count).await;
@@ -175,7 +194,11 @@ impl Settler<'_> {
 
     /// The next attempt's number and its delay tier (ms), or `None` once the message was given
     /// up because its attempts ran out.
-    async fn next_attempt(&self, d: &Delivery, reason: &str) -> Result<Option<(u32, u64)>, BrokerError> {
+    async fn next_attempt(
+        &self,
+        d: &Delivery,
+        reason: &str,
+    ) -> Result<Option<(u32, u64)>, BrokerError> {
         let next = d.attempt.saturating_add(1);
         if next >= self.settings.max_attempts {
             warn!(stage = self.stage.as_str(), attempts = next, %reason, "retries exhausted");
@@ -219,7 +242,8 @@ impl Settler<'_> {
 
     fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
         let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut msg = OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
+        let mut msg =
+            OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
         msg.headers = d.headers.iter().map(|(k, v)| (k.clone(), v.as_str().into())).collect();
         msg.headers.remove("x-aptix-kind");
         msg.header("x-aptix-reason", reason)
@@ -274,7 +298,9 @@ async fn publish_one(
 ) -> Result<(), BrokerError> {
     let publish = async {
         match &m.session {
-            Some(session) => publisher.sessions().publish(publisher, &settings.topology, session, m).await,
+            Some(session) => {
+                publisher.sessions().publish(publisher, &settings.topology, session, m).await
+            }
             None => publisher.publish(m).await,
         }
     };

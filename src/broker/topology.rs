@@ -200,7 +200,11 @@ impl Topology {
 
     /// Declares a session's reply queue (durable, no arguments: what a client declares too) and
     /// binds it; idempotent.
-    pub async fn declare_session(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
+    pub async fn declare_session(
+        &self,
+        ch: &Channel,
+        session: &SessionId,
+    ) -> Result<(), lapin::Error> {
         let queue = self.session_queue(session);
         durable_queue(ch, &queue, FieldTable::default()).await?;
         self.bind_session(ch, session).await
@@ -208,12 +212,20 @@ impl Topology {
 
     /// What a client does before publishing a session's first request (docs/client-protocol.md):
     /// declares the reply queue, durable and with no arguments. The server binds it.
-    pub async fn declare_client_queue(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
+    pub async fn declare_client_queue(
+        &self,
+        ch: &Channel,
+        session: &SessionId,
+    ) -> Result<(), lapin::Error> {
         durable_queue(ch, &self.session_queue(session), FieldTable::default()).await
     }
 
     /// Binds a session's existing reply queue to the replies exchange.
-    pub async fn bind_session(&self, ch: &Channel, session: &SessionId) -> Result<(), lapin::Error> {
+    pub async fn bind_session(
+        &self,
+        ch: &Channel,
+        session: &SessionId,
+    ) -> Result<(), lapin::Error> {
         ch.queue_bind(
             self.session_queue(session).into(),
             self.replies_exchange().into(),

@@ -25,7 +25,8 @@ pub fn parse_trace_id(traceparent: &str) -> Option<&str> {
     let mut parts = traceparent.split('-');
     let (version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
     let hex32 = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (version == "00" && hex32(trace, 32) && hex32(span, 16) && trace != "0".repeat(32)).then_some(trace)
+    (version == "00" && hex32(trace, 32) && hex32(span, 16) && trace != "0".repeat(32))
+        .then_some(trace)
 }
 
 fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str, &str)> {
@@ -80,14 +81,17 @@ impl HopSpan {
                 Some((s, t)) => (Some(s.to_owned()), Some(t.to_owned())),
                 None => (d.hint.session.clone(), d.hint.turn.clone()),
             };
-            let mut attributes =
-                vec![("messaging.system", "rabbitmq".to_owned()), ("aptix.stage", stage.to_owned())];
+            let mut attributes = vec![
+                ("messaging.system", "rabbitmq".to_owned()),
+                ("aptix.stage", stage.to_owned()),
+            ];
             attributes.extend(session.map(|s| ("aptix.session_id", s)));
             attributes.extend(turn.map(|t| ("aptix.turn_id", t)));
             attributes.extend(d.message_id.clone().map(|m| ("messaging.message.id", m)));
             let now = std::time::SystemTime::now();
             crate::otlp::SpanRecord {
-                trace_id: trace_id_of(d).unwrap_or_else(|| hex::encode(uuid::Uuid::new_v4().as_bytes())),
+                trace_id: trace_id_of(d)
+                    .unwrap_or_else(|| hex::encode(uuid::Uuid::new_v4().as_bytes())),
                 span_id: span_id.clone(),
                 parent_span_id: d
                     .headers

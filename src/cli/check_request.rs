@@ -27,7 +27,8 @@ pub fn run(path: &Path, limits: &Limits) -> ExitCode {
     let bytes = match super::read_input(path) {
         Ok(b) => b,
         Err(e) => {
-            let err = ApiError::new(ErrorCode::Internal, format!("cannot read {}: {e}", path.display()));
+            let err =
+                ApiError::new(ErrorCode::Internal, format!("cannot read {}: {e}", path.display()));
             print_json(&InvokeResult::<ValidationReport>::fail(vec![err]));
             return ExitCode::from(2);
         }

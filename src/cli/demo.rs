@@ -33,12 +33,15 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let work = std::env::temp_dir().join(format!("aptix-demo-{}", std::process::id()));
     let sim = prepare(&mut settings, &work).await?;
     let settings = Arc::new(settings);
-    let deps = Arc::new(pipeline::build_deps(settings.clone(), None).await.context("starting the pipeline")?);
+    let deps = Arc::new(
+        pipeline::build_deps(settings.clone(), None).await.context("starting the pipeline")?,
+    );
     let source = Path::new("src");
     if source.is_dir() {
         let mut opts = IndexOptions::new(source, "aptix");
         opts.progress = false;
-        let collection = settings.agent_context(None).map(|a| a.collection.clone()).unwrap_or_default();
+        let collection =
+            settings.agent_context(None).map(|a| a.collection.clone()).unwrap_or_default();
         let summary = index_repository(&deps.retrieval, &collection, &opts).await?;
         println!("== indexed ./src into the embedded vector store\n{summary}\n");
     }
@@ -58,7 +61,10 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     // The embedded store flushes when the last handle drops: before its directory goes.
     drop(deps);
     let _ = std::fs::remove_dir_all(&work);
-    println!("\nInspect it again with: aptix session show {session}  (database {})", settings.database.url);
+    println!(
+        "\nInspect it again with: aptix session show {session}  (database {})",
+        settings.database.url
+    );
     Ok(if ok? { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
@@ -71,7 +77,8 @@ async fn unreachable(settings: &Settings) -> Option<String> {
     for (name, url, default_port) in checks {
         let addr = host_port(url, default_port);
         let connected =
-            tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(&addr)).await;
+            tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(&addr))
+                .await;
         if !matches!(connected, Ok(Ok(_))) {
             return Some(format!(
                 "cannot reach {name} at {addr} ({}).\nStart it with `docker compose up -d rabbitmq postgres` from the repository root, \
@@ -97,11 +104,15 @@ fn host_port(url: &str, default_port: u16) -> String {
 
 /// Points the settings at demo resources: a fresh database, its own queue prefix and vector
 /// directory, and the simulator unless an OpenAI key is configured.
-async fn prepare(settings: &mut Settings, work: &Path) -> anyhow::Result<Option<crate::sim::SimHandle>> {
+async fn prepare(
+    settings: &mut Settings,
+    work: &Path,
+) -> anyhow::Result<Option<crate::sim::SimHandle>> {
     let db = settings.database.url.expose().to_owned();
     let base = db.rsplit_once('/').map_or(db.as_str(), |(b, _)| b).to_owned();
-    let admin =
-        sqlx::PgPool::connect(&format!("{base}/postgres")).await.context("connecting to PostgreSQL")?;
+    let admin = sqlx::PgPool::connect(&format!("{base}/postgres"))
+        .await
+        .context("connecting to PostgreSQL")?;
     sqlx::query("DROP DATABASE IF EXISTS aptix_demo WITH (FORCE)").execute(&admin).await?;
     admin.close().await;
     settings.database.url = ConnectionUrl::new(format!("{base}/aptix_demo"));
@@ -131,7 +142,9 @@ struct Client {
 
 impl Client {
     async fn connect(settings: &Settings) -> anyhow::Result<Client> {
-        let inner = SessionClient::connect(settings.amqp.url.expose(), pipeline::topology(settings)).await?;
+        let inner =
+            SessionClient::connect(settings.amqp.url.expose(), pipeline::topology(settings))
+                .await?;
         Ok(Client { inner })
     }
 
@@ -146,7 +159,8 @@ impl Client {
         let mut streamed = false;
         let reply = loop {
             let next = tokio::time::timeout(Duration::from_secs(120), replies.next()).await;
-            let message = next.context("no reply within 120 s")?.context("reply queue closed")??;
+            let message =
+                next.context("no reply within 120 s")?.context("reply queue closed")??;
             message.ack().await?;
             let body: Value = serde_json::from_slice(&message.body).unwrap_or(Value::Null);
             if body["Delta"] == true {
@@ -192,8 +206,12 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
         ok &= reply["Successful"] == true;
         if reply["Result"]["Kind"] == "client_tool_continuation" {
             let results = run_tools(&reply["Result"]["ToolCalls"]);
-            println!("   the client ran {} tool call(s) and sends the results back\n", results.len());
-            let continuation = json!({"SessionId": s, "TurnId": request["TurnId"], "ToolResults": results});
+            println!(
+                "   the client ran {} tool call(s) and sends the results back\n",
+                results.len()
+            );
+            let continuation =
+                json!({"SessionId": s, "TurnId": request["TurnId"], "ToolResults": results});
             ok &= client.turn(session, continuation).await?["Successful"] == true;
         }
     }
@@ -204,7 +222,8 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
 }
 
 fn artifact(path: &str) -> Value {
-    let contents = std::fs::read_to_string(path).unwrap_or_else(|_| "// (file not found)\n".to_owned());
+    let contents =
+        std::fs::read_to_string(path).unwrap_or_else(|_| "// (file not found)\n".to_owned());
     json!({"RelativePath": path, "FileName": Path::new(path).file_name().and_then(|f| f.to_str()).unwrap_or(path),
            "Contents": contents, "Origin": "ide", "Language": "rust"})
 }
@@ -247,7 +266,11 @@ fn print_reply(turn: &str, reply: &Value, streamed: bool) {
     if reply["Successful"] != true {
         println!("-- {turn}: error");
         for e in reply["Errors"].as_array().into_iter().flatten() {
-            println!("   {}: {}", e["Code"].as_str().unwrap_or("?"), e["Message"].as_str().unwrap_or(""));
+            println!(
+                "   {}: {}",
+                e["Code"].as_str().unwrap_or("?"),
+                e["Message"].as_str().unwrap_or("")
+            );
         }
         return;
     }
@@ -272,7 +295,11 @@ fn print_reply(turn: &str, reply: &Value, streamed: bool) {
         );
     }
     for w in result["UserWarnings"].as_array().into_iter().flatten() {
-        println!("   warning {}: {}", w["Code"].as_str().unwrap_or(""), w["Message"].as_str().unwrap_or(""));
+        println!(
+            "   warning {}: {}",
+            w["Code"].as_str().unwrap_or(""),
+            w["Message"].as_str().unwrap_or("")
+        );
     }
     if let Some(u) = result.get("Usage") {
         println!(
@@ -285,7 +312,11 @@ fn print_reply(turn: &str, reply: &Value, streamed: bool) {
 
 async fn show_stored(store: &Store, session: &SessionId) -> anyhow::Result<()> {
     let Some(view) = store.session_view(session).await? else { return Ok(()) };
-    println!("== stored in PostgreSQL: {} turns, {} immutable records", view.turns.len(), view.records.len());
+    println!(
+        "== stored in PostgreSQL: {} turns, {} immutable records",
+        view.turns.len(),
+        view.records.len()
+    );
     for r in &view.records {
         let chunks = r["retrieved_chunks"].as_array().map_or(0, Vec::len);
         let files = r["active_files"].as_array().map_or(0, Vec::len);

@@ -78,7 +78,8 @@ pub fn registry_crate(name: &str) -> Option<PathBuf> {
 pub fn run(args: EvalArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.queries)
         .with_context(|| format!("reading {}", args.queries.display()))?;
-    let queries = parse_queries(&text).map_err(|e| anyhow::anyhow!("{}: {e}", args.queries.display()))?;
+    let queries =
+        parse_queries(&text).map_err(|e| anyhow::anyhow!("{}: {e}", args.queries.display()))?;
     let source = match (&args.source, &args.krate) {
         (Some(s), _) => s.clone(),
         (None, Some(name)) => registry_crate(name)

@@ -45,7 +45,9 @@ pub fn resolve_collection(
         .map(str::parse::<ContextId>)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--agent-context: {e}"))?;
-    let ctx = settings.agent_context(id.as_ref()).context("no such agent context in the configuration")?;
+    let ctx = settings
+        .agent_context(id.as_ref())
+        .context("no such agent context in the configuration")?;
     Ok(ctx.collection.clone())
 }
 

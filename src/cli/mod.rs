@@ -124,7 +124,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Submit { file, wait, timeout } => {
             ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
         }
-        Command::Session(SessionCommand::Show { session_id }) => ops::session_show(settings()?, &session_id),
+        Command::Session(SessionCommand::Show { session_id }) => {
+            ops::session_show(settings()?, &session_id)
+        }
         Command::Demo => demo::run(settings()?),
         Command::Reprocess(args) => reprocess::run(args, settings()?),
         Command::Index(args) => {

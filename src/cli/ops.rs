@@ -47,7 +47,12 @@ pub fn session_show(settings: Settings, id: &str) -> anyhow::Result<ExitCode> {
 /// `aptix submit FILE [--wait] [--timeout SECS]`: publish a request; with `--wait`, print each
 /// reply message of that turn as one JSON line until the final one. Exit 0 on success, 1 on an
 /// error reply, 2 on timeout.
-pub fn submit(settings: Settings, file: &Path, wait: bool, timeout: Duration) -> anyhow::Result<ExitCode> {
+pub fn submit(
+    settings: Settings,
+    file: &Path,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
     let body = super::read_input(file).with_context(|| format!("reading {}", file.display()))?;
     let (session, turn) = crate::rules::turn_hint(&body);
     block_on(async move {
@@ -85,7 +90,11 @@ pub fn submit(settings: Settings, file: &Path, wait: bool, timeout: Duration) ->
     })
 }
 
-async fn follow(client: &SessionClient, session: &SessionId, turn: Option<&str>) -> anyhow::Result<ExitCode> {
+async fn follow(
+    client: &SessionClient,
+    session: &SessionId,
+    turn: Option<&str>,
+) -> anyhow::Result<ExitCode> {
     // Replies of other turns are left unacked and go back to the queue when we disconnect.
     let mut replies = client.replies(session, 256).await?;
     while let Some(message) = replies.next().await {
@@ -97,7 +106,8 @@ async fn follow(client: &SessionClient, session: &SessionId, turn: Option<&str>)
         message.ack().await?;
         // Any reply (not a delta) ends the wait: a tool-call reply asks the caller to act.
         if message.is_reply() {
-            let reply: serde_json::Value = serde_json::from_slice(&message.body).unwrap_or_default();
+            let reply: serde_json::Value =
+                serde_json::from_slice(&message.body).unwrap_or_default();
             let ok = reply.get("Successful").and_then(serde_json::Value::as_bool) == Some(true);
             return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }

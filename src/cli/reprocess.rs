@@ -69,7 +69,9 @@ impl ReprocessArgs {
     pub fn options(&self) -> Result<Options, ReprocessError> {
         let bad = ReprocessError::Options;
         let session = match &self.session {
-            Some(s) => Some(s.parse::<SessionId>().map_err(|(_, m)| bad(format!("--session: {m}")))?),
+            Some(s) => {
+                Some(s.parse::<SessionId>().map_err(|(_, m)| bad(format!("--session: {m}")))?)
+            }
             None => None,
         };
         let time = |flag: &str, v: &Option<String>| match v {
@@ -121,7 +123,8 @@ pub fn run(args: ReprocessArgs, settings: Settings) -> anyhow::Result<ExitCode> 
     };
     crate::worker::block_on(async move {
         let settings = Arc::new(settings);
-        let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
+        let store =
+            Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
         if !store.ping().await {
             anyhow::bail!(
                 "cannot reach PostgreSQL at {} (is it running? `docker compose up -d`)",

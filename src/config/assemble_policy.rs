@@ -60,7 +60,8 @@ mod tests {
     fn built_in_configuration_matches_the_defaults() {
         let defaults: toml::Table =
             toml::from_str(crate::config::DEFAULTS_TOML).unwrap_or_else(|e| panic!("{e}"));
-        let section = defaults.get("assemble").cloned().unwrap_or_else(|| panic!("no [assemble] section"));
+        let section =
+            defaults.get("assemble").cloned().unwrap_or_else(|| panic!("no [assemble] section"));
         let policy: AssemblePolicy = section.try_into().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy, AssemblePolicy::default());
     }

@@ -76,7 +76,8 @@ impl FunctionTool {
 
 fn json_from_string<'de, D: Deserializer<'de>>(d: D) -> Result<serde_json::Value, D::Error> {
     let text = String::deserialize(d)?;
-    serde_json::from_str(&text).map_err(|e| serde::de::Error::custom(format!("parameters is not JSON: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| serde::de::Error::custom(format!("parameters is not JSON: {e}")))
 }
 
 /// Which backends serve a request, selected by `AgentContextId`: the unit of tenant isolation.
@@ -96,10 +97,14 @@ pub struct AgentContext {
 impl ConversationContext {
     /// Checks one context; `key` is its configuration path for error messages.
     pub(super) fn check(&self, key: &str) -> Result<(), ConfigError> {
-        let bad = |field: &str, message: String| Err(ConfigError::invalid(format!("{key}.{field}"), message));
-        for (field, value) in
-            [("mode", &self.mode), ("model", &self.model), ("mode_display_name", &self.mode_display_name)]
-        {
+        let bad = |field: &str, message: String| {
+            Err(ConfigError::invalid(format!("{key}.{field}"), message))
+        };
+        for (field, value) in [
+            ("mode", &self.mode),
+            ("model", &self.model),
+            ("mode_display_name", &self.mode_display_name),
+        ] {
             if value.trim().is_empty() {
                 return bad(field, "must not be empty".into());
             }
@@ -124,7 +129,10 @@ impl ConversationContext {
                 );
             }
             if !names.insert(tool.name.as_str()) {
-                return bad(&format!("tools[{i}].name"), format!("`{}` is defined twice", tool.name));
+                return bad(
+                    &format!("tools[{i}].name"),
+                    format!("`{}` is defined twice", tool.name),
+                );
             }
             if !tool.parameters.is_object() {
                 return bad(
@@ -135,7 +143,10 @@ impl ConversationContext {
         }
         if let Some(choice) = &self.tool_choice {
             if !names.contains(choice.as_str()) {
-                return bad("tool_choice", format!("`{choice}` is not one of this context's tools"));
+                return bad(
+                    "tool_choice",
+                    format!("`{choice}` is not one of this context's tools"),
+                );
             }
         }
         Ok(())

@@ -201,7 +201,8 @@ mod tests {
     fn secret_query_values_are_redacted() {
         let u = ConnectionUrl::new("postgres://u:pw@db/aptix?password=x&sslmode=require");
         assert_eq!(u.to_string(), "postgres://u:***@db/aptix?password=***&sslmode=require");
-        let keys = "https://h/v1?api-version=2024&api-key=k1&ApiKey=k2&access_token=k3;SSLPassword=k4";
+        let keys =
+            "https://h/v1?api-version=2024&api-key=k1&ApiKey=k2&access_token=k3;SSLPassword=k4";
         assert_eq!(
             redact_url(keys),
             "https://h/v1?api-version=2024&api-key=***&ApiKey=***&access_token=***;SSLPassword=***"

@@ -34,7 +34,14 @@ pub struct ReplyDelta {
 impl ReplyDelta {
     /// The body for `delta` of step `step` of the turn `(session_id, turn_id)`.
     pub fn new(session_id: SessionId, turn_id: TurnId, step: u32, delta: &StreamDelta) -> Self {
-        ReplyDelta { delta: true, session_id, turn_id, step, seq: delta.seq, event: delta.event.clone() }
+        ReplyDelta {
+            delta: true,
+            session_id,
+            turn_id,
+            step,
+            seq: delta.seq,
+            event: delta.event.clone(),
+        }
     }
 }
 
@@ -52,7 +59,12 @@ pub struct StreamDelta {
 
 /// The kinds of delta, told apart by `Type`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "Type", rename_all = "PascalCase", rename_all_fields = "PascalCase", deny_unknown_fields)]
+#[serde(
+    tag = "Type",
+    rename_all = "PascalCase",
+    rename_all_fields = "PascalCase",
+    deny_unknown_fields
+)]
 pub enum DeltaEvent {
     /// The provider accepted the request and named the response (first delta of a step).
     Started {

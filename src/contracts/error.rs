@@ -174,7 +174,8 @@ mod tests {
             assert!(seen.insert(s), "duplicate code {s}");
             assert!(s.contains('.'), "{s} is not dotted");
             assert!(
-                s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '_'),
+                s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '_'),
                 "{s}"
             );
             assert_eq!(ErrorCode::parse(s), Some(*code));

@@ -46,9 +46,9 @@ impl FromStr for SessionId {
         if s.trim().is_empty() {
             return Err((ErrorCode::SessionIdMissing, "SessionId is required".into()));
         }
-        Uuid::parse_str(s)
-            .map(SessionId)
-            .map_err(|e| (ErrorCode::SessionIdInvalid, format!("SessionId `{}` is not a UUID: {e}", clip(s))))
+        Uuid::parse_str(s).map(SessionId).map_err(|e| {
+            (ErrorCode::SessionIdInvalid, format!("SessionId `{}` is not a UUID: {e}", clip(s)))
+        })
     }
 }
 
@@ -83,7 +83,10 @@ impl FromStr for TurnId {
         if s.chars().count() > TURN_ID_MAX_LEN {
             return Err((
                 ErrorCode::TurnIdInvalid,
-                format!("TurnId is {} characters long; the limit is {TURN_ID_MAX_LEN}", s.chars().count()),
+                format!(
+                    "TurnId is {} characters long; the limit is {TURN_ID_MAX_LEN}",
+                    s.chars().count()
+                ),
             ));
         }
         if let Some(bad) = s.chars().find(|c| !is_id_char(*c)) {
@@ -189,11 +192,14 @@ impl FromStr for RelativePath {
             ));
         }
         let p: String = raw.nfkc().collect();
-        let shown = if p == raw { clip(raw) } else { format!("{}` (NFKC: `{}", clip(raw), clip(&p)) };
+        let shown =
+            if p == raw { clip(raw) } else { format!("{}` (NFKC: `{}", clip(raw), clip(&p)) };
         if p.starts_with('/') || p.starts_with('\\') {
             return Err((
                 ErrorCode::PathAbsolute,
-                format!("RelativePath `{shown}` is absolute; send it relative to the workspace root"),
+                format!(
+                    "RelativePath `{shown}` is absolute; send it relative to the workspace root"
+                ),
             ));
         }
         let bytes = p.as_bytes();
@@ -204,7 +210,10 @@ impl FromStr for RelativePath {
             ));
         }
         if p.split(['/', '\\']).any(|seg| seg == "..") {
-            return Err((ErrorCode::PathTraversal, format!("RelativePath `{shown}` has a `..` segment")));
+            return Err((
+                ErrorCode::PathTraversal,
+                format!("RelativePath `{shown}` has a `..` segment"),
+            ));
         }
         Ok(RelativePath(p))
     }
@@ -225,7 +234,8 @@ fn is_id_char(c: char) -> bool {
 /// has its own error) or an invisible format character (Cf: bidi controls such as U+202E,
 /// zero-width characters such as U+200B, the BOM, ...).
 pub(crate) fn disguising_character(s: &str) -> Option<char> {
-    s.chars().find(|&c| c != '\0' && (c.is_control() || c.general_category() == GeneralCategory::Format))
+    s.chars()
+        .find(|&c| c != '\0' && (c.is_control() || c.general_category() == GeneralCategory::Format))
 }
 
 /// Shortens user-supplied text quoted back in an error message, escaping what is not printable

@@ -7,6 +7,7 @@ pub mod ids;
 pub mod request;
 pub mod response;
 mod trusted;
+mod turn_parts;
 pub mod validated;
 mod wire;
 
@@ -15,12 +16,12 @@ pub use error::{ApiError, ErrorCode};
 pub use ids::{ContextId, RelativePath, SessionId, TurnId};
 pub use request::AgentExecuteRequest;
 pub use response::{
-    AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall, ToolContinuationOutput,
-    ToolOutcome, ToolResult, Usage, UserWarning,
+    AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall,
+    ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
 };
 pub use validated::{
-    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator, ToolContinuation,
-    TurnKey, UserTurn, ValidatedRequest,
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
+    ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 
 /// The reply every client receives.

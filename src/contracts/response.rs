@@ -253,7 +253,12 @@ impl<T> TryFrom<InvokeShape<T>> for InvokeResult<T> {
 impl<T> InvokeResult<T> {
     /// A successful result.
     pub fn ok(result: T) -> Self {
-        InvokeResult { successful: true, result: Some(result), errors: Vec::new(), warnings: Vec::new() }
+        InvokeResult {
+            successful: true,
+            result: Some(result),
+            errors: Vec::new(),
+            warnings: Vec::new(),
+        }
     }
 
     /// A failed result; `errors` must not be empty (an empty list gets an `internal.error`).

@@ -1,16 +1,20 @@
-//! Reading back a request that Aptix itself validated and wrote (inner queue messages): the
-//! wire form maps straight onto the validated types, with no rule run and no image decoded. Only
+//! A validated request and its wire form, both ways. Written: the validated value as an
+//! [`AgentExecuteRequest`]. Read back (inner queue messages, which only Aptix writes): the wire
+//! form maps straight onto the validated types, with no rule run and no image decoded. Only
 //! Aptix writes its inner queues, and their messages are tagged with a versioned kind; requests
 //! read from PostgreSQL are checked again at that boundary (`crate::rules::from_stored`).
 
 use base64::Engine as _;
 
 use super::ids::RelativePath;
-use super::request::{AgentExecuteRequest, ClipboardImageWire, InputArtifactWire, ToolResultWire};
+use super::request::{
+    AgentExecuteRequest, ClipboardImageWire, InputArtifactWire, RagScopeConditionWire,
+    ToolResultWire,
+};
 use super::response::{ToolOutcome, ToolResult};
 use super::validated::{
-    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator, ToolContinuation,
-    TurnKey, UserTurn, ValidatedRequest,
+    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
+    ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 
 impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
@@ -19,8 +23,10 @@ impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
     /// Trusted: `w` was written from a validated request. A shape that cannot come from one
     /// (a missing id, an unknown operator) is reported; nothing else is checked.
     fn try_from(w: AgentExecuteRequest) -> Result<Self, String> {
-        let session_id = w.session_id.as_deref().ok_or("no SessionId")?.parse().map_err(|(_, m)| m)?;
-        let turn_id = w.turn_id.as_deref().ok_or("no TurnId")?.parse().map_err(|(_, m): (_, String)| m)?;
+        let session_id =
+            w.session_id.as_deref().ok_or("no SessionId")?.parse().map_err(|(_, m)| m)?;
+        let turn_id =
+            w.turn_id.as_deref().ok_or("no TurnId")?.parse().map_err(|(_, m): (_, String)| m)?;
         let key = TurnKey { session_id, turn_id };
         if let Some(results) = w.tool_results {
             let results = results.into_iter().map(tool_result).collect::<Result<_, _>>()?;
@@ -82,7 +88,9 @@ fn artifact(a: InputArtifactWire) -> Result<InputArtifact, String> {
     let contents = a.contents.ok_or("an artifact without Contents")?;
     let contents = match a.encoding.as_deref() {
         Some("base64") => ArtifactContents::Binary(
-            base64::engine::general_purpose::STANDARD.decode(contents).map_err(|e| e.to_string())?,
+            base64::engine::general_purpose::STANDARD
+                .decode(contents)
+                .map_err(|e| e.to_string())?,
         ),
         _ => ArtifactContents::Text(contents),
     };
@@ -112,4 +120,96 @@ fn image(i: ClipboardImageWire) -> Result<ClipboardImage, String> {
         data_base64,
         byte_len,
     })
+}
+
+impl From<ValidatedRequest> for AgentExecuteRequest {
+    fn from(v: ValidatedRequest) -> Self {
+        match v {
+            ValidatedRequest::UserTurn(t) => user_turn_to_wire(t),
+            ValidatedRequest::ToolContinuation(c) => AgentExecuteRequest {
+                session_id: Some(c.key.session_id.to_string()),
+                turn_id: Some(c.key.turn_id.to_string()),
+                tool_results: Some(c.results.into_iter().map(tool_result_to_wire).collect()),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+fn user_turn_to_wire(t: UserTurn) -> AgentExecuteRequest {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    AgentExecuteRequest {
+        session_id: Some(t.key.session_id.to_string()),
+        turn_id: Some(t.key.turn_id.to_string()),
+        instruction: t.instruction,
+        input_artifacts: non_empty(
+            t.artifacts
+                .into_iter()
+                .map(|a| {
+                    let (contents, encoding) = match a.contents {
+                        ArtifactContents::Text(s) => (s, None),
+                        ArtifactContents::Binary(b) => (b64.encode(b), Some("base64".to_owned())),
+                    };
+                    InputArtifactWire {
+                        relative_path: Some(a.path.as_str().to_owned()),
+                        file_name: Some(a.file_name),
+                        contents: Some(contents),
+                        origin: Some(a.origin.as_str().to_owned()),
+                        mime_type: a.mime_type,
+                        language: a.language,
+                        encoding,
+                    }
+                })
+                .collect(),
+        ),
+        clipboard_images: non_empty(
+            t.images
+                .into_iter()
+                .map(|i| ClipboardImageWire {
+                    id: Some(i.id),
+                    mime_type: Some(i.mime_type),
+                    data_base64: Some(i.data_base64),
+                })
+                .collect(),
+        ),
+        rag_scope: non_empty(
+            t.rag_scope
+                .into_iter()
+                .map(|c| RagScopeConditionWire {
+                    key: Some(c.key),
+                    operator: Some(c.operator.as_str().to_owned()),
+                    values: Some(c.values),
+                })
+                .collect(),
+        ),
+        solution_context_text: t.solution_context,
+        workspace_id: t.workspace_id,
+        repo: t.repo,
+        language: t.language,
+        stream: t.stream.then_some(true),
+        agent_context_id: t.agent_context_id.map(|c| c.as_str().to_owned()),
+        conversation_context_id: t.conversation_context_id.map(|c| c.as_str().to_owned()),
+        tool_results: None,
+    }
+}
+
+fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
+    if v.is_empty() {
+        None
+    } else {
+        Some(v)
+    }
+}
+
+fn tool_result_to_wire(r: ToolResult) -> ToolResultWire {
+    let (result_json, error_message) = match r.outcome {
+        ToolOutcome::ResultJson(j) => (Some(j), None),
+        ToolOutcome::ErrorMessage(e) => (None, Some(e)),
+    };
+    ToolResultWire {
+        tool_call_id: Some(r.tool_call_id),
+        execution_ms: Some(r.execution_ms),
+        result_json,
+        error_message,
+    }
 }

@@ -13,7 +13,9 @@ use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 
 use super::response::{ToolOutcome, ToolResult};
-use super::validated::{ArtifactContents, ClipboardImage, InputArtifact, ScopeCondition, ValidatedRequest};
+use super::validated::{
+    ArtifactContents, ClipboardImage, InputArtifact, ScopeCondition, ValidatedRequest,
+};
 
 #[cfg(doc)]
 use super::AgentExecuteRequest;
@@ -212,7 +214,12 @@ impl Serialize for Wire<'_, ToolResult> {
             ToolOutcome::ResultJson(j) => (Some(j.as_str()), None),
             ToolOutcome::ErrorMessage(m) => (None, Some(m.as_str())),
         };
-        ResultItem { tool_call_id: &r.tool_call_id, execution_ms: r.execution_ms, result_json, error_message }
-            .serialize(s)
+        ResultItem {
+            tool_call_id: &r.tool_call_id,
+            execution_ms: r.execution_ms,
+            result_json,
+            error_message,
+        }
+        .serialize(s)
     }
 }

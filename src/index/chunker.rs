@@ -32,7 +32,13 @@ pub struct ChunkParams {
 
 impl Default for ChunkParams {
     fn default() -> Self {
-        ChunkParams { target_lines: 40, min_lines: 12, max_lines: 80, overlap_lines: 5, max_chars: 6_000 }
+        ChunkParams {
+            target_lines: 40,
+            min_lines: 12,
+            max_lines: 80,
+            overlap_lines: 5,
+            max_chars: 6_000,
+        }
     }
 }
 
@@ -64,7 +70,11 @@ pub fn chunk_text(text: &str, params: &ChunkParams) -> Vec<TextChunk> {
     let blank: Vec<bool> = lines.iter().map(|l| l.trim().is_empty()).collect();
     let score: Vec<u8> = (0..lines.len()).map(|i| boundary_score(&lines, &blank, i)).collect();
 
-    let p = ChunkParams { min_lines: params.min_lines.max(1), max_lines: params.max_lines.max(1), ..*params };
+    let p = ChunkParams {
+        min_lines: params.min_lines.max(1),
+        max_lines: params.max_lines.max(1),
+        ..*params
+    };
     let mut out = Vec::new();
     let mut start = 0;
     while start < lines.len() {
@@ -76,7 +86,8 @@ pub fn chunk_text(text: &str, params: &ChunkParams) -> Vec<TextChunk> {
         }
         let limit = char_limit(&lines, start, &p).min(lines.len());
         let short_tail = limit == lines.len() && limit - start <= p.target_lines + p.min_lines;
-        let (end, hard) = if short_tail { (limit, false) } else { pick_cut(&score, start, limit, &p) };
+        let (end, hard) =
+            if short_tail { (limit, false) } else { pick_cut(&score, start, limit, &p) };
         let mut last = end - 1;
         while last > start && blank[last] {
             last -= 1;
@@ -147,7 +158,8 @@ fn boundary_score(lines: &[&str], blank: &[bool], i: usize) -> u8 {
         return 3; // Markdown heading (a `# comment` line in code scores the same, harmlessly)
     }
     let prev = lines[i - 1].trim();
-    let after_closer = level == 0 && !closer && matches!(prev, "}" | "};" | "end" | ")" | ");" | "]");
+    let after_closer =
+        level == 0 && !closer && matches!(prev, "}" | "};" | "end" | ")" | ");" | "]");
     if (prev_blank && level == 0 && !closer) || after_closer {
         3
     } else if prev_blank && level <= 4 && !closer {

@@ -51,8 +51,14 @@ fn add_file(ctx: &Context, abs: &Path, rel: &str, text: &str, out: &mut Prepared
     out.files += 1;
     for chunk in chunk_text(text, &ctx.params) {
         out.chunks += 1;
-        let payload =
-            ChunkPayload::new(&ctx.repo, rel, chunk.start_line, chunk.end_line, language, chunk.text);
+        let payload = ChunkPayload::new(
+            &ctx.repo,
+            rel,
+            chunk.start_line,
+            chunk.end_line,
+            language,
+            chunk.text,
+        );
         if ctx.existing.contains_key(&payload.chunk_id) {
             out.unchanged.push(payload.chunk_id);
             continue;

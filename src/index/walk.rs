@@ -57,7 +57,8 @@ pub fn collect(root: &Path, max_bytes: u64) -> Result<(Vec<PathBuf>, Skipped), I
     }
     let mut files = Vec::new();
     let mut skipped = Skipped::new();
-    let walker = ignore::WalkBuilder::new(root).hidden(true).require_git(false).follow_links(false).build();
+    let walker =
+        ignore::WalkBuilder::new(root).hidden(true).require_git(false).follow_links(false).build();
     for entry in walker {
         let entry = entry.map_err(|e| IndexError::Walk(e.to_string()))?;
         if !entry.file_type().is_some_and(|t| t.is_file()) {
@@ -70,7 +71,9 @@ pub fn collect(root: &Path, max_bytes: u64) -> Result<(Vec<PathBuf>, Skipped), I
             continue;
         }
         match std::fs::metadata(&path) {
-            Ok(m) if m.len() > max_bytes => skipped.entry(SkipReason::TooLarge).or_default().push(rel),
+            Ok(m) if m.len() > max_bytes => {
+                skipped.entry(SkipReason::TooLarge).or_default().push(rel)
+            }
             Ok(_) => files.push(path),
             Err(_) => skipped.entry(SkipReason::Unreadable).or_default().push(rel),
         }
@@ -109,7 +112,12 @@ fn is_generated(rel: &str) -> bool {
     let name = rel.rsplit('/').next().unwrap_or(rel);
     matches!(
         name,
-        "Cargo.lock" | "package-lock.json" | "yarn.lock" | "pnpm-lock.yaml" | "poetry.lock" | "go.sum"
+        "Cargo.lock"
+            | "package-lock.json"
+            | "yarn.lock"
+            | "pnpm-lock.yaml"
+            | "poetry.lock"
+            | "go.sum"
     ) || name.ends_with(".min.js")
         || name.ends_with(".min.css")
         || name.ends_with(".map")

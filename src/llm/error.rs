@@ -123,8 +123,12 @@ pub fn account_problem(status: Option<u16>, error: &ProviderError) -> Option<&'s
         "permission_denied",
         "permission_error",
     ];
-    const ACCOUNT: [&str; 4] =
-        ["insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "access_terminated"];
+    const ACCOUNT: [&str; 4] = [
+        "insufficient_quota",
+        "billing_hard_limit_reached",
+        "billing_not_active",
+        "access_terminated",
+    ];
     if matches!(status, Some(401 | 403)) || CREDENTIALS.iter().any(|c| error.is(c)) {
         Some(CREDENTIALS_REFUSED)
     } else if status == Some(402) || ACCOUNT.iter().any(|c| error.is(c)) {
@@ -223,10 +227,14 @@ impl LlmError {
     /// The client-facing error code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            LlmError::Unavailable { .. } | LlmError::StreamInterrupted { .. } => ErrorCode::LlmUnavailable,
+            LlmError::Unavailable { .. } | LlmError::StreamInterrupted { .. } => {
+                ErrorCode::LlmUnavailable
+            }
             LlmError::Timeout { .. } => ErrorCode::LlmTimeout,
             // The pipeline rehydrates instead of failing; if it ever surfaces, it is a rejection.
-            LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound { .. } => ErrorCode::LlmRejected,
+            LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound { .. } => {
+                ErrorCode::LlmRejected
+            }
             LlmError::Refused { .. } => ErrorCode::LlmRefused,
             LlmError::Failed { .. } => ErrorCode::LlmFailed,
             LlmError::InvalidResponse(_) => ErrorCode::LlmInvalidResponse,
@@ -239,7 +247,9 @@ impl LlmError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            LlmError::Unavailable { .. } | LlmError::Timeout { .. } | LlmError::StreamInterrupted { .. }
+            LlmError::Unavailable { .. }
+                | LlmError::Timeout { .. }
+                | LlmError::StreamInterrupted { .. }
         )
     }
 
@@ -272,7 +282,8 @@ mod tests {
         let e = ProviderError::from_body(nested);
         assert_eq!((e.code.as_deref(), e.param.as_deref()), (Some("invalid_value"), Some("input")));
         assert!(e.is("invalid_request_error"));
-        let flat = ProviderError::from_body(br#"{"type":"error","code":"server_error","message":"x"}"#);
+        let flat =
+            ProviderError::from_body(br#"{"type":"error","code":"server_error","message":"x"}"#);
         assert_eq!(flat.code.as_deref(), Some("server_error"));
         let junk = ProviderError::from_body(b"<html>bad gateway</html>");
         assert_eq!(junk.message, "<html>bad gateway</html>");
@@ -281,8 +292,9 @@ mod tests {
 
     #[test]
     fn account_problems_display_a_fixed_sentence() {
-        let quota =
-            ProviderError::from_body(br#"{"code":"insufficient_quota","message":"org-secret is out"}"#);
+        let quota = ProviderError::from_body(
+            br#"{"code":"insufficient_quota","message":"org-secret is out"}"#,
+        );
         let failed = LlmError::Failed { response_id: None, error: Box::new(quota), raw: None };
         assert_eq!(failed.to_string(), format!("llm response failed: {ACCOUNT_UNUSABLE}"));
         let key = ProviderError::from_body(br#"{"error":{"message":"key sk-abc...xyz is wrong"}}"#);

@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use super::delta::StreamDelta;
 use super::error::{account_problem, LlmError, ProviderError, TimeoutPhase};
 use super::retry::{
-    classify_status, classify_transport, error_chain, transport_error, AttemptError, RetryCause, RetryPolicy,
+    classify_status, classify_transport, error_chain, transport_error, AttemptError, RetryCause,
+    RetryPolicy,
 };
 use super::{map_response, stream, Endpoint, LlmClient, LlmRequest, LlmResponse};
 use crate::config::{redact_url, LlmSettings};
@@ -59,8 +60,9 @@ impl HttpLlmClient {
             return Err(LlmError::Config("the /responses body must be a JSON object".into()));
         }
         let streaming = request.body.get("stream").and_then(Value::as_bool) == Some(true);
-        let body =
-            Bytes::from(serde_json::to_vec(request.body).map_err(|e| LlmError::Config(e.to_string()))?);
+        let body = Bytes::from(
+            serde_json::to_vec(request.body).map_err(|e| LlmError::Config(e.to_string()))?,
+        );
         let url = request.endpoint.url("responses");
         let attempts = AtomicU32::new(0);
         let result = (|| {
@@ -106,17 +108,24 @@ impl HttpLlmClient {
     ) -> Result<(Value, Option<String>), AttemptError> {
         let deadline = Instant::now() + self.request_timeout;
         let accept = if streaming { "text/event-stream" } else { "application/json" };
-        let mut builder =
-            self.http.post(url).header(CONTENT_TYPE, "application/json").header(ACCEPT, accept).body(body);
+        let mut builder = self
+            .http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, accept)
+            .body(body);
         if let Some(key) = &endpoint.api_key {
             builder = builder.bearer_auth(key.expose());
         }
         let resp = match tokio::time::timeout_at(deadline, builder.send()).await {
-            Err(_) => return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request))),
+            Err(_) => {
+                return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request)))
+            }
             Ok(Err(e)) => return Err(classify_transport(&e)),
             Ok(Ok(resp)) => resp,
         };
-        let request_id = resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let request_id =
+            resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
         let status = resp.status();
         if !status.is_success() {
             let headers = resp.headers().clone();
@@ -133,14 +142,18 @@ impl HttpLlmClient {
             stream::read(resp, deadline, self.idle_timeout, deltas).await?
         } else {
             let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
-                Err(_) => return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request))),
+                Err(_) => {
+                    return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request)))
+                }
                 Ok(Err(e)) => {
                     return Err(AttemptError::retryable(RetryCause::Transport(transport_error(&e))))
                 }
                 Ok(Ok(bytes)) => bytes,
             };
             serde_json::from_slice(&bytes).map_err(|e| {
-                AttemptError::Fatal(LlmError::InvalidResponse(format!("the response body is not JSON: {e}")))
+                AttemptError::Fatal(LlmError::InvalidResponse(format!(
+                    "the response body is not JSON: {e}"
+                )))
             })?
         };
         Ok((raw, request_id))

@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use super::error::{LlmError, ProviderError};
 use super::{LlmResponse, ResponseStatus};
-use crate::contracts::{FinalOutput, Outcome, ToolCall, ToolContinuationOutput, Usage, UserWarning};
+use crate::contracts::{
+    FinalOutput, Outcome, ToolCall, ToolContinuationOutput, Usage, UserWarning,
+};
 
 /// `UserWarnings[].Code` of a final answer the provider cut short.
 pub const INCOMPLETE_WARNING_CODE: &str = "llm.output_incomplete";
@@ -46,7 +48,8 @@ pub fn map_response(raw: Value) -> Result<LlmResponse, LlmError> {
         "failed" => {
             let mut error = raw.get("error").map(ProviderError::from_value).unwrap_or_default();
             if error.message.is_empty() {
-                error.message = "the provider reported the response as failed without details".into();
+                error.message =
+                    "the provider reported the response as failed without details".into();
             }
             return Err(LlmError::Failed {
                 response_id: Some(response_id),
@@ -54,7 +57,9 @@ pub fn map_response(raw: Value) -> Result<LlmResponse, LlmError> {
                 raw: Some(Box::new(raw)),
             });
         }
-        other => return Err(LlmError::InvalidResponse(format!("unexpected response status `{other}`"))),
+        other => {
+            return Err(LlmError::InvalidResponse(format!("unexpected response status `{other}`")))
+        }
     };
     let usage = raw.get("usage").and_then(map_usage);
     let items = raw
@@ -109,9 +114,9 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
                         Some("output_text") => {
                             text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
                         }
-                        Some("refusal") => c
-                            .refusals
-                            .push(part.get("refusal").and_then(Value::as_str).unwrap_or("").to_owned()),
+                        Some("refusal") => c.refusals.push(
+                            part.get("refusal").and_then(Value::as_str).unwrap_or("").to_owned(),
+                        ),
                         _ => {}
                     }
                 }
@@ -171,8 +176,7 @@ mod tests {
     #[test]
     fn text_calls_incomplete_refusal_and_failed() {
         let msg = json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi","annotations":[]}]});
-        let call =
-            |id: &str| json!({"type":"function_call","id":"fc","call_id":id,"name":"t","arguments":"{}"});
+        let call = |id: &str| json!({"type":"function_call","id":"fc","call_id":id,"name":"t","arguments":"{}"});
         let r = map_response(resp(
             "completed",
             json!([{"type":"reasoning","id":"rs","summary":[]}, msg.clone()]),
@@ -191,7 +195,8 @@ mod tests {
             })
         );
 
-        let r = map_response(resp("completed", json!([msg.clone(), call("c1"), call("c2")]))).unwrap();
+        let r =
+            map_response(resp("completed", json!([msg.clone(), call("c1"), call("c2")]))).unwrap();
         let Outcome::ClientToolContinuation(t) = &r.outcome else { panic!("{r:?}") };
         let ids: Vec<_> = t.tool_calls().iter().map(|c| c.tool_call_id.as_str()).collect();
         assert_eq!((ids, t.message()), (vec!["c1", "c2"], Some("Hi")));
@@ -205,11 +210,13 @@ mod tests {
         assert!(
             matches!(map_response(resp("completed", refusal)), Err(LlmError::Refused { refusal, .. }) if refusal == "No.")
         );
-        let failed =
-            json!({"id":"r","status":"failed","output":[],"error":{"code":"server_error","message":"boom"}});
+        let failed = json!({"id":"r","status":"failed","output":[],"error":{"code":"server_error","message":"boom"}});
         assert!(
             matches!(map_response(failed), Err(LlmError::Failed { error, .. }) if error.is("server_error"))
         );
-        assert!(matches!(map_response(resp("completed", json!([]))), Err(LlmError::InvalidResponse(_))));
+        assert!(matches!(
+            map_response(resp("completed", json!([]))),
+            Err(LlmError::InvalidResponse(_))
+        ));
     }
 }

@@ -54,7 +54,8 @@ impl Endpoint {
     pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Self {
         let base_url = agent.and_then(|a| a.llm_base_url.as_ref()).unwrap_or(&settings.base_url);
         let base_url = base_url.expose().to_owned();
-        let api_key = agent.and_then(|a| a.llm_api_key.clone()).or_else(|| settings.api_key.clone());
+        let api_key =
+            agent.and_then(|a| a.llm_api_key.clone()).or_else(|| settings.api_key.clone());
         Endpoint { base_url, api_key }
     }
 
@@ -129,6 +130,8 @@ pub struct LlmResponse {
 /// The LLM as the invoke stage sees it. Object-safe: hold it as `Arc<dyn LlmClient>`.
 pub trait LlmClient: Send + Sync + fmt::Debug {
     /// Sends one `/responses` call, retrying what may be retried.
-    fn create_response<'a>(&'a self, request: LlmRequest<'a>)
-        -> BoxFuture<'a, Result<LlmResponse, LlmError>>;
+    fn create_response<'a>(
+        &'a self,
+        request: LlmRequest<'a>,
+    ) -> BoxFuture<'a, Result<LlmResponse, LlmError>>;
 }

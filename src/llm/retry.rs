@@ -108,7 +108,10 @@ impl AttemptError {
             | AttemptError::Interrupted { cause: RetryCause::Timeout(phase), .. } => {
                 LlmError::Timeout { attempts, phase }
             }
-            AttemptError::Retryable { cause: RetryCause::Status { status, error }, retry_after } => {
+            AttemptError::Retryable {
+                cause: RetryCause::Status { status, error },
+                retry_after,
+            } => {
                 let wait = retry_after
                     .map(|d| format!(" (server asked to wait {} ms)", d.as_millis()))
                     .unwrap_or_default();
@@ -146,18 +149,24 @@ fn status_cause(status: u16, error: &ProviderError) -> String {
 }
 
 /// Classifies a non-success HTTP answer from its status, headers and body.
-pub(crate) fn classify_status(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> AttemptError {
+pub(crate) fn classify_status(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> AttemptError {
     let code = status.as_u16();
     if !(status.is_client_error() || status.is_server_error()) {
-        return AttemptError::Fatal(LlmError::InvalidResponse(format!("unexpected HTTP status {code}")));
+        return AttemptError::Fatal(LlmError::InvalidResponse(format!(
+            "unexpected HTTP status {code}"
+        )));
     }
     let error = ProviderError::from_body(body);
     if error.is("previous_response_not_found") {
         return AttemptError::Fatal(LlmError::PreviousResponseNotFound { message: error.message });
     }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    let never =
-        error.is("insufficient_quota") || (code == 429 && error.message.starts_with("Request too large"));
+    let never = error.is("insufficient_quota")
+        || (code == 429 && error.message.starts_with("Request too large"));
     let retryable = !never
         && match header("x-should-retry") {
             Some("true") => true,
@@ -208,8 +217,9 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 /// HTTP date.
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    let secs =
-        |v: &str| v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).map(Duration::from_secs_f64);
+    let secs = |v: &str| {
+        v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).map(Duration::from_secs_f64)
+    };
     if let Some(d) = header("retry-after-ms").and_then(secs) {
         return Some(d / 1000);
     }
@@ -242,7 +252,10 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "2")])), Some(Duration::from_secs(2)));
-        assert_eq!(retry_after(&headers(&[("retry-after", "0.5")])), Some(Duration::from_millis(500)));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "0.5")])),
+            Some(Duration::from_millis(500))
+        );
         assert_eq!(
             retry_after(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")])),
             Some(Duration::ZERO)
@@ -253,22 +266,38 @@ mod tests {
     #[test]
     fn status_classes() {
         let empty = HeaderMap::new();
-        let body =
-            |code: &str| format!(r#"{{"error":{{"message":"m","type":"t","param":null,"code":"{code}"}}}}"#);
+        let body = |code: &str| {
+            format!(r#"{{"error":{{"message":"m","type":"t","param":null,"code":"{code}"}}}}"#)
+        };
         for s in [408, 409, 429, 500, 502, 503] {
-            assert!(classify_status(StatusCode::from_u16(s).unwrap(), &empty, b"{}").is_retryable(), "{s}");
+            assert!(
+                classify_status(StatusCode::from_u16(s).unwrap(), &empty, b"{}").is_retryable(),
+                "{s}"
+            );
         }
         for s in [400, 401, 403, 404, 422] {
-            assert!(!classify_status(StatusCode::from_u16(s).unwrap(), &empty, b"{}").is_retryable(), "{s}");
+            assert!(
+                !classify_status(StatusCode::from_u16(s).unwrap(), &empty, b"{}").is_retryable(),
+                "{s}"
+            );
         }
-        let quota =
-            classify_status(StatusCode::TOO_MANY_REQUESTS, &empty, body("insufficient_quota").as_bytes());
+        let quota = classify_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            &empty,
+            body("insufficient_quota").as_bytes(),
+        );
         assert!(matches!(quota, AttemptError::Fatal(LlmError::Rejected { status: 429, .. })));
-        let gone =
-            classify_status(StatusCode::BAD_REQUEST, &empty, body("previous_response_not_found").as_bytes());
+        let gone = classify_status(
+            StatusCode::BAD_REQUEST,
+            &empty,
+            body("previous_response_not_found").as_bytes(),
+        );
         assert!(matches!(gone, AttemptError::Fatal(LlmError::PreviousResponseNotFound { .. })));
-        let no =
-            classify_status(StatusCode::SERVICE_UNAVAILABLE, &headers(&[("x-should-retry", "false")]), b"");
+        let no = classify_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &headers(&[("x-should-retry", "false")]),
+            b"",
+        );
         assert!(!no.is_retryable());
     }
 
@@ -284,7 +313,10 @@ mod tests {
             cause: RetryCause::Transport("x".into()),
             retry_after: Some(Duration::from_millis(ms)),
         };
-        assert_eq!(p.adjust(&e(300), Some(Duration::from_millis(10))), Some(Duration::from_millis(300)));
+        assert_eq!(
+            p.adjust(&e(300), Some(Duration::from_millis(10))),
+            Some(Duration::from_millis(300))
+        );
         assert_eq!(p.adjust(&e(5000), Some(Duration::from_millis(10))), None);
         assert_eq!(p.adjust(&e(300), None), None);
     }

@@ -23,7 +23,8 @@ impl SseDecoder {
             let end = start + pos;
             let line = &self.buf[start..end];
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let line = std::str::from_utf8(line).map_err(|e| format!("stream line is not UTF-8: {e}"))?;
+            let line =
+                std::str::from_utf8(line).map_err(|e| format!("stream line is not UTF-8: {e}"))?;
             if line.is_empty() {
                 if self.has_data {
                     events.push(std::mem::take(&mut self.data));

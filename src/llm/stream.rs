@@ -59,17 +59,20 @@ pub(crate) async fn read(
         let chunk = match tokio::time::timeout(wait, body.next()).await {
             Err(_) => return Err(acc.broken(RetryCause::Timeout(phase))),
             Ok(None) => {
-                return Err(
-                    acc.broken(RetryCause::Transport("the stream ended without a terminal event".into()))
-                )
+                return Err(acc.broken(RetryCause::Transport(
+                    "the stream ended without a terminal event".into(),
+                )))
             }
             Ok(Some(Err(e))) => return Err(acc.broken(RetryCause::Transport(transport_error(&e)))),
             Ok(Some(Ok(chunk))) => chunk,
         };
-        let events = decoder.push(&chunk).map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e)))?;
+        let events =
+            decoder.push(&chunk).map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e)))?;
         for data in events {
             let event: Value = serde_json::from_str(&data).map_err(|e| {
-                AttemptError::Fatal(LlmError::InvalidResponse(format!("a stream event is not JSON: {e}")))
+                AttemptError::Fatal(LlmError::InvalidResponse(format!(
+                    "a stream event is not JSON: {e}"
+                )))
             })?;
             acc.events += 1;
             if let Some(done) = acc.apply(event, &mut sink).await? {
@@ -95,7 +98,8 @@ impl Accumulator {
         mut event: Value,
         sink: &mut DeltaSink<'_>,
     ) -> Result<Option<Value>, AttemptError> {
-        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let text =
+            |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
         let index = event.get("output_index").and_then(Value::as_u64).unwrap_or(0);
         match event.get("type").and_then(Value::as_str).unwrap_or_default() {
             "response.created" | "response.in_progress" | "response.queued" => {
@@ -109,9 +113,11 @@ impl Accumulator {
                 let item = event.get_mut("item").map(Value::take).unwrap_or_default();
                 if item.get("type").and_then(Value::as_str) == Some("function_call") {
                     let (call_id, name) = (text(&item, "call_id"), text(&item, "name"));
-                    let acc = CallAcc { call_id: call_id.clone(), arguments: text(&item, "arguments") };
+                    let acc =
+                        CallAcc { call_id: call_id.clone(), arguments: text(&item, "arguments") };
                     self.calls.insert(text(&item, "id"), acc);
-                    sink.send(DeltaEvent::ToolCallStarted { output_index: index, call_id, name }).await;
+                    sink.send(DeltaEvent::ToolCallStarted { output_index: index, call_id, name })
+                        .await;
                 }
                 self.items.insert(index, item);
             }
@@ -124,7 +130,11 @@ impl Accumulator {
                 if let Some(call) = self.calls.get_mut(&text(&event, "item_id")) {
                     let delta = text(&event, "delta");
                     call.arguments.push_str(&delta);
-                    sink.send(DeltaEvent::ToolArguments { call_id: call.call_id.clone(), text: delta }).await;
+                    sink.send(DeltaEvent::ToolArguments {
+                        call_id: call.call_id.clone(),
+                        text: delta,
+                    })
+                    .await;
                 }
             }
             "response.function_call_arguments.done" => {
@@ -146,7 +156,11 @@ impl Accumulator {
             "error" => {
                 let error = Box::new(ProviderError::from_value(&event));
                 let response_id = self.response_id.clone();
-                return Err(AttemptError::Fatal(LlmError::Failed { response_id, error, raw: None }));
+                return Err(AttemptError::Fatal(LlmError::Failed {
+                    response_id,
+                    error,
+                    raw: None,
+                }));
             }
             _ => {}
         }
@@ -156,7 +170,8 @@ impl Accumulator {
     /// The terminal response, with its `output` rebuilt from the streamed items when a
     /// compatible server leaves it empty.
     fn finish(&mut self, mut response: Value) -> Value {
-        let has_output = response.get("output").and_then(Value::as_array).is_some_and(|o| !o.is_empty());
+        let has_output =
+            response.get("output").and_then(Value::as_array).is_some_and(|o| !o.is_empty());
         if has_output || self.items.is_empty() {
             return response;
         }
@@ -179,7 +194,9 @@ impl Accumulator {
             }
             Some("message") => {
                 let empty = item.get("content").and_then(Value::as_array).is_none_or(Vec::is_empty);
-                if let (true, Some(text), Some(obj)) = (empty, self.texts.get(&id), item.as_object_mut()) {
+                if let (true, Some(text), Some(obj)) =
+                    (empty, self.texts.get(&id), item.as_object_mut())
+                {
                     let part = serde_json::json!([{"type": "output_text", "text": text, "annotations": []}]);
                     obj.insert("content".into(), part);
                 }

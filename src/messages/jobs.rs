@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::assemble::{assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, TurnInput};
+use crate::assemble::{
+    assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, TurnInput,
+};
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
 use crate::contracts::{
@@ -180,7 +182,13 @@ impl From<crate::llm::LlmResponse> for Answer {
             .and_then(Value::as_i64)
             .and_then(|secs| Utc.timestamp_opt(secs, 0).single())
             .unwrap_or_else(Utc::now);
-        Answer { response_id: r.response_id, created_at, outcome: r.outcome, usage: r.usage, raw: r.raw }
+        Answer {
+            response_id: r.response_id,
+            created_at,
+            outcome: r.outcome,
+            usage: r.usage,
+            raw: r.raw,
+        }
     }
 }
 
@@ -211,19 +219,25 @@ impl SavedRoundTrip {
             v: u16,
             job: &'a PersistJob,
         }
+        crate::metrics::metrics().json("serialize", "saved_answer");
         serde_json::to_value(Current { v: Self::VERSION, job })
     }
 
     /// A saved answer as stored, in any format this build reads.
     pub fn read(stored: Value) -> Result<PersistJob, String> {
+        crate::metrics::metrics().json("parse", "saved_answer");
         serde_json::from_value::<SavedRoundTrip>(stored).map_err(|e| e.to_string())?.into_job()
     }
 
     /// The round trip, if this build reads its version.
     pub fn into_job(self) -> Result<PersistJob, String> {
         match self {
-            SavedRoundTrip::Current { v: Self::VERSION, job } | SavedRoundTrip::Legacy(job) => Ok(job),
-            SavedRoundTrip::Current { v, .. } => Err(format!("saved answer has unknown version {v}")),
+            SavedRoundTrip::Current { v: Self::VERSION, job } | SavedRoundTrip::Legacy(job) => {
+                Ok(job)
+            }
+            SavedRoundTrip::Current { v, .. } => {
+                Err(format!("saved answer has unknown version {v}"))
+            }
         }
     }
 }

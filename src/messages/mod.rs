@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use jobs::{
-    with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob,
+    with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip,
+    TurnJob,
 };
 pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission};
 
@@ -108,12 +109,15 @@ struct Untagged<M> {
 
 /// `message` as it goes on the wire: its fields, tagged with its kind.
 pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
+    crate::metrics::metrics().json("serialize", M::KIND);
     serde_json::to_vec(&Tagged { kind: M::KIND, body: message })
 }
 
 /// A message of kind `M` from the wire (one parse; a kind other than `M::KIND` is an error).
 pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, String> {
-    let tagged: Untagged<M> = serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
+    crate::metrics::metrics().json("parse", M::KIND);
+    let tagged: Untagged<M> =
+        serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
     if tagged.kind != M::KIND {
         return Err(format!("a `{}` message where `{}` was expected", tagged.kind, M::KIND));
     }

@@ -87,6 +87,7 @@ impl ReplyOut {
         step: i32,
         reply: &Reply,
     ) -> Result<Self, serde_json::Error> {
+        crate::metrics::metrics().json("serialize", "reply");
         Ok(ReplyOut {
             session,
             turn_id: Some(turn_id.to_owned()),
@@ -100,7 +101,12 @@ impl ReplyOut {
     }
 
     /// A refusal of a submission: creates nothing (the session may not exist).
-    pub fn refusal(session: SessionId, turn_id: Option<&str>, tag: String, errors: Vec<ApiError>) -> Self {
+    pub fn refusal(
+        session: SessionId,
+        turn_id: Option<&str>,
+        tag: String,
+        errors: Vec<ApiError>,
+    ) -> Self {
         let reply: Reply = InvokeResult::fail(errors);
         ReplyOut {
             session,

@@ -91,7 +91,9 @@ impl Comparison {
 }
 
 fn add_usage(total: &mut Usage, usage: Option<&Value>) {
-    let Some(u) = usage.and_then(|v| serde_json::from_value::<Usage>(v.clone()).ok()) else { return };
+    let Some(u) = usage.and_then(|v| serde_json::from_value::<Usage>(v.clone()).ok()) else {
+        return;
+    };
     total.input_tokens += u.input_tokens;
     total.output_tokens += u.output_tokens;
     total.total_tokens += u.total_tokens;
@@ -106,8 +108,9 @@ fn difference(p: &ReprocessedPair) -> Option<Difference> {
     } else {
         match p.new_kind.as_str() {
             "final" => {
-                let text =
-                    |r: &Value| r["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned();
+                let text = |r: &Value| {
+                    r["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned()
+                };
                 let (a, b) = (text(&p.original_reply), text(&p.new_reply));
                 if a == b {
                     return None;
@@ -170,7 +173,8 @@ fn first_differing_line(a: &str, b: &str) -> (String, String) {
         match (la.next(), lb.next()) {
             (Some(x), Some(y)) if x == y => continue,
             (x, y) => {
-                let show = |l: Option<&str>| l.map_or_else(|| "(no line)".to_owned(), str::to_owned);
+                let show =
+                    |l: Option<&str>| l.map_or_else(|| "(no line)".to_owned(), str::to_owned);
                 return (format!("line {n}: {}", show(x)), format!("line {n}: {}", show(y)));
             }
         }
@@ -221,7 +225,10 @@ mod tests {
             pair(("final", "client_tool_continuation"), (text("a"), json!({}))),
         ];
         let c = Comparison::of(&pairs, 3, 4);
-        assert_eq!((c.identical, c.text_changed, c.kind_changed, c.round_trips_not_replayed), (1, 1, 1, 1));
+        assert_eq!(
+            (c.identical, c.text_changed, c.kind_changed, c.round_trips_not_replayed),
+            (1, 1, 1, 1)
+        );
         assert_eq!(c.examples[0].original, "line 2: b");
         assert_eq!(c.examples[0].new, "line 2: B");
         assert_eq!((c.original_usage.total_tokens, c.new_usage.total_tokens), (330, 270));
@@ -229,6 +236,9 @@ mod tests {
 
     #[test]
     fn a_shorter_text_differs_at_its_end() {
-        assert_eq!(first_differing_line("a\nb", "a"), ("line 2: b".into(), "line 2: (no line)".into()));
+        assert_eq!(
+            first_differing_line("a\nb", "a"),
+            ("line 2: b".into(), "line 2: (no line)".into())
+        );
     }
 }

@@ -155,7 +155,9 @@ impl Reprocessor {
         }
         if let Some(id) = &opts.conversation_context {
             if !self.settings.conversation_contexts.contains_key(id) {
-                return Err(ReprocessError::Options(format!("no conversation context `{id}` is configured")));
+                return Err(ReprocessError::Options(format!(
+                    "no conversation context `{id}` is configured"
+                )));
             }
         }
         if opts.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
@@ -166,7 +168,11 @@ impl Reprocessor {
     }
 
     /// Loads a turn and decides whether it can run.
-    async fn prepare(&self, opts: &Options, t: &SelectedTurn) -> Result<(Prepared<'_>, usize), StoreError> {
+    async fn prepare(
+        &self,
+        opts: &Options,
+        t: &SelectedTurn,
+    ) -> Result<(Prepared<'_>, usize), StoreError> {
         let steps = rebuild::originals(&self.store, t.session_id, &t.turn_id).await?;
         let count = steps.len();
         let Some(first) = steps.first() else {
@@ -175,10 +181,11 @@ impl Reprocessor {
         if self.store.reprocess_done(first.original.id, &opts.run).await? {
             return Ok((Prepared::AlreadyDone, count));
         }
-        let inputs = match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
-            Ok(inputs) => inputs,
-            Err(why) => return Ok((Prepared::Unavailable(why), count)),
-        };
+        let inputs =
+            match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
+                Ok(inputs) => inputs,
+                Err(why) => return Ok((Prepared::Unavailable(why), count)),
+            };
         let context = rebuild::context_for(
             &self.settings,
             &inputs.turn,
@@ -190,7 +197,8 @@ impl Reprocessor {
             (Ok(c), Ok(e)) => (c, e),
             (Err(why), _) | (_, Err(why)) => return Ok((Prepared::Unavailable(why), count)),
         };
-        let replayer = Replayer { llm: &*self.llm, endpoint, context, policy: &self.settings.assemble };
+        let replayer =
+            Replayer { llm: &*self.llm, endpoint, context, policy: &self.settings.assemble };
         Ok((Prepared::Ready(Box::new(inputs), replayer), count))
     }
 
@@ -206,7 +214,8 @@ impl Reprocessor {
         progress.set_length(turns.len() as u64);
         let limiter = RateLimiter::new(opts.rate);
         let budget = AtomicUsize::new(opts.limit.unwrap_or(usize::MAX));
-        let mut report = Report { run: opts.run.clone(), selected: turns.len(), ..Report::default() };
+        let mut report =
+            Report { run: opts.run.clone(), selected: turns.len(), ..Report::default() };
         let mut steps: HashMap<(Uuid, String), usize> = HashMap::new();
         let (limiter, budget) = (&limiter, &budget);
         let mut results = futures_util::stream::iter(&turns)
@@ -261,7 +270,8 @@ impl Reprocessor {
             Ok((Prepared::Unavailable(why), n)) => return (Outcome::Unavailable(why), n),
             Ok((Prepared::Ready(inputs, replayer), n)) => (inputs, replayer, n),
         };
-        let claimed = budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok();
+        let claimed =
+            budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok();
         if !claimed {
             return (Outcome::Left, count);
         }
@@ -298,7 +308,8 @@ impl Reprocessor {
         for p in &pairs {
             *per_turn.entry((p.session_id, p.turn_id.clone())).or_default() += 1;
         }
-        let originals: usize = per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
+        let originals: usize =
+            per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
         Ok(Comparison::of(&pairs, per_turn.len(), originals))
     }
 }

@@ -99,8 +99,9 @@ impl Reprocessor {
                 }
                 Prepared::Ready(inputs, replayer) => {
                     budget -= 1;
-                    let first = user_request(&inputs, &replayer.context, replayer.policy, Utc::now())
-                        .map_or(0, |a| estimate(&a.body));
+                    let first =
+                        user_request(&inputs, &replayer.context, replayer.policy, Utc::now())
+                            .map_or(0, |a| estimate(&a.body));
                     let later: u64 = inputs
                         .steps
                         .iter()
@@ -138,7 +139,11 @@ impl fmt::Display for DryRun {
             self.turns.len()
         )?;
         for t in self.turns.iter().take(SHOWN) {
-            write!(f, "  {} {} ({} round trips): {}", t.session_id, t.turn_id, t.round_trips, t.status)?;
+            write!(
+                f,
+                "  {} {} ({} round trips): {}",
+                t.session_id, t.turn_id, t.round_trips, t.status
+            )?;
             match (&t.reason, &t.model) {
                 (Some(reason), _) => writeln!(f, ": {reason}")?,
                 (None, Some(model)) => writeln!(

@@ -16,8 +16,9 @@ pub(crate) struct RateLimiter {
 impl RateLimiter {
     /// At most `per_second` starts per second; `None` (or a non-positive rate) is unlimited.
     pub(crate) fn new(per_second: Option<f64>) -> Self {
-        let interval =
-            per_second.filter(|r| r.is_finite() && *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
+        let interval = per_second
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .map(|r| Duration::from_secs_f64(1.0 / r));
         RateLimiter { interval, next: Mutex::new(None) }
     }
 
@@ -48,7 +49,10 @@ mod tests {
         }
         // Five starts at 20 ms intervals: the fifth starts 80 ms after the first.
         let elapsed = start.elapsed();
-        assert!(elapsed >= Duration::from_millis(80) && elapsed < Duration::from_millis(500), "{elapsed:?}");
+        assert!(
+            elapsed >= Duration::from_millis(80) && elapsed < Duration::from_millis(500),
+            "{elapsed:?}"
+        );
         let unlimited = RateLimiter::new(None);
         let start = Instant::now();
         for _ in 0..100 {

@@ -21,12 +21,14 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::assemble::{
-    assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ProviderAnswer, SessionState,
-    TurnInput,
+    assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ProviderAnswer,
+    SessionState, TurnInput,
 };
 use crate::chunk::Chunk;
 use crate::config::{ConversationContext, Settings};
-use crate::contracts::{Outcome, ToolCall, ToolContinuation, ToolResult, UserTurn, ValidatedRequest};
+use crate::contracts::{
+    Outcome, ToolCall, ToolContinuation, ToolResult, UserTurn, ValidatedRequest,
+};
 use crate::messages::{Answer, PersistJob, RoundTrip, SavedRoundTrip};
 use crate::store::{OriginalStep, Store, StoreError};
 
@@ -91,7 +93,8 @@ pub(crate) async fn load(
     let Some(job) = &first.job else {
         return Ok(Err("the turn never reached the model (no saved request)".into()));
     };
-    let (ValidatedRequest::UserTurn(turn), Some(assembled)) = (&job.job.turn, &job.assembled) else {
+    let (ValidatedRequest::UserTurn(turn), Some(assembled)) = (&job.job.turn, &job.assembled)
+    else {
         return Ok(Err("the saved round trip has no assembled user turn".into()));
     };
     let earlier = store.saved_steps_before(session, first.original.seq, 0).await?;
@@ -131,9 +134,15 @@ pub(crate) fn replay_state(saved: &[Value], policy: &AssemblePolicy) -> SessionS
 pub(crate) fn provider_answer(answer: &Answer) -> ProviderAnswer {
     let outcome = match &answer.outcome {
         Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
-        Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
+        Outcome::ClientToolContinuation(c) => {
+            AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() }
+        }
     };
-    ProviderAnswer { response_id: answer.response_id.clone(), created_at: answer.created_at, outcome }
+    ProviderAnswer {
+        response_id: answer.response_id.clone(),
+        created_at: answer.created_at,
+        outcome,
+    }
 }
 
 /// The ConversationContext a turn runs with: `--conversation-context` or the turn's own, with
@@ -166,8 +175,9 @@ pub(crate) fn user_request(
     now: DateTime<Utc>,
 ) -> Result<Assembled, String> {
     let turn = TurnInput::User { turn: &inputs.turn, chunks: &inputs.chunks };
-    let mut assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
-        .map_err(|e| e.to_string())?;
+    let mut assembled =
+        assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
+            .map_err(|e| e.to_string())?;
     assembled.body["stream"] = Value::Bool(false);
     Ok(assembled)
 }
@@ -203,7 +213,8 @@ pub(crate) fn continuation_request(
         })
         .collect();
     let continuation = ToolContinuation { key: sent.key().clone(), results };
-    let turn = TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
+    let turn =
+        TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
     let mut assembled =
         assemble(AssembleInput { state, context, policy, now, turn }).map_err(|e| e.to_string())?;
     assembled.body["stream"] = Value::Bool(false);

@@ -2,8 +2,6 @@
 //! the provider's answer and the reply the client would have got (never published). It is
 //! linked to the original record it reprocesses.
 
-use serde_json::{json, Value};
-
 use super::rebuild::{StepInput, TurnInputs};
 use crate::assemble::Assembled;
 use crate::config::ConversationContext;
@@ -29,7 +27,7 @@ pub(crate) fn answered(
     answer: &Answer,
     context: &ConversationContext,
     owed: &[UserWarning],
-) -> LinkedRecord {
+) -> Result<LinkedRecord, serde_json::Error> {
     let outcome = with_owed_warnings(answer.outcome.clone(), owed);
     let kind = match outcome {
         Outcome::Final(_) => "final",
@@ -41,11 +39,11 @@ pub(crate) fn answered(
         mode_display_name: context.mode_display_name.clone(),
         outcome,
     });
-    let mut record = base(inputs, assembled, kind, reply);
+    let mut record = base(inputs, assembled, kind, reply)?;
     record.provider_response_id = Some(answer.response_id.clone());
     record.response_payload = Some(answer.raw.clone());
-    record.usage = answer.usage.and_then(|u| serde_json::to_value(u).ok());
-    link(inputs, step, record)
+    record.usage = answer.usage.map(serde_json::to_value).transpose()?;
+    Ok(link(inputs, step, record))
 }
 
 /// The record of a round trip the model did not answer usefully (refused, failed, unreadable).
@@ -54,21 +52,21 @@ pub(crate) fn failed(
     step: &StepInput,
     assembled: &Assembled,
     error: &LlmError,
-) -> LinkedRecord {
+) -> Result<LinkedRecord, serde_json::Error> {
     let errors = vec![ApiError::new(error.code(), error.to_string())];
-    let mut record = base(inputs, assembled, "error", InvokeResult::fail(errors.clone()));
-    record.errors = serde_json::to_value(&errors).unwrap_or_else(|_| json!([]));
+    let mut record = base(inputs, assembled, "error", InvokeResult::fail(errors.clone()))?;
+    record.errors = serde_json::to_value(&errors)?;
     record.response_payload = error.raw_response().cloned();
-    link(inputs, step, record)
+    Ok(link(inputs, step, record))
 }
 
-fn base(inputs: &TurnInputs, assembled: &Assembled, kind: &str, reply: Reply) -> NewRecord {
-    NewRecord::base(
-        Some(&inputs.turn),
-        Some(assembled),
-        kind,
-        serde_json::to_value(&reply).unwrap_or(Value::Null),
-    )
+fn base(
+    inputs: &TurnInputs,
+    assembled: &Assembled,
+    kind: &str,
+    reply: Reply,
+) -> Result<NewRecord, serde_json::Error> {
+    NewRecord::base(Some(&inputs.turn), Some(assembled), kind, serde_json::to_value(&reply)?)
 }
 
 fn link(inputs: &TurnInputs, step: &StepInput, record: NewRecord) -> LinkedRecord {

@@ -125,7 +125,11 @@ impl fmt::Display for Report {
             }
         }
         if self.failed > 0 || self.left > 0 {
-            writeln!(f, "  run `aptix reprocess --run {}` with the same selection to finish", self.run)?;
+            writeln!(
+                f,
+                "  run `aptix reprocess --run {}` with the same selection to finish",
+                self.run
+            )?;
         }
         Ok(())
     }
@@ -139,8 +143,14 @@ mod tests {
     fn shows_counts_changes_and_how_to_finish() {
         assert_eq!(change(330, 270), "330 → 270 (-18.2%)");
         assert_eq!(change(0, 12), "0 → 12");
-        let report =
-            Report { run: "r".into(), selected: 3, done: 1, failed: 1, left: 1, ..Report::default() };
+        let report = Report {
+            run: "r".into(),
+            selected: 3,
+            done: 1,
+            failed: 1,
+            left: 1,
+            ..Report::default()
+        };
         let shown = report.to_string();
         assert!(shown.contains("1 done, 0 skipped"), "{shown}");
         assert!(shown.contains("run `aptix reprocess --run r`"), "{shown}");

@@ -29,8 +29,10 @@ pub struct Selection {
 impl Selection {
     /// The store query for this selection, after checking it selects deliberately.
     pub fn to_selector(&self) -> Result<TurnSelector, ReprocessError> {
-        let narrowed =
-            self.session.is_some() || self.since.is_some() || self.until.is_some() || self.turns.is_some();
+        let narrowed = self.session.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.turns.is_some();
         if !narrowed && !self.all {
             return Err(ReprocessError::Options(
                 "select turns with --session, --since, --until or --turns (or --all for every stored turn)"
@@ -48,10 +50,9 @@ impl Selection {
             session: self.session.map(|s| s.as_uuid()),
             since: self.since,
             until: self.until,
-            turns: self
-                .turns
-                .as_ref()
-                .map(|list| list.iter().map(|(s, t)| (s.as_uuid(), t.as_str().to_owned())).collect()),
+            turns: self.turns.as_ref().map(|list| {
+                list.iter().map(|(s, t)| (s.as_uuid(), t.as_str().to_owned())).collect()
+            }),
         })
     }
 }
@@ -68,12 +69,17 @@ pub fn parse_turn_list(text: &str) -> Result<Vec<(SessionId, TurnId)>, Reprocess
         let (session, turn) = if line.starts_with('{') {
             json_pair(line).map_err(bad)?
         } else {
-            let fields: Vec<&str> =
-                line.split(|c: char| c.is_whitespace() || c == ',').filter(|f| !f.is_empty()).collect();
+            let fields: Vec<&str> = line
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter(|f| !f.is_empty())
+                .collect();
             match fields[..] {
                 [s, t] => (s.to_owned(), t.to_owned()),
                 _ => {
-                    return Err(bad(format!("expected `SESSION_ID TURN_ID`, found {} fields", fields.len())))
+                    return Err(bad(format!(
+                        "expected `SESSION_ID TURN_ID`, found {} fields",
+                        fields.len()
+                    )))
                 }
             }
         };
@@ -109,7 +115,9 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .map(|t| t.and_utc())
         .ok_or_else(|| {
-            format!("`{text}` is not an RFC 3339 time (2025-01-31T12:00:00Z) or a date (2025-01-31)")
+            format!(
+                "`{text}` is not an RFC 3339 time (2025-01-31T12:00:00Z) or a date (2025-01-31)"
+            )
         })
 }
 

@@ -56,7 +56,14 @@ impl Replayer<'_> {
             } else {
                 // A later round trip answers tool calls: only when the new run asked for them too.
                 let (Some(asked), Some(job)) = (calls.take(), step.job.as_ref()) else { break };
-                match continuation_request(&state, job, &asked, &self.context, self.policy, Utc::now()) {
+                match continuation_request(
+                    &state,
+                    job,
+                    &asked,
+                    &self.context,
+                    self.policy,
+                    Utc::now(),
+                ) {
                     Ok(a) => a,
                     Err(reason) => {
                         debug!(turn = %inputs.turn.key().turn_id, step = step.original.step, %reason, "round trip not replayed");
@@ -64,19 +71,25 @@ impl Replayer<'_> {
                     }
                 }
             };
-            let request = LlmRequest { endpoint: &self.endpoint, body: &assembled.body, deltas: None };
+            let request =
+                LlmRequest { endpoint: &self.endpoint, body: &assembled.body, deltas: None };
             match self.llm.create_response(request).await {
                 Ok(response) => {
                     let answer = crate::messages::Answer::from(response);
-                    state = state.apply_answer(&assembled.update, &provider_answer(&answer), self.policy);
+                    state = state.apply_answer(
+                        &assembled.update,
+                        &provider_answer(&answer),
+                        self.policy,
+                    );
                     if let Outcome::ClientToolContinuation(c) = &answer.outcome {
                         calls = Some(c.tool_calls().to_vec());
                     }
                     owed.extend(step_warnings(step, &assembled));
-                    records.push(answered(inputs, step, &assembled, &answer, &self.context, &owed));
+                    let record = answered(inputs, step, &assembled, &answer, &self.context, &owed);
+                    records.push(record.map_err(|e| e.to_string())?);
                 }
                 Err(e) if is_model_outcome(&e) => {
-                    records.push(failed(inputs, step, &assembled, &e));
+                    records.push(failed(inputs, step, &assembled, &e).map_err(|e| e.to_string())?);
                     break;
                 }
                 Err(e) => return Err(e.to_string()),

@@ -38,7 +38,8 @@ impl Bm25Encoder {
     pub fn new() -> Result<Self, RetrieveError> {
         let avg = NotNan::new(AVG_DOC_TOKENS).map_err(|e| RetrieveError::Config(e.to_string()))?;
         let config = EdgeBm25Config { avg_len: avg, ..EdgeBm25Config::default() };
-        let inner = EdgeBm25::new(config).map_err(|e| RetrieveError::Config(format!("bm25: {e}")))?;
+        let inner =
+            EdgeBm25::new(config).map_err(|e| RetrieveError::Config(format!("bm25: {e}")))?;
         Ok(Bm25Encoder { inner: std::sync::Arc::new(inner) })
     }
 

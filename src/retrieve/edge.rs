@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use qdrant_edge::{
     CountRequest, CreateIndex, Distance, EdgeConfig, EdgeOptimizersConfig, EdgeShard,
     EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldIndexOperations, Modifier,
-    PayloadFieldSchema, PayloadSchemaType, PointId, PointInsertOperations, PointOperations, ScrollRequest,
-    UpdateOperation,
+    PayloadFieldSchema, PayloadSchemaType, PointId, PointInsertOperations, PointOperations,
+    ScrollRequest, UpdateOperation,
 };
 
 use super::edge_ops;
@@ -74,7 +74,11 @@ impl EdgeStore {
     /// Opens (or creates) the shard of `collection` under `data_dir`, once per process.
     /// `dense` is the dense dimension to create a new collection with; an existing collection
     /// keeps its own layout. Blocking: call from a blocking context or use [`Self::open_async`].
-    pub fn open(data_dir: &Path, collection: &str, dense: Option<usize>) -> Result<Self, RetrieveError> {
+    pub fn open(
+        data_dir: &Path,
+        collection: &str,
+        dense: Option<usize>,
+    ) -> Result<Self, RetrieveError> {
         let dir = data_dir.join(collection);
         std::fs::create_dir_all(&dir).map_err(|e| RetrieveError::storage(&dir, e))?;
         let key = dir.canonicalize().map_err(|e| RetrieveError::storage(&dir, e))?;
@@ -121,7 +125,8 @@ fn open_shard(path: &Path, dense: Option<usize>) -> Result<Inner, RetrieveError>
             EdgeSparseVectorParamsBuilder::new().modifier(Modifier::Idf).build(),
         );
         if let Some(dim) = dense {
-            config = config.vector(DENSE_VECTOR, EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build());
+            config = config
+                .vector(DENSE_VECTOR, EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build());
         }
         EdgeShard::new(path, config.build())
     };
@@ -153,8 +158,9 @@ fn open_shard(path: &Path, dense: Option<usize>) -> Result<Inner, RetrieveError>
     }
     if !existing {
         for field in INDEXED_KEYWORD_FIELDS {
-            let field_name =
-                field.parse().map_err(|_| RetrieveError::Config(format!("bad payload path {field}")))?;
+            let field_name = field
+                .parse()
+                .map_err(|_| RetrieveError::Config(format!("bad payload path {field}")))?;
             let op = FieldIndexOperations::CreateIndex(CreateIndex {
                 field_name,
                 field_schema: Some(PayloadFieldSchema::FieldType(PayloadSchemaType::Keyword)),
@@ -166,7 +172,12 @@ fn open_shard(path: &Path, dense: Option<usize>) -> Result<Inner, RetrieveError>
         shard.flush();
     }
     tracing::debug!(path = %path.display(), existing, dense = ?stored_dense, "embedded shard opened");
-    Ok(Inner { path: path.to_path_buf(), shard, writes: Mutex::new(Pending::default()), dense: stored_dense })
+    Ok(Inner {
+        path: path.to_path_buf(),
+        shard,
+        writes: Mutex::new(Pending::default()),
+        dense: stored_dense,
+    })
 }
 
 /// Upserted points since the last flush and the last optimisation.
@@ -180,7 +191,11 @@ impl Inner {
     /// Applies `ops`; flushes when `upserted` pushes the unflushed count past [`FLUSH_EVERY`],
     /// or always when `upserted` is `None` (deletes and explicit flushes), and optimises past
     /// [`OPTIMIZE_EVERY`] or on an explicit flush after upserts.
-    fn write(&self, ops: Vec<UpdateOperation>, upserted: Option<usize>) -> Result<(), RetrieveError> {
+    fn write(
+        &self,
+        ops: Vec<UpdateOperation>,
+        upserted: Option<usize>,
+    ) -> Result<(), RetrieveError> {
         let mut pending = self.writes.lock().map_err(|e| RetrieveError::Task(e.to_string()))?;
         for op in ops {
             self.shard.update(op).map_err(|e| RetrieveError::storage(&self.path, e))?;
@@ -218,8 +233,11 @@ impl VectorStore for EdgeStore {
         let dense_ok = self.inner.dense.is_some();
         self.blocking(move |inner| {
             let request = edge_ops::query_request(&query, dense_ok)?;
-            let hits = inner.shard.query(request).map_err(|e| RetrieveError::storage(&inner.path, e))?;
-            hits.into_iter().map(|p| edge_ops::scored_chunk(p.payload, p.score, &inner.path)).collect()
+            let hits =
+                inner.shard.query(request).map_err(|e| RetrieveError::storage(&inner.path, e))?;
+            hits.into_iter()
+                .map(|p| edge_ops::scored_chunk(p.payload, p.score, &inner.path))
+                .collect()
         })
         .await
     }
@@ -249,9 +267,14 @@ impl VectorStore for EdgeStore {
             return Ok(());
         }
         self.blocking(move |inner| {
-            let ids =
-                chunk_ids.iter().map(|id| edge_ops::point_id(id)).collect::<Result<Vec<PointId>, _>>()?;
-            inner.write(vec![UpdateOperation::PointOperation(PointOperations::DeletePoints { ids })], None)
+            let ids = chunk_ids
+                .iter()
+                .map(|id| edge_ops::point_id(id))
+                .collect::<Result<Vec<PointId>, _>>()?;
+            inner.write(
+                vec![UpdateOperation::PointOperation(PointOperations::DeletePoints { ids })],
+                None,
+            )
         })
         .await
     }
@@ -270,8 +293,10 @@ impl VectorStore for EdgeStore {
                     with_payload: Some(edge_ops::payload_fields(&["chunk_id", "path"])?),
                     ..Default::default()
                 };
-                let (records, next) =
-                    inner.shard.scroll(request).map_err(|e| RetrieveError::storage(&inner.path, e))?;
+                let (records, next) = inner
+                    .shard
+                    .scroll(request)
+                    .map_err(|e| RetrieveError::storage(&inner.path, e))?;
                 for r in records {
                     if let Some(stored) = edge_ops::stored_chunk(r.payload) {
                         out.insert(stored.chunk_id.clone(), stored);
@@ -300,5 +325,7 @@ impl VectorStore for EdgeStore {
 }
 
 fn upsert_op(batch: Vec<qdrant_edge::PointStructPersisted>) -> UpdateOperation {
-    UpdateOperation::PointOperation(PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)))
+    UpdateOperation::PointOperation(PointOperations::UpsertPoints(
+        PointInsertOperations::PointsList(batch),
+    ))
 }

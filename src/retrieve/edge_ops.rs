@@ -5,8 +5,8 @@ use std::path::Path;
 use qdrant_edge::external::serde_json;
 use qdrant_edge::{
     Fusion, JsonPath, NamedQuery, Payload, PayloadSelector, PayloadSelectorInclude, PointId,
-    PointStructPersisted, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector, VectorInternal,
-    VectorPersisted, VectorStructPersisted, WithPayloadInterface, WithVector,
+    PointStructPersisted, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector,
+    VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface, WithVector,
 };
 
 use super::filter;
@@ -31,7 +31,10 @@ pub(super) fn point_id(chunk_id: &str) -> Result<PointId, RetrieveError> {
 pub(super) fn payload_fields(fields: &[&str]) -> Result<WithPayloadInterface, RetrieveError> {
     let include = fields
         .iter()
-        .map(|f| f.parse::<JsonPath>().map_err(|_| RetrieveError::Config(format!("bad payload path {f}"))))
+        .map(|f| {
+            f.parse::<JsonPath>()
+                .map_err(|_| RetrieveError::Config(format!("bad payload path {f}")))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(WithPayloadInterface::Selector(PayloadSelector::Include(PayloadSelectorInclude { include })))
 }
@@ -50,13 +53,18 @@ pub(super) fn point(p: ChunkPoint, dense_ok: bool) -> Result<PointStructPersiste
         Ok(_) => return Err(RetrieveError::Config("chunk payload is not a JSON object".into())),
         Err(e) => return Err(RetrieveError::Config(e.to_string())),
     };
-    Ok(PointStructPersisted { id, vector: VectorStructPersisted::Named(vectors), payload: Some(payload) })
+    Ok(PointStructPersisted {
+        id,
+        vector: VectorStructPersisted::Named(vectors),
+        payload: Some(payload),
+    })
 }
 
 /// The Edge query: BM25 alone, or BM25 and dense fused by RRF.
 pub(super) fn query_request(q: &StoreQuery, dense_ok: bool) -> Result<QueryRequest, RetrieveError> {
     let filter = filter::to_edge(&q.filter)?;
-    let sparse = SparseVector { indices: q.sparse.indices.clone(), values: q.sparse.values.clone() };
+    let sparse =
+        SparseVector { indices: q.sparse.indices.clone(), values: q.sparse.values.clone() };
     let sparse_q = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery::new(
         VectorInternal::Sparse(sparse),
         SPARSE_VECTOR,
@@ -75,7 +83,10 @@ pub(super) fn query_request(q: &StoreQuery, dense_ok: bool) -> Result<QueryReque
                 filter: None,
                 score_threshold: None,
             };
-            (vec![pf(sparse_q), pf(dense_q)], ScoringQuery::Fusion(Fusion::Rrf { k: RRF_K, weights: None }))
+            (
+                vec![pf(sparse_q), pf(dense_q)],
+                ScoringQuery::Fusion(Fusion::Rrf { k: RRF_K, weights: None }),
+            )
         }
         _ => (vec![], sparse_q),
     };

@@ -42,10 +42,15 @@ impl Embedder {
             return Ok(None);
         };
         if v.embeddings_dimension == 0 {
-            return Err(RetrieveError::Config("vector.embeddings_dimension must be at least 1".into()));
+            return Err(RetrieveError::Config(
+                "vector.embeddings_dimension must be at least 1".into(),
+            ));
         }
-        let api_key =
-            v.embeddings_api_key.as_ref().or(settings.llm.api_key.as_ref()).map(|k| k.expose().to_owned());
+        let api_key = v
+            .embeddings_api_key
+            .as_ref()
+            .or(settings.llm.api_key.as_ref())
+            .map(|k| k.expose().to_owned());
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(v.timeout_secs.max(1) * 3))
             .connect_timeout(Duration::from_secs(v.connect_timeout_secs.max(1)))
@@ -80,7 +85,8 @@ impl Embedder {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let fail = |message: String, retryable: bool| RetrieveError::Embedding { message, retryable };
+        let fail =
+            |message: String, retryable: bool| RetrieveError::Embedding { message, retryable };
         // Error texts may reach a client once retries run out: no URL (it may carry a key) and
         // no provider text (it may name the account); the provider's words go to the log.
         let response = request.send().await.map_err(|e| fail(e.without_url().to_string(), true))?;
@@ -93,12 +99,17 @@ impl Embedder {
             warn!(status = status.as_u16(), provider_error = %error, "embeddings endpoint refused the request");
             return Err(fail(format!("HTTP {} ({code})", status.as_u16()), retryable));
         }
-        let parsed: EmbeddingsResponse = response.json().await.map_err(|e| fail(e.to_string(), false))?;
+        let parsed: EmbeddingsResponse =
+            response.json().await.map_err(|e| fail(e.to_string(), false))?;
         let mut vectors = vec![Vec::new(); texts.len()];
         for item in parsed.data {
             if item.embedding.len() != self.dimension {
                 return Err(fail(
-                    format!("embedding has dimension {}, expected {}", item.embedding.len(), self.dimension),
+                    format!(
+                        "embedding has dimension {}, expected {}",
+                        item.embedding.len(),
+                        self.dimension
+                    ),
                     false,
                 ));
             }
@@ -107,7 +118,10 @@ impl Embedder {
             }
         }
         if vectors.iter().any(Vec::is_empty) {
-            return Err(fail(format!("the endpoint returned fewer than {} embeddings", texts.len()), false));
+            return Err(fail(
+                format!("the endpoint returned fewer than {} embeddings", texts.len()),
+                false,
+            ));
         }
         Ok(vectors)
     }

@@ -88,7 +88,9 @@ impl From<qdrant_client::QdrantError> for RetrieveError {
             Q::ResponseError { status } if RETRYABLE.contains(&i32::from(status.code())) => {
                 RetrieveError::Unavailable(e.to_string())
             }
-            Q::ResourceExhaustedError { .. } | Q::Io(_) => RetrieveError::Unavailable(e.to_string()),
+            Q::ResourceExhaustedError { .. } | Q::Io(_) => {
+                RetrieveError::Unavailable(e.to_string())
+            }
             _ => RetrieveError::Rejected(e.to_string()),
         }
     }

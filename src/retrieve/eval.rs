@@ -61,7 +61,8 @@ pub fn parse_queries(text: &str) -> Result<Vec<EvalQuery>, String> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, l)| {
-            let q: EvalQuery = serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1))?;
+            let q: EvalQuery =
+                serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1))?;
             if q.expected_paths.is_empty() {
                 return Err(format!("line {}: expected_paths is empty", i + 1));
             }
@@ -74,7 +75,8 @@ pub fn parse_queries(text: &str) -> Result<Vec<EvalQuery>, String> {
 pub fn score(query: &EvalQuery, returned: Vec<String>) -> QueryResult {
     let expected: HashSet<&str> = query.expected_paths.iter().map(String::as_str).collect();
     let first_hit = returned.iter().position(|p| expected.contains(p.as_str())).map(|i| i + 1);
-    let found: HashSet<&str> = returned.iter().map(String::as_str).filter(|p| expected.contains(p)).collect();
+    let found: HashSet<&str> =
+        returned.iter().map(String::as_str).filter(|p| expected.contains(p)).collect();
     let recall = found.len() as f64 / expected.len() as f64;
     QueryResult { query: query.query.clone(), first_hit, recall, returned }
 }
@@ -117,7 +119,11 @@ mod tests {
 
     #[test]
     fn scoring_counts_ranks_and_recall() {
-        let q = EvalQuery { query: "x".into(), repo: None, expected_paths: vec!["a".into(), "b".into()] };
+        let q = EvalQuery {
+            query: "x".into(),
+            repo: None,
+            expected_paths: vec!["a".into(), "b".into()],
+        };
         let r = score(&q, vec!["c".into(), "b".into(), "b".into()]);
         assert_eq!(r.first_hit, Some(2));
         assert!((r.recall - 0.5).abs() < 1e-9);

@@ -57,7 +57,8 @@ impl FilterSpec {
 
 /// The payload field a `RagScope` key refers to, if any.
 pub fn payload_field(key: &str) -> Option<&'static str> {
-    let k: String = key.chars().filter(|c| !matches!(c, '_' | '-' | ' ')).collect::<String>().to_lowercase();
+    let k: String =
+        key.chars().filter(|c| !matches!(c, '_' | '-' | ' ')).collect::<String>().to_lowercase();
     match k.as_str() {
         "path" | "file" | "filepath" | "relativepath" => Some("path"),
         "language" | "lang" => Some("language"),
@@ -85,13 +86,16 @@ pub fn build(repo: Option<&str>, scope: &[ScopeCondition]) -> (FilterSpec, Vec<U
             continue;
         };
         // Language tags are stored lower-case; let `Rust` match `rust`.
-        let norm = |v: &String| if field == "language" { v.trim().to_lowercase() } else { v.clone() };
+        let norm =
+            |v: &String| if field == "language" { v.trim().to_lowercase() } else { v.clone() };
         let values: Vec<String> = cond.values().iter().map(norm).collect();
         match cond.operator() {
             ScopeOperator::Eq => spec.must.push(Cond::Keyword { field, values }),
             ScopeOperator::Ne => spec.must_not.push(Cond::Keyword { field, values }),
             ScopeOperator::Contains => spec.must.extend(values.iter().map(|v| contains(field, v))),
-            ScopeOperator::DoesNotContain => spec.must_not.extend(values.iter().map(|v| contains(field, v))),
+            ScopeOperator::DoesNotContain => {
+                spec.must_not.extend(values.iter().map(|v| contains(field, v)))
+            }
         }
     }
     (spec, warnings)
@@ -123,11 +127,13 @@ pub fn to_edge(spec: &FilterSpec) -> Result<Option<qdrant_edge::Filter>, Retriev
                         (*field, Match::from(values[0].clone()))
                     }
                     Cond::Keyword { field, values } => (*field, Match::from(values.clone())),
-                    Cond::Substring { field, value } => (*field, Match::Text(MatchText::from(value.clone()))),
+                    Cond::Substring { field, value } => {
+                        (*field, Match::Text(MatchText::from(value.clone())))
+                    }
                 };
-                let key = field
-                    .parse::<JsonPath>()
-                    .map_err(|_| RetrieveError::Config(format!("`{field}` is not a payload path")))?;
+                let key = field.parse::<JsonPath>().map_err(|_| {
+                    RetrieveError::Config(format!("`{field}` is not a payload path"))
+                })?;
                 Ok(Condition::Field(FieldCondition::new_match(key, m)))
             })
             .collect::<Result<Vec<_>, _>>()
@@ -159,7 +165,11 @@ pub fn to_server(spec: &FilterSpec) -> Option<qdrant_client::qdrant::Filter> {
             })
             .collect()
     };
-    Some(Filter { must: convert(&spec.must), must_not: convert(&spec.must_not), ..Default::default() })
+    Some(Filter {
+        must: convert(&spec.must),
+        must_not: convert(&spec.must_not),
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]

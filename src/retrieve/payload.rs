@@ -40,7 +40,14 @@ pub struct ChunkPayload {
 
 impl ChunkPayload {
     /// Builds the payload of a chunk, deriving id, hash and path keywords.
-    pub fn new(repo: &str, path: &str, start_line: u32, end_line: u32, language: &str, text: String) -> Self {
+    pub fn new(
+        repo: &str,
+        path: &str,
+        start_line: u32,
+        end_line: u32,
+        language: &str,
+        text: String,
+    ) -> Self {
         let content_hash = hex::encode(Sha256::digest(text.as_bytes()));
         ChunkPayload {
             chunk_id: chunk_id(repo, path, start_line, end_line, &content_hash),
@@ -75,7 +82,13 @@ impl ChunkPayload {
 ///
 /// The span is part of the id because it is part of the payload: a chunk whose lines moved must
 /// be rewritten, while an unchanged chunk keeps its id and is never rewritten.
-pub fn chunk_id(repo: &str, path: &str, start_line: u32, end_line: u32, content_hash: &str) -> String {
+pub fn chunk_id(
+    repo: &str,
+    path: &str,
+    start_line: u32,
+    end_line: u32,
+    content_hash: &str,
+) -> String {
     let mut h = Sha256::new();
     for part in [repo, path, &start_line.to_string(), &end_line.to_string(), content_hash] {
         h.update(part.as_bytes());

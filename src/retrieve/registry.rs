@@ -92,9 +92,9 @@ impl Retrieval {
         }
         let dense = self.inner.embedder.as_ref().map(Embedder::dimension);
         let store: Arc<dyn VectorStore> = match &self.inner.backend {
-            Backend::Embedded { data_dir } => {
-                Arc::new(EdgeStore::open_async(data_dir.clone(), collection.to_owned(), dense).await?)
-            }
+            Backend::Embedded { data_dir } => Arc::new(
+                EdgeStore::open_async(data_dir.clone(), collection.to_owned(), dense).await?,
+            ),
             Backend::Server(conn) => Arc::new(ServerStore::open(conn, collection, dense).await?),
         };
         stores.insert(collection.to_owned(), Arc::clone(&store));
@@ -141,7 +141,12 @@ impl Retrieval {
         }
         let hybrid = dense.is_some();
         let hits = store
-            .query(StoreQuery { sparse, dense, filter: spec, limit: select::fetch_limit(req.top_k) })
+            .query(StoreQuery {
+                sparse,
+                dense,
+                filter: spec,
+                limit: select::fetch_limit(req.top_k),
+            })
             .await?;
         let found = hits.len();
         let chunks = select::select(hits, req.top_k, req.budget_chars);

@@ -58,8 +58,11 @@ mod tests {
 
     #[test]
     fn orders_dedups_and_keeps_overlaps_separate() {
-        let hits =
-            vec![chunk("b", (5, 20), 10, 0.5), chunk("a", (1, 10), 10, 0.9), chunk("a", (1, 10), 10, 0.9)];
+        let hits = vec![
+            chunk("b", (5, 20), 10, 0.5),
+            chunk("a", (1, 10), 10, 0.9),
+            chunk("a", (1, 10), 10, 0.9),
+        ];
         let out = select(hits, 8, 1000);
         let ids: Vec<_> = out.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
@@ -68,7 +71,9 @@ mod tests {
 
     #[test]
     fn top_k_and_budget_bound_the_result() {
-        let hits = (0..10).map(|i| chunk(&i.to_string(), (i, i), 100, 10.0 - i as f32)).collect::<Vec<_>>();
+        let hits = (0..10)
+            .map(|i| chunk(&i.to_string(), (i, i), 100, 10.0 - i as f32))
+            .collect::<Vec<_>>();
         assert_eq!(select(hits.clone(), 3, 10_000).len(), 3);
         assert_eq!(select(hits.clone(), 10, 250).len(), 2);
         let mut big_first = hits;

@@ -9,10 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use qdrant_client::qdrant::{
     vectors_config, CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
-    DeletePointsBuilder, Distance, FieldType, Modifier, NamedVectors, PayloadIncludeSelector, PointId,
-    PointStruct, PointsIdsList, PrefetchQueryBuilder, Query, QueryPointsBuilder, RrfBuilder,
-    ScrollPointsBuilder, SparseVectorConfig, SparseVectorParams, UpsertPointsBuilder, Vector, VectorInput,
-    VectorParamsBuilder, VectorsConfigBuilder,
+    DeletePointsBuilder, Distance, FieldType, Modifier, NamedVectors, PayloadIncludeSelector,
+    PointId, PointStruct, PointsIdsList, PrefetchQueryBuilder, Query, QueryPointsBuilder,
+    RrfBuilder, ScrollPointsBuilder, SparseVectorConfig, SparseVectorParams, UpsertPointsBuilder,
+    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder,
 };
 use qdrant_client::{Payload, Qdrant};
 
@@ -110,8 +110,12 @@ impl ServerStore {
             for field in INDEXED_KEYWORD_FIELDS {
                 client
                     .create_field_index(
-                        CreateFieldIndexCollectionBuilder::new(collection, field, FieldType::Keyword)
-                            .wait(true),
+                        CreateFieldIndexCollectionBuilder::new(
+                            collection,
+                            field,
+                            FieldType::Keyword,
+                        )
+                        .wait(true),
                     )
                     .await?;
             }
@@ -122,7 +126,9 @@ impl ServerStore {
             if want != have {
                 return Err(RetrieveError::Incompatible {
                     collection: collection.to_owned(),
-                    message: format!("dense vectors have dimension {have}, configuration says {want}"),
+                    message: format!(
+                        "dense vectors have dimension {have}, configuration says {want}"
+                    ),
                 });
             }
         }
@@ -132,9 +138,12 @@ impl ServerStore {
 
 async fn dense_size(client: &Qdrant, collection: &str) -> Result<Option<usize>, RetrieveError> {
     let info = client.collection_info(collection).await?;
-    let config = info.result.and_then(|r| r.config).and_then(|c| c.params).and_then(|p| p.vectors_config);
+    let config =
+        info.result.and_then(|r| r.config).and_then(|c| c.params).and_then(|p| p.vectors_config);
     Ok(match config.and_then(|c| c.config) {
-        Some(vectors_config::Config::ParamsMap(m)) => m.map.get(DENSE_VECTOR).map(|p| p.size as usize),
+        Some(vectors_config::Config::ParamsMap(m)) => {
+            m.map.get(DENSE_VECTOR).map(|p| p.size as usize)
+        }
         _ => None,
     })
 }
@@ -161,7 +170,8 @@ impl VectorStore for ServerStore {
 
     async fn query(&self, q: StoreQuery) -> Result<Vec<Chunk>, RetrieveError> {
         let sparse = || VectorInput::new_sparse(q.sparse.indices.clone(), q.sparse.values.clone());
-        let mut request = QueryPointsBuilder::new(&self.collection).limit(q.limit as u64).with_payload(true);
+        let mut request =
+            QueryPointsBuilder::new(&self.collection).limit(q.limit as u64).with_payload(true);
         if let Some(f) = filter::to_server(&q.filter) {
             request = request.filter(f);
         }
@@ -197,13 +207,21 @@ impl VectorStore for ServerStore {
             if let (Some(dense), true) = (p.dense, self.dense.is_some()) {
                 vectors = vectors.add_vector(DENSE_VECTOR, Vector::new_dense(dense));
             }
-            let json = serde_json::to_value(&p.payload).map_err(|e| RetrieveError::Config(e.to_string()))?;
-            let payload = Payload::try_from(json).map_err(|e| RetrieveError::Config(e.to_string()))?;
-            structs.push(PointStruct::new(PointId::from(p.payload.chunk_id.clone()), vectors, payload));
+            let json = serde_json::to_value(&p.payload)
+                .map_err(|e| RetrieveError::Config(e.to_string()))?;
+            let payload =
+                Payload::try_from(json).map_err(|e| RetrieveError::Config(e.to_string()))?;
+            structs.push(PointStruct::new(
+                PointId::from(p.payload.chunk_id.clone()),
+                vectors,
+                payload,
+            ));
         }
         for batch in structs.chunks(UPSERT_BATCH) {
             self.client
-                .upsert_points(UpsertPointsBuilder::new(&self.collection, batch.to_vec()).wait(true))
+                .upsert_points(
+                    UpsertPointsBuilder::new(&self.collection, batch.to_vec()).wait(true),
+                )
                 .await?;
         }
         Ok(())
@@ -211,7 +229,8 @@ impl VectorStore for ServerStore {
 
     async fn delete(&self, chunk_ids: Vec<String>) -> Result<(), RetrieveError> {
         for batch in chunk_ids.chunks(1_000) {
-            let ids = PointsIdsList { ids: batch.iter().map(|id| PointId::from(id.as_str())).collect() };
+            let ids =
+                PointsIdsList { ids: batch.iter().map(|id| PointId::from(id.as_str())).collect() };
             self.client
                 .delete_points(DeletePointsBuilder::new(&self.collection).points(ids).wait(true))
                 .await?;
@@ -224,9 +243,9 @@ impl VectorStore for ServerStore {
         let mut out = HashMap::new();
         let mut offset: Option<PointId> = None;
         loop {
-            let mut request = ScrollPointsBuilder::new(&self.collection)
-                .limit(2_000)
-                .with_payload(PayloadIncludeSelector { fields: vec!["chunk_id".into(), "path".into()] });
+            let mut request = ScrollPointsBuilder::new(&self.collection).limit(2_000).with_payload(
+                PayloadIncludeSelector { fields: vec!["chunk_id".into(), "path".into()] },
+            );
             if let Some(f) = filter::to_server(&spec) {
                 request = request.filter(f);
             }

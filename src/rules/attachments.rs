@@ -32,7 +32,13 @@ fn artifact(
     limits: &Limits,
 ) -> Option<InputArtifact> {
     let f = |name: &str| format!("InputArtifacts[{i}].{name}");
-    let path = artifact_path(e, &f("RelativePath"), a.relative_path.as_deref().unwrap_or(""), paths, limits);
+    let path = artifact_path(
+        e,
+        &f("RelativePath"),
+        a.relative_path.as_deref().unwrap_or(""),
+        paths,
+        limits,
+    );
     let file_name = match a.file_name.filter(|n| !n.trim().is_empty()) {
         None => {
             e.at(ErrorCode::FileNameMissing, f("FileName"), "FileName is required");
@@ -45,7 +51,11 @@ fn artifact(
         Some("user") => Some(Origin::User),
         other => {
             let got = other.map_or("nothing".to_owned(), |o| format!("`{}`", clip(o)));
-            e.at(ErrorCode::OriginInvalid, f("Origin"), format!("Origin must be `ide` or `user`, got {got}"));
+            e.at(
+                ErrorCode::OriginInvalid,
+                f("Origin"),
+                format!("Origin must be `ide` or `user`, got {got}"),
+            );
             None
         }
     };
@@ -80,7 +90,11 @@ fn artifact_path(
     }
     match raw.parse::<RelativePath>() {
         Ok(p) if !paths.insert(p.as_str().to_owned()) => {
-            e.at(ErrorCode::PathDuplicate, field, format!("`{}` is sent more than once", clip(p.as_str())));
+            e.at(
+                ErrorCode::PathDuplicate,
+                field,
+                format!("`{}` is sent more than once", clip(p.as_str())),
+            );
             None
         }
         Ok(p) => Some(p),
@@ -213,7 +227,10 @@ fn image(
 
 /// An `image/*` MIME type without parameters, lowercased, within `limits.max_name_chars`.
 fn image_mime(e: &mut Errors, field: &str, raw: Option<String>, limits: &Limits) -> Option<String> {
-    if raw.as_ref().is_some_and(|m| e.chars_limit(field, m, "max_name_chars", limits.max_name_chars)) {
+    if raw
+        .as_ref()
+        .is_some_and(|m| e.chars_limit(field, m, "max_name_chars", limits.max_name_chars))
+    {
         return None;
     }
     match raw.map(|m| m.trim().to_ascii_lowercase()) {
@@ -225,7 +242,11 @@ fn image_mime(e: &mut Errors, field: &str, raw: Option<String>, limits: &Limits)
         }
         other => {
             let got = other.map_or("nothing".to_owned(), |m| format!("`{}`", clip(&m)));
-            e.at(ErrorCode::ImageMimeInvalid, field, format!("MimeType must be an image/* type, got {got}"));
+            e.at(
+                ErrorCode::ImageMimeInvalid,
+                field,
+                format!("MimeType must be an image/* type, got {got}"),
+            );
             None
         }
     }

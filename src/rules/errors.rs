@@ -48,12 +48,24 @@ impl Errors {
         self.list.push(error);
     }
 
-    pub(super) fn at(&mut self, code: ErrorCode, field: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn at(
+        &mut self,
+        code: ErrorCode,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
         self.push(ApiError::at(code, field, message));
     }
 
     /// A `validation.limit_exceeded` error when `actual > max`; true when so.
-    pub(super) fn limit(&mut self, field: &str, what: &str, actual: usize, key: &str, max: usize) -> bool {
+    pub(super) fn limit(
+        &mut self,
+        field: &str,
+        what: &str,
+        actual: usize,
+        key: &str,
+        max: usize,
+    ) -> bool {
         if actual > max {
             self.at(
                 ErrorCode::LimitExceeded,

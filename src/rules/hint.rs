@@ -18,6 +18,7 @@ pub fn turn_hint(bytes: &[u8]) -> (Option<SessionId>, Option<String>) {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return (None, None);
     };
+    crate::metrics::metrics().json("parse", "request_hint");
     let Ok(hint) = serde_json::from_str::<Hint<'_>>(text) else {
         return (None, None);
     };

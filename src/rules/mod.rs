@@ -8,6 +8,7 @@
 
 mod attachments;
 mod checks;
+mod continuation;
 mod errors;
 mod hint;
 mod parse;
@@ -50,6 +51,7 @@ pub fn validate_bytes(bytes: &[u8], limits: &Limits) -> Result<ValidatedRequest,
 /// A request read back from PostgreSQL, checked again at that boundary (the structural rules:
 /// a row edited by hand or written by another version must not reach a stage unchecked).
 pub fn from_stored(value: &serde_json::Value) -> Result<ValidatedRequest, String> {
+    crate::metrics::metrics().json("parse", "request_stored");
     let wire = AgentExecuteRequest::deserialize(value).map_err(|e| e.to_string())?;
     validate_wire(wire, &Limits::structural_only()).map_err(|e| e.to_string())
 }

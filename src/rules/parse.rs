@@ -44,11 +44,16 @@ pub(super) fn read(bytes: &[u8], limits: &Limits, e: &mut Errors) -> Option<Agen
         Err(err) => {
             e.push(ApiError::new(
                 ErrorCode::RequestInvalidUtf8,
-                format!("the request is not valid UTF-8 (first bad byte at offset {})", err.valid_up_to()),
+                format!(
+                    "the request is not valid UTF-8 (first bad byte at offset {})",
+                    err.valid_up_to()
+                ),
             ));
             return None;
         }
     };
+    let m = crate::metrics::metrics();
+    m.json("parse", "request_scan");
     let scanned = match scan(text, limits, e) {
         Ok(s) => s,
         Err(err) => {
@@ -69,6 +74,7 @@ pub(super) fn read(bytes: &[u8], limits: &Limits, e: &mut Errors) -> Option<Agen
         // Refused before anything is built per element: the errors name the lists.
         return None;
     }
+    m.json("parse", "request_fields");
     let fields = match known_fields(text) {
         Ok(f) => f,
         Err(err) => {
@@ -76,6 +82,7 @@ pub(super) fn read(bytes: &[u8], limits: &Limits, e: &mut Errors) -> Option<Agen
             return None;
         }
     };
+    m.json("parse", "request_read");
     let map = MapDeserializer::<_, serde_json::Error>::new(fields.into_iter());
     match serde_path_to_error::deserialize::<_, AgentExecuteRequest>(map) {
         Ok(wire) => Some(wire),
@@ -96,8 +103,10 @@ fn type_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     if let Some(name) = backticked(&message, "unknown field `") {
         // The path already ends with the unknown property's name.
         let field = if path == "." { name.clone() } else { path.clone() };
-        let parent = field.strip_suffix(name.as_str()).map(|p| p.trim_end_matches('.')).unwrap_or("");
-        let owner = if parent.is_empty() { "the request".to_owned() } else { format!("`{parent}`") };
+        let parent =
+            field.strip_suffix(name.as_str()).map(|p| p.trim_end_matches('.')).unwrap_or("");
+        let owner =
+            if parent.is_empty() { "the request".to_owned() } else { format!("`{parent}`") };
         return ApiError::at(
             ErrorCode::RequestUnknownField,
             clip(&field),

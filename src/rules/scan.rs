@@ -29,7 +29,11 @@ pub(super) struct Scanned {
 
 /// Reads the whole document once. Errors about names and list lengths go to `e`; a syntax error
 /// (nesting deeper than serde_json's limit of 128 included) is returned.
-pub(super) fn scan(text: &str, limits: &Limits, e: &mut Errors) -> Result<Scanned, serde_json::Error> {
+pub(super) fn scan(
+    text: &str,
+    limits: &Limits,
+    e: &mut Errors,
+) -> Result<Scanned, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     let scanned = TopLevel { limits, e }.deserialize(&mut de)?;
     de.end()?;
@@ -37,7 +41,9 @@ pub(super) fn scan(text: &str, limits: &Limits, e: &mut Errors) -> Result<Scanne
 }
 
 /// The known top-level properties with their raw JSON, borrowed from `text`, in document order.
-pub(super) fn known_fields(text: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, serde_json::Error> {
+pub(super) fn known_fields(
+    text: &str,
+) -> Result<Vec<(Cow<'_, str>, &RawValue)>, serde_json::Error> {
     struct Known;
     impl<'de> Visitor<'de> for Known {
         type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
@@ -68,7 +74,10 @@ pub(super) fn field_name_error(key: &str) -> Option<ApiError> {
         return Some(ApiError::at(
             ErrorCode::RequestForbiddenField,
             key,
-            format!("`{}` is server-owned and must not appear in a request (AGN-034 §3)", clip(key)),
+            format!(
+                "`{}` is server-owned and must not appear in a request (AGN-034 §3)",
+                clip(key)
+            ),
         ));
     }
     let hint = REQUEST_FIELDS
@@ -136,7 +145,14 @@ struct TopLevel<'a> {
 
 impl TopLevel<'_> {
     /// Records a list's length against its limit; true when over.
-    fn list(&mut self, field: &str, count: Option<usize>, what: &str, key: &str, max: usize) -> bool {
+    fn list(
+        &mut self,
+        field: &str,
+        count: Option<usize>,
+        what: &str,
+        key: &str,
+        max: usize,
+    ) -> bool {
         let n = count.unwrap_or(0);
         self.e.limit(field, what, n, key, max);
         n > max

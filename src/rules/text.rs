@@ -58,17 +58,26 @@ pub(super) fn nul_characters(w: &AgentExecuteRequest, e: &mut Errors) {
 fn nul(e: &mut Errors, field: impl FnOnce() -> String, value: Option<&str>) {
     if value.is_some_and(|v| v.contains('\0')) {
         let field = field();
-        let hint =
-            if field.ends_with(".Contents") { "; send a binary file with `Encoding: base64`" } else { "" };
-        let message =
-            format!("{field} contains a NUL character (U+0000), which cannot be stored as text{hint}");
+        let hint = if field.ends_with(".Contents") {
+            "; send a binary file with `Encoding: base64`"
+        } else {
+            ""
+        };
+        let message = format!(
+            "{field} contains a NUL character (U+0000), which cannot be stored as text{hint}"
+        );
         e.at(ErrorCode::RequestNulCharacter, field, message);
     }
 }
 
 /// An artifact's `FileName`: within `limits.max_name_chars`, no control or format character,
 /// NFKC-normalised. `None` (with the error recorded) when refused; a NUL was already reported.
-pub(super) fn file_name(e: &mut Errors, field: &str, raw: String, limits: &Limits) -> Option<String> {
+pub(super) fn file_name(
+    e: &mut Errors,
+    field: &str,
+    raw: String,
+    limits: &Limits,
+) -> Option<String> {
     let too_long = e.chars_limit(field, &raw, "max_name_chars", limits.max_name_chars);
     let disguised = disguising_character(&raw);
     if let Some(c) = disguised {

@@ -35,7 +35,11 @@ pub fn all() -> Vec<SchemaFile> {
             file_name: "agent-execute-request.schema.json",
             schema: request::schema(),
         },
-        SchemaFile { name: "response", file_name: "invoke-result.schema.json", schema: reply::schema() },
+        SchemaFile {
+            name: "response",
+            file_name: "invoke-result.schema.json",
+            schema: reply::schema(),
+        },
         SchemaFile { name: "delta", file_name: "reply-delta.schema.json", schema: delta::schema() },
     ]
 }
@@ -54,7 +58,8 @@ pub fn render(schema: &Schema) -> String {
 
 /// `SessionId` as clients must write it: a UUID in lowercase hyphenated form, the spelling the
 /// server uses in reply queue names and routing keys.
-pub(crate) const SESSION_ID_PATTERN: &str = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
+pub(crate) const SESSION_ID_PATTERN: &str =
+    "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
 
 /// `TurnId`: 1-128 of `[A-Za-z0-9._:-]` (`crate::contracts::TurnId`).
 pub(crate) const TURN_ID_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";

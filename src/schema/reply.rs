@@ -32,7 +32,10 @@ pub(super) fn schema() -> Schema {
     let mut out = defs.clone();
     out.insert("AgentExecuteResponse".into(), agent_execute_response(&response));
     out.insert("FinalResponse".into(), final_response(&meta, &final_branch));
-    out.insert("ClientToolContinuationResponse".into(), tool_continuation_response(&meta, &tools_branch));
+    out.insert(
+        "ClientToolContinuationResponse".into(),
+        tool_continuation_response(&meta, &tools_branch),
+    );
     out.insert("ToolResult".into(), server_tool_result(defs.get("ToolResult")));
     if let Some(api_error) = out.get_mut("ApiError").and_then(|e| e.get_mut("properties")) {
         if let Some(props) = api_error.as_object_mut() {
@@ -128,8 +131,7 @@ fn closed_response(
 
 fn final_response(meta: &Map<String, Value>, branch: &Value) -> Value {
     let mut b = object_at(branch, "/properties");
-    let non_empty =
-        |def: &str| json!({ "type": "array", "items": { "$ref": format!("#/$defs/{def}") }, "minItems": 1 });
+    let non_empty = |def: &str| json!({ "type": "array", "items": { "$ref": format!("#/$defs/{def}") }, "minItems": 1 });
     refine_property(&mut b, "PrimaryOutputText", json!({ "type": "string" }));
     refine_property(&mut b, "Files", non_empty("FileRef"));
     refine_property(&mut b, "ToolResults", non_empty("ToolResult"));
@@ -176,7 +178,10 @@ fn server_tool_result(generated: Option<&Value>) -> Value {
         "ResultJson".into(),
         json!({ "description": "The tool's result, a JSON document.", "type": "string" }),
     );
-    props.insert("ErrorMessage".into(), json!({ "description": "Why the tool failed.", "type": "string" }));
+    props.insert(
+        "ErrorMessage".into(),
+        json!({ "description": "Why the tool failed.", "type": "string" }),
+    );
     json!({
         "description": super::description_of(&generated),
         "type": "object",

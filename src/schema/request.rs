@@ -15,7 +15,8 @@ use crate::rules::Limits;
 /// What a context id may be (`crate::contracts::ContextId`).
 const CONTEXT_ID_PATTERN: &str = "^[A-Za-z0-9._:-]{1,64}$";
 /// Not absolute (`/`, `\`), no drive letter, no `..` segment, no NUL (`RelativePath`).
-const RELATIVE_PATH_PATTERN: &str = r"^(?![/\\])(?![A-Za-z]:)(?!(?:.*[/\\])?\.\.(?:[/\\]|$))[^\u0000]+$";
+const RELATIVE_PATH_PATTERN: &str =
+    r"^(?![/\\])(?![A-Za-z]:)(?!(?:.*[/\\])?\.\.(?:[/\\]|$))[^\u0000]+$";
 /// Characters of standard base64, line breaks allowed (MIME style).
 const BASE64_PATTERN: &str = r"^[A-Za-z0-9+/=\s]*$";
 /// Some character that is not white space.
@@ -131,20 +132,26 @@ fn input_artifact(generated: &Value, l: &Limits) -> Value {
         generated,
         "InputArtifactWire",
         vec![
-            ("RelativePath", json!({ "type": "string", "minLength": 1, "pattern": RELATIVE_PATH_PATTERN })),
+            (
+                "RelativePath",
+                json!({ "type": "string", "minLength": 1, "pattern": RELATIVE_PATH_PATTERN }),
+            ),
             ("FileName", json!({ "type": "string", "pattern": NOT_BLANK })),
             ("Contents", json!({ "type": "string" })),
             ("Origin", json!({ "type": "string", "enum": ["ide", "user"] })),
             ("MimeType", json!({ "type": "string" })),
             ("Language", json!({ "type": "string" })),
-            ("Encoding", json!({ "type": "string", "enum": ["utf8", "base64"], "default": "utf8" })),
+            (
+                "Encoding",
+                json!({ "type": "string", "enum": ["utf8", "base64"], "default": "utf8" }),
+            ),
         ],
         &["RelativePath", "FileName", "Contents", "Origin"],
     );
     // Base64 contents must at least be made of base64 characters; the server decodes them.
-    def["if"] = json!({ "required": ["Encoding"], "properties": { "Encoding": { "const": "base64" } } });
-    def["then"] =
-        json!({ "properties": { "Contents": { "pattern": BASE64_PATTERN, "contentEncoding": "base64" } } });
+    def["if"] =
+        json!({ "required": ["Encoding"], "properties": { "Encoding": { "const": "base64" } } });
+    def["then"] = json!({ "properties": { "Contents": { "pattern": BASE64_PATTERN, "contentEncoding": "base64" } } });
     def["description"] = json!(format!(
         "One file of InputArtifacts. Contents is at most {} bytes once decoded (limits.max_artifact_bytes).",
         l.max_artifact_bytes
@@ -158,7 +165,10 @@ fn clipboard_image(generated: &Value) -> Value {
         "ClipboardImageWire",
         vec![
             ("Id", json!({ "type": "string", "minLength": 1 })),
-            ("MimeType", json!({ "type": "string", "pattern": r"^\s*[Ii][Mm][Aa][Gg][Ee]/[^/;\s]+\s*$" })),
+            (
+                "MimeType",
+                json!({ "type": "string", "pattern": r"^\s*[Ii][Mm][Aa][Gg][Ee]/[^/;\s]+\s*$" }),
+            ),
             (
                 "DataBase64",
                 json!({ "type": "string", "minLength": 1, "pattern": BASE64_PATTERN, "contentEncoding": "base64" }),
@@ -174,7 +184,10 @@ fn rag_scope_condition(generated: &Value) -> Value {
         "RagScopeConditionWire",
         vec![
             ("Key", json!({ "type": "string", "pattern": NOT_BLANK })),
-            ("Operator", json!({ "type": "string", "enum": ["==", "!=", "contains", "does_not_contain"] })),
+            (
+                "Operator",
+                json!({ "type": "string", "enum": ["==", "!=", "contains", "does_not_contain"] }),
+            ),
             (
                 "Values",
                 json!({ "type": "array", "items": { "type": "string", "minLength": 1 }, "minItems": 1 }),

@@ -48,7 +48,9 @@ impl Control {
     pub(super) fn apply(self, st: &SimState) {
         match self {
             Control::FailNext { fault, count } => st.faults.fail_next(fault, count),
-            Control::FailRandomly { fault, probability } => st.faults.fail_randomly(fault, probability),
+            Control::FailRandomly { fault, probability } => {
+                st.faults.fail_randomly(fault, probability)
+            }
             Control::ClearFaults => st.faults.clear(),
             Control::SetLatency { latency } => st.latency.set(latency),
             Control::ForgetStoredResponses => st.forget_all(),
@@ -81,7 +83,9 @@ impl TryFrom<ControlWire> for Control {
             ControlWire::FailNext { fault, count } => Control::FailNext { fault, count },
             ControlWire::FailRandomly { fault, probability } => {
                 if !(0.0..=1.0).contains(&probability) {
-                    return Err(format!("`probability` must be between 0 and 1, got {probability}"));
+                    return Err(format!(
+                        "`probability` must be between 0 and 1, got {probability}"
+                    ));
                 }
                 Control::FailRandomly { fault, probability }
             }
@@ -131,7 +135,9 @@ impl TryFrom<FaultWire> for Fault {
             FaultWire::Status { status } => {
                 // What an HTTP status line can carry; anything else would silently become a 500.
                 if !(100..=599).contains(&status) {
-                    return Err(format!("`status` must be an HTTP status between 100 and 599, got {status}"));
+                    return Err(format!(
+                        "`status` must be an HTTP status between 100 and 599, got {status}"
+                    ));
                 }
                 Fault::Status { status }
             }
@@ -186,11 +192,17 @@ mod tests {
                 r#"{"command":"fail_next","fault":{"kind":"hang","for_ms":5},"count":1}"#,
                 "unknown field `for_ms`",
             ),
-            (r#"{"command":"fail_next","fault":{"kind":"server_error"},"cuont":1}"#, "unknown field `cuont`"),
+            (
+                r#"{"command":"fail_next","fault":{"kind":"server_error"},"cuont":1}"#,
+                "unknown field `cuont`",
+            ),
             (r#"{"command":"set_latency","latency":{"fixed":5}}"#, "unknown field `fixed`"),
             (r#"{"command":"fail_nxt"}"#, "unknown variant `fail_nxt`"),
             (r#"{"command":"fail_next","fault":{"kind":"server_error"}}"#, "missing field `count`"),
-            (r#"{"command":"fail_randomly","fault":{"kind":"hang"},"probability":2}"#, "between 0 and 1"),
+            (
+                r#"{"command":"fail_randomly","fault":{"kind":"hang"},"probability":2}"#,
+                "between 0 and 1",
+            ),
             (
                 r#"{"command":"fail_next","fault":{"kind":"status","status":42},"count":1}"#,
                 "between 100 and 599",

@@ -19,7 +19,8 @@ pub(crate) fn directives(text: &str) -> Vec<Directive> {
     let mut rest = text;
     while let Some(pos) = rest.find('@') {
         rest = &rest[pos + 1..];
-        let word_end = rest.find(|c: char| !c.is_ascii_alphanumeric() && c != '_').unwrap_or(rest.len());
+        let word_end =
+            rest.find(|c: char| !c.is_ascii_alphanumeric() && c != '_').unwrap_or(rest.len());
         match &rest[..word_end] {
             "refuse" => out.push(Directive::Refuse),
             "incomplete" => out.push(Directive::Incomplete),

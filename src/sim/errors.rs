@@ -19,7 +19,11 @@ pub(crate) struct ApiFailure {
 
 impl ApiFailure {
     /// A 400 `invalid_request_error`.
-    pub fn invalid(message: impl Into<String>, param: Option<&str>, code: Option<&'static str>) -> Self {
+    pub fn invalid(
+        message: impl Into<String>,
+        param: Option<&str>,
+        code: Option<&'static str>,
+    ) -> Self {
         ApiFailure {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -38,8 +42,10 @@ impl ApiFailure {
 
     /// `Invalid type for 'param': expected …, but got … instead.`
     pub fn invalid_type(param: &str, expected: &str, got: &serde_json::Value) -> Self {
-        let message =
-            format!("Invalid type for '{param}': expected {expected}, but got {} instead.", type_name(got));
+        let message = format!(
+            "Invalid type for '{param}': expected {expected}, but got {} instead.",
+            type_name(got)
+        );
         Self::invalid(message, Some(param), Some("invalid_type"))
     }
 
@@ -90,7 +96,9 @@ impl ApiFailure {
     pub fn for_status(status: StatusCode) -> Self {
         let (kind, code, message) = match status.as_u16() {
             400 => ("invalid_request_error", None, "Simulated bad request."),
-            401 => ("invalid_request_error", Some("invalid_api_key"), "Incorrect API key provided."),
+            401 => {
+                ("invalid_request_error", Some("invalid_api_key"), "Incorrect API key provided.")
+            }
             403 => (
                 "invalid_request_error",
                 Some("unsupported_country_region_territory"),

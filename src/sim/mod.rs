@@ -89,7 +89,9 @@ pub async fn start(config: SimConfig) -> std::io::Result<SimHandle> {
     });
     let closed = state.clone();
     let task = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { closed.closed().await }).await
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { closed.closed().await })
+            .await
     });
     tracing::info!(%addr, "responses simulator listening");
     Ok(SimHandle { addr, state, shutdown: tx, task: Some(task) })

@@ -71,7 +71,9 @@ pub(crate) fn body(body: &Value) -> Result<(), ApiFailure> {
                 validate_input::item(i, item)?;
             }
         }
-        Some(other) => return Err(ApiFailure::invalid_type("input", "a string or an array", other)),
+        Some(other) => {
+            return Err(ApiFailure::invalid_type("input", "a string or an array", other))
+        }
     }
     let names = match obj.get("tools") {
         None | Some(Value::Null) => Vec::new(),
@@ -92,12 +94,20 @@ fn scalars(obj: &Map<String, Value>) -> Result<(), ApiFailure> {
                 if v > max {
                     let message =
                         format!("Invalid '{key}': decimal above maximum value. Expected a value <= {max}, but got {v} instead.");
-                    return Err(ApiFailure::invalid(message, Some(key), Some("decimal_above_max_value")));
+                    return Err(ApiFailure::invalid(
+                        message,
+                        Some(key),
+                        Some("decimal_above_max_value"),
+                    ));
                 }
                 if v < 0.0 || v.is_nan() {
                     let message =
                         format!("Invalid '{key}': decimal below minimum value. Expected a value >= 0, but got {v} instead.");
-                    return Err(ApiFailure::invalid(message, Some(key), Some("decimal_below_min_value")));
+                    return Err(ApiFailure::invalid(
+                        message,
+                        Some(key),
+                        Some("decimal_below_min_value"),
+                    ));
                 }
             }
             Some(other) => return Err(ApiFailure::invalid_type(key, "a decimal", other)),
@@ -116,7 +126,9 @@ fn scalars(obj: &Map<String, Value>) -> Result<(), ApiFailure> {
                 Some("integer_below_min_value"),
             ));
         }
-        Some(other) => return Err(ApiFailure::invalid_type("max_output_tokens", "an integer", other)),
+        Some(other) => {
+            return Err(ApiFailure::invalid_type("max_output_tokens", "an integer", other))
+        }
     }
     for key in ["stream", "store", "parallel_tool_calls", "background"] {
         if let Some(v) = obj.get(key).filter(|v| !v.is_null() && !v.is_boolean()) {
@@ -129,7 +141,9 @@ fn scalars(obj: &Map<String, Value>) -> Result<(), ApiFailure> {
     match obj.get("previous_response_id") {
         None | Some(Value::Null) => {}
         Some(Value::String(id)) => {
-            if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            if id.is_empty()
+                || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
                 let message = format!(
                     "Invalid 'previous_response_id': '{id}'. Expected an ID that contains letters, numbers, \
                      underscores, or dashes, but this value contained additional characters."
@@ -148,7 +162,9 @@ fn scalars(obj: &Map<String, Value>) -> Result<(), ApiFailure> {
                 ));
             }
         }
-        Some(other) => return Err(ApiFailure::invalid_type("previous_response_id", "a string", other)),
+        Some(other) => {
+            return Err(ApiFailure::invalid_type("previous_response_id", "a string", other))
+        }
     }
     Ok(())
 }
@@ -161,7 +177,9 @@ fn function_names(tools: &Value) -> Result<Vec<&str>, ApiFailure> {
     let mut names = Vec::new();
     for (k, tool) in tools.iter().enumerate() {
         let p = format!("tools[{k}]");
-        let Some(obj) = tool.as_object() else { return Err(ApiFailure::invalid_type(&p, "an object", tool)) };
+        let Some(obj) = tool.as_object() else {
+            return Err(ApiFailure::invalid_type(&p, "an object", tool));
+        };
         let Some(kind) = obj.get("type").and_then(Value::as_str) else {
             return Err(ApiFailure::missing(&format!("{p}.type")));
         };
@@ -179,7 +197,11 @@ fn function_names(tools: &Value) -> Result<Vec<&str>, ApiFailure> {
             let message = format!(
                 "Invalid '{p}.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'."
             );
-            return Err(ApiFailure::invalid(message, Some(&format!("{p}.name")), Some("invalid_value")));
+            return Err(ApiFailure::invalid(
+                message,
+                Some(&format!("{p}.name")),
+                Some("invalid_value"),
+            ));
         }
         if let Some(params) = obj.get("parameters").filter(|v| !v.is_null() && !v.is_object()) {
             return Err(ApiFailure::invalid_type(&format!("{p}.parameters"), "an object", params));
@@ -242,7 +264,9 @@ pub(crate) fn tool_outputs(body: &Value, prev: Option<&Stored>) -> Result<(), Ap
             None,
         ));
     }
-    if let Some(orphan) = outputs.iter().find(|o| !pending.iter().any(|c| c == *o) && !replayed.contains(o)) {
+    if let Some(orphan) =
+        outputs.iter().find(|o| !pending.iter().any(|c| c == *o) && !replayed.contains(o))
+    {
         let message = format!("No tool call found for function call output with call_id {orphan}.");
         return Err(ApiFailure::invalid(message, Some("input"), None));
     }

@@ -16,8 +16,11 @@ pub(crate) fn status_str(status: Status) -> &'static str {
 
 /// The complete response object.
 pub(crate) fn build(body: &Value, id: &str, created_at: u64, reply: &Reply, store: bool) -> Value {
-    let echo = |key: &str, default: Value| body.get(key).filter(|v| !v.is_null()).cloned().unwrap_or(default);
-    let item_status = if matches!(reply.status, Status::Incomplete(_)) { "incomplete" } else { "completed" };
+    let echo = |key: &str, default: Value| {
+        body.get(key).filter(|v| !v.is_null()).cloned().unwrap_or(default)
+    };
+    let item_status =
+        if matches!(reply.status, Status::Incomplete(_)) { "incomplete" } else { "completed" };
     let output: Vec<Value> = reply.items.iter().map(|i| item(i, Some(item_status))).collect();
     let error = match reply.status {
         Status::Failed => {

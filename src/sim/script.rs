@@ -69,12 +69,18 @@ fn seen(body: &Value) -> Seen<'_> {
         Some(Value::String(text)) => s.user_texts.push(text),
         Some(Value::Array(items)) => {
             for item in items {
-                match (item.get("type").and_then(Value::as_str), item.get("role").and_then(Value::as_str)) {
+                match (
+                    item.get("type").and_then(Value::as_str),
+                    item.get("role").and_then(Value::as_str),
+                ) {
                     (Some("function_call_output"), _) => {
-                        let call_id = item.get("call_id").and_then(Value::as_str).unwrap_or_default();
+                        let call_id =
+                            item.get("call_id").and_then(Value::as_str).unwrap_or_default();
                         s.tool_outputs.push((call_id, flatten(item.get("output"))));
                     }
-                    (None | Some("message"), Some("system" | "developer")) => s.system_messages += 1,
+                    (None | Some("message"), Some("system" | "developer")) => {
+                        s.system_messages += 1
+                    }
                     (None | Some("message"), Some("user")) => {
                         s.last_user_start = s.user_texts.len();
                         user_content(&mut s, item.get("content"));
@@ -101,7 +107,9 @@ fn user_content<'a>(s: &mut Seen<'a>, content: Option<&'a Value>) {
         Some(Value::Array(parts)) => {
             for part in parts {
                 match part.get("type").and_then(Value::as_str) {
-                    Some("input_text") => s.user_texts.extend(part.get("text").and_then(Value::as_str)),
+                    Some("input_text") => {
+                        s.user_texts.extend(part.get("text").and_then(Value::as_str))
+                    }
                     Some("input_image") => s.images += 1,
                     _ => {}
                 }
@@ -115,9 +123,11 @@ fn user_content<'a>(s: &mut Seen<'a>, content: Option<&'a Value>) {
 fn flatten(output: Option<&Value>) -> String {
     let text = match output {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(" ")
-        }
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
         _ => String::new(),
     };
     text.replace(['\n', '\r'], " ").chars().take(200).collect()
@@ -125,11 +135,11 @@ fn flatten(output: Option<&Value>) -> String {
 
 /// The instruction: `[INSTRUCTION]` sections (or whole texts), never `[CONTEXT]` blocks.
 fn instruction(texts: &[&str]) -> String {
-    let parts = texts.iter().filter(|t| !t.trim_start().starts_with("[CONTEXT]")).map(|t| {
-        match t.find("[INSTRUCTION]") {
-            Some(pos) => &t[pos + "[INSTRUCTION]".len()..],
-            None => t,
-        }
+    let parts = texts.iter().filter(|t| !t.trim_start().starts_with("[CONTEXT]")).map(|t| match t
+        .find("[INSTRUCTION]")
+    {
+        Some(pos) => &t[pos + "[INSTRUCTION]".len()..],
+        None => t,
     });
     parts.collect::<Vec<_>>().join("\n")
 }
@@ -172,7 +182,12 @@ pub(crate) fn reply(
     if !calls.is_empty() {
         for (name, arguments) in calls {
             tokens.output += (arguments.len() as u64).div_ceil(4) + 4;
-            items.push(Item::Call { id: id("fc"), call_id: id("call"), name: name.to_owned(), arguments });
+            items.push(Item::Call {
+                id: id("fc"),
+                call_id: id("call"),
+                name: name.to_owned(),
+                arguments,
+            });
         }
         return reply(items, Status::Completed, tokens);
     }

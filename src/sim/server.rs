@@ -82,7 +82,9 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
         Some(Fault::Disconnect) => return broken(Vec::new(), false, &st),
         Some(cut @ (Fault::StreamCut { .. } | Fault::StreamStall { .. })) => Some(cut),
     };
-    let Ok(body) = serde_json::from_slice::<Value>(&raw) else { return fail(&st, ApiFailure::unparsable()) };
+    let Ok(body) = serde_json::from_slice::<Value>(&raw) else {
+        return fail(&st, ApiFailure::unparsable());
+    };
     if let Err(e) = request_rules::body(&body) {
         return fail(&st, e);
     }
@@ -98,8 +100,9 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
     }
     let reply = script::reply(&body, raw.len(), prev.as_deref(), &|prefix| st.id(prefix));
     let id = st.id("resp");
-    let created_at =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let created_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let store = body.get("store").and_then(Value::as_bool).unwrap_or(true);
     let object = response::build(&body, &id, created_at, &reply, store);
     let json = Bytes::from(object.to_string());
@@ -128,7 +131,9 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
     let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
     match (streaming, cut) {
         (false, None) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-        (false, Some(Fault::StreamCut { .. })) => broken(vec![json.slice(..json.len() / 2)], false, &st),
+        (false, Some(Fault::StreamCut { .. })) => {
+            broken(vec![json.slice(..json.len() / 2)], false, &st)
+        }
         (false, Some(_)) => hang(&st).await,
         (true, cut) => {
             // Serialized from a `Value` just above, so always UTF-8.
@@ -150,7 +155,8 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
 }
 
 fn sse_response(body: Body) -> Response {
-    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body)
+        .into_response()
 }
 
 /// A normal stream, paced by the per-event latency.
@@ -214,12 +220,18 @@ async fn hang(st: &SimState) -> Response {
     fail(st, ApiFailure::for_status(StatusCode::INTERNAL_SERVER_ERROR))
 }
 
-async fn retrieve(State(st): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn retrieve(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     if let Err(e) = authorize(&st, &headers) {
         return fail(&st, e);
     }
     match st.get(&id) {
-        Some(stored) => ([(header::CONTENT_TYPE, "application/json")], stored.json.clone()).into_response(),
+        Some(stored) => {
+            ([(header::CONTENT_TYPE, "application/json")], stored.json.clone()).into_response()
+        }
         None => {
             let failure = ApiFailure {
                 status: StatusCode::NOT_FOUND,
@@ -238,15 +250,17 @@ async fn control(State(st): State<Shared>, raw: Bytes) -> Response {
             command.apply(&st);
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(message) => ApiFailure::invalid(message, None, Some("invalid_control_command")).into_response(),
+        Err(message) => {
+            ApiFailure::invalid(message, None, Some("invalid_control_command")).into_response()
+        }
     }
 }
 
 async fn requests(State(st): State<Shared>) -> Json<Vec<Value>> {
     let logged = st.logged();
-    let bodies = logged
-        .iter()
-        .map(|r| r.json().unwrap_or_else(|| Value::String(String::from_utf8_lossy(&r.body).into())));
+    let bodies = logged.iter().map(|r| {
+        r.json().unwrap_or_else(|| Value::String(String::from_utf8_lossy(&r.body).into()))
+    });
     Json(bodies.collect())
 }
 

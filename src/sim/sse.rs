@@ -52,7 +52,12 @@ fn pieces(text: &str, n: usize) -> Vec<&str> {
 
 /// Every event frame of `reply`, whose complete response object is `response` and its
 /// serialized form `response_json`.
-pub(crate) fn events(reply: &Reply, response: &Value, response_json: &str, delta_chars: usize) -> Vec<Bytes> {
+pub(crate) fn events(
+    reply: &Reply,
+    response: &Value,
+    response_json: &str,
+    delta_chars: usize,
+) -> Vec<Bytes> {
     let mut f = Frames { seq: 0, out: Vec::new() };
     let mut shell = response.clone();
     if let Some(obj) = shell.as_object_mut() {
@@ -70,9 +75,13 @@ pub(crate) fn events(reply: &Reply, response: &Value, response_json: &str, delta
     let shell = format!("\"response\":{shell}");
     f.push_raw("response.created", &shell);
     f.push_raw("response.in_progress", &shell);
-    let item_status = if matches!(reply.status, Status::Incomplete(_)) { "incomplete" } else { "completed" };
+    let item_status =
+        if matches!(reply.status, Status::Incomplete(_)) { "incomplete" } else { "completed" };
     for (index, it) in reply.items.iter().enumerate() {
-        f.push("response.output_item.added", json!({"output_index": index, "item": item(it, None)}));
+        f.push(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item(it, None)}),
+        );
         match it {
             Item::Reasoning { .. } => {}
             Item::Message { id, text } | Item::Refusal { id, text } => {
@@ -100,8 +109,11 @@ pub(crate) fn events(reply: &Reply, response: &Value, response_json: &str, delta
                     };
                     f.push(&format!("{kind}.delta"), with(extra));
                 }
-                let done =
-                    if refusal { json!({"refusal": text}) } else { json!({"text": text, "logprobs": []}) };
+                let done = if refusal {
+                    json!({"refusal": text})
+                } else {
+                    json!({"text": text, "logprobs": []})
+                };
                 f.push(&format!("{kind}.done"), with(done));
                 f.push("response.content_part.done", with(json!({ "part": full })));
             }

@@ -26,7 +26,9 @@ const ITEM_TYPES: &str =
 /// Checks `input[i]`.
 pub(crate) fn item(i: usize, item: &Value) -> Result<(), ApiFailure> {
     let p = format!("input[{i}]");
-    let Some(obj) = item.as_object() else { return Err(ApiFailure::invalid_type(&p, "an object", item)) };
+    let Some(obj) = item.as_object() else {
+        return Err(ApiFailure::invalid_type(&p, "an object", item));
+    };
     match obj.get("type").map(|t| t.as_str().ok_or(t)) {
         None | Some(Ok("message")) => message(&p, obj),
         Some(Ok("function_call_output")) => {
@@ -34,9 +36,11 @@ pub(crate) fn item(i: usize, item: &Value) -> Result<(), ApiFailure> {
             match obj.get("output") {
                 None => Err(ApiFailure::missing(&format!("{p}.output"))),
                 Some(Value::String(_) | Value::Array(_)) => Ok(()),
-                Some(other) => {
-                    Err(ApiFailure::invalid_type(&format!("{p}.output"), "a string or an array", other))
-                }
+                Some(other) => Err(ApiFailure::invalid_type(
+                    &format!("{p}.output"),
+                    "a string or an array",
+                    other,
+                )),
             }
         }
         Some(Ok("function_call")) => {
@@ -62,18 +66,28 @@ fn require_string(obj: &Map<String, Value>, p: &str, key: &str) -> Result<(), Ap
 fn message(p: &str, obj: &Map<String, Value>) -> Result<(), ApiFailure> {
     let role = match obj.get("role") {
         None => return Err(ApiFailure::missing(&format!("{p}.role"))),
-        Some(Value::String(r)) if ["user", "assistant", "system", "developer"].contains(&r.as_str()) => {
+        Some(Value::String(r))
+            if ["user", "assistant", "system", "developer"].contains(&r.as_str()) =>
+        {
             r.as_str()
         }
-        Some(Value::String(r)) => return Err(ApiFailure::invalid_value(&format!("{p}.role"), r, ROLES)),
-        Some(other) => return Err(ApiFailure::invalid_type(&format!("{p}.role"), "a string", other)),
+        Some(Value::String(r)) => {
+            return Err(ApiFailure::invalid_value(&format!("{p}.role"), r, ROLES))
+        }
+        Some(other) => {
+            return Err(ApiFailure::invalid_type(&format!("{p}.role"), "a string", other))
+        }
     };
     let parts = match obj.get("content") {
         None => return Err(ApiFailure::missing(&format!("{p}.content"))),
         Some(Value::String(_)) => return Ok(()),
         Some(Value::Array(parts)) => parts,
         Some(other) => {
-            return Err(ApiFailure::invalid_type(&format!("{p}.content"), "a string or an array", other))
+            return Err(ApiFailure::invalid_type(
+                &format!("{p}.content"),
+                "a string or an array",
+                other,
+            ))
         }
     };
     for (j, part) in parts.iter().enumerate() {
@@ -87,7 +101,9 @@ fn message(p: &str, obj: &Map<String, Value>) -> Result<(), ApiFailure> {
             Some(Value::String(t)) => {
                 return Err(ApiFailure::invalid_value(&format!("{pp}.type"), t, PART_TYPES))
             }
-            Some(other) => return Err(ApiFailure::invalid_type(&format!("{pp}.type"), "a string", other)),
+            Some(other) => {
+                return Err(ApiFailure::invalid_type(&format!("{pp}.type"), "a string", other))
+            }
         };
         if role == "assistant" {
             if !["output_text", "refusal"].contains(&kind) {
@@ -104,7 +120,9 @@ fn message(p: &str, obj: &Map<String, Value>) -> Result<(), ApiFailure> {
             "input_text" | "output_text" => require_string(part, &pp, "text")?,
             "refusal" => require_string(part, &pp, "refusal")?,
             "input_image" => image(&pp, part)?,
-            "input_file" if !["file_id", "file_data", "file_url"].iter().any(|k| part.contains_key(*k)) => {
+            "input_file"
+                if !["file_id", "file_data", "file_url"].iter().any(|k| part.contains_key(*k)) =>
+            {
                 return Err(ApiFailure::missing(&format!("{pp}.file_data")));
             }
             _ => {}
@@ -123,7 +141,9 @@ fn image(pp: &str, part: &Map<String, Value>) -> Result<(), ApiFailure> {
     }
     match part.get("detail") {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(d)) if ["low", "high", "auto", "original"].contains(&d.as_str()) => Ok(()),
+        Some(Value::String(d)) if ["low", "high", "auto", "original"].contains(&d.as_str()) => {
+            Ok(())
+        }
         Some(Value::String(d)) => Err(ApiFailure::invalid_value(
             &format!("{pp}.detail"),
             d,
@@ -144,7 +164,8 @@ fn image_url(param: &str, url: &str) -> Result<(), ApiFailure> {
         );
         ApiFailure::invalid(message, Some(param), Some("invalid_value"))
     };
-    let Some((mime, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) else {
+    let Some((mime, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,"))
+    else {
         return Err(bad_url());
     };
     if !mime.starts_with("image/") {

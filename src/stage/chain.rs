@@ -49,8 +49,9 @@ impl<C, Last> std::fmt::Debug for Builder<C, Last> {
 }
 
 fn link<C: Context + 'static, S: Stage>(build: fn(&C) -> S) -> Link<C> {
-    let make: Make<C> =
-        Arc::new(move |cx: &C, route: Route| Arc::new(Runner::new(build(cx), route, cx.ledger())) as _);
+    let make: Make<C> = Arc::new(move |cx: &C, route: Route| {
+        Arc::new(Runner::new(build(cx), route, cx.ledger())) as _
+    });
     Link { name: StageName::new(S::NAME), make }
 }
 

@@ -33,7 +33,10 @@ pub trait Stage: Send + Sync + 'static {
     type Out: Message;
 
     /// Handles one input.
-    fn run(&self, input: Self::In) -> impl Future<Output = Result<Output<Self::Out>, StageError>> + Send;
+    fn run(
+        &self,
+        input: Self::In,
+    ) -> impl Future<Output = Result<Output<Self::Out>, StageError>> + Send;
 
     /// The input can never be handled (retries spent, poison, data unusable): what ends its
     /// turn instead. By default the turn fails with `error` at the last stage.
@@ -144,6 +147,11 @@ pub enum StageError {
 }
 
 impl StageError {
+    /// Stored data that can never be used (corrupt, or from an unknown version).
+    pub fn unusable(what: impl std::fmt::Display) -> Self {
+        StageError::Permanent(format!("unusable data: {what}"))
+    }
+
     /// A turn that fails with one error.
     pub fn fail(error: ApiError) -> Self {
         StageError::Fail(vec![error])

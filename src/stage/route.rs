@@ -66,6 +66,7 @@ impl Route {
 
     /// A reply for its session's reply queue.
     pub fn reply(&self, r: ReplyOut) -> OutMessage {
+        crate::metrics::metrics().json("serialize", "reply_body");
         let body = serde_json::to_vec(&r.body).unwrap_or_default();
         let turn = r.turn_id.as_deref().unwrap_or("-");
         let mut msg = OutMessage::to_queue(r.session.to_string(), "reply", r.message_id(), body)
@@ -99,7 +100,12 @@ fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
 pub trait DeltaSink: Send + Sync + std::fmt::Debug {
     /// Publishes one delta of round trip `step` of turn `key`; a lost delta is never fatal
     /// (the final reply carries the whole answer).
-    fn publish<'a>(&'a self, key: &'a TurnKey, step: i32, delta: &'a StreamDelta) -> BoxFuture<'a, ()>;
+    fn publish<'a>(
+        &'a self,
+        key: &'a TurnKey,
+        step: i32,
+        delta: &'a StreamDelta,
+    ) -> BoxFuture<'a, ()>;
 }
 
 /// Stream deltas to the session's reply queue, on a broker connection of their own.
@@ -117,7 +123,12 @@ impl BrokerDeltas {
 }
 
 impl DeltaSink for BrokerDeltas {
-    fn publish<'a>(&'a self, key: &'a TurnKey, step: i32, delta: &'a StreamDelta) -> BoxFuture<'a, ()> {
+    fn publish<'a>(
+        &'a self,
+        key: &'a TurnKey,
+        step: i32,
+        delta: &'a StreamDelta,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let message = delta_message(&self.topology, key, step, delta);
             if let Err(error) = self.publisher.publish(message).await {
@@ -129,7 +140,12 @@ impl DeltaSink for BrokerDeltas {
 
 /// A stream delta as published to the session's reply queue: marked as a delta in the `type`
 /// property, the `x-aptix-kind` header and the body.
-pub fn delta_message(topology: &Topology, key: &TurnKey, step: i32, delta: &StreamDelta) -> OutMessage {
+pub fn delta_message(
+    topology: &Topology,
+    key: &TurnKey,
+    step: i32,
+    delta: &StreamDelta,
+) -> OutMessage {
     let body = serde_json::json!({
         "Delta": true,
         "SessionId": key.session_id,

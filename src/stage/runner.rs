@@ -107,8 +107,11 @@ impl<S: Stage> Handler for Runner<S> {
 
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>> {
         Box::pin(async move {
-            let code =
-                if reason.starts_with(UNDELIVERABLE) { ErrorCode::Undeliverable } else { S::EXHAUSTED };
+            let code = if reason.starts_with(UNDELIVERABLE) {
+                ErrorCode::Undeliverable
+            } else {
+                S::EXHAUSTED
+            };
             let error = ApiError::new(code, format!("the {} stage gave up: {reason}", S::NAME));
             self.give_up(&delivery, error).await
         })

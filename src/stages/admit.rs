@@ -41,7 +41,9 @@ impl Stage for Admit {
         let output = match validate_bytes(&s.body, &self.deps.settings.limits) {
             Ok(request) => match &request {
                 ValidatedRequest::UserTurn(t) => self.user_turn(&request, t, &submission).await?,
-                ValidatedRequest::ToolContinuation(c) => self.continuation(&request, c, &submission).await?,
+                ValidatedRequest::ToolContinuation(c) => {
+                    self.continuation(&request, c, &submission).await?
+                }
             },
             Err(errors) => reject(&s.body, &submission, errors.0)?,
         };
@@ -61,9 +63,12 @@ impl Stage for Admit {
         let (session, turn) = turn_hint(&s.body);
         let Some(session) = session else { return Ok(Output::publish(vec![])) };
         let parsed = turn.as_deref().and_then(|t| t.parse().ok());
-        if let (Some(turn_id), Ok(request)) = (parsed, validate_bytes(&s.body, &self.deps.settings.limits)) {
+        if let (Some(turn_id), Ok(request)) =
+            (parsed, validate_bytes(&s.body, &self.deps.settings.limits))
+        {
             let key = TurnKey { session_id: session, turn_id };
-            let failed = self.deps.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
+            let failed =
+                self.deps.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
             if let Ok(Some(outbox)) = failed {
                 return Ok(Output::committed(outbox.ids, outbox.messages));
             }
@@ -123,7 +128,8 @@ impl Admit {
             let tag = format!("{what}-{submission}");
             Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
-        let contexts = [self.deps.conversation_context(turn).err(), self.deps.agent_context(turn).err()];
+        let contexts =
+            [self.deps.conversation_context(turn).err(), self.deps.agent_context(turn).err()];
         let context_errors: Vec<ApiError> = contexts.into_iter().flatten().collect();
         if !context_errors.is_empty() {
             return refuse("rejected-context", context_errors);
@@ -134,8 +140,8 @@ impl Admit {
             workspace_id: turn.workspace_id().map(str::to_owned),
             repo: turn.repo().map(str::to_owned),
         };
-        let wire = serde_json::to_value(request)?;
-        let admission = self.deps.store.admit_user_turn(key, &request.fingerprint(), &wire, &meta).await?;
+        let (wire, fingerprint) = stored_form(request)?;
+        let admission = self.deps.store.admit_user_turn(key, &fingerprint, &wire, &meta).await?;
         match admission {
             Admission::Accepted { outbox, queued, new_session } => {
                 info!(%session, turn = turn_id, queued, new_session, "turn admitted");
@@ -174,8 +180,8 @@ impl Admit {
     ) -> Result<Output<TurnJob>, StageError> {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
-        let wire = serde_json::to_value(request)?;
-        let admission = self.deps.store.admit_continuation(key, &request.fingerprint(), &wire, c).await?;
+        let (wire, fingerprint) = stored_form(request)?;
+        let admission = self.deps.store.admit_continuation(key, &fingerprint, &wire, c).await?;
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];
@@ -184,10 +190,14 @@ impl Admit {
         match admission {
             ContinuationAdmission::Accepted { outbox }
             | ContinuationAdmission::InFlight { outbox }
-            | ContinuationAdmission::Aborted { outbox } => Ok(Output::committed(outbox.ids, outbox.messages)),
-            ContinuationAdmission::Finished { reply } => Ok(Output::publish(vec![Outgoing::Reply(
-                ReplyOut::resent(session, turn_id, submission, reply),
-            )])),
+            | ContinuationAdmission::Aborted { outbox } => {
+                Ok(Output::committed(outbox.ids, outbox.messages))
+            }
+            ContinuationAdmission::Finished { reply } => {
+                Ok(Output::publish(vec![Outgoing::Reply(ReplyOut::resent(
+                    session, turn_id, submission, reply,
+                ))]))
+            }
             ContinuationAdmission::NotFound => {
                 refuse(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))
             }
@@ -200,7 +210,11 @@ impl Admit {
 }
 
 /// An invalid submission: refused to its session, or dead-lettered when it names none.
-fn reject(body: &[u8], submission: &str, errors: Vec<ApiError>) -> Result<Output<TurnJob>, StageError> {
+fn reject(
+    body: &[u8],
+    submission: &str,
+    errors: Vec<ApiError>,
+) -> Result<Output<TurnJob>, StageError> {
     match turn_hint(body) {
         (Some(session), turn) => {
             debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
@@ -213,6 +227,15 @@ fn reject(body: &[u8], submission: &str, errors: Vec<ApiError>) -> Result<Output
             Err(StageError::Refused(format!("no usable SessionId; {first}")))
         }
     }
+}
+
+/// The request as stored (wire JSON) and its fingerprint: two serialisations.
+fn stored_form(request: &ValidatedRequest) -> Result<(serde_json::Value, String), StageError> {
+    let m = crate::metrics::metrics();
+    m.json("serialize", "request_stored");
+    let wire = serde_json::to_value(request)?;
+    m.json("serialize", "request_fingerprint");
+    Ok((wire, request.fingerprint()))
 }
 
 fn refusal(session: SessionId, turn: Option<&str>, tag: String, errors: Vec<ApiError>) -> Outgoing {

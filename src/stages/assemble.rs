@@ -30,14 +30,19 @@ impl Stage for Assemble {
         let deps = &self.deps;
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
-        let state: SessionState =
-            serde_json::from_value(deps.store.session_state(&job.job.key.session_id).await?)?;
+        let stored = deps.store.session_state(&job.job.key.session_id).await?;
+        let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
         let context = deps.conversation_context(job.job.user_turn().map_err(StageError::fail)?);
         let context = context.map_err(StageError::fail)?;
         let assembled = job
             .job
             .assemble(&job.chunks, &state, context, &deps.settings.assemble)
             .map_err(StageError::fail)?;
-        Ok(Output::next(InvokeJob { job: job.job, chunks: job.chunks, warnings: job.warnings, assembled }))
+        Ok(Output::next(InvokeJob {
+            job: job.job,
+            chunks: job.chunks,
+            warnings: job.warnings,
+            assembled,
+        }))
     }
 }

@@ -39,7 +39,7 @@ impl Stage for Invoke {
         if let Some(saved) = deps.store.llm_result(&key, step).await? {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
-                .map_err(|e| StageError::Permanent(format!("unusable saved answer: {e}")))?;
+                .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
             info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
             return Ok(Output::next(persist));
         }
@@ -51,8 +51,8 @@ impl Stage for Invoke {
         let mut result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
         if let Err(LlmError::PreviousResponseNotFound { .. }) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
-            let state: SessionState =
-                serde_json::from_value(deps.store.session_state(&key.session_id).await?)?;
+            let stored = deps.store.session_state(&key.session_id).await?;
+            let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
             let context = deps.conversation_context(turn).map_err(StageError::fail)?;
             assembled = job
                 .job
@@ -87,7 +87,12 @@ impl Invoke {
             Ok(r) => ("ok", r.usage.as_ref()),
             Err(e) => (e.code().as_str(), None),
         };
-        crate::metrics::metrics().llm_call(model, outcome, usage, &self.deps.settings.telemetry.prices);
+        crate::metrics::metrics().llm_call(
+            model,
+            outcome,
+            usage,
+            &self.deps.settings.telemetry.prices,
+        );
     }
 
     async fn call(

@@ -70,7 +70,9 @@ impl Ledger for Store {
     }
 
     fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, String>> {
-        Box::pin(async move { Store::count_redelivery(self, &key).await.map_err(|e| e.to_string()) })
+        Box::pin(
+            async move { Store::count_redelivery(self, &key).await.map_err(|e| e.to_string()) },
+        )
     }
 }
 

@@ -50,14 +50,20 @@ impl Stage for Persist {
             job.assembled.as_ref(),
             record_kind(&job.result),
             out.body.clone(),
-        );
+        )?;
         record.provider_response_id = e.provider_id;
         record.response_payload = e.raw;
         record.usage = e.usage;
         record.errors = e.errors;
         let messages = vec![Outgoing::Reply(out)];
-        let finish =
-            FinishStep { key, step, record, session_state: e.session_state, outcome: e.outcome, messages };
+        let finish = FinishStep {
+            key,
+            step,
+            record,
+            session_state: e.session_state,
+            outcome: e.outcome,
+            messages,
+        };
         let pending = self.deps.store.finish_step(finish).await?;
         Ok(Output::committed(pending.ids, pending.messages))
     }
@@ -69,7 +75,8 @@ impl Persist {
         Ok(match &job.result {
             RoundTrip::Answered(a) => {
                 let outcome = with_owed_warnings(a.outcome.clone(), &owed_warnings(job));
-                let session_state = self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
+                let session_state =
+                    self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
                 let step_outcome = match &outcome {
                     Outcome::Final(_) => StepOutcome::Completed,
                     Outcome::ClientToolContinuation(c) => StepOutcome::AwaitingToolResults {
@@ -115,14 +122,18 @@ impl Persist {
         let Some(assembled) = &job.assembled else { return Ok(None) };
         let raw = self.deps.store.session_state(&job.job.key.session_id).await?;
         // Corrupt state must not silently become an empty one: the turn fails instead.
-        let state: SessionState = serde_json::from_value(raw)?;
+        let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
         let outcome = match outcome {
-            Outcome::Final(f) => AnswerOutcome::Final { output_text: f.primary_output_text.clone() },
-            Outcome::ClientToolContinuation(c) => AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() },
+            Outcome::Final(f) => {
+                AnswerOutcome::Final { output_text: f.primary_output_text.clone() }
+            }
+            Outcome::ClientToolContinuation(c) => {
+                AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() }
+            }
         };
         let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
         let next = state.apply_answer(&assembled.update, &answer, &self.deps.settings.assemble);
-        Ok(Some(serde_json::to_value(next)?))
+        Ok(Some(next.to_stored()?))
     }
 
     fn mode_display_name(&self, job: &PersistJob) -> String {

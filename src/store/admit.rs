@@ -1,14 +1,15 @@
-//! Admission of turns: idempotency by `(SessionId, TurnId)`, one turn at a time per session
-//! (later turns queue in arrival order), and tool continuations resuming the waiting turn.
+//! Admission of user turns: idempotency by `(SessionId, TurnId)`, one turn at a time per
+//! session (later turns queue in arrival order). Tool continuations are in `resume`.
 
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
-use super::records::{dispatch_next, insert_record, NewRecord, TurnRow, TurnState, TURN_COLUMNS};
+use super::records::NewRecord;
+use super::turns::{TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, ErrorCode, InvokeResult, Reply, ToolCall, ToolContinuation, TurnKey};
+use crate::contracts::{ApiError, InvokeResult, Reply, TurnKey};
 use crate::messages::{Outgoing, ReplyOut};
 
 /// Session columns a user turn may set.
@@ -57,46 +58,21 @@ pub enum Admission {
     },
 }
 
-/// The result of admitting a tool continuation.
-#[derive(Debug)]
-pub enum ContinuationAdmission {
-    /// The turn resumes; its forward message is in `outbox`.
-    Accepted {
-        /// Messages to publish.
-        outbox: PendingOutbox,
-    },
-    /// The same continuation was already applied.
-    InFlight {
-        /// Messages to publish.
-        outbox: PendingOutbox,
-    },
-    /// The same continuation was applied and the turn finished.
-    Finished {
-        /// The stored reply.
-        reply: Value,
-    },
-    /// No such turn in this session.
-    NotFound,
-    /// The turn is not waiting for tool results.
-    NotAwaiting {
-        /// Its state.
-        state: TurnState,
-    },
-    /// The results did not match; the turn was failed and its error reply is in `outbox`.
-    Aborted {
-        /// Messages to publish.
-        outbox: PendingOutbox,
-    },
-}
-
-async fn lock_session(conn: &mut PgConnection, session: Uuid) -> Result<(Option<String>, i64), StoreError> {
+async fn lock_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<(Option<String>, i64), StoreError> {
     Ok(sqlx::query_as("SELECT active_turn_id, next_seq FROM sessions WHERE id = $1 FOR UPDATE")
         .bind(session)
         .fetch_one(&mut *conn)
         .await?)
 }
 
-async fn turn_row(conn: &mut PgConnection, session: Uuid, turn: &str) -> Result<Option<TurnRow>, StoreError> {
+pub(super) async fn turn_row(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+) -> Result<Option<TurnRow>, StoreError> {
     let sql = format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
     Ok(sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *conn).await?)
 }
@@ -123,22 +99,9 @@ impl Store {
         request: &Value,
         meta: &SessionMeta,
     ) -> Result<Admission, StoreError> {
-        let session = key.session_id.as_uuid();
-        let turn = key.turn_id.as_str();
+        let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let created = sqlx::query(
-            "INSERT INTO sessions (id, agent_context_id, conversation_context_id, workspace_id, repo)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(session)
-        .bind(&meta.agent_context_id)
-        .bind(&meta.conversation_context_id)
-        .bind(&meta.workspace_id)
-        .bind(&meta.repo)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
+        let created = create_session(&mut tx, session, meta).await?;
         let (active, next_seq) = lock_session(&mut tx, session).await?;
         if let Some(existing) = turn_row(&mut tx, session, turn).await? {
             let outcome = if existing.fingerprint != fingerprint {
@@ -146,133 +109,102 @@ impl Store {
             } else if existing.state.is_finished() {
                 Admission::Finished { reply: existing.last_reply.unwrap_or(Value::Null) }
             } else {
-                Admission::InFlight { outbox: outbox::pending_for_turn(&mut tx, session, turn).await? }
-            };
-            tx.commit().await?;
-            return Ok(outcome);
-        }
-        if let Some(active) = &active {
-            let state: Option<String> =
-                sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1 AND turn_id = $2")
-                    .bind(session)
-                    .bind(active)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if state.as_deref() == Some(TurnState::AwaitingToolResults.as_str()) {
-                tx.commit().await?;
-                return Ok(Admission::AwaitingToolResults { turn_id: active.clone() });
-            }
-        }
-        let queued = active.is_some();
-        let sql = format!(
-            "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request)
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING {TURN_COLUMNS}"
-        );
-        let row: TurnRow = sqlx::query_as(&sql)
-            .bind(session)
-            .bind(turn)
-            .bind(next_seq)
-            .bind(if queued { TurnState::Queued } else { TurnState::Running }.as_str())
-            .bind(fingerprint)
-            .bind(request)
-            .fetch_one(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE sessions SET next_seq = next_seq + 1, active_turn_id = COALESCE(active_turn_id, $2),
-                 updated_at = now() WHERE id = $1",
-        )
-        .bind(session)
-        .bind(turn)
-        .execute(&mut *tx)
-        .await?;
-        let messages = if queued { Vec::new() } else { vec![Outgoing::Start(row.start_job()?)] };
-        let outbox = outbox::insert(&mut tx, session, turn, messages).await?;
-        tx.commit().await?;
-        Ok(Admission::Accepted { outbox, queued, new_session: created })
-    }
-
-    /// Admits a tool continuation (`continuation` is `parsed` in wire form). Results that do
-    /// not match the pending calls end the turn with an error record and reply.
-    pub async fn admit_continuation(
-        &self,
-        key: &TurnKey,
-        fingerprint: &str,
-        continuation: &Value,
-        parsed: &ToolContinuation,
-    ) -> Result<ContinuationAdmission, StoreError> {
-        let session = key.session_id.as_uuid();
-        let turn = key.turn_id.as_str();
-        let mut tx = self.pool.begin().await?;
-        let locked: Option<i32> = sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-            .bind(session)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let row = match locked {
-            None => None,
-            Some(_) => turn_row(&mut tx, session, turn).await?,
-        };
-        let Some(mut row) = row else {
-            tx.commit().await?;
-            return Ok(ContinuationAdmission::NotFound);
-        };
-        if row.continuation_fingerprint.as_deref() == Some(fingerprint)
-            && row.state != TurnState::AwaitingToolResults
-        {
-            let outcome = if row.state.is_finished() {
-                ContinuationAdmission::Finished { reply: row.last_reply.clone().unwrap_or(Value::Null) }
-            } else {
-                ContinuationAdmission::InFlight {
+                Admission::InFlight {
                     outbox: outbox::pending_for_turn(&mut tx, session, turn).await?,
                 }
             };
             tx.commit().await?;
             return Ok(outcome);
         }
-        if row.state != TurnState::AwaitingToolResults {
+        if let Some(active) = active {
+            if state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults) {
+                tx.commit().await?;
+                return Ok(Admission::AwaitingToolResults { turn_id: active });
+            }
+            let new = NewTurn { session, turn, seq: next_seq, fingerprint, request };
+            insert_turn(&mut tx, &new, TurnState::Queued).await?;
+            let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             tx.commit().await?;
-            return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
+            return Ok(Admission::Accepted { outbox, queued: true, new_session: created });
         }
-        let pending: Vec<ToolCall> =
-            row.pending_tool_calls.clone().map(serde_json::from_value).transpose()?.unwrap_or_default();
-        if let Err(mismatch) = crate::assemble::check_tool_results(&pending, parsed) {
-            let reason = mismatch.to_api_error().message;
-            let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
-            let (record, reply) = failure(&row, error, Some(continuation.clone()))?;
-            let mut messages = vec![reply];
-            insert_record(&mut tx, session, turn, row.step, &record, None).await?;
-            sqlx::query(
-                "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
-                     continuation = $4, continuation_fingerprint = $5, updated_at = now()
-                 WHERE session_id = $1 AND turn_id = $2",
-            )
+        let new = NewTurn { session, turn, seq: next_seq, fingerprint, request };
+        let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
+        let start = vec![Outgoing::Start(row.start_job()?)];
+        let outbox = outbox::insert(&mut tx, session, turn, start).await?;
+        tx.commit().await?;
+        Ok(Admission::Accepted { outbox, queued: false, new_session: created })
+    }
+}
+
+/// Creates the session if it is new; whether it was.
+async fn create_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    meta: &SessionMeta,
+) -> Result<bool, StoreError> {
+    let created = sqlx::query(
+        "INSERT INTO sessions (id, agent_context_id, conversation_context_id, workspace_id, repo)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(session)
+    .bind(&meta.agent_context_id)
+    .bind(&meta.conversation_context_id)
+    .bind(&meta.workspace_id)
+    .bind(&meta.repo)
+    .execute(&mut *conn)
+    .await?;
+    Ok(created.rows_affected() == 1)
+}
+
+async fn state_of(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+) -> Result<Option<TurnState>, StoreError> {
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1 AND turn_id = $2")
             .bind(session)
             .bind(turn)
-            .bind(&record.reply)
-            .bind(continuation)
-            .bind(fingerprint)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await?;
-            if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(Outgoing::Start(next.start_job()?));
-            }
-            let outbox = outbox::insert(&mut tx, session, turn, messages).await?;
-            tx.commit().await?;
-            return Ok(ContinuationAdmission::Aborted { outbox });
-        }
-        sqlx::query(
-            "UPDATE turns SET state = 'running', continuation = $3, continuation_fingerprint = $4, updated_at = now()
-             WHERE session_id = $1 AND turn_id = $2",
-        )
-        .bind(session)
-        .bind(turn)
-        .bind(continuation)
-        .bind(fingerprint)
-        .execute(&mut *tx)
+    state.map(TurnState::try_from).transpose()
+}
+
+/// A turn to insert.
+struct NewTurn<'a> {
+    session: Uuid,
+    turn: &'a str,
+    seq: i64,
+    fingerprint: &'a str,
+    request: &'a Value,
+}
+
+/// Inserts the turn in `state` and counts it on its session (the first one holds the session).
+async fn insert_turn(
+    conn: &mut PgConnection,
+    t: &NewTurn<'_>,
+    state: TurnState,
+) -> Result<TurnRow, StoreError> {
+    let sql = format!(
+        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {TURN_COLUMNS}"
+    );
+    let row: TurnRow = sqlx::query_as(&sql)
+        .bind(t.session)
+        .bind(t.turn)
+        .bind(t.seq)
+        .bind(state.as_str())
+        .bind(t.fingerprint)
+        .bind(t.request)
+        .fetch_one(&mut *conn)
         .await?;
-        row.state = TurnState::Running;
-        row.continuation = Some(continuation.clone());
-        let outbox = outbox::insert(&mut tx, session, turn, vec![Outgoing::Start(row.start_job()?)]).await?;
-        tx.commit().await?;
-        Ok(ContinuationAdmission::Accepted { outbox })
-    }
+    sqlx::query(
+        "UPDATE sessions SET next_seq = next_seq + 1, active_turn_id = COALESCE(active_turn_id, $2),
+             updated_at = now() WHERE id = $1",
+    )
+    .bind(t.session)
+    .bind(t.turn)
+    .execute(&mut *conn)
+    .await?;
+    Ok(row)
 }

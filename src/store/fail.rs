@@ -6,7 +6,8 @@ use uuid::Uuid;
 
 use super::admit::failure;
 use super::outbox::{self, PendingOutbox};
-use super::records::{dispatch_next, insert_record, TurnRow, TurnState, TURN_COLUMNS};
+use super::records::insert_record;
+use super::turns::{dispatch_next, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, SessionId, TurnKey};
 use crate::messages::Outgoing;
@@ -44,12 +45,13 @@ impl Store {
             .bind(session)
             .execute(&mut *tx)
             .await?;
-        let sql = format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
+        let sql =
+            format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
         let row: Option<TurnRow> =
             sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *tx).await?;
         let Some(row) = row else { return Ok(None) };
-        let ours =
-            row.fingerprint == fingerprint || row.continuation_fingerprint.as_deref() == Some(fingerprint);
+        let ours = row.fingerprint == fingerprint
+            || row.continuation_fingerprint.as_deref() == Some(fingerprint);
         if !ours || row.state.is_finished() {
             return Ok(None);
         }

@@ -6,17 +6,23 @@ mod fail;
 mod outbox;
 mod records;
 mod reprocess;
+mod resume;
+mod sessions;
+mod turns;
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
-pub use admit::{Admission, ContinuationAdmission, SessionMeta};
+pub use admit::{Admission, SessionMeta};
 pub use fail::StoredReply;
 pub use outbox::PendingOutbox;
-pub use records::{FinishStep, NewRecord, SessionView, StepOutcome, TurnRow, TurnState};
+pub use records::{FinishStep, NewRecord, StepOutcome};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
+pub use resume::ContinuationAdmission;
+pub use sessions::SessionView;
+pub use turns::{TurnRow, TurnState};
 
 /// Embedded migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -53,7 +59,9 @@ impl StoreError {
             StoreError::Db(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
                 sqlx_transient(e)
             }
-            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => false,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => {
+                false
+            }
         }
     }
 }
@@ -107,10 +115,11 @@ impl Store {
         let name = options.get_database().unwrap_or("aptix").to_owned();
         let admin = options.database("postgres");
         let mut conn = admin.connect().await?;
-        let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-            .bind(&name)
-            .fetch_optional(&mut conn)
-            .await?;
+        let exists: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                .bind(&name)
+                .fetch_optional(&mut conn)
+                .await?;
         if exists.is_none() {
             let quoted = name.replace('"', "\"\"");
             let sql = format!("CREATE DATABASE \"{quoted}\"");

@@ -41,7 +41,10 @@ pub(super) async fn insert(
         )
         .bind(session)
         .bind(turn)
-        .bind(serde_json::to_value(&m)?)
+        .bind({
+            crate::metrics::metrics().json("serialize", "outbox");
+            serde_json::to_value(&m)?
+        })
         .fetch_one(&mut *conn)
         .await?;
         out.ids.push(id);
@@ -68,7 +71,10 @@ pub(super) async fn pending_for_turn(
         let payload: Option<serde_json::Value> = row.try_get("payload")?;
         out.ids.push(row.try_get("id")?);
         out.messages.push(match payload {
-            Some(p) => serde_json::from_value(p)?,
+            Some(p) => {
+                crate::metrics::metrics().json("parse", "outbox");
+                serde_json::from_value(p)?
+            }
             None => Outgoing::Legacy(legacy(&row)?),
         });
     }
@@ -98,7 +104,11 @@ impl Store {
     }
 
     /// Outbox rows of one turn that are still unpublished.
-    pub async fn pending_outbox(&self, session: &SessionId, turn: &str) -> Result<PendingOutbox, StoreError> {
+    pub async fn pending_outbox(
+        &self,
+        session: &SessionId,
+        turn: &str,
+    ) -> Result<PendingOutbox, StoreError> {
         let mut conn = self.pool.acquire().await?;
         pending_for_turn(&mut conn, session.as_uuid(), turn).await
     }

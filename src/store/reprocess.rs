@@ -102,7 +102,10 @@ const COLUMNS: &str = "id, session_id, turn_id, step, kind, provider_response_id
 impl Store {
     /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
     /// original record; turns that never got one (rejected at admission) are not stored turns.
-    pub async fn reprocess_select(&self, selector: &TurnSelector) -> Result<Vec<SelectedTurn>, StoreError> {
+    pub async fn reprocess_select(
+        &self,
+        selector: &TurnSelector,
+    ) -> Result<Vec<SelectedTurn>, StoreError> {
         let (sessions, turns): (Vec<Uuid>, Vec<String>) =
             selector.turns.iter().flatten().map(|(s, t)| (*s, t.clone())).unzip();
         Ok(sqlx::query_as(
@@ -125,7 +128,11 @@ impl Store {
     }
 
     /// The original records of a turn, by step, each with its saved round trip.
-    pub async fn original_steps(&self, session: Uuid, turn: &str) -> Result<Vec<OriginalStep>, StoreError> {
+    pub async fn original_steps(
+        &self,
+        session: Uuid,
+        turn: &str,
+    ) -> Result<Vec<OriginalStep>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT r.id, t.seq, r.step, r.kind, r.request_payload, r.usage, r.reply, l.result AS saved
              FROM response_records r
@@ -176,7 +183,11 @@ impl Store {
     /// Writes the records of one reprocessed turn in one transaction; a record the run already
     /// wrote (another copy of the run got there first) is left as it is. Returns how many were
     /// written.
-    pub async fn insert_reprocessed(&self, run: &str, records: &[LinkedRecord]) -> Result<u64, StoreError> {
+    pub async fn insert_reprocessed(
+        &self,
+        run: &str,
+        records: &[LinkedRecord],
+    ) -> Result<u64, StoreError> {
         let sql = format!(
             "INSERT INTO response_records ({COLUMNS})
              SELECT {COLUMNS} FROM jsonb_populate_record(NULL::response_records, $1)

@@ -118,10 +118,9 @@ impl Harness {
     pub fn run(&mut self, copies: usize) {
         self.shutdown = CancellationToken::new();
         let (deps, token) = (self.deps.clone(), self.shutdown.clone());
-        self.running =
-            Some(tokio::spawn(
-                async move { pipeline::run(deps, &aptix::stages::names(), copies, token).await },
-            ));
+        self.running = Some(tokio::spawn(async move {
+            pipeline::run(deps, &aptix::stages::names(), copies, token).await
+        }));
     }
 
     /// Starts `copies` consumers of every stage of `chain` (a pipeline with a stage of its own)
@@ -155,8 +154,10 @@ impl Harness {
     /// Declares the session's reply queue as a client does (durable, no arguments; the server
     /// binds it), then publishes the request.
     pub async fn submit(&self, request: &Value) {
-        if let Some(s) =
-            request.get("SessionId").and_then(Value::as_str).and_then(|s| s.parse::<SessionId>().ok())
+        if let Some(s) = request
+            .get("SessionId")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<SessionId>().ok())
         {
             self.topology.declare_client_queue(self.publisher.channel(), &s).await.unwrap();
             self.sessions.lock().unwrap().insert(s);
@@ -222,23 +223,32 @@ impl Harness {
             aptix::stages::names().iter().map(|s| self.topology.stage_queue(*s)).collect();
         queues.push(self.topology.dead());
         queues.push(self.topology.unrouted());
-        queues.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
+        queues
+            .extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
         let sessions: Vec<SessionId> = self.sessions.lock().unwrap().drain().collect();
         queues.extend(sessions.iter().map(|s| self.topology.session_queue(s)));
         for q in queues {
             let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
         }
-        let mut exchanges = vec![self.topology.requests_exchange(), self.topology.replies_exchange()];
-        exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
+        let mut exchanges =
+            vec![self.topology.requests_exchange(), self.topology.replies_exchange()];
+        exchanges
+            .extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
         for e in exchanges {
             let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
         }
         self.deps.store.pool().close().await;
-        let url = self.settings.database.url.expose().replace(&format!("aptix_t_{}", self.id), "postgres");
+        let url = self
+            .settings
+            .database
+            .url
+            .expose()
+            .replace(&format!("aptix_t_{}", self.id), "postgres");
         if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS aptix_t_{} WITH (FORCE)", self.id))
-                .execute(&pool)
-                .await;
+            let _ =
+                sqlx::query(&format!("DROP DATABASE IF EXISTS aptix_t_{} WITH (FORCE)", self.id))
+                    .execute(&pool)
+                    .await;
         }
         self.sim.shutdown().await;
         drop(self.deps);
@@ -299,7 +309,10 @@ impl Harness {
             ("APTIX__AMQP__URL".into(), s.amqp.url.expose().to_owned()),
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
             ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.expose().to_owned()),
-            ("APTIX__VECTOR__DATA_DIR".into(), self.dir.join("child-vectors").display().to_string()),
+            (
+                "APTIX__VECTOR__DATA_DIR".into(),
+                self.dir.join("child-vectors").display().to_string(),
+            ),
             ("APTIX__TELEMETRY__METRICS_LISTEN".into(), "127.0.0.1:0".into()),
             ("RUST_LOG".into(), "warn".into()),
         ]

@@ -134,7 +134,8 @@ fn rabbitmq_definitions_match_the_topology() {
     assert_eq!(bindings, expected_bindings);
 
     let keys: BTreeSet<&str> = defs.as_object().unwrap().keys().map(String::as_str).collect();
-    let expected = ["bindings", "exchanges", "permissions", "policies", "queues", "users", "vhosts"];
+    let expected =
+        ["bindings", "exchanges", "permissions", "policies", "queues", "users", "vhosts"];
     assert_eq!(keys, BTreeSet::from(expected));
     assert_eq!(defs["vhosts"], json!([{"name": "/"}]));
 }
@@ -167,7 +168,8 @@ fn setup_print(args: &[&str]) -> Json {
         .output()
         .expect("running bash");
     assert!(out.status.success(), "setup.sh --print: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("setup.sh --print is not JSON: {e}"))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("setup.sh --print is not JSON: {e}"))
 }
 
 #[test]
@@ -235,8 +237,13 @@ fn broker_message_limit_equals_the_projects() {
     let broker: u64 = conf["max_message_size"].parse().unwrap();
     // RabbitMQ 4's default, set explicitly so that 3.x (128 MiB by default) refuses the same.
     assert_eq!(broker, 16 * 1024 * 1024);
-    let ours = defaults()["amqp"]["max_message_bytes"].as_integer().expect("amqp.max_message_bytes");
-    assert_eq!(broker, u64::try_from(ours).unwrap(), "rabbitmq.conf and aptix.example.toml disagree");
+    let ours =
+        defaults()["amqp"]["max_message_bytes"].as_integer().expect("amqp.max_message_bytes");
+    assert_eq!(
+        broker,
+        u64::try_from(ours).unwrap(),
+        "rabbitmq.conf and aptix.example.toml disagree"
+    );
     // Nobody lowers the project's limit in a shipped environment without the broker's.
     let compose = compose();
     for svc in services(&compose).values() {
@@ -249,7 +256,8 @@ fn broker_message_limit_equals_the_projects() {
 fn amqp_credentials(url: &str) -> (String, String) {
     let rest = url.strip_prefix("amqp://").unwrap_or_else(|| panic!("not an amqp:// URL: {url}"));
     let (userinfo, _) = rest.split_once('@').unwrap_or_else(|| panic!("no user in {url}"));
-    let (user, password) = userinfo.split_once(':').unwrap_or_else(|| panic!("no password in {url}"));
+    let (user, password) =
+        userinfo.split_once(':').unwrap_or_else(|| panic!("no password in {url}"));
     (user.to_owned(), password.to_owned())
 }
 
@@ -274,7 +282,9 @@ fn compose_wires_the_broker_configuration_and_the_worker_user() {
     let broker = mounts(rabbit);
     let conf = broker
         .iter()
-        .find(|(target, _)| target.starts_with("/etc/rabbitmq/conf.d/") && target.ends_with(".conf"))
+        .find(|(target, _)| {
+            target.starts_with("/etc/rabbitmq/conf.d/") && target.ends_with(".conf")
+        })
         .map(|(_, source)| source.as_str());
     assert_eq!(conf, Some("./deploy/rabbitmq/rabbitmq.conf"), "rabbitmq.conf in conf.d");
     assert_eq!(broker["/etc/aptix/definitions.json"], "./deploy/rabbitmq/definitions.json");
@@ -287,8 +297,14 @@ fn compose_wires_the_broker_configuration_and_the_worker_user() {
     assert_eq!(scalar(&setup["restart"]), "no");
     let setup_mounts = mounts(setup);
     assert_eq!(setup_mounts["/etc/aptix/setup.sh"], "./deploy/rabbitmq/setup.sh");
-    assert_eq!(setup_mounts["/var/lib/rabbitmq"], broker["/var/lib/rabbitmq"], "the broker's cookie");
-    assert_eq!(yaml_str(&setup["depends_on"]["rabbitmq"]["condition"], "condition"), "service_healthy");
+    assert_eq!(
+        setup_mounts["/var/lib/rabbitmq"], broker["/var/lib/rabbitmq"],
+        "the broker's cookie"
+    );
+    assert_eq!(
+        yaml_str(&setup["depends_on"]["rabbitmq"]["condition"], "condition"),
+        "service_healthy"
+    );
     let setup_env = compose_env(setup);
     let node = format!("rabbit@{}", yaml_str(&rabbit["hostname"], "hostname"));
     assert_eq!(setup_env["APTIX_RABBITMQ_NODE"], node);
@@ -303,7 +319,10 @@ fn compose_wires_the_broker_configuration_and_the_worker_user() {
         let Some(url) = env.get("APTIX__AMQP__URL") else { continue };
         let (user, password) = amqp_credentials(url);
         assert_eq!(user, WORKER, "{name}");
-        assert_eq!(password, setup_env["APTIX_WORKER_PASSWORD"], "{name}: the password setup.sh sets");
+        assert_eq!(
+            password, setup_env["APTIX_WORKER_PASSWORD"],
+            "{name}: the password setup.sh sets"
+        );
         let command = string_list(&setup["command"], "command");
         assert_eq!(command, ["bash", "/etc/aptix/setup.sh", env["APTIX__AMQP__PREFIX"].as_str()]);
     }
@@ -327,7 +346,10 @@ fn kubernetes_wires_the_broker_configuration_and_the_worker_user() {
     assert_eq!(maps.len(), 1);
     assert_eq!(maps[0]["name"].as_str(), Some("aptix-rabbitmq"));
     let files: BTreeSet<String> = string_list(&maps[0]["files"], "files").into_iter().collect();
-    assert_eq!(files, BTreeSet::from(["definitions.json", "rabbitmq.conf", "setup.sh"].map(String::from)));
+    assert_eq!(
+        files,
+        BTreeSet::from(["definitions.json", "rabbitmq.conf", "setup.sh"].map(String::from))
+    );
     assert_eq!(generator["generatorOptions"]["disableNameSuffixHash"].as_bool(), Some(true));
 
     let k8s = K8s::load();
@@ -352,7 +374,9 @@ fn kubernetes_wires_the_broker_configuration_and_the_worker_user() {
     let users = k8s.named("Secret", "aptix-rabbitmq-users");
     let secret_volume = pod["volumes"]
         .as_sequence()
-        .and_then(|v| v.iter().find(|v| v["secret"]["secretName"].as_str() == Some("aptix-rabbitmq-users")))
+        .and_then(|v| {
+            v.iter().find(|v| v["secret"]["secretName"].as_str() == Some("aptix-rabbitmq-users"))
+        })
         .expect("a volume of the aptix-rabbitmq-users Secret");
     let secret_dir = container["volumeMounts"]
         .as_sequence()
@@ -379,7 +403,11 @@ fn kubernetes_wires_the_broker_configuration_and_the_worker_user() {
     assert_eq!(password, scalar(&users["stringData"]["APTIX_WORKER_PASSWORD"]));
     assert_ne!(password, scalar(&users["stringData"]["APTIX_CLIENT_PASSWORD"]));
     let host = url.split_once('@').unwrap().1.split(':').next().unwrap();
-    assert_eq!(Some(host), cluster["metadata"]["name"].as_str(), "the URL names the RabbitMQ Service");
+    assert_eq!(
+        Some(host),
+        cluster["metadata"]["name"].as_str(),
+        "the URL names the RabbitMQ Service"
+    );
     assert!(k8s.env().values().all(|v| !v.contains("guest")), "no Kubernetes setting uses guest");
     // The documented setup command uses the deployment's prefix.
     let prefix = &k8s.env()["APTIX__AMQP__PREFIX"];

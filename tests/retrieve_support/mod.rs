@@ -25,7 +25,11 @@ pub fn fixture(root: &Path) {
         "src/ui/primitives/Button.tsx",
         "export function Button(props: ButtonProps) {\n  return quaternionButton(props);\n}\n",
     );
-    write(root, "src/ui/layout/Grid.tsx", "export function Grid() {\n  return quaternionGrid();\n}\n");
+    write(
+        root,
+        "src/ui/layout/Grid.tsx",
+        "export function Grid() {\n  return quaternionGrid();\n}\n",
+    );
     write(
         root,
         "src/core/quaternion.rs",
@@ -61,8 +65,14 @@ pub async fn search(
     repo: Option<&str>,
     scope: &[ScopeCondition],
 ) -> SearchOutcome {
-    let req =
-        SearchRequest { collection: c, query_text: query, repo, scope, top_k: 50, budget_chars: 100_000 };
+    let req = SearchRequest {
+        collection: c,
+        query_text: query,
+        repo,
+        scope,
+        top_k: 50,
+        budget_chars: 100_000,
+    };
     r.search(req).await.unwrap()
 }
 
@@ -96,7 +106,10 @@ pub async fn every_scope_operator_filters_as_documented(c: &str, url: Option<Str
         {"key": "language", "operator": "==", "values": ["TypeScript", "markdown"]}])),
     )
     .await;
-    assert_eq!(paths(&eq), ["docs/quaternion.md", "src/ui/layout/Grid.tsx", "src/ui/primitives/Button.tsx"]);
+    assert_eq!(
+        paths(&eq),
+        ["docs/quaternion.md", "src/ui/layout/Grid.tsx", "src/ui/primitives/Button.tsx"]
+    );
 
     let ne = search(
         &r,
@@ -131,7 +144,11 @@ pub async fn every_scope_operator_filters_as_documented(c: &str, url: Option<Str
         {"key": "path", "operator": "contains", "values": ["src", ".RS"]}])),
     )
     .await;
-    assert_eq!(paths(&stem), ["src/core/quaternion.rs"], "every value must match; case-insensitive");
+    assert_eq!(
+        paths(&stem),
+        ["src/core/quaternion.rs"],
+        "every value must match; case-insensitive"
+    );
 
     let not = search(
         &r,
@@ -205,7 +222,11 @@ pub async fn reindexing_is_idempotent_and_removes_stale_chunks(c: &str, url: Opt
     assert_eq!((first.written, first.unchanged, first.deleted), (first.chunks, 0, 0));
 
     let again = index(&r, c, src.path(), "acme/web").await;
-    assert_eq!((again.written, again.unchanged, again.deleted), (0, first.chunks, 0), "nothing rewritten");
+    assert_eq!(
+        (again.written, again.unchanged, again.deleted),
+        (0, first.chunks, 0),
+        "nothing rewritten"
+    );
 
     write(
         src.path(),
@@ -214,7 +235,11 @@ pub async fn reindexing_is_idempotent_and_removes_stale_chunks(c: &str, url: Opt
     );
     std::fs::remove_file(src.path().join("docs/quaternion.md")).unwrap();
     let changed = index(&r, c, src.path(), "acme/web").await;
-    assert_eq!((changed.written, changed.deleted, changed.unchanged), (1, 2, first.chunks - 2), "{changed}");
+    assert_eq!(
+        (changed.written, changed.deleted, changed.unchanged),
+        (1, 2, first.chunks - 2),
+        "{changed}"
+    );
     let found = search(&r, c, "quaternion quaternionGridV2", None, &[]).await;
     assert!(!paths(&found).contains(&"docs/quaternion.md".to_owned()));
     let grid: Vec<_> = found.chunks.iter().filter(|c| c.path == "src/ui/layout/Grid.tsx").collect();
@@ -230,7 +255,10 @@ pub async fn a_reopened_shard_has_every_write(c: &str, url: Option<String>) {
         let summary = index(&r, c, src.path(), "acme/web").await;
         // A second handle for the same directory shares the open shard instead of failing on its lock.
         let again = Retrieval::from_settings(&settings(data.path(), url.clone())).unwrap();
-        assert_eq!(again.store(c).await.unwrap().count(FilterSpec::default()).await.unwrap(), summary.chunks);
+        assert_eq!(
+            again.store(c).await.unwrap().count(FilterSpec::default()).await.unwrap(),
+            summary.chunks
+        );
         summary.chunks
     };
     let r = Retrieval::from_settings(&settings(data.path(), url.clone())).unwrap();

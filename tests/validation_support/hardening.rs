@@ -51,7 +51,10 @@ fn huge_lists_are_refused_with_one_error_before_deserialization() {
         assert_eq!(errors.len(), 1, "{field}: {errors:?}");
         assert_eq!(errors[0].code, ErrorCode::LimitExceeded);
         assert_eq!(errors[0].field.as_deref(), Some(field));
-        assert!(errors[0].message.contains("280000") && errors[0].message.contains(key), "{errors:?}");
+        assert!(
+            errors[0].message.contains("280000") && errors[0].message.contains(key),
+            "{errors:?}"
+        );
         assert!(elapsed < Duration::from_secs(5), "{field}: {elapsed:?}");
     }
 }
@@ -97,7 +100,9 @@ fn error_lists_are_capped_with_a_count_of_the_rest() {
     assert!(errors[20].message.contains("1980 more") && errors[20].message.contains("max_errors"));
     // Rule errors count against the same cap: 64 broken artifacts, 3 errors each.
     let broken: Vec<Value> = (0..64)
-        .map(|i| artifact(json!({"RelativePath": format!("/abs{i}"), "FileName": null, "Origin": "x"})))
+        .map(|i| {
+            artifact(json!({"RelativePath": format!("/abs{i}"), "FileName": null, "Origin": "x"}))
+        })
         .collect();
     let errors = all_errors(&bytes(&user(json!({"InputArtifacts": broken}))), &Limits::default());
     assert_eq!(errors.len(), 21, "{errors:?}");
@@ -111,21 +116,36 @@ fn error_lists_are_capped_with_a_count_of_the_rest() {
 #[test]
 fn nul_is_refused_in_every_stored_string() {
     let nul = "a\u{0}b";
-    let scope = |k: &str, v: Value| json!({"RagScope": [{"Key": k, "Operator": "==", "Values": v}]});
+    let scope =
+        |k: &str, v: Value| json!({"RagScope": [{"Key": k, "Operator": "==", "Values": v}]});
     let cases = [
         (user(json!({"Instruction": nul})), "Instruction"),
         (user(json!({"SolutionContextText": nul})), "SolutionContextText"),
         (user(json!({"WorkspaceId": nul})), "WorkspaceId"),
         (user(json!({"Repo": nul})), "Repo"),
         (user(json!({"Language": nul})), "Language"),
-        (user(json!({"InputArtifacts": [artifact(json!({"FileName": nul}))]})), "InputArtifacts[0].FileName"),
-        (user(json!({"InputArtifacts": [artifact(json!({"Contents": nul}))]})), "InputArtifacts[0].Contents"),
         (
-            user(json!({"InputArtifacts": [artifact(json!({"Contents": nul, "Encoding": "utf8"}))]})),
+            user(json!({"InputArtifacts": [artifact(json!({"FileName": nul}))]})),
+            "InputArtifacts[0].FileName",
+        ),
+        (
+            user(json!({"InputArtifacts": [artifact(json!({"Contents": nul}))]})),
             "InputArtifacts[0].Contents",
         ),
-        (user(json!({"InputArtifacts": [artifact(json!({"MimeType": nul}))]})), "InputArtifacts[0].MimeType"),
-        (user(json!({"InputArtifacts": [artifact(json!({"Language": nul}))]})), "InputArtifacts[0].Language"),
+        (
+            user(
+                json!({"InputArtifacts": [artifact(json!({"Contents": nul, "Encoding": "utf8"}))]}),
+            ),
+            "InputArtifacts[0].Contents",
+        ),
+        (
+            user(json!({"InputArtifacts": [artifact(json!({"MimeType": nul}))]})),
+            "InputArtifacts[0].MimeType",
+        ),
+        (
+            user(json!({"InputArtifacts": [artifact(json!({"Language": nul}))]})),
+            "InputArtifacts[0].Language",
+        ),
         (user(json!({"ClipboardImages": [image(json!({"Id": nul}))]})), "ClipboardImages[0].Id"),
         (
             user(json!({"ClipboardImages": [image(json!({"MimeType": "image/p\u{0}ng"}))]})),
@@ -134,15 +154,21 @@ fn nul_is_refused_in_every_stored_string() {
         (user(scope(nul, json!(["x"]))), "RagScope[0].Key"),
         (user(scope("path", json!(["x", nul]))), "RagScope[0].Values[1]"),
         (
-            cont(json!({"ToolResults": [{"ToolCallId": nul, "ExecutionMs": 1, "ResultJson": "1"}]})),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": nul, "ExecutionMs": 1, "ResultJson": "1"}]}),
+            ),
             "ToolResults[0].ToolCallId",
         ),
         (
-            cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "\"a\u{0}\""}]})),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ResultJson": "\"a\u{0}\""}]}),
+            ),
             "ToolResults[0].ResultJson",
         ),
         (
-            cont(json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ErrorMessage": nul}]})),
+            cont(
+                json!({"ToolResults": [{"ToolCallId": "c", "ExecutionMs": 1, "ErrorMessage": nul}]}),
+            ),
             "ToolResults[0].ErrorMessage",
         ),
     ];
@@ -153,7 +179,10 @@ fn nul_is_refused_in_every_stored_string() {
         assert_eq!(hit.field.as_deref(), Some(field), "{errors:?}");
         assert!(hit.message.contains("U+0000"), "{}", hit.message);
         for e in &errors {
-            assert!(!e.message.contains('\0') && !e.field.as_deref().unwrap_or("").contains('\0'), "{e:?}");
+            assert!(
+                !e.message.contains('\0') && !e.field.as_deref().unwrap_or("").contains('\0'),
+                "{e:?}"
+            );
         }
     }
     // Fields with their own grammar keep their specific code.
@@ -171,8 +200,9 @@ fn nul_is_refused_in_every_stored_string() {
 fn base64_that_decodes_to_text_with_nul_is_binary() {
     // "a\0b" and UTF-16LE "hi": valid UTF-8 bytes, but no text file holds NUL.
     for (b64, raw) in [("YQBi", b"a\0b".to_vec()), ("aABpAA==", b"h\0i\0".to_vec())] {
-        let body =
-            user(json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": b64}))]}));
+        let body = user(
+            json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": b64}))]}),
+        );
         let v = validate_bytes(&bytes(&body), &Limits::default()).unwrap();
         let ValidatedRequest::UserTurn(t) = &v else { panic!("not a user turn") };
         assert_eq!(t.artifacts()[0].contents(), &ArtifactContents::Binary(raw));
@@ -180,7 +210,9 @@ fn base64_that_decodes_to_text_with_nul_is_binary() {
         let wire = serde_json::to_value(&v).unwrap();
         assert_eq!(wire["InputArtifacts"][0]["Encoding"], "base64");
     }
-    let body = user(json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "aGk="}))]}));
+    let body = user(
+        json!({"InputArtifacts": [artifact(json!({"Encoding": "base64", "Contents": "aGk="}))]}),
+    );
     let v = validate_bytes(&bytes(&body), &Limits::default()).unwrap();
     let ValidatedRequest::UserTurn(t) = &v else { panic!("not a user turn") };
     assert_eq!(t.artifacts()[0].contents(), &ArtifactContents::Text("hi".into()));
@@ -189,7 +221,8 @@ fn base64_that_decodes_to_text_with_nul_is_binary() {
 #[test]
 fn echoed_values_are_clipped_and_replies_stay_small() {
     let big = "x".repeat(7_000_000);
-    let roomy = Limits { max_request_bytes: 64 << 20, max_name_chars: 10_000_000, ..Limits::default() };
+    let roomy =
+        Limits { max_request_bytes: 64 << 20, max_name_chars: 10_000_000, ..Limits::default() };
     let cases = [
         // A 7 MB image Id, over its limit; then twice (duplicate, echoed).
         (
@@ -197,7 +230,9 @@ fn echoed_values_are_clipped_and_replies_stay_small() {
             Limits { max_request_bytes: 64 << 20, ..Limits::default() },
         ),
         (
-            user(json!({"ClipboardImages": [image(json!({"Id": big})), image(json!({"Id": big}))]})),
+            user(
+                json!({"ClipboardImages": [image(json!({"Id": big})), image(json!({"Id": big}))]}),
+            ),
             roomy.clone(),
         ),
         (
@@ -268,7 +303,9 @@ fn paths_and_names_are_kept_nfkc_normalised() {
         artifact(json!({"RelativePath": "\u{ff53}rc/lib.rs"}))
     ]}));
     let errors = errors_of(&bytes(&twice), &Limits::default());
-    assert!(errors.contains(&(ErrorCode::PathDuplicate, Some("InputArtifacts[1].RelativePath".into()))));
+    assert!(
+        errors.contains(&(ErrorCode::PathDuplicate, Some("InputArtifacts[1].RelativePath".into())))
+    );
     // The normalised form survives the trip between stages unchanged.
     let again: ValidatedRequest = serde_json::from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
     assert_eq!(again, v);
@@ -286,7 +323,8 @@ fn deep_nesting_is_invalid_json_wherever_it_is() {
         // The session can still be told.
         assert_eq!(session_hint(body.as_bytes()).map(|s| s.to_string()).as_deref(), Some(SID));
     }
-    let ok = format!(r#"{{"SessionId":"{SID}","TurnId":"t","Instruction":"x","Junk":{}}}"#, deep(100));
+    let ok =
+        format!(r#"{{"SessionId":"{SID}","TurnId":"t","Instruction":"x","Junk":{}}}"#, deep(100));
     let codes: Vec<ErrorCode> =
         all_errors(ok.as_bytes(), &Limits::default()).iter().map(|e| e.code).collect();
     assert_eq!(codes, [ErrorCode::RequestUnknownField]);
@@ -300,8 +338,9 @@ fn turn_hint_reads_without_building_the_document() {
     };
     let sid = Some(SID.to_owned());
     // Escaped keys and values, other properties of any shape and size.
-    let escaped =
-        format!(r#"{{"Junk":{{"a":[1,{{"b":null}}]}},"Session\u0049d":"{SID}","TurnId":"t\u002d1"}}"#);
+    let escaped = format!(
+        r#"{{"Junk":{{"a":[1,{{"b":null}}]}},"Session\u0049d":"{SID}","TurnId":"t\u002d1"}}"#
+    );
     assert_eq!(t(escaped.as_bytes()), (sid.clone(), Some("t-1".into())));
     // The last of repeated properties wins; a non-string or malformed one reads as absent.
     let repeated = format!(r#"{{"SessionId":"nope","SessionId":"{SID}","TurnId":"a b"}}"#);
@@ -339,8 +378,11 @@ fn large_images_are_measured_piece_by_piece_like_a_whole_decode() {
     let b64 = base64::engine::general_purpose::STANDARD;
     let data: Vec<u8> = (0..100_003u32).map(|i| (i * 7 % 251) as u8).collect();
     let encoded = b64.encode(&data);
-    let mime_style: String =
-        encoded.as_bytes().chunks(76).map(|l| String::from_utf8_lossy(l).into_owned() + "\r\n").collect();
+    let mime_style: String = encoded
+        .as_bytes()
+        .chunks(76)
+        .map(|l| String::from_utf8_lossy(l).into_owned() + "\r\n")
+        .collect();
     for text in [encoded.clone(), mime_style] {
         let body = user(json!({"ClipboardImages": [image(json!({"DataBase64": text}))]}));
         let v = validate_bytes(&bytes(&body), &Limits::default()).unwrap();
@@ -431,7 +473,9 @@ fn wire_form_by_reference_is_the_converted_wire_form() {
             "Stream": true, "Repo": "acme/billing", "WorkspaceId": "w", "Language": "C#",
             "SolutionContextText": "ctx", "ConversationContextId": "default", "AgentContextId": "a"
         })),
-        user(json!({"Stream": false, "Instruction": null, "InputArtifacts": [artifact(json!({}))]})),
+        user(
+            json!({"Stream": false, "Instruction": null, "InputArtifacts": [artifact(json!({}))]}),
+        ),
         cont(json!({"ToolResults": [
             {"ToolCallId": "call_1", "ExecutionMs": 5, "ResultJson": "[1,2]"},
             {"ToolCallId": "call_2", "ExecutionMs": 9, "ErrorMessage": "file \"x\" not found"}]})),

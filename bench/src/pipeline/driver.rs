@@ -118,12 +118,15 @@ impl Driver {
                 tasks.push(tokio::spawn(async move {
                     while let Some(Ok(d)) = consumer.next().await {
                         let at = Instant::now();
-                        let header = |k: &str| aptix::broker::header_text(d.properties.headers().as_ref(), k);
+                        let header = |k: &str| {
+                            aptix::broker::header_text(d.properties.headers().as_ref(), k)
+                        };
                         if header("x-aptix-final").as_deref() != Some("true") {
                             continue;
                         }
                         let Some(turn) = header("x-aptix-turn-id") else { continue };
-                        let ok = serde_json::from_slice::<Outcome>(&d.data).is_ok_and(|o| o.successful);
+                        let ok =
+                            serde_json::from_slice::<Outcome>(&d.data).is_ok_and(|o| o.successful);
                         let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&turn));
                         if let Some(tx) = waiter {
                             let _ = tx.send(ReplyInfo { at, ok, bytes: d.data.len() });
@@ -149,9 +152,14 @@ impl Driver {
         }
         // The ids travel as headers too, so the relay can route without parsing the body; the
         // pipeline ignores them (validate reads the body).
-        let msg = OutMessage::to_queue(self.requests.clone(), "request", format!("bench:{turn_id}"), body)
-            .header("x-aptix-session-id", session.to_string())
-            .header("x-aptix-turn-id", turn_id);
+        let msg = OutMessage::to_queue(
+            self.requests.clone(),
+            "request",
+            format!("bench:{turn_id}"),
+            body,
+        )
+        .header("x-aptix-session-id", session.to_string())
+        .header("x-aptix-turn-id", turn_id);
         self.publisher.publish(&msg).await?;
         Ok(rx)
     }
@@ -165,7 +173,8 @@ impl Driver {
         timeout: Duration,
     ) -> TurnSample {
         let since_start =
-            chrono::Duration::from_std(Instant::now().saturating_duration_since(start)).unwrap_or_default();
+            chrono::Duration::from_std(Instant::now().saturating_duration_since(start))
+                .unwrap_or_default();
         let wall_start = chrono::Utc::now() - since_start;
         let body = request(session, turn_id);
         let reply = match self.submit(session, turn_id, body).await {

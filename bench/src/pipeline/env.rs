@@ -151,7 +151,8 @@ impl BenchEnv {
         .context("starting the simulator")?;
         let mut settings = base.clone();
         settings.amqp.prefix = format!("bench-{id}");
-        settings.database.url = ConnectionUrl::new(with_database(base.database.url.expose(), db_name));
+        settings.database.url =
+            ConnectionUrl::new(with_database(base.database.url.expose(), db_name));
         settings.llm.base_url = ConnectionUrl::new(sim.base_url.clone());
         // Loopback simulator: never send a real key anywhere.
         settings.llm.api_key = None;
@@ -182,8 +183,11 @@ impl BenchEnv {
         };
         let mut index = IndexOptions::new(&root, "aptix");
         index.progress = false;
-        let collection = settings.agent_context(None).context("no default agent context")?.collection.clone();
-        index_repository(&deps.retrieval, &collection, &index).await.context("indexing the corpus")?;
+        let collection =
+            settings.agent_context(None).context("no default agent context")?.collection.clone();
+        index_repository(&deps.retrieval, &collection, &index)
+            .await
+            .context("indexing the corpus")?;
         let conn = connect(settings.amqp.url.expose()).await.context("connecting to RabbitMQ")?;
         let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         let topology = pipeline::topology(&settings);
@@ -231,7 +235,8 @@ impl BenchEnv {
 
     /// A topology under `bench-<id>-<suffix>` (for the relay), deleted at teardown.
     pub fn extra_topology(&mut self, suffix: &str) -> Topology {
-        let t = Topology::new(&format!("bench-{}-{suffix}", self.id)).with_stages(&aptix::stages::names());
+        let t = Topology::new(&format!("bench-{}-{suffix}", self.id))
+            .with_stages(&aptix::stages::names());
         self.extra_topologies.push(t.clone());
         t
     }
@@ -248,7 +253,8 @@ impl BenchEnv {
     pub async fn teardown(mut self) {
         self.stop().await;
         if let Ok(ch) = self.conn.create_channel().await {
-            let sessions: Vec<String> = self.session_queues.lock().map(|q| q.clone()).unwrap_or_default();
+            let sessions: Vec<String> =
+                self.session_queues.lock().map(|q| q.clone()).unwrap_or_default();
             for q in sessions {
                 let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
             }

@@ -74,7 +74,9 @@ pub async fn start(
                     };
                     let (session, turn) = (header("x-aptix-session-id"), header("x-aptix-turn-id"));
                     let msg = match next {
-                        Some(q) => OutMessage::to_queue(q, "turn", format!("relay:{turn}"), pad.to_vec()),
+                        Some(q) => {
+                            OutMessage::to_queue(q, "turn", format!("relay:{turn}"), pad.to_vec())
+                        }
                         None => {
                             let mut m = OutMessage::to_queue(
                                 session.clone(),
@@ -94,8 +96,10 @@ pub async fn start(
                         }
                         Err(error) => {
                             tracing::warn!(%error, "relay publish failed; requeueing");
-                            let _ =
-                                d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                            let _ = d
+                                .acker
+                                .nack(BasicNackOptions { requeue: true, ..Default::default() })
+                                .await;
                         }
                     }
                 });

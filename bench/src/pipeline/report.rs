@@ -31,7 +31,13 @@ pub struct RunReport {
 
 impl RunReport {
     /// Adds a figure.
-    pub fn add(&mut self, key: impl Into<String>, label: impl Into<String>, unit: &'static str, value: f64) {
+    pub fn add(
+        &mut self,
+        key: impl Into<String>,
+        label: impl Into<String>,
+        unit: &'static str,
+        value: f64,
+    ) {
         self.figures.push(Figure { key: key.into(), label: label.into(), unit, value });
     }
 
@@ -114,8 +120,10 @@ pub fn summarize(runs: &[RunReport]) -> Vec<(String, Summary)> {
         if out.iter().any(|(k, _)| *k == f.key) {
             continue;
         }
-        let values: Vec<f64> =
-            runs.iter().filter_map(|r| r.figures.iter().find(|g| g.key == f.key).map(|g| g.value)).collect();
+        let values: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.figures.iter().find(|g| g.key == f.key).map(|g| g.value))
+            .collect();
         let mut sorted = values.clone();
         sorted.sort_by(f64::total_cmp);
         let summary = Summary {
@@ -132,7 +140,13 @@ pub fn summarize(runs: &[RunReport]) -> Vec<(String, Summary)> {
 }
 
 /// Prints the table and returns the benchmark's JSON.
-pub fn finish(name: &str, params: Value, runs: &[RunReport], targets: &[Target], notes: &[String]) -> Value {
+pub fn finish(
+    name: &str,
+    params: Value,
+    runs: &[RunReport],
+    targets: &[Target],
+    notes: &[String],
+) -> Value {
     let summary = summarize(runs);
     println!();
     println!("== aptix bench {name}: {} run(s)", runs.len());
@@ -146,7 +160,9 @@ pub fn finish(name: &str, params: Value, runs: &[RunReport], targets: &[Target],
         let (t, met) = match target {
             Some(t) => {
                 let met = t.met(s.median);
-                target_json.push(json!({"figure": key, "target": t.text(), "median": s.median, "met": met}));
+                target_json.push(
+                    json!({"figure": key, "target": t.text(), "median": s.median, "met": met}),
+                );
                 (t.text(), if met { "yes" } else { "NO" })
             }
             None => (String::new(), ""),

@@ -38,7 +38,10 @@ fn secs(s: f64) -> Duration {
 }
 
 fn env_options(corpus: &Corpus, latency_ms: u64) -> EnvOptions {
-    EnvOptions { corpus: corpus.clone(), latency: Latency { fixed_ms: latency_ms, ..Latency::default() } }
+    EnvOptions {
+        corpus: corpus.clone(),
+        latency: Latency { fixed_ms: latency_ms, ..Latency::default() },
+    }
 }
 
 /// Runs `once` in a fresh environment `runs` times, tearing each down whatever happened.
@@ -90,7 +93,12 @@ fn cpu_per_turn(r: &mut RunReport, key: &str, label: &str, cpu: &CpuUse, turns: 
         "ms",
         per(cpu.aptix_s),
     );
-    r.add(format!("{key}cpu_sim_ms"), format!("{label}simulator CPU per turn"), "ms", per(cpu.sim_s));
+    r.add(
+        format!("{key}cpu_sim_ms"),
+        format!("{label}simulator CPU per turn"),
+        "ms",
+        per(cpu.sim_s),
+    );
     r.add(
         format!("{key}cpu_rabbitmq_ms"),
         format!("{label}RabbitMQ CPU per turn"),
@@ -108,7 +116,12 @@ fn cpu_per_turn(r: &mut RunReport, key: &str, label: &str, cpu: &CpuUse, turns: 
 /// WAL written per completed turn (cluster-wide counters: other databases' writes count too).
 fn wal_per_turn(r: &mut RunReport, key: &str, label: &str, wal: &Wal, turns: usize) {
     let n = turns.max(1) as f64;
-    r.add(format!("{key}wal_kb"), format!("{label}PostgreSQL WAL per turn"), "KB", wal.bytes / 1e3 / n);
+    r.add(
+        format!("{key}wal_kb"),
+        format!("{label}PostgreSQL WAL per turn"),
+        "KB",
+        wal.bytes / 1e3 / n,
+    );
     r.add(
         format!("{key}wal_syncs"),
         format!("{label}PostgreSQL WAL flushes per turn"),
@@ -146,7 +159,9 @@ fn sample_depths(
             for (i, s) in stages.iter().enumerate() {
                 let q = topology.stage_queue(*s);
                 let opts = QueueDeclareOptions { passive: true, ..Default::default() };
-                if let Ok(d) = ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await {
+                if let Ok(d) =
+                    ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await
+                {
                     sums[i] += u64::from(d.message_count());
                 }
             }
@@ -167,7 +182,8 @@ fn sample_depths(
 
 /// The stage whose input queue was deepest on average.
 fn slowest(depths: &[(String, f64)]) -> StageName {
-    let best = depths.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|d| d.0.clone()).unwrap_or_default();
+    let best =
+        depths.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|d| d.0.clone()).unwrap_or_default();
     let stages = aptix::stages::names();
     stages.iter().copied().find(|s| s.as_str() == best).unwrap_or(stages[0])
 }
@@ -196,10 +212,13 @@ async fn measure_closed(
     ids: &Arc<TurnIds>,
     load: &Load,
 ) -> anyhow::Result<Measured> {
-    let (sessions_n, duration, warmup, timeout) = (load.sessions, load.secs, load.warmup, load.timeout);
+    let (sessions_n, duration, warmup, timeout) =
+        (load.sessions, load.secs, load.warmup, load.timeout);
     let sessions = driver::sessions(sessions_n);
     env.track_sessions(topology, &sessions);
-    let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?);
+    let driver = Arc::new(
+        Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?,
+    );
     let stop = CancellationToken::new();
     let depths = sample_depths(env.conn.create_channel().await?, topology, stop.clone());
     let pool = env.deps.store.pool();
@@ -224,7 +243,8 @@ async fn measure_closed(
 async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec<HopSizes>> {
     let session = driver::sessions(1);
     env.track_sessions(&env.topology.clone(), &session);
-    let driver = Driver::new(&env.conn, env.settings.amqp.url.expose(), &env.topology, &session).await?;
+    let driver =
+        Driver::new(&env.conn, env.settings.amqp.url.expose(), &env.topology, &session).await?;
     let ch = env.conn.create_channel().await?;
     let mut out = Vec::new();
     for _ in 0..2 {
@@ -240,18 +260,26 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
             let queue = env.topology.stage_queue(*next);
             let deadline = Instant::now() + Duration::from_secs(30);
             let msg = loop {
-                if let Some(m) = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await?
+                if let Some(m) =
+                    ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await?
                 {
                     break m;
                 }
-                anyhow::ensure!(Instant::now() < deadline, "calibration: nothing arrived in {queue}");
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "calibration: nothing arrived in {queue}"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
             sizes[i + 1] = msg.delivery.data.len();
             let props = &msg.delivery.properties;
             let id = props.message_id().as_ref().map_or_else(String::new, |m| m.to_string());
-            let mut again =
-                aptix::broker::OutMessage::to_queue(queue.clone(), "turn", id, msg.delivery.data.clone());
+            let mut again = aptix::broker::OutMessage::to_queue(
+                queue.clone(),
+                "turn",
+                id,
+                msg.delivery.data.clone(),
+            );
             for key in ["x-aptix-session-id", "x-aptix-turn-id", "traceparent"] {
                 if let Some(value) = aptix::broker::header_text(props.headers().as_ref(), key) {
                     again = again.header(key, value);

@@ -22,31 +22,32 @@ impl SimThread {
     pub async fn start(config: SimConfig) -> anyhow::Result<SimThread> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Ready>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new().name("aptix-bench-sim".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                match aptix::sim::start(config).await {
-                    Ok(sim) => {
-                        // "/proc/thread-self" links to "<pid>/task/<tid>".
-                        let tid = std::fs::read_link("/proc/thread-self")
-                            .ok()
-                            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
-                        let _ = ready_tx.send(Ok((sim.base_url(), tid)));
-                        let _ = stop_rx.await;
-                        sim.shutdown().await;
-                    }
+        let thread =
+            std::thread::Builder::new().name("aptix-bench-sim".into()).spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));
+                        return;
                     }
-                }
-            });
-        })?;
+                };
+                rt.block_on(async move {
+                    match aptix::sim::start(config).await {
+                        Ok(sim) => {
+                            // "/proc/thread-self" links to "<pid>/task/<tid>".
+                            let tid = std::fs::read_link("/proc/thread-self").ok().and_then(|p| {
+                                p.file_name().map(|n| n.to_string_lossy().into_owned())
+                            });
+                            let _ = ready_tx.send(Ok((sim.base_url(), tid)));
+                            let _ = stop_rx.await;
+                            sim.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            })?;
         let (base_url, tid) =
             ready_rx.await.context("the simulator thread ended")?.map_err(anyhow::Error::msg)?;
         Ok(SimThread { base_url, tid, stop: Some(stop_tx), thread: Some(thread) })

@@ -66,7 +66,8 @@ impl CpuSnapshot {
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for entry in dir.flatten() {
                 let name = entry.file_name();
-                let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+                let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                else {
                     continue;
                 };
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -82,7 +83,9 @@ impl CpuSnapshot {
         CpuSnapshot {
             at: Instant::now(),
             own: stat_ticks("/proc/self/stat").unwrap_or(0),
-            sim: sim_tid.and_then(|t| stat_ticks(&format!("/proc/self/task/{t}/stat"))).unwrap_or(0),
+            sim: sim_tid
+                .and_then(|t| stat_ticks(&format!("/proc/self/task/{t}/stat")))
+                .unwrap_or(0),
             rabbit,
             postgres,
             machine_busy,
@@ -140,10 +143,14 @@ pub fn machine_info() -> serde_json::Value {
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
-            m.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<f64>().ok())
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let kernel =
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
     serde_json::json!({
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "cpu_model": model,
@@ -193,7 +200,8 @@ pub async fn wait_idle(min_idle_pct: f64, max_wait: std::time::Duration) -> f64 
         let (b0, t0) = machine();
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         let (b1, t1) = machine();
-        let idle = 100.0 - b1.saturating_sub(b0) as f64 * 100.0 / t1.saturating_sub(t0).max(1) as f64;
+        let idle =
+            100.0 - b1.saturating_sub(b0) as f64 * 100.0 / t1.saturating_sub(t0).max(1) as f64;
         if idle >= min_idle_pct || started.elapsed() >= max_wait {
             if announced {
                 println!("  machine {idle:.0} % idle, starting");

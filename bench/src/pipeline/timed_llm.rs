@@ -77,7 +77,8 @@ pub const MARKER: &str = "bench-turn";
 /// `bench-turn <id>:`. Context chunks (which may quote anything) are separate parts.
 pub fn turn_marker(body: &Value) -> Option<String> {
     let input = body.get("input")?.as_array()?;
-    let user = input.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
+    let user =
+        input.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
     let first = user.get("content")?.as_array()?.first()?.get("text")?.as_str()?;
     if !first.starts_with("[MODE:") {
         return None;

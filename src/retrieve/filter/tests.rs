@@ -4,7 +4,11 @@ use super::*;
 use qdrant_client::qdrant::{condition::ConditionOneOf, r#match::MatchValue};
 
 fn cond(key: &str, operator: ScopeOperator, values: &[&str]) -> ScopeCondition {
-    ScopeCondition { key: key.into(), operator, values: values.iter().map(|v| v.to_string()).collect() }
+    ScopeCondition {
+        key: key.into(),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
 }
 
 fn kw(field: &'static str, values: &[&str]) -> Cond {
@@ -52,7 +56,10 @@ fn unknown_keys_are_ignored_with_a_warning() {
 fn edge_translation_keeps_must_and_must_not() {
     let (spec, _) = build(
         Some("r"),
-        &[cond("path", ScopeOperator::Ne, &["a", "b"]), cond("language", ScopeOperator::Contains, &["us"])],
+        &[
+            cond("path", ScopeOperator::Ne, &["a", "b"]),
+            cond("language", ScopeOperator::Contains, &["us"]),
+        ],
     );
     let f = to_edge(&spec).unwrap().unwrap();
     let text = format!("{f:?}");

@@ -10,7 +10,8 @@ pub async fn inflight(
     corpus: &Corpus,
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
-    let timeout = Duration::from_secs(common.turn_timeout_secs).max(Duration::from_millis(p.latency_ms * 5));
+    let timeout =
+        Duration::from_secs(common.turn_timeout_secs).max(Duration::from_millis(p.latency_ms * 5));
     let opts = env_options(corpus, p.latency_ms);
     let reset = sys::reset_peak_rss();
     let runs = repeat(common, settings, &opts, |env, i| {
@@ -75,7 +76,8 @@ pub async fn inflight(
     }
     if !reset {
         notes.push(
-            "could not reset VmHWM (/proc/self/clear_refs): the peak covers the whole process life".into(),
+            "could not reset VmHWM (/proc/self/clear_refs): the peak covers the whole process life"
+                .into(),
         );
     }
     let targets = [Target::AtLeast("efficiency_pct", 90.0), Target::Below("peak_rss_mib", 300.0)];

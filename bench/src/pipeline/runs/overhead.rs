@@ -121,12 +121,15 @@ async fn breakdown(env: &BenchEnv, counted: &[&TurnSample]) -> Vec<Vec<Duration>
         (b - a).to_std().unwrap_or_default()
     };
     for s in counted {
-        let (Some(end), Some(row)) = (s.end, by_key.get(&(s.session.to_string(), s.turn_id.clone()))) else {
+        let (Some(end), Some(row)) =
+            (s.end, by_key.get(&(s.session.to_string(), s.turn_id.clone())))
+        else {
             continue;
         };
         let (Some(saved), Some(persisted)) = (row.3, row.4) else { continue };
         let wall_end = s.wall_start
-            + chrono::Duration::from_std(end.saturating_duration_since(s.start)).unwrap_or_default();
+            + chrono::Duration::from_std(end.saturating_duration_since(s.start))
+                .unwrap_or_default();
         let call = env.llm.call_time(&s.turn_id).unwrap_or_default();
         out[0].push(gap(s.wall_start, row.2));
         out[1].push(gap(row.2, saved).saturating_sub(call));

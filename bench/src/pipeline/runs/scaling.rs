@@ -77,7 +77,13 @@ pub async fn scaling(
          process (2 vCPUs shared with RabbitMQ and PostgreSQL)",
         p.sessions, p.secs, p.warmup, p.latency_ms, settings.pipeline.prefetch
     )];
-    let doc = finish("scaling", json!({"params": p, "stage": stage.map(|s| s.as_str())}), &runs, &[], &notes);
+    let doc = finish(
+        "scaling",
+        json!({"params": p, "stage": stage.map(|s| s.as_str())}),
+        &runs,
+        &[],
+        &notes,
+    );
     Ok((doc, failures(&runs)))
 }
 
@@ -97,15 +103,21 @@ async fn point(
         match stage {
             Some(s) => {
                 env.start(&[s], copies);
-                let others: Vec<StageName> = aptix::stages::names().into_iter().filter(|o| *o != s).collect();
+                let others: Vec<StageName> =
+                    aptix::stages::names().into_iter().filter(|o| *o != s).collect();
                 env.start(&others, 1);
             }
             None => env.start(&aptix::stages::names(), 1),
         }
         let ids = Arc::new(TurnIds::default());
         let topology = env.topology.clone();
-        let load =
-            Load { sessions: p.sessions, secs: p.secs, warmup: p.warmup, ramp: Duration::ZERO, timeout };
+        let load = Load {
+            sessions: p.sessions,
+            secs: p.secs,
+            warmup: p.warmup,
+            ramp: Duration::ZERO,
+            timeout,
+        };
         measure_closed(&env, &topology, &ids, &load).await
     }
     .await;

@@ -1,0 +1,131 @@
+//! The rules a configuration must meet before anything starts: every key that can be wrong is
+//! named in the error.
+
+use super::{ConfigError, Settings};
+use crate::contracts::ContextId;
+
+impl Settings {
+    /// Checks that per-stage tables only name stages of the pipeline `stages` (run when the
+    /// pipeline is known, at worker start).
+    pub fn check_stage_names(&self, stages: &[&str]) -> Result<(), ConfigError> {
+        let p = &self.pipeline;
+        let unknown = p.prefetch.unknown(stages).map(|k| ("prefetch", k));
+        let mut unknown =
+            unknown.chain(p.max_attempts.unknown(stages).map(|k| ("max_attempts", k)));
+        if let Some((table, key)) = unknown.next() {
+            return Err(ConfigError::invalid(
+                format!("pipeline.{table}.{key}"),
+                format!("no stage is called `{key}`; the pipeline has {}", stages.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks every cross-key rule; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.amqp.url.expose();
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+            return Err(ConfigError::invalid("amqp.url", "must start with amqp:// or amqps://"));
+        }
+        let prefix_ok = !self.amqp.prefix.is_empty()
+            && self
+                .amqp
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !prefix_ok {
+            return Err(ConfigError::invalid(
+                "amqp.prefix",
+                "use letters, digits, `.`, `_` or `-`",
+            ));
+        }
+        let db = self.database.url.expose();
+        if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {
+            return Err(ConfigError::invalid(
+                "database.url",
+                "must start with postgres:// or postgresql://",
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(ConfigError::invalid("database.max_connections", "must be at least 1"));
+        }
+        let llm = self.llm.base_url.expose();
+        if !(llm.starts_with("http://") || llm.starts_with("https://")) {
+            return Err(ConfigError::invalid(
+                "llm.base_url",
+                "must start with http:// or https://",
+            ));
+        }
+        for (key, value) in [
+            ("llm.connect_timeout_ms", self.llm.connect_timeout_ms),
+            ("llm.request_timeout_ms", self.llm.request_timeout_ms),
+            ("llm.stream_idle_timeout_ms", self.llm.stream_idle_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        self.validate_pipeline()?;
+        self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
+        self.validate_contexts()
+    }
+
+    fn validate_pipeline(&self) -> Result<(), ConfigError> {
+        for (stage, &n) in &self.pipeline.max_attempts.0 {
+            if n == 0 {
+                let key = format!("pipeline.max_attempts.{stage}");
+                return Err(ConfigError::invalid(
+                    key,
+                    "must be at least 1: a message that can never succeed must end",
+                ));
+            }
+        }
+        // The invoke and persist messages carry the request about twice (the request and the
+        // assembled body built from it) plus retrieved context.
+        let needed = self.limits.max_request_bytes.saturating_mul(2).saturating_add(2 << 20);
+        if needed > self.amqp.max_message_bytes {
+            return Err(ConfigError::invalid(
+                "limits.max_request_bytes",
+                format!(
+                    "a request this large makes stage messages of about {needed} bytes, over amqp.max_message_bytes ({}); lower it to at most {}",
+                    self.amqp.max_message_bytes,
+                    self.amqp.max_message_bytes.saturating_sub(2 << 20) / 2
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_contexts(&self) -> Result<(), ConfigError> {
+        for id in self.conversation_contexts.keys().chain(self.agent_contexts.keys()) {
+            id.parse::<ContextId>().map_err(|m| ConfigError::invalid(id.clone(), m))?;
+        }
+        for (id, ctx) in &self.conversation_contexts {
+            ctx.check(&format!("conversation_contexts.{id}"))?;
+        }
+        for (id, ctx) in &self.agent_contexts {
+            if ctx.collection.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("agent_contexts.{id}.collection"),
+                    "must not be empty",
+                ));
+            }
+        }
+        if !self.conversation_contexts.contains_key(&self.default_conversation_context) {
+            return Err(ConfigError::invalid(
+                "default_conversation_context",
+                format!(
+                    "`{}` is not defined under [conversation_contexts]",
+                    self.default_conversation_context
+                ),
+            ));
+        }
+        if !self.agent_contexts.contains_key(&self.default_agent_context) {
+            return Err(ConfigError::invalid(
+                "default_agent_context",
+                format!("`{}` is not defined under [agent_contexts]", self.default_agent_context),
+            ));
+        }
+        Ok(())
+    }
+}

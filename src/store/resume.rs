@@ -1,0 +1,164 @@
+//! Resuming a turn with the client's tool results: the same submission again gets its earlier
+//! outcome, results that answer the pending calls resume the turn, others end it with an error
+//! record and reply, all in one transaction.
+
+use serde_json::Value;
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use super::admit::{failure, turn_row};
+use super::outbox::{self, PendingOutbox};
+use super::records::insert_record;
+use super::turns::{dispatch_next, TurnRow, TurnState};
+use super::{Store, StoreError};
+use crate::contracts::{ApiError, ErrorCode, ToolCall, ToolContinuation, TurnKey};
+use crate::messages::Outgoing;
+
+/// The result of admitting a tool continuation.
+#[derive(Debug)]
+pub enum ContinuationAdmission {
+    /// The turn resumes; its forward message is in `outbox`.
+    Accepted {
+        /// Messages to publish.
+        outbox: PendingOutbox,
+    },
+    /// The same continuation was already applied.
+    InFlight {
+        /// Messages to publish.
+        outbox: PendingOutbox,
+    },
+    /// The same continuation was applied and the turn finished.
+    Finished {
+        /// The stored reply.
+        reply: Value,
+    },
+    /// No such turn in this session.
+    NotFound,
+    /// The turn is not waiting for tool results.
+    NotAwaiting {
+        /// Its state.
+        state: TurnState,
+    },
+    /// The results did not match; the turn was failed and its error reply is in `outbox`.
+    Aborted {
+        /// Messages to publish.
+        outbox: PendingOutbox,
+    },
+}
+
+/// A continuation as it is stored on its turn: its wire form and fingerprint.
+struct Submitted<'a> {
+    wire: &'a Value,
+    fingerprint: &'a str,
+}
+
+impl Store {
+    /// Admits a tool continuation (`continuation` is `parsed` in wire form). Results that do
+    /// not match the pending calls end the turn with an error record and reply.
+    pub async fn admit_continuation(
+        &self,
+        key: &TurnKey,
+        fingerprint: &str,
+        continuation: &Value,
+        parsed: &ToolContinuation,
+    ) -> Result<ContinuationAdmission, StoreError> {
+        let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
+        let mut tx = self.pool.begin().await?;
+        let locked: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let row = match locked {
+            None => None,
+            Some(_) => turn_row(&mut tx, session, turn).await?,
+        };
+        let submitted = Submitted { wire: continuation, fingerprint };
+        let outcome = match row {
+            None => ContinuationAdmission::NotFound,
+            Some(row) => decide(&mut tx, row, &submitted, parsed).await?,
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+}
+
+async fn decide(
+    tx: &mut Transaction<'static, Postgres>,
+    row: TurnRow,
+    submitted: &Submitted<'_>,
+    parsed: &ToolContinuation,
+) -> Result<ContinuationAdmission, StoreError> {
+    let repeated = row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint);
+    if repeated && row.state != TurnState::AwaitingToolResults {
+        return Ok(if row.state.is_finished() {
+            ContinuationAdmission::Finished { reply: row.last_reply.unwrap_or(Value::Null) }
+        } else {
+            let outbox = outbox::pending_for_turn(tx, row.session_id, &row.turn_id).await?;
+            ContinuationAdmission::InFlight { outbox }
+        });
+    }
+    if row.state != TurnState::AwaitingToolResults {
+        return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
+    }
+    let pending: Vec<ToolCall> =
+        row.pending_tool_calls.clone().map(serde_json::from_value).transpose()?.unwrap_or_default();
+    match crate::assemble::check_tool_results(&pending, parsed) {
+        Err(mismatch) => {
+            let reason = mismatch.to_api_error().message;
+            let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
+            Ok(ContinuationAdmission::Aborted { outbox: abort(tx, &row, error, submitted).await? })
+        }
+        Ok(()) => Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted).await? }),
+    }
+}
+
+/// Ends the turn: the error record and reply, and the session's next turn.
+async fn abort(
+    tx: &mut PgConnection,
+    row: &TurnRow,
+    error: ApiError,
+    submitted: &Submitted<'_>,
+) -> Result<PendingOutbox, StoreError> {
+    let (session, turn) = (row.session_id, row.turn_id.as_str());
+    let (record, reply) = failure(row, error, Some(submitted.wire.clone()))?;
+    let mut messages = vec![reply];
+    insert_record(tx, session, turn, row.step, &record, None).await?;
+    sqlx::query(
+        "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
+             continuation = $4, continuation_fingerprint = $5, updated_at = now()
+         WHERE session_id = $1 AND turn_id = $2",
+    )
+    .bind(session)
+    .bind(turn)
+    .bind(&record.reply)
+    .bind(submitted.wire)
+    .bind(submitted.fingerprint)
+    .execute(&mut *tx)
+    .await?;
+    if let Some(next) = dispatch_next(tx, session).await? {
+        messages.push(Outgoing::Start(next.start_job()?));
+    }
+    outbox::insert(tx, session, turn, messages).await
+}
+
+/// Resumes the turn at its next step.
+async fn resume(
+    tx: &mut PgConnection,
+    mut row: TurnRow,
+    submitted: &Submitted<'_>,
+) -> Result<PendingOutbox, StoreError> {
+    sqlx::query(
+        "UPDATE turns SET state = 'running', continuation = $3, continuation_fingerprint = $4, updated_at = now()
+         WHERE session_id = $1 AND turn_id = $2",
+    )
+    .bind(row.session_id)
+    .bind(&row.turn_id)
+    .bind(submitted.wire)
+    .bind(submitted.fingerprint)
+    .execute(&mut *tx)
+    .await?;
+    row.state = TurnState::Running;
+    row.continuation = Some(submitted.wire.clone());
+    let start = vec![Outgoing::Start(row.start_job()?)];
+    outbox::insert(tx, row.session_id, &row.turn_id, start).await
+}

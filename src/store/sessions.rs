@@ -1,0 +1,94 @@
+//! What is stored per session besides its turns: the assemble state, the invoke stage's saved
+//! answers, and everything about a session for `aptix session show`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{Store, StoreError};
+use crate::contracts::{SessionId, TurnKey};
+
+impl Store {
+    /// The session's assemble state (`{}` for a new session).
+    pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
+        let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
+            .bind(session.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
+    }
+
+    /// A stored provider answer for a round trip, if the call already completed.
+    pub async fn llm_result(&self, key: &TurnKey, step: i32) -> Result<Option<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT result FROM llm_results WHERE session_id = $1 AND turn_id = $2 AND step = $3",
+        )
+        .bind(key.session_id.as_uuid())
+        .bind(key.turn_id.as_str())
+        .bind(step)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Keeps a provider answer before it is forwarded; the first one written wins.
+    pub async fn save_llm_result(
+        &self,
+        key: &TurnKey,
+        step: i32,
+        result: &Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(key.session_id.as_uuid())
+        .bind(key.turn_id.as_str())
+        .bind(step)
+        .bind(result)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A session with its turns and records, for `aptix session show`.
+#[derive(Debug, Serialize)]
+pub struct SessionView {
+    /// The session row.
+    pub session: Value,
+    /// Its turns, in arrival order.
+    pub turns: Vec<Value>,
+    /// Its records, oldest first.
+    pub records: Vec<Value>,
+    /// Refusals sent to it (replies that answered a submission, not a step), oldest first.
+    pub replies: Vec<Value>,
+}
+
+impl Store {
+    /// Everything stored about a session, or `None` if it does not exist.
+    pub async fn session_view(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<SessionView>, StoreError> {
+        let id = session.as_uuid();
+        let row: Option<Value> =
+            sqlx::query_scalar("SELECT to_jsonb(s) FROM sessions s WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some(session) = row else { return Ok(None) };
+        let turns = sqlx::query_scalar(
+            "SELECT to_jsonb(t) FROM turns t WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let records = sqlx::query_scalar(
+            "SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1 ORDER BY created_at, id",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let replies = self.session_replies(id).await?;
+        Ok(Some(SessionView { session, turns, records, replies }))
+    }
+}

@@ -1,0 +1,162 @@
+//! Turn rows and their states: what `turns` holds, reading a row back into the message that
+//! starts it, and handing the session to its next queued turn.
+
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{FromRow, PgConnection};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::contracts::{SessionId, TurnKey};
+use crate::messages::TurnJob;
+
+/// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnState {
+    /// Waits behind the session's active turn.
+    Queued,
+    /// Holds the session and moves through the stages.
+    Running,
+    /// Holds the session until the client sends tool results.
+    AwaitingToolResults,
+    /// Ended with a final answer.
+    Completed,
+    /// Ended with an error reply.
+    Failed,
+}
+
+impl TurnState {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Queued => "queued",
+            TurnState::Running => "running",
+            TurnState::AwaitingToolResults => "awaiting_tool_results",
+            TurnState::Completed => "completed",
+            TurnState::Failed => "failed",
+        }
+    }
+
+    /// Whether the turn has ended.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TurnState::Completed | TurnState::Failed)
+    }
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for TurnState {
+    type Error = StoreError;
+    fn try_from(s: String) -> Result<Self, StoreError> {
+        serde_json::from_value(serde_json::Value::String(s)).map_err(StoreError::Corrupt)
+    }
+}
+
+/// A row of `turns`.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct TurnRow {
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Arrival order within the session.
+    pub seq: i64,
+    /// Where the turn stands.
+    #[sqlx(try_from = "String")]
+    pub state: TurnState,
+    /// Fingerprint of the admitted request.
+    pub fingerprint: String,
+    /// The validated request (wire form).
+    pub request: Value,
+    /// Round trips done.
+    pub step: i32,
+    /// Tool calls the client must answer, while awaiting.
+    pub pending_tool_calls: Option<Value>,
+    /// Warnings owed to the turn's final response.
+    pub pending_warnings: Option<Value>,
+    /// The last reply sent for this turn.
+    pub last_reply: Option<Value>,
+    /// The continuation that resumed the turn, if any.
+    pub continuation: Option<Value>,
+    /// Its fingerprint.
+    pub continuation_fingerprint: Option<String>,
+}
+
+impl TurnRow {
+    /// The turn's key.
+    pub fn key(&self) -> Result<TurnKey, StoreError> {
+        let turn_id = self.turn_id.parse().map_err(|(_, e)| {
+            StoreError::Corrupt(serde::de::Error::custom(format!("stored TurnId: {e}")))
+        })?;
+        Ok(TurnKey { session_id: SessionId::new(self.session_id), turn_id })
+    }
+
+    /// The message that starts (or resumes) this turn at its current step. The request is read
+    /// back from PostgreSQL, so it is checked here, once, as it leaves the store.
+    pub fn start_job(&self) -> Result<TurnJob, StoreError> {
+        let decode = |v: &Value| {
+            crate::rules::from_stored(v)
+                .map_err(|e| StoreError::Corrupt(serde::de::Error::custom(e)))
+        };
+        Ok(TurnJob {
+            key: self.key()?,
+            step: self.step,
+            turn: decode(&self.request)?,
+            continuation: self.continuation.as_ref().map(decode).transpose()?,
+            pending_tool_calls: self
+                .pending_tool_calls
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+            admitted_at: chrono::Utc::now(),
+            carried_warnings: self
+                .pending_warnings
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint";
+
+/// Marks the next queued turn of a locked session running and returns it.
+pub(super) async fn dispatch_next(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<Option<TurnRow>, StoreError> {
+    let sql = format!(
+        "UPDATE turns SET state = 'running', updated_at = now()
+         WHERE (session_id, turn_id) = (SELECT session_id, turn_id FROM turns
+                WHERE session_id = $1 AND state = 'queued' ORDER BY seq LIMIT 1)
+         RETURNING {TURN_COLUMNS}"
+    );
+    let next: Option<TurnRow> =
+        sqlx::query_as(&sql).bind(session).fetch_optional(&mut *conn).await?;
+    sqlx::query("UPDATE sessions SET active_turn_id = $2, updated_at = now() WHERE id = $1")
+        .bind(session)
+        .bind(next.as_ref().map(|t| t.turn_id.clone()))
+        .execute(&mut *conn)
+        .await?;
+    Ok(next)
+}
+
+impl Store {
+    /// A turn row.
+    pub async fn turn(&self, key: &TurnKey) -> Result<Option<TurnRow>, StoreError> {
+        let sql =
+            format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
+        Ok(sqlx::query_as(&sql)
+            .bind(key.session_id.as_uuid())
+            .bind(key.turn_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+}
