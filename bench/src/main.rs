@@ -2,7 +2,7 @@
 //! built on the `aptix` library's public API only. Each kind is a [`BenchCommand`] variant;
 //! `docs/benchmarks.md` has the figures and how they were measured.
 //!
-//! `aptix bench retrieval` measures the embedded store on real code: it copies whole source files
+//! `aptix-bench retrieval` measures the embedded store on real code: it copies whole source files
 //! of the local cargo registry's crates into one tree until that tree chunks into `--chunks`
 //! chunks, times one run of the real indexer over it (chunks/s over walking, reading, chunking,
 //! BM25 encoding, writing, flushing and optimising), reopens the shard as a restarted worker would,
@@ -62,7 +62,7 @@ pub enum BenchCommand {
     All(pipeline::AllArgs),
 }
 
-/// Options of `aptix bench retrieval`.
+/// Options of `aptix-bench retrieval`.
 #[derive(Debug, clap::Args)]
 pub struct RetrievalBenchArgs {
     /// Chunks to index.

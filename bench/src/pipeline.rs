@@ -1,4 +1,4 @@
-//! Pipeline benchmarks: `aptix bench ceiling | overhead | inflight | scaling | all`.
+//! Pipeline benchmarks: `aptix-bench ceiling | overhead | inflight | scaling | all`.
 //!
 //! Every measured run gets a fresh environment (random queue prefix, new database, simulator,
 //! embedded vector store; see `env`), drives turns by publishing real `AgentExecuteRequest`
@@ -75,7 +75,7 @@ async fn dispatch(
     let machine = sys::machine_info();
     let header = |name: &str| {
         println!(
-            "aptix bench {name}: {} run(s), corpus {}, profile {}, {} CPUs",
+            "aptix-bench {name}: {} run(s), corpus {}, profile {}, {} CPUs",
             common.runs.max(1),
             corpus.describe(),
             machine["profile"].as_str().unwrap_or("?"),

@@ -1,4 +1,4 @@
-//! `aptix bench retrieval`: see the parent module.
+//! `aptix-bench retrieval`: see the parent module.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -8,24 +8,26 @@ use std::sync::Arc;
 use tracing::{debug, info};
 
 use super::Deps;
+use crate::config::Settings;
 use crate::contracts::{
     ApiError, ErrorCode, SessionId, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
 use crate::rules::{turn_hint, validate_bytes};
 use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
-use crate::store::{Admission, ContinuationAdmission, SessionMeta, StoredReply};
+use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
 
 /// Parses, checks and admits turns; consumes the ingress queue.
 #[derive(Debug)]
 pub struct Admit {
-    deps: Arc<Deps>,
+    settings: Arc<Settings>,
+    store: Store,
 }
 
 impl Admit {
     /// The stage, using `deps`' settings and store.
     pub fn new(deps: &Deps) -> Self {
-        Admit { deps: Arc::new(deps.clone()) }
+        Admit { settings: deps.settings.clone(), store: deps.store.clone() }
     }
 }
 
@@ -38,7 +40,7 @@ impl Stage for Admit {
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
-        let output = match validate_bytes(&s.body, &self.deps.settings.limits) {
+        let output = match validate_bytes(&s.body, &self.settings.limits) {
             Ok(request) => match &request {
                 ValidatedRequest::UserTurn(t) => self.user_turn(&request, t, &submission).await?,
                 ValidatedRequest::ToolContinuation(c) => {
@@ -64,11 +66,11 @@ impl Stage for Admit {
         let Some(session) = session else { return Ok(Output::publish(vec![])) };
         let parsed = turn.as_deref().and_then(|t| t.parse().ok());
         if let (Some(turn_id), Ok(request)) =
-            (parsed, validate_bytes(&s.body, &self.deps.settings.limits))
+            (parsed, validate_bytes(&s.body, &self.settings.limits))
         {
             let key = TurnKey { session_id: session, turn_id };
             let failed =
-                self.deps.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
+                self.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
             if let Ok(Some(outbox)) = failed {
                 return Ok(Output::committed(outbox.ids, outbox.messages));
             }
@@ -107,8 +109,7 @@ impl Admit {
                 outcome: r.outcome,
                 body: &r.body,
             };
-            self.deps
-                .store
+            self.store
                 .save_reply(&stored)
                 .await
                 .map_err(|e| StageError::Transient(format!("could not store a refusal: {e}")))?;
@@ -128,8 +129,10 @@ impl Admit {
             let tag = format!("{what}-{submission}");
             Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
-        let contexts =
-            [self.deps.conversation_context(turn).err(), self.deps.agent_context(turn).err()];
+        let contexts = [
+            super::conversation_context(&self.settings, turn).err(),
+            super::agent_context(&self.settings, turn).err(),
+        ];
         let context_errors: Vec<ApiError> = contexts.into_iter().flatten().collect();
         if !context_errors.is_empty() {
             return refuse("rejected-context", context_errors);
@@ -141,7 +144,7 @@ impl Admit {
             repo: turn.repo().map(str::to_owned),
         };
         let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.deps.store.admit_user_turn(key, &fingerprint, &wire, &meta).await?;
+        let admission = self.store.admit_user_turn(key, &fingerprint, &wire, &meta).await?;
         match admission {
             Admission::Accepted { outbox, queued, new_session } => {
                 info!(%session, turn = turn_id, queued, new_session, "turn admitted");
@@ -181,7 +184,7 @@ impl Admit {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.deps.store.admit_continuation(key, &fingerprint, &wire, c).await?;
+        let admission = self.store.admit_continuation(key, &fingerprint, &wire, c).await?;
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];

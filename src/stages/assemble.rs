@@ -5,19 +5,22 @@ use std::sync::Arc;
 
 use super::Deps;
 use crate::assemble::SessionState;
+use crate::config::Settings;
 use crate::messages::{AssembleJob, InvokeJob};
 use crate::stage::{Output, Stage, StageError};
+use crate::store::Store;
 
 /// Builds the `/responses` body.
 #[derive(Debug)]
 pub struct Assemble {
-    deps: Arc<Deps>,
+    settings: Arc<Settings>,
+    store: Store,
 }
 
 impl Assemble {
     /// The stage, using `deps`' settings and store.
     pub fn new(deps: &Deps) -> Self {
-        Assemble { deps: Arc::new(deps.clone()) }
+        Assemble { settings: deps.settings.clone(), store: deps.store.clone() }
     }
 }
 
@@ -27,16 +30,18 @@ impl Stage for Assemble {
     type Out = InvokeJob;
 
     async fn run(&self, job: AssembleJob) -> Result<Output<InvokeJob>, StageError> {
-        let deps = &self.deps;
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
-        let stored = deps.store.session_state(&job.job.key.session_id).await?;
+        let stored = self.store.session_state(&job.job.key.session_id).await?;
         let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
-        let context = deps.conversation_context(job.job.user_turn().map_err(StageError::fail)?);
+        let context = super::conversation_context(
+            &self.settings,
+            job.job.user_turn().map_err(StageError::fail)?,
+        );
         let context = context.map_err(StageError::fail)?;
         let assembled = job
             .job
-            .assemble(&job.chunks, &state, context, &deps.settings.assemble)
+            .assemble(&job.chunks, &state, context, &self.settings.assemble)
             .map_err(StageError::fail)?;
         Ok(Output::next(InvokeJob {
             job: job.job,

@@ -9,21 +9,31 @@ use tracing::{info, warn};
 
 use super::Deps;
 use crate::assemble::SessionState;
+use crate::config::Settings;
 use crate::contracts::{ApiError, ErrorCode};
-use crate::llm::{Endpoint, LlmError, LlmRequest, LlmResponse, StreamDelta};
+use crate::llm::{Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, StreamDelta};
 use crate::messages::{Answer, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob};
-use crate::stage::{Output, Stage, StageError};
+use crate::stage::{DeltaSink, Output, Stage, StageError};
+use crate::store::Store;
 
 /// Calls the LLM.
 #[derive(Debug)]
 pub struct Invoke {
-    deps: Arc<Deps>,
+    settings: Arc<Settings>,
+    store: Store,
+    llm: Arc<dyn LlmClient>,
+    deltas: Option<Arc<dyn DeltaSink>>,
 }
 
 impl Invoke {
     /// The stage, using `deps`' LLM client, store and delta sink.
     pub fn new(deps: &Deps) -> Self {
-        Invoke { deps: Arc::new(deps.clone()) }
+        Invoke {
+            settings: deps.settings.clone(),
+            store: deps.store.clone(),
+            llm: deps.llm.clone(),
+            deltas: deps.deltas.clone(),
+        }
     }
 }
 
@@ -34,9 +44,8 @@ impl Stage for Invoke {
     type Out = PersistJob;
 
     async fn run(&self, job: InvokeJob) -> Result<Output<PersistJob>, StageError> {
-        let deps = &self.deps;
         let (key, step) = (job.job.key.clone(), job.job.step);
-        if let Some(saved) = deps.store.llm_result(&key, step).await? {
+        if let Some(saved) = self.store.llm_result(&key, step).await? {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
                 .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
@@ -44,19 +53,20 @@ impl Stage for Invoke {
             return Ok(Output::next(persist));
         }
         let turn = job.job.user_turn().map_err(StageError::fail)?;
-        let agent = deps.agent_context(turn).ok();
-        let endpoint = Endpoint::resolve(&deps.settings.llm, agent);
+        let agent = super::agent_context(&self.settings, turn).ok();
+        let endpoint = Endpoint::resolve(&self.settings.llm, agent);
         let stream = turn.stream();
         let mut assembled = job.assembled;
         let mut result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
         if let Err(LlmError::PreviousResponseNotFound { .. }) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
-            let stored = deps.store.session_state(&key.session_id).await?;
+            let stored = self.store.session_state(&key.session_id).await?;
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
-            let context = deps.conversation_context(turn).map_err(StageError::fail)?;
+            let context =
+                super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
             assembled = job
                 .job
-                .assemble(&job.chunks, &state.force_new_chain(), context, &deps.settings.assemble)
+                .assemble(&job.chunks, &state.force_new_chain(), context, &self.settings.assemble)
                 .map_err(StageError::fail)?;
             result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
         }
@@ -75,7 +85,7 @@ impl Stage for Invoke {
             warnings: job.warnings,
             result: round_trip,
         };
-        deps.store.save_llm_result(&key, step, &SavedRoundTrip::encode(&persist)?).await?;
+        self.store.save_llm_result(&key, step, &SavedRoundTrip::encode(&persist)?).await?;
         Ok(Output::next(persist))
     }
 }
@@ -87,12 +97,7 @@ impl Invoke {
             Ok(r) => ("ok", r.usage.as_ref()),
             Err(e) => (e.code().as_str(), None),
         };
-        crate::metrics::metrics().llm_call(
-            model,
-            outcome,
-            usage,
-            &self.deps.settings.telemetry.prices,
-        );
+        crate::metrics::metrics().llm_call(model, outcome, usage, &self.settings.telemetry.prices);
     }
 
     async fn call(
@@ -102,8 +107,8 @@ impl Invoke {
         job: &TurnJob,
         stream: bool,
     ) -> Result<LlmResponse, LlmError> {
-        let llm = &self.deps.llm;
-        let Some(sink) = self.deps.deltas.clone().filter(|_| stream) else {
+        let llm = &self.llm;
+        let Some(sink) = self.deltas.clone().filter(|_| stream) else {
             return llm.create_response(LlmRequest { endpoint, body, deltas: None }).await;
         };
         // Deltas are published one at a time, in order, while the call runs.

@@ -86,32 +86,34 @@ impl From<StoreError> for StageError {
     }
 }
 
-impl Deps {
-    /// The ConversationContext of a user turn.
-    pub fn conversation_context(&self, turn: &UserTurn) -> Result<&ConversationContext, ApiError> {
-        self.settings.conversation_context(turn.conversation_context_id()).ok_or_else(|| {
-            ApiError::at(
-                ErrorCode::UnknownConversationContext,
-                "ConversationContextId",
-                format!(
-                    "no conversation context `{}` is configured",
-                    turn.conversation_context_id().map_or("(default)", |c| c.as_str())
-                ),
-            )
-        })
-    }
+/// The ConversationContext of a user turn.
+pub fn conversation_context<'a>(
+    settings: &'a Settings,
+    turn: &UserTurn,
+) -> Result<&'a ConversationContext, ApiError> {
+    let id = turn.conversation_context_id();
+    settings.conversation_context(id).ok_or_else(|| {
+        let name = id.map_or("(default)", |c| c.as_str());
+        ApiError::at(
+            ErrorCode::UnknownConversationContext,
+            "ConversationContextId",
+            format!("no conversation context `{name}` is configured"),
+        )
+    })
+}
 
-    /// The AgentContext of a user turn.
-    pub fn agent_context(&self, turn: &UserTurn) -> Result<&AgentContext, ApiError> {
-        self.settings.agent_context(turn.agent_context_id()).ok_or_else(|| {
-            ApiError::at(
-                ErrorCode::UnknownAgentContext,
-                "AgentContextId",
-                format!(
-                    "no agent context `{}` is configured",
-                    turn.agent_context_id().map_or("(default)", |c| c.as_str())
-                ),
-            )
-        })
-    }
+/// The AgentContext of a user turn.
+pub fn agent_context<'a>(
+    settings: &'a Settings,
+    turn: &UserTurn,
+) -> Result<&'a AgentContext, ApiError> {
+    let id = turn.agent_context_id();
+    settings.agent_context(id).ok_or_else(|| {
+        let name = id.map_or("(default)", |c| c.as_str());
+        ApiError::at(
+            ErrorCode::UnknownAgentContext,
+            "AgentContextId",
+            format!("no agent context `{name}` is configured"),
+        )
+    })
 }

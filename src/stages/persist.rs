@@ -7,21 +7,23 @@ use serde_json::{json, Value};
 
 use super::Deps;
 use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
+use crate::config::Settings;
 use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserWarning};
 use crate::messages::{with_owed_warnings, Done, Outgoing, PersistJob, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
-use crate::store::{FinishStep, NewRecord, StepOutcome};
+use crate::store::{FinishStep, NewRecord, StepOutcome, Store};
 
 /// Writes the immutable record and publishes the reply.
 #[derive(Debug)]
 pub struct Persist {
-    deps: Arc<Deps>,
+    settings: Arc<Settings>,
+    store: Store,
 }
 
 impl Persist {
     /// The stage, using `deps`' store and settings.
     pub fn new(deps: &Deps) -> Self {
-        Persist { deps: Arc::new(deps.clone()) }
+        Persist { settings: deps.settings.clone(), store: deps.store.clone() }
     }
 }
 
@@ -64,7 +66,7 @@ impl Stage for Persist {
             outcome: e.outcome,
             messages,
         };
-        let pending = self.deps.store.finish_step(finish).await?;
+        let pending = self.store.finish_step(finish).await?;
         Ok(Output::committed(pending.ids, pending.messages))
     }
 }
@@ -120,7 +122,7 @@ impl Persist {
         outcome: &Outcome,
     ) -> Result<Option<Value>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
-        let raw = self.deps.store.session_state(&job.job.key.session_id).await?;
+        let raw = self.store.session_state(&job.job.key.session_id).await?;
         // Corrupt state must not silently become an empty one: the turn fails instead.
         let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
         let outcome = match outcome {
@@ -132,7 +134,7 @@ impl Persist {
             }
         };
         let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
-        let next = state.apply_answer(&assembled.update, &answer, &self.deps.settings.assemble);
+        let next = state.apply_answer(&assembled.update, &answer, &self.settings.assemble);
         Ok(Some(next.to_stored()?))
     }
 
@@ -140,7 +142,7 @@ impl Persist {
         job.job
             .user_turn()
             .ok()
-            .and_then(|t| self.deps.conversation_context(t).ok())
+            .and_then(|t| super::conversation_context(&self.settings, t).ok())
             .map_or_else(String::new, |c| c.mode_display_name.clone())
     }
 }

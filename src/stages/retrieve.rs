@@ -6,9 +6,10 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::Deps;
+use crate::config::Settings;
 use crate::contracts::{ArtifactContents, UserTurn, UserWarning};
 use crate::messages::{AssembleJob, TurnJob};
-use crate::retrieve::SearchRequest;
+use crate::retrieve::{Retrieval, SearchRequest};
 use crate::stage::{Output, Stage, StageError};
 
 /// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
@@ -17,13 +18,14 @@ pub const RETRIEVAL_UNAVAILABLE: &str = "retrieval.unavailable";
 /// Fills the `[CONTEXT]` block from the vector store.
 #[derive(Debug)]
 pub struct Retrieve {
-    deps: Arc<Deps>,
+    settings: Arc<Settings>,
+    retrieval: Retrieval,
 }
 
 impl Retrieve {
     /// The stage, using `deps`' settings and vector store.
     pub fn new(deps: &Deps) -> Self {
-        Retrieve { deps: Arc::new(deps.clone()) }
+        Retrieve { settings: deps.settings.clone(), retrieval: deps.retrieval.clone() }
     }
 }
 
@@ -38,8 +40,10 @@ impl Stage for Retrieve {
             let warnings = job.carried_warnings.clone();
             return Ok(Output::next(AssembleJob { job, chunks: vec![], warnings }));
         }
-        let deps = &self.deps;
-        let (context, agent) = match (deps.conversation_context(turn), deps.agent_context(turn)) {
+        let (context, agent) = match (
+            super::conversation_context(&self.settings, turn),
+            super::agent_context(&self.settings, turn),
+        ) {
             (Ok(c), Ok(a)) => (c, a),
             (Err(e), _) | (_, Err(e)) => return Err(StageError::fail(e)),
         };
@@ -52,7 +56,7 @@ impl Stage for Retrieve {
             top_k: context.top_k,
             budget_chars: context.chunk_budget_chars,
         };
-        let (chunks, warnings) = match deps.retrieval.search(request).await {
+        let (chunks, warnings) = match self.retrieval.search(request).await {
             Ok(found) => (found.chunks, found.warnings),
             Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
             Err(e) => {

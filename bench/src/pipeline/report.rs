@@ -149,7 +149,7 @@ pub fn finish(
 ) -> Value {
     let summary = summarize(runs);
     println!();
-    println!("== aptix bench {name}: {} run(s)", runs.len());
+    println!("== aptix-bench {name}: {} run(s)", runs.len());
     println!(
         "{:<46} {:>10} {:>10} {:>10} {:<8} {:>9} {:>4}",
         "figure", "median", "min", "max", "unit", "target", "met"

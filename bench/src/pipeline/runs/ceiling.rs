@@ -1,9 +1,9 @@
-//! `aptix bench ceiling`: the relay through five durable queues, then the pipeline, side by side.
+//! `aptix-bench ceiling`: the relay through five durable queues, then the pipeline, side by side.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// `aptix bench ceiling`.
+/// `aptix-bench ceiling`.
 pub async fn ceiling(
     p: &Ceiling,
     common: &CommonArgs,

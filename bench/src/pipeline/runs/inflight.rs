@@ -1,9 +1,9 @@
-//! `aptix bench inflight`: many concurrent turns at a high LLM latency through one invoke worker.
+//! `aptix-bench inflight`: many concurrent turns at a high LLM latency through one invoke worker.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// `aptix bench inflight`.
+/// `aptix-bench inflight`.
 pub async fn inflight(
     p: &Inflight,
     common: &CommonArgs,

@@ -1,9 +1,9 @@
-//! `aptix bench overhead`: publish to final reply minus the LLM call, at a steady open-loop rate, and where the time goes.
+//! `aptix-bench overhead`: publish to final reply minus the LLM call, at a steady open-loop rate, and where the time goes.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// `aptix bench overhead`.
+/// `aptix-bench overhead`.
 pub async fn overhead(
     p: &Overhead,
     common: &CommonArgs,

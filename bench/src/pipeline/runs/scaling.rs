@@ -1,9 +1,9 @@
-//! `aptix bench scaling`: throughput with 1, 2 and 4 copies of the slowest stage.
+//! `aptix-bench scaling`: throughput with 1, 2 and 4 copies of the slowest stage.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// `aptix bench scaling`.
+/// `aptix-bench scaling`.
 pub async fn scaling(
     p: &Scaling,
     common: &CommonArgs,
