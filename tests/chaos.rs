@@ -774,6 +774,9 @@ async fn drain(h: &Harness, accepted: usize, limit: Duration) -> Option<Duration
         let done = counts == Some((accepted as i64, accepted as i64))
             && outbox == Some(0)
             && depth == Some(0);
+        if start.elapsed() + Duration::from_secs(1) >= limit {
+            eprintln!("chaos: not drained: turns (all, ended) {counts:?}, outbox {outbox:?}, work queues {depth:?}");
+        }
         quiet = if done { quiet + 1 } else { 0 };
         if quiet >= 4 {
             return Some(start.elapsed());

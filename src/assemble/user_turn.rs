@@ -7,10 +7,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::body::{envelope, ToolChoice};
-use super::chain::{plan_chain, split_chunks};
+use super::chain::{plan_chain, split_chunks, ChainPlan};
 use super::files::{select_files, sent_file, skip_warning};
 use super::message::{system_message, user_message, UserContent};
-use super::record::{ChainStatus, SentChunk, SentRecord, TurnKind};
+use super::record::{ChainStatus, SentChunk, SentRecord, SentToolOutput, TurnKind};
 use super::rehydrate::{rehydrate, Rehydration};
 use super::state::StateUpdate;
 use super::tools::abandoned_items;
@@ -42,30 +42,8 @@ pub(crate) fn assemble_user_turn(
         continuing.is_none_or(|c| c.solution_context_sha256.as_deref() != Some(sha.as_str()))
     });
 
-    let mut items: Vec<Value> = Vec::new();
-    let mut rehydration = Rehydration::default();
-    let mut tool_outputs = Vec::new();
-    match continuing {
-        None => {
-            items.push(system_message(&context.system_prompt));
-            if plan.record().status == ChainStatus::Rehydrated {
-                let sent: HashSet<&str> = send_chunks.iter().map(|c| c.id.as_str()).collect();
-                let paths: HashSet<&str> =
-                    turn.artifacts().iter().map(|a| a.path().as_str()).collect();
-                rehydration = rehydrate(state, policy, &plan.record().reason, &sent, &paths);
-                items.extend(rehydration.message.take());
-            }
-        }
-        Some(_) => {
-            // A turn abandoned while waiting for tool results left calls unanswered; the chain
-            // refuses new input until each has an output.
-            let pending = state.open_turn.as_ref().map_or(&[][..], |t| &t.pending_calls[..]);
-            for (item, record) in abandoned_items(pending) {
-                items.push(item);
-                tool_outputs.push(record);
-            }
-        }
-    }
+    let (mut items, mut rehydration, tool_outputs) =
+        opening_items(input, turn, &plan, &send_chunks);
     items.push(user_message(&UserContent {
         mode: &context.mode,
         instruction: turn.instruction(),
@@ -123,4 +101,40 @@ pub(crate) fn assemble_user_turn(
         solution_context_sent_sha256: solution.map(|(_, sha)| sha),
     };
     Assembled { body, record, update }
+}
+
+/// The items before the user message: a new chain's system prompt (and rehydrated history),
+/// or outputs for calls a continued chain left unanswered.
+fn opening_items(
+    input: &AssembleInput<'_>,
+    turn: &UserTurn,
+    plan: &ChainPlan<'_>,
+    send_chunks: &[&Chunk],
+) -> (Vec<Value>, Rehydration, Vec<SentToolOutput>) {
+    let (state, context, policy) = (input.state, input.context, input.policy);
+    let mut items: Vec<Value> = Vec::new();
+    let mut rehydration = Rehydration::default();
+    let mut tool_outputs = Vec::new();
+    match plan.continuing() {
+        None => {
+            items.push(system_message(&context.system_prompt));
+            if plan.record().status == ChainStatus::Rehydrated {
+                let sent: HashSet<&str> = send_chunks.iter().map(|c| c.id.as_str()).collect();
+                let paths: HashSet<&str> =
+                    turn.artifacts().iter().map(|a| a.path().as_str()).collect();
+                rehydration = rehydrate(state, policy, &plan.record().reason, &sent, &paths);
+                items.extend(rehydration.message.take());
+            }
+        }
+        Some(_) => {
+            // A turn abandoned while waiting for tool results left calls unanswered; the chain
+            // refuses new input until each has an output.
+            let pending = state.open_turn.as_ref().map_or(&[][..], |t| &t.pending_calls[..]);
+            for (item, record) in abandoned_items(pending) {
+                items.push(item);
+                tool_outputs.push(record);
+            }
+        }
+    }
+    (items, rehydration, tool_outputs)
 }

@@ -89,51 +89,16 @@ async fn consume(
     let queue = settings.topology.stage_queue(stage);
     info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
     crate::metrics::metrics().broker_connection(1);
-    let permits = Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1))));
     let tracker = TaskTracker::new();
-    let mut ordered = Ordered::default();
-    let mut watch = tokio::time::interval(Duration::from_secs(1));
-    let outcome = loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => break Ok(()),
-            next = consumer.next() => next,
-            // A dead publishing connection must not leave the stage consuming what it can
-            // never forward: reconnect both.
-            _ = watch.tick() => {
-                if publisher.is_connected() {
-                    continue;
-                }
-                break Err(BrokerError::Closed);
-            }
-        };
-        let delivery = match next {
-            None => {
-                break Err(BrokerError::Amqp(lapin::Error::from(
-                    lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
-                )))
-            }
-            Some(Err(e)) => break Err(e.into()),
-            Some(Ok(d)) => d,
-        };
-        let job = Job {
-            acker: delivery.acker.clone(),
-            delivery: detach(&delivery, settings.topology.is_ingress(stage), handler.as_ref()),
-        };
-        let worker = Worker {
-            stage,
-            handler: handler.clone(),
-            publisher: publisher.clone(),
-            settings: settings.clone(),
-            permits: permits.clone(),
-            shutdown: shutdown.clone(),
-        };
-        match handler.ordering_key(&job.delivery) {
-            Some(key) => ordered.dispatch(key, job, worker, &tracker),
-            None => {
-                tracker.spawn(async move { worker.settle(job).await });
-            }
-        }
+    let worker = Worker {
+        stage,
+        handler: handler.clone(),
+        publisher: publisher.clone(),
+        settings: settings.clone(),
+        permits: Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1)))),
+        shutdown: shutdown.clone(),
     };
+    let outcome = dispatch(&worker, &mut consumer, &tracker).await;
     crate::metrics::metrics().broker_connection(-1);
     let _ = tokio::time::timeout(
         SETUP_TIMEOUT,
@@ -150,6 +115,53 @@ async fn consume(
     };
     let _ = tokio::time::timeout(SETUP_TIMEOUT, close).await;
     outcome
+}
+
+/// Hands each delivery to a task (in order per ordering key) until shutdown or a broken
+/// connection.
+async fn dispatch(
+    worker: &Worker,
+    consumer: &mut lapin::Consumer,
+    tracker: &TaskTracker,
+) -> Result<(), BrokerError> {
+    let (stage, handler) = (worker.stage, &worker.handler);
+    let ingress = worker.settings.topology.is_ingress(stage);
+    let mut ordered = Ordered::default();
+    let mut watch = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let next = tokio::select! {
+            _ = worker.shutdown.cancelled() => return Ok(()),
+            next = consumer.next() => next,
+            // A dead publishing connection must not leave the stage consuming what it can
+            // never forward: reconnect both.
+            _ = watch.tick() => {
+                if worker.publisher.is_connected() {
+                    continue;
+                }
+                return Err(BrokerError::Closed);
+            }
+        };
+        let delivery = match next {
+            None => {
+                return Err(BrokerError::Amqp(lapin::Error::from(
+                    lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
+                )))
+            }
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(d)) => d,
+        };
+        let job = Job {
+            acker: delivery.acker.clone(),
+            delivery: detach(&delivery, ingress, handler.as_ref()),
+        };
+        let worker = worker.clone();
+        match handler.ordering_key(&job.delivery) {
+            Some(key) => ordered.dispatch(key, job, worker, tracker),
+            None => {
+                tracker.spawn(async move { worker.settle(job).await });
+            }
+        }
+    }
 }
 
 /// Longest wait for connecting and declaring, or for closing.

@@ -81,7 +81,21 @@ fn tool_result(
     if r.execution_ms.is_none() {
         e.at(ErrorCode::ExecutionMsMissing, f("ExecutionMs"), "ExecutionMs is required");
     }
-    let outcome = match (r.result_json, r.error_message) {
+    let outcome = outcome(e, i, r.result_json, r.error_message, limits);
+    Some(ToolResult { tool_call_id: id?, execution_ms: r.execution_ms?, outcome: outcome? })
+}
+
+/// A result's outcome: exactly one of `ResultJson` (valid JSON) and `ErrorMessage`, each within
+/// `limits.max_tool_result_bytes`.
+fn outcome(
+    e: &mut Errors,
+    i: usize,
+    result_json: Option<String>,
+    error_message: Option<String>,
+    limits: &Limits,
+) -> Option<ToolOutcome> {
+    let f = |name: &str| format!("ToolResults[{i}].{name}");
+    match (result_json, error_message) {
         (Some(json), None) => {
             e.limit(
                 &f("ResultJson"),
@@ -122,6 +136,5 @@ fn tool_result(
             );
             None
         }
-    };
-    Some(ToolResult { tool_call_id: id?, execution_ms: r.execution_ms?, outcome: outcome? })
+    }
 }

@@ -11,6 +11,9 @@ use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
 use crate::broker::{Delivery, Disposition, Handler, OutMessage, UNDELIVERABLE};
 use crate::contracts::{ApiError, ErrorCode};
 
+/// Tries to delete published outbox rows (about a minute of a database outage).
+const DELETE_ATTEMPTS: u32 = 15;
+
 /// What the runtime's bookkeeping needs from the database, without the stage framework
 /// knowing the store.
 pub trait Ledger: Send + Sync + std::fmt::Debug {
@@ -135,12 +138,28 @@ impl<S: Stage> Handler for Runner<S> {
     }
 
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if let Err(error) = self.ledger.delete_outbox(outbox_ids).await {
-                // The rows stay; a redelivery would publish them again (consumers dedupe by id).
-                warn!(%error, "could not delete published outbox rows");
+        // The message is acked once its outputs are confirmed, so nothing redelivers it to find
+        // rows left behind: deleting them is retried in the background through a database
+        // restart, without holding up the ack.
+        let ledger = self.ledger.clone();
+        tokio::spawn(async move {
+            let mut delay = std::time::Duration::from_millis(200);
+            for attempt in 1..=DELETE_ATTEMPTS {
+                match ledger.delete_outbox(outbox_ids.clone()).await {
+                    Ok(()) => return,
+                    Err(error) if attempt == DELETE_ATTEMPTS => {
+                        // Left rows are only published again if their turn is found again;
+                        // consumers drop copies by message id.
+                        warn!(%error, rows = outbox_ids.len(), "could not delete published outbox rows");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                    }
+                }
             }
-        })
+        });
+        Box::pin(async {})
     }
 }
 
