@@ -111,9 +111,9 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
   p="${prefix//./\\.}"
   if rabbitmqctl -q add_user "$user" "$pass" >/dev/null 2>&1; then
     client_user="$user"
-    if rabbitmqctl -q set_permissions -p / "$user" "^$p\\.session\\..*" "^$p\\.requests\$" "^$p\\.session\\..*" >/dev/null 2>&1; then
+    if rabbitmqctl -q set_permissions -p / "$user" "^$p\\.(session|instance)\\..*" "^$p\\.requests\$" "^$p\\.(session|instance)\\..*" >/dev/null 2>&1; then
       client_url="amqp://$user:$pass@127.0.0.1:5672/%2f"
-      echo "clients connect as $user (configure/read ^$p\\.session\\..*, write ^$p\\.requests\$)"
+      echo "clients connect as $user (configure/read ^$p\\.(session|instance)\\..*, write ^$p\\.requests\$)"
     fi
   fi
 fi

@@ -2,10 +2,14 @@
 //! retrieved source code, through a RabbitMQ-linked pipeline of stage workers, and answers with
 //! AGN-033 responses.
 //!
-//! Modules, bottom up: [`contracts`] (wire types and error codes), [`validate`] (AGN-034 rules),
-//! [`config`] (layered settings), [`telemetry`] (logging), [`otlp`] (trace export), [`cli`] (the `aptix` command).
+//! Modules and the direction they depend in are listed in `docs/architecture.md`; bottom up:
+//! [`contracts`] (wire types and error codes), [`rules`] (AGN-034 rules), [`config`] (layered
+//! settings), the pure cores, [`store`] and [`broker`], the [`stage`] framework and [`balance`]
+//! (ingress partition shares), the [`stages`], [`pipeline`] (wiring), [`cli`] (the `aptix`
+//! command).
 
 pub mod assemble;
+pub mod balance;
 pub mod broker;
 pub mod chunk;
 pub mod cli;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::{run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology};
+use crate::broker::{
+    run_partitioned, run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology,
+};
 use crate::config::Settings;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
@@ -32,7 +34,9 @@ pub enum StartError {
 
 /// The queue names configured in `settings`, with the pipeline's stages.
 pub fn topology(settings: &Settings) -> Topology {
-    Topology::new(&settings.amqp.prefix).with_stages(&crate::stages::names())
+    Topology::new(&settings.amqp.prefix)
+        .with_stages(&crate::stages::names())
+        .with_layout(settings.amqp.ingress_partitions, settings.amqp.queue_type)
 }
 
 /// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
@@ -104,6 +108,17 @@ pub fn handler(deps: &Deps, name: StageName) -> Option<Arc<dyn Handler>> {
     crate::stages::chain().handler(name, deps)
 }
 
+/// Checks that each of `stages` can run in this process ([`crate::stage::Stage::prepare`]);
+/// the error names the stage and why.
+pub async fn prepare(deps: &Deps, stages: &[StageName]) -> Result<(), String> {
+    for &stage in stages {
+        if let Some(handler) = handler(deps, stage) {
+            handler.prepare().await.map_err(|e| format!("the {stage} stage cannot start: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `copies` consumers of each of `stages` of the pipeline until `shutdown` fires, then
 /// waits for them to finish their in-flight messages.
 pub async fn run(
@@ -131,13 +146,21 @@ pub async fn run_chain(
         };
         let mut settings = runtime_settings(&deps.settings, stage);
         settings.topology = chain.topology(&deps);
+        let partitioned = settings.topology.is_ingress(stage) && settings.topology.partitions() > 1;
         for _ in 0..copies.max(1) {
-            tasks.push(tokio::spawn(run_stage(
-                stage,
-                handler.clone(),
-                settings.clone(),
-                shutdown.clone(),
-            )));
+            let (handler, settings, shutdown) =
+                (handler.clone(), settings.clone(), shutdown.clone());
+            tasks.push(if partitioned {
+                let roster: Arc<dyn crate::balance::Roster> = Arc::new(deps.store.clone());
+                let group = settings.topology.prefix().to_owned();
+                let partitions = settings.topology.partitions();
+                let member = crate::balance::member_name();
+                let share =
+                    crate::balance::spawn(roster, group, member, partitions, shutdown.clone());
+                tokio::spawn(run_partitioned(stage, handler, settings, share, shutdown))
+            } else {
+                tokio::spawn(run_stage(stage, handler, settings, shutdown))
+            });
         }
     }
     info!(stages = ?stages.iter().map(|s| s.as_str()).collect::<Vec<_>>(), copies, "pipeline running");

@@ -69,6 +69,7 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
             let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
             tokio::spawn(crate::metrics::serve(listen, Some(database), shutdown.clone()));
         }
+        pipeline::prepare(&deps, &stages).await.map_err(anyhow::Error::msg)?;
         pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;
         crate::otlp::flush().await;
         Ok(ExitCode::SUCCESS)

@@ -6,9 +6,11 @@
 //! variable is a configuration key (proved by `aptix config` with those variables set, which
 //! refuses unknown keys, and by finding each value in the effective configuration it prints);
 //! health checks and probes use the metrics port and the `/healthz` / `/readyz` paths; the
-//! RabbitMQ definitions and the KEDA queue names match `aptix::broker::Topology`; the broker's
-//! users, permissions, policies and message size limit are the ones every shipped configuration
-//! wires.
+//! RabbitMQ definitions and the KEDA queue names match `aptix::broker::Topology` (Kubernetes:
+//! quorum queues and a partitioned ingress, whose scaler sums every partition); retrieve
+//! autoscales only with a Qdrant server; compose pins the Qdrant server the client crate speaks
+//! to; the broker's users, permissions, policies, plugins and message size limit are the ones
+//! every shipped configuration wires.
 
 // Helpers panic with the file and key at fault; unwrap is the point in a test.
 #![allow(clippy::unwrap_used)]
@@ -17,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
-use aptix::broker::{StageName, Topology};
+use aptix::broker::{StageName, Topology, RETRY_TIERS_MS};
+use aptix::config::QueueType;
 use serde_yaml_ng::Value as Yaml;
 
 // The RabbitMQ checks, in their own file (a subdirectory: not a test target of its own).
@@ -124,6 +127,90 @@ fn bins() -> BTreeSet<String> {
 
 fn worker_bin(stage: StageName) -> String {
     format!("aptix-{}", stage.as_str())
+}
+
+/// The ingress partitions and queue type a set of `APTIX__` variables selects (the defaults, 1
+/// and classic, when unset).
+fn layout(env: &BTreeMap<String, String>) -> (u16, QueueType) {
+    let partitions: u16 = env.get("APTIX__AMQP__INGRESS_PARTITIONS").map_or(1, |p| {
+        p.parse().unwrap_or_else(|_| panic!("APTIX__AMQP__INGRESS_PARTITIONS={p:?}"))
+    });
+    let queue_type = match env.get("APTIX__AMQP__QUEUE_TYPE").map(String::as_str) {
+        None | Some("classic") => QueueType::Classic,
+        Some("quorum") => QueueType::Quorum,
+        Some(other) => panic!("APTIX__AMQP__QUEUE_TYPE={other:?}"),
+    };
+    (partitions, queue_type)
+}
+
+/// Every queue and exchange name of `env`'s prefix and layout, for the pipeline's stages.
+fn topology_of(env: &BTreeMap<String, String>) -> Topology {
+    let (partitions, queue_type) = layout(env);
+    Topology::new(&env["APTIX__AMQP__PREFIX"])
+        .with_layout(partitions, queue_type)
+        .with_stages(&aptix::stages::names())
+}
+
+/// Whether `env` selects the Qdrant server backend (vector.url set) rather than the embedded
+/// store, which only one process can open.
+fn vector_server(env: &BTreeMap<String, String>) -> bool {
+    env.get("APTIX__VECTOR__URL").is_some_and(|url| !url.is_empty())
+}
+
+const REGEX_META: &str = r"\.+*?()|[]{}^$";
+
+/// The regex (RabbitMQ management API syntax) that names exactly the ingress partitions of
+/// `topology`: every queue under its consistent-hash exchange's name and a dot.
+fn partition_queue_regex(topology: &Topology) -> String {
+    let mut literal = String::new();
+    for c in topology.partition_exchange(topology.partitions()).chars() {
+        if REGEX_META.contains(c) {
+            literal.push('\\');
+        }
+        literal.push(c);
+    }
+    format!("^{literal}\\..*")
+}
+
+/// The names a `^LITERAL.*` regex matches start with LITERAL (unescaped); any other form of
+/// regex is refused.
+fn regex_literal_prefix(pattern: &str) -> String {
+    let body = pattern
+        .strip_prefix('^')
+        .and_then(|p| p.strip_suffix(".*"))
+        .unwrap_or_else(|| panic!("{pattern:?} is not of the form ^LITERAL.*"));
+    let mut literal = String::new();
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let escaped = chars.next();
+                literal.push(escaped.unwrap_or_else(|| panic!("{pattern:?} ends in a backslash")));
+            }
+            c if REGEX_META.contains(c) => panic!("{pattern:?}: unescaped {c:?}"),
+            c => literal.push(c),
+        }
+    }
+    literal
+}
+
+/// `(scheme, userinfo, host, port, path)` of a `scheme://userinfo@host:port/path` URL.
+fn url_parts(url: &str) -> (&str, &str, &str, u16, &str) {
+    let (scheme, rest) = url.split_once("://").unwrap_or_else(|| panic!("not a URL: {url}"));
+    let (userinfo, rest) = rest.split_once('@').unwrap_or_else(|| panic!("no user in {url}"));
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let (host, port) = authority.rsplit_once(':').unwrap_or_else(|| panic!("no port in {url}"));
+    let port = port.parse().unwrap_or_else(|_| panic!("bad port in {url}"));
+    (scheme, userinfo, host, port, path)
+}
+
+/// `(major, minor)` of a version such as `1.20`, `v1.19.0` or `=1.20.1`.
+fn major_minor(version: &str) -> (u64, u64) {
+    let mut parts = version.trim_start_matches(['v', '=', '^', '~']).split('.');
+    let mut next = || -> u64 {
+        parts.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("version {version:?}"))
+    };
+    (next(), next())
 }
 
 /// The built-in defaults, straight from the TOML the binary embeds.
@@ -287,7 +374,22 @@ fn compose_runs_each_stage_from_one_image_with_health_checks() {
         "RabbitMQ with the management plugin, 3.x or 4.x: {rabbit}"
     );
     assert!(yaml_str(&services["postgres"]["image"], "postgres image").starts_with("postgres:"));
-    assert!(yaml_str(&services["qdrant"]["image"], "qdrant image").starts_with("qdrant/qdrant"));
+    // Qdrant: pinned to the 1.19.x servers the qdrant-client crate (1.20) speaks to, never
+    // `latest`, which would move to servers the client does not know.
+    let qdrant = yaml_str(&services["qdrant"]["image"], "qdrant image");
+    let tag = qdrant
+        .strip_prefix("qdrant/qdrant:")
+        .unwrap_or_else(|| panic!("Qdrant's image, with a tag: {qdrant}"));
+    assert_ne!(tag, "latest", "pin the Qdrant server's version");
+    assert!(tag.starts_with("v1.19."), "Qdrant server 1.19.x, not {tag}");
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
+    let client = manifest["dependencies"]["qdrant-client"]["version"].as_str().expect("version");
+    let ((client_major, client_minor), (server_major, server_minor)) =
+        (major_minor(client), major_minor(tag));
+    assert!(
+        client_major == server_major && client_minor.abs_diff(server_minor) <= 1,
+        "qdrant-client {client} and the Qdrant server {tag} must be at most one minor version apart"
+    );
 
     // Every service but the one-shot ones (migrate, rabbitmq-setup) has a health check; every
     // Aptix service is built from deploy/Dockerfile as the same image and runs a real binary.
@@ -589,7 +691,7 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
     let k8s = K8s::load();
     let bins = bins();
     let env = k8s.env();
-    let topology = Topology::new(&env["APTIX__AMQP__PREFIX"]).with_stages(&aptix::stages::names());
+    let topology = topology_of(&env);
     let metrics_port = port_of(&env["APTIX__TELEMETRY__METRICS_LISTEN"]);
     let request_timeout = request_timeout_secs();
 
@@ -653,51 +755,147 @@ fn kubernetes_has_a_probed_deployment_and_a_queue_scaler_per_stage() {
             );
         }
 
-        // KEDA: one ScaledObject on this stage's queue, authenticated with the workers' AMQP URL.
+        // KEDA: one ScaledObject per stage, except retrieve on the embedded vector store, which
+        // one process locks: that retrieve stays at one replica.
         let scalers: Vec<&Yaml> = k8s
             .of_kind("ScaledObject")
             .into_iter()
             .filter(|s| s["spec"]["scaleTargetRef"]["name"].as_str() == Some(&name))
             .collect();
+        if stage == StageName::new("retrieve") && !vector_server(&env) {
+            assert!(
+                scalers.is_empty(),
+                "{name} must not autoscale without a Qdrant server (APTIX__VECTOR__URL): the \
+                 embedded store is locked by one process"
+            );
+            assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(1), "{name}: one replica");
+            continue;
+        }
         assert_eq!(scalers.len(), 1, "{name}: one ScaledObject");
         let spec = &scalers[0]["spec"];
         let triggers = spec["triggers"].as_sequence().unwrap();
         assert_eq!(triggers.len(), 1, "{name}: one trigger");
         let trigger = &triggers[0];
         assert_eq!(trigger["type"].as_str(), Some("rabbitmq"), "{name}");
-        assert_eq!(
-            trigger["metadata"]["queueName"].as_str(),
-            Some(topology.stage_queue(stage).as_str()),
-            "{name}"
-        );
-        assert_eq!(trigger["metadata"]["protocol"].as_str(), Some("amqp"), "{name}");
-        let auth = k8s.named(
-            "TriggerAuthentication",
-            yaml_str(&trigger["authenticationRef"]["name"], "authenticationRef"),
-        );
-        let host = auth["spec"]["secretTargetRef"]
-            .as_sequence()
-            .and_then(|refs| refs.iter().find(|r| r["parameter"].as_str() == Some("host")))
-            .expect("the TriggerAuthentication maps `host`");
-        assert_eq!(
-            host["key"].as_str(),
-            Some("APTIX__AMQP__URL"),
-            "KEDA reads the workers' own broker URL"
-        );
-        let secret = k8s.named("Secret", yaml_str(&host["name"], "secret name"));
-        assert!(secret["stringData"].get("APTIX__AMQP__URL").is_some());
 
         let min = spec["minReplicaCount"].as_u64().unwrap_or(0);
         let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
         assert!(min >= 1 && min <= max, "{name}: replicas {min}..={max}");
-        if stage == StageName::new("validate") {
-            // x-single-active-consumer: more replicas are only standbys.
-            assert!(
-                max <= 2,
-                "validate consumes a single-active-consumer queue: cap it at 2, not {max}"
+        if topology.is_ingress(stage) && topology.partitions() > 1 {
+            assert_partition_sum_trigger(&k8s, &topology, trigger, &name);
+            // Each partition has one active consumer and a replica holds at least one.
+            assert_eq!(
+                max,
+                u64::from(topology.partitions()),
+                "{name}: the scaler stops at APTIX__AMQP__INGRESS_PARTITIONS"
             );
+        } else {
+            assert_queue_trigger(&k8s, trigger, &topology.stage_queue(stage), &name);
+            if topology.is_ingress(stage) {
+                // One ingress queue, with a single active consumer: more replicas only stand by.
+                assert!(max <= 2, "{name} consumes one single-active-consumer queue: cap it at 2");
+            }
         }
     }
+}
+
+/// The Secret key a trigger's TriggerAuthentication passes to KEDA as `host`, and its value in
+/// the Secret template.
+fn trigger_host(k8s: &K8s, trigger: &Yaml, what: &str) -> (String, String) {
+    let auth = k8s.named(
+        "TriggerAuthentication",
+        yaml_str(&trigger["authenticationRef"]["name"], "authenticationRef"),
+    );
+    let host = auth["spec"]["secretTargetRef"]
+        .as_sequence()
+        .and_then(|refs| refs.iter().find(|r| r["parameter"].as_str() == Some("host")))
+        .unwrap_or_else(|| panic!("{what}: its TriggerAuthentication maps no `host`"));
+    let key = yaml_str(&host["key"], "secret key");
+    let secret = k8s.named("Secret", yaml_str(&host["name"], "secret name"));
+    let value = secret["stringData"]
+        .get(key)
+        .map(scalar)
+        .unwrap_or_else(|| panic!("{what}: no {key} in the Secret template"));
+    (key.to_owned(), value)
+}
+
+/// A trigger on one queue's depth, read over AMQP with the workers' own broker URL.
+fn assert_queue_trigger(k8s: &K8s, trigger: &Yaml, queue: &str, what: &str) {
+    let meta = &trigger["metadata"];
+    assert_eq!(meta["queueName"].as_str(), Some(queue), "{what}: the queue it consumes");
+    assert_eq!(meta["protocol"].as_str(), Some("amqp"), "{what}");
+    let (key, _) = trigger_host(k8s, trigger, what);
+    assert_eq!(key, "APTIX__AMQP__URL", "{what}: KEDA reads the workers' own broker URL");
+}
+
+/// A trigger on the sum of the depths of every ingress partition: KEDA's `http` protocol (the
+/// management API, the only one that matches queues by regex) with a regex that names exactly
+/// the partition queues, as the workers' user.
+fn assert_partition_sum_trigger(k8s: &K8s, topology: &Topology, trigger: &Yaml, what: &str) {
+    let meta = &trigger["metadata"];
+    assert_eq!(meta["protocol"].as_str(), Some("http"), "{what}: regex and sum need http");
+    // KEDA's metadata values are strings: a YAML boolean would be refused.
+    assert_eq!(meta["useRegex"].as_str(), Some("true"), "{what}: useRegex: \"true\"");
+    assert_eq!(meta["operation"].as_str(), Some("sum"), "{what}: the partitions' depths summed");
+    assert_eq!(meta["mode"].as_str(), Some("QueueLength"), "{what}");
+
+    let pattern = yaml_str(&meta["queueName"], "queueName");
+    assert_eq!(
+        pattern,
+        partition_queue_regex(topology),
+        "{what}: the partition queues of APTIX__AMQP__PREFIX and APTIX__AMQP__INGRESS_PARTITIONS"
+    );
+    // It names every partition queue and no other queue: not the single ingress queue, the
+    // stage, dead-letter and delay queues, nor another layout's partitions (`p160` starts with
+    // `p16`'s digits).
+    let literal = regex_literal_prefix(pattern);
+    let partitions = topology.ingress_queues();
+    assert_eq!(partitions.len(), usize::from(topology.partitions()));
+    for queue in &partitions {
+        assert!(queue.starts_with(&literal), "{what}: {pattern} misses {queue}");
+    }
+    let mut others = vec![topology.requests(), topology.dead(), topology.unrouted()];
+    others.extend(topology.stages().iter().skip(1).map(|s| topology.stage_queue(*s)));
+    others.extend(RETRY_TIERS_MS.map(|tier| topology.delay_exchange(tier)));
+    for factor in [2, 10] {
+        others.extend(topology.ingress_queues_of(topology.partitions() * factor));
+    }
+    for queue in &others {
+        assert!(!queue.starts_with(&literal), "{what}: {pattern} also matches {queue}");
+    }
+    // KEDA reads one page of matching queues and fails when there are more.
+    let page_size: usize = meta["pageSize"].as_str().map_or(100, |p| p.parse().expect("pageSize"));
+    assert!(page_size >= partitions.len(), "{what}: pageSize {page_size} < the partitions");
+
+    // The management API's URL, for the same user, password and broker as the workers' URL.
+    let (key, url) = trigger_host(k8s, trigger, what);
+    let env = k8s.env();
+    let (scheme, userinfo, host, port, path) = url_parts(&url);
+    let (_, worker_userinfo, worker_host, _, _) = url_parts(&env["APTIX__AMQP__URL"]);
+    assert_eq!(scheme, "http", "{what}: {key} is a management-API URL: {url}");
+    assert_eq!(port, 15672, "{what}: {key} names the management port: {url}");
+    assert_eq!(
+        (userinfo, host),
+        (worker_userinfo, worker_host),
+        "{what}: {key} has the user, password and broker of APTIX__AMQP__URL"
+    );
+    assert!(matches!(path, "/" | "/%2f" | "/%2F"), "{what}: {key} names the vhost `/`: {url}");
+}
+
+#[test]
+fn kubernetes_runs_quorum_queues_a_partitioned_ingress_and_a_qdrant_server() {
+    let env = K8s::load().env();
+    let (partitions, queue_type) = layout(&env);
+    // The manifests' RabbitMQ is a 3-node cluster (rabbitmq-cluster.example.yaml): the queues
+    // are replicated over it.
+    assert_eq!(queue_type, QueueType::Quorum, "deploy/k8s: APTIX__AMQP__QUEUE_TYPE=quorum");
+    // Validate scales out over the partitions (with one, extra replicas only stand by).
+    assert!(
+        partitions > 1 && partitions.is_power_of_two(),
+        "deploy/k8s: APTIX__AMQP__INGRESS_PARTITIONS is a power of two above 1, not {partitions}"
+    );
+    // Retrieve scales out, which only a Qdrant server allows.
+    assert!(vector_server(&env), "deploy/k8s selects the Qdrant server (APTIX__VECTOR__URL)");
 }
 
 #[test]
@@ -706,4 +904,9 @@ fn the_helpers_read_what_compose_writes() {
     assert_eq!(interpolate("x${A}y$$"), "xy$");
     assert_eq!(duration_secs("660s") + duration_secs("1m30s"), 750);
     assert_eq!(port_of("0.0.0.0:9464"), 9464);
+    assert_eq!((major_minor("v1.19.0"), major_minor("1.20")), ((1, 19), (1, 20)));
+    assert_eq!(url_parts("http://u:p@h:15672/"), ("http", "u:p", "h", 15672, "/"));
+    let topology = Topology::new("a-b").with_layout(16, QueueType::Quorum);
+    assert_eq!(partition_queue_regex(&topology), r"^a-b\.requests\.p16\..*");
+    assert_eq!(regex_literal_prefix(&partition_queue_regex(&topology)), "a-b.requests.p16.");
 }

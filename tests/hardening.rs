@@ -78,6 +78,7 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
         body: body.into(),
         headers: Default::default(),
         message_id,
+        reply_to: None,
         redelivered: true,
         attempt: 0,
         hint: Default::default(),

@@ -21,11 +21,18 @@
 # The users (docs/client-protocol.md):
 #   aptix-worker  configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
 #                 stage messages and dead letters through the default exchange, and the delay
-#                 queues dead-letter into it)
+#                 queues dead-letter into it); tag `management`, so that KEDA can sum the
+#                 ingress partitions' depths with its URL through the management API (where it
+#                 may change only what these permissions allow, and administer nothing)
 #   aptix-client  write: ^P\.requests$ (the entry exchange only, not the default exchange, so a
-#                 client cannot publish into a stage queue); configure, read: ^P\.session\..*
+#                 client cannot publish into a stage queue); configure, read:
+#                 ^P\.(session|instance)\..* (its reply queues: per session, or per backend
+#                 instance)
+# Plugin: rabbitmq_consistent_hash_exchange (ships with RabbitMQ), for ingress partitions.
 # Policies (RabbitMQ's convention for bounds and expiry; queues are declared without x-args):
 #   P-sessions  ^P\.session\.   expires 24 h, max-length 10000 (drop-head: replies are also in
+#                               PostgreSQL)
+#   P-instances ^P\.instance\.  expires 24 h, max-length 100000 (drop-head: replies are also in
 #                               PostgreSQL)
 #   P-dead      ^P\.dead$       max-length 100000, max-length-bytes 1 GiB, message-ttl 14 days
 #   P-unrouted  ^P\.unrouted$   the same bounds as P-dead
@@ -90,26 +97,29 @@ if $print; then
 fi
 
 all="^$p\\..*"
-session="^$p\\.session\\..*"
+replies="^$p\\.(session|instance)\\..*"
 bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000}'
 
 definitions=$(
   cat <<EOF
 {
   "users": [
-    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": []},
+    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": ["management"]},
     {"name": "aptix-client", "password": $(json "$client_password"), "tags": []}
   ],
   "permissions": [
     {"user": "aptix-worker", "vhost": "/", "configure": $(json "$all"),
      "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")},
-    {"user": "aptix-client", "vhost": "/", "configure": $(json "$session"),
-     "write": $(json "^$p\\.requests\$"), "read": $(json "$session")}
+    {"user": "aptix-client", "vhost": "/", "configure": $(json "$replies"),
+     "write": $(json "^$p\\.requests\$"), "read": $(json "$replies")}
   ],
   "policies": [
     {"vhost": "/", "name": $(json "$name-sessions"), "pattern": $(json "^$p\\.session\\."),
      "apply-to": "queues", "priority": 0,
      "definition": {"expires": 86400000, "max-length": 10000, "overflow": "drop-head"}},
+    {"vhost": "/", "name": $(json "$name-instances"), "pattern": $(json "^$p\\.instance\\."),
+     "apply-to": "queues", "priority": 0,
+     "definition": {"expires": 86400000, "max-length": 100000, "overflow": "drop-head"}},
     {"vhost": "/", "name": $(json "$name-dead"), "pattern": $(json "^$p\\.dead\$"),
      "apply-to": "queues", "priority": 0, "definition": $bounded},
     {"vhost": "/", "name": $(json "$name-unrouted"), "pattern": $(json "^$p\\.unrouted\$"),
@@ -129,5 +139,14 @@ ctl=(rabbitmqctl -q)
 # From stdin (no file argument): the passwords never appear on a command line or in a file.
 # rabbitmqctl waits for the import to finish, whatever its "asynchronous" message says.
 printf '%s\n' "$definitions" | "${ctl[@]}" import_definitions >/dev/null
+# The consistent-hash exchange spreads sessions over ingress partitions
+# (amqp.ingress_partitions > 1). It ships with RabbitMQ. Enabled already (compose's
+# enabled_plugins, the cluster operator's additionalPlugins), nothing is written: the operator's
+# plugins file is read-only.
+plugins=(rabbitmq-plugins -q)
+[[ -n "${APTIX_RABBITMQ_NODE:-}" ]] && plugins+=(-n "$APTIX_RABBITMQ_NODE")
+if ! "${plugins[@]}" is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
+  "${plugins[@]}" enable rabbitmq_consistent_hash_exchange >/dev/null
+fi
 echo "setup.sh: users aptix-worker and aptix-client, their permissions on / and the policies" \
-  "$name-sessions, $name-dead, $name-unrouted are in place (prefix $prefix)"
+  "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugin rabbitmq_consistent_hash_exchange enabled"

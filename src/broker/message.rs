@@ -97,6 +97,10 @@ pub struct OutMessage {
     /// For replies and deltas: the session whose reply queue must exist and be bound first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<crate::contracts::SessionId>,
+    /// For replies and deltas to a backend instance's queue instead of the session's: the
+    /// instance, whose queue (declared by its client) must be bound first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<crate::contracts::InstanceName>,
     /// Whether the session's queue may be created for this message (an admitted session), or
     /// only bound if the client declared it (a refusal, which must leave nothing behind).
     #[serde(default = "yes")]
@@ -122,9 +126,20 @@ impl OutMessage {
             headers: BTreeMap::new(),
             body,
             session: None,
+            instance: None,
             create_queue: true,
             correlation_id: None,
         }
+    }
+
+    /// The same reply or delta, routed to backend instance `to`'s queue when given (instead of
+    /// its session's).
+    pub fn to(mut self, to: Option<&crate::contracts::InstanceName>) -> Self {
+        if let Some(instance) = to {
+            self.routing_key = super::Topology::instance_key(instance);
+            self.instance = Some(instance.clone());
+        }
+        self
     }
 
     /// Adds a header.

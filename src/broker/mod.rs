@@ -3,7 +3,11 @@
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
 pub mod client;
+mod declare;
+mod lanes;
+mod layout;
 mod message;
+mod partitioned;
 mod publish;
 mod replies;
 mod runtime;
@@ -15,7 +19,9 @@ use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
 
+pub use declare::QUORUM_DELIVERY_LIMIT;
 pub use message::{HeaderValue, OutMessage};
+pub use partitioned::run_partitioned;
 pub use publish::Publisher;
 pub use replies::LazyPublisher;
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
@@ -77,6 +83,8 @@ pub struct Delivery {
     pub headers: BTreeMap<String, String>,
     /// `message_id` property.
     pub message_id: Option<String>,
+    /// `reply_to` property: where a client asked for the replies to its submission.
+    pub reply_to: Option<String>,
     /// Whether the broker has delivered it before (a consumer may have crashed on it).
     pub redelivered: bool,
     /// 0 on first processing, +1 per retry through a delay queue.
@@ -136,6 +144,11 @@ pub trait Handler: Send + Sync + 'static {
     /// Retries ran out: what to publish instead so the turn still ends with a reply
     /// (usually a failure outcome for the persist stage). The original is dead-lettered.
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>>;
+
+    /// Checked once before the stage consumes in this process; `Err` stops the start.
+    fn prepare(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// The turn a body names, for deliveries whose headers do not say (called once per
     /// delivery, when it arrives).

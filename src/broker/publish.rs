@@ -95,7 +95,11 @@ impl Publisher {
         self.inner.conn.status().connected()
     }
 
-    /// Publishes and waits for the confirm, on a channel no other publish uses meanwhile.
+    /// Publishes and waits for the confirm, on a channel no other publish uses meanwhile. A
+    /// nack or a broken channel is retried on a fresh channel while the connection lives: after
+    /// a cluster node is lost, a channel opened at the wrong moment can nack every publish for
+    /// minutes while a new one is accepted at once. A resend may duplicate the message; every
+    /// consumer dedupes (docs/reliability.md).
     pub async fn publish(&self, msg: &OutMessage) -> Result<(), BrokerError> {
         let limit = self.inner.max_message_bytes;
         if msg.body.len() > limit {
@@ -105,6 +109,21 @@ impl Publisher {
                 limit,
             });
         }
+        let mut pause = Duration::from_millis(50);
+        for _ in 1..RESENDS {
+            match self.publish_once(msg).await {
+                Err(e) if resendable(&e) && self.is_connected() => {
+                    tracing::debug!(error = %e, routing_key = %msg.routing_key, "resending on a fresh channel");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+        self.publish_once(msg).await
+    }
+
+    async fn publish_once(&self, msg: &OutMessage) -> Result<(), BrokerError> {
         let Ok(_slot) = self.inner.slots.acquire().await else {
             return Err(BrokerError::Closed);
         };
@@ -112,16 +131,17 @@ impl Publisher {
         let confirmed =
             tokio::time::timeout(self.inner.confirm_timeout, publish_on(&channel, msg)).await;
         match confirmed {
-            Ok(Ok(outcome)) => {
+            // Unroutable is about the message; the channel is fine.
+            Ok(Ok(outcome @ (Ok(()) | Err(BrokerError::Unroutable { .. })))) => {
                 self.give_back(channel);
                 outcome
             }
-            // The channel may be closed (the broker refused something) or still owe a confirm
-            // (and with it, perhaps, a return): never reuse it.
+            // The channel may be closed (the broker refused something), nack everything, or
+            // still owe a confirm (and with it, perhaps, a return): never reuse it.
             failed => {
                 discard(channel);
                 Err(match failed {
-                    Ok(Err(e)) => e,
+                    Ok(Ok(Err(e)) | Err(e)) => e,
                     _ => BrokerError::ConfirmTimeout,
                 })
             }
@@ -153,6 +173,16 @@ impl Publisher {
             idle.push(channel);
         }
     }
+}
+
+/// Attempts of one publish (first included) while the connection lives.
+const RESENDS: u32 = 6;
+
+/// Whether a failed publish may succeed on a fresh channel of the same connection.
+fn resendable(e: &BrokerError) -> bool {
+    // Not a confirm timeout: the broker is blocked (a resource alarm) or gone, and waiting
+    // again only holds the delivery longer; the message returns to its queue instead.
+    matches!(e, BrokerError::Nacked { .. } | BrokerError::Amqp(_))
 }
 
 /// Closes a channel that must not be reused, without holding up the caller on a broker that

@@ -1,6 +1,7 @@
-//! Routing replies: a session's reply queue exists and is bound before a reply to it is
-//! published, and a reply that still finds no queue (the client deleted it) is kept in
-//! `<prefix>.unrouted` for an operator — never dropped, never charged to another message.
+//! Routing replies: a reply queue (a session's, or a backend instance's) exists and is bound
+//! before a reply to it is published, and a reply that still finds no queue (the client deleted
+//! it) is kept in `<prefix>.unrouted` for an operator — never dropped, never charged to another
+//! message.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,106 +11,120 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
 use super::{BrokerError, OutMessage, Publisher, Topology};
-use crate::contracts::SessionId;
 
-/// How long a declared-and-bound session queue is trusted without declaring it again. Far below
+/// How long a declared-and-bound reply queue is trusted without declaring it again. Far below
 /// any sensible queue expiry; a queue deleted meanwhile is caught by the mandatory flag.
 const TRUST: Duration = Duration::from_secs(300);
-/// Sessions remembered at most; the cache is cleared when full (costing one declare each).
+/// Queues remembered at most; the cache is cleared when full (costing one declare each).
 const CAPACITY: usize = 100_000;
 
-/// Session queues this process declared and bound recently.
+/// Where a reply goes: the queue, its routing key on the replies exchange, and whether the
+/// server may create the queue (an admitted session's) or only bind one its client declared.
+struct Target {
+    queue: String,
+    key: String,
+    create: bool,
+}
+
+impl Target {
+    fn of(topology: &Topology, m: &OutMessage) -> Option<Target> {
+        if let Some(instance) = &m.instance {
+            let (queue, key) =
+                (topology.instance_queue(instance), Topology::instance_key(instance));
+            // An instance queue is its client's: declared by it, never created here.
+            return Some(Target { queue, key, create: false });
+        }
+        let session = m.session.as_ref()?;
+        let (queue, key) = (topology.session_queue(session), session.to_string());
+        Some(Target { queue, key, create: m.create_queue })
+    }
+}
+
+/// Reply queues this process declared and bound recently.
 #[derive(Debug, Default)]
 pub struct SessionQueues {
-    ensured: Mutex<HashMap<SessionId, Instant>>,
+    ensured: Mutex<HashMap<String, Instant>>,
 }
 
 impl SessionQueues {
-    fn fresh(&self, session: &SessionId) -> bool {
+    fn fresh(&self, queue: &str) -> bool {
         let Ok(map) = self.ensured.lock() else { return false };
-        map.get(session).is_some_and(|at| at.elapsed() < TRUST)
+        map.get(queue).is_some_and(|at| at.elapsed() < TRUST)
     }
 
-    fn remember(&self, session: SessionId) {
+    fn remember(&self, queue: &str) {
         if let Ok(mut map) = self.ensured.lock() {
             if map.len() >= CAPACITY {
                 map.clear();
             }
-            map.insert(session, Instant::now());
+            map.insert(queue.to_owned(), Instant::now());
         }
     }
 
-    fn forget(&self, session: &SessionId) {
+    fn forget(&self, queue: &str) {
         if let Ok(mut map) = self.ensured.lock() {
-            map.remove(session);
+            map.remove(queue);
         }
     }
 
-    /// Makes sure `session`'s queue exists (when `create`) and is bound. `Ok(false)`: the queue
-    /// does not exist and was not to be created.
-    pub async fn ensure(
+    /// Makes sure the target queue exists (created when allowed) and is bound. `Ok(false)`: the
+    /// queue does not exist and was not to be created.
+    async fn ensure(
         &self,
         publisher: &Publisher,
         topology: &Topology,
-        session: &SessionId,
-        create: bool,
+        t: &Target,
     ) -> Result<bool, BrokerError> {
-        if self.fresh(session) {
+        if self.fresh(&t.queue) {
             return Ok(true);
         }
-        let queue = topology.session_queue(session);
         let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
         let ch = publisher.scratch_channel().await?;
-        let declared = if create {
-            ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await
-        } else {
-            ch.queue_declare(queue.as_str().into(), passive, FieldTable::default()).await
-        };
-        let ch = match declared {
-            Ok(_) => ch,
-            // Not there, and a refusal must not create it.
-            Err(_) if !create => return Ok(false),
-            // A queue declared by an earlier version with `x-expires` refuses the plain
-            // declaration (406) and closes the channel; it exists, so binding is enough.
-            Err(_) => {
-                let ch = publisher.scratch_channel().await?;
-                ch.queue_declare(queue.as_str().into(), passive, FieldTable::default()).await?;
-                ch
-            }
-        };
-        topology.bind_session(&ch, session).await?;
-        let _ = ch.close(200, "session queue ready".into()).await;
-        self.remember(*session);
+        let options = if t.create { durable } else { passive };
+        let ch =
+            match ch.queue_declare(t.queue.as_str().into(), options, FieldTable::default()).await {
+                Ok(_) => ch,
+                // Not there, and it must not be created here.
+                Err(_) if !t.create => return Ok(false),
+                // A queue declared by an earlier version with `x-expires` refuses the plain
+                // declaration (406) and closes the channel; it exists, so binding is enough.
+                Err(_) => {
+                    let ch = publisher.scratch_channel().await?;
+                    ch.queue_declare(t.queue.as_str().into(), passive, FieldTable::default())
+                        .await?;
+                    ch
+                }
+            };
+        topology.bind_reply_queue(&ch, &t.queue, &t.key).await?;
+        let _ = ch.close(200, "reply queue ready".into()).await;
+        self.remember(&t.queue);
         Ok(true)
     }
 
-    /// Publishes a reply or delta to its session: the queue made ready first, declared again if
-    /// the message comes back unroutable, and kept in `<prefix>.unrouted` if it still does.
+    /// Publishes a reply or delta to its queue: made ready first, declared again if the message
+    /// comes back unroutable, and kept in `<prefix>.unrouted` if it still does.
     pub async fn publish(
         &self,
         publisher: &Publisher,
         topology: &Topology,
-        session: &SessionId,
         m: &OutMessage,
     ) -> Result<(), BrokerError> {
-        if self.ensure(publisher, topology, session, m.create_queue).await? {
+        let Some(target) = Target::of(topology, m) else { return publisher.publish(m).await };
+        for _ in 0..2 {
+            if !self.ensure(publisher, topology, &target).await? {
+                break;
+            }
             match publisher.publish(m).await {
-                Err(BrokerError::Unroutable { .. }) => self.forget(session),
+                Err(BrokerError::Unroutable { .. }) => self.forget(&target.queue),
                 other => return other,
             }
-            if self.ensure(publisher, topology, session, m.create_queue).await? {
-                match publisher.publish(m).await {
-                    Err(BrokerError::Unroutable { .. }) => self.forget(session),
-                    other => return other,
-                }
-            }
         }
-        tracing::warn!(%session, message_id = %m.message_id, "reply unroutable, kept in the unrouted queue");
+        tracing::warn!(queue = %target.queue, message_id = %m.message_id, "reply unroutable, kept in the unrouted queue");
         let mut kept = m.clone();
         kept.exchange = String::new();
         kept.routing_key = topology.unrouted();
-        kept.session = None;
+        (kept.session, kept.instance) = (None, None);
         kept.headers.insert("x-aptix-unrouted-exchange".into(), m.exchange.clone().into());
         kept.headers.insert("x-aptix-unrouted-routing-key".into(), m.routing_key.clone().into());
         publisher.publish(&kept).await

@@ -1,20 +1,19 @@
 //! The consume loop shared by every stage: reconnect with backoff, bounded concurrency, per-key
 //! ordered lanes, graceful shutdown. What happens to each message is `settle`'s business.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::Acker;
 use lapin::{Connection, ConnectionProperties};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::lanes::{Job, Ordered, Worker};
 use super::settle::Settler;
 use super::{BrokerError, Delivery, Handler, Publisher, StageName, Topology, TurnHint};
 
@@ -37,16 +36,46 @@ pub struct RuntimeSettings {
     pub max_message_bytes: usize,
 }
 
-/// Opens a connection with a short heartbeat so a dead broker is noticed in seconds, not minutes.
-pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
+/// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
+/// nodes are tried in turn from a random one, so a fleet spreads over the cluster and a node that
+/// is down costs one refused attempt; the error is the last node's. A short heartbeat notices a
+/// dead broker in seconds, not minutes.
+pub async fn connect(urls: &str) -> Result<Connection, BrokerError> {
+    let nodes: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    let start = if nodes.len() > 1 { rand::random_range(0..nodes.len()) } else { 0 };
+    let mut last = BrokerError::Closed;
+    for i in 0..nodes.len() {
+        let node = nodes[(start + i) % nodes.len()];
+        match connect_node(node).await {
+            Ok(conn) => return Ok(conn),
+            Err(error) => {
+                if nodes.len() > 1 {
+                    let node = crate::config::redact_url(node);
+                    warn!(%node, %error, "broker node unavailable, trying the next");
+                }
+                last = error;
+            }
+        }
+    }
+    Err(last)
+}
+
+async fn connect_node(url: &str) -> Result<Connection, BrokerError> {
     let url = if url.contains("heartbeat=") {
         url.to_owned()
     } else {
         format!("{url}{}heartbeat=10", if url.contains('?') { '&' } else { '?' })
     };
     let props = ConnectionProperties::default().with_connection_name("aptix".into());
-    Ok(Connection::connect(&url, props).await?)
+    // A node that accepts TCP and does not answer must not hold up the move to the next one.
+    match tokio::time::timeout(NODE_CONNECT_TIMEOUT, Connection::connect(&url, props)).await {
+        Ok(conn) => Ok(conn?),
+        Err(_) => Err(BrokerError::SetupTimeout),
+    }
 }
+
+/// Longest wait for one node to accept a connection before the next one is tried.
+const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Consumes `stage`'s queue until `shutdown` fires, reconnecting after broker failures. On
 /// shutdown it stops consuming, lets in-flight messages finish and ack, and returns.
@@ -56,19 +85,34 @@ pub async fn run_stage(
     settings: RuntimeSettings,
     shutdown: CancellationToken,
 ) {
-    let mut delay = Duration::from_millis(200);
+    reconnecting(stage, &shutdown, || consume(stage, &handler, &settings, &shutdown)).await;
+}
+
+/// Runs `connected` (one connection's worth of consuming) again after each broker failure,
+/// until it ends cleanly or `shutdown` fires. The back-off grows from 200 ms to 5 s and starts
+/// over after a connection that lasted a minute.
+pub(super) async fn reconnecting<F, Fut>(
+    stage: StageName,
+    shutdown: &CancellationToken,
+    mut connected: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), BrokerError>>,
+{
+    const FIRST: Duration = Duration::from_millis(200);
+    let mut delay = FIRST;
     while !shutdown.is_cancelled() {
-        match consume(stage, &handler, &settings, &shutdown).await {
-            Ok(()) => break,
-            Err(error) => {
-                warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
+        let began = std::time::Instant::now();
+        let Err(error) = connected().await else { break };
+        if began.elapsed() > Duration::from_secs(60) {
+            delay = FIRST;
         }
+        warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
     }
     info!(stage = stage.as_str(), "stage stopped");
 }
@@ -90,15 +134,14 @@ async fn consume(
     info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
     crate::metrics::metrics().broker_connection(1);
     let tracker = TaskTracker::new();
-    let worker = Worker {
-        stage,
-        handler: handler.clone(),
-        publisher: publisher.clone(),
-        settings: settings.clone(),
-        permits: Arc::new(Semaphore::new(usize::from(settings.prefetch.max(1)))),
-        shutdown: shutdown.clone(),
-    };
+    // Ends in-place retry waits when this connection breaks: the broker has already taken its
+    // unacknowledged messages back, so nothing in flight here can be settled any more.
+    let connection = shutdown.child_token();
+    let worker = Worker::new(stage, handler, &publisher, settings, &connection);
     let outcome = dispatch(&worker, &mut consumer, &tracker).await;
+    if outcome.is_err() {
+        connection.cancel();
+    }
     crate::metrics::metrics().broker_connection(-1);
     let _ = tokio::time::timeout(
         SETUP_TIMEOUT,
@@ -150,22 +193,13 @@ async fn dispatch(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job {
-            acker: delivery.acker.clone(),
-            delivery: detach(&delivery, ingress, handler.as_ref()),
-        };
-        let worker = worker.clone();
-        match handler.ordering_key(&job.delivery) {
-            Some(key) => ordered.dispatch(key, job, worker, tracker),
-            None => {
-                tracker.spawn(async move { worker.settle(job).await });
-            }
-        }
+        let job = Job::new(&delivery, ingress, handler.as_ref(), None);
+        ordered.route(job, worker, tracker);
     }
 }
 
 /// Longest wait for connecting and declaring, or for closing.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Opened = (Connection, Publisher, lapin::Channel, lapin::Consumer, String);
 
@@ -177,7 +211,11 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
     let publisher =
         Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)
             .await?;
-    settings.topology.declare(publisher.channel()).await?;
+    if settings.topology.is_ingress(stage) {
+        settings.topology.declare(publisher.channel()).await?;
+    } else {
+        settings.topology.declare_downstream(publisher.channel()).await?;
+    }
     let channel = consume_conn.create_channel().await?;
     channel.basic_qos(settings.prefetch, BasicQosOptions::default()).await?;
     let queue = settings.topology.stage_queue(stage);
@@ -191,91 +229,6 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
         )
         .await?;
     Ok((consume_conn, publisher, channel, consumer, tag))
-}
-
-/// A delivery detached from the consumer, with what is needed to settle it.
-struct Job {
-    acker: Acker,
-    delivery: Delivery,
-}
-
-/// What handling a job needs; cheap to clone.
-#[derive(Clone)]
-struct Worker {
-    stage: StageName,
-    handler: Arc<dyn Handler>,
-    publisher: Publisher,
-    settings: RuntimeSettings,
-    permits: Arc<Semaphore>,
-    shutdown: CancellationToken,
-}
-
-impl Worker {
-    async fn settle(&self, job: Job) {
-        // The semaphore mirrors prefetch; it only matters if the broker over-delivers.
-        let Ok(_permit) = self.permits.acquire().await else { return };
-        let settler = Settler {
-            stage: self.stage,
-            handler: &*self.handler,
-            publisher: &self.publisher,
-            settings: &self.settings,
-            shutdown: &self.shutdown,
-        };
-        settler.settle(job.delivery, &job.acker).await;
-    }
-}
-
-/// Per-key FIFO lanes: one task per busy key drains that key's jobs in delivery order.
-#[derive(Default)]
-struct Ordered {
-    lanes: HashMap<String, Arc<std::sync::Mutex<Lane>>>,
-}
-
-#[derive(Default)]
-struct Lane {
-    queue: VecDeque<Job>,
-    running: bool,
-}
-
-impl Ordered {
-    fn dispatch(&mut self, key: String, job: Job, worker: Worker, tracker: &TaskTracker) {
-        // Idle lanes are dropped so the map only holds keys with work.
-        self.lanes.retain(|_, lane| {
-            lane.lock().map(|l| l.running || !l.queue.is_empty()).unwrap_or(false)
-        });
-        let lane = self.lanes.entry(key).or_default().clone();
-        let Ok(mut state) = lane.lock() else { return };
-        state.queue.push_back(job);
-        if state.running {
-            return;
-        }
-        state.running = true;
-        drop(state);
-        tracker.spawn(async move {
-            loop {
-                // Taking a job and deciding to stop happen under the same lock as `dispatch`,
-                // so no job is left behind in a lane without a task.
-                let next = match lane.lock() {
-                    Ok(mut l) => match l.queue.pop_front() {
-                        Some(job) => job,
-                        None => {
-                            l.running = false;
-                            return;
-                        }
-                    },
-                    Err(_) => return,
-                };
-                if worker.shutdown.is_cancelled() {
-                    // The job before this one may have gone back to the broker unfinished;
-                    // handling this one now would overtake it.
-                    let requeue = BasicNackOptions { requeue: true, ..Default::default() };
-                    let _ = next.acker.nack(requeue).await;
-                    continue;
-                }
-                worker.settle(next).await;
-            }
-        });
-    }
 }
 
 /// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop
@@ -300,7 +253,11 @@ pub async fn process_one(
     Ok(true)
 }
 
-fn detach(d: &lapin::message::Delivery, ingress: bool, handler: &dyn Handler) -> Delivery {
+pub(super) fn detach(
+    d: &lapin::message::Delivery,
+    ingress: bool,
+    handler: &dyn Handler,
+) -> Delivery {
     let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
     if ingress {
         // Ingress messages come from clients: the runtime's own counters and marks are not
@@ -316,6 +273,7 @@ fn detach(d: &lapin::message::Delivery, ingress: bool, handler: &dyn Handler) ->
         hint,
         body: bytes::Bytes::from(d.data.clone()),
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
+        reply_to: d.properties.reply_to().as_ref().map(|m| m.to_string()),
         redelivered: d.redelivered,
         attempt,
         headers,

@@ -283,7 +283,7 @@ pub async fn publish_all(
     messages: &[OutMessage],
 ) -> Result<(), BrokerError> {
     let (to_sessions, rest): (Vec<&OutMessage>, Vec<&OutMessage>) =
-        messages.iter().partition(|m| m.session.is_some());
+        messages.iter().partition(|m| m.session.is_some() || m.instance.is_some());
     for m in to_sessions {
         publish_one(publisher, settings, m).await?;
     }
@@ -296,14 +296,7 @@ async fn publish_one(
     settings: &RuntimeSettings,
     m: &OutMessage,
 ) -> Result<(), BrokerError> {
-    let publish = async {
-        match &m.session {
-            Some(session) => {
-                publisher.sessions().publish(publisher, &settings.topology, session, m).await
-            }
-            None => publisher.publish(m).await,
-        }
-    };
+    let publish = publisher.sessions().publish(publisher, &settings.topology, m);
     // Declarations have no deadline of their own; a broker that stops answering must not hold
     // the message forever.
     let limit = settings.confirm_timeout * 3;

@@ -1,16 +1,18 @@
-//! Queue and exchange names under the configured prefix, and their declaration.
+//! Queue and exchange names under the configured prefix, and session reply queues. The
+//! pipeline's own queues are declared in `declare`.
 //!
-//! Every queue is a durable classic queue: quorum queues fsync every message and cannot be
-//! created per session, and one node gains nothing from replication. Bounds and expiry of
-//! session, dead-letter and unrouted queues come from RabbitMQ policies
-//! (`deploy/rabbitmq/`), never from `x-` arguments: a client declaring its reply queue then
-//! needs no server setting, and an operator changes a bound without redeclaring anything.
+//! Session reply queues are always durable classic queues with no arguments: a quorum queue per
+//! session costs about three times the memory on each of its nodes and declares three times
+//! slower. Bounds and expiry of session, dead-letter and unrouted queues come from RabbitMQ
+//! policies (`deploy/rabbitmq/`), never from `x-` arguments: a client declaring its reply queue
+//! then needs no server setting, and an operator changes a bound without redeclaring anything.
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, ExchangeKind};
+use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::Channel;
 
-use crate::contracts::SessionId;
+use crate::config::QueueType;
+use crate::contracts::{InstanceName, SessionId};
 
 /// A stage's name: its queue suffix, configuration key, metric label and worker name. Names come
 /// from the stages themselves (`Stage::NAME`); the broker only carries them.
@@ -45,12 +47,76 @@ pub struct Topology {
     prefix: String,
     /// The pipeline's stages in order; the first consumes the ingress queue.
     stages: std::sync::Arc<[StageName]>,
+    /// Ingress partitions (a power of two; 1 is the single ingress queue).
+    partitions: u16,
+    /// The kind of the pipeline's own queues.
+    queue_type: QueueType,
+    /// Declaring leaves the entry exchange's bindings alone (draining an old ingress layout).
+    draining: bool,
 }
 
 impl Topology {
     /// Names under `prefix`.
     pub fn new(prefix: &str) -> Self {
-        Topology { prefix: prefix.to_owned(), stages: std::sync::Arc::new([]) }
+        Topology {
+            prefix: prefix.to_owned(),
+            stages: std::sync::Arc::new([]),
+            partitions: 1,
+            queue_type: QueueType::Classic,
+            draining: false,
+        }
+    }
+
+    /// The same names, for draining this ingress layout: declaring it never binds the entry
+    /// exchange to it, so requests keep going to the layout that replaced it.
+    pub fn draining(mut self) -> Self {
+        self.draining = true;
+        self
+    }
+
+    /// Whether this topology only drains its ingress layout.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// The same names, with `partitions` ingress partitions (a power of two, checked by the
+    /// configuration) on queues of `queue_type`.
+    pub fn with_layout(mut self, partitions: u16, queue_type: QueueType) -> Self {
+        self.partitions = partitions.max(1);
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// The number of ingress partitions.
+    pub fn partitions(&self) -> u16 {
+        self.partitions
+    }
+
+    /// The kind of the pipeline's own queues.
+    pub fn queue_type(&self) -> QueueType {
+        self.queue_type
+    }
+
+    /// The ingress queues of a layout of `partitions` partitions, in partition order: the single
+    /// ingress queue when 1, else `<prefix>.requests.p<P>.<i>`.
+    pub fn ingress_queues_of(&self, partitions: u16) -> Vec<String> {
+        if partitions <= 1 {
+            return vec![self.requests()];
+        }
+        let width = (partitions - 1).to_string().len();
+        (0..partitions)
+            .map(|i| format!("{}.requests.p{partitions}.{i:0width$}", self.prefix))
+            .collect()
+    }
+
+    /// This topology's ingress queues, in partition order.
+    pub fn ingress_queues(&self) -> Vec<String> {
+        self.ingress_queues_of(self.partitions)
+    }
+
+    /// The consistent-hash exchange in front of a layout of `partitions` (> 1) partitions.
+    pub fn partition_exchange(&self, partitions: u16) -> String {
+        format!("{}.requests.p{partitions}", self.prefix)
     }
 
     /// The same names, for a pipeline of `stages` in order (the first consumes the ingress).
@@ -74,7 +140,7 @@ impl Topology {
         &self.prefix
     }
 
-    /// The ingress queue, consumed by the validate stage. It shares its name with the entry
+    /// The single ingress queue (one partition), consumed by the validate stage. It shares its name with the entry
     /// exchange ([`Topology::requests_exchange`]) bound to it, so messages published by older
     /// clients straight to the queue still arrive.
     pub fn requests(&self) -> String {
@@ -116,6 +182,18 @@ impl Topology {
         format!("{}.session.{}", self.prefix, session)
     }
 
+    /// A backend instance's reply queue: the replies of every submission that named it in
+    /// `reply_to` (docs/client-protocol.md). Declared by its client, bound by the server.
+    pub fn instance_queue(&self, instance: &InstanceName) -> String {
+        format!("{}.instance.{}", self.prefix, instance)
+    }
+
+    /// The routing key of an instance's replies on the replies exchange; never a SessionId (a
+    /// UUID has no `.`).
+    pub fn instance_key(instance: &InstanceName) -> String {
+        format!("instance.{instance}")
+    }
+
     /// Dead-letter queue.
     pub fn dead(&self) -> String {
         format!("{}.dead", self.prefix)
@@ -124,78 +202,6 @@ impl Topology {
     /// Fanout exchange of a retry delay tier.
     pub fn delay_exchange(&self, tier_ms: u64) -> String {
         format!("{}.delay.{tier_ms}", self.prefix)
-    }
-
-    /// Declares everything except session queues: the ingress queue and entry exchange always,
-    /// the other stage queues of [`Topology::with_stages`]. Idempotent; safe from every worker.
-    pub async fn declare(&self, ch: &Channel) -> Result<(), lapin::Error> {
-        let mut ingress = FieldTable::default();
-        // One ingress consumer at a time receives (the others stand by), so turns of a session
-        // are admitted in the order they were published.
-        ingress.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
-        durable_queue(ch, &self.requests(), ingress).await?;
-        for &stage in self.stages.iter().skip(1) {
-            durable_queue(ch, &self.stage_queue(stage), FieldTable::default()).await?;
-        }
-        self.declare_entry(ch).await?;
-        durable_queue(ch, &self.dead(), FieldTable::default()).await?;
-        durable_queue(ch, &self.unrouted(), FieldTable::default()).await?;
-        ch.exchange_declare(
-            self.replies_exchange().into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions { durable: true, ..Default::default() },
-            FieldTable::default(),
-        )
-        .await?;
-        for tier in RETRY_TIERS_MS {
-            self.declare_delay_tier(ch, tier).await?;
-        }
-        Ok(())
-    }
-
-    async fn declare_entry(&self, ch: &Channel) -> Result<(), lapin::Error> {
-        // Topic, bound with `#`: every routing key (the SessionId) reaches the ingress today,
-        // and a partitioning exchange can be bound behind it later without clients noticing.
-        ch.exchange_declare(
-            self.requests_exchange().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions { durable: true, ..Default::default() },
-            FieldTable::default(),
-        )
-        .await?;
-        ch.queue_bind(
-            self.requests().into(),
-            self.requests_exchange().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-    }
-
-    async fn declare_delay_tier(&self, ch: &Channel, tier: u64) -> Result<(), lapin::Error> {
-        let exchange = self.delay_exchange(tier);
-        ch.exchange_declare(
-            exchange.clone().into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions { durable: true, ..Default::default() },
-            FieldTable::default(),
-        )
-        .await?;
-        let mut args = FieldTable::default();
-        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(tier as i64));
-        // Expired messages return through the default exchange under their original routing
-        // key, which is the stage queue's name.
-        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
-        durable_queue(ch, &exchange, args).await?;
-        ch.queue_bind(
-            exchange.clone().into(),
-            exchange.into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
     }
 
     /// Declares a session's reply queue (durable, no arguments: what a client declares too) and
@@ -226,10 +232,20 @@ impl Topology {
         ch: &Channel,
         session: &SessionId,
     ) -> Result<(), lapin::Error> {
+        self.bind_reply_queue(ch, &self.session_queue(session), &session.to_string()).await
+    }
+
+    /// Binds an existing reply queue to the replies exchange under `key`.
+    pub(super) async fn bind_reply_queue(
+        &self,
+        ch: &Channel,
+        queue: &str,
+        key: &str,
+    ) -> Result<(), lapin::Error> {
         ch.queue_bind(
-            self.session_queue(session).into(),
+            queue.into(),
             self.replies_exchange().into(),
-            session.to_string().into(),
+            key.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
@@ -237,7 +253,11 @@ impl Topology {
     }
 }
 
-async fn durable_queue(ch: &Channel, name: &str, args: FieldTable) -> Result<(), lapin::Error> {
+pub(super) async fn durable_queue(
+    ch: &Channel,
+    name: &str,
+    args: FieldTable,
+) -> Result<(), lapin::Error> {
     ch.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
         .await
         .map(|_| ())

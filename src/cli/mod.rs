@@ -4,6 +4,7 @@ mod check_request;
 mod demo;
 mod ops;
 mod render_context;
+mod repartition;
 mod reprocess;
 mod sim;
 
@@ -81,6 +82,13 @@ pub enum Command {
     },
     /// Create the database if needed and apply migrations.
     Migrate,
+    /// Move the ingress from --from partitions to amqp.ingress_partitions, keeping every
+    /// session's order (run it while no validate worker runs; docs/deploy.md).
+    Repartition {
+        /// The number of ingress partitions requests went to until now.
+        #[arg(long)]
+        from: u16,
+    },
     /// Publish a request; with --wait print each reply of the turn as a JSON line until the
     /// final one. Exit 0 success, 1 error reply, 2 timeout.
     Submit {
@@ -121,6 +129,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker { stage, copies } => crate::worker::run(settings()?, &[stage], copies),
         Command::Run { copies } => crate::worker::run(settings()?, &[], copies),
         Command::Migrate => ops::migrate(settings()?),
+        Command::Repartition { from } => repartition::run(settings()?, from),
         Command::Submit { file, wait, timeout } => {
             ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
         }

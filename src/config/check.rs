@@ -1,7 +1,7 @@
 //! The rules a configuration must meet before anything starts: every key that can be wrong is
 //! named in the error.
 
-use super::{ConfigError, Settings};
+use super::{ConfigError, QueueType, Settings};
 use crate::contracts::ContextId;
 
 impl Settings {
@@ -23,9 +23,13 @@ impl Settings {
 
     /// Checks every cross-key rule; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let url = self.amqp.url.expose();
-        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
-            return Err(ConfigError::invalid("amqp.url", "must start with amqp:// or amqps://"));
+        for url in self.amqp.url.expose().split(',') {
+            if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+                return Err(ConfigError::invalid(
+                    "amqp.url",
+                    "each node's URL (comma-separated) must start with amqp:// or amqps://",
+                ));
+            }
         }
         let prefix_ok = !self.amqp.prefix.is_empty()
             && self
@@ -37,6 +41,19 @@ impl Settings {
             return Err(ConfigError::invalid(
                 "amqp.prefix",
                 "use letters, digits, `.`, `_` or `-`",
+            ));
+        }
+        let p = self.amqp.ingress_partitions;
+        if !p.is_power_of_two() || p > 1024 {
+            return Err(ConfigError::invalid(
+                "amqp.ingress_partitions",
+                format!("{p} is not a power of two from 1 to 1024"),
+            ));
+        }
+        if self.amqp.queue_type == QueueType::Quorum && self.pipeline.max_redeliveries > 32 {
+            return Err(ConfigError::invalid(
+                "pipeline.max_redeliveries",
+                "at most 32 with quorum queues (their delivery limit, 64, is the backstop)",
             ));
         }
         let db = self.database.url.expose();

@@ -80,13 +80,30 @@ pub struct Settings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSettings {
-    /// Broker URL.
+    /// Broker URL, or the URLs of a cluster's nodes separated by commas: connections go to
+    /// one of them and move on to the next when it fails.
     pub url: ConnectionUrl,
     /// Prefix of every queue and exchange name, so deployments and tests never collide.
     pub prefix: String,
     /// The broker's `max_message_size`, bytes: a message over it is never sent (the broker
     /// would close the channel) and its turn fails instead.
     pub max_message_bytes: usize,
+    /// Ingress partitions, a power of two: 1 is one ordered queue (no plugin needed); more
+    /// spread sessions over that many queues by consistent hash of the SessionId.
+    pub ingress_partitions: u16,
+    /// The kind of every queue except session reply queues.
+    pub queue_type: QueueType,
+}
+
+/// Which RabbitMQ queue type carries the pipeline's own queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// Durable classic queues: one node, no replication.
+    #[default]
+    Classic,
+    /// Quorum queues: replicated (Raft) over a cluster's nodes.
+    Quorum,
 }
 
 /// PostgreSQL settings.

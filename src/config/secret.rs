@@ -67,6 +67,10 @@ impl ConnectionUrl {
 /// of each query parameter whose name marks a secret (see [`is_secret_key`]). The rest is kept so
 /// that an operator can still tell which host and options are in use.
 pub fn redact_url(url: &str) -> String {
+    // A list of broker nodes (`amqp.url`) is comma-separated: each URL is redacted alone.
+    if url.contains(',') {
+        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    }
     let (head, fragment) = url.split_once('#').map_or((url, None), |(h, f)| (h, Some(f)));
     let (base, query) = head.split_once('?').map_or((head, None), |(b, q)| (b, Some(q)));
     let mut out = redact_userinfo(base);
@@ -189,6 +193,8 @@ mod tests {
     fn url_passwords_are_redacted() {
         let u = ConnectionUrl::new("amqp://guest:hunter2@127.0.0.1:5672/%2f");
         assert_eq!(u.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
+        let nodes = ConnectionUrl::new("amqp://a:hunter2@n1:5672/%2f,amqp://a:hunter3@n2:5672/%2f");
+        assert_eq!(nodes.to_string(), "amqp://a:***@n1:5672/%2f,amqp://a:***@n2:5672/%2f");
         assert!(!format!("{u:?}").contains("hunter2"));
         let plain = ConnectionUrl::new("postgres://postgres@127.0.0.1/aptix");
         assert_eq!(plain.to_string(), "postgres://postgres@127.0.0.1/aptix");

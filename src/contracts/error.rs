@@ -45,6 +45,7 @@ error_codes! {
     RequestForbiddenField => "request.forbidden_field", "a server-owned property (mode, model or provider continuation state)";
     RequestInvalidType => "request.invalid_type", "a property has the wrong JSON type";
     RequestNulCharacter => "request.nul_character", "a string holds a NUL character (U+0000), which PostgreSQL cannot store; `Field` names it";
+    RequestReplyToInvalid => "request.reply_to_invalid", "the AMQP `reply_to` property names neither the session's reply queue nor an instance queue `<prefix>.instance.<name>`";
     RequestTooManyErrors => "request.too_many_errors", "the request has more problems than `limits.max_errors`: the first ones are listed, this entry counts the rest";
     SessionIdMissing => "validation.session_id_missing", "`SessionId` is absent or empty";
     SessionIdInvalid => "validation.session_id_invalid", "`SessionId` is not a UUID";

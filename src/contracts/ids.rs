@@ -145,6 +145,47 @@ impl<'de> Deserialize<'de> for ContextId {
     }
 }
 
+/// A backend instance that receives the replies of all its sessions on one queue,
+/// `<prefix>.instance.<name>` (docs/client-protocol.md, "Replies per instance"): 1-64
+/// characters of `[A-Za-z0-9._-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct InstanceName(String);
+
+impl InstanceName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for InstanceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for InstanceName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if s.is_empty() || s.len() > 64 || !s.chars().all(ok) {
+            return Err(format!(
+                "`{}` is not an instance name: use 1-64 letters, digits, `.`, `_` or `-`",
+                clip(s)
+            ));
+        }
+        Ok(InstanceName(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for InstanceName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A workspace-relative path: not absolute, no drive letter, no `..` segment, no NUL, no control
 /// or invisible format character; NFKC-normalised, and checked in that form, so look-alikes such
 /// as `．．/x` (full-width dots) are the traversal they resemble.

@@ -14,7 +14,8 @@ use crate::assemble::{
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
 use crate::contracts::{
-    ApiError, ErrorCode, Outcome, ToolCall, TurnKey, Usage, UserTurn, UserWarning, ValidatedRequest,
+    ApiError, ErrorCode, InstanceName, Outcome, ToolCall, TurnKey, Usage, UserTurn, UserWarning,
+    ValidatedRequest,
 };
 
 /// One round trip of a turn: the user turn, and the continuation that resumed it, if any.
@@ -37,6 +38,10 @@ pub struct TurnJob {
     /// Warnings of earlier round trips of this turn, owed to its final response.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carried_warnings: Vec<UserWarning>,
+    /// The backend instance this round trip's replies and deltas go to, when the submission
+    /// that started it asked for one (`reply_to`); otherwise the session's reply queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<InstanceName>,
 }
 
 impl TurnJob {

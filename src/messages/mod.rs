@@ -20,7 +20,7 @@ pub use jobs::{
     with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip,
     TurnJob,
 };
-pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission};
+pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission, RESENT};
 
 use crate::contracts::ApiError;
 

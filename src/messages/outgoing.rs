@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::TurnJob;
-use crate::contracts::{ApiError, InvokeResult, Outcome, Reply, SessionId};
+use crate::contracts::{ApiError, InstanceName, InvokeResult, Outcome, Reply, SessionId};
 
 /// A request as a client published it: bytes not yet parsed, and its `message_id`.
 #[derive(Debug, Clone)]
@@ -14,7 +14,14 @@ pub struct Submission {
     pub body: bytes::Bytes,
     /// The client's `message_id`, if it set one.
     pub message_id: Option<String>,
+    /// The client's `reply_to`, if it set one (checked at admission).
+    pub reply_to: Option<String>,
+    /// Delivered before, to a consumer that stopped before acknowledging it.
+    pub redelivered: bool,
 }
+
+/// How the tag of a stored reply sent again starts (`resent-<submission>`).
+pub const RESENT: &str = "resent-";
 
 /// A message to publish once the transaction that decided it has committed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +80,9 @@ pub struct ReplyOut {
     /// The `message_id` of the request it answers, for refusals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
+    /// The backend instance whose queue receives it instead of the session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<InstanceName>,
 }
 
 fn yes() -> bool {
@@ -97,6 +107,7 @@ impl ReplyOut {
             body: serde_json::to_value(reply)?,
             create_queue: true,
             correlation_id: None,
+            reply_to: None,
         })
     }
 
@@ -117,6 +128,7 @@ impl ReplyOut {
             body: serde_json::to_value(&reply).unwrap_or(Value::Null),
             create_queue: false,
             correlation_id: None,
+            reply_to: None,
         }
     }
 
@@ -125,13 +137,20 @@ impl ReplyOut {
         ReplyOut {
             session,
             turn_id: Some(turn_id.to_owned()),
-            tag: format!("resent-{submission}"),
+            tag: format!("{RESENT}{submission}"),
             step: None,
             outcome: ReplyOutcome::of_stored(&stored),
             body: stored,
             create_queue: true,
             correlation_id: None,
+            reply_to: None,
         }
+    }
+
+    /// The same reply, for backend instance `to`'s queue when given.
+    pub fn to(mut self, to: Option<InstanceName>) -> Self {
+        self.reply_to = to;
+        self
     }
 
     /// Its `message_id`: the same for every copy of the same logical reply.

@@ -48,6 +48,13 @@ pub trait Stage: Send + Sync + 'static {
         async move { Ok(Output::finish(input.fail(vec![error]))) }
     }
 
+    /// Checked once when a process starts the stage, before it consumes: a resource that can
+    /// never work in this process (an embedded store another process holds) stops the start
+    /// with the reason, instead of failing every message later.
+    fn prepare(&self) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+
     /// Inputs of one session are handled one at a time, in delivery order (the ingress stage:
     /// turns of a session are admitted in arrival order). Other stages need no order, because
     /// admission lets only one turn per session run at a time.
@@ -82,7 +89,12 @@ impl<M: Message> Inbound for M {
 
 impl Inbound for Submission {
     fn decode(delivery: &Delivery) -> Result<Self, String> {
-        Ok(Submission { body: delivery.body.clone(), message_id: delivery.message_id.clone() })
+        Ok(Submission {
+            body: delivery.body.clone(),
+            message_id: delivery.message_id.clone(),
+            reply_to: delivery.reply_to.clone(),
+            redelivered: delivery.redelivered,
+        })
     }
 
     /// A submission has no turn of its own to fail; the ingress stage gives up on its own.

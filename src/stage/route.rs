@@ -6,7 +6,7 @@ use tracing::warn;
 
 use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
-use crate::contracts::TurnKey;
+use crate::contracts::{InstanceName, TurnKey};
 use crate::llm::StreamDelta;
 use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
 
@@ -69,7 +69,8 @@ impl Route {
         crate::metrics::metrics().json("serialize", "reply_body");
         let body = serde_json::to_vec(&r.body).unwrap_or_default();
         let turn = r.turn_id.as_deref().unwrap_or("-");
-        let mut msg = OutMessage::to_queue(r.session.to_string(), "reply", r.message_id(), body)
+        let key = r.reply_to.as_ref().map_or_else(|| r.session.to_string(), Topology::instance_key);
+        let mut msg = OutMessage::to_queue(key, "reply", r.message_id(), body)
             .header("x-aptix-session-id", r.session.to_string())
             .header("x-aptix-turn-id", turn)
             .header("x-aptix-final", r.outcome.ends_turn())
@@ -79,6 +80,7 @@ impl Route {
         }
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(r.session);
+        msg.instance = r.reply_to;
         msg.create_queue = r.create_queue;
         msg.correlation_id = r.correlation_id;
         msg
@@ -98,12 +100,13 @@ fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
 
 /// Where stream deltas of a call go while it runs.
 pub trait DeltaSink: Send + Sync + std::fmt::Debug {
-    /// Publishes one delta of round trip `step` of turn `key`; a lost delta is never fatal
-    /// (the final reply carries the whole answer).
+    /// Publishes one delta of round trip `step` of turn `key` (to backend instance `to`'s queue
+    /// when given); a lost delta is never fatal (the final reply carries the whole answer).
     fn publish<'a>(
         &'a self,
         key: &'a TurnKey,
         step: i32,
+        to: Option<&'a InstanceName>,
         delta: &'a StreamDelta,
     ) -> BoxFuture<'a, ()>;
 }
@@ -127,10 +130,11 @@ impl DeltaSink for BrokerDeltas {
         &'a self,
         key: &'a TurnKey,
         step: i32,
+        to: Option<&'a InstanceName>,
         delta: &'a StreamDelta,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let message = delta_message(&self.topology, key, step, delta);
+            let message = delta_message(&self.topology, key, step, delta).to(to);
             if let Err(error) = self.publisher.publish(message).await {
                 warn!(%error, "stream delta not published");
             }

@@ -120,6 +120,10 @@ impl<S: Stage> Handler for Runner<S> {
         })
     }
 
+    fn prepare(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.stage.prepare())
+    }
+
     fn hint(&self, body: &[u8]) -> TurnHint {
         S::hint(body)
     }

@@ -10,9 +10,10 @@ use tracing::{debug, info};
 use super::Deps;
 use crate::config::Settings;
 use crate::contracts::{
-    ApiError, ErrorCode, SessionId, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+    ApiError, ErrorCode, InstanceName, SessionId, ToolContinuation, TurnKey, UserTurn,
+    ValidatedRequest,
 };
-use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
+use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob, RESENT};
 use crate::rules::{turn_hint, validate_bytes};
 use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
 use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
@@ -40,16 +41,26 @@ impl Stage for Admit {
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
+        let to = match reply_target(&self.settings.amqp.prefix, s.reply_to.as_deref(), &s.body) {
+            Ok(to) => to,
+            Err(error) => {
+                let output = reject(&s.body, &submission, vec![error])?;
+                return self.keep_refusals(s.message_id.as_deref(), None, output).await;
+            }
+        };
         let output = match validate_bytes(&s.body, &self.settings.limits) {
             Ok(request) => match &request {
-                ValidatedRequest::UserTurn(t) => self.user_turn(&request, t, &submission).await?,
+                ValidatedRequest::UserTurn(t) => {
+                    self.user_turn(&request, t, &submission, to.as_ref()).await?
+                }
                 ValidatedRequest::ToolContinuation(c) => {
-                    self.continuation(&request, c, &submission).await?
+                    self.continuation(&request, c, &submission, to.as_ref()).await?
                 }
             },
             Err(errors) => reject(&s.body, &submission, errors.0)?,
         };
-        self.keep_refusals(s.message_id.as_deref(), output).await
+        let output = if s.redelivered { without_resent(output) } else { output };
+        self.keep_refusals(s.message_id.as_deref(), to, output).await
     }
 
     /// The submission can never be handled (retries spent, poison, unusable data): the turn it
@@ -76,7 +87,9 @@ impl Stage for Admit {
             }
         }
         let tag = format!("exhausted-{submission}");
-        Ok(Output::publish(vec![refusal(session, turn.as_deref(), tag, vec![error])]))
+        let to = reply_target(&self.settings.amqp.prefix, s.reply_to.as_deref(), &s.body);
+        let reply = ReplyOut::refusal(session, turn.as_deref(), tag, vec![error]);
+        Ok(Output::publish(vec![Outgoing::Reply(reply.to(to.ok().flatten()))]))
     }
 
     const ORDERED: bool = true;
@@ -89,11 +102,12 @@ impl Stage for Admit {
 
 impl Admit {
     /// Stores the replies that answer this submission (refusals and stored replies sent again,
-    /// not the outbox's), so the database holds every reply a client can receive, and marks
-    /// them with the request's `message_id` as their `correlation_id`.
+    /// not the outbox's), so the database holds every reply a client can receive, marks them
+    /// with the request's `message_id` as their `correlation_id`, and sends them where it asked.
     async fn keep_refusals(
         &self,
         message_id: Option<&str>,
+        to: Option<InstanceName>,
         mut output: Output<TurnJob>,
     ) -> Result<Output<TurnJob>, StageError> {
         if !output.outbox_ids.is_empty() {
@@ -102,6 +116,7 @@ impl Admit {
         for m in &mut output.messages {
             let Outgoing::Reply(r) = m else { continue };
             r.correlation_id = message_id.map(str::to_owned);
+            r.reply_to.clone_from(&to);
             let stored = StoredReply {
                 message_id: &r.message_id(),
                 session: &r.session,
@@ -122,6 +137,7 @@ impl Admit {
         request: &ValidatedRequest,
         turn: &UserTurn,
         submission: &str,
+        to: Option<&InstanceName>,
     ) -> Result<Output<TurnJob>, StageError> {
         let key = turn.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
@@ -144,7 +160,7 @@ impl Admit {
             repo: turn.repo().map(str::to_owned),
         };
         let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.store.admit_user_turn(key, &fingerprint, &wire, &meta).await?;
+        let admission = self.store.admit_user_turn(key, &fingerprint, &wire, &meta, to).await?;
         match admission {
             Admission::Accepted { outbox, queued, new_session } => {
                 info!(%session, turn = turn_id, queued, new_session, "turn admitted");
@@ -180,11 +196,12 @@ impl Admit {
         request: &ValidatedRequest,
         c: &ToolContinuation,
         submission: &str,
+        to: Option<&InstanceName>,
     ) -> Result<Output<TurnJob>, StageError> {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.store.admit_continuation(key, &fingerprint, &wire, c).await?;
+        let admission = self.store.admit_continuation(key, &fingerprint, &wire, c, to).await?;
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];
@@ -210,6 +227,43 @@ impl Admit {
             ),
         }
     }
+}
+
+/// A redelivered submission (its consumer stopped before acknowledging it) whose turn already
+/// finished is answered by that turn's own step replies: the stored reply is not sent again
+/// under a new id, which the client could not tell from a second answer. A client's own resend
+/// arrives as a new delivery and still gets the stored reply.
+fn without_resent(mut output: Output<TurnJob>) -> Output<TurnJob> {
+    if output.outbox_ids.is_empty() {
+        output.messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.tag.starts_with(RESENT)));
+    }
+    output
+}
+
+/// Where the replies to a submission go, from its `reply_to`: none or the session's own reply
+/// queue mean that queue; `<prefix>.instance.<name>` means that backend instance's queue.
+/// Anything else is refused: the server publishes only to reply queues.
+fn reply_target(
+    prefix: &str,
+    reply_to: Option<&str>,
+    body: &[u8],
+) -> Result<Option<InstanceName>, ApiError> {
+    let Some(queue) = reply_to.filter(|q| !q.is_empty()) else { return Ok(None) };
+    if let Some(name) = queue.strip_prefix(prefix).and_then(|q| q.strip_prefix(".instance.")) {
+        let name = name.parse().map_err(|e: String| {
+            ApiError::new(ErrorCode::RequestReplyToInvalid, format!("reply_to: {e}"))
+        })?;
+        return Ok(Some(name));
+    }
+    let session = turn_hint(body).0.map(|s| format!("{prefix}.session.{s}"));
+    if session.as_deref() == Some(queue) {
+        return Ok(None);
+    }
+    let shown: String = queue.chars().take(80).collect();
+    Err(ApiError::new(
+        ErrorCode::RequestReplyToInvalid,
+        format!("reply_to `{shown}` is neither this session's reply queue nor `{prefix}.instance.<name>`"),
+    ))
 }
 
 /// An invalid submission: refused to its session, or dead-lettered when it names none.

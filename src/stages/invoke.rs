@@ -113,10 +113,10 @@ impl Invoke {
         };
         // Deltas are published one at a time, in order, while the call runs.
         let (tx, mut rx) = mpsc::channel::<StreamDelta>(256);
-        let (key, step) = (job.key.clone(), job.step);
+        let (key, step, to) = (job.key.clone(), job.step, job.reply_to.clone());
         let forwarder = tokio::spawn(async move {
             while let Some(delta) = rx.recv().await {
-                sink.publish(&key, step, &delta).await;
+                sink.publish(&key, step, to.as_ref(), &delta).await;
             }
         });
         let result = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx) }).await;

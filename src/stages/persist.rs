@@ -46,7 +46,8 @@ impl Stage for Persist {
     async fn run(&self, job: PersistJob) -> Result<Output<Done>, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
         let e = self.ending(&job).await?;
-        let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?;
+        let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?
+            .to(job.job.reply_to.clone());
         let mut record = NewRecord::base(
             job.job.user_turn().ok(),
             job.assembled.as_ref(),

@@ -34,6 +34,18 @@ impl Stage for Retrieve {
     type In = TurnJob;
     type Out = AssembleJob;
 
+    /// Opens every configured collection of the embedded store, so that a second process on
+    /// the same directory stops at start, naming the fix (one retrieve process, or a server).
+    async fn prepare(&self) -> Result<(), String> {
+        if self.settings.vector.url.is_some() {
+            return Ok(());
+        }
+        for agent in self.settings.agent_contexts.values() {
+            self.retrieval.store(&agent.collection).await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     async fn run(&self, job: TurnJob) -> Result<Output<AssembleJob>, StageError> {
         let turn = job.user_turn().map_err(StageError::fail)?;
         if job.continuation.is_some() {

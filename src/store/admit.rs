@@ -9,7 +9,7 @@ use super::outbox::{self, PendingOutbox};
 use super::records::NewRecord;
 use super::turns::{TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, InvokeResult, Reply, TurnKey};
+use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TurnKey};
 use crate::messages::{Outgoing, ReplyOut};
 
 /// Session columns a user turn may set.
@@ -85,7 +85,8 @@ pub(super) fn failure(
 ) -> Result<(NewRecord, Outgoing), StoreError> {
     let reply: Reply = InvokeResult::fail(vec![error.clone()]);
     let key = row.key()?;
-    let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?;
+    let out =
+        ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?.to(row.reply_to()?);
     let record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
     Ok((record, Outgoing::Reply(out)))
 }
@@ -98,6 +99,7 @@ impl Store {
         fingerprint: &str,
         request: &Value,
         meta: &SessionMeta,
+        reply_to: Option<&InstanceName>,
     ) -> Result<Admission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
@@ -121,13 +123,13 @@ impl Store {
                 tx.commit().await?;
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
-            let new = NewTurn { session, turn, seq: next_seq, fingerprint, request };
+            let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
             insert_turn(&mut tx, &new, TurnState::Queued).await?;
             let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             tx.commit().await?;
             return Ok(Admission::Accepted { outbox, queued: true, new_session: created });
         }
-        let new = NewTurn { session, turn, seq: next_seq, fingerprint, request };
+        let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
         let start = vec![Outgoing::Start(row.start_job()?)];
         let outbox = outbox::insert(&mut tx, session, turn, start).await?;
@@ -177,6 +179,7 @@ struct NewTurn<'a> {
     seq: i64,
     fingerprint: &'a str,
     request: &'a Value,
+    reply_to: Option<&'a InstanceName>,
 }
 
 /// Inserts the turn in `state` and counts it on its session (the first one holds the session).
@@ -186,8 +189,8 @@ async fn insert_turn(
     state: TurnState,
 ) -> Result<TurnRow, StoreError> {
     let sql = format!(
-        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {TURN_COLUMNS}"
+        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {TURN_COLUMNS}"
     );
     let row: TurnRow = sqlx::query_as(&sql)
         .bind(t.session)
@@ -196,6 +199,7 @@ async fn insert_turn(
         .bind(state.as_str())
         .bind(t.fingerprint)
         .bind(t.request)
+        .bind(t.reply_to.map(InstanceName::as_str))
         .fetch_one(&mut *conn)
         .await?;
     sqlx::query(

@@ -3,6 +3,7 @@
 
 mod admit;
 mod fail;
+mod members;
 mod outbox;
 mod records;
 mod reprocess;

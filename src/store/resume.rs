@@ -10,7 +10,7 @@ use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
 use super::turns::{dispatch_next, TurnRow, TurnState};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, ErrorCode, ToolCall, ToolContinuation, TurnKey};
+use crate::contracts::{ApiError, ErrorCode, InstanceName, ToolCall, ToolContinuation, TurnKey};
 use crate::messages::Outgoing;
 
 /// The result of admitting a tool continuation.
@@ -49,6 +49,8 @@ pub enum ContinuationAdmission {
 struct Submitted<'a> {
     wire: &'a Value,
     fingerprint: &'a str,
+    /// Where the replies of the round trip it starts go.
+    reply_to: Option<&'a InstanceName>,
 }
 
 impl Store {
@@ -60,6 +62,7 @@ impl Store {
         fingerprint: &str,
         continuation: &Value,
         parsed: &ToolContinuation,
+        reply_to: Option<&InstanceName>,
     ) -> Result<ContinuationAdmission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
@@ -72,7 +75,7 @@ impl Store {
             None => None,
             Some(_) => turn_row(&mut tx, session, turn).await?,
         };
-        let submitted = Submitted { wire: continuation, fingerprint };
+        let submitted = Submitted { wire: continuation, fingerprint, reply_to };
         let outcome = match row {
             None => ContinuationAdmission::NotFound,
             Some(row) => decide(&mut tx, row, &submitted, parsed).await?,
@@ -84,7 +87,7 @@ impl Store {
 
 async fn decide(
     tx: &mut Transaction<'static, Postgres>,
-    row: TurnRow,
+    mut row: TurnRow,
     submitted: &Submitted<'_>,
     parsed: &ToolContinuation,
 ) -> Result<ContinuationAdmission, StoreError> {
@@ -100,6 +103,8 @@ async fn decide(
     if row.state != TurnState::AwaitingToolResults {
         return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
     }
+    // The round trip this continuation starts (or the failure it ends in) answers it.
+    row.reply_to = submitted.reply_to.map(ToString::to_string);
     let pending: Vec<ToolCall> =
         row.pending_tool_calls.clone().map(serde_json::from_value).transpose()?.unwrap_or_default();
     match crate::assemble::check_tool_results(&pending, parsed) {
@@ -125,7 +130,7 @@ async fn abort(
     insert_record(tx, session, turn, row.step, &record, None).await?;
     sqlx::query(
         "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
-             continuation = $4, continuation_fingerprint = $5, updated_at = now()
+             continuation = $4, continuation_fingerprint = $5, reply_to = $6, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
     )
     .bind(session)
@@ -133,6 +138,7 @@ async fn abort(
     .bind(&record.reply)
     .bind(submitted.wire)
     .bind(submitted.fingerprint)
+    .bind(&row.reply_to)
     .execute(&mut *tx)
     .await?;
     if let Some(next) = dispatch_next(tx, session).await? {
@@ -148,13 +154,15 @@ async fn resume(
     submitted: &Submitted<'_>,
 ) -> Result<PendingOutbox, StoreError> {
     sqlx::query(
-        "UPDATE turns SET state = 'running', continuation = $3, continuation_fingerprint = $4, updated_at = now()
+        "UPDATE turns SET state = 'running', continuation = $3, continuation_fingerprint = $4,
+             reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
     )
     .bind(row.session_id)
     .bind(&row.turn_id)
     .bind(submitted.wire)
     .bind(submitted.fingerprint)
+    .bind(&row.reply_to)
     .execute(&mut *tx)
     .await?;
     row.state = TurnState::Running;

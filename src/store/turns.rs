@@ -7,7 +7,7 @@ use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::contracts::{SessionId, TurnKey};
+use crate::contracts::{InstanceName, SessionId, TurnKey};
 use crate::messages::TurnJob;
 
 /// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
@@ -85,6 +85,8 @@ pub struct TurnRow {
     pub continuation: Option<Value>,
     /// Its fingerprint.
     pub continuation_fingerprint: Option<String>,
+    /// The backend instance that receives the current round trip's replies, if one was named.
+    pub reply_to: Option<String>,
 }
 
 impl TurnRow {
@@ -94,6 +96,16 @@ impl TurnRow {
             StoreError::Corrupt(serde::de::Error::custom(format!("stored TurnId: {e}")))
         })?;
         Ok(TurnKey { session_id: SessionId::new(self.session_id), turn_id })
+    }
+
+    /// The backend instance its replies go to (checked: the column is written from a checked
+    /// name).
+    pub fn reply_to(&self) -> Result<Option<InstanceName>, StoreError> {
+        self.reply_to
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: String| StoreError::Corrupt(serde::de::Error::custom(e)))
     }
 
     /// The message that starts (or resumes) this turn at its current step. The request is read
@@ -121,11 +133,12 @@ impl TurnRow {
                 .map(serde_json::from_value)
                 .transpose()?
                 .unwrap_or_default(),
+            reply_to: self.reply_to()?,
         })
     }
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint";
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to";
 
 /// Marks the next queued turn of a locked session running and returns it.
 pub(super) async fn dispatch_next(

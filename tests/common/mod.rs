@@ -91,8 +91,9 @@ impl Harness {
         opts.progress = false;
         let collection = settings.agent_context(None).unwrap().collection.clone();
         index_repository(&deps.retrieval, &collection, &opts).await.unwrap();
-        let conn = connect(AMQP).await.unwrap();
-        let publisher = Publisher::connect(AMQP).await.unwrap();
+        // The configured broker (a cluster's node list in tests/cluster.rs).
+        let conn = connect(settings.amqp.url.expose()).await.unwrap();
+        let publisher = Publisher::connect(settings.amqp.url.expose()).await.unwrap();
         let topology = pipeline::topology(&settings);
         topology.declare(publisher.channel()).await.unwrap();
         let mut h = Harness {
@@ -184,7 +185,7 @@ impl Harness {
             let next = tokio::time::timeout_at(deadline, consumer.next()).await;
             let Ok(Some(Ok(d))) = next else { break };
             d.ack(BasicAckOptions::default()).await.unwrap();
-            out.push(reply_msg(&d));
+            out.push(reply_of(&d));
         }
         let _ = ch.close(200, "done".into()).await;
         out
@@ -221,6 +222,7 @@ impl Harness {
         let ch = self.conn.create_channel().await.unwrap();
         let mut queues: Vec<String> =
             aptix::stages::names().iter().map(|s| self.topology.stage_queue(*s)).collect();
+        queues.extend(self.topology.ingress_queues());
         queues.push(self.topology.dead());
         queues.push(self.topology.unrouted());
         queues
@@ -232,6 +234,9 @@ impl Harness {
         }
         let mut exchanges =
             vec![self.topology.requests_exchange(), self.topology.replies_exchange()];
+        if self.topology.partitions() > 1 {
+            exchanges.push(self.topology.partition_exchange(self.topology.partitions()));
+        }
         exchanges
             .extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
         for e in exchanges {
@@ -279,7 +284,7 @@ pub fn headers(d: &lapin::message::Delivery) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-fn reply_msg(d: &lapin::message::Delivery) -> ReplyMsg {
+pub fn reply_of(d: &lapin::message::Delivery) -> ReplyMsg {
     let h = headers(d);
     ReplyMsg {
         turn_id: h.get("x-aptix-turn-id").cloned().unwrap_or_default(),
@@ -307,6 +312,8 @@ impl Harness {
         vec![
             ("APTIX__AMQP__PREFIX".into(), s.amqp.prefix.clone()),
             ("APTIX__AMQP__URL".into(), s.amqp.url.expose().to_owned()),
+            ("APTIX__AMQP__INGRESS_PARTITIONS".into(), s.amqp.ingress_partitions.to_string()),
+            ("APTIX__AMQP__QUEUE_TYPE".into(), format!("{:?}", s.amqp.queue_type).to_lowercase()),
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
             ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.expose().to_owned()),
             (

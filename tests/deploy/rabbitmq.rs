@@ -3,8 +3,9 @@
 //! only publish to the entry exchange and use their reply queues); the policies bound what
 //! clients and failures can make the broker keep; `max_message_size` equals
 //! `amqp.max_message_bytes`; setup.sh writes the same definitions; compose and Kubernetes wire
-//! all of it, and no Aptix process uses `guest`. tests/broker_permissions.rs proves the
-//! permissions against the real broker.
+//! all of it, with the consistent-hash exchange plugin the ingress partitions need (and
+//! Kubernetes with a 3-node cluster for its quorum queues), and no Aptix process uses `guest`.
+//! tests/broker_permissions.rs proves the permissions against the real broker.
 
 use std::process::Command;
 
@@ -16,6 +17,18 @@ use super::*;
 const WORKER: &str = "aptix-worker";
 const CLIENT: &str = "aptix-client";
 const SETUP: &str = "deploy/rabbitmq/setup.sh";
+/// The plugin behind the ingress partitions' consistent-hash exchange.
+const HASH_PLUGIN: &str = "rabbitmq_consistent_hash_exchange";
+
+/// The tags of each user: `aptix-worker` may use the management API (KEDA sums the ingress
+/// partitions' depths through it with the workers' URL), nobody administers anything.
+fn expected_tags(user: &str) -> Json {
+    if user == WORKER {
+        json!(["management"])
+    } else {
+        json!([])
+    }
+}
 
 fn definitions() -> Json {
     serde_json::from_str(&read("deploy/rabbitmq/definitions.json")).unwrap()
@@ -26,7 +39,8 @@ fn definitions() -> Json {
 /// delay queues dead-letter into it (RabbitMQ checks that on their declaration).
 fn expected_permissions(p: &str) -> Json {
     let all = format!("^{p}\\..*");
-    let session = format!("^{p}\\.session\\..*");
+    // Clients' reply queues: per session, or per backend instance.
+    let session = format!("^{p}\\.(session|instance)\\..*");
     json!([
         {"user": WORKER, "vhost": "/", "configure": all, "write": format!("^({p}\\..*|amq\\.default)$"),
          "read": all},
@@ -41,6 +55,8 @@ fn expected_policies(p: &str, name: &str) -> Json {
     // every reply is also in PostgreSQL). Dead letters and unrouted replies: 100,000 messages,
     // 1 GiB, 14 days.
     let sessions = json!({"expires": 86_400_000, "max-length": 10_000, "overflow": "drop-head"});
+    // An instance queue carries the replies of all its backend's sessions: 100,000 at most.
+    let instances = json!({"expires": 86_400_000, "max-length": 100_000, "overflow": "drop-head"});
     let bounded = json!({"max-length": 100_000, "max-length-bytes": 1u64 << 30,
                          "message-ttl": 14u64 * 24 * 3600 * 1000});
     let policy = |suffix: &str, pattern: String, definition: &Json| {
@@ -49,6 +65,7 @@ fn expected_policies(p: &str, name: &str) -> Json {
     };
     json!([
         policy("sessions", format!("^{p}\\.session\\."), &sessions),
+        policy("instances", format!("^{p}\\.instance\\."), &instances),
         policy("dead", format!("^{p}\\.dead$"), &bounded),
         policy("unrouted", format!("^{p}\\.unrouted$"), &bounded),
     ])
@@ -143,15 +160,16 @@ fn rabbitmq_definitions_match_the_topology() {
 #[test]
 fn rabbitmq_definitions_separate_workers_from_clients() {
     let defs = definitions();
-    // Two users, no tags (no management UI, no administration), and no password: credentials
-    // stay out of the repository; setup.sh sets them.
+    // Two users, no administration (the workers' user may read queue depths through the
+    // management API), and no password: credentials stay out of the repository; setup.sh sets
+    // them.
     let users = defs["users"].as_array().expect("users");
     let names: Vec<&str> = users.iter().map(|u| u["name"].as_str().unwrap()).collect();
     assert_eq!(names, [WORKER, CLIENT]);
     for user in users {
         assert_eq!(user["password_hash"], "", "{user}: no password in the repository");
         assert!(user.get("password").is_none(), "{user}: no password in the repository");
-        assert_eq!(user["tags"], json!([]), "{user}");
+        assert_eq!(user["tags"], expected_tags(user["name"].as_str().unwrap()), "{user}");
     }
     assert_eq!(defs["permissions"], expected_permissions("aptix"));
     assert_eq!(defs["policies"], expected_policies("aptix", "aptix"));
@@ -183,7 +201,7 @@ fn setup_script_writes_the_shipped_definitions() {
     assert_eq!(names, [WORKER, CLIENT]);
     for user in users {
         assert_eq!(user["password"], "***", "{user}: --print masks passwords");
-        assert_eq!(user["tags"], json!([]));
+        assert_eq!(user["tags"], expected_tags(user["name"].as_str().unwrap()), "{user}");
     }
 
     // Without an argument: every prefix of the local machine (tests, `aptix`, the demo).
@@ -261,6 +279,16 @@ fn amqp_credentials(url: &str) -> (String, String) {
     (user.to_owned(), password.to_owned())
 }
 
+/// The plugins of an `enabled_plugins` file, an Erlang list such as `[a,b].`
+fn enabled_plugins(text: &str) -> Vec<String> {
+    let list = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix("]."))
+        .unwrap_or_else(|| panic!("enabled_plugins is not an Erlang list `[a,b].`: {text:?}"));
+    list.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect()
+}
+
 /// A compose service's bind mounts and volumes: target path → source.
 fn mounts(service: &Yaml) -> BTreeMap<String, String> {
     service["volumes"]
@@ -289,6 +317,15 @@ fn compose_wires_the_broker_configuration_and_the_worker_user() {
     assert_eq!(conf, Some("./deploy/rabbitmq/rabbitmq.conf"), "rabbitmq.conf in conf.d");
     assert_eq!(broker["/etc/aptix/definitions.json"], "./deploy/rabbitmq/definitions.json");
     assert_eq!(broker["/etc/aptix/setup.sh"], "./deploy/rabbitmq/setup.sh");
+    // The plugins enabled at boot, also when only the broker runs (for `cargo test`): the
+    // image's management UI, and the consistent-hash exchange of the ingress partitions.
+    let plugins_file = broker
+        .get("/etc/rabbitmq/enabled_plugins")
+        .expect("deploy/rabbitmq/enabled_plugins mounted as /etc/rabbitmq/enabled_plugins");
+    let plugins = enabled_plugins(&read(plugins_file.trim_start_matches("./")));
+    for plugin in ["rabbitmq_management", HASH_PLUGIN] {
+        assert!(plugins.iter().any(|p| p == plugin), "compose's broker enables {plugin}");
+    }
 
     // The one-shot setup: the broker's image and Erlang cookie (its data volume), the prefix the
     // workers use, once the broker is up.
@@ -413,4 +450,26 @@ fn kubernetes_wires_the_broker_configuration_and_the_worker_user() {
     let prefix = &k8s.env()["APTIX__AMQP__PREFIX"];
     let example = read("deploy/k8s/rabbitmq-cluster.example.yaml");
     assert!(example.contains(&format!("bash /etc/aptix/setup.sh {prefix}")), "setup.sh {prefix}");
+}
+
+#[test]
+fn kubernetes_broker_replicates_quorum_queues_and_hashes_the_partitions() {
+    let k8s = K8s::load();
+    let (partitions, queue_type) = layout(&k8s.env());
+    let cluster = k8s.named("RabbitmqCluster", "rabbitmq");
+    let replicas = cluster["spec"]["replicas"].as_u64().expect("spec.replicas");
+    if queue_type == QueueType::Quorum {
+        // A quorum queue needs a majority of its replicas: with 3 nodes, one may fail.
+        assert_eq!(replicas, 3, "quorum queues on a 3-node RabbitMQ cluster, not {replicas}");
+    }
+    let rabbitmq = &cluster["spec"]["rabbitmq"];
+    let plugins = rabbitmq
+        .get("additionalPlugins")
+        .map_or_else(Vec::new, |p| string_list(p, "additionalPlugins"));
+    if partitions > 1 {
+        assert!(
+            plugins.iter().any(|p| p == HASH_PLUGIN),
+            "{partitions} ingress partitions need {HASH_PLUGIN} in spec.rabbitmq.additionalPlugins"
+        );
+    }
 }

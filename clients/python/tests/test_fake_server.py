@@ -3,6 +3,8 @@ the pipeline's part of protocol v2 (entry exchange, ingress queue, replies excha
 
 The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
 publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string.
+A request whose `reply_to` names an instance queue (§4a) is answered there, through the replies
+exchange with routing key `instance.<I>`, and the fake then declares no session queue.
 """
 
 import json
@@ -11,7 +13,7 @@ import threading
 import pika
 import pytest
 
-from aptix_client import Client, Delta, Final, ProtocolError, PublishError
+from aptix_client import Client, Delta, Final, ProtocolError, PublishError, ToolResult
 
 S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 
@@ -37,31 +39,39 @@ class FakeServer(threading.Thread):
         self.conn.add_callback_threadsafe(self.ch.stop_consuming)
         self.join(5)
         sessions = [f"{self.prefix}.session.{r[1]['SessionId']}" for r in self.requests]
-        for q in [f"{self.prefix}.requests", *sessions]:
+        instances = {r[0].reply_to for r in self.requests if r[0].reply_to}
+        for q in [f"{self.prefix}.requests", *sessions, *instances]:
             self.ch.queue_delete(q)
         for x in ("requests", "replies"):
             self.ch.exchange_delete(f"{self.prefix}.{x}")
         self.conn.close()
 
-    def publish(self, session, mid, kind, headers, body):
+    def publish(self, key, mid, kind, headers, body):
         props = pika.BasicProperties(type=kind, message_id=mid, content_type="application/json",
                                      delivery_mode=2, headers=headers)
-        self.ch.basic_publish(f"{self.prefix}.replies", session, json.dumps(body).encode(), props,
+        self.ch.basic_publish(f"{self.prefix}.replies", key, json.dumps(body).encode(), props,
                               mandatory=True)
 
     def on_request(self, ch, method, props, raw):
         req = json.loads(raw)
         self.requests.append((props, req, method.routing_key))
         s, t, text = req["SessionId"], req["TurnId"], req.get("Instruction", "")
-        q = f"{self.prefix}.session.{s}"
-        ch.queue_declare(q, durable=True, arguments={})
-        ch.queue_bind(q, f"{self.prefix}.replies", s)
+        instance_prefix = f"{self.prefix}.instance."
+        if props.reply_to and props.reply_to.startswith(instance_prefix):
+            # The server only binds an instance queue (the client declared it).
+            key = "instance." + props.reply_to[len(instance_prefix):]
+            ch.queue_bind(props.reply_to, f"{self.prefix}.replies", key)
+        else:
+            key = s
+            q = f"{self.prefix}.session.{s}"
+            ch.queue_declare(q, durable=True, arguments={})
+            ch.queue_bind(q, f"{self.prefix}.replies", s)
         common = {"x-aptix-session-id": s, "x-aptix-turn-id": t}
         answer = ""
         if "@stream" in text:
             for seq, piece in enumerate(["a", "b", "c"]):
                 answer += piece
-                self.publish(s, f"delta:{s}:{t}:0:{seq}", "delta",
+                self.publish(key, f"delta:{s}:{t}:0:{seq}", "delta",
                              dict(common, **{"x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": seq}),
                              {"Delta": True, "SessionId": s, "TurnId": t, "Step": 0, "Seq": seq,
                               "Event": {"Type": "OutputText", "OutputIndex": 0, "Text": piece}})
@@ -72,7 +82,7 @@ class FakeServer(threading.Thread):
             "SessionId": s, "TurnId": t, "ModeDisplayName": "General", "Kind": "final",
             "PrimaryOutputText": answer or f"echo: {text}"}}
         for _ in range(2 if "@dup" in text else 1):
-            self.publish(s, f"reply:{s}:{t}:step-0", "reply", headers, body)
+            self.publish(key, f"reply:{s}:{t}:step-0", "reply", headers, body)
         ch.basic_ack(method.delivery_tag)
 
 
@@ -187,3 +197,91 @@ def test_tool_results_go_in_the_order_of_the_calls(fake, broker):
         sub = s.submit_tool_results("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)])
         assert [r["ToolCallId"] for r in sub.body["ToolResults"]] == ["c1", "c2"]
         s.next_event(10)
+
+
+# --- replies per instance (§4a) -----------------------------------------------------------------
+
+
+def queue_exists(url, queue):
+    """A passive declare on a channel of its own: False on 404 (which closes that channel)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404, e
+        return False
+    finally:
+        conn.close()
+
+
+def test_an_instance_turn_on_the_wire(fake, broker, schemas):
+    wire = []
+    with Client(broker, fake.prefix, instance="pod-1", schemas=schemas,
+                wire_log=lambda d, m: wire.append((d, m))) as c:
+        assert c.instance is not None and c.instance.queue == f"{fake.prefix}.instance.pod-1"
+        s = c.open_session()
+        sub = s.submit_turn("t1", "hello")
+        reply = s.next_event(10)
+        assert not queue_exists(broker, f"{fake.prefix}.session.{s.session_id}")
+    assert isinstance(reply, Final) and reply.text == "echo: hello" and reply.session_id == s.session_id
+    props, req, key = fake.requests[0]
+    assert key == s.session_id and props.reply_to == c.instance.queue == sub.reply_to
+    assert (props.delivery_mode, props.content_type) == (2, "application/json")
+    assert props.message_id == sub.message_id
+    assert wire[0][1]["properties"]["reply_to"] == c.instance.queue
+    assert wire[1][1]["queue"] == c.instance.queue
+
+
+def test_many_sessions_share_one_instance_queue(fake, broker):
+    with Client(broker, fake.prefix, instance="pod-2") as c:
+        sessions = [c.open_session() for _ in range(5)]
+        for turn in range(3):
+            for s in sessions:
+                s.submit_turn(f"t{turn}", f"@stream {turn}" if turn == 1 else f"q{turn}", stream=turn == 1)
+        for s in reversed(sessions):  # read in another order than they arrive
+            events = [s.next_event(10) for _ in range(6)]  # t0, 3 deltas of t1, t1, t2
+            finals = [e for e in events if isinstance(e, Final)]
+            assert [f.turn_id for f in finals] == ["t0", "t1", "t2"], s.session_id
+            assert all(e.session_id == s.session_id for e in events)
+        for s in sessions:
+            assert not queue_exists(broker, f"{fake.prefix}.session.{s.session_id}")
+    assert {r[0].reply_to for r in fake.requests} == {f"{fake.prefix}.instance.pod-2"}
+
+
+def test_instance_duplicates_are_dropped_and_tool_results_carry_reply_to(fake, broker):
+    with Client(broker, fake.prefix, instance="pod-3") as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@dup")
+        assert s.next_event(10).turn_id == "t1"
+        s._pending_calls["t2"] = ["c1"]  # as if a ToolCalls for t2 had asked for c1
+        sub = s.submit_tool_results("t2", [ToolResult.ok("c1", 1)])
+        assert s.next_event(10).turn_id == "t2"
+        assert s.duplicates_dropped == 1
+    assert fake.requests[-1][0].reply_to == sub.reply_to == f"{fake.prefix}.instance.pod-3"
+
+
+def test_replies_for_a_session_not_yet_open_wait_for_it(fake, broker):
+    with Client(broker, fake.prefix, instance="pod-4") as c:
+        first = c.open_session()
+        first.submit_turn("t1", "before a restart")
+        first.close()  # the session is not open while its reply arrives
+        deadline = 50
+        while first.session_id not in c.instance.pending_sessions() and deadline:
+            c.pump(0.1)
+            deadline -= 1
+        assert c.instance.pending_sessions() == [first.session_id]
+        again = c.open_session(first.session_id)
+        reply = again.next_event(10)
+        assert isinstance(reply, Final) and reply.text == "echo: before a restart"
+
+
+def test_the_instance_queue_is_durable_with_no_arguments(fake, broker):
+    with Client(broker, fake.prefix, instance="pod-5") as c:
+        queue = c.instance.queue
+    admin = pika.BlockingConnection(pika.URLParameters(broker))
+    ch = admin.channel()
+    ok = ch.queue_declare(queue, durable=True, arguments={})  # what the client declared, again
+    assert ok.method.queue == queue
+    ch.queue_delete(queue)
+    admin.close()

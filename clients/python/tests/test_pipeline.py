@@ -1,6 +1,8 @@
 """The client against the REAL pipeline (`aptix run` + `aptix sim`, started by clients/run-tests.sh):
 a plain turn, a client tool round trip with a streamed follow-up, a duplicate, a conflict,
-validation refusals, and a load round of 20 sessions x 5 turns published at once.
+validation refusals, and a load round of 20 sessions x 5 turns published at once. Then replies per
+instance (protocol §4a): 10 sessions x 3 turns on one instance queue, a tool round trip and a
+take-over by another instance, and the refusal of a `reply_to` that names no reply queue.
 
 Every received body is checked against the repository's schemas and every header against
 protocol v2 (the client does both when built with `schemas=` and `strict=True`).
@@ -15,7 +17,11 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from aptix_client import Client, Delta, EventTimeout, Final, Refused, ToolCalls, ToolResult
+import pika
+import pika.exceptions
+
+from aptix_client import (CODE_REPLY_TO_INVALID, Client, Delta, EventTimeout, Final, Refused, ToolCalls,
+                          ToolResult, session_queue)
 
 WAIT = 90.0
 
@@ -178,3 +184,168 @@ def test_every_received_reply_is_stored_as_received(client, pipeline):
         assert stored[mid] == event.body, mid
     outcomes = {r["message_id"]: r["outcome"] for r in history["replies"]}
     assert all(outcomes[m] == replies[m].outcome for m in outcomes)
+
+
+# --- replies per instance (docs/client-protocol.md §4a) ------------------------------------------
+
+
+@pytest.fixture
+def instances(pipeline, schemas):
+    """Opens clients in instance mode (a fresh instance name each); deletes their queues after."""
+    opened = []
+
+    def open_instance() -> Client:
+        c = Client(pipeline.amqp_url, pipeline.prefix, instance=f"py-{uuid.uuid4().hex[:12]}",
+                   schemas=schemas, strict=True)
+        opened.append(c)
+        return c
+
+    yield open_instance
+    for c in opened:
+        assert c.instance is not None
+        if c.instance.channel.is_open:
+            c.instance.delete_queue()
+        c.close()
+
+
+def queue_exists(pipeline, queue: str) -> bool:
+    """A passive declare on a connection of its own: False when the broker answers 404 (which
+    closes that channel)."""
+    conn = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404, e
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_instance_10_sessions_x_3_turns_on_one_queue(instances, pipeline):
+    c = instances()
+    assert c.instance is not None
+    sessions = [c.open_session() for _ in range(10)]
+    for turn in range(3):
+        for s in sessions:
+            sub = s.submit_turn(f"t{turn}", f"instance question {turn} of {s.session_id}")
+            assert sub.reply_to == c.instance.queue
+    finals = defaultdict(list)
+    for s in reversed(sessions):  # reading one session lets the others' messages wait in order
+        while len(finals[s.session_id]) < 3:
+            event = s.next_event(WAIT)
+            assert isinstance(event, Final), event
+            finals[s.session_id].append(event)
+    for s in sessions:
+        got = finals[s.session_id]
+        assert [e.turn_id for e in got] == ["t0", "t1", "t2"], f"order in {s.session_id}"
+        for i, e in enumerate(got):
+            assert e.session_id == s.session_id and e.headers["x-aptix-session-id"] == s.session_id
+            assert e.message_id == f"reply:{s.session_id}:t{i}:step-0"
+            assert f"instruction: instance question {i} of {s.session_id}" in e.text.splitlines(), e.text
+            assert f"chain_depth: {i + 1}" in e.text, "turns of a session ran one at a time, in order"
+        assert s.duplicates_dropped == 0, "the broker delivered a reply twice"
+    for s in sessions:
+        with pytest.raises(EventTimeout):
+            s.next_event(0.2)
+    assert c.instance.pending_sessions() == [] and c.instance.unroutable == []
+    for s in sessions:
+        assert not queue_exists(pipeline, session_queue(pipeline.prefix, s.session_id)), \
+            f"a session queue was created for {s.session_id}"
+    assert queue_exists(pipeline, c.instance.queue)
+
+
+def test_instance_tool_round_trip(instances, pipeline):
+    c = instances()
+    s = c.open_session()
+    s.submit_turn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})', stream=True)
+    first = list(s.turn_events("t1", WAIT))
+    calls = first[-1]
+    assert isinstance(calls, ToolCalls), first
+    assert calls.step == 0 and calls.message_id == f"reply:{s.session_id}:t1:step-0"
+    assert [x.name for x in calls.calls] == ["read_file"]
+    assert all(isinstance(e, Delta) and e.step == 0 for e in first[:-1])
+
+    results = [ToolResult.ok(x, {"contents": "pub fn answer() -> u32 { 42 }"}, 3) for x in calls.calls]
+    sub = s.submit_tool_results("t1", results)
+    assert sub.reply_to == s.reply_to == c.instance.queue
+    second = list(s.turn_events("t1", WAIT))
+    final, deltas = second[-1], second[:-1]
+    assert isinstance(final, Final), second
+    assert final.step == 1 and final.message_id == f"reply:{s.session_id}:t1:step-1"
+    assert f"tool_output {calls.calls[0].tool_call_id}" in final.text, final.text
+    assert len(deltas) >= 3 and all(isinstance(d, Delta) and d.step == 1 for d in deltas)
+    assert [d.seq for d in deltas] == list(range(len(deltas))), "deltas in order, no gaps"
+    assert "".join(d.text for d in deltas) == final.text
+    with pytest.raises(EventTimeout):
+        s.next_event(0.5)
+    assert not queue_exists(pipeline, session_queue(pipeline.prefix, s.session_id))
+
+
+def test_the_next_step_goes_to_the_instance_that_submitted_the_results(instances, pipeline):
+    """§4a: a step's replies go to the `reply_to` of the submission that started it, and a
+    reply that answers a submission (a stored reply re-sent to a duplicate) to that one's."""
+    a, b = instances(), instances()
+    on_a = a.open_session()
+    on_a.submit_turn("t1", "tools @call(run_tests)")
+    calls = on_a.next_event(WAIT, "t1")
+    assert isinstance(calls, ToolCalls) and calls.step == 0, calls
+
+    on_b = b.open_session(on_a.session_id)  # another instance takes the session over
+    sub = on_b.submit_tool_results("t1", [ToolResult.error(x, "no tests matched", 2) for x in calls.calls])
+    assert sub.reply_to == b.instance.queue
+    final = on_b.next_event(WAIT, "t1")
+    assert isinstance(final, Final) and final.step == 1, final
+    with pytest.raises(EventTimeout):
+        on_a.next_event(1.0)
+
+    on_a.submit_turn("t1", "tools @call(run_tests)")  # a duplicate, submitted through a
+    resent = on_a.next_event(WAIT, "t1")
+    assert isinstance(resent, Final) and resent.resent and resent.body == final.body, resent
+    with pytest.raises(EventTimeout):
+        on_b.next_event(0.5)
+    assert not queue_exists(pipeline, session_queue(pipeline.prefix, on_a.session_id))
+
+
+def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):
+    s = client.open_session()  # per session: the refusal comes to the declared session queue
+    prefix = pipeline.prefix
+    bad = [
+        f"{prefix}.requests",
+        session_queue(prefix, str(uuid.uuid4())),  # another session's queue
+        f"{prefix}.instance.",                     # no instance name
+        f"{prefix}.instance.{'x' * 65}",           # a name too long
+        f"{prefix}.instance.bad name",             # a character outside [A-Za-z0-9._-]
+        f"other-{prefix}.instance.pod-1",          # another deployment's instance queue
+    ]
+    for reply_to in bad:
+        sub = s.submit({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "x"}, reply_to=reply_to)
+        reply = s.next_event(WAIT)
+        assert isinstance(reply, Refused), (reply_to, reply)
+        assert reply.code == CODE_REPLY_TO_INVALID, (reply_to, reply.errors)
+        assert reply.turn_id == "t1" and reply.correlation_id == sub.message_id, reply_to
+        assert reply.message_id.startswith(f"reply:{s.session_id}:t1:rejected-"), reply.message_id
+
+    # RabbitMQ's direct reply-to: the publishing channel consumes `amq.rabbitmq.reply-to` (else
+    # the broker closes it), and the server receives `amq.rabbitmq.reply-to.<token>`.
+    conn = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_consume("amq.rabbitmq.reply-to", lambda *_: None, auto_ack=True)
+        mid = str(uuid.uuid4())
+        body = json.dumps({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "x"}).encode()
+        ch.basic_publish(f"{prefix}.requests", s.session_id, body, pika.BasicProperties(
+            content_type="application/json", delivery_mode=2, message_id=mid,
+            reply_to="amq.rabbitmq.reply-to"), mandatory=True)
+        reply = s.next_event(WAIT)
+    finally:
+        conn.close()
+    assert isinstance(reply, Refused) and reply.code == CODE_REPLY_TO_INVALID, reply
+    assert reply.correlation_id == mid
+
+    # Nothing changed: the session's own queue as reply_to is the default, and t1 still starts.
+    s.submit({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "now valid"}, reply_to=s.queue)
+    final = s.next_event(WAIT, "t1")
+    assert isinstance(final, Final) and final.message_id == f"reply:{s.session_id}:t1:step-0", final

@@ -2,8 +2,9 @@
 
 import pytest
 
-from aptix_client import DeltaId, ProtocolError, ReplyId, parse_message_id
-from aptix_client.protocol import check_reply_headers, requests_exchange, session_queue
+from aptix_client import (CODE_REPLY_TO_INVALID, DeltaId, ProtocolError, ReplyId, instance_queue,
+                          is_instance_name, parse_message_id)
+from aptix_client.protocol import check_reply_headers, message_session_id, requests_exchange, session_queue
 
 S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 HEX = "0123456789abcdef01234567"
@@ -12,6 +13,29 @@ HEX = "0123456789abcdef01234567"
 def test_names():
     assert requests_exchange("aptix") == "aptix.requests"
     assert session_queue("t-1", S) == f"t-1.session.{S}"
+
+
+def test_instance_names():
+    assert instance_queue("aptix", "pod-1") == "aptix.instance.pod-1"
+    assert CODE_REPLY_TO_INVALID == "request.reply_to_invalid"
+    for good in ["a", "pod-1", "host.example_2", "A" * 64, "..", "-_."]:
+        assert is_instance_name(good), good
+    for bad in ["", "A" * 65, "a b", "a/b", "a:b", "pod*", "é", "a\n", "\na", "pod-1\n"]:
+        assert not is_instance_name(bad), bad
+
+
+def test_the_session_of_a_message_on_an_instance_queue():
+    import json
+    delta = json.dumps({"Delta": True, "SessionId": S, "TurnId": "t1"}).encode()
+    reply = json.dumps({"Successful": True, "Result": {"SessionId": S, "Kind": "final"}}).encode()
+    refusal = json.dumps({"Successful": False, "Result": None, "Errors": []}).encode()
+    other = "00000000-0000-4000-8000-000000000000"
+    assert message_session_id({"x-aptix-session-id": other}, delta) == other  # the header decides
+    assert message_session_id({}, delta) == S
+    assert message_session_id(None, reply) == S
+    assert message_session_id({"x-aptix-session-id": ""}, refusal) is None
+    assert message_session_id({"x-aptix-session-id": 7}, b"not json") is None
+    assert message_session_id({}, b"[1, 2]") is None
 
 
 def test_step_replies_and_turn_ids_with_colons():

@@ -4,6 +4,12 @@
  * publisher confirms, declare `<prefix>.session.<SessionId>` durable with no arguments, consume
  * it with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
  * SessionId, persistent, JSON, a fresh message_id, mandatory) and wait for each confirm.
+ *
+ * With `Client.connect({ instance: "I" })` the client follows §4a instead ("replies per
+ * instance"): an `Instance` declares `<prefix>.instance.I` (durable, no arguments) once and
+ * consumes it with manual acks on one confirm channel, every session publishes on that channel
+ * with `replyTo` = that queue and declares no queue of its own, and each message goes to its
+ * session by the `x-aptix-session-id` header. The sessions' API is the same.
  */
 
 import { randomUUID } from "node:crypto";
@@ -11,7 +17,18 @@ import * as amqp from "amqplib";
 import type { ConfirmChannel, ConsumeMessage, MessageProperties } from "amqplib";
 
 import { AptixEvent, Final, Failed, Refused, Reply, ToolCall, ToolResult, parseEvent } from "./events";
-import { CONTENT_TYPE, H_TRACEPARENT, ProtocolError, isSessionId, requestsExchange, sessionQueue } from "./protocol";
+import {
+  CONTENT_TYPE,
+  H_SESSION_ID,
+  H_TRACEPARENT,
+  ProtocolError,
+  instanceQueue,
+  isInstanceName,
+  isSessionId,
+  messageSessionId,
+  requestsExchange,
+  sessionQueue,
+} from "./protocol";
 import { Schemas, findSchemasDir } from "./schemas";
 
 export const DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -38,6 +55,12 @@ export interface ClientOptions {
   /** Check reply headers against protocol v2, types included (default true). */
   strict?: boolean;
   wireLog?: (direction: "in" | "out", message: WireMessage) => void;
+  /**
+   * This backend instance's name `I` (1-64 characters of `[A-Za-z0-9._-]`, stable across
+   * restarts, unique among instances): receive the replies of all sessions on one queue,
+   * `<prefix>.instance.I` (protocol §4a). Without it (the default), one reply queue per session.
+   */
+  instance?: string;
 }
 
 /** The broker did not take a request: returned as unroutable, or nacked. */
@@ -56,6 +79,8 @@ export interface Submission {
   sessionId: string;
   turnId: string | null;
   body: unknown;
+  /** The `reply_to` property it was published with (null: none, so the session's queue). */
+  replyTo: string | null;
 }
 
 export interface SubmitOptions {
@@ -63,6 +88,12 @@ export interface SubmitOptions {
   traceparent?: string;
   /** Check the body against the request schema first (default true, when schemas are loaded). */
   validate?: boolean;
+  /**
+   * The `reply_to` property to send instead of the session's own (`session.replyTo`: the
+   * instance queue with an instance, none otherwise). The server refuses any value but the
+   * session's queue or an instance queue with `request.reply_to_invalid`.
+   */
+  replyTo?: string;
 }
 
 export type ToolHandler = (call: ToolCall) => ToolResult | Promise<ToolResult>;
@@ -70,6 +101,7 @@ export type ToolHandler = (call: ToolCall) => ToolResult | Promise<ToolResult>;
 /** One connection to RabbitMQ for one Aptix deployment (its queue-name prefix). */
 export class Client {
   private readonly sessions = new Set<Session>();
+  private instanceQueue: Instance | null = null;
 
   private constructor(
     readonly conn: Connection,
@@ -80,14 +112,41 @@ export class Client {
   ) {}
 
   static async connect(opts: ClientOptions = {}): Promise<Client> {
+    if (opts.instance !== undefined && !isInstanceName(opts.instance)) {
+      throw new Error(`an instance name is 1-64 characters of [A-Za-z0-9._-], got ${JSON.stringify(opts.instance)}`);
+    }
     const schemas = loadSchemas(opts.schemas);
     const conn = await amqp.connect(opts.url ?? DEFAULT_URL);
-    return new Client(conn, opts.prefix ?? "aptix", schemas, opts.strict ?? true, opts.wireLog);
+    const client = new Client(conn, opts.prefix ?? "aptix", schemas, opts.strict ?? true, opts.wireLog);
+    if (opts.instance !== undefined) {
+      try {
+        client.instanceQueue = await Instance.start(client, opts.instance);
+      } catch (e) {
+        await conn.close().catch(() => undefined);
+        throw e;
+      }
+    }
+    return client;
   }
 
-  /** Declares and consumes the session's reply queue; a new SessionId when none is given. */
+  /** The instance queue and its dispatcher (§4a) with `instance`; null per session. */
+  get instance(): Instance | null {
+    return this.instanceQueue;
+  }
+
+  /**
+   * A session; a new SessionId when none is given. Per session (the default): declares and
+   * consumes the session's reply queue. With an instance: declares nothing; the session's
+   * messages are taken from the instance queue (those that arrived before it was opened
+   * included); rejects if that session is already open on this instance.
+   */
   async openSession(sessionId: string = randomUUID()): Promise<Session> {
     if (!isSessionId(sessionId)) throw new Error(`SessionId must be a UUID, got ${sessionId}`);
+    if (this.instanceQueue) {
+      const s = this.instanceQueue.open(sessionId);
+      this.sessions.add(s);
+      return s;
+    }
     const s = new Session(this, sessionId, await this.conn.createConfirmChannel());
     await s.start();
     this.sessions.add(s);
@@ -99,8 +158,10 @@ export class Client {
     this.sessions.delete(s);
   }
 
+  /** Closes every session, the instance's channel (unacked messages go back to the queue), then the connection. */
   async close(): Promise<void> {
     for (const s of [...this.sessions]) await s.close();
+    if (this.instanceQueue) await this.instanceQueue.close();
     await this.conn.close();
   }
 }
@@ -118,18 +179,143 @@ function loadSchemas(s: ClientOptions["schemas"]): Schemas | null {
 type Item = { msg: ConsumeMessage; event?: AptixEvent; error?: Error };
 
 /**
- * One session: its reply queue, requests to it, and the typed events read from it. Events are
- * deduplicated by message_id. A message is acked once the application has handled it, that is
- * when it asks for the next event (or closes the session); messages not yet handed out go back
- * to the queue if the channel closes.
+ * A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a) and the dispatcher
+ * that hands its messages to the client's sessions. Made by `Client.connect({ instance })`: a
+ * confirm channel, the queue declared once (durable, not exclusive, not auto-delete, no
+ * arguments) and consumed with manual acks; the client's sessions publish on this channel with
+ * `replyTo` = the queue. Each message goes to the open session named by its
+ * `x-aptix-session-id` header (else the body's `SessionId`). Messages of a session that is not
+ * open are kept, unacked and in order, until it is opened (`pendingSessions()` lists them);
+ * copies of messages already handled are acked and dropped.
+ */
+export class Instance {
+  readonly queue: string;
+  /** Copies dropped while their session was not open (open sessions count their own). */
+  duplicatesDropped = 0;
+  /** Messages that name no session (acked: the server stores what it sends), as errors. */
+  readonly unroutable: ProtocolError[] = [];
+  /** @internal message_ids of requests the broker returned, shared by the sessions' publishes. */
+  readonly returned = new Set<string>();
+  private readonly sessions = new Map<string, Session>();
+  private readonly waiting = new Map<string, ConsumeMessage[]>();
+  private readonly seenIds = new Map<string, Set<string>>();
+  private failure: Error | null = null;
+
+  private constructor(
+    readonly client: Client,
+    readonly name: string,
+    readonly channel: ConfirmChannel,
+  ) {
+    this.queue = instanceQueue(client.prefix, name);
+  }
+
+  /** @internal the documented procedure, once per instance: declare, then consume. */
+  static async start(client: Client, name: string): Promise<Instance> {
+    const inst = new Instance(client, name, await client.conn.createConfirmChannel());
+    const ch = inst.channel;
+    ch.on("return", (m: { properties: MessageProperties }) => {
+      if (m.properties.messageId) inst.returned.add(String(m.properties.messageId));
+    });
+    const fail = (e?: Error) => {
+      inst.failure ??= e ?? new Error(`channel of ${inst.queue} closed`);
+      for (const s of inst.sessions.values()) s.fail(inst.failure);
+    };
+    ch.on("error", fail);
+    ch.on("close", () => fail());
+    await ch.assertQueue(inst.queue, { durable: true, exclusive: false, autoDelete: false, arguments: {} });
+    await ch.consume(inst.queue, (m) => m && inst.dispatch(m), { noAck: false });
+    return inst;
+  }
+
+  /** SessionIds with messages received for them while they were not open on this client. */
+  pendingSessions(): string[] {
+    return [...this.waiting].filter(([, msgs]) => msgs.length > 0).map(([sid]) => sid);
+  }
+
+  /**
+   * The message_ids handled for a session on this instance (kept while the client lives, so
+   * that late copies are dropped even after the session was closed).
+   */
+  seen(sessionId: string): Set<string> {
+    let ids = this.seenIds.get(sessionId);
+    if (!ids) this.seenIds.set(sessionId, (ids = new Set()));
+    return ids;
+  }
+
+  private dispatch(msg: ConsumeMessage): void {
+    const sid = messageSessionId(msg.properties.headers, msg.content);
+    if (sid === null) {
+      this.channel.ack(msg);
+      this.unroutable.push(new ProtocolError(`${msg.properties.messageId} on ${this.queue} names no session (no ${H_SESSION_ID})`));
+      return;
+    }
+    const session = this.sessions.get(sid);
+    if (session) {
+      session.deliver(msg);
+      return;
+    }
+    const id = msg.properties.messageId ? String(msg.properties.messageId) : "";
+    if (id && this.seenIds.get(sid)?.has(id)) {
+      this.channel.ack(msg);
+      this.duplicatesDropped++;
+      return;
+    }
+    const list = this.waiting.get(sid);
+    if (list) list.push(msg);
+    else this.waiting.set(sid, [msg]);
+  }
+
+  /** @internal */
+  open(sessionId: string): Session {
+    if (this.failure) throw this.failure;
+    if (this.sessions.has(sessionId)) throw new Error(`session ${sessionId} is already open on instance ${this.name}`);
+    const s = new Session(this.client, sessionId, this.channel, this);
+    this.sessions.set(sessionId, s);
+    const early = this.waiting.get(sessionId) ?? [];
+    this.waiting.delete(sessionId);
+    for (const m of early) s.deliver(m);
+    return s;
+  }
+
+  /** @internal a session closed: what it had not handed out waits again for the next open. */
+  detach(s: Session, unread: ConsumeMessage[]): void {
+    if (this.sessions.get(s.sessionId) === s) this.sessions.delete(s.sessionId);
+    if (unread.length > 0) this.waiting.set(s.sessionId, [...unread, ...(this.waiting.get(s.sessionId) ?? [])]);
+  }
+
+  /** Deletes the instance queue (later replies for it go to `<prefix>.unrouted` and stay in PostgreSQL). */
+  async deleteQueue(): Promise<void> {
+    await this.channel.deleteQueue(this.queue);
+  }
+
+  /** Closes the channel; unacked messages go back to the queue. */
+  async close(): Promise<void> {
+    if (this.failure) return;
+    this.failure = new Error(`instance ${this.name} closed`);
+    await this.channel.close();
+  }
+}
+
+/**
+ * One session: its requests and the typed events of its replies. Per session (§4) it owns a
+ * confirm channel and its reply queue `<prefix>.session.<SessionId>`; with an instance (§4a) it
+ * publishes on the instance's channel with `replyTo` set, and its events come from the instance
+ * queue (`queue` is then the instance queue).
+ *
+ * Events are deduplicated by message_id. A message is acked once the application has handled
+ * it, that is when it asks for the next event (or closes the session); messages not yet handed
+ * out go back to the queue if the channel closes.
  */
 export class Session {
+  /** The queue this session's messages arrive on. */
   readonly queue: string;
-  readonly seen = new Set<string>();
+  /** The `reply_to` of this session's requests: the instance queue, or null (no property) per session. */
+  readonly replyTo: string | null;
+  readonly seen: Set<string>;
   duplicatesDropped = 0;
   private readonly inbox: Item[] = [];
   private handled: ConsumeMessage[] = [];
-  private readonly returned = new Set<string>();
+  private readonly returned: Set<string>;
   private wake: (() => void)[] = [];
   private failure: Error | null = null;
   /** The calls each turn waits for (from its latest tool_calls), to order results by. */
@@ -139,8 +325,20 @@ export class Session {
     readonly client: Client,
     readonly sessionId: string,
     private readonly ch: ConfirmChannel,
+    /** The instance whose queue this session reads (§4a), or undefined for its own queue. */
+    readonly instance?: Instance,
   ) {
-    this.queue = sessionQueue(client.prefix, sessionId);
+    if (instance) {
+      this.queue = instance.queue;
+      this.replyTo = instance.queue;
+      this.seen = instance.seen(sessionId);
+      this.returned = instance.returned;
+    } else {
+      this.queue = sessionQueue(client.prefix, sessionId);
+      this.replyTo = null;
+      this.seen = new Set();
+      this.returned = new Set();
+    }
   }
 
   /** @internal the documented procedure: declare (durable, no arguments), then consume. */
@@ -148,14 +346,16 @@ export class Session {
     this.ch.on("return", (m: { properties: MessageProperties }) => {
       if (m.properties.messageId) this.returned.add(String(m.properties.messageId));
     });
-    const fail = (e?: Error) => {
-      this.failure ??= e ?? new Error(`channel of ${this.queue} closed`);
-      this.notify();
-    };
-    this.ch.on("error", fail);
-    this.ch.on("close", () => fail());
+    this.ch.on("error", (e: Error) => this.fail(e));
+    this.ch.on("close", () => this.fail());
     await this.ch.assertQueue(this.queue, { durable: true, arguments: {} });
-    await this.ch.consume(this.queue, (m) => m && this.onMessage(m), { noAck: false });
+    await this.ch.consume(this.queue, (m) => m && this.deliver(m), { noAck: false });
+  }
+
+  /** @internal the channel failed or closed: waiting calls reject. */
+  fail(e?: Error): void {
+    this.failure ??= e ?? new Error(`channel of ${this.queue} closed`);
+    this.notify();
   }
 
   /** Publishes a user turn; other AGN-034 properties go in `fields`, in PascalCase. */
@@ -206,7 +406,8 @@ export class Session {
     const messageId = opts.messageId ?? randomUUID();
     const headers = opts.traceparent ? { [H_TRACEPARENT]: opts.traceparent } : undefined;
     const exchange = requestsExchange(this.client.prefix);
-    const props = { contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true };
+    const replyTo = opts.replyTo ?? this.replyTo;
+    const props = { contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true, ...(replyTo === null ? {} : { replyTo }) };
     await new Promise<void>((resolve, reject) => {
       this.ch.publish(exchange, this.sessionId, raw, props, (err) => {
         // RabbitMQ sends basic.return before the ack of the same message; match by message_id.
@@ -219,15 +420,16 @@ export class Session {
       exchange,
       routingKey: this.sessionId,
       mandatory: true,
-      properties: { message_id: messageId, content_type: CONTENT_TYPE, delivery_mode: 2 },
+      properties: { message_id: messageId, ...(replyTo === null ? {} : { reply_to: replyTo }), content_type: CONTENT_TYPE, delivery_mode: 2 },
       headers: headers ?? {},
       body: parsed,
     });
     const turn = (parsed as Json | null)?.TurnId;
-    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed };
+    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed, replyTo };
   }
 
-  private onMessage(msg: ConsumeMessage): void {
+  /** @internal takes one message of this session: drops a copy, parses and checks it, queues it. */
+  deliver(msg: ConsumeMessage): void {
     const p = msg.properties;
     const id = p.messageId ? String(p.messageId) : "";
     if (id && this.seen.has(id)) {
@@ -344,17 +546,32 @@ export class Session {
     }
   }
 
-  /** Acks handled messages and closes the channel; unread messages stay on the queue. */
+  /**
+   * Acks handled messages and closes the channel; unread messages stay on the queue. With an
+   * instance, the shared channel stays open: unread messages stay unacked and go to this session
+   * again when it is reopened on the same client.
+   */
   async close(): Promise<void> {
     this.client.forget(this);
+    if (this.instance) {
+      this.ackHandled();
+      for (const it of this.inbox) if (it.event?.messageId) this.seen.delete(it.event.messageId); // not handled
+      this.instance.detach(this, this.inbox.splice(0).map((it) => it.msg));
+      this.fail(new Error("session closed"));
+      return;
+    }
     if (this.failure) return;
     this.ackHandled();
     this.failure = new Error("session closed");
     await this.ch.close();
   }
 
-  /** Deletes the reply queue (the server re-creates it for the next admitted turn). */
+  /**
+   * Deletes the reply queue (the server re-creates it for the next admitted turn). Not for a
+   * session of an instance, which has no queue of its own: see `Instance.deleteQueue`.
+   */
   async deleteQueue(): Promise<void> {
+    if (this.instance) throw new Error(`session ${this.sessionId} reads the instance queue ${this.queue}; it has no queue of its own to delete`);
     await this.ch.deleteQueue(this.queue);
   }
 }
@@ -373,6 +590,7 @@ function wireProps(p: MessageProperties): Record<string, unknown> {
     ["type", "type"],
     ["messageId", "message_id"],
     ["correlationId", "correlation_id"],
+    ["replyTo", "reply_to"],
     ["contentType", "content_type"],
     ["deliveryMode", "delivery_mode"],
   ];

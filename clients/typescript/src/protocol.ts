@@ -31,10 +31,17 @@ export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 /** The TurnId of a reply to a request that named no valid one. */
 export const NO_TURN = "-";
 
+/**
+ * The error code of a request whose `reply_to` names neither the session's queue nor an instance
+ * queue (§4a, §10).
+ */
+export const CODE_REPLY_TO_INVALID = "request.reply_to_invalid";
+
 const TURN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 const SUBMISSION = new RegExp(`^(${SUBMISSION_TAGS.join("|")})-([0-9a-fA-F]{24})$`);
 const STEP_TAG = /^step-([0-9]+)$/;
+const INSTANCE = /^[A-Za-z0-9._-]{1,64}$/;
 
 /** The entry exchange every request is published to (routing key = SessionId). */
 export function requestsExchange(prefix: string): string {
@@ -44,6 +51,43 @@ export function requestsExchange(prefix: string): string {
 /** A session's reply queue, declared durable with no arguments by client and server. */
 export function sessionQueue(prefix: string, sessionId: string): string {
   return `${prefix}.session.${sessionId}`;
+}
+
+/**
+ * A backend instance's reply queue (§4a), declared durable with no arguments by the client;
+ * requests published with `replyTo` = this name get their replies there.
+ */
+export function instanceQueue(prefix: string, instance: string): string {
+  return `${prefix}.instance.${instance}`;
+}
+
+/** Whether `v` is a valid instance name `I`: 1-64 characters of `[A-Za-z0-9._-]`. */
+export function isInstanceName(v: string): boolean {
+  return INSTANCE.test(v);
+}
+
+/**
+ * The session a server message belongs to, as an instance queue tells them apart (§4a): the
+ * `x-aptix-session-id` header, else the body's `SessionId` (a delta's, or a reply's
+ * `Result.SessionId`); null when the message names none.
+ */
+export function messageSessionId(headers: Record<string, unknown> | undefined, body: Buffer | string): string | null {
+  const h = headers?.[H_SESSION_ID];
+  if (typeof h === "string" && h !== "") return h;
+  let data: unknown;
+  try {
+    data = JSON.parse(body.toString());
+  } catch {
+    return null;
+  }
+  const holders = [data, (data as { Result?: unknown } | null)?.Result];
+  for (const holder of holders) {
+    if (holder !== null && typeof holder === "object" && !Array.isArray(holder)) {
+      const sid = (holder as { SessionId?: unknown }).SessionId;
+      if (typeof sid === "string" && sid !== "") return sid;
+    }
+  }
+  return null;
 }
 
 export function isTurnId(v: string): boolean {

@@ -1,13 +1,15 @@
 // The client's AMQP side against the real RabbitMQ, with a small fake server in the same process
 // playing the pipeline's part of protocol v2. `@stream` adds three deltas before the final
 // reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
-// `x-aptix-final` as a string.
+// `x-aptix-final` as a string. A request whose `reply_to` names an instance queue (§4a) is
+// answered there, through the replies exchange with routing key `instance.<I>`, and the fake then
+// declares no session queue.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 
-import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir } from "../src";
+import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue } from "../src";
 
 const ADMIN = process.env.APTIX_TEST_ADMIN_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
 const schemas = new Schemas(findSchemasDir(__dirname) ?? "schemas");
@@ -31,8 +33,8 @@ class FakeServer {
     await ch.consume(`${p}.requests`, (m) => m && void this.answer(m));
   }
 
-  private publish(session: string, id: string, type: string, headers: Record<string, unknown>, body: unknown): void {
-    this.ch.publish(`${this.prefix}.replies`, session, Buffer.from(JSON.stringify(body)), {
+  private publish(key: string, id: string, type: string, headers: Record<string, unknown>, body: unknown): void {
+    this.ch.publish(`${this.prefix}.replies`, key, Buffer.from(JSON.stringify(body)), {
       type, messageId: id, contentType: "application/json", deliveryMode: 2, headers, mandatory: true,
     });
   }
@@ -41,27 +43,37 @@ class FakeServer {
     this.requests.push(m);
     const req = JSON.parse(m.content.toString());
     const [s, t, text] = [req.SessionId as string, req.TurnId as string, (req.Instruction ?? "") as string];
-    const q = `${this.prefix}.session.${s}`;
-    await this.ch.assertQueue(q, { durable: true, arguments: {} });
-    await this.ch.bindQueue(q, `${this.prefix}.replies`, s);
+    const replyTo = m.properties.replyTo ? String(m.properties.replyTo) : "";
+    const instancePrefix = `${this.prefix}.instance.`;
+    let key = s;
+    if (replyTo.startsWith(instancePrefix)) {
+      // The server only binds an instance queue (the client declared it).
+      key = `instance.${replyTo.slice(instancePrefix.length)}`;
+      await this.ch.bindQueue(replyTo, `${this.prefix}.replies`, key);
+    } else {
+      const q = `${this.prefix}.session.${s}`;
+      await this.ch.assertQueue(q, { durable: true, arguments: {} });
+      await this.ch.bindQueue(q, `${this.prefix}.replies`, s);
+    }
     const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
     let answer = "";
     if (text.includes("@stream")) {
       ["a", "b", "c"].forEach((piece, seq) => {
         answer += piece;
-        this.publish(s, `delta:${s}:${t}:0:${seq}`, "delta", { ...common, "x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": seq },
+        this.publish(key, `delta:${s}:${t}:0:${seq}`, "delta", { ...common, "x-aptix-kind": "delta", "x-aptix-step": 0, "x-aptix-seq": seq },
           { Delta: true, SessionId: s, TurnId: t, Step: 0, Seq: seq, Event: { Type: "OutputText", OutputIndex: 0, Text: piece } });
       });
     }
     const headers = { ...common, "x-aptix-kind": "reply", "x-aptix-final": text.includes("@badheader") ? "true" : true, "x-aptix-step": 0, "x-aptix-outcome": "final" };
     const body = { Successful: true, Errors: [], Warnings: [], Result: { SessionId: s, TurnId: t, ModeDisplayName: "General", Kind: "final", PrimaryOutputText: answer || `echo: ${text}` } };
-    for (let i = 0; i < (text.includes("@dup") ? 2 : 1); i++) this.publish(s, `reply:${s}:${t}:step-0`, "reply", headers, body);
+    for (let i = 0; i < (text.includes("@dup") ? 2 : 1); i++) this.publish(key, `reply:${s}:${t}:step-0`, "reply", headers, body);
     await this.ch.waitForConfirms();
     this.ch.ack(m);
   }
 
   async stop(): Promise<void> {
     for (const m of this.requests) await this.ch.deleteQueue(`${this.prefix}.session.${JSON.parse(m.content.toString()).SessionId}`);
+    for (const q of new Set(this.requests.map((m) => m.properties.replyTo).filter(Boolean))) await this.ch.deleteQueue(String(q));
     await this.ch.deleteQueue(`${this.prefix}.requests`);
     for (const x of ["requests", "replies"]) await this.ch.deleteExchange(`${this.prefix}.${x}`);
     await this.conn.close();
@@ -165,4 +177,102 @@ test("tool results go in the order of the calls", async () => {
   assert.deepEqual((sub.body as { ToolResults: { ToolCallId: string }[] }).ToolResults.map((r) => r.ToolCallId), ["c1", "c2"]);
   await s.nextEvent({ timeoutMs: 10_000 });
   await c.close();
+});
+
+// --- replies per instance (§4a) ---------------------------------------------------------------
+
+/** A passive declare on a connection of its own: false when the broker answers 404. */
+async function queueExists(queue: string): Promise<boolean> {
+  const conn = await amqp.connect(ADMIN);
+  const ch = await conn.createChannel();
+  ch.on("error", () => undefined);
+  try {
+    await ch.checkQueue(queue);
+    return true;
+  } catch (e) {
+    assert.match(String(e), /404/);
+    return false;
+  } finally {
+    await conn.close();
+  }
+}
+
+test("an instance turn on the wire", async () => {
+  const wire: [string, WireMessage][] = [];
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-1", schemas, wireLog: (d, m) => wire.push([d, m]) });
+  const queue = `${fake.prefix}.instance.pod-1`;
+  assert.equal(c.instance?.queue, queue);
+  const s = await c.openSession();
+  const sub = await s.submitTurn("t1", "hello");
+  const reply = await s.nextEvent({ timeoutMs: 10_000 });
+  assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false);
+  await c.close();
+  assert.equal(reply.type === "final" && reply.text, "echo: hello");
+  assert.equal(reply.sessionId, s.sessionId);
+  const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+  assert.ok(req);
+  assert.equal(req.fields.routingKey, s.sessionId);
+  assert.equal(req.properties.replyTo, queue);
+  assert.equal(sub.replyTo, queue);
+  assert.equal(wire[0][1].properties.reply_to, queue);
+  assert.equal(wire[1][1].queue, queue);
+});
+
+test("many sessions share one instance queue", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-2" });
+  const sessions = await Promise.all(Array.from({ length: 5 }, () => c.openSession()));
+  for (let turn = 0; turn < 3; turn++) {
+    await Promise.all(sessions.map((s) => s.submitTurn(`t${turn}`, turn === 1 ? "@stream" : `q${turn}`, { stream: turn === 1 })));
+  }
+  await Promise.all(
+    sessions.map(async (s) => {
+      const events = [];
+      for (let i = 0; i < 6; i++) events.push(await s.nextEvent({ timeoutMs: 10_000 })); // t0, 3 deltas of t1, t1, t2
+      assert.deepEqual(events.filter((e) => e.type === "final").map((e) => e.turnId), ["t0", "t1", "t2"]);
+      assert.ok(events.every((e) => e.sessionId === s.sessionId));
+      assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false);
+    }),
+  );
+  await c.close();
+  const replyTos = new Set(fake.requests.filter((m) => sessions.some((s) => m.fields.routingKey === s.sessionId)).map((m) => m.properties.replyTo));
+  assert.deepEqual([...replyTos], [`${fake.prefix}.instance.pod-2`]);
+});
+
+test("instance: duplicates are dropped, tool results carry reply_to", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-3" });
+  const s = await c.openSession();
+  await s.submitTurn("t1", "@dup");
+  assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).turnId, "t1");
+  s.pendingCalls.set("t2", ["c1"]); // as if a tool_calls for t2 had asked for c1
+  const sub = await s.submitToolResults("t2", [ToolResult.ok("c1", 1)]);
+  assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).turnId, "t2");
+  assert.equal(s.duplicatesDropped, 1);
+  await c.close();
+  const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+  assert.equal(req?.properties.replyTo, `${fake.prefix}.instance.pod-3`);
+});
+
+test("replies for a session not yet open wait for it", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-4" });
+  const first = await c.openSession();
+  await first.submitTurn("t1", "before a restart");
+  await first.close(); // the session is not open while its reply arrives
+  for (let i = 0; i < 100 && !c.instance?.pendingSessions().includes(first.sessionId); i++) await new Promise((r) => setTimeout(r, 50));
+  assert.deepEqual(c.instance?.pendingSessions(), [first.sessionId]);
+  const again = await c.openSession(first.sessionId);
+  const reply = await again.nextEvent({ timeoutMs: 10_000 });
+  assert.equal(reply.type === "final" && reply.text, "echo: before a restart");
+  await c.close();
+});
+
+test("the instance queue is durable with no arguments", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-5" });
+  const queue = c.instance!.queue;
+  await c.close();
+  const admin = await amqp.connect(ADMIN);
+  const ch = await admin.createChannel();
+  const ok = await ch.assertQueue(queue, { durable: true, arguments: {} }); // what the client declared, again
+  assert.equal(ok.queue, queue);
+  await ch.deleteQueue(queue);
+  await admin.close();
 });

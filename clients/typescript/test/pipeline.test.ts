@@ -1,15 +1,19 @@
 // The client against the REAL pipeline (`aptix run` + `aptix sim`, started by
 // clients/run-tests.sh): a plain turn, a client tool round trip with a streamed follow-up, a
-// duplicate, a conflict, validation refusals, and 20 sessions x 5 turns published at once. Every
-// received body is checked against the repository's schemas and every header against protocol v2.
+// duplicate, a conflict, validation refusals, and 20 sessions x 5 turns published at once. Then
+// replies per instance (protocol §4a): 10 sessions x 3 turns on one instance queue, a tool round
+// trip and a take-over by another instance, and the refusal of a `reply_to` that names no reply
+// queue. Every received body is checked against the repository's schemas and every header
+// against protocol v2.
 // Needs APTIX_TEST_PREFIX and APTIX_TEST_SIM_URL; skipped without them unless
 // APTIX_TEST_REQUIRE_PIPELINE=1.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { execFileSync } from "node:child_process";
+import * as amqp from "amqplib";
 
-import { AptixEvent, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir } from "../src";
+import { AptixEvent, CODE_REPLY_TO_INVALID, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir, sessionQueue } from "../src";
 
 const PREFIX = process.env.APTIX_TEST_PREFIX;
 const SIM = process.env.APTIX_TEST_SIM_URL;
@@ -181,5 +185,171 @@ describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-
     }
     assert.deepEqual([...stored.keys()].sort(), [...replies.keys()].sort());
     for (const [id, e] of replies) assert.deepEqual(stored.get(id), e.body, id);
+  });
+});
+
+describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {
+  const opened: Client[] = [];
+  const schemas = ready ? new Schemas(findSchemasDir(__dirname)!) : undefined;
+
+  /** A client in instance mode, with a fresh instance name; its queue is deleted after. */
+  async function openInstance(): Promise<Client> {
+    const c = await Client.connect({ url: URL, prefix: PREFIX, instance: `ts-${randomUUID().slice(0, 12)}`, schemas, strict: true });
+    opened.push(c);
+    return c;
+  }
+
+  after(async () => {
+    for (const c of opened) {
+      await c.instance?.deleteQueue().catch(() => undefined);
+      await c.close();
+    }
+  });
+
+  /** A passive declare on a connection of its own: false when the broker answers 404. */
+  async function queueExists(queue: string): Promise<boolean> {
+    const conn = await amqp.connect(URL);
+    const ch = await conn.createChannel();
+    ch.on("error", () => undefined);
+    try {
+      await ch.checkQueue(queue);
+      return true;
+    } catch (e) {
+      assert.match(String(e), /404/);
+      return false;
+    } finally {
+      await conn.close();
+    }
+  }
+
+  test("10 sessions x 3 turns on one instance queue: every turn once, in order, no session queue", async () => {
+    const c = await openInstance();
+    const queue = c.instance!.queue;
+    const sessions = await Promise.all(Array.from({ length: 10 }, () => c.openSession()));
+    const subs = await Promise.all(
+      sessions.flatMap((s) => [0, 1, 2].map((turn) => ({ s, turn }))).sort((x, y) => x.turn - y.turn)
+        .map(({ s, turn }) => s.submitTurn(`t${turn}`, `instance question ${turn} of ${s.sessionId}`)),
+    );
+    assert.ok(subs.every((sub) => sub.replyTo === queue));
+    await Promise.all(
+      sessions.map(async (s) => {
+        const finals: Final[] = [];
+        while (finals.length < 3) finals.push(asFinal(await s.nextEvent(WAIT)));
+        assert.deepEqual(finals.map((f) => f.turnId), ["t0", "t1", "t2"], `order in ${s.sessionId}`);
+        finals.forEach((f, i) => {
+          assert.equal(f.sessionId, s.sessionId);
+          assert.equal(f.headers["x-aptix-session-id"], s.sessionId);
+          assert.equal(f.messageId, `reply:${s.sessionId}:t${i}:step-0`);
+          assert.ok(f.text.split("\n").includes(`instruction: instance question ${i} of ${s.sessionId}`), f.text);
+          assert.ok(f.text.includes(`chain_depth: ${i + 1}`), "turns of a session ran one at a time, in order");
+        });
+        await assert.rejects(s.nextEvent({ timeoutMs: 300 }), /no event/);
+        assert.equal(s.duplicatesDropped, 0, "the broker delivered a reply twice");
+      }),
+    );
+    assert.deepEqual(c.instance!.pendingSessions(), []);
+    assert.deepEqual(c.instance!.unroutable, []);
+    for (const s of sessions) {
+      assert.equal(await queueExists(sessionQueue(PREFIX!, s.sessionId)), false, `a session queue was created for ${s.sessionId}`);
+    }
+    assert.equal(await queueExists(queue), true);
+  });
+
+  test("a tool round trip on the instance queue", async () => {
+    const c = await openInstance();
+    const s = await c.openSession();
+    await s.submitTurn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})', { stream: true });
+    const first = await collect(s.turnEvents("t1", WAIT));
+    const calls = first[first.length - 1];
+    assert.equal(calls.type, "tool_calls", JSON.stringify(calls.body));
+    if (calls.type !== "tool_calls") return;
+    assert.equal(calls.step, 0);
+    assert.deepEqual(calls.calls.map((x) => x.name), ["read_file"]);
+    assert.ok(first.slice(0, -1).every((e) => e.type === "delta" && e.step === 0));
+
+    const sub = await s.submitToolResults("t1", calls.calls.map((x) => ToolResult.ok(x, { contents: "pub fn answer() -> u32 { 42 }" }, 3)));
+    assert.equal(sub.replyTo, c.instance!.queue);
+    const second = await collect(s.turnEvents("t1", WAIT));
+    const final = asFinal(second[second.length - 1]);
+    const deltas = second.slice(0, -1) as Delta[];
+    assert.equal(final.step, 1);
+    assert.equal(final.messageId, `reply:${s.sessionId}:t1:step-1`);
+    assert.ok(final.text.includes(`tool_output ${calls.calls[0].toolCallId}`), final.text);
+    assert.ok(deltas.length >= 3 && deltas.every((d) => d.type === "delta" && d.step === 1));
+    assert.deepEqual(deltas.map((d) => d.seq), deltas.map((_, i) => i));
+    assert.equal(deltas.map((d) => d.text).join(""), final.text);
+    await assert.rejects(s.nextEvent({ timeoutMs: 500 }), /no event/);
+    assert.equal(await queueExists(sessionQueue(PREFIX!, s.sessionId)), false);
+  });
+
+  test("the next step goes to the instance that submitted the results", async () => {
+    const [a, b] = [await openInstance(), await openInstance()];
+    const onA = await a.openSession();
+    await onA.submitTurn("t1", "tools @call(run_tests)");
+    const calls = await onA.nextEvent({ ...WAIT, turnId: "t1" });
+    assert.equal(calls.type, "tool_calls", JSON.stringify(calls.body));
+    if (calls.type !== "tool_calls") return;
+
+    const onB = await b.openSession(onA.sessionId); // another instance takes the session over
+    const sub = await onB.submitToolResults("t1", calls.calls.map((x) => ToolResult.error(x, "no tests matched", 2)));
+    assert.equal(sub.replyTo, b.instance!.queue);
+    const final = asFinal(await onB.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(final.step, 1);
+    await assert.rejects(onA.nextEvent({ timeoutMs: 1000 }), /no event/);
+
+    await onA.submitTurn("t1", "tools @call(run_tests)"); // a duplicate, submitted through a
+    const resent = asFinal(await onA.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(resent.resent, true);
+    assert.deepEqual(resent.body, final.body);
+    await assert.rejects(onB.nextEvent({ timeoutMs: 500 }), /no event/);
+    assert.equal(await queueExists(sessionQueue(PREFIX!, onA.sessionId)), false);
+  });
+
+  test("a reply_to that names no reply queue is refused with request.reply_to_invalid", async () => {
+    const c = await Client.connect({ url: URL, prefix: PREFIX, schemas, strict: true });
+    opened.push(c);
+    const s = await c.openSession(); // per session: the refusal comes to the declared session queue
+    const bad = [
+      `${PREFIX}.requests`,
+      sessionQueue(PREFIX!, randomUUID()), // another session's queue
+      `${PREFIX}.instance.`, // no instance name
+      `${PREFIX}.instance.${"x".repeat(65)}`, // a name too long
+      `${PREFIX}.instance.bad name`, // a character outside [A-Za-z0-9._-]
+      `other-${PREFIX}.instance.pod-1`, // another deployment's instance queue
+    ];
+    for (const replyTo of bad) {
+      const sub = await s.submit({ SessionId: s.sessionId, TurnId: "t1", Instruction: "x" }, { replyTo });
+      const r = await s.nextEvent(WAIT);
+      assert.equal(r.type, "refused", `${replyTo}: ${JSON.stringify(r.body)}`);
+      if (r.type !== "refused") return;
+      assert.equal(r.code, CODE_REPLY_TO_INVALID, replyTo);
+      assert.equal(r.turnId, "t1");
+      assert.equal(r.correlationId, sub.messageId);
+      assert.ok(r.messageId.startsWith(`reply:${s.sessionId}:t1:rejected-`), r.messageId);
+    }
+
+    // RabbitMQ's direct reply-to: the publishing channel consumes `amq.rabbitmq.reply-to` (else
+    // the broker closes it), and the server receives `amq.rabbitmq.reply-to.<token>`.
+    const conn = await amqp.connect(URL);
+    const messageId = randomUUID();
+    try {
+      const ch = await conn.createConfirmChannel();
+      await ch.consume("amq.rabbitmq.reply-to", () => undefined, { noAck: true });
+      const body = Buffer.from(JSON.stringify({ SessionId: s.sessionId, TurnId: "t1", Instruction: "x" }));
+      ch.publish(`${PREFIX}.requests`, s.sessionId, body, {
+        contentType: "application/json", deliveryMode: 2, messageId, replyTo: "amq.rabbitmq.reply-to", mandatory: true,
+      });
+      await ch.waitForConfirms();
+    } finally {
+      await conn.close();
+    }
+    const r = await s.nextEvent(WAIT);
+    assert.equal(r.type === "refused" && r.code, CODE_REPLY_TO_INVALID, JSON.stringify(r.body));
+    assert.equal(r.correlationId, messageId);
+
+    // Nothing changed: the session's own queue as reply_to is the default, and t1 still starts.
+    await s.submit({ SessionId: s.sessionId, TurnId: "t1", Instruction: "now valid" }, { replyTo: s.queue });
+    const final = asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(final.messageId, `reply:${s.sessionId}:t1:step-0`);
   });
 });

@@ -2,7 +2,17 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { ProtocolError, checkReplyHeaders, parseMessageId, requestsExchange, sessionQueue } from "../src";
+import {
+  CODE_REPLY_TO_INVALID,
+  ProtocolError,
+  checkReplyHeaders,
+  instanceQueue,
+  isInstanceName,
+  messageSessionId,
+  parseMessageId,
+  requestsExchange,
+  sessionQueue,
+} from "../src";
 
 const S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
 const HEX = "0123456789abcdef01234567";
@@ -10,6 +20,28 @@ const HEX = "0123456789abcdef01234567";
 test("names", () => {
   assert.equal(requestsExchange("aptix"), "aptix.requests");
   assert.equal(sessionQueue("t-1", S), `t-1.session.${S}`);
+});
+
+test("instance names", () => {
+  assert.equal(instanceQueue("aptix", "pod-1"), "aptix.instance.pod-1");
+  assert.equal(CODE_REPLY_TO_INVALID, "request.reply_to_invalid");
+  for (const good of ["a", "pod-1", "host.example_2", "A".repeat(64), "..", "-_."]) assert.ok(isInstanceName(good), good);
+  for (const bad of ["", "A".repeat(65), "a b", "a/b", "a:b", "pod*", "é", "a\n", "\na", "pod-1\n"]) {
+    assert.ok(!isInstanceName(bad), JSON.stringify(bad));
+  }
+});
+
+test("the session of a message on an instance queue", () => {
+  const delta = JSON.stringify({ Delta: true, SessionId: S, TurnId: "t1" });
+  const reply = Buffer.from(JSON.stringify({ Successful: true, Result: { SessionId: S, Kind: "final" } }));
+  const refusal = JSON.stringify({ Successful: false, Result: null, Errors: [] });
+  const other = "00000000-0000-4000-8000-000000000000";
+  assert.equal(messageSessionId({ "x-aptix-session-id": other }, delta), other); // the header decides
+  assert.equal(messageSessionId({}, delta), S);
+  assert.equal(messageSessionId(undefined, reply), S);
+  assert.equal(messageSessionId({ "x-aptix-session-id": "" }, refusal), null);
+  assert.equal(messageSessionId({ "x-aptix-session-id": 7 }, "not json"), null);
+  assert.equal(messageSessionId({}, "[1, 2]"), null);
 });
 
 test("step replies, turn ids with colons", () => {

@@ -6,9 +6,12 @@
         s = c.open_session()
         reply = s.run_turn("t1", "Explain the retry tiers",
                            tools=lambda call: ToolResult.ok(call, {"contents": "..."}))
+
+`Client(..., instance="pod-1")` receives the replies of all sessions on one queue of the
+instance's own (protocol §4a) instead of one queue per session; the sessions' API is the same.
 """
 
-from .client import Client, EventTimeout, PublishError, Session, Submission, DEFAULT_URL
+from .client import Client, EventTimeout, Instance, PublishError, Session, Submission, DEFAULT_URL
 from .events import (
     AnyEvent,
     ApiError,
@@ -24,13 +27,23 @@ from .events import (
     ToolResult,
     parse_event,
 )
-from .protocol import DeltaId, ProtocolError, ReplyId, parse_message_id, requests_exchange, session_queue
+from .protocol import (
+    CODE_REPLY_TO_INVALID,
+    DeltaId,
+    ProtocolError,
+    ReplyId,
+    instance_queue,
+    is_instance_name,
+    parse_message_id,
+    requests_exchange,
+    session_queue,
+)
 from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
-    "AnyEvent", "ApiError", "Client", "DEFAULT_URL", "Delta", "DeltaId", "ErrorReply", "Event",
-    "EventTimeout", "Failed", "Final", "ProtocolError", "PublishError", "Refused", "Reply",
-    "ReplyId", "SchemaError", "Schemas", "Session", "Submission", "ToolCall", "ToolCalls",
-    "ToolResult", "find_schemas_dir", "parse_event", "parse_message_id", "requests_exchange",
-    "session_queue",
+    "AnyEvent", "ApiError", "CODE_REPLY_TO_INVALID", "Client", "DEFAULT_URL", "Delta", "DeltaId",
+    "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "Instance", "ProtocolError", "PublishError",
+    "Refused", "Reply", "ReplyId", "SchemaError", "Schemas", "Session", "Submission", "ToolCall",
+    "ToolCalls", "ToolResult", "find_schemas_dir", "instance_queue", "is_instance_name", "parse_event",
+    "parse_message_id", "requests_exchange", "session_queue",
 ]

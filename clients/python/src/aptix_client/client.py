@@ -5,6 +5,11 @@ publisher confirms, declare `<prefix>.session.<SessionId>` durable with no argum
 with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
 SessionId, persistent, JSON, a fresh message_id, mandatory) and wait for each confirm.
 
+With `Client(..., instance="I")` the client follows §4a instead ("replies per instance"): it
+declares `<prefix>.instance.I` (durable, no arguments) once and consumes it with manual acks,
+publishes every request with `reply_to` = that queue, declares no session queue, and hands each
+message to its session by the `x-aptix-session-id` header. The sessions' API is the same.
+
 pika's BlockingConnection is not thread-safe: use a client from one thread (one client per
 thread otherwise). Several sessions of one client share its connection; reading events of any
 session pumps the connection for all of them.
@@ -18,7 +23,8 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set,
+                    Union)
 
 import pika
 import pika.exceptions
@@ -52,6 +58,8 @@ class Submission:
     session_id: str
     turn_id: Optional[str]
     body: Mapping[str, Any]
+    #: The `reply_to` property it was published with (None: none, so the session's queue).
+    reply_to: Optional[str] = None
 
 
 class Client:
@@ -60,6 +68,11 @@ class Client:
     `schemas`: a directory of the repository's JSON Schemas, `True` to look for one (see
     `find_schemas_dir`), or `None`/`False` for no schema checks. `strict` checks reply headers
     against protocol v2, types included.
+
+    `instance`: this backend instance's name `I` (1-64 characters of `[A-Za-z0-9._-]`, stable
+    across restarts, unique among instances) to receive the replies of all its sessions on one
+    queue, `<prefix>.instance.I` (protocol §4a); `None` (the default) for one reply queue per
+    session (§4).
     """
 
     def __init__(
@@ -67,30 +80,53 @@ class Client:
         url: str = DEFAULT_URL,
         prefix: str = "aptix",
         *,
+        instance: Optional[str] = None,
         schemas: Union[Schemas, str, "os.PathLike[str]", bool, None] = None,
         strict: bool = True,
         wire_log: Optional[WireLog] = None,
     ):
+        if instance is not None and not p.is_instance_name(instance):
+            raise ValueError(f"an instance name is 1-64 characters of [A-Za-z0-9._-], got {instance!r}")
         self.prefix = prefix
         self.strict = strict
         self.wire_log = wire_log
         self.schemas = _load_schemas(schemas)
         self._conn = pika.BlockingConnection(pika.URLParameters(url))
         self._sessions: List["Session"] = []
+        #: The instance queue and its dispatcher with `instance=`; None in per-session mode.
+        self.instance: Optional[Instance] = None
+        if instance is not None:
+            try:
+                self.instance = Instance(self, instance)
+            except BaseException:
+                self._conn.close()
+                raise
 
     def open_session(self, session_id: Optional[str] = None) -> "Session":
-        """Declares and consumes the session's reply queue; a new SessionId when none is given."""
-        s = Session(self, session_id or str(uuid.uuid4()))
+        """A session; a new SessionId when none is given.
+
+        Per session (the default): declares and consumes the session's reply queue. With an
+        instance: declares nothing; the session's messages are taken from the instance queue
+        (those that arrived before it was opened included). ValueError if that session is
+        already open on this instance.
+        """
+        sid = session_id or str(uuid.uuid4())
+        s = Session(self, sid) if self.instance is None else self.instance._open(sid)
         self._sessions.append(s)
         return s
 
     def pump(self, time_limit: float) -> None:
         """Lets pika deliver what arrived, waiting up to `time_limit` seconds for something."""
-        self._conn.process_data_events(time_limit=max(0.0, time_limit))
+        # pika takes fractions of a second; types-pika 1.2.0b1 declares an int.
+        self._conn.process_data_events(time_limit=max(0.0, time_limit))  # type: ignore[arg-type]
 
     def close(self) -> None:
+        """Closes every session, the instance's channel (unacked messages go back to the
+        queue), then the connection."""
         for s in list(self._sessions):
             s.close()
+        if self.instance is not None:
+            self.instance.close()
         if self._conn.is_open:
             self._conn.close()
 
@@ -114,31 +150,149 @@ def _load_schemas(schemas: Any) -> Optional[Schemas]:
     return None
 
 
+class _Delivery(NamedTuple):
+    """One message taken from a reply queue, not yet acked: its delivery tag and raw parts."""
+
+    tag: int
+    props: Any
+    body: bytes
+
+
+class _Item(NamedTuple):
+    """A delivery in a session's inbox, with what the application gets for it."""
+
+    delivery: _Delivery
+    item: Union[AnyEvent, Exception]
+
+
+class Instance:
+    """A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a) and the
+    dispatcher that hands its messages to the client's sessions.
+
+    Made by `Client(..., instance=name)`: a confirm channel, the queue declared once (durable,
+    not exclusive, not auto-delete, no arguments) and consumed with manual acks. The sessions of
+    the client publish on this channel with `reply_to` = the queue. Each message goes to the
+    open session named by its `x-aptix-session-id` header (else the body's `SessionId`).
+    Messages of a session that is not open are kept, unacked and in order, until it is opened
+    (`pending_sessions()` lists them); copies of messages already handled are acked and dropped.
+    """
+
+    def __init__(self, client: Client, name: str):
+        self.client = client
+        self.name = name
+        self.queue = p.instance_queue(client.prefix, name)
+        #: Copies dropped while their session was not open (open sessions count their own).
+        self.duplicates_dropped = 0
+        #: Messages that name no session (acked: the server stores what it sends), as errors.
+        self.unroutable: List[p.ProtocolError] = []
+        self._sessions: Dict[str, Session] = {}
+        self._waiting: Dict[str, List[_Delivery]] = {}
+        self._seen: Dict[str, Set[str]] = {}
+        ch = client._conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue=self.queue, durable=True, exclusive=False, auto_delete=False, arguments={})
+        ch.basic_consume(self.queue, self._on_message, auto_ack=False)
+        self.channel = ch
+
+    def pending_sessions(self) -> List[str]:
+        """SessionIds with messages received for them while they were not open on this client."""
+        return [sid for sid, waiting in self._waiting.items() if waiting]
+
+    def seen(self, session_id: str) -> Set[str]:
+        """The message_ids handled for a session on this instance (kept while the client lives,
+        so that late copies are dropped even after the session was closed)."""
+        return self._seen.setdefault(session_id, set())
+
+    def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        delivery = _Delivery(method.delivery_tag, props, body)
+        sid = p.message_session_id(props.headers, body)
+        if sid is None:
+            ch.basic_ack(delivery.tag)
+            self.unroutable.append(p.ProtocolError(
+                f"{props.message_id!r} on {self.queue} names no session (no {p.H_SESSION_ID})"))
+            return
+        session = self._sessions.get(sid)
+        if session is not None:
+            session._deliver(delivery)
+            return
+        mid = props.message_id or ""
+        if mid and mid in self._seen.get(sid, ()):
+            ch.basic_ack(delivery.tag)
+            self.duplicates_dropped += 1
+            return
+        self._waiting.setdefault(sid, []).append(delivery)
+
+    def _open(self, session_id: str) -> "Session":
+        if session_id in self._sessions:
+            raise ValueError(f"session {session_id} is already open on instance {self.name}")
+        s = Session(self.client, session_id, instance=self)
+        self._sessions[session_id] = s
+        for delivery in self._waiting.pop(session_id, []):
+            s._deliver(delivery)
+        return s
+
+    def _detach(self, session: "Session", unread: List[_Delivery]) -> None:
+        """A session closed: what it had not handed out waits again for the next open."""
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
+        if unread:
+            self._waiting[session.session_id] = unread + self._waiting.get(session.session_id, [])
+
+    def delete_queue(self) -> None:
+        """Deletes the instance queue (replies published for it afterwards go to
+        `<prefix>.unrouted` and stay in PostgreSQL)."""
+        self.channel.queue_delete(self.queue)
+
+    def close(self) -> None:
+        """Closes the channel; unacked messages go back to the queue."""
+        if self.channel.is_open:
+            self.channel.close()
+
+
 class Session:
-    """One session: its reply queue, requests to it, and the typed events read from it.
+    """One session: its requests and the typed events of its replies.
+
+    Per session (§4) it owns a channel and its reply queue `<prefix>.session.<SessionId>`; with
+    an instance (§4a) it publishes on the instance's channel with `reply_to` set, and its events
+    come from the instance queue (`queue` is then the instance queue).
 
     Events are deduplicated by `message_id`. A message is acked once the application has handled
     it, that is when it asks for the next event (or closes the session); messages not yet handed
     out go back to the queue if the channel closes.
     """
 
-    def __init__(self, client: Client, session_id: str):
+    def __init__(self, client: Client, session_id: str, *, instance: Optional[Instance] = None):
         if not p.is_session_id(session_id):
             raise ValueError(f"SessionId must be a UUID, got {session_id!r}")
         self.client = client
         self.session_id = session_id
-        self.queue = p.session_queue(client.prefix, session_id)
-        self._inbox: Deque[Tuple[int, Union[AnyEvent, Exception]]] = deque()
+        self._instance = instance
+        self._inbox: Deque[_Item] = deque()
         self._handled: List[int] = []
-        self.seen: Set[str] = set()
         self.duplicates_dropped = 0
         # The calls each turn waits for (from its latest ToolCalls), to order results by.
         self._pending_calls: Dict[str, List[str]] = {}
+        if instance is not None:
+            #: The queue this session's messages arrive on.
+            self.queue = instance.queue
+            #: The `reply_to` of this session's requests (None per session: no property).
+            self.reply_to: Optional[str] = instance.queue
+            self.seen: Set[str] = instance.seen(session_id)
+            self._ch = instance.channel
+            return
+        self.queue = p.session_queue(client.prefix, session_id)
+        self.reply_to = None
+        self.seen = set()
         ch = client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, arguments={})
         self._consumer_tag = ch.basic_consume(self.queue, self._on_message, auto_ack=False)
         self._ch = ch
+
+    @property
+    def instance(self) -> Optional[Instance]:
+        """The instance whose queue this session reads (§4a), or None for its own queue."""
+        return self._instance
 
     # --- requests -----------------------------------------------------------------------
 
@@ -187,17 +341,23 @@ class Session:
         message_id: Optional[str] = None,
         traceparent: Optional[str] = None,
         validate: bool = True,
+        reply_to: Optional[str] = None,
     ) -> Submission:
         """Publishes any request body (a dict, or raw bytes sent as they are) and waits for the
-        broker's confirm. Re-sending the same submission? Pass its `message_id` again."""
+        broker's confirm. Re-sending the same submission? Pass its `message_id` again.
+
+        `reply_to`: the AMQP property to send instead of the session's own (`self.reply_to`:
+        the instance queue with an instance, none otherwise); the server refuses any value but
+        the session's queue or an instance queue with `request.reply_to_invalid`."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         parsed: Any = body if not isinstance(body, bytes) else _maybe_json(body)
         if validate and self.client.schemas is not None and isinstance(body, Mapping):
             self.client.schemas.check_request(body)
         mid = message_id or str(uuid.uuid4())
         headers = {p.H_TRACEPARENT: traceparent} if traceparent else None
+        reply = self.reply_to if reply_to is None else reply_to
         props = pika.BasicProperties(
-            content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers
+            content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers, reply_to=reply
         )
         exchange = p.requests_exchange(self.client.prefix)
         try:
@@ -209,7 +369,7 @@ class Session:
         if self.client.wire_log:
             self.client.wire_log("out", _wire_out(exchange, self.session_id, props, parsed))
         turn = parsed.get("TurnId") if isinstance(parsed, Mapping) else None
-        return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed)
+        return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed, reply)
 
     def _in_call_order(self, turn_id: str, results: Sequence[ToolResult]) -> List[ToolResult]:
         expected = self._pending_calls.get(turn_id)
@@ -224,11 +384,15 @@ class Session:
     # --- events -------------------------------------------------------------------------
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
-        tag = method.delivery_tag
+        self._deliver(_Delivery(method.delivery_tag, props, body))
+
+    def _deliver(self, delivery: _Delivery) -> None:
+        """Takes one message of this session: drops a copy, parses and checks it, queues it."""
+        tag, props, body = delivery
         mid = props.message_id or ""
         if mid and mid in self.seen:
             self.duplicates_dropped += 1
-            ch.basic_ack(tag)
+            self._ch.basic_ack(tag)
             return
         try:
             event = parse_event(props.type, props.message_id, props.headers, body,
@@ -242,7 +406,7 @@ class Session:
             if event.session_id != self.session_id:
                 raise p.ProtocolError(f"{mid} names session {event.session_id} on {self.queue}")
         except Exception as e:  # noqa: BLE001 - handed to the application in order
-            self._inbox.append((tag, e))
+            self._inbox.append(_Item(delivery, e))
             return
         if mid:
             self.seen.add(mid)
@@ -252,7 +416,7 @@ class Session:
             self._pending_calls.pop(event.turn_id, None)
         if self.client.wire_log:
             self.client.wire_log("in", _wire_in(self.queue, props, event.body))
-        self._inbox.append((tag, event))
+        self._inbox.append(_Item(delivery, event))
 
     def _ack_handled(self) -> None:
         while self._handled:
@@ -267,10 +431,10 @@ class Session:
         self._ack_handled()
         deadline = time.monotonic() + timeout
         while True:
-            for i, (tag, item) in enumerate(self._inbox):
+            for i, (delivery, item) in enumerate(self._inbox):
                 if turn_id is None or isinstance(item, Exception) or item.turn_id == turn_id:
                     del self._inbox[i]
-                    self._handled.append(tag)
+                    self._handled.append(delivery.tag)
                     if isinstance(item, Exception):
                         raise item
                     return item
@@ -330,15 +494,33 @@ class Session:
     # --- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Acks handled messages and closes the channel; unread messages stay on the queue."""
-        if self._ch.is_open:
+        """Acks handled messages and closes the channel; unread messages stay on the queue.
+
+        With an instance, the shared channel stays open: unread messages stay unacked and go to
+        this session again when it is reopened on the same client."""
+        if self._instance is not None:
+            if self._ch.is_open:
+                self._ack_handled()
+            unread = [it.delivery for it in self._inbox]
+            for it in self._inbox:
+                if not isinstance(it.item, Exception) and it.item.message_id:
+                    self.seen.discard(it.item.message_id)  # not handled: not a copy when it comes again
+            self._inbox.clear()
+            self._instance._detach(self, unread)
+        elif self._ch.is_open:
             self._ack_handled()
             self._ch.close()
         if self in self.client._sessions:
             self.client._sessions.remove(self)
 
     def delete_queue(self) -> None:
-        """Deletes the reply queue (the server re-creates it for the next admitted turn)."""
+        """Deletes the reply queue (the server re-creates it for the next admitted turn).
+
+        Not for a session of an instance, which has no queue of its own (RuntimeError): see
+        `Instance.delete_queue`."""
+        if self._instance is not None:
+            raise RuntimeError(f"session {self.session_id} reads the instance queue {self.queue}; "
+                               "it has no queue of its own to delete")
         self._ch.queue_delete(self.queue)
 
 
@@ -350,7 +532,7 @@ def _maybe_json(raw: bytes) -> Any:
 
 
 def _props(props: Any) -> Dict[str, Any]:
-    names = ("type", "message_id", "correlation_id", "content_type", "delivery_mode")
+    names = ("type", "message_id", "correlation_id", "reply_to", "content_type", "delivery_mode")
     return {n: getattr(props, n) for n in names if getattr(props, n, None) is not None}
 
 

@@ -5,6 +5,7 @@ Everything here is pure: no broker, no I/O. The rest of the package builds on it
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -41,10 +42,15 @@ SUBMISSION_TAGS = (
 
 NO_TURN = "-"
 
+#: The error code of a request whose `reply_to` names neither the session's queue nor an instance
+#: queue (§4a, §10).
+CODE_REPLY_TO_INVALID = "request.reply_to_invalid"
+
 _TURN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _SUBMISSION = re.compile(r"^(%s)-([0-9a-fA-F]{24})$" % "|".join(re.escape(t) for t in SUBMISSION_TAGS))
 _STEP_TAG = re.compile(r"^step-([0-9]+)$")
+_INSTANCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def requests_exchange(prefix: str) -> str:
@@ -55,6 +61,36 @@ def requests_exchange(prefix: str) -> str:
 def session_queue(prefix: str, session_id: str) -> str:
     """A session's reply queue, declared durable with no arguments by client and server."""
     return f"{prefix}.session.{session_id}"
+
+
+def instance_queue(prefix: str, instance: str) -> str:
+    """A backend instance's reply queue (§4a), declared durable with no arguments by the client;
+    requests published with `reply_to` = this name get their replies there."""
+    return f"{prefix}.instance.{instance}"
+
+
+def is_instance_name(value: str) -> bool:
+    """Whether `value` is a valid instance name `I`: 1-64 characters of `[A-Za-z0-9._-]`."""
+    return _INSTANCE.fullmatch(value) is not None
+
+
+def message_session_id(headers: Optional[Mapping[str, Any]], body: bytes) -> Optional[str]:
+    """The session a server message belongs to, as an instance queue tells them apart (§4a):
+    the `x-aptix-session-id` header, else the body's `SessionId` (a delta's, or a reply's
+    `Result.SessionId`). None when the message names none."""
+    value = (headers or {}).get(H_SESSION_ID)
+    if isinstance(value, str) and value:
+        return value
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for holder in (data, data.get("Result")):
+        if isinstance(holder, dict) and isinstance(holder.get("SessionId"), str) and holder["SessionId"]:
+            return str(holder["SessionId"])
+    return None
 
 
 def is_turn_id(value: str) -> bool:

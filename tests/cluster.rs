@@ -1,0 +1,241 @@
+//! Broker failover on a real 3-node RabbitMQ cluster, started beside the service node (which is
+//! never touched) by `tests/cluster/rabbitmq-cluster.sh`. The pipeline runs on quorum queues
+//! with partitioned ingress and the nodes' URLs as its broker list; under load the node leading
+//! most of the pipeline's queues is SIGKILLed, then restarted. Every turn must get exactly one
+//! record and one delivered final reply, in per-session order, and the pipeline must resume.
+//!
+//! Ignored by plain `cargo test` (it needs about a minute and three extra Erlang nodes);
+//! `.ci/run` runs it: `cargo test --test cluster -- --ignored`.
+
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use aptix::broker::{connect, Publisher};
+use aptix::config::{ConnectionUrl, QueueType};
+use aptix::sim::Latency;
+use common::{new_session, user_turn, Harness, ReplyMsg};
+use futures_util::StreamExt as _;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+use lapin::types::FieldTable;
+
+const SESSIONS: usize = 16;
+const TURNS: usize = 10;
+/// The round after which the node is killed, and the one after which it is restarted.
+const KILL_AFTER: usize = 3;
+const RESTART_AFTER: usize = 6;
+
+/// The cluster, stopped and removed on drop (also when the test fails).
+struct Cluster {
+    dir: std::path::PathBuf,
+    urls: Vec<String>,
+}
+
+impl Cluster {
+    fn script(&self, args: &[&str]) -> String {
+        run_script(&self.dir, args)
+    }
+
+    fn start() -> Cluster {
+        let dir = std::env::temp_dir().join(format!("aptix-cluster-{}", std::process::id()));
+        let out = run_script(&dir, &["start"]);
+        let urls: Vec<String> =
+            out.lines().filter(|l| l.starts_with("amqp://")).map(str::to_owned).collect();
+        assert_eq!(urls.len(), 3, "cluster start printed {out:?}");
+        Cluster { dir, urls }
+    }
+
+    /// The node (1..=3) leading the quorum queue `queue`.
+    fn leader(&self, queue: &str) -> usize {
+        let out = self.script(&["leader", queue]);
+        out.trim().parse().unwrap_or_else(|_| panic!("leader of {queue}: {out:?}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("bash").arg(script_path()).arg("stop").env(DIR_ENV, &self.dir).status();
+    }
+}
+
+const DIR_ENV: &str = "APTIX_CLUSTER_DIR";
+
+fn script_path() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster/rabbitmq-cluster.sh")
+}
+
+fn run_script(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new("bash").arg(script_path()).args(args).env(DIR_ENV, dir).output();
+    let out = out.expect("run tests/cluster/rabbitmq-cluster.sh");
+    assert!(
+        out.status.success(),
+        "rabbitmq-cluster.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Replies of every session, read on the client's node while the test runs.
+type Inbox = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Vec<(Instant, ReplyMsg)>>>>;
+
+async fn read_replies(h: &Harness, sessions: &[String], inbox: Inbox) {
+    for s in sessions {
+        let ch = h.conn.create_channel().await.unwrap();
+        let queue = format!("{}.session.{s}", h.topology.prefix());
+        let options = BasicConsumeOptions::default();
+        let consume =
+            ch.basic_consume(queue.as_str().into(), "".into(), options, FieldTable::default());
+        let mut consumer = consume.await.unwrap();
+        let (inbox, session) = (inbox.clone(), s.clone());
+        tokio::spawn(async move {
+            let _keep = ch;
+            while let Some(Ok(d)) = consumer.next().await {
+                d.ack(BasicAckOptions::default()).await.unwrap();
+                let reply = common::reply_of(&d);
+                inbox
+                    .lock()
+                    .unwrap()
+                    .entry(session.clone())
+                    .or_default()
+                    .push((Instant::now(), reply));
+            }
+        });
+    }
+}
+
+/// Final replies per session, first copy of each message id only (as the protocol says).
+fn finals(inbox: &Inbox) -> BTreeMap<String, Vec<(Instant, String)>> {
+    let inbox = inbox.lock().unwrap();
+    inbox
+        .iter()
+        .map(|(s, replies)| {
+            let mut seen = BTreeSet::new();
+            let f = replies
+                .iter()
+                .filter(|(_, r)| r.is_final && seen.insert(r.message_id.clone()))
+                .map(|(at, r)| (*at, r.turn_id.clone()))
+                .collect();
+            (s.clone(), f)
+        })
+        .collect()
+}
+
+fn delivered(inbox: &Inbox) -> usize {
+    finals(inbox).values().map(Vec::len).sum()
+}
+
+/// The node leading most of the pipeline's quorum queues, and how many each node leads.
+fn busiest_leader(cluster: &Cluster, h: &Harness) -> (usize, HashMap<usize, usize>) {
+    let mut queues: Vec<String> = h.topology.ingress_queues();
+    queues.extend(aptix::stages::names().into_iter().skip(1).map(|s| h.topology.stage_queue(s)));
+    let mut led = HashMap::new();
+    for q in &queues {
+        *led.entry(cluster.leader(q)).or_insert(0) += 1;
+    }
+    let victim = led.iter().max_by_key(|(node, n)| (**n, **node)).map(|(node, _)| *node).unwrap();
+    (victim, led)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "starts a 3-node RabbitMQ cluster (about a minute); .ci/run runs it"]
+async fn a_killed_broker_node_loses_no_turn() {
+    let t0 = Instant::now();
+    let cluster = Cluster::start();
+    eprintln!("cluster up in {:?}", t0.elapsed());
+    let urls = cluster.urls.join(",");
+    let mut h = Harness::start_with(0, |s| {
+        s.amqp.url = ConnectionUrl::new(urls.clone());
+        s.amqp.queue_type = QueueType::Quorum;
+        s.amqp.ingress_partitions = 4;
+    })
+    .await;
+    // LLM calls of 200-500 ms: turns are in flight at every stage when the node dies.
+    h.sim.set_latency(Latency { fixed_ms: 200, jitter_ms: 300, per_event_ms: 0 });
+    h.run(2);
+    // Leaders are where the declaring connections were; the client stays off the victim, so
+    // its classic reply queues (one node each, by design) survive the kill.
+    let (victim, led) = busiest_leader(&cluster, &h);
+    let client = cluster.urls[victim % 3].clone();
+    h.conn = connect(&client).await.unwrap();
+    h.publisher = Publisher::connect(&client).await.unwrap();
+    eprintln!("queues led per node {led:?}; killing node {victim}, client on {client}");
+
+    let sessions: Vec<String> = (0..SESSIONS).map(|_| new_session()).collect();
+    for s in &sessions {
+        let id = s.parse().unwrap();
+        h.topology.declare_client_queue(h.publisher.channel(), &id).await.unwrap();
+        h.sessions.lock().unwrap().insert(id);
+    }
+    let inbox = Inbox::default();
+    read_replies(&h, &sessions, inbox.clone()).await;
+
+    let mut killed_at = None;
+    let mut restart = None;
+    for round in 0..TURNS {
+        for s in &sessions {
+            h.submit(&user_turn(s, &format!("t{round}"), &format!("turn {round}"))).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if round + 1 == KILL_AFTER {
+            cluster.script(&["kill", &victim.to_string()]);
+            killed_at = Some(Instant::now());
+            let published = SESSIONS * KILL_AFTER;
+            eprintln!(
+                "node {victim} SIGKILLed, {} of {published} turns answered",
+                delivered(&inbox)
+            );
+        }
+        if round + 1 == RESTART_AFTER {
+            // In the background: publishing goes on while the node boots.
+            let (dir, node) = (cluster.dir.clone(), victim.to_string());
+            restart = Some(std::thread::spawn(move || {
+                let started = Instant::now();
+                run_script(&dir, &["restart", &node]);
+                started.elapsed()
+            }));
+        }
+    }
+    let expected: Vec<String> = (0..TURNS).map(|t| format!("t{t}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while delivered(&inbox) < SESSIONS * TURNS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Late duplicates, if any, would arrive now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let restarted_in = restart.unwrap().join().unwrap();
+    eprintln!("node {victim} restarted in {restarted_in:?} (start command to await_startup)");
+
+    let finals = finals(&inbox);
+    let killed_at = killed_at.unwrap();
+    let mut gap = Duration::ZERO;
+    let mut all: Vec<Instant> = finals.values().flatten().map(|(at, _)| *at).collect();
+    all.sort();
+    for w in all.windows(2) {
+        if w[1] > killed_at && w[0] <= killed_at + Duration::from_secs(30) {
+            gap = gap.max(w[1] - w[0].max(killed_at));
+        }
+    }
+    let copies: usize =
+        inbox.lock().unwrap().values().flatten().filter(|(_, r)| r.is_final).count();
+    eprintln!(
+        "{} turns answered; longest silence after the kill {gap:?}; {} duplicate reply copies dropped by message_id",
+        all.len(),
+        copies - all.len()
+    );
+    for s in &sessions {
+        let turns: Vec<String> =
+            finals.get(s).map(|f| f.iter().map(|(_, t)| t.clone()).collect()).unwrap_or_default();
+        assert_eq!(turns, expected, "session {s}: final replies missing, repeated or out of order");
+        assert_eq!(h.records(s).await.len(), TURNS, "session {s}: one record per turn");
+    }
+    assert!(gap < Duration::from_secs(15), "the pipeline stalled {gap:?} after the kill");
+    h.teardown().await;
+    drop(cluster);
+    eprintln!("whole run {:?}", t0.elapsed());
+}

@@ -1,0 +1,127 @@
+//! Replies per backend instance (docs/client-protocol.md §4a), against the real broker and
+//! database: requests that name `P.instance.I` in `reply_to` get every reply and delta of every
+//! session on that one queue, in per-session order, and no session queue is created; a
+//! `reply_to` naming anything else is refused on the session's queue.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{new_session, reply_of, user_turn, Harness, ReplyMsg};
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Publishes `request` to the entry exchange as §4a says: confirmed, with `reply_to`.
+async fn publish_with_reply_to(h: &Harness, request: &Value, reply_to: &str) {
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let session = request["SessionId"].as_str().unwrap();
+    let props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_message_id(uuid::Uuid::new_v4().to_string().into())
+        .with_reply_to(reply_to.into());
+    let body = serde_json::to_vec(request).unwrap();
+    let exchange = h.topology.requests_exchange();
+    let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+    let confirm = ch.basic_publish(exchange.as_str().into(), session.into(), options, &body, props);
+    assert!(confirm.await.unwrap().await.unwrap().is_ack());
+    let _ = ch.close(200, "published".into()).await;
+}
+
+async fn queue_exists(h: &Harness, queue: &str) -> bool {
+    let ch = h.conn.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    ch.queue_declare(queue.into(), passive, FieldTable::default()).await.is_ok()
+}
+
+/// Reads `queue` until `finals` replies (not deltas) arrived.
+async fn read(h: &Harness, queue: &str, finals: usize) -> Vec<ReplyMsg> {
+    let ch = h.conn.create_channel().await.unwrap();
+    let options = BasicConsumeOptions::default();
+    let consume = ch.basic_consume(queue.into(), "".into(), options, FieldTable::default());
+    let mut consumer = consume.await.unwrap();
+    let mut out: Vec<ReplyMsg> = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while out.iter().filter(|r| r.is_final).count() < finals {
+        let Ok(Some(Ok(d))) = tokio::time::timeout_at(deadline, consumer.next()).await else {
+            panic!("{} of {finals} replies on {queue}: {out:?}", out.len())
+        };
+        d.ack(BasicAckOptions::default()).await.unwrap();
+        out.push(reply_of(&d));
+    }
+    let _ = ch.close(200, "done".into()).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_instance_queue_gets_every_sessions_replies_in_order() {
+    let h = Harness::start(2).await;
+    let instance = format!("{}.instance.backend-1", h.topology.prefix());
+    let ch = h.conn.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(instance.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    let sessions: Vec<String> = (0..6).map(|_| new_session()).collect();
+    for t in 0..3 {
+        for s in &sessions {
+            let mut request = user_turn(s, &format!("t{t}"), "go");
+            // One streamed turn: its deltas follow the replies to the instance queue.
+            if t == 1 {
+                request["Stream"] = json!(true);
+            }
+            publish_with_reply_to(&h, &request, &instance).await;
+        }
+    }
+    let got = read(&h, &instance, sessions.len() * 3).await;
+    let mut per_session: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut deltas = 0;
+    for r in &got {
+        let session = r.headers["x-aptix-session-id"].clone();
+        if r.is_final {
+            per_session.entry(session).or_default().push(r.turn_id.clone());
+        } else {
+            deltas += 1;
+        }
+    }
+    for s in &sessions {
+        assert_eq!(per_session[s], ["t0", "t1", "t2"], "session {s}");
+        let queue = h.topology.session_queue(&s.parse().unwrap());
+        assert!(!queue_exists(&h, &queue).await, "no session queue is made: {queue}");
+        assert_eq!(h.records(s).await.len(), 3);
+    }
+    assert!(deltas > 0, "the streamed turns' deltas reach the instance queue");
+    let _ = ch.queue_delete(instance.as_str().into(), Default::default()).await;
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reply_to_that_is_no_reply_queue_is_refused() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let sid = s.parse().unwrap();
+    h.topology.declare_client_queue(h.publisher.channel(), &sid).await.unwrap();
+    h.sessions.lock().unwrap().insert(sid);
+    // A stage queue: the server must never publish a reply there.
+    let stage = h.topology.stage_queue(aptix::broker::StageName::new("persist"));
+    publish_with_reply_to(&h, &user_turn(&s, "t1", "go"), &stage).await;
+    // The session's own queue is the default, named or not.
+    let own = h.topology.session_queue(&sid);
+    publish_with_reply_to(&h, &user_turn(&s, "t2", "go"), &own).await;
+    let replies = h.replies(&s, 2, WAIT).await;
+    let finals: Vec<&ReplyMsg> = replies.iter().filter(|r| r.is_final).collect();
+    assert_eq!(finals[0].headers["x-aptix-outcome"], "refused");
+    assert_eq!(finals[0].body["Errors"][0]["Code"], "request.reply_to_invalid");
+    assert_eq!(finals[1].turn_id, "t2");
+    assert_eq!(finals[1].body["Successful"], true);
+    assert_eq!(h.records(&s).await.len(), 1, "the refused turn was never admitted");
+    h.teardown().await;
+}

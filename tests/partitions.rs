@@ -1,0 +1,203 @@
+//! Partitioned ingress (`amqp.ingress_partitions` > 1): validate workers as separate processes,
+//! started, SIGKILLed and stopped while requests arrive. Every session's turns are admitted in
+//! publish order, every turn gets one record and one final reply, and the partitions end up
+//! consumed once each.
+
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use aptix::balance::share;
+use common::{new_session, terminate, user_turn, Harness};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+
+const PARTITIONS: u16 = 8;
+const SESSIONS: usize = 24;
+const TURNS: usize = 6;
+
+fn setup_broker() {
+    // Enables the consistent-hash exchange plugin (and the users and policies), as a
+    // deployment's set-up does.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
+    let status = std::process::Command::new("bash").arg(script).status().unwrap();
+    assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
+}
+
+#[test]
+fn shares_cover_every_partition_once_and_differ_by_at_most_one() {
+    for members in 1..=9usize {
+        let names: Vec<String> = (0..members).map(|i| format!("w{i}")).collect();
+        let shares: Vec<BTreeSet<u16>> = names.iter().map(|m| share(16, &names, m)).collect();
+        let all: Vec<u16> = shares.iter().flatten().copied().collect();
+        assert_eq!(all.len(), 16, "{members} members: {shares:?}");
+        assert_eq!(all.iter().collect::<BTreeSet<_>>().len(), 16, "{shares:?}");
+        let sizes: Vec<usize> = shares.iter().map(BTreeSet::len).collect();
+        let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        assert!(max - min <= 1, "{members} members: sizes {sizes:?}");
+    }
+    assert!(share(16, &["a".into()], "not-a-member").is_empty());
+}
+
+/// Consumers on each ingress partition queue.
+async fn consumers(h: &Harness) -> Vec<u32> {
+    let ch = h.conn.create_channel().await.unwrap();
+    let mut out = Vec::new();
+    for q in h.topology.ingress_queues() {
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let d = ch.queue_declare(q.as_str().into(), passive, FieldTable::default()).await.unwrap();
+        out.push(d.consumer_count());
+    }
+    let _ = ch.close(200, "done".into()).await;
+    out
+}
+
+/// How long until every partition has exactly one consumer again.
+async fn until_each_partition_has_one_consumer(h: &Harness, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let counts = consumers(h).await;
+        if counts.iter().all(|&c| c == 1) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "partitions not rebalanced: consumers {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn validate_worker(h: &Harness) -> Child {
+    h.spawn_child(&["worker", "validate"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_stay_in_order_while_validate_workers_come_and_go() {
+    setup_broker();
+    let mut h = Harness::start_with(0, |s| s.amqp.ingress_partitions = PARTITIONS).await;
+    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
+    let others: Vec<_> = aptix::stages::names().into_iter().skip(1).collect();
+    h.running =
+        Some(tokio::spawn(async move { aptix::pipeline::run(deps, &others, 2, token).await }));
+    let mut workers = vec![validate_worker(&h), validate_worker(&h)];
+    let first = until_each_partition_has_one_consumer(&h, Duration::from_secs(60)).await;
+    eprintln!("two workers took all {PARTITIONS} partitions {first:?} after start");
+
+    let sessions: Vec<String> = (0..SESSIONS).map(|_| new_session()).collect();
+    let mut takeovers = Vec::new();
+    for round in 0..TURNS {
+        for s in &sessions {
+            h.submit(&user_turn(s, &format!("t{round}"), &format!("turn {round}"))).await;
+        }
+        match round {
+            1 => workers.push(validate_worker(&h)), // joins mid-load
+            2 => {
+                workers[0].kill().unwrap(); // SIGKILL mid-load
+                workers[0].wait().unwrap();
+                let t = until_each_partition_has_one_consumer(&h, Duration::from_secs(30)).await;
+                takeovers.push(t);
+            }
+            3 => workers.push(validate_worker(&h)),
+            4 => {
+                let status = terminate(&mut workers[1]); // SIGTERM mid-load
+                assert!(status.success(), "{status:?}");
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eprintln!("partitions consumed again {takeovers:?} after a SIGKILLed validate worker");
+
+    for s in &sessions {
+        let replies = h.replies(s, TURNS, Duration::from_secs(120)).await;
+        let mut seen = BTreeSet::new();
+        let finals: Vec<String> = replies
+            .iter()
+            .filter(|r| r.is_final && seen.insert(r.message_id.clone()))
+            .map(|r| r.turn_id.clone())
+            .collect();
+        let expected: Vec<String> = (0..TURNS).map(|t| format!("t{t}")).collect();
+        assert_eq!(finals, expected, "session {s}: final replies out of order or missing");
+        assert_eq!(h.records(s).await.len(), TURNS, "session {s}: one record per turn");
+        assert_eq!(admitted_order(&h, s).await, expected, "session {s}: admitted out of order");
+    }
+    // Two workers remain (the 2nd and 3rd started); they share the partitions.
+    until_each_partition_has_one_consumer(&h, Duration::from_secs(30)).await;
+    for mut w in workers {
+        if w.try_wait().unwrap().is_none() {
+            assert!(terminate(&mut w).success());
+        }
+    }
+    assert!(h.dead_letters().await.is_empty());
+    h.teardown().await;
+}
+
+/// `aptix` with this test's environment and `ingress_partitions` = `partitions`.
+fn aptix(h: &Harness, partitions: u16, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"));
+    cmd.args(args)
+        .env_remove("APTIX_CONFIG")
+        .envs(h.child_env())
+        .env("APTIX__AMQP__INGRESS_PARTITIONS", partitions.to_string())
+        .stdout(std::process::Stdio::null());
+    cmd
+}
+
+async fn admitted_order(h: &Harness, session: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT turn_id FROM turns WHERE session_id = $1::uuid ORDER BY seq")
+        .bind(session)
+        .fetch_all(h.deps.store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repartition_moves_waiting_requests_without_reordering_a_session() {
+    setup_broker();
+    // One partition, and no validate worker yet: requests wait in the single ingress queue.
+    let mut h = Harness::start(0).await;
+    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
+    let others: Vec<_> = aptix::stages::names().into_iter().skip(1).collect();
+    h.running =
+        Some(tokio::spawn(async move { aptix::pipeline::run(deps, &others, 2, token).await }));
+    let sessions: Vec<String> = (0..8).map(|_| new_session()).collect();
+    for round in 0..3 {
+        for s in &sessions {
+            h.submit(&user_turn(s, &format!("t{round}"), "before the move")).await;
+        }
+    }
+    let mut mover = aptix(&h, 4, &["repartition", "--from", "1"]).spawn().unwrap();
+    // Published while the move runs: these land in the new layout, behind the old requests.
+    for round in 3..6 {
+        for s in &sessions {
+            h.submit(&user_turn(s, &format!("t{round}"), "during the move")).await;
+        }
+    }
+    assert!(mover.wait().unwrap().success(), "aptix repartition failed");
+    let old = h.topology.ingress_queues_of(1);
+    assert_eq!(h.topology.ingress_depth_of(&h.publisher, 1).await.unwrap(), 0);
+    let ch = h.conn.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let gone = ch.queue_declare(old[0].as_str().into(), passive, FieldTable::default()).await;
+    assert!(gone.is_err(), "the old ingress queue should be deleted");
+
+    let mut worker = aptix(&h, 4, &["worker", "validate"]).spawn().unwrap();
+    let expected: Vec<String> = (0..6).map(|t| format!("t{t}")).collect();
+    for s in &sessions {
+        let replies = h.replies(s, 6, Duration::from_secs(120)).await;
+        assert_eq!(replies.iter().filter(|r| r.is_final).count(), 6, "session {s}");
+        assert_eq!(admitted_order(&h, s).await, expected, "session {s}: order changed");
+    }
+    assert!(terminate(&mut worker).success());
+    let ch = h.conn.create_channel().await.unwrap();
+    for q in h.topology.ingress_queues_of(4) {
+        let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
+    }
+    let _ = ch
+        .exchange_delete(h.topology.partition_exchange(4).as_str().into(), Default::default())
+        .await;
+    h.teardown().await;
+}
