@@ -490,8 +490,9 @@ fn every_stateless_code_is_exercised() {
         .map(|(_, _, code, _)| code)
         .chain(limit_cases().into_iter().map(|_| ErrorCode::LimitExceeded))
         .collect();
-    let exercised =
-        exercised.into_iter().chain([ErrorCode::RequestTooLarge]).collect::<HashSet<_>>();
+    // `reply_to` is an AMQP property, not part of the body: tests/instance_replies.rs.
+    let elsewhere = [ErrorCode::RequestTooLarge, ErrorCode::RequestReplyToInvalid];
+    let exercised = exercised.into_iter().chain(elsewhere).collect::<HashSet<_>>();
     for code in ErrorCode::ALL {
         let stateful = ["context.", "turn.", "session.", "tool_results.", "llm.", "internal."];
         if stateful.iter().any(|p| code.as_str().starts_with(p)) {
