@@ -77,6 +77,9 @@ pub struct RetrievalBenchArgs {
     /// Store directory (default: a temporary one, removed afterwards).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Queries in flight at once in the concurrent runs (one process, one shard), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    pub concurrency: Vec<usize>,
 }
 
 /// Runs a benchmark on its own runtime and prints its figures.

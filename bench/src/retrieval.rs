@@ -115,6 +115,43 @@ async fn bench(
             probes.len(),
         );
     }
+    for &c in &args.concurrency {
+        concurrent(&retrieval, &probes, c.max(1)).await?;
+    }
+    Ok(())
+}
+
+/// What one retrieve process sustains on the embedded store: every probe once, `c` at a time
+/// (unfiltered), queries/s and latency under that load.
+async fn concurrent(retrieval: &Retrieval, probes: &[Probe], c: usize) -> anyhow::Result<()> {
+    use futures_util::StreamExt as _;
+    let started = Instant::now();
+    let timed = futures_util::stream::iter(probes.iter().map(|p| async move {
+        let request = SearchRequest {
+            collection: COLLECTION,
+            query_text: &p.text,
+            repo: None,
+            scope: &[],
+            top_k: 8,
+            budget_chars: 24_000,
+        };
+        let start = Instant::now();
+        retrieval.search(request).await.map(|o| (start.elapsed(), o.chunks.len()))
+    }))
+    .buffer_unordered(c)
+    .collect::<Vec<_>>()
+    .await;
+    let secs = started.elapsed().as_secs_f64();
+    let mut samples = Vec::with_capacity(timed.len());
+    let mut returned = 0;
+    for t in timed {
+        let (d, n) = t?;
+        samples.push(d);
+        returned += n;
+    }
+    let rate = samples.len() as f64 / secs.max(1e-9);
+    println!("concurrency {c}: {rate:.0} queries/s");
+    report(&format!("query, {c} in flight"), &mut samples, returned, probes.len());
     Ok(())
 }
 

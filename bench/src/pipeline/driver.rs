@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::timed_llm::MARKER;
-use aptix::broker::{OutMessage, Publisher, Topology};
+use aptix::broker::{Publisher, Topology};
 use aptix::contracts::SessionId;
 
 /// Questions cycled through by the turns; each retrieves different chunks from the crate's own
@@ -70,7 +70,7 @@ type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<ReplyInfo>>>>;
 /// Publisher plus reply consumers for a set of sessions.
 pub struct Driver {
     publisher: Publisher,
-    requests: String,
+    topology: Topology,
     waiters: Waiters,
     channels: Vec<lapin::Channel>,
     tasks: Vec<JoinHandle<()>>,
@@ -78,7 +78,7 @@ pub struct Driver {
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver").field("requests", &self.requests).finish_non_exhaustive()
+        f.debug_struct("Driver").field("prefix", &self.topology.prefix()).finish_non_exhaustive()
     }
 }
 
@@ -136,7 +136,7 @@ impl Driver {
             }
             channels.push(ch);
         }
-        Ok(Driver { publisher, requests: topology.requests(), waiters, channels, tasks })
+        Ok(Driver { publisher, topology: topology.clone(), waiters, channels, tasks })
     }
 
     /// Publishes one request (with confirm) and returns where its final reply will arrive.
@@ -150,16 +150,15 @@ impl Driver {
         if let Ok(mut w) = self.waiters.lock() {
             w.insert(turn_id.to_owned(), tx);
         }
-        // The ids travel as headers too, so the relay can route without parsing the body; the
+        // To the entry exchange, as clients publish (whatever the ingress layout behind it). The
+        // ids travel as headers too, so the relay can route without parsing the body; the
         // pipeline ignores them (validate reads the body).
-        let msg = OutMessage::to_queue(
-            self.requests.clone(),
-            "request",
-            format!("bench:{turn_id}"),
-            body,
-        )
-        .header("x-aptix-session-id", session.to_string())
-        .header("x-aptix-turn-id", turn_id);
+        let id = format!("bench:{turn_id}");
+        let msg = self
+            .topology
+            .request(&session.to_string(), id, body)
+            .header("x-aptix-session-id", session.to_string())
+            .header("x-aptix-turn-id", turn_id);
         self.publisher.publish(&msg).await?;
         Ok(rx)
     }

@@ -279,12 +279,16 @@ impl BenchEnv {
 
 async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
     let mut queues: Vec<String> = t.stages().iter().map(|s| t.stage_queue(*s)).collect();
+    queues.extend(t.ingress_queues());
     queues.push(t.dead());
     queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for q in queues {
         let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
     }
-    let mut exchanges = vec![t.replies_exchange()];
+    let mut exchanges = vec![t.replies_exchange(), t.requests_exchange()];
+    if t.partitions() > 1 {
+        exchanges.push(t.partition_exchange(t.partitions()));
+    }
     exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for e in exchanges {
         let _ = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()).await;

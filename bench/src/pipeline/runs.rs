@@ -157,12 +157,19 @@ fn sample_depths(
         let mut n = 0u64;
         while !stop.is_cancelled() {
             for (i, s) in stages.iter().enumerate() {
-                let q = topology.stage_queue(*s);
-                let opts = QueueDeclareOptions { passive: true, ..Default::default() };
-                if let Ok(d) =
-                    ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await
-                {
-                    sums[i] += u64::from(d.message_count());
+                // The ingress stage's depth is all of its partitions'.
+                let queues = if topology.is_ingress(*s) {
+                    topology.ingress_queues()
+                } else {
+                    vec![topology.stage_queue(*s)]
+                };
+                for q in queues {
+                    let opts = QueueDeclareOptions { passive: true, ..Default::default() };
+                    if let Ok(d) =
+                        ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await
+                    {
+                        sums[i] += u64::from(d.message_count());
+                    }
                 }
             }
             n += 1;
