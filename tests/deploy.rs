@@ -896,6 +896,19 @@ fn kubernetes_runs_quorum_queues_a_partitioned_ingress_and_a_qdrant_server() {
     );
     // Retrieve scales out, which only a Qdrant server allows.
     assert!(vector_server(&env), "deploy/k8s selects the Qdrant server (APTIX__VECTOR__URL)");
+
+    let rabbit = &yaml_docs("deploy/k8s/rabbitmq-cluster.example.yaml")[0];
+    assert_eq!(rabbit["spec"]["replicas"].as_u64(), Some(3), "RabbitMQ runs as 3 nodes");
+    let plugins = string_list(&rabbit["spec"]["rabbitmq"]["additionalPlugins"], "plugins");
+    assert!(plugins.iter().any(|p| p == "rabbitmq_consistent_hash_exchange"), "{plugins:?}");
+    // The example Qdrant server is pinned to the line qdrant-client speaks to.
+    let docs = yaml_docs("deploy/k8s/qdrant.example.yaml");
+    let qdrant = docs.iter().find(|d| d["kind"].as_str() == Some("StatefulSet")).expect("Qdrant");
+    let image = yaml_str(&qdrant["spec"]["template"]["spec"]["containers"][0]["image"], "image");
+    let tag = image.strip_prefix("qdrant/qdrant:").expect("qdrant/qdrant:<tag>");
+    assert!(tag.starts_with("v1.19."), "the Kubernetes Qdrant is pinned to 1.19.x, not {tag}");
+    let service = docs.iter().find(|d| d["kind"].as_str() == Some("Service")).expect("Service");
+    assert_eq!(service["metadata"]["name"].as_str(), Some("qdrant"), "APTIX__VECTOR__URL's host");
 }
 
 #[test]
