@@ -204,3 +204,35 @@ async fn internal_headers_set_by_a_client_are_dropped_at_ingress() {
     assert!(headers["x-aptix-reason"].contains("SessionId"));
     h.teardown().await;
 }
+
+/// A turn's reply whose publish failed waits in the outbox for its persist message to come
+/// again; a next turn of the session admitted meanwhile must not overtake it (seen in the
+/// cluster failover test). Admission publishes such replies before the new turn starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unpublished_reply_goes_out_before_the_next_turn_starts() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "first")).await;
+    let first = h.replies(&s, 1, WAIT).await.pop().expect("t1's reply");
+    // As if persist had committed this reply and lost its publish with the connection.
+    let sid: aptix::contracts::SessionId = s.parse().unwrap();
+    let late = aptix::messages::ReplyOut::resent(sid, "t1", "lost", first.body.clone());
+    let payload = serde_json::to_value(aptix::messages::Outgoing::Reply(late)).unwrap();
+    sqlx::query("INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1::uuid, 't1', $2)")
+        .bind(&s)
+        .bind(&payload)
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+    h.submit(&user_turn(&s, "t2", "second")).await;
+    let replies = h.replies(&s, 2, WAIT).await;
+    let order: Vec<&str> = replies.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(order, [format!("reply:{s}:t1:resent-lost"), format!("reply:{s}:t2:step-0")]);
+    // Published rows are deleted once confirmed (in the background).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.deps.store.outbox_len().await.unwrap() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "published outbox rows are deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.teardown().await;
+}

@@ -131,8 +131,13 @@ impl Store {
         }
         let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
+        // The last turn's reply may still be unpublished (its persist publish failed and waits
+        // for redelivery): it goes out before this turn starts, so it cannot be overtaken.
+        let mut outbox = outbox::pending_for_session(&mut tx, session).await?;
         let start = vec![Outgoing::Start(row.start_job()?)];
-        let outbox = outbox::insert(&mut tx, session, turn, start).await?;
+        let started = outbox::insert(&mut tx, session, turn, start).await?;
+        outbox.ids.extend(started.ids);
+        outbox.messages.extend(started.messages);
         tx.commit().await?;
         Ok(Admission::Accepted { outbox, queued: false, new_session: created })
     }

@@ -58,9 +58,25 @@ pub(super) async fn pending_for_turn(
     session: Uuid,
     turn: &str,
 ) -> Result<PendingOutbox, StoreError> {
+    pending(conn, session, Some(turn)).await
+}
+
+/// Unpublished rows of every turn of a session, oldest first.
+pub(super) async fn pending_for_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<PendingOutbox, StoreError> {
+    pending(conn, session, None).await
+}
+
+async fn pending(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: Option<&str>,
+) -> Result<PendingOutbox, StoreError> {
     let rows = sqlx::query(
         "SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers, body
-         FROM outbox WHERE session_id = $1 AND turn_id = $2 ORDER BY id",
+         FROM outbox WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2) ORDER BY id",
     )
     .bind(session)
     .bind(turn)

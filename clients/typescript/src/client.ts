@@ -10,6 +10,16 @@
  * consumes it with manual acks on one confirm channel, every session publishes on that channel
  * with `replyTo` = that queue and declares no queue of its own, and each message goes to its
  * session by the `x-aptix-session-id` header. The sessions' API is the same.
+ *
+ * Clusters: `url` may name several broker nodes (an array, or one string of comma-separated URLs,
+ * like the server's `amqp.url`). The client connects to a random one first and moves on to the
+ * next when one refuses or does not answer within `connectTimeoutMs`. When the connection is
+ * lost it reconnects with a back-off (200 ms doubling to 5 s, reset after a long healthy
+ * connection) to whichever node answers, declares its reply queues again and consumes them
+ * again; messages that were delivered but not acked come again and are dropped as copies by
+ * message_id (§11). A publish that is nacked, returned, or whose confirm was lost with its
+ * channel or connection is sent again (same message_id, same body) on a fresh channel, up to
+ * `publishAttempts` times (§4 step 4).
  */
 
 import { randomUUID } from "node:crypto";
@@ -32,6 +42,18 @@ import {
 import { Schemas, findSchemasDir } from "./schemas";
 
 export const DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/** Milliseconds a broker node has to accept the connection and finish the AMQP handshake. */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
+/** Reconnect back-off, ms: the first delay, doubled after each failed attempt up to the second. */
+export const DEFAULT_RECONNECT_BACKOFF_MS: readonly [number, number] = [200, 5_000];
+/** Milliseconds of reconnect attempts after a connection loss before `ConnectionLost`. */
+export const DEFAULT_RECONNECT_TIMEOUT_MS = 60_000;
+/** A connection that lived this long (ms) resets the reconnect back-off to its first delay. */
+export const HEALTHY_AFTER_MS = 30_000;
+/** Attempts of one publish (nacked, returned, or confirm lost) before `PublishError`. */
+export const DEFAULT_PUBLISH_ATTEMPTS = 6;
+/** Pause between publish attempts, ms: the first, doubled up to the second. */
+export const PUBLISH_BACKOFF_MS: readonly [number, number] = [50, 1_000];
 
 type Connection = Awaited<ReturnType<typeof amqp.connect>>;
 type Json = Record<string, unknown>;
@@ -48,7 +70,30 @@ export interface WireMessage {
 }
 
 export interface ClientOptions {
-  url?: string;
+  /**
+   * One broker URL, a string of comma-separated URLs (the nodes of a cluster), or an array of
+   * them (whose items may themselves be comma-separated).
+   */
+  url?: string | string[];
+  /** Milliseconds a node has to take the connection before the next is tried (default 5000). */
+  connectTimeoutMs?: number;
+  /** The name the broker shows for the connection (default `aptix-client <prefix>`). */
+  connectionName?: string;
+  /**
+   * Reconnect when the connection is lost (default true), to any node of `url`, with a back-off
+   * of `reconnectBackoffMs` for up to `reconnectTimeoutMs`; then waiting calls reject with
+   * `ConnectionLost`. false: the loss rejects waiting calls at once, as before.
+   */
+  reconnect?: boolean;
+  /** First and longest delay between reconnect attempts, ms (default [200, 5000]). */
+  reconnectBackoffMs?: readonly [number, number];
+  /** How long to keep trying to reconnect, ms (default 60000). */
+  reconnectTimeoutMs?: number;
+  /**
+   * How many times a request is published (same message_id) before `PublishError` when it is
+   * nacked, returned, or its confirm is lost (default 6).
+   */
+  publishAttempts?: number;
   prefix?: string;
   /** A Schemas, a directory, `true` to look for one (findSchemasDir), or nothing for no checks. */
   schemas?: Schemas | string | boolean;
@@ -68,6 +113,11 @@ export class PublishError extends Error {
   override name = "PublishError";
 }
 
+/** The connection was lost and no broker node took a new one within `reconnectTimeoutMs`. */
+export class ConnectionLost extends Error {
+  override name = "ConnectionLost";
+}
+
 /** No event arrived in time. */
 export class EventTimeout extends Error {
   override name = "EventTimeout";
@@ -81,6 +131,8 @@ export interface Submission {
   body: unknown;
   /** The `reply_to` property it was published with (null: none, so the session's queue). */
   replyTo: string | null;
+  /** How many times it was published before the broker confirmed it (1 unless resent). */
+  attempts: number;
 }
 
 export interface SubmitOptions {
@@ -98,26 +150,97 @@ export interface SubmitOptions {
 
 export type ToolHandler = (call: ToolCall) => ToolResult | Promise<ToolResult>;
 
+/** The broker node URLs of `url`: one URL, a comma-separated string of them, or an array. */
+export function parseUrls(url: string | readonly string[]): string[] {
+  const items = typeof url === "string" ? [url] : [...url];
+  const urls = items.flatMap((item) => item.split(",")).map((u) => u.trim()).filter((u) => u.length > 0);
+  if (urls.length === 0) throw new Error("no broker URL given");
+  return urls;
+}
+
+/** `url` with its password replaced by `***` (for logs and errors). */
+export function redactUrl(url: string): string {
+  return url.replace(/^([a-z+]+:\/\/[^:@/]*):[^@/]*@/i, "$1:***@");
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/**
+ * @internal Connects to the first node of `urls` that takes a connection, trying them all from a
+ * random one; a node that refuses or does not answer within `timeoutMs` is skipped.
+ */
+export async function connectAny(
+  urls: readonly string[],
+  opts: { timeoutMs: number; connectionName: string },
+  connect: (url: string, socketOptions: Record<string, unknown>) => Promise<Connection> = amqp.connect,
+  random: () => number = Math.random,
+): Promise<{ conn: Connection; node: number }> {
+  const start = Math.floor(random() * urls.length) % urls.length;
+  const errors: string[] = [];
+  for (let i = 0; i < urls.length; i++) {
+    const node = (start + i) % urls.length;
+    const pending = connect(urls[node], { timeout: opts.timeoutMs, clientProperties: { connection_name: opts.connectionName } });
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+    });
+    try {
+      return { conn: await Promise.race([pending, timeout]), node };
+    } catch (e) {
+      pending.then((late) => late.close()).catch(() => undefined); // one that answers too late
+      errors.push(`${redactUrl(urls[node])}: ${(e as Error).message}`);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+  throw new Error(`no broker node took the connection: ${errors.join("; ")}`);
+}
+
 /** One connection to RabbitMQ for one Aptix deployment (its queue-name prefix). */
 export class Client {
   private readonly sessions = new Set<Session>();
   private instanceQueue: Instance | null = null;
+  /** The broker node URLs, in the order given. */
+  readonly urls: string[];
+  /** The index in `urls` of the node of the current connection. */
+  node = 0;
+  /** How many times the client reconnected after losing its connection. */
+  reconnects = 0;
+  /** @internal */
+  readonly publishAttempts: number;
+  private currentConn!: Connection;
+  private connectedAt = Date.now();
+  private delay: number;
+  private closing = false;
+  private recovering: Promise<void> | null = null;
+  private lostError: Error | null = null;
 
   private constructor(
-    readonly conn: Connection,
+    private readonly opts: ClientOptions,
     readonly prefix: string,
     readonly schemas: Schemas | null,
     readonly strict: boolean,
     readonly wireLog: ClientOptions["wireLog"],
-  ) {}
+  ) {
+    this.urls = parseUrls(opts.url ?? DEFAULT_URL);
+    this.publishAttempts = opts.publishAttempts ?? DEFAULT_PUBLISH_ATTEMPTS;
+    this.delay = (opts.reconnectBackoffMs ?? DEFAULT_RECONNECT_BACKOFF_MS)[0];
+  }
+
+  /** The current connection (a new one after each reconnect). */
+  get conn(): Connection {
+    return this.currentConn;
+  }
 
   static async connect(opts: ClientOptions = {}): Promise<Client> {
     if (opts.instance !== undefined && !isInstanceName(opts.instance)) {
       throw new Error(`an instance name is 1-64 characters of [A-Za-z0-9._-], got ${JSON.stringify(opts.instance)}`);
     }
+    if (opts.publishAttempts !== undefined && !(opts.publishAttempts >= 1)) throw new Error("publishAttempts must be at least 1");
     const schemas = loadSchemas(opts.schemas);
-    const conn = await amqp.connect(opts.url ?? DEFAULT_URL);
-    const client = new Client(conn, opts.prefix ?? "aptix", schemas, opts.strict ?? true, opts.wireLog);
+    const client = new Client(opts, opts.prefix ?? "aptix", schemas, opts.strict ?? true, opts.wireLog);
+    await client.open();
+    const conn = client.currentConn;
     if (opts.instance !== undefined) {
       try {
         client.instanceQueue = await Instance.start(client, opts.instance);
@@ -127,6 +250,82 @@ export class Client {
       }
     }
     return client;
+  }
+
+  private async open(): Promise<void> {
+    const { conn, node } = await connectAny(this.urls, {
+      timeoutMs: this.opts.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
+      connectionName: this.opts.connectionName ?? `aptix-client ${this.prefix}`,
+    });
+    this.currentConn = conn;
+    this.node = node;
+    this.connectedAt = Date.now();
+    conn.on("error", () => undefined); // "close" follows, with the error
+    conn.on("close", (err?: Error) => {
+      if (conn === this.currentConn) this.lost(err ?? new Error("the connection closed"));
+    });
+  }
+
+  /** @internal the connection was lost: reconnect (or fail every session without `reconnect`). */
+  private lost(cause: Error): void {
+    if (this.closing || this.recovering) return;
+    if (this.opts.reconnect === false) {
+      this.giveUp(cause);
+      return;
+    }
+    this.recovering = this.recover(cause).finally(() => {
+      this.recovering = null;
+    });
+    this.recovering.catch(() => undefined);
+  }
+
+  private giveUp(e: Error): void {
+    this.lostError = e;
+    for (const s of this.sessions) s.fail(e);
+    this.instanceQueue?.fail(e);
+  }
+
+  private async recover(cause: Error): Promise<void> {
+    const [first, longest] = this.opts.reconnectBackoffMs ?? DEFAULT_RECONNECT_BACKOFF_MS;
+    const timeoutMs = this.opts.reconnectTimeoutMs ?? DEFAULT_RECONNECT_TIMEOUT_MS;
+    if (Date.now() - this.connectedAt >= HEALTHY_AFTER_MS) this.delay = first;
+    const giveUp = Date.now() + timeoutMs;
+    let last: Error = cause;
+    for (;;) {
+      if (Date.now() >= giveUp) {
+        const e = new ConnectionLost(`the connection was lost (${cause.message}) and no broker node took a new one within ${timeoutMs} ms; last error: ${last.message}`);
+        this.giveUp(e);
+        throw e;
+      }
+      await sleep(this.delay);
+      this.delay = Math.min(this.delay * 2, longest);
+      if (this.closing) return;
+      try {
+        await this.open();
+        if (this.instanceQueue) await this.instanceQueue.reopen();
+        else for (const s of this.sessions) await s.reopen();
+        this.reconnects++;
+        return;
+      } catch (e) {
+        last = e as Error;
+        this.currentConn?.close().catch(() => undefined);
+      }
+    }
+  }
+
+  /**
+   * @internal Resolves once the client has a live connection again after a loss (at once when
+   * it was not lost); rejects with `ConnectionLost` when it gave up.
+   */
+  async connected(): Promise<void> {
+    await new Promise<void>((resolve) => setImmediate(resolve)); // let a pending "close" arrive
+    if (this.recovering) await this.recovering;
+    if (this.lostError) throw this.lostError;
+  }
+
+  /** @internal true while the client is reconnecting or has given up: channel closes are then its business. */
+  get reconnecting(): boolean {
+    return this.recovering !== null || this.lostError !== null || this.closing;
   }
 
   /** The instance queue and its dispatcher (§4a) with `instance`; null per session. */
@@ -147,6 +346,7 @@ export class Client {
       this.sessions.add(s);
       return s;
     }
+    await this.connected();
     const s = new Session(this, sessionId, await this.conn.createConfirmChannel());
     await s.start();
     this.sessions.add(s);
@@ -160,9 +360,12 @@ export class Client {
 
   /** Closes every session, the instance's channel (unacked messages go back to the queue), then the connection. */
   async close(): Promise<void> {
+    this.closing = true;
     for (const s of [...this.sessions]) await s.close();
     if (this.instanceQueue) await this.instanceQueue.close();
-    await this.conn.close();
+    await this.conn.close().catch((e: Error) => {
+      if (!this.lostError && !this.recovering) throw e;
+    });
   }
 }
 
@@ -176,7 +379,22 @@ function loadSchemas(s: ClientOptions["schemas"]): Schemas | null {
   return typeof s === "string" ? new Schemas(s) : null;
 }
 
-type Item = { msg: ConsumeMessage; event?: AptixEvent; error?: Error };
+/** A message taken, with the channel that delivered it (its tag means nothing on another). */
+type Item = { msg: ConsumeMessage; ch: ConfirmChannel; event?: AptixEvent; error?: Error };
+
+/**
+ * Acks a message on the channel that delivered it, when that channel is still the current one.
+ * Otherwise (connection lost, channel replaced) the broker delivers it again and the copy is
+ * dropped by message_id.
+ */
+function ackOn(ch: ConfirmChannel, current: ConfirmChannel, msg: ConsumeMessage): void {
+  if (ch !== current) return;
+  try {
+    ch.ack(msg);
+  } catch {
+    // closed under us: it comes again
+  }
+}
 
 /**
  * A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a) and the dispatcher
@@ -204,7 +422,8 @@ export class Instance {
   private constructor(
     readonly client: Client,
     readonly name: string,
-    readonly channel: ConfirmChannel,
+    /** The current channel (a fresh one after a reconnect or a nack). */
+    public channel: ConfirmChannel,
   ) {
     this.queue = instanceQueue(client.prefix, name);
   }
@@ -212,19 +431,42 @@ export class Instance {
   /** @internal the documented procedure, once per instance: declare, then consume. */
   static async start(client: Client, name: string): Promise<Instance> {
     const inst = new Instance(client, name, await client.conn.createConfirmChannel());
-    const ch = inst.channel;
-    ch.on("return", (m: { properties: MessageProperties }) => {
-      if (m.properties.messageId) inst.returned.add(String(m.properties.messageId));
-    });
-    const fail = (e?: Error) => {
-      inst.failure ??= e ?? new Error(`channel of ${inst.queue} closed`);
-      for (const s of inst.sessions.values()) s.fail(inst.failure);
-    };
-    ch.on("error", fail);
-    ch.on("close", () => fail());
-    await ch.assertQueue(inst.queue, { durable: true, exclusive: false, autoDelete: false, arguments: {} });
-    await ch.consume(inst.queue, (m) => m && inst.dispatch(m), { noAck: false });
+    await inst.setUp(inst.channel);
     return inst;
+  }
+
+  private async setUp(ch: ConfirmChannel): Promise<void> {
+    ch.on("return", (m: { properties: MessageProperties }) => {
+      if (m.properties.messageId) this.returned.add(String(m.properties.messageId));
+    });
+    const failed = (e?: Error) =>
+      setImmediate(() => {
+        // A channel replaced, or closed with a connection being taken again, is not a failure.
+        if (ch === this.channel && !this.client.reconnecting) this.fail(e);
+      });
+    ch.on("error", failed);
+    ch.on("close", () => failed());
+    await ch.assertQueue(this.queue, { durable: true, exclusive: false, autoDelete: false, arguments: {} });
+    await ch.consume(this.queue, (m) => m && this.dispatch(m, ch), { noAck: false });
+  }
+
+  /** @internal the channel failed for good: waiting calls of every session reject. */
+  fail(e?: Error): void {
+    this.failure ??= e ?? new Error(`channel of ${this.queue} closed`);
+    for (const s of this.sessions.values()) s.fail(this.failure);
+  }
+
+  /**
+   * @internal A fresh channel (after a reconnect, or instead of one that nacked): the queue
+   * declared and consumed again. Messages not acked on the old one come again, so those kept for
+   * sessions not open are forgotten; copies of handed-out ones are dropped by message_id.
+   */
+  async reopen(): Promise<void> {
+    const old = this.channel;
+    this.channel = await this.client.conn.createConfirmChannel();
+    old.close().catch(() => undefined);
+    this.waiting.clear();
+    await this.setUp(this.channel);
   }
 
   /** SessionIds with messages received for them while they were not open on this client. */
@@ -242,21 +484,21 @@ export class Instance {
     return ids;
   }
 
-  private dispatch(msg: ConsumeMessage): void {
+  private dispatch(msg: ConsumeMessage, ch: ConfirmChannel): void {
     const sid = messageSessionId(msg.properties.headers, msg.content);
     if (sid === null) {
-      this.channel.ack(msg);
+      ackOn(ch, this.channel, msg);
       this.unroutable.push(new ProtocolError(`${msg.properties.messageId} on ${this.queue} names no session (no ${H_SESSION_ID})`));
       return;
     }
     const session = this.sessions.get(sid);
     if (session) {
-      session.deliver(msg);
+      session.deliver(msg, ch);
       return;
     }
     const id = msg.properties.messageId ? String(msg.properties.messageId) : "";
     if (id && this.seenIds.get(sid)?.has(id)) {
-      this.channel.ack(msg);
+      ackOn(ch, this.channel, msg);
       this.duplicatesDropped++;
       return;
     }
@@ -292,7 +534,9 @@ export class Instance {
   async close(): Promise<void> {
     if (this.failure) return;
     this.failure = new Error(`instance ${this.name} closed`);
-    await this.channel.close();
+    await this.channel.close().catch((e: Error) => {
+      if (!this.client.reconnecting) throw e; // its connection is gone: nothing left to close
+    });
   }
 }
 
@@ -313,8 +557,8 @@ export class Session {
   readonly replyTo: string | null;
   readonly seen: Set<string>;
   duplicatesDropped = 0;
-  private readonly inbox: Item[] = [];
-  private handled: ConsumeMessage[] = [];
+  private inbox: Item[] = [];
+  private handled: Item[] = [];
   private readonly returned: Set<string>;
   private wake: (() => void)[] = [];
   private failure: Error | null = null;
@@ -324,7 +568,7 @@ export class Session {
   constructor(
     readonly client: Client,
     readonly sessionId: string,
-    private readonly ch: ConfirmChannel,
+    private ownCh: ConfirmChannel,
     /** The instance whose queue this session reads (§4a), or undefined for its own queue. */
     readonly instance?: Instance,
   ) {
@@ -341,15 +585,41 @@ export class Session {
     }
   }
 
+  /** The channel this session publishes, consumes and acks on (the instance's, with one). */
+  private get ch(): ConfirmChannel {
+    return this.instance ? this.instance.channel : this.ownCh;
+  }
+
   /** @internal the documented procedure: declare (durable, no arguments), then consume. */
   async start(): Promise<void> {
-    this.ch.on("return", (m: { properties: MessageProperties }) => {
+    const ch = this.ownCh;
+    ch.on("return", (m: { properties: MessageProperties }) => {
       if (m.properties.messageId) this.returned.add(String(m.properties.messageId));
     });
-    this.ch.on("error", (e: Error) => this.fail(e));
-    this.ch.on("close", () => this.fail());
-    await this.ch.assertQueue(this.queue, { durable: true, arguments: {} });
-    await this.ch.consume(this.queue, (m) => m && this.deliver(m), { noAck: false });
+    const failed = (e?: Error) =>
+      setImmediate(() => {
+        // A channel replaced, or closed with a connection being taken again, is not a failure.
+        if (ch === this.ownCh && !this.client.reconnecting) this.fail(e);
+      });
+    ch.on("error", failed);
+    ch.on("close", () => failed());
+    await ch.assertQueue(this.queue, { durable: true, arguments: {} });
+    await ch.consume(this.queue, (m) => m && this.deliver(m, ch), { noAck: false });
+  }
+
+  /**
+   * @internal A fresh channel (after a reconnect, or instead of one that nacked): the queue
+   * declared and consumed again. Messages not acked on the old one come again; copies of those
+   * already taken are dropped by message_id, errors not yet read are dropped (they come again).
+   */
+  async reopen(): Promise<void> {
+    if (this.instance) return this.instance.reopen();
+    if (this.failure) return;
+    const old = this.ownCh;
+    this.ownCh = await this.client.conn.createConfirmChannel();
+    old.close().catch(() => undefined);
+    this.inbox = this.inbox.filter((it) => !(it.error && it.ch === old));
+    await this.start();
   }
 
   /** @internal the channel failed or closed: waiting calls reject. */
@@ -408,14 +678,7 @@ export class Session {
     const exchange = requestsExchange(this.client.prefix);
     const replyTo = opts.replyTo ?? this.replyTo;
     const props = { contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true, ...(replyTo === null ? {} : { replyTo }) };
-    await new Promise<void>((resolve, reject) => {
-      this.ch.publish(exchange, this.sessionId, raw, props, (err) => {
-        // RabbitMQ sends basic.return before the ack of the same message; match by message_id.
-        if (err) reject(new PublishError(`the broker nacked request ${messageId}`));
-        else if (this.returned.delete(messageId)) reject(new PublishError(`${exchange} returned request ${messageId} as unroutable`));
-        else resolve();
-      });
-    });
+    const attempts = await this.publish(exchange, raw, props, messageId);
     this.client.wireLog?.("out", {
       exchange,
       routingKey: this.sessionId,
@@ -425,16 +688,58 @@ export class Session {
       body: parsed,
     });
     const turn = (parsed as Json | null)?.TurnId;
-    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed, replyTo };
+    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed, replyTo, attempts };
+  }
+
+  /**
+   * Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a nacking
+   * or closed channel is replaced by a fresh one), a confirm lost with the connection is sent
+   * again after reconnecting. Resolves to the attempts; PublishError after the last.
+   */
+  private async publish(exchange: string, raw: Buffer, props: amqp.Options.Publish, messageId: string): Promise<number> {
+    const limit = this.client.publishAttempts ?? DEFAULT_PUBLISH_ATTEMPTS;
+    let delay = PUBLISH_BACKOFF_MS[0];
+    for (let attempt = 1; ; attempt++) {
+      const outcome = await new Promise<"ok" | "returned" | "nacked" | "closed">((resolve) => {
+        try {
+          this.ch.publish(exchange, this.sessionId, raw, props, (err) => {
+            // RabbitMQ sends basic.return before the ack of the same message; match by message_id.
+            if (err) resolve(/nack/i.test(String((err as Error).message ?? err)) ? "nacked" : "closed");
+            else if (this.returned.delete(messageId)) resolve("returned");
+            else resolve("ok");
+          });
+        } catch {
+          resolve("closed"); // the channel was already closed
+        }
+      });
+      if (outcome === "ok") return attempt;
+      const why =
+        outcome === "returned" ? `${exchange} returned request ${messageId} as unroutable`
+        : outcome === "nacked" ? `the broker nacked request ${messageId}`
+        : `the channel or connection closed before request ${messageId} was confirmed`;
+      if (attempt >= limit) throw new PublishError(`${why} (gave up after ${attempt} attempts)`);
+      if (this.failure && outcome === "closed") throw this.failure;
+      await sleep(delay);
+      delay = Math.min(delay * 2, PUBLISH_BACKOFF_MS[1]);
+      await this.client.connected(); // after a loss: reconnected, channels taken again
+      if (outcome !== "returned") {
+        try {
+          await this.reopen();
+        } catch {
+          await this.client.connected(); // lost again meanwhile: the next attempt tells
+        }
+      }
+      if (this.failure) throw this.failure;
+    }
   }
 
   /** @internal takes one message of this session: drops a copy, parses and checks it, queues it. */
-  deliver(msg: ConsumeMessage): void {
+  deliver(msg: ConsumeMessage, ch: ConfirmChannel = this.ch): void {
     const p = msg.properties;
     const id = p.messageId ? String(p.messageId) : "";
     if (id && this.seen.has(id)) {
       this.duplicatesDropped++;
-      this.ch.ack(msg);
+      ackOn(ch, this.ch, msg);
       return;
     }
     try {
@@ -454,9 +759,9 @@ export class Session {
       if (event.type === "tool_calls" && event.turnId) this.pendingCalls.set(event.turnId, event.calls.map((c) => c.toolCallId));
       else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
-      this.inbox.push({ msg, event });
+      this.inbox.push({ msg, ch, event });
     } catch (e) {
-      this.inbox.push({ msg, error: e as Error });
+      this.inbox.push({ msg, ch, error: e as Error });
     }
     this.notify();
   }
@@ -469,7 +774,7 @@ export class Session {
 
   private ackHandled(): void {
     if (this.failure) return;
-    for (const m of this.handled) this.ch.ack(m);
+    for (const it of this.handled) ackOn(it.ch, this.ch, it.msg);
     this.handled = [];
   }
 
@@ -485,7 +790,7 @@ export class Session {
       const i = this.inbox.findIndex((it) => opts.turnId === undefined || it.error || it.event?.turnId === opts.turnId);
       if (i >= 0) {
         const [it] = this.inbox.splice(i, 1);
-        this.handled.push(it.msg);
+        this.handled.push(it);
         if (it.error) throw it.error;
         return it.event as AptixEvent;
       }
@@ -556,14 +861,16 @@ export class Session {
     if (this.instance) {
       this.ackHandled();
       for (const it of this.inbox) if (it.event?.messageId) this.seen.delete(it.event.messageId); // not handled
-      this.instance.detach(this, this.inbox.splice(0).map((it) => it.msg));
+      this.instance.detach(this, this.inbox.splice(0).filter((it) => it.ch === this.ch).map((it) => it.msg));
       this.fail(new Error("session closed"));
       return;
     }
     if (this.failure) return;
     this.ackHandled();
     this.failure = new Error("session closed");
-    await this.ch.close();
+    await this.ch.close().catch((e: Error) => {
+      if (!this.client.reconnecting) throw e; // its connection is gone: nothing left to close
+    });
   }
 
   /**

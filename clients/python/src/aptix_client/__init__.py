@@ -11,7 +11,8 @@
 instance's own (protocol §4a) instead of one queue per session; the sessions' API is the same.
 """
 
-from .client import Client, EventTimeout, Instance, PublishError, Session, Submission, DEFAULT_URL
+from .client import (DEFAULT_URL, Client, ConnectionLost, EventTimeout, Instance, PublishError, Session,
+                     Submission, parse_urls, redact_url)
 from .events import (
     AnyEvent,
     ApiError,
@@ -41,9 +42,10 @@ from .protocol import (
 from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
-    "AnyEvent", "ApiError", "CODE_REPLY_TO_INVALID", "Client", "DEFAULT_URL", "Delta", "DeltaId",
+    "AnyEvent", "ApiError", "CODE_REPLY_TO_INVALID", "Client", "ConnectionLost", "DEFAULT_URL", "Delta",
+    "DeltaId",
     "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "Instance", "ProtocolError", "PublishError",
     "Refused", "Reply", "ReplyId", "SchemaError", "Schemas", "Session", "Submission", "ToolCall",
     "ToolCalls", "ToolResult", "find_schemas_dir", "instance_queue", "is_instance_name", "parse_event",
-    "parse_message_id", "requests_exchange", "session_queue",
+    "parse_message_id", "parse_urls", "redact_url", "requests_exchange", "session_queue",
 ]

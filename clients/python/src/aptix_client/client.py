@@ -10,6 +10,15 @@ declares `<prefix>.instance.I` (durable, no arguments) once and consumes it with
 publishes every request with `reply_to` = that queue, declares no session queue, and hands each
 message to its session by the `x-aptix-session-id` header. The sessions' API is the same.
 
+Clusters: `url` may name several broker nodes (a list, or one string of comma-separated URLs,
+like the server's `amqp.url`). The client connects to a random one first and moves on to the
+next when one refuses or does not answer within `connect_timeout`. When the connection is lost
+it reconnects with a back-off (200 ms doubling to 5 s, reset after a long healthy connection) to
+whichever node answers, declares its reply queues again and consumes them again; messages that
+were delivered but not acked come again and are dropped as copies by message_id (§11). A publish
+that is nacked, returned, or whose confirm was lost with its connection is sent again (same
+message_id, same body) on a fresh channel, up to `publish_attempts` times (§4 step 4).
+
 pika's BlockingConnection is not thread-safe: use a client from one thread (one client per
 thread otherwise). Several sessions of one client share its connection; reading events of any
 session pumps the connection for all of them.
@@ -19,15 +28,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set,
-                    Union)
+                    Tuple, Union)
+from urllib.parse import urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from . import protocol as p
 from .events import (AnyEvent, Delta, Failed, Final, Reply, ToolCall, ToolCalls, ToolResult,
@@ -35,6 +47,21 @@ from .events import (AnyEvent, Delta, Failed, Final, Reply, ToolCall, ToolCalls,
 from .schemas import Schemas, find_schemas_dir
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+#: Seconds a broker node has to accept the connection and finish the AMQP handshake.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Reconnect back-off, seconds: the first delay, doubled after each failed attempt up to the second.
+DEFAULT_RECONNECT_BACKOFF = (0.2, 5.0)
+#: Seconds of reconnect attempts after a connection loss before `ConnectionLost` is raised.
+DEFAULT_RECONNECT_TIMEOUT = 60.0
+#: A connection that lived this long (seconds) resets the reconnect back-off to its first delay.
+HEALTHY_AFTER = 30.0
+#: Attempts of one publish (nacked, returned, or confirm lost) before `PublishError`.
+DEFAULT_PUBLISH_ATTEMPTS = 6
+#: Pause between publish attempts, seconds: the first, doubled up to the second.
+PUBLISH_BACKOFF = (0.05, 1.0)
+
+#: Waits between attempts; tests replace it.
+_sleep = time.sleep
 
 #: Receives every message the client sends ("out") or accepts ("in") as a dict of
 #: exchange/routing key or queue, properties, headers and body: for logs and wire captures.
@@ -43,7 +70,46 @@ ToolHandler = Callable[[ToolCall], ToolResult]
 
 
 class PublishError(Exception):
-    """The broker did not take a request: returned as unroutable, or nacked."""
+    """The broker did not take a request: returned as unroutable, nacked, or its confirm was lost,
+    on every one of the client's `publish_attempts`."""
+
+
+class ConnectionLost(pika.exceptions.AMQPConnectionError):
+    """The connection was lost and no broker node took a new one within `reconnect_timeout`."""
+
+
+def parse_urls(url: Union[str, Sequence[str]]) -> List[str]:
+    """The broker node URLs of `url`: one URL, a comma-separated string of them, or a list (whose
+    items may themselves be comma-separated). ValueError when none is left."""
+    items = [url] if isinstance(url, str) else list(url)
+    urls = [u.strip() for item in items for u in item.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("no broker URL given")
+    return urls
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by `***` (for logs and errors)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _connection_params(url: str, timeout: float, name: str) -> pika.URLParameters:
+    params = pika.URLParameters(url)
+    query = urlsplit(url).query
+    if "socket_timeout=" not in query:
+        params.socket_timeout = timeout
+    if "stack_timeout=" not in query:
+        params.stack_timeout = timeout
+    params.client_properties = {"connection_name": name}
+    return params
 
 
 class EventTimeout(TimeoutError):
@@ -60,6 +126,8 @@ class Submission:
     body: Mapping[str, Any]
     #: The `reply_to` property it was published with (None: none, so the session's queue).
     reply_to: Optional[str] = None
+    #: How many times it was published before the broker confirmed it (1 unless resent).
+    attempts: int = 1
 
 
 class Client:
@@ -73,25 +141,57 @@ class Client:
     across restarts, unique among instances) to receive the replies of all its sessions on one
     queue, `<prefix>.instance.I` (protocol §4a); `None` (the default) for one reply queue per
     session (§4).
+
+    `url`: one broker URL, a string of comma-separated URLs (the nodes of a cluster), or a list
+    of them. `connect_timeout`: seconds a node has to take the connection before the next is
+    tried (unless the URL sets `socket_timeout` / `stack_timeout` itself). `connection_name`:
+    the name the broker shows for the connection (default `aptix-client <prefix>`).
+    `reconnect`: reconnect when the connection is lost (default True) with a back-off of
+    `reconnect_backoff` (first and longest delay, seconds) for up to `reconnect_timeout` seconds,
+    then raise `ConnectionLost`; False raises pika's error at once, as before.
+    `publish_attempts`: how many times a request is published (same message_id) before
+    `PublishError` when it is nacked, returned, or its confirm is lost.
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: Union[str, Sequence[str]] = DEFAULT_URL,
         prefix: str = "aptix",
         *,
         instance: Optional[str] = None,
         schemas: Union[Schemas, str, "os.PathLike[str]", bool, None] = None,
         strict: bool = True,
         wire_log: Optional[WireLog] = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        connection_name: Optional[str] = None,
+        reconnect: bool = True,
+        reconnect_backoff: Tuple[float, float] = DEFAULT_RECONNECT_BACKOFF,
+        reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
+        publish_attempts: int = DEFAULT_PUBLISH_ATTEMPTS,
     ):
         if instance is not None and not p.is_instance_name(instance):
             raise ValueError(f"an instance name is 1-64 characters of [A-Za-z0-9._-], got {instance!r}")
+        if publish_attempts < 1:
+            raise ValueError("publish_attempts must be at least 1")
+        self.urls = parse_urls(url)
         self.prefix = prefix
         self.strict = strict
         self.wire_log = wire_log
+        self.connect_timeout = connect_timeout
+        self.connection_name = connection_name or f"aptix-client {prefix}"
+        self.reconnect = reconnect
+        self.reconnect_backoff = reconnect_backoff
+        self.reconnect_timeout = reconnect_timeout
+        self.publish_attempts = publish_attempts
+        #: The index in `urls` of the node of the current connection.
+        self.node = 0
+        #: How many times the client reconnected after losing its connection.
+        self.reconnects = 0
+        self._delay = reconnect_backoff[0]
+        self._connected_at = time.monotonic()
+        self._closed = False
         self.schemas = _load_schemas(schemas)
-        self._conn = pika.BlockingConnection(pika.URLParameters(url))
+        self._conn = self._connect()
         self._sessions: List["Session"] = []
         #: The instance queue and its dispatcher with `instance=`; None in per-session mode.
         self.instance: Optional[Instance] = None
@@ -111,18 +211,77 @@ class Client:
         already open on this instance.
         """
         sid = session_id or str(uuid.uuid4())
-        s = Session(self, sid) if self.instance is None else self.instance._open(sid)
+        try:
+            s = Session(self, sid) if self.instance is None else self.instance._open(sid)
+        except pika.exceptions.AMQPConnectionError as e:
+            self._recover(e)
+            s = Session(self, sid) if self.instance is None else self.instance._open(sid)
         self._sessions.append(s)
         return s
 
     def pump(self, time_limit: float) -> None:
-        """Lets pika deliver what arrived, waiting up to `time_limit` seconds for something."""
-        # pika takes fractions of a second; types-pika 1.2.0b1 declares an int.
-        self._conn.process_data_events(time_limit=max(0.0, time_limit))  # type: ignore[arg-type]
+        """Lets pika deliver what arrived, waiting up to `time_limit` seconds for something.
+        A lost connection is taken again first (see `reconnect`)."""
+        try:
+            if not self._closed and not self._conn.is_open:
+                raise pika.exceptions.ConnectionWrongStateError("the connection is closed")
+            # pika takes fractions of a second; types-pika 1.2.0b1 declares an int.
+            self._conn.process_data_events(time_limit=max(0.0, time_limit))  # type: ignore[arg-type]
+        except pika.exceptions.AMQPConnectionError as e:
+            self._recover(e)
+
+    def _connect(self) -> pika.BlockingConnection:
+        """A connection to the first node that takes one, trying them all from a random one."""
+        start = random.randrange(len(self.urls))
+        errors: List[str] = []
+        for i in range(len(self.urls)):
+            k = (start + i) % len(self.urls)
+            params = _connection_params(self.urls[k], self.connect_timeout, self.connection_name)
+            try:
+                conn = pika.BlockingConnection(params)
+            except (pika.exceptions.AMQPConnectionError, AMQPConnectorException, OSError) as e:
+                errors.append(f"{redact_url(self.urls[k])}: {e!r}")
+                continue
+            self.node = k
+            self._connected_at = time.monotonic()
+            return conn
+        raise pika.exceptions.AMQPConnectionError("no broker node took the connection: " + "; ".join(errors))
+
+    def _recover(self, cause: BaseException) -> None:
+        """The connection is lost: connect again (back-off, any node), declare and consume every
+        reply queue again. Raises `cause` without `reconnect` or once closed, `ConnectionLost`
+        after `reconnect_timeout`."""
+        if self._closed or not self.reconnect:
+            raise cause
+        now = time.monotonic()
+        if now - self._connected_at >= HEALTHY_AFTER:
+            self._delay = self.reconnect_backoff[0]
+        give_up = now + self.reconnect_timeout
+        last: BaseException = cause
+        while True:
+            _close_quietly(self._conn)
+            if time.monotonic() >= give_up:
+                raise ConnectionLost(f"the connection was lost ({cause!r}) and no broker node took a new one "
+                                     f"within {self.reconnect_timeout}s; last error: {last!r}") from last
+            _sleep(self._delay)
+            self._delay = min(self._delay * 2, self.reconnect_backoff[1])
+            try:
+                self._conn = self._connect()
+                if self.instance is not None:
+                    self.instance._reopen()
+                else:
+                    for s in self._sessions:
+                        s._reopen()
+            except pika.exceptions.AMQPError as e:
+                last = e
+                continue
+            self.reconnects += 1
+            return
 
     def close(self) -> None:
         """Closes every session, the instance's channel (unacked messages go back to the
         queue), then the connection."""
+        self._closed = True
         for s in list(self._sessions):
             s.close()
         if self.instance is not None:
@@ -151,11 +310,34 @@ def _load_schemas(schemas: Any) -> Optional[Schemas]:
 
 
 class _Delivery(NamedTuple):
-    """One message taken from a reply queue, not yet acked: its delivery tag and raw parts."""
+    """One message taken from a reply queue, not yet acked: its delivery tag and raw parts, and
+    the channel that delivered it (its tag means nothing on another)."""
 
     tag: int
     props: Any
     body: bytes
+    channel: Any = None
+
+
+def _ack(delivery: _Delivery, channel: Any = None) -> None:
+    """Acks a delivery on its channel. When that channel is gone (connection lost, channel
+    replaced), the broker delivers the message again and the copy is dropped by message_id."""
+    ch = delivery.channel if delivery.channel is not None else channel
+    if ch is None or not ch.is_open:
+        return
+    try:
+        ch.basic_ack(delivery.tag)
+    except pika.exceptions.AMQPError:
+        pass
+
+
+def _close_quietly(thing: Any) -> None:
+    """Closes a channel or connection that may already be closed or dead."""
+    try:
+        if thing is not None and thing.is_open:
+            thing.close()
+    except Exception:  # noqa: BLE001 - it is being dropped anyway
+        pass
 
 
 class _Item(NamedTuple):
@@ -188,11 +370,23 @@ class Instance:
         self._sessions: Dict[str, Session] = {}
         self._waiting: Dict[str, List[_Delivery]] = {}
         self._seen: Dict[str, Set[str]] = {}
-        ch = client._conn.channel()
+        self.channel: Any = None
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        ch = self.client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, exclusive=False, auto_delete=False, arguments={})
         ch.basic_consume(self.queue, self._on_message, auto_ack=False)
         self.channel = ch
+
+    def _reopen(self) -> None:
+        """A fresh channel (after a reconnect, or instead of one that nacked): the queue declared
+        and consumed again. Messages of the old channel not acked come again, so those kept for
+        sessions not open are forgotten; copies of handed-out ones are dropped by message_id."""
+        _close_quietly(self.channel)
+        self._waiting.clear()
+        self._open_channel()
 
     def pending_sessions(self) -> List[str]:
         """SessionIds with messages received for them while they were not open on this client."""
@@ -204,7 +398,7 @@ class Instance:
         return self._seen.setdefault(session_id, set())
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
-        delivery = _Delivery(method.delivery_tag, props, body)
+        delivery = _Delivery(method.delivery_tag, props, body, ch)
         sid = p.message_session_id(props.headers, body)
         if sid is None:
             ch.basic_ack(delivery.tag)
@@ -268,7 +462,8 @@ class Session:
         self.session_id = session_id
         self._instance = instance
         self._inbox: Deque[_Item] = deque()
-        self._handled: List[int] = []
+        self._handled: List[_Delivery] = []
+        self._own_ch: Any = None
         self.duplicates_dropped = 0
         # The calls each turn waits for (from its latest ToolCalls), to order results by.
         self._pending_calls: Dict[str, List[str]] = {}
@@ -278,16 +473,37 @@ class Session:
             #: The `reply_to` of this session's requests (None per session: no property).
             self.reply_to: Optional[str] = instance.queue
             self.seen: Set[str] = instance.seen(session_id)
-            self._ch = instance.channel
             return
         self.queue = p.session_queue(client.prefix, session_id)
         self.reply_to = None
         self.seen = set()
-        ch = client._conn.channel()
+        self._open_channel()
+
+    @property
+    def _ch(self) -> Any:
+        """The channel this session publishes, consumes and acks on (the instance's, with one)."""
+        return self._instance.channel if self._instance is not None else self._own_ch
+
+    def _open_channel(self) -> None:
+        ch = self.client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, arguments={})
         self._consumer_tag = ch.basic_consume(self.queue, self._on_message, auto_ack=False)
-        self._ch = ch
+        self._own_ch = ch
+
+    def _reopen(self) -> None:
+        """A fresh channel (after a reconnect, or instead of one that nacked): the queue declared
+        and consumed again. Messages not acked on the old one come again; the copies of those
+        already taken are dropped by message_id, and errors not yet read are dropped (they come
+        again too)."""
+        if self._instance is not None:
+            self._instance._reopen()
+            return
+        old = self._own_ch
+        _close_quietly(old)
+        self._inbox = deque(it for it in self._inbox
+                            if not (isinstance(it.item, Exception) and it.delivery.channel is old))
+        self._open_channel()
 
     @property
     def instance(self) -> Optional[Instance]:
@@ -360,16 +576,50 @@ class Session:
             content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers, reply_to=reply
         )
         exchange = p.requests_exchange(self.client.prefix)
-        try:
-            self._ch.basic_publish(exchange, self.session_id, raw, props, mandatory=True)
-        except pika.exceptions.UnroutableError as e:
-            raise PublishError(f"{exchange} returned request {mid} as unroutable") from e
-        except pika.exceptions.NackError as e:
-            raise PublishError(f"the broker nacked request {mid}") from e
+        attempts = self._publish(exchange, raw, props, mid)
         if self.client.wire_log:
             self.client.wire_log("out", _wire_out(exchange, self.session_id, props, parsed))
         turn = parsed.get("TurnId") if isinstance(parsed, Mapping) else None
-        return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed, reply)
+        return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed, reply,
+                          attempts)
+
+    def _publish(self, exchange: str, raw: bytes, props: pika.BasicProperties, mid: str) -> int:
+        """Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a
+        nacking or closed channel is replaced by a fresh one), a confirm lost with the connection
+        is sent again after reconnecting. Returns the attempts; PublishError after the last."""
+        limit = getattr(self.client, "publish_attempts", DEFAULT_PUBLISH_ATTEMPTS)
+        delay = PUBLISH_BACKOFF[0]
+        attempt = 0
+        while True:
+            attempt += 1
+            lost: Optional[BaseException] = None
+            cause: BaseException
+            fresh = False
+            try:
+                self._ch.basic_publish(exchange, self.session_id, raw, props, mandatory=True)
+                return attempt
+            except pika.exceptions.UnroutableError as e:
+                why, cause = f"{exchange} returned request {mid} as unroutable", e
+            except pika.exceptions.NackError as e:
+                why, cause, fresh = f"the broker nacked request {mid}", e, True
+            except pika.exceptions.AMQPChannelError as e:
+                why, cause, fresh = f"the channel closed before request {mid} was confirmed ({e!r})", e, True
+            except pika.exceptions.AMQPConnectionError as e:
+                why, cause, lost = f"the connection was lost before request {mid} was confirmed ({e!r})", e, e
+            if attempt >= limit:
+                raise PublishError(f"{why} (gave up after {attempt} attempts)") from cause
+            if fresh and not self.client._conn.is_open:
+                lost = cause
+            if lost is not None:
+                self.client._recover(lost)  # its back-off is the wait
+                continue
+            _sleep(delay)
+            delay = min(delay * 2, PUBLISH_BACKOFF[1])
+            if fresh:
+                try:
+                    self._reopen()
+                except pika.exceptions.AMQPConnectionError as e:
+                    self.client._recover(e)
 
     def _in_call_order(self, turn_id: str, results: Sequence[ToolResult]) -> List[ToolResult]:
         expected = self._pending_calls.get(turn_id)
@@ -384,15 +634,15 @@ class Session:
     # --- events -------------------------------------------------------------------------
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
-        self._deliver(_Delivery(method.delivery_tag, props, body))
+        self._deliver(_Delivery(method.delivery_tag, props, body, ch))
 
     def _deliver(self, delivery: _Delivery) -> None:
         """Takes one message of this session: drops a copy, parses and checks it, queues it."""
-        tag, props, body = delivery
-        mid = props.message_id or ""
+        mid = delivery.props.message_id or ""
+        props, body = delivery.props, delivery.body
         if mid and mid in self.seen:
             self.duplicates_dropped += 1
-            self._ch.basic_ack(tag)
+            _ack(delivery, self._ch)
             return
         try:
             event = parse_event(props.type, props.message_id, props.headers, body,
@@ -420,7 +670,7 @@ class Session:
 
     def _ack_handled(self) -> None:
         while self._handled:
-            self._ch.basic_ack(self._handled.pop(0))
+            _ack(self._handled.pop(0), self._ch)
 
     def next_event(self, timeout: float = 60.0, turn_id: Optional[str] = None) -> AnyEvent:
         """The next event (of `turn_id` only, when given; others stay queued in order).
@@ -434,11 +684,11 @@ class Session:
             for i, (delivery, item) in enumerate(self._inbox):
                 if turn_id is None or isinstance(item, Exception) or item.turn_id == turn_id:
                     del self._inbox[i]
-                    self._handled.append(delivery.tag)
+                    self._handled.append(delivery)
                     if isinstance(item, Exception):
                         raise item
                     return item
-            if not self._ch.is_open:
+            if not self._ch.is_open and self.client._conn.is_open:
                 raise pika.exceptions.ChannelClosed(0, f"the channel of {self.queue} is closed")
             left = deadline - time.monotonic()
             if left <= 0:
