@@ -214,16 +214,20 @@ async fn an_unpublished_reply_goes_out_before_the_next_turn_starts() {
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "first")).await;
     let first = h.replies(&s, 1, WAIT).await.pop().expect("t1's reply");
-    // As if persist had committed this reply and lost its publish with the connection.
+    // As if persist had committed this reply a while ago and lost its publish with the
+    // connection (a fresh one is left to persist: the new turn waits for it instead).
     let sid: aptix::contracts::SessionId = s.parse().unwrap();
     let late = aptix::messages::ReplyOut::resent(sid, "t1", "lost", first.body.clone());
     let payload = serde_json::to_value(aptix::messages::Outgoing::Reply(late)).unwrap();
-    sqlx::query("INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1::uuid, 't1', $2)")
-        .bind(&s)
-        .bind(&payload)
-        .execute(h.deps.store.pool())
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (session_id, turn_id, payload, created_at)
+         VALUES ($1::uuid, 't1', $2, now() - interval '1 minute')",
+    )
+    .bind(&s)
+    .bind(&payload)
+    .execute(h.deps.store.pool())
+    .await
+    .unwrap();
     h.submit(&user_turn(&s, "t2", "second")).await;
     let replies = h.replies(&s, 2, WAIT).await;
     let order: Vec<&str> = replies.iter().map(|r| r.message_id.as_str()).collect();

@@ -12,6 +12,10 @@ use super::{Store, StoreError};
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TurnKey};
 use crate::messages::{Outgoing, ReplyOut};
 
+/// How long after it was written an unpublished reply is left to its persist worker before a new
+/// turn of the session publishes it itself: longer than a reconnect and a redelivery take.
+const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Session columns a user turn may set.
 #[derive(Debug, Clone, Default)]
 pub struct SessionMeta {
@@ -129,10 +133,14 @@ impl Store {
             tx.commit().await?;
             return Ok(Admission::Accepted { outbox, queued: true, new_session: created });
         }
+        // The last turn's reply may still be unpublished: this turn must not overtake it. A
+        // fresh one is being published by its persist worker (or will be, when its message comes
+        // again after a lost publish): wait and try again. An older one is published here first.
+        if outbox::publishing(&mut tx, session, REPLY_IN_FLIGHT).await? {
+            return Err(StoreError::ReplyInFlight);
+        }
         let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
-        // The last turn's reply may still be unpublished (its persist publish failed and waits
-        // for redelivery): it goes out before this turn starts, so it cannot be overtaken.
         let mut outbox = outbox::pending_for_session(&mut tx, session).await?;
         let start = vec![Outgoing::Start(row.start_job()?)];
         let started = outbox::insert(&mut tx, session, turn, start).await?;

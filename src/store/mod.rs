@@ -51,6 +51,10 @@ pub enum StoreError {
         /// The turn's state (and step, when running another).
         state: String,
     },
+    /// The session's previous turn ended moments ago and its reply is still being published: a
+    /// new turn waits, so it cannot overtake that reply.
+    #[error("the session's previous reply is still being published")]
+    ReplyInFlight,
 }
 
 impl StoreError {
@@ -63,6 +67,7 @@ impl StoreError {
             StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => {
                 false
             }
+            StoreError::ReplyInFlight => true,
         }
     }
 }

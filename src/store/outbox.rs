@@ -61,6 +61,23 @@ pub(super) async fn pending_for_turn(
     pending(conn, session, Some(turn)).await
 }
 
+/// Whether the session has outbox rows written within `within`: messages whose publishing is
+/// most likely still under way.
+pub(super) async fn publishing(
+    conn: &mut PgConnection,
+    session: Uuid,
+    within: std::time::Duration,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbox
+         WHERE session_id = $1 AND created_at > now() - make_interval(secs => $2))",
+    )
+    .bind(session)
+    .bind(within.as_secs_f64())
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
 /// Unpublished rows of every turn of a session, oldest first.
 pub(super) async fn pending_for_session(
     conn: &mut PgConnection,
