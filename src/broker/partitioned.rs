@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use futures_util::stream::{self, SelectAll, StreamExt as _};
 use futures_util::Stream;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use tracing::info;
 
 use super::lanes::{InFlight, Job, Ordered, Worker};
-use super::runtime::{connect, reconnecting, SETUP_TIMEOUT};
+use super::runtime::{connections, reconnecting, subscribe, SETUP_TIMEOUT};
 use super::{BrokerError, Handler, Publisher, RuntimeSettings, StageName};
 
 /// A partition this worker holds.
@@ -114,12 +112,8 @@ impl<'a> Partitions<'a> {
     }
 
     async fn open(&self) -> Result<(Connection, Publisher), BrokerError> {
-        let s = self.settings;
-        let conn = connect(&s.amqp_url).await?;
-        let publish_conn = connect(&s.amqp_url).await?;
-        let publisher =
-            Publisher::open_with(publish_conn, s.max_message_bytes, s.confirm_timeout).await?;
-        s.topology.declare(publisher.channel()).await?;
+        let (conn, publisher) = connections(self.settings).await?;
+        self.settings.topology.declare(publisher.channel()).await?;
         Ok((conn, publisher))
     }
 
@@ -194,17 +188,8 @@ impl<'a> Partitions<'a> {
         let Some(queue) = queues.get(usize::from(partition)) else {
             return Err(BrokerError::Closed);
         };
-        let channel = conn.create_channel().await?;
-        channel.basic_qos(self.settings.prefetch, BasicQosOptions::default()).await?;
         let tag = format!("aptix-{}-p{partition}-{}", self.stage.as_str(), uuid::Uuid::new_v4());
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let (channel, consumer) = subscribe(conn, self.settings.prefetch, queue, &tag).await?;
         info!(stage = self.stage.as_str(), queue = %queue, partition, "took ingress partition");
         let stop = CancellationToken::new();
         self.generation += 1;

@@ -205,30 +205,44 @@ type Opened = (Connection, Publisher, lapin::Channel, lapin::Consumer, String);
 
 /// Connects, declares the topology and starts consuming `stage`'s queue.
 async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, BrokerError> {
-    // Separate connections: broker flow control on publishers must not stall acks.
-    let consume_conn = connect(&settings.amqp_url).await?;
-    let publish_conn = connect(&settings.amqp_url).await?;
-    let publisher =
-        Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)
-            .await?;
+    let (consume_conn, publisher) = connections(settings).await?;
     if settings.topology.is_ingress(stage) {
         settings.topology.declare(publisher.channel()).await?;
     } else {
         settings.topology.declare_downstream(publisher.channel()).await?;
     }
-    let channel = consume_conn.create_channel().await?;
-    channel.basic_qos(settings.prefetch, BasicQosOptions::default()).await?;
     let queue = settings.topology.stage_queue(stage);
     let tag = format!("aptix-{}-{}", stage.as_str(), uuid::Uuid::new_v4());
-    let consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (channel, consumer) = subscribe(&consume_conn, settings.prefetch, &queue, &tag).await?;
     Ok((consume_conn, publisher, channel, consumer, tag))
+}
+
+/// A connection to consume on and a publisher on a connection of its own: broker flow control
+/// on publishers must not stall acks.
+pub(super) async fn connections(
+    settings: &RuntimeSettings,
+) -> Result<(Connection, Publisher), BrokerError> {
+    let consume_conn = connect(&settings.amqp_url).await?;
+    let publish_conn = connect(&settings.amqp_url).await?;
+    let publisher =
+        Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)
+            .await?;
+    Ok((consume_conn, publisher))
+}
+
+/// A channel of `conn` consuming `queue` with manual acks, at most `prefetch` unacked.
+pub(super) async fn subscribe(
+    conn: &Connection,
+    prefetch: u16,
+    queue: &str,
+    tag: &str,
+) -> Result<(lapin::Channel, lapin::Consumer), BrokerError> {
+    let channel = conn.create_channel().await?;
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let options = BasicConsumeOptions::default();
+    let consumer =
+        channel.basic_consume(queue.into(), tag.into(), options, FieldTable::default()).await?;
+    Ok((channel, consumer))
 }
 
 /// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop
