@@ -69,8 +69,7 @@ impl Route {
         crate::metrics::metrics().json("serialize", "reply_body");
         let body = serde_json::to_vec(&r.body).unwrap_or_default();
         let turn = r.turn_id.as_deref().unwrap_or("-");
-        let key = r.reply_to.as_ref().map_or_else(|| r.session.to_string(), Topology::instance_key);
-        let mut msg = OutMessage::to_queue(key, "reply", r.message_id(), body)
+        let mut msg = OutMessage::to_queue(r.session.to_string(), "reply", r.message_id(), body)
             .header("x-aptix-session-id", r.session.to_string())
             .header("x-aptix-turn-id", turn)
             .header("x-aptix-final", r.outcome.ends_turn())
@@ -80,10 +79,9 @@ impl Route {
         }
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(r.session);
-        msg.instance = r.reply_to;
         msg.create_queue = r.create_queue;
         msg.correlation_id = r.correlation_id;
-        msg
+        msg.to(r.reply_to.as_ref())
     }
 }
 

@@ -136,12 +136,12 @@ impl Store {
         // The last turn's reply may still be unpublished: this turn must not overtake it. A
         // fresh one is being published by its persist worker (or will be, when its message comes
         // again after a lost publish): wait and try again. An older one is published here first.
-        if outbox::publishing(&mut tx, session, REPLY_IN_FLIGHT).await? {
+        let Some(mut outbox) = outbox::stale_for_session(&mut tx, session, REPLY_IN_FLIGHT).await?
+        else {
             return Err(StoreError::ReplyInFlight);
-        }
+        };
         let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
-        let mut outbox = outbox::pending_for_session(&mut tx, session).await?;
         let start = vec![Outgoing::Start(row.start_job()?)];
         let started = outbox::insert(&mut tx, session, turn, start).await?;
         outbox.ids.extend(started.ids);

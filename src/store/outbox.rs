@@ -5,6 +5,9 @@
 //! Rows hold typed, versioned [`Outgoing`] payloads (`payload`); rows written before that hold
 //! an AMQP message in the other columns and are read as [`Outgoing::Legacy`] until drained.
 
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row as _};
 use uuid::Uuid;
 
@@ -58,47 +61,44 @@ pub(super) async fn pending_for_turn(
     session: Uuid,
     turn: &str,
 ) -> Result<PendingOutbox, StoreError> {
-    pending(conn, session, Some(turn)).await
+    decode(&rows(conn, session, Some(turn), Duration::ZERO).await?)
 }
 
-/// Whether the session has outbox rows written within `within`: messages whose publishing is
-/// most likely still under way.
-pub(super) async fn publishing(
+/// Unpublished rows of every turn of a session, oldest first; `None` when one of them was written
+/// within `fresh`, so that its publishing is most likely still under way.
+pub(super) async fn stale_for_session(
     conn: &mut PgConnection,
     session: Uuid,
-    within: std::time::Duration,
-) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM outbox
-         WHERE session_id = $1 AND created_at > now() - make_interval(secs => $2))",
-    )
-    .bind(session)
-    .bind(within.as_secs_f64())
-    .fetch_one(&mut *conn)
-    .await?)
+    fresh: Duration,
+) -> Result<Option<PendingOutbox>, StoreError> {
+    let rows = rows(conn, session, None, fresh).await?;
+    for row in &rows {
+        if row.try_get::<bool, _>("fresh")? {
+            return Ok(None);
+        }
+    }
+    decode(&rows).map(Some)
 }
 
-/// Unpublished rows of every turn of a session, oldest first.
-pub(super) async fn pending_for_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-) -> Result<PendingOutbox, StoreError> {
-    pending(conn, session, None).await
-}
-
-async fn pending(
+async fn rows(
     conn: &mut PgConnection,
     session: Uuid,
     turn: Option<&str>,
-) -> Result<PendingOutbox, StoreError> {
-    let rows = sqlx::query(
-        "SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers, body
+    fresh: Duration,
+) -> Result<Vec<PgRow>, StoreError> {
+    Ok(sqlx::query(
+        "SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers, body,
+                created_at > now() - make_interval(secs => $3) AS fresh
          FROM outbox WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2) ORDER BY id",
     )
     .bind(session)
     .bind(turn)
+    .bind(fresh.as_secs_f64())
     .fetch_all(&mut *conn)
-    .await?;
+    .await?)
+}
+
+fn decode(rows: &[PgRow]) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
     for row in rows {
         let payload: Option<serde_json::Value> = row.try_get("payload")?;
@@ -108,13 +108,13 @@ async fn pending(
                 crate::metrics::metrics().json("parse", "outbox");
                 serde_json::from_value(p)?
             }
-            None => Outgoing::Legacy(legacy(&row)?),
+            None => Outgoing::Legacy(legacy(row)?),
         });
     }
     Ok(out)
 }
 
-fn legacy(row: &sqlx::postgres::PgRow) -> Result<LegacyMessage, StoreError> {
+fn legacy(row: &PgRow) -> Result<LegacyMessage, StoreError> {
     Ok(LegacyMessage {
         exchange: row.try_get("exchange")?,
         routing_key: row.try_get("routing_key")?,
