@@ -64,3 +64,14 @@ def pipeline(amqp_url) -> Pipeline:
 def prefix() -> str:
     """A prefix of its own for tests that play the server themselves."""
     return "pyc-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def fake(broker, prefix):
+    """A stand-in server under `prefix` (test_fake_server.FakeServer), stopped afterwards."""
+    from test_fake_server import FakeServer
+
+    server = FakeServer(broker, prefix)
+    server.start()
+    yield server
+    server.stop()

@@ -19,7 +19,6 @@ import pytest
 import aptix_client.client as client_mod
 from aptix_client import Client, ConnectionLost, Final, PublishError, parse_urls, redact_url
 from aptix_client.client import Session
-from test_fake_server import FakeServer
 
 BROKER = ("127.0.0.1", 5672)
 
@@ -107,14 +106,6 @@ def silent():
     s.listen(16)
     yield url(s.getsockname()[1])
     s.close()
-
-
-@pytest.fixture
-def fake(broker, prefix):
-    server = FakeServer(broker, prefix)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -86,14 +86,6 @@ class FakeServer(threading.Thread):
         ch.basic_ack(method.delivery_tag)
 
 
-@pytest.fixture
-def fake(broker, prefix):
-    server = FakeServer(broker, prefix)
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_a_turn_on_the_wire(fake, broker, schemas):
     wire = []
     with Client(broker, fake.prefix, schemas=schemas, wire_log=lambda d, m: wire.append((d, m))) as c:

@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as net from "node:net";
 import * as amqp from "amqplib";
+import { declareStandIn } from "./stand-in";
 
 import { Client, ConnectionLost, PublishError, Session, connectAny, parseUrls, redactUrl } from "../src";
 
@@ -74,12 +75,8 @@ class EchoServer {
   async start(): Promise<void> {
     this.conn = await amqp.connect(ADMIN);
     const ch = (this.ch = await this.conn.createConfirmChannel());
-    const p = this.prefix;
-    await ch.assertExchange(`${p}.requests`, "topic", { durable: true });
-    await ch.assertQueue(`${p}.requests`, { durable: true });
-    await ch.bindQueue(`${p}.requests`, `${p}.requests`, "#");
-    await ch.assertExchange(`${p}.replies`, "direct", { durable: true });
-    await ch.consume(`${p}.requests`, (m) => m && void this.answer(m));
+    const ingress = await declareStandIn(ch, this.prefix);
+    await ch.consume(ingress, (m) => m && void this.answer(m));
   }
 
   private async answer(m: amqp.ConsumeMessage): Promise<void> {

@@ -8,6 +8,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
+import { declareStandIn } from "./stand-in";
 
 import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue } from "../src";
 
@@ -25,12 +26,8 @@ class FakeServer {
   async start(): Promise<void> {
     this.conn = await amqp.connect(ADMIN);
     const ch = (this.ch = await this.conn.createConfirmChannel());
-    const p = this.prefix;
-    await ch.assertExchange(`${p}.requests`, "topic", { durable: true });
-    await ch.assertQueue(`${p}.requests`, { durable: true });
-    await ch.bindQueue(`${p}.requests`, `${p}.requests`, "#");
-    await ch.assertExchange(`${p}.replies`, "direct", { durable: true });
-    await ch.consume(`${p}.requests`, (m) => m && void this.answer(m));
+    const ingress = await declareStandIn(ch, this.prefix);
+    await ch.consume(ingress, (m) => m && void this.answer(m));
   }
 
   private publish(key: string, id: string, type: string, headers: Record<string, unknown>, body: unknown): void {
