@@ -4,6 +4,7 @@
 #   clients/run-tests.sh PATH/TO/aptix                 # install deps, start everything, run both suites
 #   clients/run-tests.sh PATH/TO/aptix -- CMD ARGS...  # same environment, run CMD instead of the suites
 #   CLIENTS_PREFIX=NAME clients/run-tests.sh ...        # a chosen queue prefix instead of cl-<random>
+#   CLIENTS_TENANTS=1 clients/run-tests.sh ...          # tenant mode: two tenants, only the tenancy tests
 #
 # It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci),
 # starts `aptix sim` and the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random
@@ -11,6 +12,17 @@
 # the `aptix-client` permissions of docs/client-protocol.md for that prefix (when rabbitmqctl
 # works; guest otherwise), runs pytest then `node --test`, stops everything (SIGTERM, wait),
 # removes what it created, and exits non-zero on any failure.
+#
+# Tenant mode (CLIENTS_TENANTS=1) runs the same pipeline with a configuration file (APTIX_CONFIG,
+# over the built-in defaults) that adds two tenants, ta<rand6> and tb<rand6>, each with a broker
+# user of its own (aptix-tenant-<rand>-a, -b, random passwords) holding exactly its tenant's
+# permissions (configure/read ^P\.(session|instance)\.T\..*, write ^P\.requests$), and a second
+# conversation context `other` that both may name (aptix.example.toml's
+# [conversation_contexts.default], tools included, with another mode). It exports
+# APTIX_TEST_TENANTS=1, APTIX_TEST_TENANT_A / _B (the names), APTIX_TEST_TENANT_A_URL / _B_URL
+# (the users' URLs) and APTIX_TEST_OTHER_CONVERSATION_CONTEXT, runs only tests/test_tenancy.py and
+# dist/test/tenancy.test.js (which skip in the default mode), and deletes the users afterwards.
+# It needs rabbitmqctl.
 #
 # Needs RabbitMQ on 127.0.0.1:5672 (guest/guest) and PostgreSQL on 127.0.0.1:5432 (postgres,
 # trust), python3 (>= 3.10) and Node 20 with npm.
@@ -33,6 +45,7 @@ admin_url="${APTIX_TEST_ADMIN_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 work="$(mktemp -d)"
 venv="$here/python/.venv"
 sim_pid="" run_pid="" client_user="" py=""
+tenant_mode="" tenant_users=""
 
 stop() { # SIGTERM, then wait for the process to exit
   local pid=$1
@@ -50,11 +63,59 @@ cleanup() {
       || echo "clients: could not remove the broker objects of $prefix" >&2
   fi
   [[ -n "$client_user" ]] && rabbitmqctl -q delete_user "$client_user" >/dev/null 2>&1
+  for user in $tenant_users; do rabbitmqctl -q delete_user "$user" >/dev/null 2>&1; done
   psql -h 127.0.0.1 -U postgres -d postgres -qAtc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+if [[ "${CLIENTS_TENANTS:-}" == 1 ]]; then
+  command -v rabbitmqctl >/dev/null 2>&1 || die "CLIENTS_TENANTS=1 needs rabbitmqctl (it creates the tenants' users)"
+  tenant_mode=1
+  tenant_a="ta${rand:0:6}" tenant_b="tb${rand:0:6}"
+  tenant_user_a="aptix-tenant-$rand-a" tenant_user_b="aptix-tenant-$rand-b"
+  other_context=other
+fi
+
+# Tenant mode: the pipeline's configuration over the built-in defaults. Tenant A has the default
+# agent context; an agent context (its key and collection) serves one tenant only, so B has its
+# own. The second conversation context is aptix.example.toml's [conversation_contexts.default]
+# (its [[...tools]] too, comments left out) under another id and mode.
+write_tenant_config() {
+  cat <<EOF
+[tenants.$tenant_a]
+users = ["$tenant_user_a"]
+agent_contexts = ["default"]
+conversation_contexts = ["default", "$other_context"]
+
+[tenants.$tenant_b]
+users = ["$tenant_user_b"]
+agent_contexts = ["$tenant_b"]
+conversation_contexts = ["default", "$other_context"]
+
+[agent_contexts.$tenant_b]
+collection = "aptix_$tenant_b"
+
+EOF
+  awk '
+    !str && /^\[/ { on = /^\[\[?conversation_contexts\.default[].]/ }
+    on && !str && /^#/ { next }
+    on { print }
+    { if (gsub(/"""/, "&") % 2) str = !str }  # inside a multi-line string no line is a header
+  ' "$here/../aptix.example.toml" \
+    | sed -e "/^\[/s/conversation_contexts\.default/conversation_contexts.$other_context/" \
+      -e 's/^mode = .*/mode = "OTHER"/' -e 's/^mode_display_name = .*/mode_display_name = "Other"/'
+}
+
+add_tenant_user() { # USER TENANT: prints the URL of a new broker user with the permissions of TENANT's clients
+  local user=$1 tenant=$2 pass
+  pass="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+  rabbitmqctl -q add_user "$user" "$pass" >/dev/null 2>&1 || return 1
+  rabbitmqctl -q set_permissions -p / "$user" "^$p\\.(session|instance)\\.$tenant\\..*" "^$p\\.requests\$" \
+    "^$p\\.(session|instance)\\.$tenant\\..*" >/dev/null 2>&1 || return 1
+  echo "amqp://$user:$pass@127.0.0.1:5672/%2f"
+}
 
 log "python dependencies (clients/python/.venv)"
 py="$venv/bin/python"
@@ -82,7 +143,14 @@ export APTIX__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
 export APTIX__VECTOR__DATA_DIR="$work/vectors"
 export APTIX__TELEMETRY__METRICS_LISTEN=""
 export RUST_LOG="${RUST_LOG:-warn}"
-unset APTIX_CONFIG
+unset APTIX_CONFIG APTIX_TEST_TENANTS
+if [[ -n "$tenant_mode" ]]; then
+  write_tenant_config >"$work/tenants.toml" || die "could not write the tenants' configuration"
+  grep -q "^\[conversation_contexts\.$other_context\]" "$work/tenants.toml" \
+    || die "aptix.example.toml has no [conversation_contexts.default] to copy"
+  export APTIX_CONFIG="$work/tenants.toml"
+  echo "tenants $tenant_a ($tenant_user_a) and $tenant_b ($tenant_user_b): APTIX_CONFIG=$APTIX_CONFIG"
+fi
 
 "$aptix" sim --listen 127.0.0.1:0 >"$work/sim.out" 2>"$work/sim.log" &
 sim_pid=$!
@@ -106,9 +174,9 @@ APTIX_TEST_ADMIN_AMQP_URL="$admin_url" "$py" "$here/python/tests/broker_cleanup.
 echo "pipeline running (pid $run_pid)"
 
 client_url="$admin_url"
+p="${prefix//./\\.}"
 if command -v rabbitmqctl >/dev/null 2>&1; then
   user="aptix-client-$rand" pass="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
-  p="${prefix//./\\.}"
   if rabbitmqctl -q add_user "$user" "$pass" >/dev/null 2>&1; then
     client_user="$user"
     if rabbitmqctl -q set_permissions -p / "$user" "^$p\\.(session|instance)\\..*" "^$p\\.requests\$" "^$p\\.(session|instance)\\..*" >/dev/null 2>&1; then
@@ -119,6 +187,16 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
 fi
 [[ "$client_url" == "$admin_url" ]] && echo "clients connect as the admin account (rabbitmqctl unavailable)"
 
+if [[ -n "$tenant_mode" ]]; then
+  tenant_users="$tenant_user_a $tenant_user_b"
+  tenant_url_a="$(add_tenant_user "$tenant_user_a" "$tenant_a")" || die "could not create broker user $tenant_user_a"
+  tenant_url_b="$(add_tenant_user "$tenant_user_b" "$tenant_b")" || die "could not create broker user $tenant_user_b"
+  echo "tenant clients connect as $tenant_user_a and $tenant_user_b (configure/read ^$p\\.(session|instance)\\.<tenant>\\..*, write ^$p\\.requests\$)"
+  export APTIX_TEST_TENANTS=1 APTIX_TEST_TENANT_A="$tenant_a" APTIX_TEST_TENANT_B="$tenant_b"
+  export APTIX_TEST_TENANT_A_URL="$tenant_url_a" APTIX_TEST_TENANT_B_URL="$tenant_url_b"
+  export APTIX_TEST_OTHER_CONVERSATION_CONTEXT="$other_context"
+fi
+
 export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url" APTIX_TEST_BIN="$aptix"
 export APTIX_TEST_ADMIN_AMQP_URL="$admin_url" APTIX_TEST_REQUIRE_PIPELINE=1 APTIX_CLIENTS_WORK="$work"
 export APTIX_SCHEMAS_DIR="${APTIX_SCHEMAS_DIR:-$(cd "$here/.." && pwd)/schemas}"
@@ -128,12 +206,17 @@ if [[ $# -gt 0 ]]; then
   exit $?
 fi
 
-log "python client: pytest"
-(cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider tests) | tee "$work/pytest.out"
+py_tests=tests node_tests=dist/test/
+if [[ -n "$tenant_mode" ]]; then
+  py_tests=tests/test_tenancy.py node_tests=dist/test/tenancy.test.js
+fi
+
+log "python client: pytest $py_tests"
+(cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider "$py_tests") | tee "$work/pytest.out"
 py_rc=${PIPESTATUS[0]}
 
-log "typescript client: node --test"
-(cd "$here/typescript" && timeout 600 node --test --test-reporter=tap dist/test/) >"$work/node.out" 2>&1
+log "typescript client: node --test $node_tests"
+(cd "$here/typescript" && timeout 600 node --test --test-reporter=tap "$node_tests") >"$work/node.out" 2>&1
 node_rc=$?
 grep -E '^(not ok|# Subtest)' "$work/node.out" | grep -B1 '^not ok' || true
 [[ $node_rc -ne 0 ]] && tail -n 80 "$work/node.out"

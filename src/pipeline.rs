@@ -12,11 +12,12 @@ use crate::broker::{
     run_partitioned, run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology,
 };
 use crate::config::Settings;
+use crate::contracts::TenantName;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
 use crate::stage::{BrokerDeltas, Chain, DeltaSink};
 use crate::stages::Deps;
-use crate::store::Store;
+use crate::store::{Gate, Store};
 
 /// Why the pipeline could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +40,20 @@ pub fn topology(settings: &Settings) -> Topology {
         .with_layout(settings.amqp.ingress_partitions, settings.amqp.queue_type)
 }
 
+/// Each configured tenant's limits.
+pub fn gates(settings: &Settings) -> Vec<Gate> {
+    let names = settings.tenants.keys().filter_map(|n| n.parse::<TenantName>().ok());
+    names.map(|t| Gate { limits: settings.limits_of(Some(&t)), tenant: t }).collect()
+}
+
 /// Builds the dependencies every stage shares, using `llm` when given (tests, the demo's
 /// simulator) and the configured HTTP client otherwise. Migrates when configured to.
 pub async fn build_deps(
     settings: Arc<Settings>,
     llm: Option<Arc<dyn LlmClient>>,
 ) -> Result<Deps, StartError> {
-    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?;
+    let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?
+        .with_tenants(gates(&settings));
     if settings.pipeline.migrate_on_start {
         store.migrate().await?;
     }
@@ -146,7 +154,11 @@ pub async fn run_chain(
         };
         let mut settings = runtime_settings(&deps.settings, stage);
         settings.topology = chain.topology(&deps);
-        let partitioned = settings.topology.is_ingress(stage) && settings.topology.partitions() > 1;
+        let ingress = settings.topology.is_ingress(stage);
+        if let Some(route) = chain.route(stage, &deps).filter(|_| ingress) {
+            tasks.push(tokio::spawn(crate::held::run(deps.clone(), route, shutdown.clone())));
+        }
+        let partitioned = ingress && settings.topology.partitions() > 1;
         for _ in 0..copies.max(1) {
             let (handler, settings, shutdown) =
                 (handler.clone(), settings.clone(), shutdown.clone());

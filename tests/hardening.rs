@@ -79,6 +79,7 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
         headers: Default::default(),
         message_id,
         reply_to: None,
+        user_id: None,
         redelivered: true,
         attempt: 0,
         hint: Default::default(),

@@ -458,12 +458,47 @@ fn endpoints_resolve_per_tenant_and_keep_query_strings() {
         "collection": "c",
     }))
     .unwrap();
-    let e = Endpoint::resolve(&s, Some(&tenant));
+    let e = Endpoint::resolve(&s, Some(&tenant)).unwrap();
     assert_eq!(
         e.url("responses"),
         "https://tenant.example/openai/v1/responses?api-version=preview"
     );
     assert_eq!(e.api_key.as_ref().map(Secret::expose), Some("sk-tenant"));
     assert!(!format!("{e:?}").contains("sk-tenant"));
-    assert_eq!(Endpoint::resolve(&s, None).url("responses"), "https://api.example/v1/responses");
+    assert_eq!(
+        Endpoint::resolve(&s, None).unwrap().url("responses"),
+        "https://api.example/v1/responses"
+    );
+}
+
+/// Issue 17, point 5: a context with its own endpoint never receives the global key; a key file
+/// is read at each call (replacing it rotates the key), and a missing one is an error that
+/// names the path, not a call without a key.
+#[test]
+fn own_endpoints_never_get_the_global_key_and_key_files_rotate() {
+    let mut s = settings("https://api.example/v1/");
+    s.api_key = Some(Secret::new("sk-global"));
+    let own: AgentContext = serde_json::from_value(json!({
+        "llm_base_url": "https://tenant.example/v1", "collection": "c",
+    }))
+    .unwrap();
+    assert_eq!(Endpoint::resolve(&s, Some(&own)).unwrap().api_key, None);
+    let shared: AgentContext = serde_json::from_value(json!({"collection": "c"})).unwrap();
+    let key = Endpoint::resolve(&s, Some(&shared)).unwrap().api_key;
+    assert_eq!(key.as_ref().map(Secret::expose), Some("sk-global"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, "sk-one\n").unwrap();
+    let from_file: AgentContext = serde_json::from_value(json!({
+        "llm_base_url": "https://tenant.example/v1", "collection": "c",
+        "llm_api_key_file": file,
+    }))
+    .unwrap();
+    let key = |a: &AgentContext| Endpoint::resolve(&s, Some(a)).unwrap().api_key.unwrap();
+    assert_eq!(key(&from_file).expose(), "sk-one");
+    std::fs::write(&file, "sk-two").unwrap();
+    assert_eq!(key(&from_file).expose(), "sk-two");
+    std::fs::remove_file(&file).unwrap();
+    let e = Endpoint::resolve(&s, Some(&from_file)).unwrap_err();
+    assert!(e.contains(&file.display().to_string()) && !e.contains("sk-"), "{e}");
 }

@@ -101,6 +101,9 @@ pub struct OutMessage {
     /// instance, whose queue (declared by its client) must be bound first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<crate::contracts::InstanceName>,
+    /// For replies and deltas: the tenant whose reply queue (session's or instance's) it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<crate::contracts::TenantName>,
     /// Whether the session's queue may be created for this message (an admitted session), or
     /// only bound if the client declared it (a refusal, which must leave nothing behind).
     #[serde(default = "yes")]
@@ -127,17 +130,23 @@ impl OutMessage {
             body,
             session: None,
             instance: None,
+            tenant: None,
             create_queue: true,
             correlation_id: None,
         }
     }
 
-    /// The same reply or delta, routed to backend instance `to`'s queue when given (instead of
-    /// its session's).
-    pub fn to(mut self, to: Option<&crate::contracts::InstanceName>) -> Self {
-        if let Some(instance) = to {
-            self.routing_key = super::Topology::instance_key(instance);
+    /// The same reply or delta, routed to the reply queue at `to`: its tenant's, and the
+    /// backend instance's when one is named (else its session's). The routing key names the
+    /// tenant, so a tenant's queue never matches another tenant's replies.
+    pub fn to(mut self, to: &crate::contracts::ReplyAddress) -> Self {
+        let tenant = to.tenant.as_ref();
+        self.tenant = to.tenant.clone();
+        if let Some(instance) = &to.instance {
+            self.routing_key = super::Topology::instance_key(tenant, instance);
             self.instance = Some(instance.clone());
+        } else if let Some(session) = &self.session {
+            self.routing_key = super::Topology::session_key(tenant, session);
         }
         self
     }

@@ -85,6 +85,9 @@ pub struct Delivery {
     pub message_id: Option<String>,
     /// `reply_to` property: where a client asked for the replies to its submission.
     pub reply_to: Option<String>,
+    /// `user_id` property: the RabbitMQ user that published it, checked by the broker (a
+    /// publish naming another user is refused), so it identifies a client's tenant.
+    pub user_id: Option<String>,
     /// Whether the broker has delivered it before (a consumer may have crashed on it).
     pub redelivered: bool,
     /// 0 on first processing, +1 per retry through a delay queue.

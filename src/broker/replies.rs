@@ -28,14 +28,16 @@ struct Target {
 
 impl Target {
     fn of(topology: &Topology, m: &OutMessage) -> Option<Target> {
+        let tenant = m.tenant.as_ref();
         if let Some(instance) = &m.instance {
-            let (queue, key) =
-                (topology.instance_queue(instance), Topology::instance_key(instance));
+            let queue = topology.instance_queue(tenant, instance);
+            let key = Topology::instance_key(tenant, instance);
             // An instance queue is its client's: declared by it, never created here.
             return Some(Target { queue, key, create: false });
         }
         let session = m.session.as_ref()?;
-        let (queue, key) = (topology.session_queue(session), session.to_string());
+        let (queue, key) =
+            (topology.session_queue_of(tenant, session), Topology::session_key(tenant, session));
         Some(Target { queue, key, create: m.create_queue })
     }
 }

@@ -12,7 +12,7 @@ use lapin::types::FieldTable;
 use lapin::Channel;
 
 use crate::config::QueueType;
-use crate::contracts::{InstanceName, SessionId};
+use crate::contracts::{InstanceName, SessionId, TenantName};
 
 /// A stage's name: its queue suffix, configuration key, metric label and worker name. Names come
 /// from the stages themselves (`Stage::NAME`); the broker only carries them.
@@ -177,21 +177,43 @@ impl Topology {
         format!("{}.replies", self.prefix)
     }
 
-    /// A session's reply queue.
+    /// A session's reply queue (single-tenant).
     pub fn session_queue(&self, session: &SessionId) -> String {
-        format!("{}.session.{}", self.prefix, session)
+        self.session_queue_of(None, session)
+    }
+
+    /// A session's reply queue: `<prefix>.session.<SessionId>`, or with a tenant
+    /// `<prefix>.session.<tenant>.<SessionId>`, which the tenant's user alone may read.
+    pub fn session_queue_of(&self, tenant: Option<&TenantName>, session: &SessionId) -> String {
+        format!("{}.session.{}", self.prefix, Self::session_key(tenant, session))
+    }
+
+    /// The routing key of a session's replies on the replies exchange.
+    pub fn session_key(tenant: Option<&TenantName>, session: &SessionId) -> String {
+        match tenant {
+            Some(t) => format!("{t}.{session}"),
+            None => session.to_string(),
+        }
     }
 
     /// A backend instance's reply queue: the replies of every submission that named it in
-    /// `reply_to` (docs/client-protocol.md). Declared by its client, bound by the server.
-    pub fn instance_queue(&self, instance: &InstanceName) -> String {
-        format!("{}.instance.{}", self.prefix, instance)
+    /// `reply_to` (docs/client-protocol.md); with a tenant, `<prefix>.instance.<tenant>.<name>`.
+    /// Declared by its client, bound by the server.
+    pub fn instance_queue(&self, tenant: Option<&TenantName>, instance: &InstanceName) -> String {
+        match tenant {
+            Some(t) => format!("{}.instance.{t}.{instance}", self.prefix),
+            None => format!("{}.instance.{instance}", self.prefix),
+        }
     }
 
-    /// The routing key of an instance's replies on the replies exchange; never a SessionId (a
-    /// UUID has no `.`).
-    pub fn instance_key(instance: &InstanceName) -> String {
-        format!("instance.{instance}")
+    /// The routing key of an instance's replies on the replies exchange; never a session's (a
+    /// UUID has no `.`, and `instance.<UUID>` of a tenant called `instance` has one dot where
+    /// an instance key with a tenant has two).
+    pub fn instance_key(tenant: Option<&TenantName>, instance: &InstanceName) -> String {
+        match tenant {
+            Some(t) => format!("instance.{t}.{instance}"),
+            None => format!("instance.{instance}"),
+        }
     }
 
     /// Dead-letter queue.

@@ -87,9 +87,14 @@ pub struct AgentContext {
     /// Overrides `llm.base_url` for this tenant.
     #[serde(default)]
     pub llm_base_url: Option<ConnectionUrl>,
-    /// Overrides `llm.api_key` for this tenant.
+    /// This context's own key (or set `APTIX__AGENT_CONTEXTS__<ID>__LLM_API_KEY`). A context
+    /// with its own `llm_base_url` never falls back to `llm.api_key`.
     #[serde(default)]
     pub llm_api_key: Option<Secret>,
+    /// A file holding this context's key (a mounted secret), read at each call, so replacing
+    /// the file rotates the key without a restart. Wins over `llm_api_key`.
+    #[serde(default)]
+    pub llm_api_key_file: Option<std::path::PathBuf>,
     /// Vector collection (or embedded shard) holding this tenant's chunks.
     pub collection: String,
 }

@@ -7,6 +7,7 @@ mod check;
 mod contexts;
 mod limits;
 mod secret;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ pub use assemble_policy::AssemblePolicy;
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
 pub use limits::Limits;
 pub use secret::{redact_url, ConnectionUrl, Secret};
+pub use tenants::{OverLimit, Publisher, Tenant, TenantLimits};
 
 use crate::contracts::ContextId;
 
@@ -74,6 +76,12 @@ pub struct Settings {
     /// Request assembly: active-file limit, provider retention, rehydration budgets.
     #[serde(default)]
     pub assemble: AssemblePolicy,
+    /// Tenants by name (docs/tenancy.md); none: single-tenant.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, Tenant>,
+    /// Limits of every tenant that does not set its own.
+    #[serde(default)]
+    pub tenant_limits: TenantLimits,
 }
 
 /// RabbitMQ settings.

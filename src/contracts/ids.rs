@@ -186,6 +186,59 @@ impl<'de> Deserialize<'de> for InstanceName {
     }
 }
 
+/// A tenant's name (`tenants.<name>` in the configuration): 1-32 of `[a-z0-9_-]`, starting
+/// with a letter or digit. It is a segment of the tenant's reply queue names, so it has no `.`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct TenantName(String);
+
+impl TenantName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TenantName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for TenantName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-');
+        let first_ok =
+            s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if !first_ok || s.len() > 32 || !s.chars().all(ok) {
+            return Err(format!(
+                "`{}` is not a tenant name: use 1-32 lowercase letters, digits, `_` or `-`, starting with a letter or digit",
+                clip(s)
+            ));
+        }
+        Ok(TenantName(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for TenantName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a turn's replies (and stream deltas) go: a reply queue of its tenant (all of them in a
+/// single-tenant deployment), the backend instance's when the submission named one in
+/// `reply_to`, else the session's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyAddress {
+    /// The session's tenant; `None` when no tenant is configured.
+    pub tenant: Option<TenantName>,
+    /// The backend instance that asked for the replies, if one did.
+    pub instance: Option<InstanceName>,
+}
+
 /// A workspace-relative path: not absolute, no drive letter, no `..` segment, no NUL, no control
 /// or invisible format character; NFKC-normalised, and checked in that form, so look-alikes such
 /// as `．．/x` (full-width dots) are the traversal they resemble.

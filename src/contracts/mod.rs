@@ -13,7 +13,7 @@ mod wire;
 
 pub use delta::ReplyDelta;
 pub use error::{ApiError, ErrorCode};
-pub use ids::{ContextId, InstanceName, RelativePath, SessionId, TurnId};
+pub use ids::{ContextId, InstanceName, RelativePath, ReplyAddress, SessionId, TenantName, TurnId};
 pub use request::AgentExecuteRequest;
 pub use response::{
     AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall,

@@ -50,13 +50,22 @@ impl Endpoint {
         Endpoint { base_url: base_url.into(), api_key }
     }
 
-    /// The endpoint serving a request: the AgentContext's overrides, else `[llm]`.
-    pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Self {
-        let base_url = agent.and_then(|a| a.llm_base_url.as_ref()).unwrap_or(&settings.base_url);
-        let base_url = base_url.expose().to_owned();
-        let api_key =
-            agent.and_then(|a| a.llm_api_key.clone()).or_else(|| settings.api_key.clone());
-        Endpoint { base_url, api_key }
+    /// The endpoint serving a request: the AgentContext's overrides, else `[llm]`. A context
+    /// with its own base URL gets only its own key (none if it has none): another endpoint
+    /// never receives the global key. A key file is read here, at each call, so a replaced file
+    /// takes effect at once; an unreadable one is an error naming the path, never the key.
+    pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Result<Self, String> {
+        let own_url = agent.and_then(|a| a.llm_base_url.as_ref());
+        let base_url = own_url.unwrap_or(&settings.base_url).expose().to_owned();
+        let own_key = match agent.and_then(|a| a.llm_api_key_file.as_ref()) {
+            Some(path) => Some(read_key(path)?),
+            None => agent.and_then(|a| a.llm_api_key.clone()),
+        };
+        let api_key = match own_url {
+            Some(_) => own_key,
+            None => own_key.or_else(|| settings.api_key.clone()),
+        };
+        Ok(Endpoint { base_url, api_key })
     }
 
     /// The URL of `path` under the base URL, keeping the base URL's query string.
@@ -134,4 +143,15 @@ pub trait LlmClient: Send + Sync + fmt::Debug {
         &'a self,
         request: LlmRequest<'a>,
     ) -> BoxFuture<'a, Result<LlmResponse, LlmError>>;
+}
+
+/// A key from a mounted secret file: its content without the trailing newline.
+fn read_key(path: &std::path::Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("the LLM key file {} is unreadable: {e}", path.display()))?;
+    let key = text.trim_end_matches(['\n', '\r']);
+    if key.is_empty() {
+        return Err(format!("the LLM key file {} is empty", path.display()));
+    }
+    Ok(Secret::new(key))
 }

@@ -14,8 +14,8 @@ use crate::assemble::{
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
 use crate::contracts::{
-    ApiError, ErrorCode, InstanceName, Outcome, ToolCall, TurnKey, Usage, UserTurn, UserWarning,
-    ValidatedRequest,
+    ApiError, ErrorCode, InstanceName, Outcome, ReplyAddress, TenantName, ToolCall, TurnKey, Usage,
+    UserTurn, UserWarning, ValidatedRequest,
 };
 
 /// One round trip of a turn: the user turn, and the continuation that resumed it, if any.
@@ -42,9 +42,18 @@ pub struct TurnJob {
     /// that started it asked for one (`reply_to`); otherwise the session's reply queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<InstanceName>,
+    /// The session's tenant (absent in a single-tenant deployment, and in messages queued
+    /// before tenants existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<TenantName>,
 }
 
 impl TurnJob {
+    /// Where this round trip's replies go.
+    pub fn address(&self) -> ReplyAddress {
+        ReplyAddress { tenant: self.tenant.clone(), instance: self.reply_to.clone() }
+    }
+
     /// The user turn that opened the turn (a stored turn always is one).
     pub fn user_turn(&self) -> Result<&UserTurn, ApiError> {
         match &self.turn {

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::TurnJob;
-use crate::contracts::{ApiError, InstanceName, InvokeResult, Outcome, Reply, SessionId};
+use crate::contracts::{
+    ApiError, InstanceName, InvokeResult, Outcome, Reply, ReplyAddress, SessionId, TenantName,
+};
 
 /// A request as a client published it: bytes not yet parsed, and its `message_id`.
 #[derive(Debug, Clone)]
@@ -16,6 +18,8 @@ pub struct Submission {
     pub message_id: Option<String>,
     /// The client's `reply_to`, if it set one (checked at admission).
     pub reply_to: Option<String>,
+    /// The RabbitMQ user that published it (broker-checked `user_id`), which names its tenant.
+    pub user_id: Option<String>,
     /// Delivered before, to a consumer that stopped before acknowledging it.
     pub redelivered: bool,
 }
@@ -83,6 +87,9 @@ pub struct ReplyOut {
     /// The backend instance whose queue receives it instead of the session's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<InstanceName>,
+    /// The tenant whose reply queues receive it (none in a single-tenant deployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<TenantName>,
 }
 
 fn yes() -> bool {
@@ -108,6 +115,7 @@ impl ReplyOut {
             create_queue: true,
             correlation_id: None,
             reply_to: None,
+            tenant: None,
         })
     }
 
@@ -129,6 +137,7 @@ impl ReplyOut {
             create_queue: false,
             correlation_id: None,
             reply_to: None,
+            tenant: None,
         }
     }
 
@@ -144,13 +153,20 @@ impl ReplyOut {
             create_queue: true,
             correlation_id: None,
             reply_to: None,
+            tenant: None,
         }
     }
 
-    /// The same reply, for backend instance `to`'s queue when given.
-    pub fn to(mut self, to: Option<InstanceName>) -> Self {
-        self.reply_to = to;
+    /// The same reply, for the queue at `to` (a tenant's, an instance's).
+    pub fn to(mut self, to: ReplyAddress) -> Self {
+        self.reply_to = to.instance;
+        self.tenant = to.tenant;
         self
+    }
+
+    /// Where it goes.
+    pub fn address(&self) -> ReplyAddress {
+        ReplyAddress { tenant: self.tenant.clone(), instance: self.reply_to.clone() }
     }
 
     /// Its `message_id`: the same for every copy of the same logical reply.

@@ -33,7 +33,7 @@ pub(crate) fn endpoint_for(settings: &Settings, turn: &UserTurn) -> Result<Endpo
         let id = turn.agent_context_id().map_or("(default)", |c| c.as_str());
         format!("the agent context `{id}` is not configured")
     })?;
-    Ok(Endpoint::resolve(&settings.llm, Some(agent)))
+    Endpoint::resolve(&settings.llm, Some(agent))
 }
 
 /// Whether an LLM error is the model's answer to this request (recorded, like the pipeline does)

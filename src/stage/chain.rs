@@ -76,18 +76,23 @@ impl<C: Context + 'static> Chain<C> {
         cx.topology().with_stages(&self.names())
     }
 
-    /// Builds the runtime handler of stage `name` (`None` if the chain has no such stage).
-    pub fn handler(&self, name: StageName, cx: &C) -> Option<Arc<dyn Handler>> {
+    /// Where stage `name`'s outputs go (`None` if the chain has no such stage).
+    pub fn route(&self, name: StageName, cx: &C) -> Option<Route> {
         let at = self.links.iter().position(|l| l.name == name)?;
         let names = self.names();
-        let route = Route {
+        Some(Route {
             stage: name,
             next: names.get(at + 1).copied(),
             start: names.get(1).copied().unwrap_or(name),
             finisher: *names.last()?,
             topology: self.topology(cx),
-        };
-        Some((self.links[at].make)(cx, route))
+        })
+    }
+
+    /// Builds the runtime handler of stage `name` (`None` if the chain has no such stage).
+    pub fn handler(&self, name: StageName, cx: &C) -> Option<Arc<dyn Handler>> {
+        let at = self.links.iter().position(|l| l.name == name)?;
+        Some((self.links[at].make)(cx, self.route(name, cx)?))
     }
 }
 

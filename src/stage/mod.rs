@@ -93,6 +93,7 @@ impl Inbound for Submission {
             body: delivery.body.clone(),
             message_id: delivery.message_id.clone(),
             reply_to: delivery.reply_to.clone(),
+            user_id: delivery.user_id.clone(),
             redelivered: delivery.redelivered,
         })
     }

@@ -6,7 +6,7 @@ use tracing::warn;
 
 use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
-use crate::contracts::{InstanceName, TurnKey};
+use crate::contracts::{ReplyAddress, TurnKey};
 use crate::llm::StreamDelta;
 use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
 
@@ -47,7 +47,8 @@ impl Route {
         self.to_stage(self.finisher, job)
     }
 
-    fn outgoing(&self, m: Outgoing) -> Result<OutMessage, String> {
+    /// The broker message of one outbox message.
+    pub fn outgoing(&self, m: Outgoing) -> Result<OutMessage, String> {
         match m {
             Outgoing::Start(job) => self.to_stage::<TurnJob>(self.start, &job),
             Outgoing::Reply(r) => Ok(self.reply(r)),
@@ -80,8 +81,9 @@ impl Route {
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(r.session);
         msg.create_queue = r.create_queue;
+        let to = r.address();
         msg.correlation_id = r.correlation_id;
-        msg.to(r.reply_to.as_ref())
+        msg.to(&to)
     }
 }
 
@@ -98,13 +100,13 @@ fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
 
 /// Where stream deltas of a call go while it runs.
 pub trait DeltaSink: Send + Sync + std::fmt::Debug {
-    /// Publishes one delta of round trip `step` of turn `key` (to backend instance `to`'s queue
-    /// when given); a lost delta is never fatal (the final reply carries the whole answer).
+    /// Publishes one delta of round trip `step` of turn `key` to the reply queue at `to`; a
+    /// lost delta is never fatal (the final reply carries the whole answer).
     fn publish<'a>(
         &'a self,
         key: &'a TurnKey,
         step: i32,
-        to: Option<&'a InstanceName>,
+        to: &'a ReplyAddress,
         delta: &'a StreamDelta,
     ) -> BoxFuture<'a, ()>;
 }
@@ -128,7 +130,7 @@ impl DeltaSink for BrokerDeltas {
         &'a self,
         key: &'a TurnKey,
         step: i32,
-        to: Option<&'a InstanceName>,
+        to: &'a ReplyAddress,
         delta: &'a StreamDelta,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {

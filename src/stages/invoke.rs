@@ -54,7 +54,8 @@ impl Stage for Invoke {
         }
         let turn = job.job.user_turn().map_err(StageError::fail)?;
         let agent = super::agent_context(&self.settings, turn).ok();
-        let endpoint = Endpoint::resolve(&self.settings.llm, agent);
+        let endpoint =
+            Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::Transient)?;
         let stream = turn.stream();
         let mut assembled = job.assembled;
         let mut result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
@@ -113,10 +114,10 @@ impl Invoke {
         };
         // Deltas are published one at a time, in order, while the call runs.
         let (tx, mut rx) = mpsc::channel::<StreamDelta>(256);
-        let (key, step, to) = (job.key.clone(), job.step, job.reply_to.clone());
+        let (key, step, to) = (job.key.clone(), job.step, job.address());
         let forwarder = tokio::spawn(async move {
             while let Some(delta) = rx.recv().await {
-                sink.publish(&key, step, to.as_ref(), &delta).await;
+                sink.publish(&key, step, &to, &delta).await;
             }
         });
         let result = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx) }).await;

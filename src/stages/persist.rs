@@ -47,7 +47,7 @@ impl Stage for Persist {
         let (key, step) = (job.job.key.clone(), job.job.step);
         let e = self.ending(&job).await?;
         let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?
-            .to(job.job.reply_to.clone());
+            .to(job.job.address());
         let mut record = NewRecord::base(
             job.job.user_turn().ok(),
             job.assembled.as_ref(),

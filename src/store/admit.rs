@@ -7,21 +7,26 @@ use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
 use super::records::NewRecord;
+use super::sessions::SessionOwner;
+use super::tenants::{self, Gate, Limit};
 use super::turns::{TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TurnKey};
+use crate::config::OverLimit;
+use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
 use crate::messages::{Outgoing, ReplyOut};
 
 /// How long after it was written an unpublished reply is left to its persist worker before a new
 /// turn of the session publishes it itself: longer than a reconnect and a redelivery take.
 const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Session columns a user turn may set.
+/// Session columns a user turn may set (on the session's first turn; fixed after that).
 #[derive(Debug, Clone, Default)]
 pub struct SessionMeta {
-    /// Requested AgentContext.
+    /// The tenant the session belongs to.
+    pub tenant: Option<TenantName>,
+    /// Its AgentContext, resolved (the tenant's default when the request named none).
     pub agent_context_id: Option<String>,
-    /// Requested ConversationContext.
+    /// Its ConversationContext, resolved likewise.
     pub conversation_context_id: Option<String>,
     /// Workspace hint.
     pub workspace_id: Option<String>,
@@ -60,16 +65,39 @@ pub enum Admission {
         /// The waiting turn.
         turn_id: String,
     },
+    /// The session belongs to another tenant: nothing was read or written.
+    Unavailable,
+    /// The session exists with other contexts than `meta` assumed (it was created meanwhile).
+    ContextsDiffer(SessionOwner),
+    /// The tenant is over this limit (and refuses, or it is a new session): nothing written.
+    Limited(Limit),
 }
 
-async fn lock_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-) -> Result<(Option<String>, i64), StoreError> {
-    Ok(sqlx::query_as("SELECT active_turn_id, next_seq FROM sessions WHERE id = $1 FOR UPDATE")
-        .bind(session)
-        .fetch_one(&mut *conn)
-        .await?)
+/// A locked session row.
+#[derive(sqlx::FromRow)]
+struct Locked {
+    active_turn_id: Option<String>,
+    next_seq: i64,
+    #[sqlx(flatten)]
+    owner: SessionOwner,
+}
+
+async fn lock_session(conn: &mut PgConnection, session: Uuid) -> Result<Locked, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id
+         FROM sessions WHERE id = $1 FOR UPDATE",
+    )
+    .bind(session)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Whether a session created with `stored` contexts serves a turn that assumed `meta`'s (a
+/// session from before contexts were fixed has none, and serves any).
+fn contexts_match(stored: &SessionOwner, meta: &SessionMeta) -> bool {
+    let same = |s: &Option<String>, m: &Option<String>| s.is_none() || s == m;
+    same(&stored.agent_context_id, &meta.agent_context_id)
+        && same(&stored.conversation_context_id, &meta.conversation_context_id)
 }
 
 pub(super) async fn turn_row(
@@ -90,13 +118,14 @@ pub(super) fn failure(
     let reply: Reply = InvokeResult::fail(vec![error.clone()]);
     let key = row.key()?;
     let out =
-        ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?.to(row.reply_to()?);
+        ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?.to(row.address()?);
     let record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
     Ok((record, Outgoing::Reply(out)))
 }
 
 impl Store {
     /// Admits a validated user turn; a turn that runs now gets its start message in the outbox.
+    /// A turn of another tenant's session, or over its tenant's limits, writes nothing.
     pub async fn admit_user_turn(
         &self,
         key: &TurnKey,
@@ -108,7 +137,13 @@ impl Store {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
         let created = create_session(&mut tx, session, meta).await?;
-        let (active, next_seq) = lock_session(&mut tx, session).await?;
+        let locked = lock_session(&mut tx, session).await?;
+        if locked.owner.tenant.as_deref() != meta.tenant.as_ref().map(TenantName::as_str) {
+            return Ok(Admission::Unavailable);
+        }
+        if !contexts_match(&locked.owner, meta) {
+            return Ok(Admission::ContextsDiffer(locked.owner));
+        }
         if let Some(existing) = turn_row(&mut tx, session, turn).await? {
             let outcome = if existing.fingerprint != fingerprint {
                 Admission::Conflict
@@ -122,16 +157,36 @@ impl Store {
             tx.commit().await?;
             return Ok(outcome);
         }
-        if let Some(active) = active {
+        let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
+        if let Some(gate) = &gate {
+            tenants::lock(&mut tx, &gate.tenant).await?;
+            if let (true, Err(limit)) = (created, tenants::session_allowed(&mut tx, gate).await?) {
+                return Ok(Admission::Limited(limit));
+            }
+        }
+        let new = NewTurn {
+            session,
+            turn,
+            seq: locked.next_seq,
+            fingerprint,
+            request,
+            reply_to,
+            tenant: meta.tenant.as_ref(),
+        };
+        let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
+        if let Some(active) = locked.active_turn_id {
             if state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults) {
                 tx.commit().await?;
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
-            let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
+            // Refused turns count from admission: this one will start whatever happens.
+            if let Some(limit) = refused_by(&mut tx, gate.as_ref()).await? {
+                return Ok(Admission::Limited(limit));
+            }
             insert_turn(&mut tx, &new, TurnState::Queued).await?;
             let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             tx.commit().await?;
-            return Ok(Admission::Accepted { outbox, queued: true, new_session: created });
+            return Ok(queued(outbox));
         }
         // The last turn's reply may still be unpublished: this turn must not overtake it. A
         // fresh one is being published by its persist worker (or will be, when its message comes
@@ -140,7 +195,19 @@ impl Store {
         else {
             return Err(StoreError::ReplyInFlight);
         };
-        let new = NewTurn { session, turn, seq: next_seq, fingerprint, request, reply_to };
+        if let Some(gate) = &gate {
+            if let Err(limit) = tenants::room(&mut tx, gate, 1).await? {
+                if gate.limits.over_limit == OverLimit::Refuse {
+                    return Ok(Admission::Limited(limit));
+                }
+                // Held: the session's head, started by `start_held` when there is room.
+                insert_turn(&mut tx, &new, TurnState::Queued).await?;
+                let held = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
+                outbox.ids.extend(held.ids);
+                tx.commit().await?;
+                return Ok(queued(outbox));
+            }
+        }
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
         let start = vec![Outgoing::Start(row.start_job()?)];
         let started = outbox::insert(&mut tx, session, turn, start).await?;
@@ -151,6 +218,19 @@ impl Store {
     }
 }
 
+/// The limit that refuses one more turn, for a tenant that refuses (the lock is held).
+async fn refused_by(
+    conn: &mut PgConnection,
+    gate: Option<&Gate>,
+) -> Result<Option<Limit>, StoreError> {
+    match gate {
+        Some(g) if g.limits.over_limit == OverLimit::Refuse => {
+            Ok(tenants::room(conn, g, 1).await?.err())
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Creates the session if it is new; whether it was.
 async fn create_session(
     conn: &mut PgConnection,
@@ -158,10 +238,11 @@ async fn create_session(
     meta: &SessionMeta,
 ) -> Result<bool, StoreError> {
     let created = sqlx::query(
-        "INSERT INTO sessions (id, agent_context_id, conversation_context_id, workspace_id, repo)
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id, repo)
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
     )
     .bind(session)
+    .bind(meta.tenant.as_ref().map(TenantName::as_str))
     .bind(&meta.agent_context_id)
     .bind(&meta.conversation_context_id)
     .bind(&meta.workspace_id)
@@ -193,6 +274,7 @@ struct NewTurn<'a> {
     fingerprint: &'a str,
     request: &'a Value,
     reply_to: Option<&'a InstanceName>,
+    tenant: Option<&'a TenantName>,
 }
 
 /// Inserts the turn in `state` and counts it on its session (the first one holds the session).
@@ -202,8 +284,11 @@ async fn insert_turn(
     state: TurnState,
 ) -> Result<TurnRow, StoreError> {
     let sql = format!(
-        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {TURN_COLUMNS}"
+        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
+             tenant, started_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+             CASE WHEN $4 = 'running' THEN clock_timestamp() END)
+         RETURNING {TURN_COLUMNS}"
     );
     let row: TurnRow = sqlx::query_as(&sql)
         .bind(t.session)
@@ -213,6 +298,7 @@ async fn insert_turn(
         .bind(t.fingerprint)
         .bind(t.request)
         .bind(t.reply_to.map(InstanceName::as_str))
+        .bind(t.tenant.map(TenantName::as_str))
         .fetch_one(&mut *conn)
         .await?;
     sqlx::query(

@@ -7,10 +7,9 @@ use uuid::Uuid;
 use super::admit::failure;
 use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
-use super::turns::{dispatch_next, TurnRow, TurnState, TURN_COLUMNS};
+use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, SessionId, TurnKey};
-use crate::messages::Outgoing;
 
 /// A reply that answers one submission (a refusal), as sent.
 #[derive(Debug, Clone)]
@@ -41,10 +40,11 @@ impl Store {
         let session = key.session_id.as_uuid();
         let turn = key.turn_id.as_str();
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-            .bind(session)
-            .execute(&mut *tx)
-            .await?;
+        let (active, tenant): (Option<String>, Option<String>) =
+            sqlx::query_as("SELECT active_turn_id, tenant FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_one(&mut *tx)
+                .await?;
         let sql =
             format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
         let row: Option<TurnRow> =
@@ -68,11 +68,11 @@ impl Store {
         .bind(&record.reply)
         .execute(&mut *tx)
         .await?;
-        // A queued turn was never the session's active one; only the active one hands over.
-        if row.state != TurnState::Queued {
-            if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(Outgoing::Start(next.start_job()?));
-            }
+        // Only the session's active turn (running, awaiting, or held over a tenant's limit)
+        // hands the session over; a turn queued behind it was never the active one.
+        if active.as_deref() == Some(turn) {
+            let gate = self.gate(tenant.as_deref());
+            messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;
         tx.commit().await?;

@@ -9,6 +9,7 @@ mod records;
 mod reprocess;
 mod resume;
 mod sessions;
+mod tenants;
 mod turns;
 
 use std::time::Duration;
@@ -22,7 +23,8 @@ pub use outbox::PendingOutbox;
 pub use records::{FinishStep, NewRecord, StepOutcome};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
-pub use sessions::SessionView;
+pub use sessions::{SessionOwner, SessionView};
+pub use tenants::{Gate, Limit};
 pub use turns::{TurnRow, TurnState};
 
 /// Embedded migrations (`migrations/`).
@@ -94,6 +96,8 @@ impl crate::metrics::Ready for Store {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// Each configured tenant's limits, by name (empty: single-tenant).
+    tenants: std::sync::Arc<std::collections::HashMap<String, Gate>>,
 }
 
 impl Store {
@@ -112,10 +116,28 @@ impl Store {
             .test_before_acquire(true)
             .idle_timeout(Duration::from_secs(60))
             .connect_lazy_with(options);
-        Ok(Store { pool })
+        Ok(Store { pool, tenants: Default::default() })
     }
 
     /// Creates the database named in `url` if it does not exist (needs rights on `postgres`).
+    /// The same store, deciding limits for these tenants.
+    pub fn with_tenants(mut self, gates: Vec<Gate>) -> Store {
+        let map = gates.into_iter().map(|g| (g.tenant.as_str().to_owned(), g)).collect();
+        self.tenants = std::sync::Arc::new(map);
+        self
+    }
+
+    /// The gate of a stored tenant name; `None` for no tenant or one no longer configured
+    /// (its turns then run unlimited rather than never).
+    pub(crate) fn gate(&self, tenant: Option<&str>) -> Option<Gate> {
+        tenant.and_then(|t| self.tenants.get(t)).cloned()
+    }
+
+    /// Every tenant's gate.
+    pub fn gates(&self) -> Vec<Gate> {
+        self.tenants.values().cloned().collect()
+    }
+
     pub async fn create_database(url: &str) -> Result<(), StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let name = options.get_database().unwrap_or("aptix").to_owned();

@@ -98,7 +98,7 @@ async fn rows(
     .await?)
 }
 
-fn decode(rows: &[PgRow]) -> Result<PendingOutbox, StoreError> {
+pub(super) fn decode(rows: &[PgRow]) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
     for row in rows {
         let payload: Option<serde_json::Value> = row.try_get("payload")?;

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next, TurnState};
+use super::turns::{dispatch_next, starts, TurnState};
 use super::{Store, StoreError};
 use crate::assemble::Assembled;
 use crate::contracts::{ApiError, TurnKey, UserTurn};
@@ -187,10 +187,11 @@ impl Store {
     pub async fn finish_step(&self, f: FinishStep) -> Result<PendingOutbox, StoreError> {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-            .bind(session)
-            .execute(&mut *tx)
-            .await?;
+        let tenant: Option<String> =
+            sqlx::query_scalar("SELECT tenant FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_one(&mut *tx)
+                .await?;
         if recorded(&mut tx, session, turn, f.step).await? {
             let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
             tx.commit().await?;
@@ -198,6 +199,9 @@ impl Store {
         }
         check_running(&mut tx, session, turn, f.step).await?;
         insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
+        if let Some(tenant) = tenant.as_deref().filter(|t| self.gate(Some(t)).is_some()) {
+            super::tenants::charge_tokens(&mut tx, tenant, f.record.usage.as_ref()).await?;
+        }
         if let Some(state) = &f.session_state {
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
@@ -208,9 +212,8 @@ impl Store {
         let holds_session = transition(&mut tx, &f).await?;
         let mut messages = f.messages;
         if !holds_session {
-            if let Some(next) = dispatch_next(&mut tx, session).await? {
-                messages.push(Outgoing::Start(next.start_job()?));
-            }
+            let gate = self.gate(tenant.as_deref());
+            messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;
         tx.commit().await?;

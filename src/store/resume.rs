@@ -8,9 +8,12 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use super::admit::{failure, turn_row};
 use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
-use super::turns::{dispatch_next, TurnRow, TurnState};
+use super::tenants::Gate;
+use super::turns::{dispatch_next, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, ErrorCode, InstanceName, ToolCall, ToolContinuation, TurnKey};
+use crate::contracts::{
+    ApiError, ErrorCode, InstanceName, TenantName, ToolCall, ToolContinuation, TurnKey,
+};
 use crate::messages::Outgoing;
 
 /// The result of admitting a tool continuation.
@@ -33,6 +36,8 @@ pub enum ContinuationAdmission {
     },
     /// No such turn in this session.
     NotFound,
+    /// The session belongs to another tenant: nothing was read or written.
+    Unavailable,
     /// The turn is not waiting for tool results.
     NotAwaiting {
         /// Its state.
@@ -51,6 +56,8 @@ struct Submitted<'a> {
     fingerprint: &'a str,
     /// Where the replies of the round trip it starts go.
     reply_to: Option<&'a InstanceName>,
+    /// The session's tenant's limits, for the turn it may hand the session to.
+    gate: Option<Gate>,
 }
 
 impl Store {
@@ -63,19 +70,24 @@ impl Store {
         continuation: &Value,
         parsed: &ToolContinuation,
         reply_to: Option<&InstanceName>,
+        tenant: Option<&TenantName>,
     ) -> Result<ContinuationAdmission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let locked: Option<i32> =
-            sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        let locked: Option<Option<String>> =
+            sqlx::query_scalar("SELECT tenant FROM sessions WHERE id = $1 FOR UPDATE")
                 .bind(session)
                 .fetch_optional(&mut *tx)
                 .await?;
-        let row = match locked {
+        let row = match &locked {
             None => None,
+            Some(owner) if owner.as_deref() != tenant.map(TenantName::as_str) => {
+                return Ok(ContinuationAdmission::Unavailable);
+            }
             Some(_) => turn_row(&mut tx, session, turn).await?,
         };
-        let submitted = Submitted { wire: continuation, fingerprint, reply_to };
+        let gate = self.gate(locked.flatten().as_deref());
+        let submitted = Submitted { wire: continuation, fingerprint, reply_to, gate };
         let outcome = match row {
             None => ContinuationAdmission::NotFound,
             Some(row) => decide(&mut tx, row, &submitted, parsed).await?,
@@ -141,9 +153,7 @@ async fn abort(
     .bind(&row.reply_to)
     .execute(&mut *tx)
     .await?;
-    if let Some(next) = dispatch_next(tx, session).await? {
-        messages.push(Outgoing::Start(next.start_job()?));
-    }
+    messages.extend(starts(&dispatch_next(tx, session, submitted.gate.as_ref()).await?)?);
     outbox::insert(tx, session, turn, messages).await
 }
 

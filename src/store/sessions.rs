@@ -7,7 +7,32 @@ use serde_json::Value;
 use super::{Store, StoreError};
 use crate::contracts::{SessionId, TurnKey};
 
+/// Who a session belongs to and the contexts it was created with (fixed for its life).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SessionOwner {
+    /// Its tenant; `None` in a single-tenant deployment.
+    pub tenant: Option<String>,
+    /// Its AgentContext; `None` for sessions created before contexts were fixed (they use
+    /// whatever their turns name).
+    pub agent_context_id: Option<String>,
+    /// Its ConversationContext, likewise.
+    pub conversation_context_id: Option<String>,
+}
+
 impl Store {
+    /// The owner and contexts of a session, if it exists.
+    pub async fn session_owner(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<SessionOwner>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT tenant, agent_context_id, conversation_context_id FROM sessions WHERE id = $1",
+        )
+        .bind(session.as_uuid())
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The session's assemble state (`{}` for a new session).
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
         let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")

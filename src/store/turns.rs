@@ -6,9 +6,10 @@ use serde_json::Value;
 use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
+use super::tenants::Gate;
 use super::{Store, StoreError};
-use crate::contracts::{InstanceName, SessionId, TurnKey};
-use crate::messages::TurnJob;
+use crate::contracts::{InstanceName, ReplyAddress, SessionId, TenantName, TurnKey};
+use crate::messages::{Outgoing, TurnJob};
 
 /// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -87,6 +88,14 @@ pub struct TurnRow {
     pub continuation_fingerprint: Option<String>,
     /// The backend instance that receives the current round trip's replies, if one was named.
     pub reply_to: Option<String>,
+    /// Its session's tenant, if tenants are configured.
+    pub tenant: Option<String>,
+}
+
+fn parsed<T: std::str::FromStr<Err = String>>(text: Option<&str>) -> Result<Option<T>, StoreError> {
+    text.map(str::parse)
+        .transpose()
+        .map_err(|e: String| StoreError::Corrupt(serde::de::Error::custom(e)))
 }
 
 impl TurnRow {
@@ -101,11 +110,17 @@ impl TurnRow {
     /// The backend instance its replies go to (checked: the column is written from a checked
     /// name).
     pub fn reply_to(&self) -> Result<Option<InstanceName>, StoreError> {
-        self.reply_to
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(|e: String| StoreError::Corrupt(serde::de::Error::custom(e)))
+        parsed(self.reply_to.as_deref())
+    }
+
+    /// Its session's tenant (checked: written from a configured name).
+    pub fn tenant(&self) -> Result<Option<TenantName>, StoreError> {
+        parsed(self.tenant.as_deref())
+    }
+
+    /// Where its current round trip's replies go.
+    pub fn address(&self) -> Result<ReplyAddress, StoreError> {
+        Ok(ReplyAddress { tenant: self.tenant()?, instance: self.reply_to()? })
     }
 
     /// The message that starts (or resumes) this turn at its current step. The request is read
@@ -134,31 +149,47 @@ impl TurnRow {
                 .transpose()?
                 .unwrap_or_default(),
             reply_to: self.reply_to()?,
+            tenant: self.tenant()?,
         })
     }
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to";
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant";
 
-/// Marks the next queued turn of a locked session running and returns it.
+/// Hands a locked session to its next queued turn and returns the turns that start: that one,
+/// or, for a tenant whose turns over a limit are held (`gate` in queue mode), the tenant's
+/// held turns its limits now allow, oldest first (the session's next one among them, or held).
 pub(super) async fn dispatch_next(
     conn: &mut PgConnection,
     session: Uuid,
-) -> Result<Option<TurnRow>, StoreError> {
-    let sql = format!(
-        "UPDATE turns SET state = 'running', updated_at = now()
-         WHERE (session_id, turn_id) = (SELECT session_id, turn_id FROM turns
-                WHERE session_id = $1 AND state = 'queued' ORDER BY seq LIMIT 1)
-         RETURNING {TURN_COLUMNS}"
-    );
-    let next: Option<TurnRow> =
-        sqlx::query_as(&sql).bind(session).fetch_optional(&mut *conn).await?;
+    gate: Option<&Gate>,
+) -> Result<Vec<TurnRow>, StoreError> {
+    let holds = gate.filter(|g| g.limits.over_limit == crate::config::OverLimit::Queue);
+    let next: Option<String> = sqlx::query_scalar(
+        "SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY seq LIMIT 1",
+    )
+    .bind(session)
+    .fetch_optional(&mut *conn)
+    .await?;
     sqlx::query("UPDATE sessions SET active_turn_id = $2, updated_at = now() WHERE id = $1")
         .bind(session)
-        .bind(next.as_ref().map(|t| t.turn_id.clone()))
+        .bind(&next)
         .execute(&mut *conn)
         .await?;
-    Ok(next)
+    if let Some(gate) = holds {
+        return super::tenants::start_held(conn, gate).await;
+    }
+    let Some(next) = next else { return Ok(Vec::new()) };
+    let sql = format!(
+        "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
+         WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
+    );
+    Ok(vec![sqlx::query_as(&sql).bind(session).bind(next).fetch_one(&mut *conn).await?])
+}
+
+/// The start messages of turns that `dispatch_next` started.
+pub(super) fn starts(rows: &[TurnRow]) -> Result<Vec<Outgoing>, StoreError> {
+    rows.iter().map(|r| Ok(Outgoing::Start(r.start_job()?))).collect()
 }
 
 impl Store {

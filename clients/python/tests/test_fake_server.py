@@ -4,7 +4,9 @@ the pipeline's part of protocol v2 (entry exchange, ingress queue, replies excha
 The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
 publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string.
 A request whose `reply_to` names an instance queue (§4a) is answered there, through the replies
-exchange with routing key `instance.<I>`, and the fake then declares no session queue.
+exchange with routing key `instance.<I>`, and the fake then declares no session queue. Tenants:
+`fake.tenants` maps a request's `user_id` (as the broker checked it) to a tenant `T`, whose
+session replies go to `<prefix>.session.T.<SessionId>`.
 """
 
 import json
@@ -13,7 +15,8 @@ import threading
 import pika
 import pytest
 
-from aptix_client import Client, Delta, Final, ProtocolError, PublishError, ToolResult
+from aptix_client import (Client, Delta, Final, ProtocolError, PublishError, ToolResult, session_queue,
+                          url_user)
 
 S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 
@@ -31,6 +34,9 @@ class FakeServer(threading.Thread):
         ch.basic_consume(f"{prefix}.requests", self.on_request)
         self.ch = ch
         self.requests = []
+        #: user_id -> tenant, for replies to a tenant's session queue.
+        self.tenants = {}
+        self.queues = set()
 
     def run(self):
         self.ch.start_consuming()
@@ -38,9 +44,8 @@ class FakeServer(threading.Thread):
     def stop(self):
         self.conn.add_callback_threadsafe(self.ch.stop_consuming)
         self.join(5)
-        sessions = [f"{self.prefix}.session.{r[1]['SessionId']}" for r in self.requests]
         instances = {r[0].reply_to for r in self.requests if r[0].reply_to}
-        for q in [f"{self.prefix}.requests", *sessions, *instances]:
+        for q in [f"{self.prefix}.requests", *self.queues, *instances]:
             self.ch.queue_delete(q)
         for x in ("requests", "replies"):
             self.ch.exchange_delete(f"{self.prefix}.{x}")
@@ -62,10 +67,12 @@ class FakeServer(threading.Thread):
             key = "instance." + props.reply_to[len(instance_prefix):]
             ch.queue_bind(props.reply_to, f"{self.prefix}.replies", key)
         else:
-            key = s
-            q = f"{self.prefix}.session.{s}"
+            tenant = self.tenants.get(props.user_id)
+            q = session_queue(self.prefix, s, tenant)
+            key = f"{tenant}.{s}" if tenant else s  # as the server binds them
             ch.queue_declare(q, durable=True, arguments={})
-            ch.queue_bind(q, f"{self.prefix}.replies", s)
+            ch.queue_bind(q, f"{self.prefix}.replies", key)
+            self.queues.add(q)
         common = {"x-aptix-session-id": s, "x-aptix-turn-id": t}
         answer = ""
         if "@stream" in text:
@@ -97,9 +104,11 @@ def test_a_turn_on_the_wire(fake, broker, schemas):
     assert key == s.session_id
     assert (props.delivery_mode, props.content_type) == (2, "application/json")
     assert props.message_id == sub.message_id
+    assert props.user_id == url_user(broker) == c.user_id, "user_id: the URL's user, as the broker checked it"
     assert req == {"SessionId": s.session_id, "TurnId": "t1", "Instruction": "hello"}
     assert [d for d, _ in wire] == ["out", "in"]
     assert wire[0][1]["exchange"] == f"{fake.prefix}.requests" and wire[0][1]["mandatory"]
+    assert wire[0][1]["properties"]["user_id"] == c.user_id
     assert wire[1][1]["headers"]["x-aptix-final"] is True
 
 
@@ -277,3 +286,49 @@ def test_the_instance_queue_is_durable_with_no_arguments(fake, broker):
     assert ok.method.queue == queue
     ch.queue_delete(queue)
     admin.close()
+
+
+# --- tenants -------------------------------------------------------------------------------------
+
+
+def test_the_broker_refuses_a_user_id_that_is_not_the_connections(broker, prefix):
+    """Why `user_id` can name the tenant: RabbitMQ closes the channel (406) of a publish whose
+    `user_id` is not the connection's user."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.basic_publish("", f"{prefix}.nowhere", b"{}",
+                             pika.BasicProperties(user_id=url_user(broker) + "-x"))
+        assert e.value.reply_code == 406, e.value
+    finally:
+        conn.close()
+
+
+def test_a_tenant_turn_on_the_wire(fake, broker, schemas):
+    fake.tenants[url_user(broker)] = "t1"
+    with Client(broker, fake.prefix, tenant="t1", schemas=schemas) as c:
+        assert c.tenant == "t1"
+        s = c.open_session()
+        assert s.queue == f"{fake.prefix}.session.t1.{s.session_id}" and s.reply_to is None
+        sub = s.submit_turn("t1", "hello tenant")
+        reply = s.next_event(10)
+        assert not queue_exists(broker, session_queue(fake.prefix, s.session_id)), "none without the tenant"
+    assert isinstance(reply, Final) and reply.text == "echo: hello tenant"
+    props, _, key = fake.requests[0]
+    assert key == s.session_id and props.message_id == sub.message_id
+    assert props.user_id == c.user_id == url_user(broker) and props.reply_to is None
+    assert queue_exists(broker, s.queue)  # durable, still there after the client closed
+
+
+def test_a_tenant_instance_turn_on_the_wire(fake, broker):
+    with Client(broker, fake.prefix, tenant="t1", instance="pod-6") as c:
+        queue = f"{fake.prefix}.instance.t1.pod-6"
+        assert c.instance is not None and c.instance.queue == queue
+        s = c.open_session()
+        sub = s.submit_turn("t1", "hello")
+        reply = s.next_event(10)
+    assert isinstance(reply, Final) and reply.session_id == s.session_id
+    props = fake.requests[0][0]
+    assert props.reply_to == sub.reply_to == queue and props.user_id == url_user(broker)

@@ -1,6 +1,7 @@
 """Replies per instance (protocol §4a) without a broker: the client's `Instance` and its sessions
 over a scripted fake of pika's channel, checking what is declared, consumed, published and acked,
-and how the messages of one queue are handed to many sessions.
+and how the messages of one queue are handed to many sessions. Then tenants, the same way: the
+`user_id` of every request, the tenant's queue names, and the checks made before connecting.
 """
 
 import json
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import pika
 import pytest
 
-from aptix_client import Client, Final, Instance, ProtocolError, Refused, ToolResult
+from aptix_client import Client, Final, Instance, ProtocolError, Refused, ToolResult, shared_user, url_user
 from aptix_client.client import Session
 
 PREFIX = "unit"
@@ -88,8 +89,10 @@ class FakeConnection:
 class FakeClient:
     """What a Session and an Instance use of a Client."""
 
-    def __init__(self):
+    def __init__(self, tenant=None, user_id=None):
         self.prefix = PREFIX
+        self.tenant = tenant
+        self.user_id = user_id
         self.strict = True
         self.schemas = None
         self.wire_log = None
@@ -251,3 +254,59 @@ def test_per_session_sessions_send_no_reply_to():
     ch = client._conn.channels[0]
     assert ch.published[0].props.reply_to is None
     assert ch.declared[0]["queue"] == s.queue
+
+
+# --- tenants -------------------------------------------------------------------------------------
+
+
+def test_the_user_of_a_url():
+    assert url_user("amqp://guest:guest@127.0.0.1:5672/%2f") == "guest"
+    assert url_user("amqp://aptix-tenant-a:pw@n1/%2f") == "aptix-tenant-a"
+    assert url_user("amqp://a%40b%3Ac:p%40ss@n1/%2f") == "a@b:c", "percent-decoded"
+    assert url_user("amqp://n1:5672/%2f") == "guest", "pika's default without credentials"
+    assert shared_user(["amqp://u:p@n1/%2f", "amqp://u:q@n2/%2f"]) == "u"
+    with pytest.raises(ValueError, match="different users"):
+        shared_user(["amqp://u:p@n1/%2f", "amqp://v:p@n2/%2f"])
+
+
+def test_bad_tenant_names_and_mixed_users_are_refused_before_connecting():
+    for bad in ["", "T1", "a.b", "-a", "x" * 33, "t 1"]:
+        with pytest.raises(ValueError, match="tenant name"):
+            Client("amqp://nobody:nothing@127.0.0.1:1/%2f", "p", tenant=bad)
+    with pytest.raises(ValueError, match="different users"):
+        Client("amqp://a:x@127.0.0.1:1/%2f,amqp://b:x@127.0.0.1:2/%2f", "p")
+
+
+def test_every_request_carries_user_id():
+    client = FakeClient(user_id="aptix-client-1")
+    s = Session(client, A)
+    s.submit_turn("t1", "x")
+    s._pending_calls["t1"] = ["c1"]
+    s.submit_tool_results("t1", [ToolResult.ok("c1", 1)])
+    s.submit(b'{"SessionId": "raw bytes"}', validate=False, reply_to="elsewhere")
+    ch = client._conn.channels[0]
+    assert [m.props.user_id for m in ch.published] == ["aptix-client-1"] * 3
+
+
+def test_a_tenants_session_queue_carries_its_name():
+    client = FakeClient(tenant="t1", user_id="tenant-user")
+    s = Session(client, A)
+    assert s.queue == f"{PREFIX}.session.t1.{A}" and s.reply_to is None
+    s.submit_turn("t1", "x")
+    ch = client._conn.channels[0]
+    assert ch.declared == [dict(queue=s.queue, passive=False, durable=True, exclusive=False,
+                                auto_delete=False, arguments={})]
+    assert [(q, ack) for q, _, ack in ch.consumers] == [(s.queue, False)]
+    assert ch.published[0].props.reply_to is None and ch.published[0].props.user_id == "tenant-user"
+
+
+def test_a_tenants_instance_queue_carries_its_name_and_is_the_reply_to():
+    client = FakeClient(tenant="acme", user_id="acme-backend")
+    inst = Instance(client, "pod-1")
+    queue = f"{PREFIX}.instance.acme.pod-1"
+    ch = client._conn.channels[0]
+    assert inst.queue == queue and [d["queue"] for d in ch.declared] == [queue]
+    s = open_session(client, inst, A)
+    sub = s.submit_turn("t1", "hello")
+    assert s.queue == s.reply_to == sub.reply_to == queue
+    assert (ch.published[0].props.reply_to, ch.published[0].props.user_id) == (queue, "acme-backend")

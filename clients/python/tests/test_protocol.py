@@ -2,8 +2,9 @@
 
 import pytest
 
-from aptix_client import (CODE_REPLY_TO_INVALID, DeltaId, ProtocolError, ReplyId, instance_queue,
-                          is_instance_name, parse_message_id)
+from aptix_client import (CODE_CONTEXT_FIXED, CODE_REPLY_TO_INVALID, CODE_SESSION_UNAVAILABLE, LIMIT_CODES,
+                          DeltaId, ProtocolError, ReplyId, instance_queue, is_instance_name, is_tenant_name,
+                          parse_message_id)
 from aptix_client.protocol import check_reply_headers, message_session_id, requests_exchange, session_queue
 
 S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
@@ -22,6 +23,35 @@ def test_instance_names():
         assert is_instance_name(good), good
     for bad in ["", "A" * 65, "a b", "a/b", "a:b", "pod*", "é", "a\n", "\na", "pod-1\n"]:
         assert not is_instance_name(bad), bad
+
+
+GOOD_TENANTS = ["a", "0", "t1", "acme-corp", "team_7", "a" * 32, "9-_"]
+BAD_TENANTS = ["", "A", "Acme", "-a", "_a", "a" * 33, "a.b", "a b", "a/b", "é", "t1\n", "\nt1", "a:b"]
+
+
+def test_tenant_names():
+    for good in GOOD_TENANTS:
+        assert is_tenant_name(good), good
+    for bad in BAD_TENANTS:
+        assert not is_tenant_name(bad), bad
+
+
+def test_reply_queues_of_a_tenant():
+    assert session_queue("aptix", S, "t1") == f"aptix.session.t1.{S}"
+    assert session_queue("aptix", S, None) == session_queue("aptix", S) == f"aptix.session.{S}"
+    assert instance_queue("aptix", "pod-1", "acme-corp") == "aptix.instance.acme-corp.pod-1"
+    assert instance_queue("aptix", "pod-1", None) == "aptix.instance.pod-1"
+    for bad in ["", "T1", "a.b", "a" * 33]:
+        with pytest.raises(ValueError, match="tenant name"):
+            session_queue("aptix", S, bad)
+        with pytest.raises(ValueError, match="tenant name"):
+            instance_queue("aptix", "pod-1", bad)
+
+
+def test_tenancy_error_codes():
+    assert (CODE_SESSION_UNAVAILABLE, CODE_CONTEXT_FIXED) == ("session.unavailable", "session.context_fixed")
+    assert LIMIT_CODES == ("limit.turns_in_flight", "limit.turns_per_minute", "limit.sessions_per_minute",
+                           "limit.tokens_per_minute")
 
 
 def test_the_session_of_a_message_on_an_instance_queue():

@@ -3,13 +3,19 @@
  * each). A session follows protocol v2's reply-queue procedure literally: open a channel with
  * publisher confirms, declare `<prefix>.session.<SessionId>` durable with no arguments, consume
  * it with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
- * SessionId, persistent, JSON, a fresh message_id, mandatory) and wait for each confirm.
+ * SessionId, persistent, JSON, a fresh message_id, mandatory, `userId` = the URL's user) and wait
+ * for each confirm.
  *
  * With `Client.connect({ instance: "I" })` the client follows §4a instead ("replies per
  * instance"): an `Instance` declares `<prefix>.instance.I` (durable, no arguments) once and
  * consumes it with manual acks on one confirm channel, every session publishes on that channel
  * with `replyTo` = that queue and declares no queue of its own, and each message goes to its
  * session by the `x-aptix-session-id` header. The sessions' API is the same.
+ *
+ * Tenants: every request carries the AMQP property `user_id`, the RabbitMQ user of the URL (the
+ * broker refuses any other, so the server can trust it). With `Client.connect({ tenant: "T" })`
+ * the reply queues carry the tenant's name: `<prefix>.session.T.<SessionId>` per session and
+ * `<prefix>.instance.T.<name>` per instance (`replyTo` is that name); nothing else changes.
  *
  * Clusters: `url` may name several broker nodes (an array, or one string of comma-separated URLs,
  * like the server's `amqp.url`). The client connects to a random one first and moves on to the
@@ -32,6 +38,7 @@ import {
   H_SESSION_ID,
   H_TRACEPARENT,
   ProtocolError,
+  checkTenantName,
   instanceQueue,
   isInstanceName,
   isSessionId,
@@ -42,6 +49,8 @@ import {
 import { Schemas, findSchemasDir } from "./schemas";
 
 export const DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/** The user amqplib connects as when a URL names none. */
+export const DEFAULT_USER = "guest";
 /** Milliseconds a broker node has to accept the connection and finish the AMQP handshake. */
 export const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
 /** Reconnect back-off, ms: the first delay, doubled after each failed attempt up to the second. */
@@ -106,6 +115,14 @@ export interface ClientOptions {
    * `<prefix>.instance.I` (protocol §4a). Without it (the default), one reply queue per session.
    */
   instance?: string;
+  /**
+   * The name `T` of the operator-configured tenant this client's RabbitMQ user belongs to (1-32
+   * characters of `[a-z0-9_-]`, starting with a letter or digit): its reply queues are then
+   * `<prefix>.session.T.<SessionId>` or `<prefix>.instance.T.<instance>`, the only ones the
+   * tenant's user may declare and read. Without it (the default): no tenant, the names of §4 / §4a.
+   * Every request carries `userId` = the URL's user either way (`client.userId`).
+   */
+  tenant?: string;
 }
 
 /** The broker did not take a request: returned as unroutable, or nacked. */
@@ -163,6 +180,34 @@ export function redactUrl(url: string): string {
   return url.replace(/^([a-z+]+:\/\/[^:@/]*):[^@/]*@/i, "$1:***@");
 }
 
+/**
+ * The RabbitMQ user an AMQP URL connects as: its username, percent-decoded
+ * (`amqp://a%40b:pw@host/` -> `a@b`), or amqplib's default `guest` when the URL names neither a
+ * user nor a password. Throws for a URL that cannot be parsed.
+ */
+export function urlUser(url: string): string {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+    if (parsed.username === "" && parsed.password === "") return DEFAULT_USER;
+    return decodeURIComponent(parsed.username);
+  } catch {
+    throw new Error(`not an AMQP URL, or a badly percent-encoded user: ${redactUrl(url)}`);
+  }
+}
+
+/**
+ * The one RabbitMQ user of a cluster's node URLs (the `userId` of every request); throws when
+ * they name different users.
+ */
+export function sharedUser(urls: readonly string[]): string {
+  const users = [...new Set(urls.map(urlUser))].sort();
+  if (users.length !== 1) {
+    throw new Error(`the broker URLs name different users (${users.map((u) => JSON.stringify(u)).join(", ")}); the nodes of one client share one user`);
+  }
+  return users[0];
+}
+
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /**
@@ -202,6 +247,10 @@ export class Client {
   private instanceQueue: Instance | null = null;
   /** The broker node URLs, in the order given. */
   readonly urls: string[];
+  /** The RabbitMQ user of `urls`, sent as the `userId` property of every request. */
+  readonly userId: string;
+  /** The tenant whose reply queue names this client uses, or null. */
+  readonly tenant: string | null;
   /** The index in `urls` of the node of the current connection. */
   node = 0;
   /** How many times the client reconnected after losing its connection. */
@@ -223,6 +272,8 @@ export class Client {
     readonly wireLog: ClientOptions["wireLog"],
   ) {
     this.urls = parseUrls(opts.url ?? DEFAULT_URL);
+    this.userId = sharedUser(this.urls);
+    this.tenant = opts.tenant ?? null;
     this.publishAttempts = opts.publishAttempts ?? DEFAULT_PUBLISH_ATTEMPTS;
     this.delay = (opts.reconnectBackoffMs ?? DEFAULT_RECONNECT_BACKOFF_MS)[0];
   }
@@ -236,6 +287,7 @@ export class Client {
     if (opts.instance !== undefined && !isInstanceName(opts.instance)) {
       throw new Error(`an instance name is 1-64 characters of [A-Za-z0-9._-], got ${JSON.stringify(opts.instance)}`);
     }
+    if (opts.tenant !== undefined) checkTenantName(opts.tenant);
     if (opts.publishAttempts !== undefined && !(opts.publishAttempts >= 1)) throw new Error("publishAttempts must be at least 1");
     const schemas = loadSchemas(opts.schemas);
     const client = new Client(opts, opts.prefix ?? "aptix", schemas, opts.strict ?? true, opts.wireLog);
@@ -397,14 +449,15 @@ function ackOn(ch: ConfirmChannel, current: ConfirmChannel, msg: ConsumeMessage)
 }
 
 /**
- * A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a) and the dispatcher
- * that hands its messages to the client's sessions. Made by `Client.connect({ instance })`: a
- * confirm channel, the queue declared once (durable, not exclusive, not auto-delete, no
- * arguments) and consumed with manual acks; the client's sessions publish on this channel with
- * `replyTo` = the queue. Each message goes to the open session named by its
- * `x-aptix-session-id` header (else the body's `SessionId`). Messages of a session that is not
- * open are kept, unacked and in order, until it is opened (`pendingSessions()` lists them);
- * copies of messages already handled are acked and dropped.
+ * A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a), or
+ * `<prefix>.instance.<tenant>.<name>` with a tenant, and the dispatcher that hands its messages to
+ * the client's sessions. Made by `Client.connect({ instance })`: a confirm channel, the queue
+ * declared once (durable, not exclusive, not auto-delete, no arguments) and consumed with manual
+ * acks; the client's sessions publish on this channel with `replyTo` = the queue. Each message
+ * goes to the open session named by its `x-aptix-session-id` header (else the body's
+ * `SessionId`). Messages of a session that is not open are kept, unacked and in order, until it
+ * is opened (`pendingSessions()` lists them); copies of messages already handled are acked and
+ * dropped.
  */
 export class Instance {
   readonly queue: string;
@@ -425,7 +478,7 @@ export class Instance {
     /** The current channel (a fresh one after a reconnect or a nack). */
     public channel: ConfirmChannel,
   ) {
-    this.queue = instanceQueue(client.prefix, name);
+    this.queue = instanceQueue(client.prefix, name, client.tenant ?? null); // stand-ins in tests may have no tenant
   }
 
   /** @internal the documented procedure, once per instance: declare, then consume. */
@@ -542,9 +595,10 @@ export class Instance {
 
 /**
  * One session: its requests and the typed events of its replies. Per session (§4) it owns a
- * confirm channel and its reply queue `<prefix>.session.<SessionId>`; with an instance (§4a) it
- * publishes on the instance's channel with `replyTo` set, and its events come from the instance
- * queue (`queue` is then the instance queue).
+ * confirm channel and its reply queue `<prefix>.session.<SessionId>`
+ * (`<prefix>.session.<tenant>.<SessionId>` with a tenant); with an instance (§4a) it publishes on
+ * the instance's channel with `replyTo` set, and its events come from the instance queue (`queue`
+ * is then the instance queue).
  *
  * Events are deduplicated by message_id. A message is acked once the application has handled
  * it, that is when it asks for the next event (or closes the session); messages not yet handed
@@ -578,7 +632,7 @@ export class Session {
       this.seen = instance.seen(sessionId);
       this.returned = instance.returned;
     } else {
-      this.queue = sessionQueue(client.prefix, sessionId);
+      this.queue = sessionQueue(client.prefix, sessionId, client.tenant ?? null);
       this.replyTo = null;
       this.seen = new Set();
       this.returned = new Set();
@@ -665,7 +719,8 @@ export class Session {
 
   /**
    * Publishes any request body (an object, or a Buffer sent as it is) and waits for the broker's
-   * confirm. To re-send the same submission, pass its messageId again.
+   * confirm. To re-send the same submission, pass its messageId again. Every request carries
+   * `userId` = the client's `userId` (the URL's user).
    */
   async submit(body: Json | Buffer, opts: SubmitOptions = {}): Promise<Submission> {
     const raw = Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
@@ -677,13 +732,16 @@ export class Session {
     const headers = opts.traceparent ? { [H_TRACEPARENT]: opts.traceparent } : undefined;
     const exchange = requestsExchange(this.client.prefix);
     const replyTo = opts.replyTo ?? this.replyTo;
-    const props = { contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true, ...(replyTo === null ? {} : { replyTo }) };
+    const userId: string | undefined = this.client.userId; // stand-ins in tests may have none
+    const props = {
+      contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true, userId, ...(replyTo === null ? {} : { replyTo }),
+    };
     const attempts = await this.publish(exchange, raw, props, messageId);
     this.client.wireLog?.("out", {
       exchange,
       routingKey: this.sessionId,
       mandatory: true,
-      properties: { message_id: messageId, ...(replyTo === null ? {} : { reply_to: replyTo }), content_type: CONTENT_TYPE, delivery_mode: 2 },
+      properties: { message_id: messageId, ...(replyTo === null ? {} : { reply_to: replyTo }), ...(userId === undefined ? {} : { user_id: userId }), content_type: CONTENT_TYPE, delivery_mode: 2 },
       headers: headers ?? {},
       body: parsed,
     });
@@ -898,6 +956,7 @@ function wireProps(p: MessageProperties): Record<string, unknown> {
     ["messageId", "message_id"],
     ["correlationId", "correlation_id"],
     ["replyTo", "reply_to"],
+    ["userId", "user_id"],
     ["contentType", "content_type"],
     ["deliveryMode", "delivery_mode"],
   ];

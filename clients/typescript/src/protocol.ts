@@ -37,33 +37,76 @@ export const NO_TURN = "-";
  */
 export const CODE_REPLY_TO_INVALID = "request.reply_to_invalid";
 
+/** Tenant mode: the SessionId belongs to another tenant (a user turn, a duplicate or tool results). */
+export const CODE_SESSION_UNAVAILABLE = "session.unavailable";
+/**
+ * Tenant mode: a later turn names another AgentContextId or ConversationContextId than the
+ * session was created with.
+ */
+export const CODE_CONTEXT_FIXED = "session.context_fixed";
+/** Tenant mode: the tenant is over one of its limits and its configuration says refuse. */
+export const LIMIT_CODES = [
+  "limit.turns_in_flight",
+  "limit.turns_per_minute",
+  "limit.sessions_per_minute",
+  "limit.tokens_per_minute",
+] as const;
+
 const TURN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 const SUBMISSION = new RegExp(`^(${SUBMISSION_TAGS.join("|")})-([0-9a-fA-F]{24})$`);
 const STEP_TAG = /^step-([0-9]+)$/;
 const INSTANCE = /^[A-Za-z0-9._-]{1,64}$/;
+const TENANT = /^[a-z0-9][a-z0-9_-]{0,31}$/;
 
 /** The entry exchange every request is published to (routing key = SessionId). */
 export function requestsExchange(prefix: string): string {
   return `${prefix}.requests`;
 }
 
-/** A session's reply queue, declared durable with no arguments by client and server. */
-export function sessionQueue(prefix: string, sessionId: string): string {
-  return `${prefix}.session.${sessionId}`;
+/**
+ * A session's reply queue, declared durable with no arguments by client and server:
+ * `<prefix>.session.<SessionId>`, or `<prefix>.session.<tenant>.<SessionId>` for a tenant's
+ * session. Throws for a tenant that is not a tenant name.
+ */
+export function sessionQueue(prefix: string, sessionId: string, tenant?: string | null): string {
+  return `${prefix}.session.${tenantSegment(tenant)}${sessionId}`;
 }
 
 /**
  * A backend instance's reply queue (§4a), declared durable with no arguments by the client;
- * requests published with `replyTo` = this name get their replies there.
+ * requests published with `replyTo` = this name get their replies there:
+ * `<prefix>.instance.<instance>`, or `<prefix>.instance.<tenant>.<instance>` for a tenant's
+ * instance. Throws for a tenant that is not a tenant name.
  */
-export function instanceQueue(prefix: string, instance: string): string {
-  return `${prefix}.instance.${instance}`;
+export function instanceQueue(prefix: string, instance: string, tenant?: string | null): string {
+  return `${prefix}.instance.${tenantSegment(tenant)}${instance}`;
 }
 
 /** Whether `v` is a valid instance name `I`: 1-64 characters of `[A-Za-z0-9._-]`. */
 export function isInstanceName(v: string): boolean {
   return INSTANCE.test(v);
+}
+
+/**
+ * Whether `v` is a valid tenant name `T`: 1-32 characters of `[a-z0-9_-]`, the first a lowercase
+ * letter or a digit (`^[a-z0-9][a-z0-9_-]{0,31}$`).
+ */
+export function isTenantName(v: string): boolean {
+  return typeof v === "string" && TENANT.test(v);
+}
+
+/** `v` when it is a valid tenant name; throws an Error saying what one is otherwise. */
+export function checkTenantName(v: string): string {
+  if (!isTenantName(v)) {
+    throw new Error(`a tenant name is 1-32 characters of [a-z0-9_-] starting with a lowercase letter or a digit, got ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+/** The `<tenant>.` a tenant's reply queue names carry after the mode; empty without one. */
+function tenantSegment(tenant: string | null | undefined): string {
+  return tenant === undefined || tenant === null ? "" : `${checkTenantName(tenant)}.`;
 }
 
 /**

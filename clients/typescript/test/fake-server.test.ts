@@ -3,14 +3,15 @@
 // reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
 // `x-aptix-final` as a string. A request whose `reply_to` names an instance queue (§4a) is
 // answered there, through the replies exchange with routing key `instance.<I>`, and the fake then
-// declares no session queue.
+// declares no session queue. Tenants: `fake.tenants` maps a request's `user_id` (as the broker
+// checked it) to a tenant `T`, whose session replies go to `<prefix>.session.T.<SessionId>`.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 import { declareStandIn } from "./stand-in";
 
-import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue } from "../src";
+import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue, urlUser } from "../src";
 
 const ADMIN = process.env.APTIX_TEST_ADMIN_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
 const schemas = new Schemas(findSchemasDir(__dirname) ?? "schemas");
@@ -20,6 +21,9 @@ type Conn = Awaited<ReturnType<typeof amqp.connect>>;
 class FakeServer {
   readonly prefix = `tsc-${randomUUID().slice(0, 12)}`;
   readonly requests: amqp.ConsumeMessage[] = [];
+  /** user_id -> tenant, for replies to a tenant's session queue. */
+  readonly tenants = new Map<string, string>();
+  readonly queues = new Set<string>();
   conn!: Conn;
   ch!: amqp.ConfirmChannel;
 
@@ -48,9 +52,12 @@ class FakeServer {
       key = `instance.${replyTo.slice(instancePrefix.length)}`;
       await this.ch.bindQueue(replyTo, `${this.prefix}.replies`, key);
     } else {
-      const q = `${this.prefix}.session.${s}`;
+      const tenant = this.tenants.get(String(m.properties.userId ?? ""));
+      const q = sessionQueue(this.prefix, s, tenant);
+      if (tenant !== undefined) key = `${tenant}.${s}`; // as the server binds them
       await this.ch.assertQueue(q, { durable: true, arguments: {} });
-      await this.ch.bindQueue(q, `${this.prefix}.replies`, s);
+      await this.ch.bindQueue(q, `${this.prefix}.replies`, key);
+      this.queues.add(q);
     }
     const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
     let answer = "";
@@ -69,7 +76,7 @@ class FakeServer {
   }
 
   async stop(): Promise<void> {
-    for (const m of this.requests) await this.ch.deleteQueue(`${this.prefix}.session.${JSON.parse(m.content.toString()).SessionId}`);
+    for (const q of this.queues) await this.ch.deleteQueue(q);
     for (const q of new Set(this.requests.map((m) => m.properties.replyTo).filter(Boolean))) await this.ch.deleteQueue(String(q));
     await this.ch.deleteQueue(`${this.prefix}.requests`);
     for (const x of ["requests", "replies"]) await this.ch.deleteExchange(`${this.prefix}.${x}`);
@@ -96,8 +103,11 @@ test("a turn on the wire", async () => {
   assert.equal(req.fields.exchange, `${fake.prefix}.requests`);
   assert.equal(req.properties.deliveryMode, 2);
   assert.equal(req.properties.contentType, "application/json");
+  assert.equal(req.properties.userId, urlUser(ADMIN), "userId: the URL's user, as the broker checked it");
+  assert.equal(c.userId, urlUser(ADMIN));
   assert.deepEqual(JSON.parse(req.content.toString()), { SessionId: s.sessionId, TurnId: "t1", Instruction: "hello" });
   assert.deepEqual(wire.map(([d]) => d), ["out", "in"]);
+  assert.equal(wire[0][1].properties.user_id, urlUser(ADMIN));
   assert.equal(wire[1][1].headers["x-aptix-final"], true);
 });
 
@@ -272,4 +282,60 @@ test("the instance queue is durable with no arguments", async () => {
   assert.equal(ok.queue, queue);
   await ch.deleteQueue(queue);
   await admin.close();
+});
+
+// --- tenants -----------------------------------------------------------------------------------
+
+test("the broker refuses a userId that is not the connection's", async () => {
+  // Why `user_id` can name the tenant: RabbitMQ closes the channel (406) of such a publish.
+  const conn = await amqp.connect(ADMIN);
+  try {
+    const ch = await conn.createConfirmChannel();
+    ch.on("error", () => undefined);
+    const confirmed = new Promise<void>((resolve, reject) => {
+      ch.publish("", `${fake.prefix}.nowhere`, Buffer.from("{}"), { userId: `${urlUser(ADMIN)}-x` }, (err) => (err ? reject(err) : resolve()));
+    });
+    await assert.rejects(confirmed, /406|PRECONDITION|closed/i);
+  } finally {
+    await conn.close();
+  }
+});
+
+test("a tenant turn on the wire", async () => {
+  fake.tenants.set(urlUser(ADMIN), "t1");
+  try {
+    const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, tenant: "t1", schemas });
+    assert.equal(c.tenant, "t1");
+    const s = await c.openSession();
+    assert.equal(s.queue, `${fake.prefix}.session.t1.${s.sessionId}`);
+    assert.equal(s.replyTo, null);
+    const sub = await s.submitTurn("t1", "hello tenant");
+    const reply = await s.nextEvent({ timeoutMs: 10_000 });
+    assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false, "none without the tenant");
+    await c.close();
+    assert.equal(reply.type === "final" && reply.text, "echo: hello tenant");
+    const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+    assert.ok(req);
+    assert.equal(req.fields.routingKey, s.sessionId);
+    assert.equal(req.properties.userId, urlUser(ADMIN));
+    assert.equal(req.properties.replyTo, undefined);
+    assert.equal(await queueExists(s.queue), true); // durable, still there after the client closed
+  } finally {
+    fake.tenants.clear();
+  }
+});
+
+test("a tenant instance turn on the wire", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, tenant: "t1", instance: "pod-6" });
+  const queue = `${fake.prefix}.instance.t1.pod-6`;
+  assert.equal(c.instance?.queue, queue);
+  const s = await c.openSession();
+  const sub = await s.submitTurn("t1", "hello");
+  const reply = await s.nextEvent({ timeoutMs: 10_000 });
+  await c.close();
+  assert.equal(reply.type === "final" && reply.sessionId, s.sessionId);
+  const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+  assert.equal(req?.properties.replyTo, queue);
+  assert.equal(sub.replyTo, queue);
+  assert.equal(req?.properties.userId, urlUser(ADMIN));
 });

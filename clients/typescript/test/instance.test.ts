@@ -1,6 +1,8 @@
 // Replies per instance (protocol §4a) without a broker: the client's `Instance` and its sessions
 // over a scripted fake of amqplib's confirm channel, checking what is declared, consumed,
-// published and acked, and how the messages of one queue are handed to many sessions.
+// published and acked, and how the messages of one queue are handed to many sessions. Then
+// tenants, the same way: the userId of every request, the tenant's queue names, and the checks
+// made before connecting.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { ConfirmChannel, ConsumeMessage } from "amqplib";
@@ -81,22 +83,32 @@ class FakeChannel {
   }
 }
 
-async function setup(): Promise<{ ch: FakeChannel; inst: Instance; client: Client; channels: () => number }> {
-  const ch = new FakeChannel();
-  let opened = 0;
-  const client = {
+/** What a Session and an Instance use of a Client, over one scripted channel. */
+function fakeClient(ch: FakeChannel, who: { tenant?: string; userId?: string } = {}, onChannel: () => void = () => undefined): Client {
+  return {
     prefix: PREFIX,
+    ...who,
     strict: true,
     schemas: null,
     wireLog: undefined,
     conn: {
       createConfirmChannel: async () => {
-        opened++;
+        onChannel();
         return ch as unknown as ConfirmChannel;
       },
     },
     forget: () => undefined,
   } as unknown as Client;
+}
+
+async function setup(
+  who: { tenant?: string; userId?: string } = {},
+): Promise<{ ch: FakeChannel; inst: Instance; client: Client; channels: () => number }> {
+  const ch = new FakeChannel();
+  let opened = 0;
+  const client = fakeClient(ch, who, () => {
+    opened++;
+  });
   const inst = await Instance.start(client, "pod-1");
   return { ch, inst, client, channels: () => opened };
 }
@@ -236,4 +248,48 @@ test("a bad instance name is refused before connecting", async () => {
   for (const bad of ["", "a b", "x".repeat(65), "pod/1"]) {
     await assert.rejects(Client.connect({ url: "amqp://nobody:nothing@127.0.0.1:1/%2f", instance: bad }), /instance name/);
   }
+});
+
+// --- tenants -----------------------------------------------------------------------------------
+
+test("bad tenant names and mixed users are refused before connecting", async () => {
+  for (const bad of ["", "T1", "a.b", "-a", "x".repeat(33), "t 1"]) {
+    await assert.rejects(Client.connect({ url: "amqp://nobody:nothing@127.0.0.1:1/%2f", tenant: bad }), /tenant name/);
+  }
+  await assert.rejects(Client.connect({ url: "amqp://a:x@127.0.0.1:1/%2f,amqp://b:x@127.0.0.1:2/%2f" }), /different users/);
+});
+
+test("every request carries userId", async () => {
+  const { ch, inst } = await setup({ userId: "aptix-client-1" });
+  const s = inst.open(A);
+  await s.submitTurn("t1", "x");
+  s.pendingCalls.set("t1", ["c1"]);
+  await s.submitToolResults("t1", [ToolResult.ok("c1", 1)]);
+  await s.submit({ SessionId: A, TurnId: "t2", Instruction: "x" }, { replyTo: "elsewhere" });
+  assert.deepEqual(ch.published.map((m) => m.props.userId), ["aptix-client-1", "aptix-client-1", "aptix-client-1"]);
+});
+
+test("a tenant's instance queue carries its name and is the replyTo", async () => {
+  const { ch, inst } = await setup({ tenant: "acme", userId: "acme-backend" });
+  const queue = `${PREFIX}.instance.acme.pod-1`;
+  assert.equal(inst.queue, queue);
+  assert.deepEqual(ch.declared.map((d) => d.queue), [queue]);
+  assert.deepEqual(ch.consumers.map((c) => [c.queue, c.noAck]), [[queue, false]]);
+  const s = inst.open(A);
+  const sub = await s.submitTurn("t1", "hello");
+  assert.deepEqual([s.queue, s.replyTo, sub.replyTo], [queue, queue, queue]);
+  assert.deepEqual([ch.published[0].props.replyTo, ch.published[0].props.userId], [queue, "acme-backend"]);
+});
+
+test("a tenant's session queue carries its name", async () => {
+  const ch = new FakeChannel();
+  const s = new Session(fakeClient(ch, { tenant: "t1", userId: "tenant-user" }), A, ch as unknown as ConfirmChannel);
+  await s.start();
+  assert.equal(s.queue, `${PREFIX}.session.t1.${A}`);
+  assert.equal(s.replyTo, null);
+  assert.deepEqual(ch.declared, [{ queue: s.queue, options: { durable: true, arguments: {} } }]);
+  assert.deepEqual(ch.consumers.map((c) => [c.queue, c.noAck]), [[s.queue, false]]);
+  await s.submitTurn("t1", "x");
+  assert.equal(ch.published[0].props.replyTo, undefined);
+  assert.equal(ch.published[0].props.userId, "tenant-user");
 });

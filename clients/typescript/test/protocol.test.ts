@@ -3,15 +3,22 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
+  CODE_CONTEXT_FIXED,
   CODE_REPLY_TO_INVALID,
+  CODE_SESSION_UNAVAILABLE,
+  LIMIT_CODES,
   ProtocolError,
   checkReplyHeaders,
+  checkTenantName,
   instanceQueue,
   isInstanceName,
+  isTenantName,
   messageSessionId,
   parseMessageId,
   requestsExchange,
   sessionQueue,
+  sharedUser,
+  urlUser,
 } from "../src";
 
 const S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
@@ -29,6 +36,38 @@ test("instance names", () => {
   for (const bad of ["", "A".repeat(65), "a b", "a/b", "a:b", "pod*", "é", "a\n", "\na", "pod-1\n"]) {
     assert.ok(!isInstanceName(bad), JSON.stringify(bad));
   }
+});
+
+test("tenant names", () => {
+  for (const good of ["a", "0", "t1", "acme-corp", "team_7", "a".repeat(32), "9-_"]) assert.ok(isTenantName(good), good);
+  for (const bad of ["", "A", "Acme", "-a", "_a", "a".repeat(33), "a.b", "a b", "a/b", "é", "t1\n", "\nt1", "a:b"]) {
+    assert.ok(!isTenantName(bad), JSON.stringify(bad));
+    assert.throws(() => checkTenantName(bad), /tenant name/);
+  }
+});
+
+test("reply queues of a tenant", () => {
+  assert.equal(sessionQueue("aptix", S, "t1"), `aptix.session.t1.${S}`);
+  assert.equal(sessionQueue("aptix", S, null), `aptix.session.${S}`);
+  assert.equal(sessionQueue("aptix", S, undefined), sessionQueue("aptix", S));
+  assert.equal(instanceQueue("aptix", "pod-1", "acme-corp"), "aptix.instance.acme-corp.pod-1");
+  assert.equal(instanceQueue("aptix", "pod-1", null), "aptix.instance.pod-1");
+  for (const bad of ["", "T1", "a.b", "a".repeat(33)]) {
+    assert.throws(() => sessionQueue("aptix", S, bad), /tenant name/);
+    assert.throws(() => instanceQueue("aptix", "pod-1", bad), /tenant name/);
+  }
+  assert.deepEqual([CODE_SESSION_UNAVAILABLE, CODE_CONTEXT_FIXED], ["session.unavailable", "session.context_fixed"]);
+  assert.deepEqual([...LIMIT_CODES], ["limit.turns_in_flight", "limit.turns_per_minute", "limit.sessions_per_minute", "limit.tokens_per_minute"]);
+});
+
+test("the user of a URL", () => {
+  assert.equal(urlUser("amqp://guest:guest@127.0.0.1:5672/%2f"), "guest");
+  assert.equal(urlUser("amqp://aptix-tenant-a:pw@n1/%2f"), "aptix-tenant-a");
+  assert.equal(urlUser("amqp://a%40b%3Ac:p%40ss@n1/%2f"), "a@b:c", "percent-decoded");
+  assert.equal(urlUser("amqp://n1:5672/%2f"), "guest", "amqplib's default without credentials");
+  assert.throws(() => urlUser("not a url"), /not an AMQP URL/);
+  assert.equal(sharedUser(["amqp://u:p@n1/%2f", "amqp://u:q@n2/%2f"]), "u");
+  assert.throws(() => sharedUser(["amqp://u:p@n1/%2f", "amqp://v:p@n2/%2f"]), /different users/);
 });
 
 test("the session of a message on an instance queue", () => {

@@ -9,10 +9,13 @@
 
 `Client(..., instance="pod-1")` receives the replies of all sessions on one queue of the
 instance's own (protocol §4a) instead of one queue per session; the sessions' API is the same.
+`Client(..., tenant="t1")` uses the reply queues of an operator-configured tenant
+(`<prefix>.session.t1.<SessionId>`, `<prefix>.instance.t1.<name>`); every request carries the
+AMQP property `user_id`, the user of the broker URL.
 """
 
 from .client import (DEFAULT_URL, Client, ConnectionLost, EventTimeout, Instance, PublishError, Session,
-                     Submission, parse_urls, redact_url)
+                     Submission, parse_urls, redact_url, shared_user, url_user)
 from .events import (
     AnyEvent,
     ApiError,
@@ -29,12 +32,16 @@ from .events import (
     parse_event,
 )
 from .protocol import (
+    CODE_CONTEXT_FIXED,
     CODE_REPLY_TO_INVALID,
+    CODE_SESSION_UNAVAILABLE,
+    LIMIT_CODES,
     DeltaId,
     ProtocolError,
     ReplyId,
     instance_queue,
     is_instance_name,
+    is_tenant_name,
     parse_message_id,
     requests_exchange,
     session_queue,
@@ -42,10 +49,11 @@ from .protocol import (
 from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
-    "AnyEvent", "ApiError", "CODE_REPLY_TO_INVALID", "Client", "ConnectionLost", "DEFAULT_URL", "Delta",
-    "DeltaId",
-    "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "Instance", "ProtocolError", "PublishError",
-    "Refused", "Reply", "ReplyId", "SchemaError", "Schemas", "Session", "Submission", "ToolCall",
-    "ToolCalls", "ToolResult", "find_schemas_dir", "instance_queue", "is_instance_name", "parse_event",
-    "parse_message_id", "parse_urls", "redact_url", "requests_exchange", "session_queue",
+    "AnyEvent", "ApiError", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID", "CODE_SESSION_UNAVAILABLE",
+    "Client", "ConnectionLost", "DEFAULT_URL", "Delta", "DeltaId",
+    "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "Instance", "LIMIT_CODES", "ProtocolError",
+    "PublishError", "Refused", "Reply", "ReplyId", "SchemaError", "Schemas", "Session", "Submission",
+    "ToolCall", "ToolCalls", "ToolResult", "find_schemas_dir", "instance_queue", "is_instance_name",
+    "is_tenant_name", "parse_event", "parse_message_id", "parse_urls", "redact_url", "requests_exchange",
+    "session_queue", "shared_user", "url_user",
 ]

@@ -3,12 +3,18 @@
 A session follows protocol v2's reply-queue procedure literally: open a channel, enable
 publisher confirms, declare `<prefix>.session.<SessionId>` durable with no arguments, consume it
 with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
-SessionId, persistent, JSON, a fresh message_id, mandatory) and wait for each confirm.
+SessionId, persistent, JSON, a fresh message_id, mandatory, `user_id` = the URL's user) and wait
+for each confirm.
 
 With `Client(..., instance="I")` the client follows §4a instead ("replies per instance"): it
 declares `<prefix>.instance.I` (durable, no arguments) once and consumes it with manual acks,
 publishes every request with `reply_to` = that queue, declares no session queue, and hands each
 message to its session by the `x-aptix-session-id` header. The sessions' API is the same.
+
+Tenants: every request carries the AMQP property `user_id`, the RabbitMQ user of the URL (the
+broker refuses any other, so the server can trust it). With `Client(..., tenant="T")` the reply
+queues carry the tenant's name: `<prefix>.session.T.<SessionId>` per session and
+`<prefix>.instance.T.<name>` per instance (`reply_to` is that name); nothing else changes.
 
 Clusters: `url` may name several broker nodes (a list, or one string of comma-separated URLs,
 like the server's `amqp.url`). The client connects to a random one first and moves on to the
@@ -35,7 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set,
                     Tuple, Union)
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
@@ -47,6 +53,8 @@ from .events import (AnyEvent, Delta, Failed, Final, Reply, ToolCall, ToolCalls,
 from .schemas import Schemas, find_schemas_dir
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+#: The user pika connects as when a URL names none.
+DEFAULT_USER = "guest"
 #: Seconds a broker node has to accept the connection and finish the AMQP handshake.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Reconnect back-off, seconds: the first delay, doubled after each failed attempt up to the second.
@@ -101,6 +109,27 @@ def redact_url(url: str) -> str:
         return "<unparsable URL>"
 
 
+def url_user(url: str) -> str:
+    """The RabbitMQ user an AMQP URL connects as: its username, percent-decoded as pika decodes
+    it (`amqp://a%40b:pw@host/` -> `a@b`), or pika's default `guest` when it names none.
+    ValueError when the URL cannot be parsed."""
+    try:
+        user = urlsplit(url).username
+    except ValueError as e:
+        raise ValueError(f"not an AMQP URL: {redact_url(url)}") from e
+    return DEFAULT_USER if user is None else unquote(user)
+
+
+def shared_user(urls: Sequence[str]) -> str:
+    """The one RabbitMQ user of a cluster's node URLs (the `user_id` of every request);
+    ValueError when they name different users."""
+    users = sorted({url_user(u) for u in urls})
+    if len(users) != 1:
+        raise ValueError(f"the broker URLs name different users ({', '.join(map(repr, users))}); "
+                         "the nodes of one client share one user")
+    return users[0]
+
+
 def _connection_params(url: str, timeout: float, name: str) -> pika.URLParameters:
     params = pika.URLParameters(url)
     query = urlsplit(url).query
@@ -142,6 +171,12 @@ class Client:
     queue, `<prefix>.instance.I` (protocol §4a); `None` (the default) for one reply queue per
     session (§4).
 
+    `tenant`: the name `T` of the operator-configured tenant this client's RabbitMQ user belongs
+    to (1-32 characters of `[a-z0-9_-]`, starting with a letter or digit): its reply queues are
+    then `<prefix>.session.T.<SessionId>` or `<prefix>.instance.T.<instance>`, the only ones the
+    tenant's user may declare and read. `None` (the default): no tenant, the names of §4 / §4a.
+    Every request carries `user_id` = the URL's user either way (`client.user_id`).
+
     `url`: one broker URL, a string of comma-separated URLs (the nodes of a cluster), or a list
     of them. `connect_timeout`: seconds a node has to take the connection before the next is
     tried (unless the URL sets `socket_timeout` / `stack_timeout` itself). `connection_name`:
@@ -159,6 +194,7 @@ class Client:
         prefix: str = "aptix",
         *,
         instance: Optional[str] = None,
+        tenant: Optional[str] = None,
         schemas: Union[Schemas, str, "os.PathLike[str]", bool, None] = None,
         strict: bool = True,
         wire_log: Optional[WireLog] = None,
@@ -171,10 +207,16 @@ class Client:
     ):
         if instance is not None and not p.is_instance_name(instance):
             raise ValueError(f"an instance name is 1-64 characters of [A-Za-z0-9._-], got {instance!r}")
+        if tenant is not None:
+            p.check_tenant_name(tenant)
         if publish_attempts < 1:
             raise ValueError("publish_attempts must be at least 1")
         self.urls = parse_urls(url)
+        #: The RabbitMQ user of `urls`, sent as the `user_id` property of every request.
+        self.user_id = shared_user(self.urls)
         self.prefix = prefix
+        #: The tenant whose reply queue names this client uses, or None.
+        self.tenant = tenant
         self.strict = strict
         self.wire_log = wire_log
         self.connect_timeout = connect_timeout
@@ -348,8 +390,9 @@ class _Item(NamedTuple):
 
 
 class Instance:
-    """A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a) and the
-    dispatcher that hands its messages to the client's sessions.
+    """A backend instance's reply queue `<prefix>.instance.<name>` (protocol §4a), or
+    `<prefix>.instance.<tenant>.<name>` with a tenant, and the dispatcher that hands its messages
+    to the client's sessions.
 
     Made by `Client(..., instance=name)`: a confirm channel, the queue declared once (durable,
     not exclusive, not auto-delete, no arguments) and consumed with manual acks. The sessions of
@@ -362,7 +405,8 @@ class Instance:
     def __init__(self, client: Client, name: str):
         self.client = client
         self.name = name
-        self.queue = p.instance_queue(client.prefix, name)
+        # getattr: stand-ins for a Client in tests may have no tenant.
+        self.queue = p.instance_queue(client.prefix, name, getattr(client, "tenant", None))
         #: Copies dropped while their session was not open (open sessions count their own).
         self.duplicates_dropped = 0
         #: Messages that name no session (acked: the server stores what it sends), as errors.
@@ -446,9 +490,10 @@ class Instance:
 class Session:
     """One session: its requests and the typed events of its replies.
 
-    Per session (§4) it owns a channel and its reply queue `<prefix>.session.<SessionId>`; with
-    an instance (§4a) it publishes on the instance's channel with `reply_to` set, and its events
-    come from the instance queue (`queue` is then the instance queue).
+    Per session (§4) it owns a channel and its reply queue `<prefix>.session.<SessionId>`
+    (`<prefix>.session.<tenant>.<SessionId>` with a tenant); with an instance (§4a) it publishes
+    on the instance's channel with `reply_to` set, and its events come from the instance queue
+    (`queue` is then the instance queue).
 
     Events are deduplicated by `message_id`. A message is acked once the application has handled
     it, that is when it asks for the next event (or closes the session); messages not yet handed
@@ -474,7 +519,7 @@ class Session:
             self.reply_to: Optional[str] = instance.queue
             self.seen: Set[str] = instance.seen(session_id)
             return
-        self.queue = p.session_queue(client.prefix, session_id)
+        self.queue = p.session_queue(client.prefix, session_id, getattr(client, "tenant", None))
         self.reply_to = None
         self.seen = set()
         self._open_channel()
@@ -564,7 +609,9 @@ class Session:
 
         `reply_to`: the AMQP property to send instead of the session's own (`self.reply_to`:
         the instance queue with an instance, none otherwise); the server refuses any value but
-        the session's queue or an instance queue with `request.reply_to_invalid`."""
+        the session's queue or an instance queue with `request.reply_to_invalid`.
+
+        Every request carries `user_id` = the client's `user_id` (the URL's user)."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         parsed: Any = body if not isinstance(body, bytes) else _maybe_json(body)
         if validate and self.client.schemas is not None and isinstance(body, Mapping):
@@ -573,7 +620,8 @@ class Session:
         headers = {p.H_TRACEPARENT: traceparent} if traceparent else None
         reply = self.reply_to if reply_to is None else reply_to
         props = pika.BasicProperties(
-            content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers, reply_to=reply
+            content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers, reply_to=reply,
+            user_id=getattr(self.client, "user_id", None),  # stand-ins in tests may have none
         )
         exchange = p.requests_exchange(self.client.prefix)
         attempts = self._publish(exchange, raw, props, mid)
@@ -782,7 +830,7 @@ def _maybe_json(raw: bytes) -> Any:
 
 
 def _props(props: Any) -> Dict[str, Any]:
-    names = ("type", "message_id", "correlation_id", "reply_to", "content_type", "delivery_mode")
+    names = ("type", "message_id", "correlation_id", "reply_to", "user_id", "content_type", "delivery_mode")
     return {n: getattr(props, n) for n in names if getattr(props, n, None) is not None}
 
 

@@ -46,11 +46,25 @@ NO_TURN = "-"
 #: queue (§4a, §10).
 CODE_REPLY_TO_INVALID = "request.reply_to_invalid"
 
+#: Tenant mode: the SessionId belongs to another tenant (a user turn, a duplicate or tool results).
+CODE_SESSION_UNAVAILABLE = "session.unavailable"
+#: Tenant mode: a later turn names another AgentContextId or ConversationContextId than the
+#: session was created with.
+CODE_CONTEXT_FIXED = "session.context_fixed"
+#: Tenant mode: the tenant is over one of its limits and its configuration says refuse.
+LIMIT_CODES = (
+    "limit.turns_in_flight",
+    "limit.turns_per_minute",
+    "limit.sessions_per_minute",
+    "limit.tokens_per_minute",
+)
+
 _TURN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _SUBMISSION = re.compile(r"^(%s)-([0-9a-fA-F]{24})$" % "|".join(re.escape(t) for t in SUBMISSION_TAGS))
 _STEP_TAG = re.compile(r"^step-([0-9]+)$")
 _INSTANCE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 
 def requests_exchange(prefix: str) -> str:
@@ -58,20 +72,43 @@ def requests_exchange(prefix: str) -> str:
     return f"{prefix}.requests"
 
 
-def session_queue(prefix: str, session_id: str) -> str:
-    """A session's reply queue, declared durable with no arguments by client and server."""
-    return f"{prefix}.session.{session_id}"
+def session_queue(prefix: str, session_id: str, tenant: Optional[str] = None) -> str:
+    """A session's reply queue, declared durable with no arguments by client and server:
+    `<prefix>.session.<SessionId>`, or `<prefix>.session.<tenant>.<SessionId>` for a tenant's
+    session. ValueError for a tenant that is not a tenant name."""
+    return f"{prefix}.session.{_tenant_segment(tenant)}{session_id}"
 
 
-def instance_queue(prefix: str, instance: str) -> str:
+def instance_queue(prefix: str, instance: str, tenant: Optional[str] = None) -> str:
     """A backend instance's reply queue (§4a), declared durable with no arguments by the client;
-    requests published with `reply_to` = this name get their replies there."""
-    return f"{prefix}.instance.{instance}"
+    requests published with `reply_to` = this name get their replies there:
+    `<prefix>.instance.<instance>`, or `<prefix>.instance.<tenant>.<instance>` for a tenant's
+    instance. ValueError for a tenant that is not a tenant name."""
+    return f"{prefix}.instance.{_tenant_segment(tenant)}{instance}"
 
 
 def is_instance_name(value: str) -> bool:
     """Whether `value` is a valid instance name `I`: 1-64 characters of `[A-Za-z0-9._-]`."""
     return _INSTANCE.fullmatch(value) is not None
+
+
+def is_tenant_name(value: str) -> bool:
+    """Whether `value` is a valid tenant name `T`: 1-32 characters of `[a-z0-9_-]`, the first a
+    lowercase letter or a digit (`^[a-z0-9][a-z0-9_-]{0,31}$`)."""
+    return _TENANT.fullmatch(value) is not None
+
+
+def check_tenant_name(value: str) -> str:
+    """`value` when it is a valid tenant name, else ValueError saying what one is."""
+    if not isinstance(value, str) or not is_tenant_name(value):
+        raise ValueError("a tenant name is 1-32 characters of [a-z0-9_-] starting with a lowercase letter "
+                         f"or a digit, got {value!r}")
+    return value
+
+
+def _tenant_segment(tenant: Optional[str]) -> str:
+    """The `<tenant>.` a tenant's reply queue names carry after the mode; empty without one."""
+    return "" if tenant is None else f"{check_tenant_name(tenant)}."
 
 
 def message_session_id(headers: Optional[Mapping[str, Any]], body: bytes) -> Optional[str]:

@@ -10,13 +10,17 @@ use tracing::{debug, info};
 use super::Deps;
 use crate::config::Settings;
 use crate::contracts::{
-    ApiError, ErrorCode, InstanceName, SessionId, ToolContinuation, TurnKey, UserTurn,
+    ApiError, ErrorCode, ReplyAddress, SessionId, TenantName, ToolContinuation, TurnKey, UserTurn,
     ValidatedRequest,
 };
 use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob, RESENT};
 use crate::rules::{turn_hint, validate_bytes};
 use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
-use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
+use crate::store::{Admission, ContinuationAdmission, Limit, SessionMeta, Store, StoredReply};
+
+mod scope;
+
+use scope::Caller;
 
 /// Parses, checks and admits turns; consumes the ingress queue.
 #[derive(Debug)]
@@ -41,26 +45,35 @@ impl Stage for Admit {
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
-        let to = match reply_target(&self.settings.amqp.prefix, s.reply_to.as_deref(), &s.body) {
-            Ok(to) => to,
+        // Nobody to answer: no reply queue of an unknown publisher may be written to.
+        let found = scope::caller_of(&self.settings, s.user_id.as_deref())
+            .map_err(|why| StageError::Refused(format!("request.tenant_unknown: {why}")))?;
+        let caller = Caller {
+            name: found.as_ref().map(|(n, _)| n),
+            tenant: found.as_ref().map(|(_, t)| *t),
+        };
+        let prefix = &self.settings.amqp.prefix;
+        let to = match scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body) {
+            Ok(instance) => scope::address(caller, instance),
             Err(error) => {
                 let output = reject(&s.body, &submission, vec![error])?;
-                return self.keep_refusals(s.message_id.as_deref(), None, output).await;
+                let to = scope::address(caller, None);
+                return self.keep_refusals(s.message_id.as_deref(), &to, output).await;
             }
         };
         let output = match validate_bytes(&s.body, &self.settings.limits) {
             Ok(request) => match &request {
                 ValidatedRequest::UserTurn(t) => {
-                    self.user_turn(&request, t, &submission, to.as_ref()).await?
+                    self.user_turn(&request, t, &submission, caller, &to).await?
                 }
                 ValidatedRequest::ToolContinuation(c) => {
-                    self.continuation(&request, c, &submission, to.as_ref()).await?
+                    self.continuation(&request, c, &submission, &to).await?
                 }
             },
             Err(errors) => reject(&s.body, &submission, errors.0)?,
         };
         let output = if s.redelivered { without_resent(output) } else { output };
-        self.keep_refusals(s.message_id.as_deref(), to, output).await
+        self.keep_refusals(s.message_id.as_deref(), &to, output).await
     }
 
     /// The submission can never be handled (retries spent, poison, unusable data): the turn it
@@ -87,9 +100,18 @@ impl Stage for Admit {
             }
         }
         let tag = format!("exhausted-{submission}");
-        let to = reply_target(&self.settings.amqp.prefix, s.reply_to.as_deref(), &s.body);
+        let Ok(found) = scope::caller_of(&self.settings, s.user_id.as_deref()) else {
+            return Ok(Output::publish(vec![]));
+        };
+        let caller = Caller {
+            name: found.as_ref().map(|(n, _)| n),
+            tenant: found.as_ref().map(|(_, t)| *t),
+        };
+        let prefix = &self.settings.amqp.prefix;
+        let instance = scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body);
         let reply = ReplyOut::refusal(session, turn.as_deref(), tag, vec![error]);
-        Ok(Output::publish(vec![Outgoing::Reply(reply.to(to.ok().flatten()))]))
+        let to = scope::address(caller, instance.ok().flatten());
+        Ok(Output::publish(vec![Outgoing::Reply(reply.to(to))]))
     }
 
     const ORDERED: bool = true;
@@ -107,7 +129,7 @@ impl Admit {
     async fn keep_refusals(
         &self,
         message_id: Option<&str>,
-        to: Option<InstanceName>,
+        to: &ReplyAddress,
         mut output: Output<TurnJob>,
     ) -> Result<Output<TurnJob>, StageError> {
         if !output.outbox_ids.is_empty() {
@@ -116,7 +138,11 @@ impl Admit {
         for m in &mut output.messages {
             let Outgoing::Reply(r) = m else { continue };
             r.correlation_id = message_id.map(str::to_owned);
-            r.reply_to.clone_from(&to);
+            (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
+            if self.foreign(&r.session, to).await? {
+                // Nothing is stored against another tenant's session.
+                continue;
+            }
             let stored = StoredReply {
                 message_id: &r.message_id(),
                 session: &r.session,
@@ -132,12 +158,22 @@ impl Admit {
         Ok(output)
     }
 
+    /// Whether `session` exists and belongs to a tenant other than the one replied to.
+    async fn foreign(&self, session: &SessionId, to: &ReplyAddress) -> Result<bool, StageError> {
+        if !self.settings.multi_tenant() {
+            return Ok(false);
+        }
+        let owner = self.store.session_owner(session).await?;
+        Ok(owner.is_some_and(|o| o.tenant.as_deref() != to.tenant.as_ref().map(TenantName::as_str)))
+    }
+
     async fn user_turn(
         &self,
         request: &ValidatedRequest,
         turn: &UserTurn,
         submission: &str,
-        to: Option<&InstanceName>,
+        caller: Caller<'_>,
+        to: &ReplyAddress,
     ) -> Result<Output<TurnJob>, StageError> {
         let key = turn.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
@@ -145,22 +181,57 @@ impl Admit {
             let tag = format!("{what}-{submission}");
             Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
-        let contexts = [
-            super::conversation_context(&self.settings, turn).err(),
-            super::agent_context(&self.settings, turn).err(),
-        ];
-        let context_errors: Vec<ApiError> = contexts.into_iter().flatten().collect();
-        if !context_errors.is_empty() {
-            return refuse("rejected-context", context_errors);
+        // The session as it stands (checked again under its lock when the turn is admitted).
+        let mut owner = self.store.session_owner(&session).await?;
+        let fingerprint = request.fingerprint();
+        for _ in 0..3 {
+            if owner
+                .as_ref()
+                .is_some_and(|o| o.tenant.as_ref() != caller.name.map(|n| n.to_string()).as_ref())
+            {
+                return refuse("unavailable", vec![unavailable()]);
+            }
+            let (agent, conversation) =
+                match scope::contexts(&self.settings, caller, turn, owner.as_ref()) {
+                    Ok(ids) => ids,
+                    Err(errors) => return refuse("rejected-context", errors),
+                };
+            let Some(fixed) = scope::with_contexts(turn, &agent, &conversation) else {
+                return Err(StageError::unusable("a configured context id is not a ContextId"));
+            };
+            let meta = SessionMeta {
+                tenant: caller.name.cloned(),
+                agent_context_id: Some(agent),
+                conversation_context_id: Some(conversation),
+                workspace_id: turn.workspace_id().map(str::to_owned),
+                repo: turn.repo().map(str::to_owned),
+            };
+            let wire = stored_form(&ValidatedRequest::UserTurn(fixed))?;
+            let admission = self
+                .store
+                .admit_user_turn(key, &fingerprint, &wire, &meta, to.instance.as_ref())
+                .await?;
+            match admission {
+                // Created meanwhile by another turn: decide again on what it holds.
+                Admission::ContextsDiffer(stored) => owner = Some(stored),
+                other => return self.admitted(other, session, turn_id, submission),
+            }
         }
-        let meta = SessionMeta {
-            agent_context_id: turn.agent_context_id().map(|c| c.to_string()),
-            conversation_context_id: turn.conversation_context_id().map(|c| c.to_string()),
-            workspace_id: turn.workspace_id().map(str::to_owned),
-            repo: turn.repo().map(str::to_owned),
+        Err(StageError::Transient("the session kept changing under admission".into()))
+    }
+
+    /// The output for a user turn's admission.
+    fn admitted(
+        &self,
+        admission: Admission,
+        session: SessionId,
+        turn_id: &str,
+        submission: &str,
+    ) -> Result<Output<TurnJob>, StageError> {
+        let refuse = |what: &str, errors| {
+            let tag = format!("{what}-{submission}");
+            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
-        let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.store.admit_user_turn(key, &fingerprint, &wire, &meta, to).await?;
         match admission {
             Admission::Accepted { outbox, queued, new_session } => {
                 info!(%session, turn = turn_id, queued, new_session, "turn admitted");
@@ -188,6 +259,13 @@ impl Admit {
                     format!("the session waits for the tool results of turn `{waiting}`; submit them before a new turn"),
                 )],
             ),
+            Admission::Unavailable | Admission::ContextsDiffer(_) => {
+                refuse("unavailable", vec![unavailable()])
+            }
+            Admission::Limited(limit) => {
+                info!(%session, turn = turn_id, ?limit, "turn over its tenant's limit, refused");
+                refuse("limited", vec![over_limit(limit)])
+            }
         }
     }
 
@@ -196,12 +274,14 @@ impl Admit {
         request: &ValidatedRequest,
         c: &ToolContinuation,
         submission: &str,
-        to: Option<&InstanceName>,
+        to: &ReplyAddress,
     ) -> Result<Output<TurnJob>, StageError> {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
-        let (wire, fingerprint) = stored_form(request)?;
-        let admission = self.store.admit_continuation(key, &fingerprint, &wire, c, to).await?;
+        let (wire, fingerprint) = (stored_form(request)?, request.fingerprint());
+        let (instance, tenant) = (to.instance.as_ref(), to.tenant.as_ref());
+        let admission =
+            self.store.admit_continuation(key, &fingerprint, &wire, c, instance, tenant).await?;
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];
@@ -217,6 +297,10 @@ impl Admit {
                 Ok(Output::publish(vec![Outgoing::Reply(ReplyOut::resent(
                     session, turn_id, submission, reply,
                 ))]))
+            }
+            ContinuationAdmission::Unavailable => {
+                let tag = format!("unavailable-{submission}");
+                Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, vec![unavailable()])]))
             }
             ContinuationAdmission::NotFound => {
                 refuse(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))
@@ -240,32 +324,6 @@ fn without_resent(mut output: Output<TurnJob>) -> Output<TurnJob> {
     output
 }
 
-/// Where the replies to a submission go, from its `reply_to`: none or the session's own reply
-/// queue mean that queue; `<prefix>.instance.<name>` means that backend instance's queue.
-/// Anything else is refused: the server publishes only to reply queues.
-fn reply_target(
-    prefix: &str,
-    reply_to: Option<&str>,
-    body: &[u8],
-) -> Result<Option<InstanceName>, ApiError> {
-    let Some(queue) = reply_to.filter(|q| !q.is_empty()) else { return Ok(None) };
-    if let Some(name) = queue.strip_prefix(prefix).and_then(|q| q.strip_prefix(".instance.")) {
-        let name = name.parse().map_err(|e: String| {
-            ApiError::new(ErrorCode::RequestReplyToInvalid, format!("reply_to: {e}"))
-        })?;
-        return Ok(Some(name));
-    }
-    let session = turn_hint(body).0.map(|s| format!("{prefix}.session.{s}"));
-    if session.as_deref() == Some(queue) {
-        return Ok(None);
-    }
-    let shown: String = queue.chars().take(80).collect();
-    Err(ApiError::new(
-        ErrorCode::RequestReplyToInvalid,
-        format!("reply_to `{shown}` is neither this session's reply queue nor `{prefix}.instance.<name>`"),
-    ))
-}
-
 /// An invalid submission: refused to its session, or dead-lettered when it names none.
 fn reject(
     body: &[u8],
@@ -286,13 +344,42 @@ fn reject(
     }
 }
 
-/// The request as stored (wire JSON) and its fingerprint: two serialisations.
-fn stored_form(request: &ValidatedRequest) -> Result<(serde_json::Value, String), StageError> {
-    let m = crate::metrics::metrics();
-    m.json("serialize", "request_stored");
-    let wire = serde_json::to_value(request)?;
-    m.json("serialize", "request_fingerprint");
-    Ok((wire, request.fingerprint()))
+/// The request as stored (wire JSON).
+fn stored_form(request: &ValidatedRequest) -> Result<serde_json::Value, StageError> {
+    crate::metrics::metrics().json("serialize", "request_stored");
+    Ok(serde_json::to_value(request)?)
+}
+
+/// The answer to a turn for another tenant's session.
+fn unavailable() -> ApiError {
+    ApiError::at(
+        ErrorCode::SessionUnavailable,
+        "SessionId",
+        "this SessionId cannot be used by this publisher; start a session with a new SessionId",
+    )
+}
+
+/// The answer to a turn over its tenant's limit.
+fn over_limit(limit: Limit) -> ApiError {
+    let (code, message) = match limit {
+        Limit::TurnsInFlight(n) => (
+            ErrorCode::LimitTurnsInFlight,
+            format!("this tenant may have {n} turns in flight; try again when one ends"),
+        ),
+        Limit::TurnsPerMinute(n) => (
+            ErrorCode::LimitTurnsPerMinute,
+            format!("this tenant may start {n} turns per minute; try again later"),
+        ),
+        Limit::SessionsPerMinute(n) => (
+            ErrorCode::LimitSessionsPerMinute,
+            format!("this tenant may create {n} sessions per minute; try again later"),
+        ),
+        Limit::TokensPerMinute(n) => (
+            ErrorCode::LimitTokensPerMinute,
+            format!("this tenant's turns may use {n} LLM tokens per minute; try again later"),
+        ),
+    };
+    ApiError::new(code, message)
 }
 
 fn refusal(session: SessionId, turn: Option<&str>, tag: String, errors: Vec<ApiError>) -> Outgoing {

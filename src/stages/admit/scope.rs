@@ -1,0 +1,132 @@
+//! What a submission may reach: its tenant (from the broker-checked `user_id`), the contexts
+//! its turns use (the tenant's own, fixed for a session at its first turn), and the reply queue
+//! its answers go to (its tenant's; an instance's when `reply_to` names one of them).
+
+use crate::config::{Publisher, Settings, Tenant};
+use crate::contracts::{
+    ApiError, ContextId, ErrorCode, InstanceName, ReplyAddress, TenantName, UserTurn,
+};
+use crate::rules::turn_hint;
+use crate::store::SessionOwner;
+
+/// Who sent a submission.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Caller<'a> {
+    /// Its tenant, if tenants are configured.
+    pub name: Option<&'a TenantName>,
+    /// The tenant's configuration.
+    pub tenant: Option<&'a Tenant>,
+}
+
+/// The tenant of a publishing user; `Err` with the reason when tenants are configured and the
+/// user is none of theirs (there is then no reply queue the server may answer on).
+pub(super) fn caller_of<'a>(
+    settings: &'a Settings,
+    user_id: Option<&str>,
+) -> Result<Option<(TenantName, &'a Tenant)>, String> {
+    match settings.publisher(user_id) {
+        Publisher::SingleTenant => Ok(None),
+        Publisher::Tenant(name, tenant) => Ok(Some((name, tenant))),
+        Publisher::Unknown => Err(match user_id {
+            None => "the message has no user_id property, so its tenant is unknown".to_owned(),
+            Some(u) => format!("user `{}` belongs to no configured tenant", clip(u)),
+        }),
+    }
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// Where the replies to a submission go, from its `reply_to`: none or the session's own reply
+/// queue mean that queue; `<prefix>.instance.[<tenant>.]<name>` means that backend instance's
+/// queue. Anything else is refused: the server publishes only to the caller's reply queues.
+pub(super) fn reply_target(
+    prefix: &str,
+    tenant: Option<&TenantName>,
+    reply_to: Option<&str>,
+    body: &[u8],
+) -> Result<Option<InstanceName>, ApiError> {
+    let invalid = |m: String| ApiError::new(ErrorCode::RequestReplyToInvalid, m);
+    let Some(queue) = reply_to.filter(|q| !q.is_empty()) else { return Ok(None) };
+    let scope = tenant.map_or_else(String::new, |t| format!("{t}."));
+    if let Some(rest) = queue.strip_prefix(prefix).and_then(|q| q.strip_prefix(".instance.")) {
+        let Some(name) = rest.strip_prefix(scope.as_str()) else {
+            return Err(invalid(format!(
+                "reply_to: an instance queue of this publisher is `{prefix}.instance.{scope}<name>`"
+            )));
+        };
+        return name.parse().map(Some).map_err(|e: String| invalid(format!("reply_to: {e}")));
+    }
+    let session = turn_hint(body).0.map(|s| format!("{prefix}.session.{scope}{s}"));
+    if session.as_deref() == Some(queue) {
+        return Ok(None);
+    }
+    let shown: String = queue.chars().take(80).collect();
+    Err(invalid(format!(
+        "reply_to `{shown}` is neither this session's reply queue nor `{prefix}.instance.{scope}<name>`"
+    )))
+}
+
+/// The address of replies for `caller` at `instance`.
+pub(super) fn address(caller: Caller<'_>, instance: Option<InstanceName>) -> ReplyAddress {
+    ReplyAddress { tenant: caller.name.cloned(), instance }
+}
+
+/// The contexts a turn of `caller` uses: those the session was created with, else the ones it
+/// names (or its tenant's defaults), checked to exist and to be the caller's. A context of
+/// another tenant gets the same answer as one that does not exist.
+pub(super) fn contexts(
+    settings: &Settings,
+    caller: Caller<'_>,
+    turn: &UserTurn,
+    session: Option<&SessionOwner>,
+) -> Result<(String, String), Vec<ApiError>> {
+    let stored = |f: fn(&SessionOwner) -> &Option<String>| session.and_then(|s| f(s).clone());
+    let agent = stored(|s| &s.agent_context_id)
+        .unwrap_or_else(|| settings.agent_context_id_for(caller.tenant, turn.agent_context_id()));
+    let conversation = stored(|s| &s.conversation_context_id).unwrap_or_else(|| {
+        settings.conversation_context_id_for(caller.tenant, turn.conversation_context_id())
+    });
+    let named = |id: Option<&ContextId>, fixed: &str| id.is_some_and(|c| c.as_str() != fixed);
+    if named(turn.agent_context_id(), &agent)
+        || named(turn.conversation_context_id(), &conversation)
+    {
+        return Err(vec![ApiError::new(
+            ErrorCode::SessionContextFixed,
+            format!("this session uses AgentContextId `{agent}` and ConversationContextId `{conversation}`; a later turn may name those or none"),
+        )]);
+    }
+    let mut errors = Vec::new();
+    let allowed = |known: bool, mine: fn(&Tenant, &str) -> bool, id: &str| {
+        known && caller.tenant.is_none_or(|t| mine(t, id))
+    };
+    if !allowed(settings.agent_contexts.contains_key(&agent), Tenant::may_use_agent, &agent) {
+        errors.push(ApiError::at(
+            ErrorCode::UnknownAgentContext,
+            "AgentContextId",
+            format!("no agent context `{agent}` is configured"),
+        ));
+    }
+    let known = settings.conversation_contexts.contains_key(&conversation);
+    if !allowed(known, Tenant::may_use_conversation, &conversation) {
+        errors.push(ApiError::at(
+            ErrorCode::UnknownConversationContext,
+            "ConversationContextId",
+            format!("no conversation context `{conversation}` is configured"),
+        ));
+    }
+    if errors.is_empty() {
+        Ok((agent, conversation))
+    } else {
+        Err(errors)
+    }
+}
+
+/// The turn with its contexts written in, so every later stage uses the session's.
+pub(super) fn with_contexts(turn: &UserTurn, agent: &str, conversation: &str) -> Option<UserTurn> {
+    let mut turn = turn.clone();
+    turn.agent_context_id = Some(agent.parse().ok()?);
+    turn.conversation_context_id = Some(conversation.parse().ok()?);
+    Some(turn)
+}

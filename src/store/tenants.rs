@@ -1,0 +1,239 @@
+//! A tenant's limits, decided in PostgreSQL so that every worker decides as one: each decision
+//! holds the tenant's row of `tenant_locks`, then counts what the limits count (turns open,
+//! turns and sessions of the last minute, tokens of the last minute) from the rows themselves,
+//! so there is no counter to drift after a crash. Turns held over a limit (`over_limit =
+//! "queue"`) are their session's head in state `queued`; [`start_held`] starts them, oldest
+//! first, when the tenant is under its limits again.
+
+use sqlx::PgConnection;
+
+use super::outbox::{self, PendingOutbox};
+use super::turns::{TurnRow, TURN_COLUMNS};
+use super::{Store, StoreError};
+use crate::config::{OverLimit, TenantLimits};
+use crate::contracts::TenantName;
+use crate::messages::Outgoing;
+
+/// The window of the per-minute limits.
+const WINDOW: &str = "interval '60 seconds'";
+
+/// A tenant and its limits, for a decision.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    /// The tenant.
+    pub tenant: TenantName,
+    /// Its limits.
+    pub limits: TenantLimits,
+}
+
+/// The limit a turn or a session was over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `turns_in_flight`.
+    TurnsInFlight(u32),
+    /// `turns_per_minute`.
+    TurnsPerMinute(u32),
+    /// `sessions_per_minute`.
+    SessionsPerMinute(u32),
+    /// `tokens_per_minute`.
+    TokensPerMinute(u64),
+}
+
+impl Gate {
+    fn queues(&self) -> bool {
+        self.limits.over_limit == OverLimit::Queue
+    }
+}
+
+/// Takes the tenant's lock for the rest of the transaction.
+pub(super) async fn lock(conn: &mut PgConnection, tenant: &TenantName) -> Result<(), StoreError> {
+    let sql = "SELECT 1 FROM tenant_locks WHERE tenant = $1 FOR UPDATE";
+    let found: Option<i32> =
+        sqlx::query_scalar(sql).bind(tenant.as_str()).fetch_optional(&mut *conn).await?;
+    if found.is_none() {
+        sqlx::query("INSERT INTO tenant_locks (tenant) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(tenant.as_str())
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query_scalar::<_, i32>(sql).bind(tenant.as_str()).fetch_one(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+async fn count(conn: &mut PgConnection, sql: &str, tenant: &TenantName) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(sql).bind(tenant.as_str()).fetch_one(&mut *conn).await?)
+}
+
+/// Whether the session this transaction created may stay (the lock is held).
+pub(super) async fn session_allowed(
+    conn: &mut PgConnection,
+    gate: &Gate,
+) -> Result<Result<(), Limit>, StoreError> {
+    let max = gate.limits.sessions_per_minute;
+    if max == 0 {
+        return Ok(Ok(()));
+    }
+    let sql = format!(
+        "SELECT count(*) FROM sessions WHERE tenant = $1 AND created_at > clock_timestamp() - {WINDOW}"
+    );
+    // The count includes the session this transaction just created.
+    let n = count(conn, &sql, &gate.tenant).await?;
+    Ok(if n <= i64::from(max) { Ok(()) } else { Err(Limit::SessionsPerMinute(max)) })
+}
+
+/// How many more turns may start now (refuse mode: be admitted), up to `want` (the lock is
+/// held); the first limit in the way when none may.
+pub(super) async fn room(
+    conn: &mut PgConnection,
+    gate: &Gate,
+    want: i64,
+) -> Result<Result<i64, Limit>, StoreError> {
+    let (l, tenant) = (&gate.limits, &gate.tenant);
+    // Refused turns are counted from their admission (a turn queued behind its session will
+    // start whatever happens); held ones from their start.
+    let (open, at) = if gate.queues() {
+        ("('running', 'awaiting_tool_results')", "started_at")
+    } else {
+        ("('queued', 'running', 'awaiting_tool_results')", "created_at")
+    };
+    let mut room = want;
+    if l.turns_in_flight > 0 {
+        let sql = format!("SELECT count(*) FROM turns WHERE tenant = $1 AND state IN {open}");
+        let left = i64::from(l.turns_in_flight) - count(conn, &sql, tenant).await?;
+        if left <= 0 {
+            return Ok(Err(Limit::TurnsInFlight(l.turns_in_flight)));
+        }
+        room = room.min(left);
+    }
+    if l.turns_per_minute > 0 {
+        let sql = format!(
+            "SELECT count(*) FROM turns WHERE tenant = $1 AND {at} > clock_timestamp() - {WINDOW}"
+        );
+        let left = i64::from(l.turns_per_minute) - count(conn, &sql, tenant).await?;
+        if left <= 0 {
+            return Ok(Err(Limit::TurnsPerMinute(l.turns_per_minute)));
+        }
+        room = room.min(left);
+    }
+    if l.tokens_per_minute > 0 {
+        let sql = format!(
+            "SELECT COALESCE(sum(tokens), 0)::bigint FROM tenant_tokens
+             WHERE tenant = $1 AND at > clock_timestamp() - {WINDOW}"
+        );
+        let used = count(conn, &sql, tenant).await?;
+        if used >= i64::try_from(l.tokens_per_minute).unwrap_or(i64::MAX) {
+            return Ok(Err(Limit::TokensPerMinute(l.tokens_per_minute)));
+        }
+    }
+    Ok(Ok(room))
+}
+
+/// Starts the tenant's held turns, oldest first, while its limits allow (the lock is taken
+/// here). Returns the started turns.
+pub(super) async fn start_held(
+    conn: &mut PgConnection,
+    gate: &Gate,
+) -> Result<Vec<TurnRow>, StoreError> {
+    lock(conn, &gate.tenant).await?;
+    let Ok(n) = room(conn, gate, 1000).await? else { return Ok(Vec::new()) };
+    let sql = format!(
+        "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
+         WHERE (session_id, turn_id) IN (
+             SELECT t.session_id, t.turn_id FROM turns t
+             JOIN sessions s ON s.id = t.session_id AND s.active_turn_id = t.turn_id
+             WHERE t.tenant = $1 AND t.state = 'queued'
+             ORDER BY t.created_at LIMIT $2)
+         RETURNING {TURN_COLUMNS}"
+    );
+    let mut rows: Vec<TurnRow> =
+        sqlx::query_as(&sql).bind(gate.tenant.as_str()).bind(n).fetch_all(&mut *conn).await?;
+    rows.sort_by_key(|r| r.seq);
+    Ok(rows)
+}
+
+/// Outbox rows that start `rows`, each under its own turn.
+pub(super) async fn start_messages(
+    conn: &mut PgConnection,
+    rows: &[TurnRow],
+) -> Result<PendingOutbox, StoreError> {
+    let mut out = PendingOutbox::default();
+    for row in rows {
+        let start = vec![Outgoing::Start(row.start_job()?)];
+        let one = outbox::insert(conn, row.session_id, &row.turn_id, start).await?;
+        out.ids.extend(one.ids);
+        out.messages.extend(one.messages);
+    }
+    Ok(out)
+}
+
+/// Counts the LLM tokens of a round trip's record (`usage.TotalTokens`) against its tenant's
+/// per-minute budget, in the transaction that writes the record (so exactly once), and forgets
+/// those outside the window.
+pub(super) async fn charge_tokens(
+    conn: &mut PgConnection,
+    tenant: &str,
+    usage: Option<&serde_json::Value>,
+) -> Result<(), StoreError> {
+    let tokens = usage.and_then(|u| u.get("TotalTokens")).and_then(serde_json::Value::as_i64);
+    let Some(tokens) = tokens.filter(|t| *t > 0) else { return Ok(()) };
+    sqlx::query("INSERT INTO tenant_tokens (tenant, tokens) VALUES ($1, $2)")
+        .bind(tenant)
+        .bind(tokens)
+        .execute(&mut *conn)
+        .await?;
+    let prune = format!(
+        "DELETE FROM tenant_tokens WHERE tenant = $1 AND at < clock_timestamp() - {WINDOW} * 2"
+    );
+    sqlx::query(&prune).bind(tenant).execute(&mut *conn).await?;
+    Ok(())
+}
+
+impl Store {
+    /// Starts the held turns of every tenant in `gates` that its limits now allow (called
+    /// periodically: a per-minute window frees room without any turn ending). Their start
+    /// messages are in the returned outbox.
+    pub async fn start_held_turns(&self, gates: &[Gate]) -> Result<PendingOutbox, StoreError> {
+        let mut out = PendingOutbox::default();
+        for gate in gates.iter().filter(|g| g.queues()) {
+            let mut tx = self.pool.begin().await?;
+            let held: Option<i32> = sqlx::query_scalar(
+                "SELECT 1 FROM turns t JOIN sessions s
+                     ON s.id = t.session_id AND s.active_turn_id = t.turn_id
+                 WHERE t.tenant = $1 AND t.state = 'queued' LIMIT 1",
+            )
+            .bind(gate.tenant.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+            if held.is_none() {
+                continue;
+            }
+            let rows = start_held(&mut tx, gate).await?;
+            let one = start_messages(&mut tx, &rows).await?;
+            tx.commit().await?;
+            out.ids.extend(one.ids);
+            out.messages.extend(one.messages);
+        }
+        Ok(out)
+    }
+
+    /// Start messages of tenants' turns left unpublished for `age` (their publisher stopped
+    /// between commit and publish), to publish again. Those of turns started by a stage's own
+    /// transaction are found by its redelivered message long before.
+    pub async fn orphaned_starts(
+        &self,
+        age: std::time::Duration,
+    ) -> Result<PendingOutbox, StoreError> {
+        let rows = sqlx::query(
+            "SELECT o.id, o.payload, o.exchange, o.routing_key, o.message_id, o.kind,
+                    o.declare_session, o.headers, o.body
+             FROM outbox o JOIN turns t ON t.session_id = o.session_id AND t.turn_id = o.turn_id
+             WHERE t.tenant IS NOT NULL AND o.payload->>'Kind' = 'outgoing.start/v1'
+               AND o.created_at < now() - make_interval(secs => $1)
+             ORDER BY o.id LIMIT 100",
+        )
+        .bind(age.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        outbox::decode(&rows)
+    }
+}

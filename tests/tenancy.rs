@@ -1,0 +1,268 @@
+//! Issue 17 on the real broker and database: two tenants, each a RabbitMQ user of its own with
+//! the permissions docs/tenancy.md gives; tenant B tries to continue, duplicate and answer the
+//! tool call of A's session, to use A's context and to read A's reply queue — each refused,
+//! nothing of A's session stored, read or leaked; the tenant's limits hold with several
+//! workers and concurrent publishers; a tenant's key reaches only its own endpoint.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod tenant_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aptix::config::{AgentContext, OverLimit, Settings, Tenant, TenantLimits};
+use aptix::sim::Latency;
+use common::{new_session, user_turn, Harness};
+use serde_json::json;
+use tenant_support::{codes, create_user, delete_user, TenantClient};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Two tenants: `ta` (users `<prefix>-a`) with the `default` agent context, `tb` with `bctx`
+/// (its own collection and endpoint key); both may use the `default` conversation context, `ta`
+/// also `other`.
+fn tenants(s: &mut Settings, limits: TenantLimits) {
+    let prefix = s.amqp.prefix.clone();
+    let other = s.conversation_contexts["default"].clone();
+    s.conversation_contexts.insert("other".into(), other);
+    let b: AgentContext = serde_json::from_value(json!({
+        "collection": "bcol", "llm_api_key": "sk-tenant-b-secret-0042",
+    }))
+    .unwrap();
+    s.agent_contexts.insert("bctx".into(), b);
+    let tenant = |user: String, agents: &[&str], convs: &[&str]| Tenant {
+        users: vec![user],
+        agent_contexts: agents.iter().map(|a| a.to_string()).collect(),
+        conversation_contexts: convs.iter().map(|a| a.to_string()).collect(),
+        limits: Default::default(),
+    };
+    s.tenants = BTreeMap::from([
+        ("ta".into(), tenant(format!("{prefix}-a"), &["default"], &["default", "other"])),
+        ("tb".into(), tenant(format!("{prefix}-b"), &["bctx"], &["default"])),
+    ]);
+    s.tenant_limits = limits;
+    s.validate().unwrap();
+}
+
+struct Two {
+    h: Harness,
+    a: TenantClient,
+    b: TenantClient,
+}
+
+async fn start(copies: usize, limits: TenantLimits) -> Two {
+    let h = Harness::start_with(copies, |s| tenants(s, limits)).await;
+    let prefix = h.topology.prefix().to_owned();
+    let mut clients = Vec::new();
+    for (t, tenant) in [("a", "ta"), ("b", "tb")] {
+        let user = format!("{prefix}-{t}");
+        create_user(&user, "pw-test", &prefix, tenant);
+        clients.push(TenantClient::connect(&user, "pw-test", tenant, &prefix).await);
+    }
+    let b = clients.pop().unwrap();
+    let a = clients.pop().unwrap();
+    Two { h, a, b }
+}
+
+async fn stop(t: Two) {
+    let users = [t.a.user.clone(), t.b.user.clone()];
+    t.a.close().await;
+    t.b.close().await;
+    t.h.teardown().await;
+    users.iter().for_each(|u| delete_user(u));
+}
+
+async fn count(h: &Harness, sql: &str, session: &str) -> i64 {
+    sqlx::query_scalar(sql).bind(session).fetch_one(h.deps.store.pool()).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_tenant_reaches_only_its_own_sessions_contexts_and_queues() {
+    let t = start(1, TenantLimits::default()).await;
+    let s = new_session();
+    let mut first = user_turn(&s, "t1", "@call(run_tests) what is in the sample repo?");
+    first["Stream"] = json!(false);
+    t.a.submit(&first).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(got.len(), 1, "A's turn ends in a tool call on A's own queue");
+    assert_eq!(got[0].headers["x-aptix-outcome"], "client_tool_continuation");
+    let call = got[0].body["Result"]["ToolCalls"][0]["ToolCallId"].as_str().unwrap().to_owned();
+
+    // B: a new turn, a duplicate of A's, and A's tool results, for A's session.
+    let results = json!({"SessionId": s, "TurnId": "t1",
+        "ToolResults": [{"ToolCallId": call, "ExecutionMs": 1, "ResultJson": "{\"ok\":false}"}]});
+    for request in [user_turn(&s, "t2", "mine now"), first.clone(), results.clone()] {
+        t.b.submit(&request).await;
+        let got = t.b.read(&t.b.queue(&s), 1, WAIT).await;
+        assert_eq!(got.len(), 1, "B gets an answer on its own queue");
+        assert_eq!(codes(&got[0]), ["session.unavailable"], "{}", got[0].body);
+        assert!(!got[0].body.to_string().contains("run_tests"), "nothing of A's session leaks");
+    }
+    // B cannot read A's queue; A's queue got nothing of B's; nothing was stored against A's
+    // session (no turn, no refusal).
+    assert!(t.b.consume_refused(&t.a.queue(&s)).await, "the broker refuses B on A's queue");
+    assert!(t.a.read(&t.a.queue(&s), 1, Duration::from_millis(500)).await.is_empty());
+    let h = &t.h;
+    assert_eq!(count(h, "SELECT count(*) FROM turns WHERE session_id = $1::uuid", &s).await, 1);
+    assert_eq!(count(h, "SELECT count(*) FROM replies WHERE session_id = $1::uuid", &s).await, 0);
+
+    // A's own tool results still resume its turn.
+    t.a.submit(&results).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+
+    // A session's contexts are fixed at creation.
+    let mut switch = user_turn(&s, "t3", "same session, other profile");
+    switch["ConversationContextId"] = json!("other");
+    t.a.submit(&switch).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(codes(&got[0]), ["session.context_fixed"]);
+
+    // B naming A's agent context, or a conversation context that is not B's, gets what an
+    // unknown one gets, and no session is created.
+    let s2 = new_session();
+    let mut theirs = user_turn(&s2, "t1", "use their code");
+    theirs["AgentContextId"] = json!("default");
+    theirs["ConversationContextId"] = json!("other");
+    t.b.submit(&theirs).await;
+    let got = t.b.read(&t.b.queue(&s2), 1, WAIT).await;
+    let mut got_codes = codes(&got[0]);
+    got_codes.sort();
+    assert_eq!(
+        got_codes,
+        ["context.unknown_agent_context", "context.unknown_conversation_context"]
+    );
+    assert!(got[0].body.to_string().contains("no agent context `default` is configured"));
+    assert_eq!(count(h, "SELECT count(*) FROM sessions WHERE id = $1::uuid", &s2).await, 0);
+
+    // B's own session runs on B's context; B's key is never stored or replied.
+    let s3 = new_session();
+    t.b.submit(&user_turn(&s3, "t1", "hello")).await;
+    let got = t.b.read(&t.b.queue(&s3), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    assert!(!got[0].body.to_string().contains("sk-tenant-b"));
+    let leaked: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM sessions x WHERE to_jsonb(x)::text LIKE '%sk-tenant-b%')
+              + (SELECT count(*) FROM turns x WHERE to_jsonb(x)::text LIKE '%sk-tenant-b%')
+              + (SELECT count(*) FROM response_records x WHERE to_jsonb(x)::text LIKE '%sk-tenant-b%')
+              + (SELECT count(*) FROM replies x WHERE to_jsonb(x)::text LIKE '%sk-tenant-b%')",
+    )
+    .fetch_one(h.deps.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(leaked, 0, "a tenant's key is stored nowhere");
+    stop(t).await;
+}
+
+/// A request without `user_id`, or from a user of no tenant, has nobody to be answered: it is
+/// dead-lettered with the reason, and nothing is stored.
+#[tokio::test]
+async fn a_publisher_of_no_tenant_is_dead_lettered() {
+    let t = start(1, TenantLimits::default()).await;
+    let s = new_session();
+    t.a.declare(&s).await;
+    t.a.publish_as(&user_turn(&s, "t1", "who am I?"), None).await;
+    t.h.publish_raw(serde_json::to_vec(&user_turn(&s, "t2", "guest")).unwrap()).await;
+    let mut dead = Vec::new();
+    for _ in 0..100 {
+        dead.extend(t.h.dead_letters().await);
+        if dead.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead.len(), 2, "both are dead-lettered");
+    for (headers, _) in &dead {
+        let reason = headers.values().find(|v| v.contains("request.tenant_unknown"));
+        assert!(reason.is_some(), "{headers:?}");
+    }
+    assert_eq!(count(&t.h, "SELECT count(*) FROM sessions WHERE id = $1::uuid", &s).await, 0);
+    stop(t).await;
+}
+
+/// The largest number of turns of tenant `ta` that were in flight at once, from the stored
+/// turns: each counts from `from` (its admission or its start) to its end.
+async fn peak(h: &Harness, from: &str) -> i64 {
+    let sql = format!(
+        "WITH spans AS (SELECT {from} AS s, updated_at AS e FROM turns
+                        WHERE tenant = 'ta' AND state IN ('completed', 'failed'))
+         SELECT COALESCE(max((SELECT count(*) FROM spans o WHERE o.s <= x.s AND o.e > x.s)), 0)
+         FROM spans x"
+    );
+    sqlx::query_scalar(&sql).fetch_one(h.deps.store.pool()).await.unwrap()
+}
+
+/// Sends `n` one-turn sessions from `publishers` concurrent publishers of tenant A and reads
+/// every answer; returns (finals, refusals by code).
+async fn flood(t: &Two, publishers: usize, n: usize) -> (usize, BTreeMap<String, usize>) {
+    let sessions: Vec<String> = (0..n).map(|_| new_session()).collect();
+    let chunks: Vec<Vec<String>> =
+        sessions.chunks(n.div_ceil(publishers)).map(<[String]>::to_vec).collect();
+    let sends = chunks.iter().map(|chunk| async move {
+        for s in chunk {
+            t.a.submit(&user_turn(s, "t1", "count me")).await;
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let (mut finals, mut refused) = (0, BTreeMap::new());
+    for s in &sessions {
+        let got = t.a.read(&t.a.queue(s), 1, Duration::from_secs(60)).await;
+        assert_eq!(got.len(), 1, "every turn gets exactly one answer");
+        match got[0].headers["x-aptix-outcome"].as_str() {
+            "final" => finals += 1,
+            _ => *refused.entry(codes(&got[0]).join(",")).or_default() += 1,
+        }
+    }
+    (finals, refused)
+}
+
+#[tokio::test]
+async fn limits_hold_across_workers_and_concurrent_publishers() {
+    let limits = TenantLimits { turns_in_flight: 2, ..Default::default() };
+    let t = start(3, limits).await;
+    t.h.sim.set_latency(Latency { fixed_ms: 300, ..Default::default() });
+    let (finals, refused) = flood(&t, 4, 16).await;
+    assert!(finals >= 2, "{finals} {refused:?}");
+    assert_eq!(refused.keys().collect::<Vec<_>>(), ["limit.turns_in_flight"], "{refused:?}");
+    assert!(peak(&t.h, "created_at").await <= 2, "never more than 2 in flight");
+    stop(t).await;
+}
+
+#[tokio::test]
+async fn turns_over_the_limit_queue_and_all_complete_in_order_of_arrival() {
+    let limits =
+        TenantLimits { turns_in_flight: 2, over_limit: OverLimit::Queue, ..Default::default() };
+    let t = start(3, limits).await;
+    t.h.sim.set_latency(Latency { fixed_ms: 200, ..Default::default() });
+    let (finals, refused) = flood(&t, 4, 12).await;
+    assert_eq!((finals, refused.len()), (12, 0), "{refused:?}");
+    assert!(peak(&t.h, "started_at").await <= 2, "never more than 2 started at once");
+    stop(t).await;
+}
+
+#[tokio::test]
+async fn per_minute_limits_count_exactly() {
+    let limits = TenantLimits { turns_per_minute: 5, sessions_per_minute: 3, ..Default::default() };
+    let t = start(2, limits).await;
+    let (finals, refused) = flood(&t, 3, 3).await;
+    assert_eq!((finals, refused.len()), (3, 0), "{refused:?}");
+    // Two more sessions: over sessions_per_minute, and nothing of them is kept.
+    let (finals, refused) = flood(&t, 2, 2).await;
+    let expect: BTreeMap<String, usize> = [("limit.sessions_per_minute".to_owned(), 2)].into();
+    assert_eq!((finals, refused), (0, expect));
+    // Four more turns in a session that exists: two fit in turns_per_minute.
+    let s: String = sqlx::query_scalar("SELECT id::text FROM sessions LIMIT 1")
+        .fetch_one(t.h.deps.store.pool())
+        .await
+        .unwrap();
+    for n in 2..6 {
+        t.a.submit(&user_turn(&s, &format!("t{n}"), "once more")).await;
+    }
+    let got = t.a.read(&t.a.queue(&s), 4, Duration::from_secs(30)).await;
+    let outcomes: Vec<String> =
+        got.iter().map(|r| codes(r).first().cloned().unwrap_or_else(|| "ok".into())).collect();
+    assert_eq!(outcomes.iter().filter(|c| *c == "ok").count(), 2, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|c| *c == "limit.turns_per_minute").count(), 2);
+    stop(t).await;
+}
