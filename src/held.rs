@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::broker::{LazyPublisher, StageName};
+use crate::broker::{LazyPublisher, RuntimeSettings};
 use crate::config::OverLimit;
 use crate::stage::Route;
 use crate::stages::Deps;
@@ -22,7 +22,12 @@ const EVERY: Duration = Duration::from_millis(500);
 const ORPHANED: Duration = Duration::from_secs(30);
 
 /// Runs until `shutdown`; returns at once when no tenant queues turns over its limits.
-pub async fn run(deps: Arc<Deps>, route: Route, shutdown: CancellationToken) {
+pub async fn run(
+    deps: Arc<Deps>,
+    route: Route,
+    settings: RuntimeSettings,
+    shutdown: CancellationToken,
+) {
     let gates: Vec<_> = deps
         .store
         .gates()
@@ -32,7 +37,6 @@ pub async fn run(deps: Arc<Deps>, route: Route, shutdown: CancellationToken) {
     if gates.is_empty() {
         return;
     }
-    let settings = crate::pipeline::runtime_settings(&deps.settings, StageName::new("held"));
     let publisher = LazyPublisher::new(settings);
     let mut ticks = 0u32;
     loop {
@@ -41,7 +45,7 @@ pub async fn run(deps: Arc<Deps>, route: Route, shutdown: CancellationToken) {
             _ = tokio::time::sleep(EVERY) => {}
         }
         ticks = ticks.wrapping_add(1);
-        let found = if ticks % 20 == 0 {
+        let found = if ticks.is_multiple_of(20) {
             deps.store.orphaned_starts(ORPHANED).await
         } else {
             deps.store.start_held_turns(&gates).await

@@ -156,7 +156,9 @@ pub async fn run_chain(
         settings.topology = chain.topology(&deps);
         let ingress = settings.topology.is_ingress(stage);
         if let Some(route) = chain.route(stage, &deps).filter(|_| ingress) {
-            tasks.push(tokio::spawn(crate::held::run(deps.clone(), route, shutdown.clone())));
+            let held = runtime_settings(&deps.settings, StageName::new("held"));
+            let run = crate::held::run(deps.clone(), route, held, shutdown.clone());
+            tasks.push(tokio::spawn(run));
         }
         let partitioned = ingress && settings.topology.partitions() > 1;
         for _ in 0..copies.max(1) {

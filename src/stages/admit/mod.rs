@@ -183,7 +183,7 @@ impl Admit {
         };
         // The session as it stands (checked again under its lock when the turn is admitted).
         let mut owner = self.store.session_owner(&session).await?;
-        let fingerprint = request.fingerprint();
+        let fingerprint = fingerprint(request);
         for _ in 0..3 {
             if owner
                 .as_ref()
@@ -278,7 +278,7 @@ impl Admit {
     ) -> Result<Output<TurnJob>, StageError> {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
-        let (wire, fingerprint) = (stored_form(request)?, request.fingerprint());
+        let (wire, fingerprint) = (stored_form(request)?, fingerprint(request));
         let (instance, tenant) = (to.instance.as_ref(), to.tenant.as_ref());
         let admission =
             self.store.admit_continuation(key, &fingerprint, &wire, c, instance, tenant).await?;
@@ -348,6 +348,12 @@ fn reject(
 fn stored_form(request: &ValidatedRequest) -> Result<serde_json::Value, StageError> {
     crate::metrics::metrics().json("serialize", "request_stored");
     Ok(serde_json::to_value(request)?)
+}
+
+/// The request's fingerprint, as the client sent it (a duplicate compares with this).
+fn fingerprint(request: &ValidatedRequest) -> String {
+    crate::metrics::metrics().json("serialize", "request_fingerprint");
+    request.fingerprint()
 }
 
 /// The answer to a turn for another tenant's session.

@@ -101,19 +101,19 @@ pub(super) fn contexts(
     let allowed = |known: bool, mine: fn(&Tenant, &str) -> bool, id: &str| {
         known && caller.tenant.is_none_or(|t| mine(t, id))
     };
-    if !allowed(settings.agent_contexts.contains_key(&agent), Tenant::may_use_agent, &agent) {
-        errors.push(ApiError::at(
-            ErrorCode::UnknownAgentContext,
-            "AgentContextId",
-            format!("no agent context `{agent}` is configured"),
-        ));
-    }
     let known = settings.conversation_contexts.contains_key(&conversation);
     if !allowed(known, Tenant::may_use_conversation, &conversation) {
         errors.push(ApiError::at(
             ErrorCode::UnknownConversationContext,
             "ConversationContextId",
             format!("no conversation context `{conversation}` is configured"),
+        ));
+    }
+    if !allowed(settings.agent_contexts.contains_key(&agent), Tenant::may_use_agent, &agent) {
+        errors.push(ApiError::at(
+            ErrorCode::UnknownAgentContext,
+            "AgentContextId",
+            format!("no agent context `{agent}` is configured"),
         ));
     }
     if errors.is_empty() {
