@@ -74,7 +74,8 @@ def test_step_replies_and_turn_ids_with_colons():
 
 
 @pytest.mark.parametrize("tag", ["rejected", "rejected-context", "rejected-awaiting",
-                                 "rejected-continuation", "conflict", "resent", "exhausted"])
+                                 "rejected-continuation", "conflict", "resent", "exhausted",
+                                 "unavailable", "limited"])
 def test_submission_replies(tag):
     assert parse_message_id(f"reply:{S}:t1:{tag}-{HEX}") == ReplyId(S, "t1", None, tag, HEX)
 

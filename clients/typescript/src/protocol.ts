@@ -25,6 +25,8 @@ export const SUBMISSION_TAGS = [
   "conflict",
   "resent",
   "exhausted",
+  "unavailable",
+  "limited",
 ] as const;
 export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 

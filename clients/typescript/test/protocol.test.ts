@@ -91,7 +91,7 @@ test("step replies, turn ids with colons", () => {
 });
 
 test("submission replies", () => {
-  for (const tag of ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted"]) {
+  for (const tag of ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted", "unavailable", "limited"]) {
     assert.deepEqual(parseMessageId(`reply:${S}:t1:${tag}-${HEX}`), {
       kind: "reply", sessionId: S, turnId: "t1", step: null, submissionTag: tag, fingerprint: HEX,
     });

@@ -38,6 +38,8 @@ SUBMISSION_TAGS = (
     "conflict",
     "resent",
     "exhausted",
+    "unavailable",
+    "limited",
 )
 
 NO_TURN = "-"
