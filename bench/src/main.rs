@@ -58,6 +58,9 @@ pub enum BenchCommand {
     Inflight(pipeline::InflightArgs),
     /// Throughput with 1, 2 and 4 copies of the slowest stage.
     Scaling(pipeline::ScalingArgs),
+    /// One tenant's flood (10x its limit) against another's steady load: the second's latency
+    /// and throughput with and without it.
+    Fairness(pipeline::fairness::FairnessArgs),
     /// The four pipeline benchmarks (ceiling, overhead, inflight, scaling) with their defaults.
     All(pipeline::AllArgs),
 }
@@ -90,6 +93,7 @@ pub fn run(command: BenchCommand, settings: &Settings) -> anyhow::Result<ExitCod
         BenchCommand::Overhead(args) => pipeline::run(pipeline::Which::Overhead(args), settings),
         BenchCommand::Inflight(args) => pipeline::run(pipeline::Which::Inflight(args), settings),
         BenchCommand::Scaling(args) => pipeline::run(pipeline::Which::Scaling(args), settings),
+        BenchCommand::Fairness(args) => pipeline::run_fairness(args, settings),
         BenchCommand::All(args) => pipeline::run(pipeline::Which::All(args), settings),
     }
 }

@@ -9,6 +9,7 @@
 mod args;
 mod driver;
 mod env;
+pub mod fairness;
 mod relay;
 mod report;
 mod runs;
@@ -40,6 +41,13 @@ pub enum Which {
     Scaling(ScalingArgs),
     /// All four.
     All(AllArgs),
+}
+
+/// Runs `aptix-bench fairness` on its own runtime; exit 1 when a turn of B failed.
+pub fn run_fairness(args: fairness::FairnessArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let all_ok = runtime.block_on(fairness::run(args, settings))?;
+    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// Runs a pipeline benchmark on its own runtime, prints its table, optionally writes JSON.

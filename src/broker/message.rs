@@ -112,6 +112,10 @@ pub struct OutMessage {
     /// `correlation_id` property.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
+    /// For requests a client publishes: its RabbitMQ user, as the `user_id` property (the broker
+    /// checks it; docs/tenancy.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
 }
 
 fn yes() -> bool {
@@ -133,6 +137,7 @@ impl OutMessage {
             tenant: None,
             create_queue: true,
             correlation_id: None,
+            user_id: None,
         }
     }
 
@@ -169,8 +174,12 @@ impl OutMessage {
             .with_message_id(self.message_id.as_str().into())
             .with_type(self.kind.as_str().into())
             .with_headers(table);
-        match &self.correlation_id {
+        let props = match &self.correlation_id {
             Some(id) => props.with_correlation_id(id.as_str().into()),
+            None => props,
+        };
+        match &self.user_id {
+            Some(user) => props.with_user_id(user.as_str().into()),
             None => props,
         }
     }

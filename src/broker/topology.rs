@@ -238,6 +238,19 @@ impl Topology {
         self.bind_session(ch, session).await
     }
 
+    /// Declares a tenant's session reply queue and binds it; idempotent (the benchmarks, which
+    /// run with a user allowed to bind).
+    pub async fn declare_session_of(
+        &self,
+        ch: &Channel,
+        tenant: Option<&TenantName>,
+        session: &SessionId,
+    ) -> Result<(), lapin::Error> {
+        let queue = self.session_queue_of(tenant, session);
+        durable_queue(ch, &queue, FieldTable::default()).await?;
+        self.bind_reply_queue(ch, &queue, &Self::session_key(tenant, session)).await
+    }
+
     /// What a client does before publishing a session's first request (docs/client-protocol.md):
     /// declares the reply queue, durable and with no arguments. The server binds it.
     pub async fn declare_client_queue(

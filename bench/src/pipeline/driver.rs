@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::timed_llm::MARKER;
 use aptix::broker::{Publisher, Topology};
-use aptix::contracts::SessionId;
+use aptix::contracts::{SessionId, TenantName};
 
 /// Questions cycled through by the turns; each retrieves different chunks from the crate's own
 /// source (or few from the fixture).
@@ -74,6 +74,8 @@ pub struct Driver {
     waiters: Waiters,
     channels: Vec<lapin::Channel>,
     tasks: Vec<JoinHandle<()>>,
+    /// Sent as `user_id` (a tenant's driver).
+    user_id: Option<String>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -97,15 +99,28 @@ impl Driver {
         topology: &Topology,
         sessions: &[SessionId],
     ) -> anyhow::Result<Driver> {
+        Self::new_as(conn, amqp_url, topology, sessions, None).await
+    }
+
+    /// Like [`Driver::new`], for a tenant: its reply queues, and `user_id` (the user of
+    /// `amqp_url`) on every request.
+    pub async fn new_as(
+        conn: &lapin::Connection,
+        amqp_url: &str,
+        topology: &Topology,
+        sessions: &[SessionId],
+        tenant: Option<TenantName>,
+    ) -> anyhow::Result<Driver> {
         let publisher = Publisher::connect(amqp_url).await?;
+        let user_id = tenant.as_ref().map(|_| url_user(amqp_url));
         let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
         let mut channels = Vec::new();
         let mut tasks = Vec::new();
         for group in sessions.chunks(250) {
             let ch = conn.create_channel().await?;
             for s in group {
-                topology.declare_session(&ch, s).await?;
-                let queue = topology.session_queue(s);
+                topology.declare_session_of(&ch, tenant.as_ref(), s).await?;
+                let queue = topology.session_queue_of(tenant.as_ref(), s);
                 let mut consumer = ch
                     .basic_consume(
                         queue.as_str().into(),
@@ -136,7 +151,8 @@ impl Driver {
             }
             channels.push(ch);
         }
-        Ok(Driver { publisher, topology: topology.clone(), waiters, channels, tasks })
+        let topology = topology.clone();
+        Ok(Driver { publisher, topology, waiters, channels, tasks, user_id })
     }
 
     /// Publishes one request (with confirm) and returns where its final reply will arrive.
@@ -154,11 +170,12 @@ impl Driver {
         // ids travel as headers too, so the relay can route without parsing the body; the
         // pipeline ignores them (validate reads the body).
         let id = format!("bench:{turn_id}");
-        let msg = self
+        let mut msg = self
             .topology
             .request(&session.to_string(), id, body)
             .header("x-aptix-session-id", session.to_string())
             .header("x-aptix-turn-id", turn_id);
+        msg.user_id.clone_from(&self.user_id);
         self.publisher.publish(&msg).await?;
         Ok(rx)
     }
@@ -207,6 +224,15 @@ impl Driver {
         for t in self.tasks {
             t.abort();
         }
+    }
+}
+
+/// The user of an `amqp://user:password@host/` URL (`guest` when it names none).
+fn url_user(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    match rest.split_once('@') {
+        Some((userinfo, _)) => userinfo.split(':').next().unwrap_or("guest").to_owned(),
+        None => "guest".to_owned(),
     }
 }
 

@@ -183,11 +183,14 @@ impl BenchEnv {
         };
         let mut index = IndexOptions::new(&root, "aptix");
         index.progress = false;
-        let collection =
-            settings.agent_context(None).context("no default agent context")?.collection.clone();
-        index_repository(&deps.retrieval, &collection, &index)
-            .await
-            .context("indexing the corpus")?;
+        // Every agent context's collection (tenants have their own), the same corpus in each.
+        let collections: std::collections::BTreeSet<String> =
+            settings.agent_contexts.values().map(|a| a.collection.clone()).collect();
+        for collection in collections {
+            index_repository(&deps.retrieval, &collection, &index)
+                .await
+                .context("indexing the corpus")?;
+        }
         let conn = connect(settings.amqp.url.expose()).await.context("connecting to RabbitMQ")?;
         let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         let topology = pipeline::topology(&settings);
