@@ -230,7 +230,7 @@ async fn limits_hold_across_workers_and_concurrent_publishers() {
 }
 
 #[tokio::test]
-async fn turns_over_the_limit_queue_and_all_complete_in_order_of_arrival() {
+async fn turns_over_the_limit_are_held_and_all_complete() {
     let limits =
         TenantLimits { turns_in_flight: 2, over_limit: OverLimit::Queue, ..Default::default() };
     let t = start(3, limits).await;
@@ -264,5 +264,26 @@ async fn per_minute_limits_count_exactly() {
         got.iter().map(|r| codes(r).first().cloned().unwrap_or_else(|| "ok".into())).collect();
     assert_eq!(outcomes.iter().filter(|c| *c == "ok").count(), 2, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|c| *c == "limit.turns_per_minute").count(), 2);
+    stop(t).await;
+}
+
+/// Tokens are charged from each record's usage; once the last minute's total reaches the limit,
+/// the next turn is refused.
+#[tokio::test]
+async fn the_token_budget_is_charged_from_usage() {
+    let t = start(1, TenantLimits { tokens_per_minute: 1, ..Default::default() }).await;
+    let s = new_session();
+    t.a.submit(&user_turn(&s, "t1", "spend")).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    let used = got[0].body["Result"]["Usage"]["TotalTokens"].as_i64().unwrap();
+    let charged: i64 = sqlx::query_scalar("SELECT sum(tokens)::bigint FROM tenant_tokens")
+        .fetch_one(t.h.deps.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(charged, used);
+    t.a.submit(&user_turn(&s, "t2", "again")).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(codes(&got[0]), ["limit.tokens_per_minute"]);
     stop(t).await;
 }

@@ -196,16 +196,20 @@ impl Store {
             return Err(StoreError::ReplyInFlight);
         };
         if let Some(gate) = &gate {
-            if let Err(limit) = tenants::room(&mut tx, gate, 1).await? {
-                if gate.limits.over_limit == OverLimit::Refuse {
-                    return Ok(Admission::Limited(limit));
-                }
-                // Held: the session's head, started by `start_held` when there is room.
+            if gate.limits.over_limit == OverLimit::Queue {
+                // The session's head, held; the tenant's held turns then start oldest first
+                // while there is room, so a newcomer never overtakes an older held turn.
                 insert_turn(&mut tx, &new, TurnState::Queued).await?;
-                let held = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
-                outbox.ids.extend(held.ids);
+                let rows = tenants::start_held(&mut tx, gate).await?;
+                let runs = rows.iter().any(|r| r.session_id == session && r.turn_id == turn);
+                let started = tenants::start_messages(&mut tx, &rows).await?;
+                outbox.ids.extend(started.ids);
+                outbox.messages.extend(started.messages);
                 tx.commit().await?;
-                return Ok(queued(outbox));
+                return Ok(Admission::Accepted { outbox, queued: !runs, new_session: created });
+            }
+            if let Err(limit) = tenants::room(&mut tx, gate, 1).await? {
+                return Ok(Admission::Limited(limit));
             }
         }
         let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
