@@ -1,6 +1,6 @@
-//! A tenant's client for the tenancy tests: a RabbitMQ user of its own (created with
-//! `rabbitmqctl`, with the permissions docs/tenancy.md gives a tenant), publishing as
-//! docs/client-protocol.md says, with `user_id` set, and reading its own reply queues.
+//! A tenant's client for the tenancy tests: a RabbitMQ user of its own (created by
+//! `deploy/rabbitmq/add-tenant.sh`, with the permissions docs/tenancy.md gives a tenant),
+//! publishing as docs/client-protocol.md says, with `user_id` set, reading its own queues.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -25,18 +25,23 @@ pub struct TenantClient {
     pub ch: Channel,
 }
 
-fn ctl(args: &[&str]) {
-    let out = std::process::Command::new("rabbitmqctl").args(args).output().unwrap();
-    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Creates RabbitMQ user `user` with tenant `tenant`'s permissions under `prefix`.
+/// Creates (or updates) RabbitMQ user `user` with tenant `tenant`'s permissions under `prefix`,
+/// by running the shipped `deploy/rabbitmq/add-tenant.sh`, so the tests prove its permissions.
 pub fn create_user(user: &str, password: &str, prefix: &str, tenant: &str) {
-    let _ = std::process::Command::new("rabbitmqctl").args(["-q", "delete_user", user]).output();
-    ctl(&["-q", "add_user", user, password]);
-    let p = prefix.replace('.', "\\.");
-    let own = format!("^{p}\\.(session|instance)\\.{tenant}\\..*");
-    ctl(&["-q", "set_permissions", "-p", "/", user, &own, &format!("^{p}\\.requests$"), &own]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/add-tenant.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .args([tenant, prefix])
+        .env("APTIX_TENANT_USER", user)
+        .env("APTIX_TENANT_PASSWORD", password)
+        .env_remove("APTIX_TENANT_PASSWORD_FILE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "add-tenant.sh {tenant} {prefix}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Deletes a user made by [`create_user`].
