@@ -17,6 +17,10 @@
 #   APTIX_WORKER_PASSWORD_FILE, APTIX_CLIENT_PASSWORD_FILE
 #                          files holding them instead (a mounted Secret follows its updates)
 #   APTIX_RABBITMQ_NODE    node to manage (rabbitmqctl -n), when not the local default
+#   APTIX_SHARED_CLIENT    `no` for a deployment with tenants (docs/tenancy.md): the shared
+#                          `aptix-client` user, which may read every tenant's reply queues, is
+#                          not created, and deleted if it exists; tenants' users come from
+#                          add-tenant.sh
 #
 # The users (docs/client-protocol.md):
 #   aptix-worker  configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
@@ -100,18 +104,30 @@ all="^$p\\..*"
 replies="^$p\\.(session|instance)\\..*"
 bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000}'
 
+shared_client=true
+case "${APTIX_SHARED_CLIENT:-yes}" in
+  yes) ;;
+  no) shared_client=false ;;
+  *) die "APTIX_SHARED_CLIENT must be yes or no" ;;
+esac
+client_user="" client_permissions=""
+if $shared_client; then
+  client_user=",
+    {\"name\": \"aptix-client\", \"password\": $(json "$client_password"), \"tags\": []}"
+  client_permissions=",
+    {\"user\": \"aptix-client\", \"vhost\": \"/\", \"configure\": $(json "$replies"),
+     \"write\": $(json "^$p\\.requests\$"), \"read\": $(json "$replies")}"
+fi
+
 definitions=$(
   cat <<EOF
 {
   "users": [
-    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": ["management"]},
-    {"name": "aptix-client", "password": $(json "$client_password"), "tags": []}
+    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": ["management"]}$client_user
   ],
   "permissions": [
     {"user": "aptix-worker", "vhost": "/", "configure": $(json "$all"),
-     "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")},
-    {"user": "aptix-client", "vhost": "/", "configure": $(json "$replies"),
-     "write": $(json "^$p\\.requests\$"), "read": $(json "$replies")}
+     "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")}$client_permissions
   ],
   "policies": [
     {"vhost": "/", "name": $(json "$name-sessions"), "pattern": $(json "^$p\\.session\\."),
@@ -139,6 +155,10 @@ ctl=(rabbitmqctl -q)
 # From stdin (no file argument): the passwords never appear on a command line or in a file.
 # rabbitmqctl waits for the import to finish, whatever its "asynchronous" message says.
 printf '%s\n' "$definitions" | "${ctl[@]}" import_definitions >/dev/null
+if ! $shared_client && "${ctl[@]}" list_users 2>/dev/null | grep -q '^aptix-client\b'; then
+  "${ctl[@]}" delete_user aptix-client >/dev/null
+  echo "setup.sh: deleted the shared user aptix-client (APTIX_SHARED_CLIENT=no)"
+fi
 # The consistent-hash exchange spreads sessions over ingress partitions
 # (amqp.ingress_partitions > 1). It ships with RabbitMQ. Enabled already (compose's
 # enabled_plugins, the cluster operator's additionalPlugins), nothing is written: the operator's
