@@ -168,5 +168,7 @@ plugins=(rabbitmq-plugins -q)
 if ! "${plugins[@]}" is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
   "${plugins[@]}" enable rabbitmq_consistent_hash_exchange >/dev/null
 fi
-echo "setup.sh: users aptix-worker and aptix-client, their permissions on / and the policies" \
+users="aptix-worker and aptix-client"
+$shared_client || users="aptix-worker"
+echo "setup.sh: users $users, their permissions on / and the policies" \
   "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugin rabbitmq_consistent_hash_exchange enabled"
