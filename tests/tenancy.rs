@@ -155,6 +155,30 @@ async fn a_tenant_reaches_only_its_own_sessions_contexts_and_queues() {
     stop(t).await;
 }
 
+/// `aptix submit --tenant` publishes as the docs say a tenant's client does, and waits on the
+/// tenant's reply queue.
+#[tokio::test]
+async fn aptix_submit_publishes_for_a_tenant() {
+    let t = start(1, TenantLimits::default()).await;
+    let s = new_session();
+    let file = t.h.dir.join("request.json");
+    std::fs::write(&file, serde_json::to_vec(&user_turn(&s, "t1", "hello")).unwrap()).unwrap();
+    let url = format!("amqp://{}:pw-test@127.0.0.1:5672/%2f", t.a.user);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+        .args(["submit", "--wait", "--timeout", "30", "--tenant", "ta"])
+        .arg(&file)
+        .env_remove("APTIX_CONFIG")
+        .envs(t.h.child_env())
+        .env("APTIX__AMQP__URL", url)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("\"Successful\":true"), "{stdout}");
+    stop(t).await;
+}
+
 /// A request without `user_id`, or from a user of no tenant, has nobody to be answered: it is
 /// dead-lettered with the reason, and nothing is stored.
 #[tokio::test]

@@ -12,7 +12,7 @@ use lapin::{Channel, Connection, Consumer};
 
 use super::runtime::headers_of;
 use super::{connect, BrokerError, Publisher, Topology};
-use crate::contracts::SessionId;
+use crate::contracts::{SessionId, TenantName};
 
 /// A connection that publishes requests and reads session replies.
 #[derive(Debug)]
@@ -20,6 +20,10 @@ pub struct SessionClient {
     conn: Connection,
     publisher: Publisher,
     topology: Topology,
+    /// The tenant it publishes for (docs/tenancy.md), if any.
+    tenant: Option<TenantName>,
+    /// Its user, sent as `user_id` when it publishes for a tenant.
+    user_id: Option<String>,
 }
 
 impl SessionClient {
@@ -28,12 +32,27 @@ impl SessionClient {
         let conn = connect(url).await?;
         let publisher = Publisher::connect(url).await?;
         topology.declare(publisher.channel()).await?;
-        Ok(SessionClient { conn, publisher, topology })
+        Ok(SessionClient { conn, publisher, topology, tenant: None, user_id: None })
+    }
+
+    /// Connects to `url` as a user of `tenant`, which may declare nothing but its own reply
+    /// queues: the topology is the workers' to declare.
+    pub async fn connect_as(
+        url: &str,
+        topology: Topology,
+        tenant: TenantName,
+    ) -> Result<Self, BrokerError> {
+        let conn = connect(url).await?;
+        let publisher = Publisher::connect(url).await?;
+        let user_id = Some(url_user(url.split(',').next().unwrap_or(url)));
+        Ok(SessionClient { conn, publisher, topology, tenant: Some(tenant), user_id })
     }
 
     /// Declares `session`'s reply queue, as a client does before its first request.
     pub async fn open_session(&self, session: &SessionId) -> Result<(), BrokerError> {
-        Ok(self.topology.declare_client_queue(self.publisher.channel(), session).await?)
+        let queue = self.topology.session_queue_of(self.tenant.as_ref(), session);
+        Ok(super::topology::durable_queue(self.publisher.channel(), &queue, FieldTable::default())
+            .await?)
     }
 
     /// Publishes a request (`routing_key` = its SessionId) and waits for the broker's confirm.
@@ -43,7 +62,9 @@ impl SessionClient {
         message_id: String,
         body: Vec<u8>,
     ) -> Result<(), BrokerError> {
-        self.publisher.publish(&self.topology.request(routing_key, message_id, body)).await
+        let mut request = self.topology.request(routing_key, message_id, body);
+        request.user_id.clone_from(&self.user_id);
+        self.publisher.publish(&request).await
     }
 
     /// Consumes `session`'s reply queue; at most `prefetch` replies are held unacked.
@@ -54,7 +75,7 @@ impl SessionClient {
     ) -> Result<Replies, BrokerError> {
         let channel = self.conn.create_channel().await?;
         channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
-        let queue = self.topology.session_queue(session);
+        let queue = self.topology.session_queue_of(self.tenant.as_ref(), session);
         let consumer = channel
             .basic_consume(
                 queue.as_str().into(),
@@ -70,6 +91,31 @@ impl SessionClient {
     pub fn requests_exchange(&self) -> String {
         self.topology.requests_exchange()
     }
+}
+
+/// The user of an `amqp://user:password@host/` URL, percent-decoded (`guest` when it names
+/// none, as RabbitMQ's clients default).
+pub fn url_user(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let Some((userinfo, _)) = rest.split_once('@') else { return "guest".to_owned() };
+    let user = userinfo.split(':').next().unwrap_or_default();
+    let bytes = user.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Messages of a session's reply queue, in order.

@@ -100,6 +100,10 @@ pub enum Command {
         /// Seconds to wait for the final reply.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// Publish for this tenant (docs/tenancy.md): connect with `amqp.url` as one of its
+        /// users, set `user_id`, use its reply queue `<prefix>.session.<tenant>.<SessionId>`.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Inspect stored sessions.
     #[command(subcommand)]
@@ -130,8 +134,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { copies } => crate::worker::run(settings()?, &[], copies),
         Command::Migrate => ops::migrate(settings()?),
         Command::Repartition { from } => repartition::run(settings()?, from),
-        Command::Submit { file, wait, timeout } => {
-            ops::submit(settings()?, &file, wait, std::time::Duration::from_secs(timeout))
+        Command::Submit { file, wait, timeout, tenant } => {
+            let tenant = tenant.map(|t| t.parse()).transpose().map_err(anyhow::Error::msg)?;
+            let timeout = std::time::Duration::from_secs(timeout);
+            ops::submit(settings()?, &file, wait, timeout, tenant)
         }
         Command::Session(SessionCommand::Show { session_id }) => {
             ops::session_show(settings()?, &session_id)

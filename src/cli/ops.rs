@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::broker::client::SessionClient;
 use crate::config::Settings;
-use crate::contracts::SessionId;
+use crate::contracts::{SessionId, TenantName};
 use crate::pipeline;
 use crate::store::Store;
 use crate::worker::block_on;
@@ -52,13 +52,18 @@ pub fn submit(
     file: &Path,
     wait: bool,
     timeout: Duration,
+    tenant: Option<TenantName>,
 ) -> anyhow::Result<ExitCode> {
     let body = super::read_input(file).with_context(|| format!("reading {}", file.display()))?;
     let (session, turn) = crate::rules::turn_hint(&body);
     block_on(async move {
         let topology = pipeline::topology(&settings);
-        let client =
-            SessionClient::connect(settings.amqp.url.expose(), topology).await.with_context(|| {
+        let url = settings.amqp.url.expose();
+        let connected = match tenant {
+            Some(t) => SessionClient::connect_as(url, topology, t).await,
+            None => SessionClient::connect(url, topology).await,
+        };
+        let client = connected.with_context(|| {
                 format!(
                     "connecting to RabbitMQ at {} (is it running? `docker compose up -d rabbitmq postgres`)",
                     settings.amqp.url

@@ -112,7 +112,7 @@ impl Driver {
         tenant: Option<TenantName>,
     ) -> anyhow::Result<Driver> {
         let publisher = Publisher::connect(amqp_url).await?;
-        let user_id = tenant.as_ref().map(|_| url_user(amqp_url));
+        let user_id = tenant.as_ref().map(|_| aptix::broker::client::url_user(amqp_url));
         let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
         let mut channels = Vec::new();
         let mut tasks = Vec::new();
@@ -224,15 +224,6 @@ impl Driver {
         for t in self.tasks {
             t.abort();
         }
-    }
-}
-
-/// The user of an `amqp://user:password@host/` URL (`guest` when it names none).
-fn url_user(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    match rest.split_once('@') {
-        Some((userinfo, _)) => userinfo.split(':').next().unwrap_or("guest").to_owned(),
-        None => "guest".to_owned(),
     }
 }
 

@@ -56,12 +56,7 @@ fn ctl(args: &[&str]) -> anyhow::Result<()> {
 /// `settings` with tenants `ta` (the configured user) and `tb` (`aptix-bench-tb`).
 fn two_tenants(settings: &Settings, args: &FairnessArgs) -> anyhow::Result<Settings> {
     let mut s = settings.clone();
-    let url = s.amqp.url.expose().to_owned();
-    let user_a = url
-        .split_once("://")
-        .and_then(|(_, r)| r.split_once('@'))
-        .map_or("guest", |(u, _)| u.split(':').next().unwrap_or("guest"))
-        .to_owned();
+    let user_a = aptix::broker::client::url_user(s.amqp.url.expose());
     let b: AgentContext = serde_json::from_value(serde_json::json!({"collection": "bench_b"}))?;
     s.agent_contexts.insert("bench_b".into(), b);
     let tenant = |user: &str, agent: &str, per_minute: u32| -> anyhow::Result<Tenant> {
