@@ -98,24 +98,7 @@ impl SessionClient {
 pub fn url_user(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let Some((userinfo, _)) = rest.split_once('@') else { return "guest".to_owned() };
-    let user = userinfo.split(':').next().unwrap_or_default();
-    let bytes = user.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::config::percent_decode(userinfo.split(':').next().unwrap_or_default(), false)
 }
 
 /// Messages of a session's reply queue, in order.

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub use assemble_policy::AssemblePolicy;
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
 pub use limits::Limits;
-pub use secret::{redact_url, ConnectionUrl, Secret};
+pub use secret::{percent_decode, redact_url, ConnectionUrl, Secret};
 pub use tenants::{OverLimit, Publisher, Tenant, TenantLimits};
 
 use crate::contracts::ContextId;

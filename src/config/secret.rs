@@ -122,7 +122,7 @@ fn redact_query(query: &str) -> String {
 /// `apiKey`, `api-key`, `access_token`, `sslpassword`, `sig`, …), case-insensitive and after
 /// percent-decoding, so `Pass%77ord` is caught too. Erring towards hiding costs only readability.
 fn is_secret_key(key: &str) -> bool {
-    let name: String = percent_decode(key)
+    let name: String = percent_decode(key, true)
         .chars()
         .filter(|c| !matches!(c, '-' | '_' | '.' | ' '))
         .flat_map(char::to_lowercase)
@@ -134,8 +134,9 @@ fn is_secret_key(key: &str) -> bool {
         || name.ends_with("key")
 }
 
-/// `%XX` escapes decoded (invalid ones kept); `+` is a space in query strings.
-fn percent_decode(text: &str) -> String {
+/// `%XX` escapes decoded (invalid ones kept); `+` is a space in query strings (`plus_is_space`),
+/// itself elsewhere (a URL's user).
+pub fn percent_decode(text: &str, plus_is_space: bool) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -146,7 +147,7 @@ fn percent_decode(text: &str) -> String {
                 out.push(byte);
                 i += 3;
             }
-            (b'+', _) => {
+            (b'+', _) if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
