@@ -248,10 +248,12 @@ fn first_turn() {
     let user = &a.body["input"][1];
     let parts = texts(user);
     assert!(parts[0].starts_with("[MODE: DDR_CREATION]\n\n[INSTRUCTION]\nCreate a DDR"));
-    assert!(parts[1].starts_with("[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\n"));
+    // The retrieved chunk of InvoiceManager.cs is superseded by the active file.
+    assert!(parts[1].starts_with("[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_2\n"));
     assert!(parts[2].starts_with(
-        "[ACTIVE FILES]\n\n=== CHUNK 3 ===\nId: file:Billing/Managers/InvoiceManager.cs@"
+        "[ACTIVE FILES]\n\n=== CHUNK 2 ===\nId: file:Billing/Managers/InvoiceManager.cs@"
     ));
+    assert_eq!(a.record.chunks_superseded[0].id, "ctx_1");
     assert!(parts[3].starts_with("[SOLUTION CONTEXT]\n"));
 }
 
@@ -280,7 +282,9 @@ fn follow_up_sends_only_new_chunks() {
     assert_eq!(a.body["input"].as_array().unwrap().len(), 1);
     let ids: Vec<_> = a.record.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["ctx_3"]);
-    assert_eq!(a.record.chunks_already_sent.len(), 2);
+    // ctx_2 was sent; ctx_1 is of a file the chain holds whole.
+    assert_eq!(a.record.chunks_already_sent.len(), 1);
+    assert_eq!(a.record.chunks_superseded.len(), 1);
     assert!(!a.record.solution_context_sent, "unchanged solution context is not resent");
 }
 
@@ -311,6 +315,32 @@ fn follow_up_sends_changed_files_only() {
     let again = s.user(&t2, &[], t0() + TimeDelta::minutes(6));
     assert!(again.record.files.is_empty());
     assert_eq!(texts(&again.body["input"][0]).len(), 1);
+}
+
+/// Issue 19, point 3: local edits win. A retrieved chunk of a file the turn sends whole is left
+/// out of `[CONTEXT]` and recorded as superseded; so is one of a file an earlier turn sent and
+/// the chain still holds. Other chunks are sent as before.
+#[test]
+fn chunks_of_files_the_model_has_whole_are_superseded() {
+    let mut s = Session::new();
+    let manager = "Billing/Managers/InvoiceManager.cs";
+    let t1 = user_turn(json!({"TurnId": "turn-1", "Instruction": "Fix the mail.",
+        "InputArtifacts": [artifact(manager, "class InvoiceManager { /* edited */ }\n")]}));
+    let a = s.user(&t1, &invoice_chunks(), t0());
+    let context = a.body.to_string();
+    assert!(!context.contains("SendInvoiceEmail"), "the stale indexed version is not sent");
+    assert!(context.contains("/* edited */") && context.contains("InvoiceController"));
+    let superseded: Vec<_> = a.record.chunks_superseded.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(superseded, ["ctx_1"]);
+    let sent: Vec<_> = a.record.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(sent, ["ctx_2"]);
+    s.final_answer(&a, t0(), "Fixed.");
+    // The next turn does not send the file again, but the chain holds it.
+    let t2 = user_turn(json!({"TurnId": "turn-2", "Instruction": "And the controller?"}));
+    let b = s.user(&t2, &invoice_chunks(), t0() + TimeDelta::minutes(1));
+    assert!(!b.body.to_string().contains("SendInvoiceEmail"));
+    let superseded: Vec<_> = b.record.chunks_superseded.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(superseded, ["ctx_1"]);
 }
 
 fn awaiting_tools() -> Session {

@@ -66,6 +66,7 @@ pub(crate) fn assemble_tool_continuation(
         chain: plan.record().clone(),
         chunks: rehydration.chunks.clone(),
         chunks_already_sent: Vec::new(),
+        chunks_superseded: Vec::new(),
         files: rehydration.files.clone(),
         files_unchanged: Vec::new(),
         skipped_files: Vec::new(),

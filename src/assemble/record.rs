@@ -29,6 +29,10 @@ pub struct SentRecord {
     /// Chunks retrieved for this turn but not sent: the chain already has them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks_already_sent: Vec<SentChunk>,
+    /// Retrieved chunks left out because the model has the file itself: this turn's active
+    /// file, or the version an earlier turn sent and the chain still holds (local edits win).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks_superseded: Vec<SentChunk>,
     /// Active files sent (whole), with the SHA-256 of what was sent.
     pub files: Vec<SentFile>,
     /// Active files of this turn not sent because the chain has this exact version.

@@ -8,11 +8,11 @@ use sha2::{Digest, Sha256};
 
 use super::body::{envelope, ToolChoice};
 use super::chain::{plan_chain, split_chunks, ChainPlan};
-use super::files::{select_files, sent_file, skip_warning};
+use super::files::{select_files, sent_file, skip_warning, FileSelection};
 use super::message::{system_message, user_message, UserContent};
 use super::record::{ChainStatus, SentChunk, SentRecord, SentToolOutput, TurnKind};
 use super::rehydrate::{rehydrate, Rehydration};
-use super::state::StateUpdate;
+use super::state::{ChainState, StateUpdate};
 use super::tools::abandoned_items;
 use super::{AssembleInput, Assembled};
 use crate::chunk::Chunk;
@@ -32,8 +32,9 @@ pub(crate) fn assemble_user_turn(
     let (state, context, policy) = (input.state, input.context, input.policy);
     let plan = plan_chain(state, policy, input.now);
     let continuing = plan.continuing();
-    let (send_chunks, already_sent) = split_chunks(&plan, chunks);
     let files = select_files(turn.artifacts(), continuing, policy);
+    let (chunks, superseded) = without_local_files(chunks, &files, continuing);
+    let (send_chunks, already_sent) = split_chunks(&plan, &chunks);
 
     // AGN-034 §4.5: a sent solution context replaces the latched one. It goes to the model when
     // the chain is new or does not hold this exact text yet.
@@ -71,6 +72,7 @@ pub(crate) fn assemble_user_turn(
             .chain(send_chunks.iter().map(|c| SentChunk::of(c, false)))
             .collect(),
         chunks_already_sent: already_sent.iter().map(|c| SentChunk::of(c, false)).collect(),
+        chunks_superseded: superseded.iter().map(|c| SentChunk::of(c, false)).collect(),
         files: rehydration
             .files
             .iter()
@@ -101,6 +103,21 @@ pub(crate) fn assemble_user_turn(
         solution_context_sent_sha256: solution.map(|(_, sha)| sha),
     };
     Assembled { body, record, update }
+}
+
+/// `chunks` without those of files the model has whole (local edits win over the index): the
+/// turn's active files, sent or held unchanged, and the files the continued chain holds. The
+/// second list is the chunks left out. Skipped files (too large, binary) are not the model's, so
+/// their indexed chunks stay.
+fn without_local_files(
+    chunks: &[Chunk],
+    files: &FileSelection,
+    chain: Option<&ChainState>,
+) -> (Vec<Chunk>, Vec<Chunk>) {
+    let mut local: HashSet<&str> = files.send.iter().map(|f| f.path.as_str()).collect();
+    local.extend(files.unchanged.iter().map(|f| f.path.as_str()));
+    local.extend(chain.map_or(&[][..], |c| &c.files[..]).iter().map(|f| f.path.as_str()));
+    chunks.iter().cloned().partition(|c| !local.contains(c.path.as_str()))
 }
 
 /// The items before the user message: a new chain's system prompt (and rehydrated history),
