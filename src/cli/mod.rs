@@ -124,6 +124,13 @@ pub enum SessionCommand {
         /// The SessionId.
         session_id: String,
     },
+    /// Rename a session (its name is the first line of its first instruction until then).
+    Rename {
+        /// The SessionId.
+        session_id: String,
+        /// The new name: 1-80 characters, no control characters.
+        name: String,
+    },
 }
 
 /// Runs the parsed command line; the returned code is the process exit status.
@@ -141,6 +148,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Session(SessionCommand::Show { session_id }) => {
             ops::session_show(settings()?, &session_id)
+        }
+        Command::Session(SessionCommand::Rename { session_id, name }) => {
+            ops::session_rename(settings()?, &session_id, &name)
         }
         Command::Demo => demo::run(settings()?),
         Command::Reprocess(args) => reprocess::run(args, settings()?),

@@ -44,6 +44,26 @@ pub fn session_show(settings: Settings, id: &str) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `aptix session rename ID NAME`: exit 0 renamed, 1 no such session, 2 a bad name.
+pub fn session_rename(settings: Settings, id: &str, name: &str) -> anyhow::Result<ExitCode> {
+    let session: SessionId = id.parse().map_err(|(_, m): (_, String)| anyhow::anyhow!(m))?;
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 80 || name.chars().any(char::is_control) {
+        eprintln!("a session name is 1-80 characters without control characters");
+        return Ok(ExitCode::from(2));
+    }
+    block_on(async move {
+        let store = Store::connect(settings.database.url.expose(), 1)?;
+        if store.rename_session(&session, name).await? {
+            println!("session {session} is now called {name:?}");
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!("no session {session}");
+            Ok(ExitCode::from(1))
+        }
+    })
+}
+
 /// `aptix submit FILE [--wait] [--timeout SECS]`: publish a request; with `--wait`, print each
 /// reply message of that turn as one JSON line until the final one. Exit 0 on success, 1 on an
 /// error reply, 2 on timeout.

@@ -32,6 +32,10 @@ pub struct SessionMeta {
     pub workspace_id: Option<String>,
     /// Repository hint.
     pub repo: Option<String>,
+    /// Display name (from the first turn's instruction).
+    pub name: Option<String>,
+    /// When the session expires if no other turn comes.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The result of admitting a user turn.
@@ -172,6 +176,7 @@ impl Store {
             request,
             reply_to,
             tenant: meta.tenant.as_ref(),
+            expires_at: meta.expires_at,
         };
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
         if let Some(active) = locked.active_turn_id {
@@ -242,8 +247,9 @@ async fn create_session(
     meta: &SessionMeta,
 ) -> Result<bool, StoreError> {
     let created = sqlx::query(
-        "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id, repo)
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id,
+             repo, name, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
     )
     .bind(session)
     .bind(meta.tenant.as_ref().map(TenantName::as_str))
@@ -251,6 +257,8 @@ async fn create_session(
     .bind(&meta.conversation_context_id)
     .bind(&meta.workspace_id)
     .bind(&meta.repo)
+    .bind(&meta.name)
+    .bind(meta.expires_at)
     .execute(&mut *conn)
     .await?;
     Ok(created.rows_affected() == 1)
@@ -279,6 +287,7 @@ struct NewTurn<'a> {
     request: &'a Value,
     reply_to: Option<&'a InstanceName>,
     tenant: Option<&'a TenantName>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Inserts the turn in `state` and counts it on its session (the first one holds the session).
@@ -307,10 +316,11 @@ async fn insert_turn(
         .await?;
     sqlx::query(
         "UPDATE sessions SET next_seq = next_seq + 1, active_turn_id = COALESCE(active_turn_id, $2),
-             updated_at = now() WHERE id = $1",
+             expires_at = GREATEST(expires_at, $3), updated_at = now() WHERE id = $1",
     )
     .bind(t.session)
     .bind(t.turn)
+    .bind(t.expires_at)
     .execute(&mut *conn)
     .await?;
     Ok(row)

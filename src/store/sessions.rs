@@ -33,6 +33,20 @@ impl Store {
         .await?)
     }
 
+    /// Renames a session; whether it exists.
+    pub async fn rename_session(
+        &self,
+        session: &SessionId,
+        name: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE sessions SET name = $2, updated_at = now() WHERE id = $1")
+            .bind(session.as_uuid())
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// The session's assemble state (`{}` for a new session).
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
         let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")

@@ -205,6 +205,8 @@ impl Admit {
                 conversation_context_id: Some(conversation),
                 workspace_id: turn.workspace_id().map(str::to_owned),
                 repo: turn.repo().map(str::to_owned),
+                name: turn.instruction().and_then(session_name),
+                expires_at: Some(self.settings.assemble.expires_at(chrono::Utc::now())),
             };
             let wire = stored_form(&ValidatedRequest::UserTurn(fixed))?;
             let admission = self
@@ -354,6 +356,13 @@ fn stored_form(request: &ValidatedRequest) -> Result<serde_json::Value, StageErr
 fn fingerprint(request: &ValidatedRequest) -> String {
     crate::metrics::metrics().json("serialize", "request_fingerprint");
     request.fingerprint()
+}
+
+/// A session's name from its first instruction: the first non-empty line, trimmed, at most 80
+/// characters (Session Architecture §2.3).
+pub fn session_name(instruction: &str) -> Option<String> {
+    let line = instruction.lines().map(str::trim).find(|l| !l.is_empty())?;
+    Some(line.chars().filter(|c| !c.is_control()).take(80).collect())
 }
 
 /// The answer to a turn for another tenant's session.
