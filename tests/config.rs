@@ -145,3 +145,19 @@ fn secrets_anywhere_are_redacted() {
         assert!(stdout.contains(kept), "missing {kept} in\n{stdout}");
     }
 }
+
+/// The shipped boot prompt states the five expectations of the reasoner (AGN-002 §9).
+#[test]
+fn the_default_boot_prompt_states_the_reasoner_expectations() {
+    let s = aptix::config::Settings::load(None).unwrap();
+    let prompt = s.conversation_contexts["default"].system_prompt.to_lowercase();
+    for expectation in [
+        "use only the code and content provided in the [context] section",
+        "authoritative for its line span",
+        "do not merge them unless explicitly asked",
+        "prefer incremental updates to full rewrites",
+        "reference chunks by id or chunk number",
+    ] {
+        assert!(prompt.contains(expectation), "missing: {expectation}\n{prompt}");
+    }
+}
