@@ -130,3 +130,32 @@ pub(super) fn with_contexts(turn: &UserTurn, agent: &str, conversation: &str) ->
     turn.conversation_context_id = Some(conversation.parse().ok()?);
     Some(turn)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &[u8] = br#"{"SessionId":"9b1d1c1e-7c1a-4c47-9a55-6f1c2a8b3d4e"}"#;
+
+    fn target(tenant: Option<&str>, reply_to: &str) -> Result<Option<String>, String> {
+        let tenant: Option<TenantName> = tenant.map(|t| t.parse().unwrap());
+        reply_target("p", tenant.as_ref(), Some(reply_to), BODY)
+            .map(|i| i.map(|n| n.to_string()))
+            .map_err(|e| e.code.as_str().to_owned())
+    }
+
+    #[test]
+    fn a_tenant_may_name_only_its_own_reply_queues() {
+        let sid = "9b1d1c1e-7c1a-4c47-9a55-6f1c2a8b3d4e";
+        assert_eq!(target(Some("a"), "p.instance.a.web-1"), Ok(Some("web-1".into())));
+        assert_eq!(target(Some("a"), &format!("p.session.a.{sid}")), Ok(None));
+        let refused = Err("request.reply_to_invalid".to_owned());
+        assert_eq!(target(Some("b"), "p.instance.a.web-1"), refused);
+        assert_eq!(target(Some("b"), &format!("p.session.a.{sid}")), refused);
+        assert_eq!(target(Some("a"), &format!("p.session.{sid}")), refused);
+        assert_eq!(target(Some("a"), "p.persist"), refused);
+        // Without tenants, as before.
+        assert_eq!(target(None, "p.instance.a.web-1"), Ok(Some("a.web-1".into())));
+        assert_eq!(target(None, &format!("p.session.{sid}")), Ok(None));
+    }
+}
