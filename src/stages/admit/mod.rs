@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tracing::{debug, info};
+use tracing::info;
 
 use super::Deps;
 use crate::config::Settings;
@@ -13,12 +13,16 @@ use crate::contracts::{
     ApiError, ErrorCode, ReplyAddress, SessionId, TenantName, ToolContinuation, TurnKey, UserTurn,
     ValidatedRequest,
 };
-use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob, RESENT};
+use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
 use crate::rules::{turn_hint, validate_bytes};
 use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
-use crate::store::{Admission, ContinuationAdmission, Limit, SessionMeta, Store, StoredReply};
+use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
 
+mod answers;
 mod scope;
+
+pub use answers::session_name;
+use answers::{fingerprint, over_limit, refusal, reject, stored_form, unavailable, without_resent};
 
 use scope::Caller;
 
@@ -313,90 +317,4 @@ impl Admit {
             ),
         }
     }
-}
-
-/// A redelivered submission (its consumer stopped before acknowledging it) whose turn already
-/// finished is answered by that turn's own step replies: the stored reply is not sent again
-/// under a new id, which the client could not tell from a second answer. A client's own resend
-/// arrives as a new delivery and still gets the stored reply.
-fn without_resent(mut output: Output<TurnJob>) -> Output<TurnJob> {
-    if output.outbox_ids.is_empty() {
-        output.messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.tag.starts_with(RESENT)));
-    }
-    output
-}
-
-/// An invalid submission: refused to its session, or dead-lettered when it names none.
-fn reject(
-    body: &[u8],
-    submission: &str,
-    errors: Vec<ApiError>,
-) -> Result<Output<TurnJob>, StageError> {
-    match turn_hint(body) {
-        (Some(session), turn) => {
-            debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
-            let tag = format!("rejected-{submission}");
-            Ok(Output::publish(vec![refusal(session, turn.as_deref(), tag, errors)]))
-        }
-        // Nobody to answer: keep the message and the reason for an operator.
-        (None, _) => {
-            let first = errors.first().map_or_else(String::new, ToString::to_string);
-            Err(StageError::Refused(format!("no usable SessionId; {first}")))
-        }
-    }
-}
-
-/// The request as stored (wire JSON).
-fn stored_form(request: &ValidatedRequest) -> Result<serde_json::Value, StageError> {
-    crate::metrics::metrics().json("serialize", "request_stored");
-    Ok(serde_json::to_value(request)?)
-}
-
-/// The request's fingerprint, as the client sent it (a duplicate compares with this).
-fn fingerprint(request: &ValidatedRequest) -> String {
-    crate::metrics::metrics().json("serialize", "request_fingerprint");
-    request.fingerprint()
-}
-
-/// A session's name from its first instruction: the first non-empty line, trimmed, at most 80
-/// characters (Session Architecture §2.3).
-pub fn session_name(instruction: &str) -> Option<String> {
-    let line = instruction.lines().map(str::trim).find(|l| !l.is_empty())?;
-    Some(line.chars().filter(|c| !c.is_control()).take(80).collect())
-}
-
-/// The answer to a turn for another tenant's session.
-fn unavailable() -> ApiError {
-    ApiError::at(
-        ErrorCode::SessionUnavailable,
-        "SessionId",
-        "this SessionId cannot be used by this publisher; start a session with a new SessionId",
-    )
-}
-
-/// The answer to a turn over its tenant's limit.
-fn over_limit(limit: Limit) -> ApiError {
-    let (code, message) = match limit {
-        Limit::TurnsInFlight(n) => (
-            ErrorCode::LimitTurnsInFlight,
-            format!("this tenant may have {n} turns in flight; try again when one ends"),
-        ),
-        Limit::TurnsPerMinute(n) => (
-            ErrorCode::LimitTurnsPerMinute,
-            format!("this tenant may start {n} turns per minute; try again later"),
-        ),
-        Limit::SessionsPerMinute(n) => (
-            ErrorCode::LimitSessionsPerMinute,
-            format!("this tenant may create {n} sessions per minute; try again later"),
-        ),
-        Limit::TokensPerMinute(n) => (
-            ErrorCode::LimitTokensPerMinute,
-            format!("this tenant's turns may use {n} LLM tokens per minute; try again later"),
-        ),
-    };
-    ApiError::new(code, message)
-}
-
-fn refusal(session: SessionId, turn: Option<&str>, tag: String, errors: Vec<ApiError>) -> Outgoing {
-    Outgoing::Reply(ReplyOut::refusal(session, turn, tag, errors))
 }
