@@ -187,7 +187,11 @@ async fn a_publisher_of_no_tenant_is_dead_lettered() {
     let s = new_session();
     t.a.declare(&s).await;
     t.a.publish_as(&user_turn(&s, "t1", "who am I?"), None).await;
-    t.h.publish_raw(serde_json::to_vec(&user_turn(&s, "t2", "guest")).unwrap()).await;
+    // As `guest`, a user of no tenant, with its (broker-checked) user_id.
+    let body = serde_json::to_vec(&user_turn(&s, "t2", "guest")).unwrap();
+    let mut msg = t.h.topology.request(&s, uuid::Uuid::new_v4().to_string(), body);
+    msg.user_id = Some("guest".into());
+    t.h.publisher.publish(&msg).await.unwrap();
     let mut dead = Vec::new();
     for _ in 0..100 {
         dead.extend(t.h.dead_letters().await);
@@ -201,6 +205,9 @@ async fn a_publisher_of_no_tenant_is_dead_lettered() {
         let reason = headers.values().find(|v| v.contains("request.tenant_unknown"));
         assert!(reason.is_some(), "{headers:?}");
     }
+    // The dead copy keeps who published the original, when the broker said.
+    let users: Vec<_> = dead.iter().filter_map(|(h, _)| h.get("x-aptix-user-id")).collect();
+    assert_eq!(users, ["guest"], "guest said who it is; A's client without user_id did not");
     assert_eq!(count(&t.h, "SELECT count(*) FROM sessions WHERE id = $1::uuid", &s).await, 0);
     stop(t).await;
 }

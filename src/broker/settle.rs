@@ -246,6 +246,10 @@ impl Settler<'_> {
             OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
         msg.headers = d.headers.iter().map(|(k, v)| (k.clone(), v.as_str().into())).collect();
         msg.headers.remove("x-aptix-kind");
+        // The copy is the worker's publish: keep who published the original (its tenant).
+        if let Some(user) = &d.user_id {
+            msg = msg.header("x-aptix-user-id", user.as_str());
+        }
         msg.header("x-aptix-reason", reason)
             .header("x-aptix-stage", self.stage.as_str())
             .header("x-aptix-original-queue", self.queue())
