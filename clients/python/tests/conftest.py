@@ -75,3 +75,18 @@ def fake(broker, prefix):
     server.start()
     yield server
     server.stop()
+
+
+def queue_exists(url: str, queue: str) -> bool:
+    """A passive declare on a connection of its own to `url`: False when the broker answers 404
+    (which closes that channel)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404, e
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()

@@ -17,6 +17,7 @@ import pytest
 
 from aptix_client import (Client, Delta, Final, ProtocolError, PublishError, ToolResult, session_queue,
                           url_user)
+from conftest import queue_exists
 
 S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 
@@ -201,19 +202,6 @@ def test_tool_results_go_in_the_order_of_the_calls(fake, broker):
 
 
 # --- replies per instance (§4a) -----------------------------------------------------------------
-
-
-def queue_exists(url, queue):
-    """A passive declare on a channel of its own: False on 404 (which closes that channel)."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker as e:
-        assert e.reply_code == 404, e
-        return False
-    finally:
-        conn.close()
 
 
 def test_an_instance_turn_on_the_wire(fake, broker, schemas):

@@ -22,6 +22,7 @@ import pika.exceptions
 
 from aptix_client import (CODE_REPLY_TO_INVALID, Client, Delta, EventTimeout, Final, Refused, ToolCalls,
                           ToolResult, session_queue)
+from conftest import queue_exists
 
 WAIT = 90.0
 
@@ -37,6 +38,20 @@ def llm_calls_mentioning(pipeline, marker: str) -> int:
     with urllib.request.urlopen(f"{pipeline.sim_url.removesuffix('/v1')}/_sim/requests", timeout=10) as r:
         bodies = json.load(r)
     return sum(marker in json.dumps(b) for b in bodies)
+
+
+def streamed_step_one(s, calls):
+    """Reads turn t1's second step, which answers `calls`: deltas in order, then the final reply
+    whose text they make up. Returns (final, deltas)."""
+    second = list(s.turn_events("t1", WAIT))
+    final, deltas = second[-1], second[:-1]
+    assert isinstance(final, Final), second
+    assert final.step == 1 and final.message_id == f"reply:{s.session_id}:t1:step-1"
+    assert f"tool_output {calls.calls[0].tool_call_id}" in final.text, final.text
+    assert len(deltas) >= 3 and all(isinstance(d, Delta) and d.step == 1 for d in deltas)
+    assert [d.seq for d in deltas] == list(range(len(deltas))), "deltas in order, no gaps"
+    assert "".join(d.text for d in deltas) == final.text
+    return final, deltas
 
 
 def test_a_user_turn_gets_its_final_reply(client):
@@ -70,14 +85,7 @@ def test_tool_round_trip_then_a_streamed_follow_up(client):
 
     results = [ToolResult.ok(c, {"contents": "pub fn answer() -> u32 { 42 }"}, 3) for c in calls.calls]
     s.submit_tool_results("t1", results)
-    second = list(s.turn_events("t1", WAIT))
-    final, deltas = second[-1], second[:-1]
-    assert isinstance(final, Final), second
-    assert final.step == 1 and final.message_id == f"reply:{s.session_id}:t1:step-1"
-    assert f"tool_output {calls.calls[0].tool_call_id}" in final.text, final.text
-    assert len(deltas) >= 3 and all(isinstance(d, Delta) and d.step == 1 for d in deltas)
-    assert [d.seq for d in deltas] == list(range(len(deltas))), "deltas in order, no gaps"
-    assert "".join(d.text for d in deltas) == final.text
+    final, deltas = streamed_step_one(s, calls)
     for d in deltas:
         assert d.message_id == f"delta:{s.session_id}:t1:1:{d.seq}"
     assert final.traceparent and calls.traceparent.split("-")[1] == final.traceparent.split("-")[1], \
@@ -208,20 +216,6 @@ def instances(pipeline, schemas):
         c.close()
 
 
-def queue_exists(pipeline, queue: str) -> bool:
-    """A passive declare on a connection of its own: False when the broker answers 404 (which
-    closes that channel)."""
-    conn = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker as e:
-        assert e.reply_code == 404, e
-        return False
-    finally:
-        if conn.is_open:
-            conn.close()
-
 
 def test_instance_10_sessions_x_3_turns_on_one_queue(instances, pipeline):
     c = instances()
@@ -251,9 +245,9 @@ def test_instance_10_sessions_x_3_turns_on_one_queue(instances, pipeline):
             s.next_event(0.2)
     assert c.instance.pending_sessions() == [] and c.instance.unroutable == []
     for s in sessions:
-        assert not queue_exists(pipeline, session_queue(pipeline.prefix, s.session_id)), \
+        assert not queue_exists(pipeline.amqp_url, session_queue(pipeline.prefix, s.session_id)), \
             f"a session queue was created for {s.session_id}"
-    assert queue_exists(pipeline, c.instance.queue)
+    assert queue_exists(pipeline.amqp_url, c.instance.queue)
 
 
 def test_instance_tool_round_trip(instances, pipeline):
@@ -270,17 +264,10 @@ def test_instance_tool_round_trip(instances, pipeline):
     results = [ToolResult.ok(x, {"contents": "pub fn answer() -> u32 { 42 }"}, 3) for x in calls.calls]
     sub = s.submit_tool_results("t1", results)
     assert sub.reply_to == s.reply_to == c.instance.queue
-    second = list(s.turn_events("t1", WAIT))
-    final, deltas = second[-1], second[:-1]
-    assert isinstance(final, Final), second
-    assert final.step == 1 and final.message_id == f"reply:{s.session_id}:t1:step-1"
-    assert f"tool_output {calls.calls[0].tool_call_id}" in final.text, final.text
-    assert len(deltas) >= 3 and all(isinstance(d, Delta) and d.step == 1 for d in deltas)
-    assert [d.seq for d in deltas] == list(range(len(deltas))), "deltas in order, no gaps"
-    assert "".join(d.text for d in deltas) == final.text
+    streamed_step_one(s, calls)
     with pytest.raises(EventTimeout):
         s.next_event(0.5)
-    assert not queue_exists(pipeline, session_queue(pipeline.prefix, s.session_id))
+    assert not queue_exists(pipeline.amqp_url, session_queue(pipeline.prefix, s.session_id))
 
 
 def test_the_next_step_goes_to_the_instance_that_submitted_the_results(instances, pipeline):
@@ -305,7 +292,7 @@ def test_the_next_step_goes_to_the_instance_that_submitted_the_results(instances
     assert isinstance(resent, Final) and resent.resent and resent.body == final.body, resent
     with pytest.raises(EventTimeout):
         on_b.next_event(0.5)
-    assert not queue_exists(pipeline, session_queue(pipeline.prefix, on_a.session_id))
+    assert not queue_exists(pipeline.amqp_url, session_queue(pipeline.prefix, on_a.session_id))
 
 
 def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):

@@ -26,6 +26,7 @@ import pytest
 
 from aptix_client import (CODE_CONTEXT_FIXED, CODE_SESSION_UNAVAILABLE, Client, EventTimeout, Final, Refused,
                           ToolCalls, ToolResult, instance_queue, session_queue, url_user)
+from conftest import queue_exists
 
 WAIT = 90.0
 #: The ConversationContext tenant A's sessions are created with here (the first of its list).
@@ -74,20 +75,6 @@ def b(tenants, schemas):
     with Client(tenants.b_url, tenants.prefix, tenant=tenants.b, schemas=schemas, strict=True) as c:
         yield c
 
-
-def queue_exists(url: str, queue: str) -> bool:
-    """A passive declare on a connection of its own: False when the broker answers 404 (which
-    closes that channel)."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker as e:
-        assert e.reply_code == 404, e
-        return False
-    finally:
-        if conn.is_open:
-            conn.close()
 
 
 def closed_with(code: int, action: Callable[[], object]) -> None:

@@ -9,7 +9,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
-import { declareStandIn } from "./stand-in";
+import { declareStandIn, queueExists } from "./stand-in";
 
 import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue, urlUser } from "../src";
 
@@ -188,22 +188,6 @@ test("tool results go in the order of the calls", async () => {
 
 // --- replies per instance (§4a) ---------------------------------------------------------------
 
-/** A passive declare on a connection of its own: false when the broker answers 404. */
-async function queueExists(queue: string): Promise<boolean> {
-  const conn = await amqp.connect(ADMIN);
-  const ch = await conn.createChannel();
-  ch.on("error", () => undefined);
-  try {
-    await ch.checkQueue(queue);
-    return true;
-  } catch (e) {
-    assert.match(String(e), /404/);
-    return false;
-  } finally {
-    await conn.close();
-  }
-}
-
 test("an instance turn on the wire", async () => {
   const wire: [string, WireMessage][] = [];
   const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, instance: "pod-1", schemas, wireLog: (d, m) => wire.push([d, m]) });
@@ -212,7 +196,7 @@ test("an instance turn on the wire", async () => {
   const s = await c.openSession();
   const sub = await s.submitTurn("t1", "hello");
   const reply = await s.nextEvent({ timeoutMs: 10_000 });
-  assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false);
+  assert.equal(await queueExists(ADMIN, sessionQueue(fake.prefix, s.sessionId)), false);
   await c.close();
   assert.equal(reply.type === "final" && reply.text, "echo: hello");
   assert.equal(reply.sessionId, s.sessionId);
@@ -237,7 +221,7 @@ test("many sessions share one instance queue", async () => {
       for (let i = 0; i < 6; i++) events.push(await s.nextEvent({ timeoutMs: 10_000 })); // t0, 3 deltas of t1, t1, t2
       assert.deepEqual(events.filter((e) => e.type === "final").map((e) => e.turnId), ["t0", "t1", "t2"]);
       assert.ok(events.every((e) => e.sessionId === s.sessionId));
-      assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false);
+      assert.equal(await queueExists(ADMIN, sessionQueue(fake.prefix, s.sessionId)), false);
     }),
   );
   await c.close();
@@ -311,7 +295,7 @@ test("a tenant turn on the wire", async () => {
     assert.equal(s.replyTo, null);
     const sub = await s.submitTurn("t1", "hello tenant");
     const reply = await s.nextEvent({ timeoutMs: 10_000 });
-    assert.equal(await queueExists(sessionQueue(fake.prefix, s.sessionId)), false, "none without the tenant");
+    assert.equal(await queueExists(ADMIN, sessionQueue(fake.prefix, s.sessionId)), false, "none without the tenant");
     await c.close();
     assert.equal(reply.type === "final" && reply.text, "echo: hello tenant");
     const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
@@ -319,7 +303,7 @@ test("a tenant turn on the wire", async () => {
     assert.equal(req.fields.routingKey, s.sessionId);
     assert.equal(req.properties.userId, urlUser(ADMIN));
     assert.equal(req.properties.replyTo, undefined);
-    assert.equal(await queueExists(s.queue), true); // durable, still there after the client closed
+    assert.equal(await queueExists(ADMIN, s.queue), true); // durable, still there after the client closed
   } finally {
     fake.tenants.clear();
   }

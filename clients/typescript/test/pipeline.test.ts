@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import * as amqp from "amqplib";
+import { queueExists } from "./stand-in";
 
 import { AptixEvent, CODE_REPLY_TO_INVALID, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir, sessionQueue } from "../src";
 
@@ -206,22 +207,6 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
     }
   });
 
-  /** A passive declare on a connection of its own: false when the broker answers 404. */
-  async function queueExists(queue: string): Promise<boolean> {
-    const conn = await amqp.connect(URL);
-    const ch = await conn.createChannel();
-    ch.on("error", () => undefined);
-    try {
-      await ch.checkQueue(queue);
-      return true;
-    } catch (e) {
-      assert.match(String(e), /404/);
-      return false;
-    } finally {
-      await conn.close();
-    }
-  }
-
   test("10 sessions x 3 turns on one instance queue: every turn once, in order, no session queue", async () => {
     const c = await openInstance();
     const queue = c.instance!.queue;
@@ -250,9 +235,9 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
     assert.deepEqual(c.instance!.pendingSessions(), []);
     assert.deepEqual(c.instance!.unroutable, []);
     for (const s of sessions) {
-      assert.equal(await queueExists(sessionQueue(PREFIX!, s.sessionId)), false, `a session queue was created for ${s.sessionId}`);
+      assert.equal(await queueExists(URL, sessionQueue(PREFIX!, s.sessionId)), false, `a session queue was created for ${s.sessionId}`);
     }
-    assert.equal(await queueExists(queue), true);
+    assert.equal(await queueExists(URL, queue), true);
   });
 
   test("a tool round trip on the instance queue", async () => {
@@ -279,7 +264,7 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
     assert.deepEqual(deltas.map((d) => d.seq), deltas.map((_, i) => i));
     assert.equal(deltas.map((d) => d.text).join(""), final.text);
     await assert.rejects(s.nextEvent({ timeoutMs: 500 }), /no event/);
-    assert.equal(await queueExists(sessionQueue(PREFIX!, s.sessionId)), false);
+    assert.equal(await queueExists(URL, sessionQueue(PREFIX!, s.sessionId)), false);
   });
 
   test("the next step goes to the instance that submitted the results", async () => {
@@ -302,7 +287,7 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
     assert.equal(resent.resent, true);
     assert.deepEqual(resent.body, final.body);
     await assert.rejects(onB.nextEvent({ timeoutMs: 500 }), /no event/);
-    assert.equal(await queueExists(sessionQueue(PREFIX!, onA.sessionId)), false);
+    assert.equal(await queueExists(URL, sessionQueue(PREFIX!, onA.sessionId)), false);
   });
 
   test("a reply_to that names no reply queue is refused with request.reply_to_invalid", async () => {

@@ -17,6 +17,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
+import { queueExists } from "./stand-in";
 
 import {
   AptixEvent,
@@ -50,22 +51,6 @@ if (ENABLED) {
   const missing = ["APTIX_TEST_PREFIX", "APTIX_TEST_TENANT_A", "APTIX_TEST_TENANT_B", "APTIX_TEST_TENANT_A_URL", "APTIX_TEST_TENANT_B_URL"]
     .filter((n) => !process.env[n]);
   if (missing.length > 0) throw new Error(`APTIX_TEST_TENANTS is set but ${missing.join(", ")} is not`);
-}
-
-/** A passive declare on a connection of its own (admin): false when the broker answers 404. */
-async function queueExists(queue: string): Promise<boolean> {
-  const conn = await amqp.connect(ADMIN);
-  const ch = await conn.createChannel();
-  ch.on("error", () => undefined);
-  try {
-    await ch.checkQueue(queue);
-    return true;
-  } catch (e) {
-    assert.match(String(e), /404/);
-    return false;
-  } finally {
-    await conn.close();
-  }
 }
 
 /**
@@ -118,8 +103,8 @@ describe("real pipeline: tenants", { skip: ENABLED ? false : "no tenants: run CL
     assert.equal(reply.messageId, `reply:${s.sessionId}:t1:step-0`);
     assert.ok(reply.text.split("\n").includes("instruction: hello from tenant a"), reply.text);
     await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
-    assert.equal(await queueExists(s.queue), true);
-    assert.equal(await queueExists(sessionQueue(PREFIX, s.sessionId)), false, "a tenant's session has no queue without the tenant's name");
+    assert.equal(await queueExists(ADMIN, s.queue), true);
+    assert.equal(await queueExists(ADMIN, sessionQueue(PREFIX, s.sessionId)), false, "a tenant's session has no queue without the tenant's name");
   });
 
   test("another tenant is refused the session, on its own queue", async () => {
@@ -218,7 +203,7 @@ describe("real pipeline: tenants", { skip: ENABLED ? false : "no tenants: run CL
       assert.equal(reply.sessionId, s.sessionId);
       if (reply.type === "final") assert.ok(reply.text.split("\n").includes("instruction: hello from an instance of tenant a"), reply.text);
       for (const q of [sessionQueue(PREFIX, s.sessionId, A), sessionQueue(PREFIX, s.sessionId)]) {
-        assert.equal(await queueExists(q), false, `${q} was created`);
+        assert.equal(await queueExists(ADMIN, q), false, `${q} was created`);
       }
     } finally {
       await c.instance?.deleteQueue().catch(() => undefined);
