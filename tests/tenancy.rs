@@ -118,6 +118,22 @@ async fn a_tenant_reaches_only_its_own_sessions_contexts_and_queues() {
     t.a.submit(&switch).await;
     let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
     assert_eq!(codes(&got[0]), ["session.context_fixed"]);
+    // A later turn that names no context uses the session's, not the tenant's default.
+    let s4 = new_session();
+    let mut first_other = user_turn(&s4, "t1", "in the other profile");
+    first_other["ConversationContextId"] = json!("other");
+    t.a.submit(&first_other).await;
+    t.a.submit(&user_turn(&s4, "t2", "still there")).await;
+    let got = t.a.read(&t.a.queue(&s4), 2, WAIT).await;
+    assert!(got.iter().all(|r| r.headers["x-aptix-outcome"] == "final"), "{got:?}");
+    let used: String = sqlx::query_scalar(
+        "SELECT request->>'ConversationContextId' FROM turns WHERE session_id = $1::uuid AND turn_id = 't2'",
+    )
+    .bind(&s4)
+    .fetch_one(t.h.deps.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(used, "other");
 
     // B naming A's agent context, or a conversation context that is not B's, gets what an
     // unknown one gets, and no session is created.

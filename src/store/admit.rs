@@ -71,7 +71,7 @@ pub enum Admission {
     },
     /// The session belongs to another tenant: nothing was read or written.
     Unavailable,
-    /// The session exists with other contexts than `meta` assumed (it was created meanwhile).
+    /// The session holds other contexts than `meta` assumed: nothing written.
     ContextsDiffer(SessionOwner),
     /// The tenant is over this limit (and refuses, or it is a new session): nothing written.
     Limited(Limit),

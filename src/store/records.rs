@@ -199,8 +199,10 @@ impl Store {
         }
         check_running(&mut tx, session, turn, f.step).await?;
         insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
-        if let Some(tenant) = tenant.as_deref().filter(|t| self.gate(Some(t)).is_some()) {
-            super::tenants::charge_tokens(&mut tx, tenant, f.record.usage.as_ref()).await?;
+        let gate = self.gate(tenant.as_deref());
+        if let Some(g) = &gate {
+            super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
+                .await?;
         }
         if let Some(state) = &f.session_state {
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
@@ -212,7 +214,6 @@ impl Store {
         let holds_session = transition(&mut tx, &f).await?;
         let mut messages = f.messages;
         if !holds_session {
-            let gate = self.gate(tenant.as_deref());
             messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;

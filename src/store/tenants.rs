@@ -128,13 +128,12 @@ pub(super) async fn room(
     Ok(Ok(room))
 }
 
-/// Starts the tenant's held turns, oldest first, while its limits allow (the lock is taken
-/// here). Returns the started turns.
+/// Starts the tenant's held turns, oldest first, while its limits allow (the lock is held).
+/// Returns the started turns.
 pub(super) async fn start_held(
     conn: &mut PgConnection,
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
-    lock(conn, &gate.tenant).await?;
     let Ok(n) = room(conn, gate, 1000).await? else { return Ok(Vec::new()) };
     let sql = format!(
         "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
@@ -207,6 +206,7 @@ impl Store {
             if held.is_none() {
                 continue;
             }
+            lock(&mut tx, &gate.tenant).await?;
             let rows = start_held(&mut tx, gate).await?;
             let one = start_messages(&mut tx, &rows).await?;
             tx.commit().await?;

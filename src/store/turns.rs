@@ -177,6 +177,7 @@ pub(super) async fn dispatch_next(
         .execute(&mut *conn)
         .await?;
     if let Some(gate) = holds {
+        super::tenants::lock(conn, &gate.tenant).await?;
         return super::tenants::start_held(conn, gate).await;
     }
     let Some(next) = next else { return Ok(Vec::new()) };

@@ -185,16 +185,11 @@ impl Admit {
             let tag = format!("{what}-{submission}");
             Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
-        // The session as it stands (checked again under its lock when the turn is admitted).
-        let mut owner = self.store.session_owner(&session).await?;
+        // What the session was created with, once the admission found it differs from what the
+        // request resolves to (its owner is checked there, under the session's lock, first).
+        let mut owner = None;
         let fingerprint = fingerprint(request);
         for _ in 0..3 {
-            if owner
-                .as_ref()
-                .is_some_and(|o| o.tenant.as_ref() != caller.name.map(|n| n.to_string()).as_ref())
-            {
-                return refuse("unavailable", vec![unavailable()]);
-            }
             let (agent, conversation) =
                 match scope::contexts(&self.settings, caller, turn, owner.as_ref()) {
                     Ok(ids) => ids,
@@ -218,7 +213,7 @@ impl Admit {
                 .admit_user_turn(key, &fingerprint, &wire, &meta, to.instance.as_ref())
                 .await?;
             match admission {
-                // Created meanwhile by another turn: decide again on what it holds.
+                // The session holds other contexts: decide again on those.
                 Admission::ContextsDiffer(stored) => owner = Some(stored),
                 other => return self.admitted(other, session, turn_id, submission),
             }
