@@ -70,6 +70,8 @@ struct Plan {
     copies: usize,
     /// Share of turns with `Stream: true`.
     stream_share: f64,
+    /// Share of turns the client cancels (`turn.cancel`) right after submitting them.
+    cancel_share: f64,
     /// LLM faults injected by the simulator.
     llm_faults: bool,
     /// How long the pipeline may take to finish everything after the load.
@@ -90,6 +92,7 @@ impl Plan {
             postgres_restarts: 3,
             copies: 2,
             stream_share: 0.25,
+            cancel_share: 0.1,
             llm_faults: true,
             drain_limit_s: 300,
             seed: rand::random(),
@@ -109,6 +112,7 @@ impl Plan {
             postgres_restarts: 0,
             copies: 1,
             stream_share: 0.25,
+            cancel_share: 0.2,
             llm_faults: true,
             drain_limit_s: 60,
             seed: rand::random(),
@@ -655,6 +659,8 @@ struct Sent {
     turn: String,
     instruction: String,
     stream: bool,
+    /// The client cancelled it: it ends as `turn.cancelled`, or as usual when it ended first.
+    cancelled: bool,
     confirmed_at: DateTime<Utc>,
     attempts: usize,
 }
@@ -715,7 +721,20 @@ async fn generate(
             serde_json::to_vec(&body).unwrap(),
         );
         let attempts = client.publish(&h.topology, &session, &msg).await;
-        sent.push(Sent { session, turn, instruction, stream, confirmed_at: Utc::now(), attempts });
+        let confirmed_at = Utc::now();
+        let cancelled = rng.random_bool(plan.cancel_share);
+        if cancelled {
+            let body = json!({"SessionId": session, "TurnId": turn});
+            let mut msg = OutMessage::to_queue(
+                h.topology.requests(),
+                "turn.cancel",
+                format!("chaos-cancel:{session}:{turn}"),
+                serde_json::to_vec(&body).unwrap(),
+            );
+            msg.kind = "turn.cancel".into();
+            client.publish(&h.topology, &session, &msg).await;
+        }
+        sent.push(Sent { session, turn, instruction, stream, cancelled, confirmed_at, attempts });
         progress.store(i + 1, Ordering::SeqCst);
     }
     if let Some((conn, _)) = client.link.take() {
@@ -860,6 +879,9 @@ struct Reconciliation {
     /// Final replies that answer another turn's instruction.
     crossed_replies: usize,
     stream_deltas: usize,
+    cancelled_by_client: usize,
+    /// Cancels refused because their turn had already ended.
+    cancels_too_late: usize,
     successful: usize,
     errors_by_code: BTreeMap<String, usize>,
     unspecific_errors: usize,
@@ -899,6 +921,7 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     let mut r = Reconciliation {
         accepted_turns: sent.len(),
         streamed_turns: sent.iter().filter(|s| s.stream).count(),
+        cancelled_by_client: sent.iter().filter(|s| s.cancelled).count(),
         client_publish_retries: sent.iter().map(|s| s.attempts - 1).sum(),
         client_reconnects: reconnects.saturating_sub(1),
         ..Default::default()
@@ -950,6 +973,11 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             }
             if !g.is_final {
                 r.stream_deltas += 1;
+                continue;
+            }
+            if g.message_id.contains(":rejected-cancel-") {
+                // A cancel that came after its turn ended: it answers the cancel, not the turn.
+                r.cancels_too_late += 1;
                 continue;
             }
             if g.message_id.contains(":resent-") {
@@ -1018,6 +1046,10 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
                 if code == "internal.error" {
                     r.unspecific_errors += 1;
                 }
+                if code == "turn.cancelled" && !s.cancelled {
+                    r.examples.push(format!("{}/{} cancelled unasked", key.0, key.1));
+                    r.unspecific_errors += 1;
+                }
                 *r.errors_by_code.entry(code).or_default() += 1;
             }
         }
@@ -1039,9 +1071,18 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             r.sessions_admitted_out_of_order += 1;
             r.order_examples.push(format!("{sid}: admitted {admitted:?}, submitted {submitted:?}"));
         }
-        let ran: Vec<&str> =
-            records.iter().filter(|x| x.0 == sid && x.2 == 0).map(|x| x.1.as_str()).collect();
-        if ran != submitted {
+        // A queued turn cancelled ends at once, ahead of the turns before it.
+        let ended_early = |t: &str| {
+            let f = finals_of.get(&(sid.clone(), t.to_owned())).and_then(|f| f.first());
+            f.is_some_and(|f| codes(&f.body).iter().any(|c| c == "turn.cancelled"))
+        };
+        let ran: Vec<&str> = records
+            .iter()
+            .filter(|x| x.0 == sid && x.2 == 0 && !ended_early(&x.1))
+            .map(|x| x.1.as_str())
+            .collect();
+        let expected: Vec<&str> = submitted.iter().copied().filter(|t| !ended_early(t)).collect();
+        if ran != expected {
             r.sessions_run_out_of_order += 1;
             r.order_examples
                 .push(format!("{sid}: records in order {ran:?}, submitted {submitted:?}"));

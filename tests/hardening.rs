@@ -80,6 +80,7 @@ async fn an_admitted_turn_whose_ingress_message_is_given_up_fails_and_frees_the_
         message_id,
         reply_to: None,
         user_id: None,
+        kind: None,
         redelivered: true,
         attempt: 0,
         hint: Default::default(),

@@ -88,6 +88,8 @@ pub struct Delivery {
     /// `user_id` property: the RabbitMQ user that published it, checked by the broker (a
     /// publish naming another user is refused), so it identifies a client's tenant.
     pub user_id: Option<String>,
+    /// `type` property: what a client's message is (`turn.cancel`; a request needs none).
+    pub kind: Option<String>,
     /// Whether the broker has delivered it before (a consumer may have crashed on it).
     pub redelivered: bool,
     /// 0 on first processing, +1 per retry through a delay queue.

@@ -289,6 +289,7 @@ pub(super) fn detach(
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
         reply_to: d.properties.reply_to().as_ref().map(|m| m.to_string()),
         user_id: d.properties.user_id().as_ref().map(|m| m.to_string()),
+        kind: d.properties.kind().as_ref().map(|m| m.to_string()),
         redelivered: d.redelivered,
         attempt,
         headers,

@@ -83,7 +83,9 @@ error_codes! {
     UnknownAgentContext => "context.unknown_agent_context", "`AgentContextId` names no configured agent context";
     UnknownConversationContext => "context.unknown_conversation_context", "`ConversationContextId` names no configured conversation context";
     TurnConflict => "turn.conflict", "the `(SessionId, TurnId)` pair was already used with different content";
-    TurnNotFound => "turn.not_found", "a tool continuation names a turn that does not exist in this session";
+    TurnNotFound => "turn.not_found", "a tool continuation or a cancel names a turn that does not exist in this session";
+    TurnFinished => "turn.finished", "a cancel names a turn that already ended; nothing changed";
+    TurnCancelled => "turn.cancelled", "the turn was cancelled (`turn.cancel`) before it ended; the reply keeps what the model had streamed";
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
     SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn arrived while the session waits for tool results";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";
@@ -92,6 +94,7 @@ error_codes! {
     LimitTurnsPerMinute => "limit.turns_per_minute", "the tenant reached `turns_per_minute` in the last 60 seconds";
     LimitSessionsPerMinute => "limit.sessions_per_minute", "the tenant created `sessions_per_minute` sessions in the last 60 seconds";
     LimitTokensPerMinute => "limit.tokens_per_minute", "the tenant's turns used `tokens_per_minute` LLM tokens in the last 60 seconds";
+    ToolResultsTurnCancelled => "tool_results.turn_cancelled", "tool results name a turn that was cancelled; they were not used";
     ToolResultsMismatch => "tool_results.mismatch", "tool results do not match the pending tool calls in count, ids and order; the turn is aborted";
     LlmRefused => "llm.refused", "the model refused to answer";
     LlmFailed => "llm.failed", "the provider reported the response as failed";

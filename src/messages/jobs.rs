@@ -138,6 +138,21 @@ impl PersistJob {
             result: RoundTrip::Failed { errors, raw: None },
         }
     }
+
+    /// The same round trip ended as cancelled instead (a cancel was admitted while it ran),
+    /// keeping the text the model had produced.
+    pub fn into_cancelled(mut self) -> Self {
+        let streamed = match &self.result {
+            RoundTrip::Answered(a) => match &a.outcome {
+                Outcome::Final(f) => f.primary_output_text.clone(),
+                Outcome::ClientToolContinuation(_) => String::new(),
+            },
+            RoundTrip::Failed { .. } => String::new(),
+            RoundTrip::Cancelled { streamed } => streamed.clone(),
+        };
+        self.result = RoundTrip::Cancelled { streamed };
+        self
+    }
 }
 
 /// A final answer with the warnings the turn owes (`owed`) before the provider's own; a tool
@@ -167,6 +182,12 @@ pub enum RoundTrip {
         /// The provider's error body, when there was one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         raw: Option<Value>,
+    },
+    /// The client cancelled the turn (`turn.cancel`) while it ran.
+    Cancelled {
+        /// The output text the model had streamed by then.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        streamed: String,
     },
 }
 

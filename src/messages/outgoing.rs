@@ -20,6 +20,8 @@ pub struct Submission {
     pub reply_to: Option<String>,
     /// The RabbitMQ user that published it (broker-checked `user_id`), which names its tenant.
     pub user_id: Option<String>,
+    /// Its AMQP `type`: `turn.cancel` for a cancel, anything else (or none) for a request.
+    pub kind: Option<String>,
     /// Delivered before, to a consumer that stopped before acknowledging it.
     pub redelivered: bool,
 }

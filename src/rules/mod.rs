@@ -7,6 +7,7 @@
 //! known properties, then the rules. Error lists are capped at `limits.max_errors` (`errors`).
 
 mod attachments;
+mod cancel;
 mod checks;
 mod continuation;
 mod errors;
@@ -23,6 +24,7 @@ use serde::Deserialize as _;
 use crate::contracts::{AgentExecuteRequest, ApiError, ValidatedRequest};
 
 pub use crate::config::Limits;
+pub use cancel::{cancel_bytes, CANCEL_TYPE};
 pub use hint::{session_hint, turn_hint};
 pub use parse::parse_bytes;
 

@@ -148,7 +148,7 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
                     frames.truncate(after_events);
                     stalled(frames, &st)
                 }
-                _ => event_stream(frames, &st),
+                _ => event_stream(frames, st),
             }
         }
     }
@@ -160,16 +160,41 @@ fn sse_response(body: Body) -> Response {
 }
 
 /// A normal stream, paced by the per-event latency.
-fn event_stream(frames: Vec<Bytes>, st: &SimState) -> Response {
+fn event_stream(frames: Vec<Bytes>, st: Shared) -> Response {
     let pace = st.latency.per_event();
     if pace.is_zero() {
         return sse_response(Body::from(frames.concat()));
     }
-    let paced = stream::iter(frames).then(move |frame| async move {
+    let left = Unsent { state: st, finished: false };
+    let paced = stream::unfold((frames.into_iter(), left), move |(mut frames, left)| async move {
+        let Some(frame) = frames.next() else {
+            left.finish();
+            return None;
+        };
         tokio::time::sleep(pace).await;
-        Ok::<_, std::io::Error>(frame)
+        Some((Ok::<_, std::io::Error>(frame), (frames, left)))
     });
     sse_response(Body::from_stream(paced))
+}
+
+/// Counts a paced stream dropped before its last frame: its client closed the connection.
+struct Unsent {
+    state: Shared,
+    finished: bool,
+}
+
+impl Unsent {
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.streams_abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Sends `frames`, then breaks the connection.

@@ -64,6 +64,8 @@ pub struct SimStats {
     pub faults: u64,
     /// Responses currently stored.
     pub stored: u64,
+    /// Paced streams (`per_event_ms` > 0) their client closed before the last event.
+    pub streams_abandoned: u64,
 }
 
 /// Everything the handlers share.
@@ -85,6 +87,7 @@ pub(crate) struct SimState {
     pub responses: AtomicU64,
     pub errors: AtomicU64,
     pub faults_injected: AtomicU64,
+    pub streams_abandoned: AtomicU64,
 }
 
 impl SimState {
@@ -109,6 +112,7 @@ impl SimState {
             responses: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
+            streams_abandoned: AtomicU64::new(0),
         }
     }
 
@@ -169,6 +173,7 @@ impl SimState {
             errors: self.errors.load(Ordering::Relaxed),
             faults: self.faults_injected.load(Ordering::Relaxed),
             stored,
+            streams_abandoned: self.streams_abandoned.load(Ordering::Relaxed),
         }
     }
 

@@ -94,6 +94,7 @@ impl Inbound for Submission {
             message_id: delivery.message_id.clone(),
             reply_to: delivery.reply_to.clone(),
             user_id: delivery.user_id.clone(),
+            kind: delivery.kind.clone(),
             redelivered: delivery.redelivered,
         })
     }

@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserWarning};
 use crate::messages::{with_owed_warnings, Done, Outgoing, PersistJob, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
-use crate::store::{FinishStep, NewRecord, StepOutcome, Store};
+use crate::store::{cancelled, FinishStep, Finished, NewRecord, StepOutcome, Store};
 
 /// Writes the immutable record and publishes the reply.
 #[derive(Debug)]
@@ -44,8 +44,25 @@ impl Stage for Persist {
     type Out = Done;
 
     async fn run(&self, job: PersistJob) -> Result<Output<Done>, StageError> {
+        let pending = match self.finish(&job).await? {
+            Finished::Done(pending) => pending,
+            // The client's cancel came while the round trip ran: it ends as cancelled instead.
+            Finished::CancelRequested => match self.finish(&job.into_cancelled()).await? {
+                Finished::Done(pending) => pending,
+                Finished::CancelRequested => {
+                    return Err(StageError::unusable("a cancelled ending was refused"))
+                }
+            },
+        };
+        Ok(Output::committed(pending.ids, pending.messages))
+    }
+}
+
+impl Persist {
+    /// Writes the record, the session's state, the turn's transition and the reply.
+    async fn finish(&self, job: &PersistJob) -> Result<Finished, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
-        let e = self.ending(&job).await?;
+        let e = self.ending(job).await?;
         let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?
             .to(job.job.address());
         let mut record = NewRecord::base(
@@ -58,21 +75,18 @@ impl Stage for Persist {
         record.response_payload = e.raw;
         record.usage = e.usage;
         record.errors = e.errors;
-        let messages = vec![Outgoing::Reply(out)];
         let finish = FinishStep {
             key,
             step,
             record,
             session_state: e.session_state,
             outcome: e.outcome,
-            messages,
+            messages: vec![Outgoing::Reply(out)],
+            cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
         };
-        let pending = self.store.finish_step(finish).await?;
-        Ok(Output::committed(pending.ids, pending.messages))
+        Ok(self.store.finish_step(finish).await?)
     }
-}
 
-impl Persist {
     async fn ending(&self, job: &PersistJob) -> Result<Ending, StageError> {
         let key = &job.job.key;
         Ok(match &job.result {
@@ -112,6 +126,18 @@ impl Persist {
                 raw: raw.clone(),
                 errors: serde_json::to_value(errors)?,
             },
+            RoundTrip::Cancelled { streamed } => {
+                let errors = vec![cancelled("while it ran")];
+                Ending {
+                    reply: InvokeResult::fail(errors.clone()),
+                    outcome: StepOutcome::Failed,
+                    session_state: None,
+                    provider_id: None,
+                    usage: None,
+                    raw: Some(json!({ "cancelled": true, "streamed_text": streamed })),
+                    errors: serde_json::to_value(errors)?,
+                }
+            }
         })
     }
 
@@ -162,5 +188,6 @@ fn record_kind(result: &RoundTrip) -> &'static str {
             Outcome::ClientToolContinuation(_) => "client_tool_continuation",
         },
         RoundTrip::Failed { .. } => "error",
+        RoundTrip::Cancelled { .. } => "cancelled",
     }
 }

@@ -2,6 +2,7 @@
 //! rather than a turn's step.
 
 use serde_json::Value;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::admit::failure;
@@ -9,7 +10,7 @@ use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
 use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, SessionId, TurnKey};
+use crate::contracts::{ApiError, ErrorCode, SessionId, TurnKey};
 
 /// A reply that answers one submission (a refusal), as sent.
 #[derive(Debug, Clone)]
@@ -55,28 +56,49 @@ impl Store {
         if !ours || row.state.is_finished() {
             return Ok(None);
         }
-        let (record, reply) = failure(&row, error, None)?;
+        let active = active.as_deref() == Some(turn);
+        let out = self.end_turn(&mut tx, &row, active, tenant.as_deref(), error).await?;
+        tx.commit().await?;
+        Ok(Some(out))
+    }
+
+    /// Ends a turn that is not in a stage (or whose stage message can never be handled) with
+    /// `error`, under its session's lock: its record, its reply and, when it was the session's
+    /// `active` turn (running, awaiting, or held over a tenant's limit), the session's next
+    /// turn; a turn queued behind another was never the active one.
+    pub(super) async fn end_turn(
+        &self,
+        tx: &mut PgConnection,
+        row: &TurnRow,
+        active: bool,
+        tenant: Option<&str>,
+        error: ApiError,
+    ) -> Result<PendingOutbox, StoreError> {
+        let (session, turn) = (row.session_id, row.turn_id.as_str());
+        let cancelled = error.code == ErrorCode::TurnCancelled;
+        let (mut record, reply) = failure(row, error, None)?;
+        if cancelled {
+            record.kind = "cancelled".into();
+        }
         let mut messages = vec![reply];
-        insert_record(&mut tx, session, turn, row.step, &record, None).await?;
+        insert_record(&mut *tx, session, turn, row.step, &record, None).await?;
         sqlx::query(
             "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
+                 cancel_requested_at = CASE WHEN $4 THEN clock_timestamp() ELSE cancel_requested_at END,
                  updated_at = now()
              WHERE session_id = $1 AND turn_id = $2",
         )
         .bind(session)
         .bind(turn)
         .bind(&record.reply)
+        .bind(cancelled)
         .execute(&mut *tx)
         .await?;
-        // Only the session's active turn (running, awaiting, or held over a tenant's limit)
-        // hands the session over; a turn queued behind it was never the active one.
-        if active.as_deref() == Some(turn) {
-            let gate = self.gate(tenant.as_deref());
-            messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
+        if active {
+            let gate = self.gate(tenant);
+            messages.extend(starts(&dispatch_next(&mut *tx, session, gate.as_ref()).await?)?);
         }
-        let out = outbox::insert(&mut tx, session, turn, messages).await?;
-        tx.commit().await?;
-        Ok(Some(out))
+        outbox::insert(&mut *tx, session, turn, messages).await
     }
 
     /// Keeps a refusal as it was sent; sending the same message again stores nothing new.

@@ -2,6 +2,7 @@
 //! and the transactional outbox. One small client, created with its timeouts, used by stages.
 
 mod admit;
+mod cancel;
 mod fail;
 mod members;
 mod outbox;
@@ -18,12 +19,13 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
 pub use admit::{Admission, SessionMeta};
+pub use cancel::{cancelled, CancelAdmission};
 pub use fail::StoredReply;
 pub use outbox::PendingOutbox;
-pub use records::{FinishStep, NewRecord, StepOutcome};
+pub use records::{FinishStep, Finished, NewRecord, StepOutcome};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
-pub use sessions::{SessionOwner, SessionView};
+pub use sessions::{CallState, SessionOwner, SessionView};
 pub use tenants::{Gate, Limit};
 pub use turns::{TurnRow, TurnState};
 

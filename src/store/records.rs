@@ -137,6 +137,18 @@ pub struct FinishStep {
     pub outcome: StepOutcome,
     /// Messages to publish after the commit (the reply).
     pub messages: Vec<Outgoing>,
+    /// Whether it ends the turn as cancelled (its client's cancel was admitted).
+    pub cancelled: bool,
+}
+
+/// What finishing a round trip did.
+#[derive(Debug)]
+pub enum Finished {
+    /// Committed; its messages (or, for a repeat, the turn's unpublished ones) are here.
+    Done(PendingOutbox),
+    /// Nothing written: a cancel of the turn was admitted, so the round trip must end as
+    /// cancelled instead ([`FinishStep::cancelled`]).
+    CancelRequested,
 }
 
 pub(super) async fn insert_record(
@@ -184,7 +196,7 @@ pub(super) async fn insert_record(
 impl Store {
     /// Ends a round trip in one transaction. Idempotent: if its record already exists, nothing
     /// changes and the turn's unpublished outbox rows are returned for publishing.
-    pub async fn finish_step(&self, f: FinishStep) -> Result<PendingOutbox, StoreError> {
+    pub async fn finish_step(&self, f: FinishStep) -> Result<Finished, StoreError> {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
         let tenant: Option<String> =
@@ -195,9 +207,11 @@ impl Store {
         if recorded(&mut tx, session, turn, f.step).await? {
             let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
             tx.commit().await?;
-            return Ok(pending);
+            return Ok(Finished::Done(pending));
         }
-        check_running(&mut tx, session, turn, f.step).await?;
+        if check_running(&mut tx, session, turn, f.step).await? && !f.cancelled {
+            return Ok(Finished::CancelRequested);
+        }
         insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
@@ -218,7 +232,7 @@ impl Store {
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;
         tx.commit().await?;
-        Ok(out)
+        Ok(Finished::Done(out))
     }
 }
 
@@ -241,24 +255,27 @@ async fn recorded(
     Ok(done.is_some())
 }
 
-/// Refuses a step for a turn that is not running at that step.
+/// Refuses a step for a turn that is not running at that step; whether its cancel was admitted.
 async fn check_running(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
     step: i32,
-) -> Result<(), StoreError> {
-    let current: Option<(String, i32)> =
-        sqlx::query_as("SELECT state, step FROM turns WHERE session_id = $1 AND turn_id = $2")
-            .bind(session)
-            .bind(turn)
-            .fetch_optional(&mut *conn)
-            .await?;
-    match current.map(|(s, n)| TurnState::try_from(s).map(|s| (s, n))).transpose()? {
-        Some((TurnState::Running, at)) if at == step => Ok(()),
+) -> Result<bool, StoreError> {
+    let current: Option<(String, i32, bool)> = sqlx::query_as(
+        "SELECT state, step, cancel_requested_at IS NOT NULL FROM turns
+         WHERE session_id = $1 AND turn_id = $2",
+    )
+    .bind(session)
+    .bind(turn)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let current = current.map(|(s, n, c)| TurnState::try_from(s).map(|s| (s, n, c))).transpose()?;
+    match current.map(|(s, n, c)| ((s, n), c)) {
+        Some(((TurnState::Running, at), cancelled)) if at == step => Ok(cancelled),
         other => {
-            let state =
-                other.map_or_else(|| "unknown".to_owned(), |(s, n)| format!("{s} at step {n}"));
+            let state = other
+                .map_or_else(|| "unknown".to_owned(), |((s, n), _)| format!("{s} at step {n}"));
             Err(StoreError::NotRunning { turn: turn.to_owned(), step, state })
         }
     }

@@ -38,6 +38,8 @@ pub enum ContinuationAdmission {
     NotFound,
     /// The session belongs to another tenant: nothing was read or written.
     Unavailable,
+    /// The turn was cancelled; the results were not used.
+    Cancelled,
     /// The turn is not waiting for tool results.
     NotAwaiting {
         /// Its state.
@@ -111,6 +113,9 @@ async fn decide(
             let outbox = outbox::pending_for_turn(tx, row.session_id, &row.turn_id).await?;
             ContinuationAdmission::InFlight { outbox }
         });
+    }
+    if row.cancel_requested_at.is_some() {
+        return Ok(ContinuationAdmission::Cancelled);
     }
     if row.state != TurnState::AwaitingToolResults {
         return Ok(ContinuationAdmission::NotAwaiting { state: row.state });

@@ -56,16 +56,22 @@ impl Store {
         Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
     }
 
-    /// A stored provider answer for a round trip, if the call already completed.
-    pub async fn llm_result(&self, key: &TurnKey, step: i32) -> Result<Option<Value>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT result FROM llm_results WHERE session_id = $1 AND turn_id = $2 AND step = $3",
+    /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
+    /// the provider already answered (a redelivered message), and whether a cancel of the turn
+    /// was admitted. One query, on every invoke.
+    pub async fn call_state(&self, key: &TurnKey, step: i32) -> Result<CallState, StoreError> {
+        let (saved, cancelled): (Option<Value>, Option<bool>) = sqlx::query_as(
+            "SELECT (SELECT result FROM llm_results
+                     WHERE session_id = $1 AND turn_id = $2 AND step = $3),
+                    (SELECT cancel_requested_at IS NOT NULL FROM turns
+                     WHERE session_id = $1 AND turn_id = $2)",
         )
         .bind(key.session_id.as_uuid())
         .bind(key.turn_id.as_str())
         .bind(step)
-        .fetch_optional(&self.pool)
-        .await?)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(CallState { saved, cancelled: cancelled.unwrap_or(false) })
     }
 
     /// Keeps a provider answer before it is forwarded; the first one written wins.
@@ -87,6 +93,15 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// Where a round trip stands before its provider call ([`Store::call_state`]).
+#[derive(Debug)]
+pub struct CallState {
+    /// The provider's saved answer, when it already answered.
+    pub saved: Option<Value>,
+    /// Whether a cancel of the turn was admitted.
+    pub cancelled: bool,
 }
 
 /// A session with its turns and records, for `aptix session show`.

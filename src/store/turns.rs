@@ -90,6 +90,8 @@ pub struct TurnRow {
     pub reply_to: Option<String>,
     /// Its session's tenant, if tenants are configured.
     pub tenant: Option<String>,
+    /// When a client's cancel of it was admitted.
+    pub cancel_requested_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 fn parsed<T: std::str::FromStr<Err = String>>(text: Option<&str>) -> Result<Option<T>, StoreError> {
@@ -154,7 +156,7 @@ impl TurnRow {
     }
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant";
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, cancel_requested_at";
 
 /// Hands a locked session to its next queued turn and returns the turns that start: that one,
 /// or, for a tenant whose turns over a limit are held (`gate` in queue mode), the tenant's

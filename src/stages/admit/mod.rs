@@ -14,11 +14,12 @@ use crate::contracts::{
     ValidatedRequest,
 };
 use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
-use crate::rules::{turn_hint, validate_bytes};
+use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE};
 use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
 use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
 
 mod answers;
+mod cancel;
 mod scope;
 
 pub use answers::session_name;
@@ -65,16 +66,10 @@ impl Stage for Admit {
                 return self.keep_refusals(s.message_id.as_deref(), &to, output).await;
             }
         };
-        let output = match validate_bytes(&s.body, &self.settings.limits) {
-            Ok(request) => match &request {
-                ValidatedRequest::UserTurn(t) => {
-                    self.user_turn(&request, t, &submission, caller, &to).await?
-                }
-                ValidatedRequest::ToolContinuation(c) => {
-                    self.continuation(&request, c, &submission, &to).await?
-                }
-            },
-            Err(errors) => reject(&s.body, &submission, errors.0)?,
+        let output = if s.kind.as_deref() == Some(CANCEL_TYPE) {
+            self.cancel(&s.body, &submission, caller).await?
+        } else {
+            self.request(&s.body, &submission, caller, &to).await?
         };
         let output = if s.redelivered { without_resent(output) } else { output };
         self.keep_refusals(s.message_id.as_deref(), &to, output).await
@@ -127,6 +122,27 @@ impl Stage for Admit {
 }
 
 impl Admit {
+    /// A user turn or tool results.
+    async fn request(
+        &self,
+        body: &[u8],
+        submission: &str,
+        caller: Caller<'_>,
+        to: &ReplyAddress,
+    ) -> Result<Output<TurnJob>, StageError> {
+        match validate_bytes(body, &self.settings.limits) {
+            Ok(request) => match &request {
+                ValidatedRequest::UserTurn(t) => {
+                    self.user_turn(&request, t, submission, caller, to).await
+                }
+                ValidatedRequest::ToolContinuation(c) => {
+                    self.continuation(&request, c, submission, to).await
+                }
+            },
+            Err(errors) => reject(body, submission, errors.0),
+        }
+    }
+
     /// Stores the replies that answer this submission (refusals and stored replies sent again,
     /// not the outbox's), so the database holds every reply a client can receive, marks them
     /// with the request's `message_id` as their `correlation_id`, and sends them where it asked.
@@ -306,6 +322,10 @@ impl Admit {
             ContinuationAdmission::NotFound => {
                 refuse(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))
             }
+            ContinuationAdmission::Cancelled => refuse(
+                ErrorCode::ToolResultsTurnCancelled,
+                format!("turn `{turn_id}` was cancelled; its tool results are not used"),
+            ),
             ContinuationAdmission::NotAwaiting { state } => refuse(
                 ErrorCode::TurnNotAwaitingToolResults,
                 format!("turn `{turn_id}` is {state}, not waiting for tool results"),

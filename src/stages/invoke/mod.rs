@@ -1,20 +1,26 @@
 //! Invoke: the `/responses` body in; the provider's answer (or why there is none) out. A
 //! completed call is saved before it is forwarded, so a redelivered message never calls the
 //! provider twice; a lost chain (`previous_response_not_found`) is rebuilt and called again.
+//! A turn its client cancelled is not called, or its call is aborted (`watch`).
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Deps;
 use crate::assemble::SessionState;
 use crate::config::Settings;
 use crate::contracts::{ApiError, ErrorCode};
-use crate::llm::{Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, StreamDelta};
+use crate::llm::{DeltaEvent, Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, StreamDelta};
 use crate::messages::{Answer, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob};
 use crate::stage::{DeltaSink, Output, Stage, StageError};
 use crate::store::Store;
+
+mod watch;
+
+use watch::CancelWatch;
 
 /// Calls the LLM.
 #[derive(Debug)]
@@ -23,6 +29,15 @@ pub struct Invoke {
     store: Store,
     llm: Arc<dyn LlmClient>,
     deltas: Option<Arc<dyn DeltaSink>>,
+    cancels: Arc<CancelWatch>,
+}
+
+/// How a provider call ended.
+enum Call {
+    /// The provider answered, or failed.
+    Done(Result<LlmResponse, LlmError>),
+    /// The turn was cancelled and the call aborted; the text streamed until then.
+    Cancelled(String),
 }
 
 impl Invoke {
@@ -33,6 +48,7 @@ impl Invoke {
             store: deps.store.clone(),
             llm: deps.llm.clone(),
             deltas: deps.deltas.clone(),
+            cancels: CancelWatch::new(deps.store.clone()),
         }
     }
 }
@@ -45,7 +61,9 @@ impl Stage for Invoke {
 
     async fn run(&self, job: InvokeJob) -> Result<Output<PersistJob>, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
-        if let Some(saved) = self.store.llm_result(&key, step).await? {
+        let watched = self.cancels.watch(&key);
+        let state = self.store.call_state(&key, step).await?;
+        if let Some(saved) = state.saved {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
                 .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
@@ -58,8 +76,12 @@ impl Stage for Invoke {
             Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::Transient)?;
         let stream = turn.stream();
         let mut assembled = job.assembled;
-        let mut result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
-        if let Err(LlmError::PreviousResponseNotFound { .. }) = &result {
+        let mut result = if state.cancelled {
+            Call::Cancelled(String::new())
+        } else {
+            self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await
+        };
+        if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
             let stored = self.store.session_state(&key.session_id).await?;
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
@@ -69,16 +91,28 @@ impl Stage for Invoke {
                 .job
                 .assemble(&job.chunks, &state.force_new_chain(), context, &self.settings.assemble)
                 .map_err(StageError::fail)?;
-            result = self.call(&endpoint, &assembled.body, &job.job, stream).await;
+            result = self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await;
         }
-        self.record_call(&assembled.body, &result);
         let round_trip = match result {
-            Ok(response) => RoundTrip::Answered(Answer::from(response)),
-            Err(e) if e.is_transient() => return Err(StageError::Transient(e.to_string())),
-            Err(e) => RoundTrip::Failed {
-                errors: vec![ApiError::new(e.code(), e.to_string())],
-                raw: e.raw_response().cloned(),
-            },
+            Call::Cancelled(streamed) => {
+                info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), "turn cancelled; provider call not made or aborted");
+                self.record_call(&assembled.body, Err("cancelled"), None);
+                RoundTrip::Cancelled { streamed }
+            }
+            Call::Done(Ok(response)) => {
+                self.record_call(&assembled.body, Ok(()), response.usage.as_ref());
+                RoundTrip::Answered(Answer::from(response))
+            }
+            Call::Done(Err(e)) => {
+                self.record_call(&assembled.body, Err(e.code().as_str()), None);
+                if e.is_transient() {
+                    return Err(StageError::Transient(e.to_string()));
+                }
+                RoundTrip::Failed {
+                    errors: vec![ApiError::new(e.code(), e.to_string())],
+                    raw: e.raw_response().cloned(),
+                }
+            }
         };
         let persist = PersistJob {
             job: job.job,
@@ -92,37 +126,59 @@ impl Stage for Invoke {
 }
 
 impl Invoke {
-    fn record_call(&self, body: &serde_json::Value, result: &Result<LlmResponse, LlmError>) {
+    fn record_call(
+        &self,
+        body: &serde_json::Value,
+        outcome: Result<(), &str>,
+        usage: Option<&crate::contracts::Usage>,
+    ) {
         let model = body.get("model").and_then(serde_json::Value::as_str).unwrap_or("unknown");
-        let (outcome, usage) = match result {
-            Ok(r) => ("ok", r.usage.as_ref()),
-            Err(e) => (e.code().as_str(), None),
-        };
+        let outcome = outcome.err().unwrap_or("ok");
         crate::metrics::metrics().llm_call(model, outcome, usage, &self.settings.telemetry.prices);
     }
 
+    /// Calls the provider, forwarding deltas of a streamed call in order while it runs, until
+    /// it ends or `cancel` fires: then the call is dropped (its HTTP stream closed) and no
+    /// further delta is published.
     async fn call(
         &self,
         endpoint: &Endpoint,
         body: &serde_json::Value,
         job: &TurnJob,
         stream: bool,
-    ) -> Result<LlmResponse, LlmError> {
+        cancel: &CancellationToken,
+    ) -> Call {
         let llm = &self.llm;
         let Some(sink) = self.deltas.clone().filter(|_| stream) else {
-            return llm.create_response(LlmRequest { endpoint, body, deltas: None }).await;
+            return tokio::select! {
+                r = llm.create_response(LlmRequest { endpoint, body, deltas: None }) => Call::Done(r),
+                _ = cancel.cancelled() => Call::Cancelled(String::new()),
+            };
         };
-        // Deltas are published one at a time, in order, while the call runs.
         let (tx, mut rx) = mpsc::channel::<StreamDelta>(256);
-        let (key, step, to) = (job.key.clone(), job.step, job.address());
+        let (key, step, to, stop) = (job.key.clone(), job.step, job.address(), cancel.clone());
         let forwarder = tokio::spawn(async move {
+            let mut text = String::new();
             while let Some(delta) = rx.recv().await {
+                if stop.is_cancelled() {
+                    break;
+                }
+                if let DeltaEvent::OutputText { text: piece, .. } = &delta.event {
+                    text.push_str(piece);
+                }
                 sink.publish(&key, step, &to, &delta).await;
             }
+            text
         });
-        let result = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx) }).await;
+        let result = tokio::select! {
+            r = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx) }) => Some(r),
+            _ = cancel.cancelled() => None,
+        };
         drop(tx);
-        let _ = forwarder.await;
-        result
+        let streamed = forwarder.await.unwrap_or_default();
+        match result {
+            Some(r) => Call::Done(r),
+            None => Call::Cancelled(streamed),
+        }
     }
 }

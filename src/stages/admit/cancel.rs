@@ -1,0 +1,58 @@
+//! Admitting a cancel (`type` = `turn.cancel`): the turn it names ends as `turn.cancelled`, now
+//! or at its next stage boundary. The cancel itself gets a reply only when it changed nothing
+//! (an unknown or finished turn, another tenant's session, an invalid body); an admitted one is
+//! answered by the turn's own `turn.cancelled` reply, and a repeated one adds nothing.
+
+use tracing::info;
+
+use super::answers::{refusal, reject, unavailable};
+use super::scope::Caller;
+use super::Admit;
+use crate::contracts::{ApiError, ErrorCode};
+use crate::messages::TurnJob;
+use crate::rules::cancel_bytes;
+use crate::stage::{Output, StageError};
+use crate::store::CancelAdmission;
+
+impl Admit {
+    pub(super) async fn cancel(
+        &self,
+        body: &[u8],
+        submission: &str,
+        caller: Caller<'_>,
+    ) -> Result<Output<TurnJob>, StageError> {
+        let key = match cancel_bytes(body, &self.settings.limits) {
+            Ok(key) => key,
+            Err(errors) => return reject(body, submission, errors.0),
+        };
+        let (session, turn_id) = (key.session_id, key.turn_id.as_str());
+        let refuse = |tag: &str, error: ApiError| {
+            let tag = format!("{tag}-{submission}");
+            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
+        };
+        let at = |code, message: String| ApiError::at(code, "TurnId", message);
+        match self.store.cancel_turn(&key, caller.name).await? {
+            CancelAdmission::Ended { outbox } => {
+                info!(%session, turn = turn_id, "turn cancelled before it ran to its end");
+                Ok(Output::committed(outbox.ids, outbox.messages))
+            }
+            CancelAdmission::Requested => {
+                info!(%session, turn = turn_id, "cancel of a running turn admitted");
+                Ok(Output::publish(vec![]))
+            }
+            CancelAdmission::AlreadyCancelled => Ok(Output::publish(vec![])),
+            CancelAdmission::NotFound => refuse(
+                "rejected-cancel",
+                at(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session")),
+            ),
+            CancelAdmission::Finished { state } => refuse(
+                "rejected-cancel",
+                at(
+                    ErrorCode::TurnFinished,
+                    format!("turn `{turn_id}` already ended ({state}); nothing was cancelled"),
+                ),
+            ),
+            CancelAdmission::Unavailable => refuse("unavailable", unavailable()),
+        }
+    }
+}

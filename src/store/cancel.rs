@@ -1,0 +1,112 @@
+//! Cancelling a turn (`turn.cancel`), under its session's lock: a turn that is in no stage
+//! (queued, held, awaiting tool results) ends now; a running one is marked, and ends as
+//! cancelled at its next stage boundary (invoke aborts its provider call, persist writes the
+//! ending). The mark is never cleared, so a redelivered message cannot resurrect the turn.
+
+use super::admit::turn_row;
+use super::outbox::PendingOutbox;
+use super::turns::TurnState;
+use super::{Store, StoreError};
+use crate::contracts::{ApiError, ErrorCode, TenantName, TurnKey};
+
+/// What a cancel did.
+#[derive(Debug)]
+pub enum CancelAdmission {
+    /// The turn was in no stage and ended now: its record and reply (and the session's next
+    /// turn) are in `outbox`.
+    Ended {
+        /// Messages to publish.
+        outbox: PendingOutbox,
+    },
+    /// The turn is in a stage: it ends as cancelled at its next stage boundary.
+    Requested,
+    /// A cancel of this turn was admitted before: nothing more happens.
+    AlreadyCancelled,
+    /// No such turn in this session (or no such session).
+    NotFound,
+    /// The turn had already ended.
+    Finished {
+        /// How.
+        state: TurnState,
+    },
+    /// The session is another tenant's: nothing was read or written.
+    Unavailable,
+}
+
+/// The error a cancelled turn ends with.
+pub fn cancelled(by: &str) -> ApiError {
+    ApiError::new(ErrorCode::TurnCancelled, format!("the turn was cancelled {by}"))
+}
+
+impl Store {
+    /// Cancels turn `key` for a client of `tenant`.
+    pub async fn cancel_turn(
+        &self,
+        key: &TurnKey,
+        tenant: Option<&TenantName>,
+    ) -> Result<CancelAdmission, StoreError> {
+        let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
+        let mut tx = self.pool.begin().await?;
+        let locked: Option<(Option<String>, Option<String>)> =
+            sqlx::query_as("SELECT active_turn_id, tenant FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((active, owner)) = locked else { return Ok(CancelAdmission::NotFound) };
+        if owner.as_deref() != tenant.map(TenantName::as_str) {
+            return Ok(CancelAdmission::Unavailable);
+        }
+        let Some(row) = turn_row(&mut tx, session, turn).await? else {
+            return Ok(CancelAdmission::NotFound);
+        };
+        if row.cancel_requested_at.is_some() {
+            return Ok(CancelAdmission::AlreadyCancelled);
+        }
+        let outcome = match row.state {
+            state if state.is_finished() => CancelAdmission::Finished { state },
+            TurnState::Running => {
+                sqlx::query(
+                    "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
+                     WHERE session_id = $1 AND turn_id = $2",
+                )
+                .bind(session)
+                .bind(turn)
+                .execute(&mut *tx)
+                .await?;
+                CancelAdmission::Requested
+            }
+            _ => {
+                let active = active.as_deref() == Some(turn);
+                let error = cancelled("before it ran to its end");
+                let outbox = self.end_turn(&mut tx, &row, active, owner.as_deref(), error).await?;
+                CancelAdmission::Ended { outbox }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// The running turns among `keys` whose cancel was admitted (an invoke worker asks for the
+    /// calls it holds).
+    pub async fn cancel_requested(&self, keys: &[TurnKey]) -> Result<Vec<TurnKey>, StoreError> {
+        let sessions: Vec<uuid::Uuid> = keys.iter().map(|k| k.session_id.as_uuid()).collect();
+        let turns: Vec<&str> = keys.iter().map(|k| k.turn_id.as_str()).collect();
+        let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+            "SELECT t.session_id, t.turn_id FROM turns t
+             JOIN unnest($1::uuid[], $2::text[]) AS k(session_id, turn_id)
+               ON t.session_id = k.session_id AND t.turn_id = k.turn_id
+             WHERE t.cancel_requested_at IS NOT NULL",
+        )
+        .bind(&sessions)
+        .bind(&turns)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(keys
+            .iter()
+            .filter(|k| {
+                rows.iter().any(|(s, t)| *s == k.session_id.as_uuid() && t == k.turn_id.as_str())
+            })
+            .cloned()
+            .collect())
+    }
+}
