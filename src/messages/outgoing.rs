@@ -92,6 +92,12 @@ pub struct ReplyOut {
     /// The tenant whose reply queues receive it (none in a single-tenant deployment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<TenantName>,
+    /// The session's display name, for a step reply (`x-aptix-session-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_name: Option<String>,
+    /// When the session expires, for a step reply (`x-aptix-session-expires`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_expires: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 fn yes() -> bool {
@@ -118,6 +124,8 @@ impl ReplyOut {
             correlation_id: None,
             reply_to: None,
             tenant: None,
+            session_name: None,
+            session_expires: None,
         })
     }
 
@@ -140,6 +148,8 @@ impl ReplyOut {
             correlation_id: None,
             reply_to: None,
             tenant: None,
+            session_name: None,
+            session_expires: None,
         }
     }
 
@@ -156,6 +166,8 @@ impl ReplyOut {
             correlation_id: None,
             reply_to: None,
             tenant: None,
+            session_name: None,
+            session_expires: None,
         }
     }
 

@@ -78,6 +78,14 @@ impl Route {
         if let Some(step) = r.step {
             msg = msg.header("x-aptix-step", i64::from(step));
         }
+        // AGN-033 fixes the reply body, so the session's name and expiry travel as headers.
+        if let Some(name) = &r.session_name {
+            msg = msg.header("x-aptix-session-name", name.as_str());
+        }
+        if let Some(expires) = r.session_expires {
+            let at = expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            msg = msg.header("x-aptix-session-expires", at);
+        }
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(r.session);
         msg.create_queue = r.create_queue;

@@ -35,9 +35,10 @@ pub(super) async fn insert(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
-    messages: Vec<Outgoing>,
+    mut messages: Vec<Outgoing>,
 ) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
+    with_session_model(conn, session, &mut messages).await?;
     for m in messages {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $3) RETURNING id",
@@ -54,6 +55,30 @@ pub(super) async fn insert(
         out.messages.push(m);
     }
     Ok(out)
+}
+
+/// Gives the session's step replies its current name and expiry, read under the transaction
+/// that sends them.
+async fn with_session_model(
+    conn: &mut PgConnection,
+    session: Uuid,
+    messages: &mut [Outgoing],
+) -> Result<(), StoreError> {
+    let mut replies = messages.iter_mut().filter_map(|m| match m {
+        Outgoing::Reply(r) if r.step.is_some() && r.session.as_uuid() == session => Some(r),
+        _ => None,
+    });
+    let Some(first) = replies.next() else { return Ok(()) };
+    let model: Option<(Option<String>, Option<chrono::DateTime<chrono::Utc>>)> =
+        sqlx::query_as("SELECT name, expires_at FROM sessions WHERE id = $1")
+            .bind(session)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let (name, expires) = model.unwrap_or_default();
+    for r in std::iter::once(first).chain(replies) {
+        (r.session_name, r.session_expires) = (name.clone(), expires);
+    }
+    Ok(())
 }
 
 pub(super) async fn pending_for_turn(

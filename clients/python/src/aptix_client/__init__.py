@@ -9,6 +9,8 @@
 
 `Client(..., instance="pod-1")` receives the replies of all sessions on one queue of the
 instance's own (protocol §4a) instead of one queue per session; the sessions' API is the same.
+`session.cancel_turn("t1")` cancels a turn (protocol §7a): it ends with its own `Failed` reply,
+code `turn.cancelled`, or the cancel is `Refused` (`turn.finished`, `turn.not_found`).
 `Client(..., tenant="t1")` uses the reply queues of an operator-configured tenant
 (`<prefix>.session.t1.<SessionId>`, `<prefix>.instance.t1.<name>`); every request carries the
 AMQP property `user_id`, the user of the broker URL.
@@ -32,9 +34,14 @@ from .events import (
     parse_event,
 )
 from .protocol import (
+    CANCEL_TYPE,
     CODE_CONTEXT_FIXED,
     CODE_REPLY_TO_INVALID,
     CODE_SESSION_UNAVAILABLE,
+    CODE_TOOL_RESULTS_TURN_CANCELLED,
+    CODE_TURN_CANCELLED,
+    CODE_TURN_FINISHED,
+    CODE_TURN_NOT_FOUND,
     LIMIT_CODES,
     DeltaId,
     ProtocolError,
@@ -49,7 +56,9 @@ from .protocol import (
 from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
-    "AnyEvent", "ApiError", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID", "CODE_SESSION_UNAVAILABLE",
+    "AnyEvent", "ApiError", "CANCEL_TYPE", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID",
+    "CODE_SESSION_UNAVAILABLE", "CODE_TOOL_RESULTS_TURN_CANCELLED", "CODE_TURN_CANCELLED", "CODE_TURN_FINISHED",
+    "CODE_TURN_NOT_FOUND",
     "Client", "ConnectionLost", "DEFAULT_URL", "Delta", "DeltaId",
     "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "Instance", "LIMIT_CODES", "ProtocolError",
     "PublishError", "Refused", "Reply", "ReplyId", "SchemaError", "Schemas", "Session", "Submission",

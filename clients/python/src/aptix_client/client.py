@@ -157,6 +157,9 @@ class Submission:
     reply_to: Optional[str] = None
     #: How many times it was published before the broker confirmed it (1 unless resent).
     attempts: int = 1
+    #: The AMQP `type` property it was published with: `turn.cancel` for a cancel (§7a), None
+    #: for a request (user turn or tool results).
+    kind: Optional[str] = None
 
 
 class Client:
@@ -603,18 +606,24 @@ class Session:
         traceparent: Optional[str] = None,
         validate: bool = True,
         reply_to: Optional[str] = None,
+        kind: Optional[str] = None,
     ) -> Submission:
         """Publishes any request body (a dict, or raw bytes sent as they are) and waits for the
-        broker's confirm. Re-sending the same submission? Pass its `message_id` again.
+        broker's confirm. Re-sending the same submission? Pass its `message_id` (and `kind`)
+        again.
 
         `reply_to`: the AMQP property to send instead of the session's own (`self.reply_to`:
         the instance queue with an instance, none otherwise); the server refuses any value but
         the session's queue or an instance queue with `request.reply_to_invalid`.
 
+        `kind`: the AMQP `type` property; `turn.cancel` (`CANCEL_TYPE`) publishes a cancel
+        (§7a, see `cancel_turn`), whose body is not an AGN-034 request and is never checked
+        against the request schema. None (the default): no `type`, a request.
+
         Every request carries `user_id` = the client's `user_id` (the URL's user)."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         parsed: Any = body if not isinstance(body, bytes) else _maybe_json(body)
-        if validate and self.client.schemas is not None and isinstance(body, Mapping):
+        if validate and kind != p.CANCEL_TYPE and self.client.schemas is not None and isinstance(body, Mapping):
             self.client.schemas.check_request(body)
         mid = message_id or str(uuid.uuid4())
         headers = {p.H_TRACEPARENT: traceparent} if traceparent else None
@@ -622,6 +631,7 @@ class Session:
         props = pika.BasicProperties(
             content_type=p.CONTENT_TYPE, delivery_mode=2, message_id=mid, headers=headers, reply_to=reply,
             user_id=getattr(self.client, "user_id", None),  # stand-ins in tests may have none
+            type=kind,
         )
         exchange = p.requests_exchange(self.client.prefix)
         attempts = self._publish(exchange, raw, props, mid)
@@ -629,7 +639,28 @@ class Session:
             self.client.wire_log("out", _wire_out(exchange, self.session_id, props, parsed))
         turn = parsed.get("TurnId") if isinstance(parsed, Mapping) else None
         return Submission(mid, self.session_id, turn if isinstance(turn, str) else None, parsed, reply,
-                          attempts)
+                          attempts, kind)
+
+    def cancel_turn(
+        self,
+        turn_id: str,
+        *,
+        message_id: Optional[str] = None,
+        traceparent: Optional[str] = None,
+    ) -> Submission:
+        """Publishes a cancel of turn `turn_id` (protocol §7a) and waits for the broker's confirm:
+        `{"SessionId", "TurnId"}` with the AMQP `type` = `turn.cancel`, like any request
+        (persistent, JSON, mandatory, `user_id`, `reply_to` with an instance).
+
+        A turn that is queued, running or waiting for tool results then ends with its own step
+        reply, a `Failed` with code `turn.cancelled` (read it with `turn_events(turn_id)` or
+        `next_event`); no delta of it follows. A turn that already ended gets a `Refused` with
+        code `turn.finished`, an unknown one `turn.not_found` (id tag `rejected-cancel`,
+        `correlation_id` = this cancel's message_id); a repeated cancel gets nothing. Tool results
+        sent for a cancelled turn are refused with `tool_results.turn_cancelled`."""
+        body = {"SessionId": self.session_id, "TurnId": turn_id}
+        return self.submit(body, message_id=message_id, traceparent=traceparent, validate=False,
+                           kind=p.CANCEL_TYPE)
 
     def _publish(self, exchange: str, raw: bytes, props: pika.BasicProperties, mid: str) -> int:
         """Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a

@@ -40,9 +40,24 @@ SUBMISSION_TAGS = (
     "exhausted",
     "unavailable",
     "limited",
+    "rejected-cancel",
 )
 
 NO_TURN = "-"
+
+#: The AMQP `type` property of a cancel (§7a): body exactly `{"SessionId", "TurnId"}`, published
+#: like a request. Server messages carry `reply`, `delta` or `dead` there instead.
+CANCEL_TYPE = "turn.cancel"
+
+#: A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a).
+CODE_TURN_CANCELLED = "turn.cancelled"
+#: A cancel refused (`rejected-cancel-…`) because its turn had already ended (§7a).
+CODE_TURN_FINISHED = "turn.finished"
+#: A cancel (`rejected-cancel-…`) or a continuation (`rejected-continuation-…`) refused because
+#: its turn does not exist in the session.
+CODE_TURN_NOT_FOUND = "turn.not_found"
+#: Tool results refused (`rejected-continuation-…`) because their turn was cancelled (§7a).
+CODE_TOOL_RESULTS_TURN_CANCELLED = "tool_results.turn_cancelled"
 
 #: The error code of a request whose `reply_to` names neither the session's queue nor an instance
 #: queue (§4a, §10).
