@@ -11,6 +11,7 @@ session replies go to `<prefix>.session.T.<SessionId>`.
 
 import json
 import threading
+import time
 
 import pika
 import pytest
@@ -199,6 +200,31 @@ def test_tool_results_go_in_the_order_of_the_calls(fake, broker):
         sub = s.submit_tool_results("t1", [ToolResult.ok("c2", 2), ToolResult.ok("c1", 1)])
         assert [r["ToolCallId"] for r in sub.body["ToolResults"]] == ["c1", "c2"]
         s.next_event(10)
+
+
+def test_a_cancel_on_the_wire(fake, broker, schemas):
+    """§7a: the cancel goes where requests go, with `type` = `turn.cancel` and the body
+    `{"SessionId", "TurnId"}`, which is no AGN-034 request: the request schema is not applied."""
+    from aptix_client import CANCEL_TYPE
+    wire = []
+    with Client(broker, fake.prefix, schemas=schemas, wire_log=lambda d, m: wire.append((d, m))) as c:
+        s = c.open_session()
+        turn = s.submit_turn("t1", "hello")
+        sub = s.cancel_turn("t1", message_id="cancel-1")
+        s.next_event(10)  # the fake answers both with reply:S:t1:step-0: the second is a copy
+    for _ in range(100):  # the fake takes the cancel in its own thread
+        if len(fake.requests) == 2:
+            break
+        time.sleep(0.05)
+    assert (sub.message_id, sub.turn_id, sub.kind) == ("cancel-1", "t1", CANCEL_TYPE)
+    assert sub.body == {"SessionId": s.session_id, "TurnId": "t1"} and turn.kind is None
+    (tprops, _, _), (props, req, key) = fake.requests
+    assert tprops.type is None, "a request carries no type"
+    assert props.type == "turn.cancel" and key == s.session_id
+    assert req == {"SessionId": s.session_id, "TurnId": "t1"}
+    assert (props.delivery_mode, props.content_type, props.message_id) == (2, "application/json", "cancel-1")
+    assert props.user_id == c.user_id
+    assert wire[1][0] == "out" and wire[1][1]["properties"]["type"] == "turn.cancel"
 
 
 # --- replies per instance (§4a) -----------------------------------------------------------------

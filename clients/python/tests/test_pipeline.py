@@ -2,7 +2,9 @@
 a plain turn, a client tool round trip with a streamed follow-up, a duplicate, a conflict,
 validation refusals, and a load round of 20 sessions x 5 turns published at once. Then replies per
 instance (protocol §4a): 10 sessions x 3 turns on one instance queue, a tool round trip and a
-take-over by another instance, and the refusal of a `reply_to` that names no reply queue.
+take-over by another instance, and the refusal of a `reply_to` that names no reply queue. Then
+cancels (protocol §7a): of a queued and of a streaming turn, of a turn waiting for tool results,
+and the refusals of cancels that change nothing.
 
 Every received body is checked against the repository's schemas and every header against
 protocol v2 (the client does both when built with `schemas=` and `strict=True`).
@@ -20,8 +22,9 @@ import pytest
 import pika
 import pika.exceptions
 
-from aptix_client import (CODE_REPLY_TO_INVALID, Client, Delta, EventTimeout, Final, Refused, ToolCalls,
-                          ToolResult, session_queue)
+from aptix_client import (CODE_REPLY_TO_INVALID, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
+                          CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, Client, Delta, EventTimeout, Failed, Final,
+                          Refused, ToolCalls, ToolResult, session_queue)
 from conftest import queue_exists
 
 WAIT = 90.0
@@ -336,3 +339,101 @@ def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):
     s.submit({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "now valid"}, reply_to=s.queue)
     final = s.next_event(WAIT, "t1")
     assert isinstance(final, Final) and final.message_id == f"reply:{s.session_id}:t1:step-0", final
+
+
+# --- cancelling a turn (docs/client-protocol.md §7a) --------------------------------------------
+
+
+def sim_control(pipeline, command: dict) -> None:
+    """`POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md)."""
+    req = urllib.request.Request(f"{pipeline.sim_url.removesuffix('/v1')}/_sim/control",
+                                 data=json.dumps(command).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 204, r.status
+
+
+@pytest.fixture
+def slow_stream(pipeline):
+    """The simulator waits 100 ms between stream events while the test runs (other tests share it):
+    an answer (about 40 text deltas: the simulator echoes only the instruction's first 120
+    characters) then streams for about 4 s, well past a test's cancels."""
+    sim_control(pipeline, {"command": "set_latency", "latency": {"per_event_ms": 100}})
+    try:
+        yield
+    finally:
+        sim_control(pipeline, {"command": "set_latency", "latency": {}})
+
+
+def test_cancel_a_queued_and_a_streaming_turn_then_the_next_turn_runs(client, slow_stream):
+    s = client.open_session()
+    sid = s.session_id
+    long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail " * 30
+    s.submit_turn("t1", long, stream=True)
+    s.submit_turn("t2", "queued, then cancelled")
+    s.submit_turn("t3", "runs after both")
+    while True:  # t1 runs and streams; t2 and t3 wait behind it
+        delta = s.next_event(WAIT, "t1")
+        assert isinstance(delta, Delta) and delta.step == 0, delta
+        if delta.text:
+            break
+
+    c2 = s.cancel_turn("t2")
+    t2 = s.next_event(WAIT, "t2")
+    assert isinstance(t2, Failed), t2
+    assert (t2.code, t2.outcome, t2.final, t2.step) == (CODE_TURN_CANCELLED, "failed", True, 0), t2
+    assert t2.message_id == f"reply:{sid}:t2:step-0" and c2.kind == "turn.cancel"
+
+    s.cancel_turn("t1")
+    rest = list(s.turn_events("t1", WAIT))
+    t1 = rest[-1]
+    assert isinstance(t1, Failed), rest
+    assert (t1.code, t1.final, t1.step) == (CODE_TURN_CANCELLED, True, 0), t1
+    assert t1.message_id == f"reply:{sid}:t1:step-0"
+    assert all(isinstance(d, Delta) and d.turn_id == "t1" for d in rest[:-1]), rest
+
+    t3 = list(s.turn_events("t3", WAIT))
+    assert len(t3) == 1 and isinstance(t3[0], Final), t3
+    assert "instruction: runs after both" in t3[0].text.splitlines(), t3[0].text
+    with pytest.raises(EventTimeout):  # nothing else came: no delta of t1 after its reply
+        s.next_event(1.0)
+
+    finished = s.cancel_turn("t3")
+    s.cancel_turn("t2")  # already cancelled: no answer
+    unknown = s.cancel_turn("nope")
+    refused = s.next_event(WAIT, "t3")
+    assert isinstance(refused, Refused), refused
+    assert (refused.code, refused.outcome, refused.final) == (CODE_TURN_FINISHED, "refused", True), refused
+    assert f"reply:{sid}:t3:rejected-cancel-" in refused.message_id
+    assert refused.correlation_id == finished.message_id
+    refused = s.next_event(WAIT, "nope")
+    assert isinstance(refused, Refused) and refused.code == CODE_TURN_NOT_FOUND, refused
+    assert refused.message_id.startswith(f"reply:{sid}:nope:rejected-cancel-")
+    assert refused.reply_id.submission_tag == "rejected-cancel"
+    assert refused.correlation_id == unknown.message_id
+    with pytest.raises(EventTimeout):  # the repeated cancel of t2 got nothing
+        s.next_event(2.0)
+
+
+def test_cancel_a_turn_waiting_for_tool_results(client):
+    s = client.open_session()
+    sid = s.session_id
+    s.submit_turn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})')
+    calls = s.next_event(WAIT, "t1")
+    assert isinstance(calls, ToolCalls) and calls.step == 0, calls
+
+    s.cancel_turn("t1")
+    ended = s.next_event(WAIT, "t1")
+    assert isinstance(ended, Failed), ended
+    assert (ended.code, ended.final, ended.step) == (CODE_TURN_CANCELLED, True, 1), ended
+    assert ended.message_id == f"reply:{sid}:t1:step-1"
+
+    late = s.submit_tool_results("t1", [ToolResult.ok(c, {"contents": "too late"}, 3) for c in calls.calls])
+    refused = s.next_event(WAIT, "t1")
+    assert isinstance(refused, Refused), refused
+    assert refused.code == CODE_TOOL_RESULTS_TURN_CANCELLED, refused.errors
+    assert refused.message_id.startswith(f"reply:{sid}:t1:rejected-continuation-")
+    assert refused.correlation_id == late.message_id
+
+    # The session is free again: the next turn runs.
+    assert isinstance(s.run_turn("t2", "after the cancel", timeout=WAIT), Final)

@@ -2,10 +2,12 @@
 
 import pytest
 
-from aptix_client import (CODE_CONTEXT_FIXED, CODE_REPLY_TO_INVALID, CODE_SESSION_UNAVAILABLE, LIMIT_CODES,
-                          DeltaId, ProtocolError, ReplyId, instance_queue, is_instance_name, is_tenant_name,
-                          parse_message_id)
-from aptix_client.protocol import check_reply_headers, message_session_id, requests_exchange, session_queue
+from aptix_client import (CANCEL_TYPE, CODE_CONTEXT_FIXED, CODE_REPLY_TO_INVALID, CODE_SESSION_UNAVAILABLE,
+                          CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED, CODE_TURN_FINISHED,
+                          CODE_TURN_NOT_FOUND, LIMIT_CODES, DeltaId, ProtocolError, ReplyId, instance_queue,
+                          is_instance_name, is_tenant_name, parse_message_id)
+from aptix_client.protocol import (SUBMISSION_TAGS, check_reply_headers, message_session_id,
+                                   requests_exchange, session_queue)
 
 S = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 HEX = "0123456789abcdef01234567"
@@ -54,6 +56,12 @@ def test_tenancy_error_codes():
                            "limit.tokens_per_minute")
 
 
+def test_cancel_type_and_codes():
+    assert CANCEL_TYPE == "turn.cancel"
+    codes = (CODE_TURN_CANCELLED, CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, CODE_TOOL_RESULTS_TURN_CANCELLED)
+    assert codes == ("turn.cancelled", "turn.finished", "turn.not_found", "tool_results.turn_cancelled")
+
+
 def test_the_session_of_a_message_on_an_instance_queue():
     import json
     delta = json.dumps({"Delta": True, "SessionId": S, "TurnId": "t1"}).encode()
@@ -73,9 +81,15 @@ def test_step_replies_and_turn_ids_with_colons():
     assert parse_message_id(f"reply:{S}:a:b.c:step-12") == ReplyId(S, "a:b.c", 12, None, None)
 
 
-@pytest.mark.parametrize("tag", ["rejected", "rejected-context", "rejected-awaiting",
-                                 "rejected-continuation", "conflict", "resent", "exhausted",
-                                 "unavailable", "limited"])
+TAGS = ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent",
+        "exhausted", "unavailable", "limited", "rejected-cancel"]
+
+
+def test_the_submission_tags_of_the_grammar():
+    assert sorted(SUBMISSION_TAGS) == sorted(TAGS)
+
+
+@pytest.mark.parametrize("tag", TAGS)
 def test_submission_replies(tag):
     assert parse_message_id(f"reply:{S}:t1:{tag}-{HEX}") == ReplyId(S, "t1", None, tag, HEX)
 

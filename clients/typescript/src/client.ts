@@ -34,6 +34,7 @@ import type { ConfirmChannel, ConsumeMessage, MessageProperties } from "amqplib"
 
 import { AptixEvent, Final, Failed, Refused, Reply, ToolCall, ToolResult, parseEvent } from "./events";
 import {
+  CANCEL_TYPE,
   CONTENT_TYPE,
   H_SESSION_ID,
   H_TRACEPARENT,
@@ -150,6 +151,11 @@ export interface Submission {
   replyTo: string | null;
   /** How many times it was published before the broker confirmed it (1 unless resent). */
   attempts: number;
+  /**
+   * The AMQP `type` property it was published with: `turn.cancel` for a cancel (§7a), null for
+   * a request (user turn or tool results).
+   */
+  type: string | null;
 }
 
 export interface SubmitOptions {
@@ -163,6 +169,12 @@ export interface SubmitOptions {
    * session's queue or an instance queue with `request.reply_to_invalid`.
    */
   replyTo?: string;
+  /**
+   * The AMQP `type` property. `turn.cancel` (`CANCEL_TYPE`) publishes a cancel (§7a, see
+   * `Session.cancelTurn`), whose body is not an AGN-034 request and is never checked against the
+   * request schema. Without it (the default): no `type`, a request.
+   */
+  type?: string;
 }
 
 export type ToolHandler = (call: ToolCall) => ToolResult | Promise<ToolResult>;
@@ -719,13 +731,14 @@ export class Session {
 
   /**
    * Publishes any request body (an object, or a Buffer sent as it is) and waits for the broker's
-   * confirm. To re-send the same submission, pass its messageId again. Every request carries
-   * `userId` = the client's `userId` (the URL's user).
+   * confirm. To re-send the same submission, pass its messageId (and type) again. Every request
+   * carries `userId` = the client's `userId` (the URL's user).
    */
   async submit(body: Json | Buffer, opts: SubmitOptions = {}): Promise<Submission> {
     const raw = Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
     const parsed: unknown = Buffer.isBuffer(body) ? maybeJson(body) : body;
-    if ((opts.validate ?? true) && this.client.schemas && !Buffer.isBuffer(body)) {
+    const type = opts.type ?? null;
+    if ((opts.validate ?? true) && type !== CANCEL_TYPE && this.client.schemas && !Buffer.isBuffer(body)) {
       this.client.schemas.checkRequest(body);
     }
     const messageId = opts.messageId ?? randomUUID();
@@ -735,18 +748,36 @@ export class Session {
     const userId: string | undefined = this.client.userId; // stand-ins in tests may have none
     const props = {
       contentType: CONTENT_TYPE, deliveryMode: 2, messageId, headers, mandatory: true, userId, ...(replyTo === null ? {} : { replyTo }),
+      ...(type === null ? {} : { type }),
     };
     const attempts = await this.publish(exchange, raw, props, messageId);
     this.client.wireLog?.("out", {
       exchange,
       routingKey: this.sessionId,
       mandatory: true,
-      properties: { message_id: messageId, ...(replyTo === null ? {} : { reply_to: replyTo }), ...(userId === undefined ? {} : { user_id: userId }), content_type: CONTENT_TYPE, delivery_mode: 2 },
+      properties: { ...(type === null ? {} : { type }), message_id: messageId, ...(replyTo === null ? {} : { reply_to: replyTo }), ...(userId === undefined ? {} : { user_id: userId }), content_type: CONTENT_TYPE, delivery_mode: 2 },
       headers: headers ?? {},
       body: parsed,
     });
     const turn = (parsed as Json | null)?.TurnId;
-    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed, replyTo, attempts };
+    return { messageId, sessionId: this.sessionId, turnId: typeof turn === "string" ? turn : null, body: parsed, replyTo, attempts, type };
+  }
+
+  /**
+   * Publishes a cancel of turn `turnId` (protocol §7a) and waits for the broker's confirm:
+   * `{"SessionId", "TurnId"}` with the AMQP `type` = `turn.cancel`, like any request (persistent,
+   * JSON, mandatory, `userId`, `replyTo` with an instance).
+   *
+   * A turn that is queued, running or waiting for tool results then ends with its own step reply,
+   * a `failed` with code `turn.cancelled` (read it with `turnEvents(turnId)` or `nextEvent`); no
+   * delta of it follows. A turn that already ended gets a `refused` with code `turn.finished`, an
+   * unknown one `turn.not_found` (id tag `rejected-cancel`, `correlationId` = this cancel's
+   * messageId); a repeated cancel gets nothing. Tool results sent for a cancelled turn are refused
+   * with `tool_results.turn_cancelled`.
+   */
+  cancelTurn(turnId: string, opts: { messageId?: string; traceparent?: string } = {}): Promise<Submission> {
+    const body: Json = { SessionId: this.sessionId, TurnId: turnId };
+    return this.submit(body, { messageId: opts.messageId, traceparent: opts.traceparent, validate: false, type: CANCEL_TYPE });
   }
 
   /**

@@ -27,11 +27,30 @@ export const SUBMISSION_TAGS = [
   "exhausted",
   "unavailable",
   "limited",
+  "rejected-cancel",
 ] as const;
 export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 
 /** The TurnId of a reply to a request that named no valid one. */
 export const NO_TURN = "-";
+
+/**
+ * The AMQP `type` property of a cancel (§7a): body exactly `{"SessionId", "TurnId"}`, published
+ * like a request. Server messages carry `reply`, `delta` or `dead` there instead.
+ */
+export const CANCEL_TYPE = "turn.cancel";
+
+/** A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a). */
+export const CODE_TURN_CANCELLED = "turn.cancelled";
+/** A cancel refused (`rejected-cancel-…`) because its turn had already ended (§7a). */
+export const CODE_TURN_FINISHED = "turn.finished";
+/**
+ * A cancel (`rejected-cancel-…`) or a continuation (`rejected-continuation-…`) refused because
+ * its turn does not exist in the session.
+ */
+export const CODE_TURN_NOT_FOUND = "turn.not_found";
+/** Tool results refused (`rejected-continuation-…`) because their turn was cancelled (§7a). */
+export const CODE_TOOL_RESULTS_TURN_CANCELLED = "tool_results.turn_cancelled";
 
 /**
  * The error code of a request whose `reply_to` names neither the session's queue nor an instance

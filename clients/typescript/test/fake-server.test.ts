@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 import { declareStandIn, queueExists } from "./stand-in";
 
-import { Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue, urlUser } from "../src";
+import { CANCEL_TYPE, Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue, urlUser } from "../src";
 
 const ADMIN = process.env.APTIX_TEST_ADMIN_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:5672/%2f";
 const schemas = new Schemas(findSchemasDir(__dirname) ?? "schemas");
@@ -184,6 +184,38 @@ test("tool results go in the order of the calls", async () => {
   assert.deepEqual((sub.body as { ToolResults: { ToolCallId: string }[] }).ToolResults.map((r) => r.ToolCallId), ["c1", "c2"]);
   await s.nextEvent({ timeoutMs: 10_000 });
   await c.close();
+});
+
+test("a cancel on the wire", async () => {
+  // §7a: the cancel goes where requests go, with `type` = `turn.cancel` and the body
+  // {"SessionId", "TurnId"}, which is no AGN-034 request: the request schema is not applied.
+  const wire: [string, WireMessage][] = [];
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix, schemas, wireLog: (d, m) => wire.push([d, m]) });
+  const s = await c.openSession();
+  const turn = await s.submitTurn("t1", "hello");
+  const sub = await s.cancelTurn("t1", { messageId: `cancel-${randomUUID()}` });
+  await s.nextEvent({ timeoutMs: 10_000 }); // the fake answers both with reply:S:t1:step-0: the second is a copy
+  for (let i = 0; i < 100 && !fake.requests.some((m) => m.properties.messageId === sub.messageId); i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  await c.close();
+  assert.equal(sub.type, CANCEL_TYPE);
+  assert.equal(turn.type, null);
+  assert.equal(sub.turnId, "t1");
+  assert.deepEqual(sub.body, { SessionId: s.sessionId, TurnId: "t1" });
+  const t = fake.requests.find((m) => m.properties.messageId === turn.messageId);
+  assert.equal(t?.properties.type, undefined, "a request carries no type");
+  const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+  assert.ok(req);
+  assert.equal(req.properties.type, "turn.cancel");
+  assert.equal(req.fields.routingKey, s.sessionId);
+  assert.equal(req.fields.exchange, `${fake.prefix}.requests`);
+  assert.equal(req.properties.deliveryMode, 2);
+  assert.equal(req.properties.contentType, "application/json");
+  assert.equal(req.properties.userId, c.userId);
+  assert.deepEqual(JSON.parse(req.content.toString()), { SessionId: s.sessionId, TurnId: "t1" });
+  const out = wire.filter(([d]) => d === "out").map(([, m]) => m);
+  assert.equal(out[1].properties.type, "turn.cancel");
 });
 
 // --- replies per instance (§4a) ---------------------------------------------------------------

@@ -3,8 +3,9 @@
 // duplicate, a conflict, validation refusals, and 20 sessions x 5 turns published at once. Then
 // replies per instance (protocol §4a): 10 sessions x 3 turns on one instance queue, a tool round
 // trip and a take-over by another instance, and the refusal of a `reply_to` that names no reply
-// queue. Every received body is checked against the repository's schemas and every header
-// against protocol v2.
+// queue. Then cancels (protocol §7a): of a queued and of a streaming turn, of a turn waiting for
+// tool results, and the refusals of cancels that change nothing. Every received body is checked
+// against the repository's schemas and every header against protocol v2.
 // Needs APTIX_TEST_PREFIX and APTIX_TEST_SIM_URL; skipped without them unless
 // APTIX_TEST_REQUIRE_PIPELINE=1.
 import { after, before, describe, test } from "node:test";
@@ -14,7 +15,24 @@ import { execFileSync } from "node:child_process";
 import * as amqp from "amqplib";
 import { queueExists } from "./stand-in";
 
-import { AptixEvent, CODE_REPLY_TO_INVALID, Client, Delta, Final, Reply, Schemas, ToolResult, findSchemasDir, sessionQueue } from "../src";
+import {
+  AptixEvent,
+  CODE_REPLY_TO_INVALID,
+  CODE_TOOL_RESULTS_TURN_CANCELLED,
+  CODE_TURN_CANCELLED,
+  CODE_TURN_FINISHED,
+  CODE_TURN_NOT_FOUND,
+  Client,
+  Delta,
+  Failed,
+  Final,
+  Refused,
+  Reply,
+  Schemas,
+  ToolResult,
+  findSchemasDir,
+  sessionQueue,
+} from "../src";
 
 const PREFIX = process.env.APTIX_TEST_PREFIX;
 const SIM = process.env.APTIX_TEST_SIM_URL;
@@ -42,6 +60,26 @@ async function llmCallsMentioning(marker: string): Promise<number> {
 function asFinal(e: AptixEvent | undefined): Final {
   assert.equal(e?.type, "final", JSON.stringify(e?.body));
   return e as Final;
+}
+
+function asFailed(e: AptixEvent | undefined): Failed {
+  assert.equal(e?.type, "failed", JSON.stringify(e?.body));
+  return e as Failed;
+}
+
+function asRefused(e: AptixEvent | undefined): Refused {
+  assert.equal(e?.type, "refused", JSON.stringify(e?.body));
+  return e as Refused;
+}
+
+/** `POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md). */
+async function simControl(command: unknown): Promise<void> {
+  const res = await fetch(`${SIM!.replace(/\/v1\/?$/, "")}/_sim/control`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(command),
+  });
+  assert.equal(res.status, 204, await res.text());
 }
 
 describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {
@@ -336,5 +374,93 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
     await s.submit({ SessionId: s.sessionId, TurnId: "t1", Instruction: "now valid" }, { replyTo: s.queue });
     const final = asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
     assert.equal(final.messageId, `reply:${s.sessionId}:t1:step-0`);
+  });
+});
+
+describe("real pipeline: cancelling a turn (§7a)", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {
+  let client: Client;
+  before(async () => {
+    client = await Client.connect({ url: URL, prefix: PREFIX, schemas: new Schemas(findSchemasDir(__dirname)!), strict: true });
+  });
+  after(() => client.close());
+
+  test("a queued and a streaming turn are cancelled, then the next turn runs", async () => {
+    // The simulator waits 100 ms between stream events while this test runs (other tests share
+    // it): t1's answer (about 40 text deltas: the simulator echoes only the instruction's first
+    // 120 characters) then streams for about 4 s, well past the two cancels.
+    await simControl({ command: "set_latency", latency: { per_event_ms: 100 } });
+    try {
+      const s = await client.openSession();
+      const sid = s.sessionId;
+      const long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail ".repeat(30);
+      await s.submitTurn("t1", long, { stream: true });
+      await s.submitTurn("t2", "queued, then cancelled");
+      await s.submitTurn("t3", "runs after both");
+      for (;;) {
+        // t1 runs and streams; t2 and t3 wait behind it
+        const d = await s.nextEvent({ ...WAIT, turnId: "t1" });
+        assert.equal(d.type, "delta", JSON.stringify(d.body));
+        if (d.type === "delta" && d.text !== "") break;
+      }
+
+      const c2 = await s.cancelTurn("t2");
+      assert.equal(c2.type, "turn.cancel");
+      const t2 = asFailed(await s.nextEvent({ ...WAIT, turnId: "t2" }));
+      assert.deepEqual([t2.code, t2.outcome, t2.final, t2.step], [CODE_TURN_CANCELLED, "failed", true, 0]);
+      assert.equal(t2.messageId, `reply:${sid}:t2:step-0`);
+
+      await s.cancelTurn("t1");
+      const rest = await collect(s.turnEvents("t1", WAIT));
+      const t1 = asFailed(rest[rest.length - 1]);
+      assert.deepEqual([t1.code, t1.final, t1.step], [CODE_TURN_CANCELLED, true, 0]);
+      assert.equal(t1.messageId, `reply:${sid}:t1:step-0`);
+      assert.ok(rest.slice(0, -1).every((e) => e.type === "delta" && e.turnId === "t1"));
+
+      const t3 = await collect(s.turnEvents("t3", WAIT));
+      assert.equal(t3.length, 1);
+      assert.ok(asFinal(t3[0]).text.split("\n").includes("instruction: runs after both"), asFinal(t3[0]).text);
+      // Nothing else came: no delta of t1 after its reply.
+      await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
+
+      const finished = await s.cancelTurn("t3");
+      await s.cancelTurn("t2"); // already cancelled: no answer
+      const unknown = await s.cancelTurn("nope");
+      const r3 = asRefused(await s.nextEvent({ ...WAIT, turnId: "t3" }));
+      assert.deepEqual([r3.code, r3.outcome, r3.final], [CODE_TURN_FINISHED, "refused", true]);
+      assert.ok(r3.messageId.includes(`reply:${sid}:t3:rejected-cancel-`), r3.messageId);
+      assert.equal(r3.correlationId, finished.messageId);
+      const rn = asRefused(await s.nextEvent({ ...WAIT, turnId: "nope" }));
+      assert.equal(rn.code, CODE_TURN_NOT_FOUND);
+      assert.ok(rn.messageId.startsWith(`reply:${sid}:nope:rejected-cancel-`), rn.messageId);
+      assert.equal(rn.correlationId, unknown.messageId);
+      // The repeated cancel of t2 got nothing.
+      await assert.rejects(s.nextEvent({ timeoutMs: 2000 }), /no event/);
+    } finally {
+      await simControl({ command: "set_latency", latency: {} });
+    }
+  });
+
+  test("a turn waiting for tool results is cancelled; its late results are refused", async () => {
+    const s = await client.openSession();
+    const sid = s.sessionId;
+    await s.submitTurn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})');
+    const calls = await s.nextEvent({ ...WAIT, turnId: "t1" });
+    assert.equal(calls.type, "tool_calls", JSON.stringify(calls.body));
+    if (calls.type !== "tool_calls") return;
+    assert.equal(calls.step, 0);
+
+    await s.cancelTurn("t1");
+    const ended = asFailed(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.deepEqual([ended.code, ended.final, ended.step], [CODE_TURN_CANCELLED, true, 1]);
+    assert.equal(ended.messageId, `reply:${sid}:t1:step-1`);
+
+    const late = await s.submitToolResults("t1", calls.calls.map((c) => ToolResult.ok(c, { contents: "too late" }, 3)));
+    const refused = asRefused(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(refused.code, CODE_TOOL_RESULTS_TURN_CANCELLED, JSON.stringify(refused.errors));
+    assert.ok(refused.messageId.startsWith(`reply:${sid}:t1:rejected-continuation-`), refused.messageId);
+    assert.equal(refused.correlationId, late.messageId);
+
+    // The session is free again: the next turn runs.
+    asFinal(await s.runTurn("t2", "after the cancel", WAIT));
   });
 });

@@ -3,11 +3,17 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
+  CANCEL_TYPE,
   CODE_CONTEXT_FIXED,
   CODE_REPLY_TO_INVALID,
   CODE_SESSION_UNAVAILABLE,
+  CODE_TOOL_RESULTS_TURN_CANCELLED,
+  CODE_TURN_CANCELLED,
+  CODE_TURN_FINISHED,
+  CODE_TURN_NOT_FOUND,
   LIMIT_CODES,
   ProtocolError,
+  SUBMISSION_TAGS,
   checkReplyHeaders,
   checkTenantName,
   instanceQueue,
@@ -90,8 +96,22 @@ test("step replies, turn ids with colons", () => {
   assert.equal((parseMessageId(`reply:${S}:a:b.c:step-12`) as { turnId: string }).turnId, "a:b.c");
 });
 
+const TAGS = ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted", "unavailable", "limited", "rejected-cancel"];
+
+test("the submission tags of the grammar", () => {
+  assert.deepEqual([...SUBMISSION_TAGS].sort(), [...TAGS].sort());
+});
+
+test("cancel type and codes", () => {
+  assert.equal(CANCEL_TYPE, "turn.cancel");
+  assert.deepEqual(
+    [CODE_TURN_CANCELLED, CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, CODE_TOOL_RESULTS_TURN_CANCELLED],
+    ["turn.cancelled", "turn.finished", "turn.not_found", "tool_results.turn_cancelled"],
+  );
+});
+
 test("submission replies", () => {
-  for (const tag of ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted", "unavailable", "limited"]) {
+  for (const tag of TAGS) {
     assert.deepEqual(parseMessageId(`reply:${S}:t1:${tag}-${HEX}`), {
       kind: "reply", sessionId: S, turnId: "t1", step: null, submissionTag: tag, fingerprint: HEX,
     });

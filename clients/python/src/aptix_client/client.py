@@ -623,8 +623,9 @@ class Session:
         Every request carries `user_id` = the client's `user_id` (the URL's user)."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         parsed: Any = body if not isinstance(body, bytes) else _maybe_json(body)
-        if validate and kind != p.CANCEL_TYPE and self.client.schemas is not None and isinstance(body, Mapping):
-            self.client.schemas.check_request(body)
+        schemas = self.client.schemas
+        if validate and kind != p.CANCEL_TYPE and schemas is not None and isinstance(body, Mapping):
+            schemas.check_request(body)
         mid = message_id or str(uuid.uuid4())
         headers = {p.H_TRACEPARENT: traceparent} if traceparent else None
         reply = self.reply_to if reply_to is None else reply_to
