@@ -15,6 +15,7 @@ pub mod chunk;
 pub mod cli;
 pub mod config;
 pub mod contracts;
+pub mod files;
 pub mod held;
 pub mod index;
 pub mod llm;

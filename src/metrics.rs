@@ -255,9 +255,14 @@ struct HealthState {
     database: Option<Arc<dyn Ready>>,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listen` until `shutdown`. A port already in
-/// use is logged and skipped: metrics must never stop a worker.
-pub async fn serve(listen: String, database: Option<Arc<dyn Ready>>, shutdown: CancellationToken) {
+/// Serves `/metrics`, `/healthz` and `/readyz` (and the routes of `extra`) on `listen` until
+/// `shutdown`. A port already in use is logged and skipped: metrics must never stop a worker.
+pub async fn serve(
+    listen: String,
+    database: Option<Arc<dyn Ready>>,
+    extra: Option<axum::Router>,
+    shutdown: CancellationToken,
+) {
     let addr: SocketAddr = match listen.parse() {
         Ok(a) => a,
         Err(e) => {
@@ -275,7 +280,8 @@ pub async fn serve(listen: String, database: Option<Arc<dyn Ready>>, shutdown: C
         .route("/metrics", get(|| async { metrics().encode() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .with_state(Arc::new(HealthState { database }));
+        .with_state(Arc::new(HealthState { database }))
+        .merge(extra.unwrap_or_default());
     let _ = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;

@@ -67,7 +67,8 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
         let listen = deps.settings.telemetry.metrics_listen.clone();
         if !listen.is_empty() {
             let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
-            tokio::spawn(crate::metrics::serve(listen, Some(database), shutdown.clone()));
+            let files = Some(crate::files::router(deps.store.clone()));
+            tokio::spawn(crate::metrics::serve(listen, Some(database), files, shutdown.clone()));
         }
         pipeline::prepare(&deps, &stages).await.map_err(anyhow::Error::msg)?;
         pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;

@@ -53,6 +53,7 @@ fn context() -> ConversationContext {
             ),
         ],
         tool_choice: None,
+        server_tools: Default::default(),
         temperature: Some(0.2),
         top_k: 8,
         chunk_budget_chars: 24_000,

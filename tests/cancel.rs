@@ -14,7 +14,7 @@ use common::{new_session, reply_of, user_turn, Harness, ReplyMsg};
 use futures_util::StreamExt as _;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Publishes a cancel the documented way.
 async fn cancel(h: &Harness, s: &str, t: &str) {
@@ -226,13 +226,13 @@ async fn turn_state(h: &Harness, s: &str, t: &str) -> Option<String> {
 }
 
 async fn cancel_requested(h: &Harness, s: &str, t: &str) -> bool {
-    let v: Option<Value> = sqlx::query_scalar(
-        "SELECT to_jsonb(cancel_requested_at) FROM turns WHERE session_id = $1::uuid AND turn_id = $2",
+    let v: Option<bool> = sqlx::query_scalar(
+        "SELECT cancel_requested_at IS NOT NULL FROM turns WHERE session_id = $1::uuid AND turn_id = $2",
     )
     .bind(s)
     .bind(t)
     .fetch_optional(h.deps.store.pool())
     .await
     .unwrap();
-    v.is_some_and(|v| !v.is_null())
+    v == Some(true)
 }

@@ -35,6 +35,7 @@ fn final_response_round_trips_with_all_allowed_buckets() {
         }],
         tool_results: vec![ToolResult {
             tool_call_id: "s1".into(),
+            name: Some("search_code".into()),
             execution_ms: 3,
             outcome: ToolOutcome::ResultJson("{}".into()),
         }],

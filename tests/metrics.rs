@@ -18,6 +18,7 @@ async fn metrics_and_health_follow_the_pipeline() {
     tokio::spawn(aptix::metrics::serve(
         listen.clone(),
         Some(std::sync::Arc::new(h.deps.store.clone())),
+        None,
         h.shutdown.clone(),
     ));
     let s = new_session();
@@ -65,6 +66,7 @@ async fn metrics_and_health_follow_the_pipeline() {
     tokio::spawn(aptix::metrics::serve(
         format!("127.0.0.1:{port2}"),
         Some(std::sync::Arc::new(h.deps.store.clone())),
+        None,
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -32,8 +32,10 @@ pub(crate) fn envelope(
         body.insert("previous_response_id".into(), json!(id));
     }
     body.insert("input".into(), Value::Array(input));
-    if !context.tools.is_empty() {
-        let tools = context.tools.iter().map(|t| t.to_responses_json()).collect();
+    let client = context.tools.iter().map(|t| t.to_responses_json());
+    let server = context.server_tools.enabled.iter().map(|t| t.to_responses_json());
+    let tools: Vec<Value> = client.chain(server).collect();
+    if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
     match (&context.tool_choice, choice) {

@@ -24,6 +24,9 @@ pub struct ConversationContext {
     /// A tool name to force (`{"type":"function","name":…}`); absent lets the model choose.
     #[serde(default)]
     pub tool_choice: Option<String>,
+    /// Built-in tools the pipeline runs itself (`search_code`, `write_file`).
+    #[serde(default)]
+    pub server_tools: super::ServerTools,
     /// Sampling temperature, 0-2; absent uses the provider default.
     #[serde(default)]
     pub temperature: Option<f32>,
@@ -145,6 +148,17 @@ impl ConversationContext {
                     "must be a JSON object (a JSON Schema)".into(),
                 );
             }
+        }
+        for tool in &self.server_tools.enabled {
+            if !names.insert(tool.name()) {
+                return bad(
+                    "server_tools.enabled",
+                    format!("`{}` is also a client tool; rename the client tool", tool.name()),
+                );
+            }
+        }
+        if self.server_tools.max_rounds == 0 {
+            return bad("server_tools.max_rounds", "must be at least 1".into());
         }
         if let Some(choice) = &self.tool_choice {
             if !names.contains(choice.as_str()) {

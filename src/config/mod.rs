@@ -7,6 +7,7 @@ mod check;
 mod contexts;
 mod limits;
 mod secret;
+mod server_tools;
 mod tenants;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ pub use assemble_policy::AssemblePolicy;
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
 pub use limits::Limits;
 pub use secret::{percent_decode, redact_url, ConnectionUrl, Secret};
+pub use server_tools::{FileSettings, ServerTool, ServerTools};
 pub use tenants::{OverLimit, Publisher, Tenant, TenantLimits};
 
 use crate::contracts::ContextId;
@@ -82,6 +84,9 @@ pub struct Settings {
     /// Limits of every tenant that does not set its own.
     #[serde(default)]
     pub tenant_limits: TenantLimits,
+    /// Files produced by server tools.
+    #[serde(default)]
+    pub files: FileSettings,
 }
 
 /// RabbitMQ settings.

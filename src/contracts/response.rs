@@ -140,6 +140,10 @@ pub struct ToolCall {
 pub struct ToolResult {
     /// The call this answers.
     pub tool_call_id: String,
+    /// The tool's name: set on the server's own executions in a final response's
+    /// `ToolResults`; a client's results do not carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Execution time in milliseconds.
     pub execution_ms: u64,
     /// The outcome.

@@ -79,6 +79,7 @@ fn tool_result(r: ToolResultWire) -> Result<ToolResult, String> {
     };
     Ok(ToolResult {
         tool_call_id: r.tool_call_id.ok_or("a tool result without ToolCallId")?,
+        name: None,
         execution_ms: r.execution_ms.ok_or("a tool result without ExecutionMs")?,
         outcome,
     })

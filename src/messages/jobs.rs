@@ -46,6 +46,13 @@ pub struct TurnJob {
     /// before tenants existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<TenantName>,
+    /// Calls of the last answer that the pipeline runs itself before this round trip's
+    /// provider call (retrieve runs them; their results join the continuation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_calls: Vec<ToolCall>,
+    /// Every server tool execution of this turn so far.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub executed: Vec<super::ServerExecution>,
 }
 
 impl TurnJob {

@@ -12,6 +12,7 @@
 
 mod jobs;
 mod outgoing;
+mod tools;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ pub use jobs::{
     TurnJob,
 };
 pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission, RESENT};
+pub use tools::{server_rounds, ServerExecution};
 
 use crate::contracts::ApiError;
 

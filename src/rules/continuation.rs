@@ -82,7 +82,12 @@ fn tool_result(
         e.at(ErrorCode::ExecutionMsMissing, f("ExecutionMs"), "ExecutionMs is required");
     }
     let outcome = outcome(e, i, r.result_json, r.error_message, limits);
-    Some(ToolResult { tool_call_id: id?, execution_ms: r.execution_ms?, outcome: outcome? })
+    Some(ToolResult {
+        tool_call_id: id?,
+        name: None,
+        execution_ms: r.execution_ms?,
+        outcome: outcome?,
+    })
 }
 
 /// A result's outcome: exactly one of `ResultJson` (valid JSON) and `ErrorMessage`, each within

@@ -4,6 +4,7 @@
 mod admit;
 mod cancel;
 mod fail;
+mod files;
 mod members;
 mod outbox;
 mod records;
@@ -21,6 +22,7 @@ use sqlx::{ConnectOptions as _, PgPool};
 pub use admit::{Admission, SessionMeta};
 pub use cancel::{cancelled, CancelAdmission};
 pub use fail::StoredReply;
+pub use files::KeptFile;
 pub use outbox::PendingOutbox;
 pub use records::{FinishStep, Finished, NewRecord, StepOutcome};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next, starts, TurnState};
+use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::assemble::Assembled;
 use crate::contracts::{ApiError, TurnKey, UserTurn};
@@ -115,8 +115,22 @@ pub enum StepOutcome {
     Failed,
     /// Tool calls went to the client; the turn holds the session until results come.
     AwaitingToolResults {
-        /// The ordered calls, as JSON.
+        /// The ordered client calls, as JSON.
         pending: Value,
+        /// Warnings so far, owed to the final response.
+        warnings: Value,
+        /// Server calls of the same answer, run when the client's results come.
+        server_calls: Value,
+        /// The turn's server executions so far.
+        executed: Value,
+    },
+    /// The answer called only server tools: the turn runs on (no reply), starting its next
+    /// round trip where they run.
+    ServerTools {
+        /// The calls to run.
+        server_calls: Value,
+        /// The turn's server executions so far.
+        executed: Value,
         /// Warnings so far, owed to the final response.
         warnings: Value,
     },
@@ -225,10 +239,13 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        let holds_session = transition(&mut tx, &f).await?;
-        let mut messages = f.messages;
-        if !holds_session {
-            messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
+        let mut messages = f.messages.clone();
+        match transition(&mut tx, &f).await? {
+            After::Ended => {
+                messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
+            }
+            After::Waits => {}
+            After::RunsOn(row) => messages.push(Outgoing::Start(row.start_job()?)),
         }
         let out = outbox::insert(&mut tx, session, turn, messages).await?;
         tx.commit().await?;
@@ -281,28 +298,55 @@ async fn check_running(
     }
 }
 
-/// Moves the turn past the step; whether it still holds the session (awaiting tool results).
-async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<bool, StoreError> {
-    let (state, pending, warnings) = match &f.outcome {
-        StepOutcome::Completed => (TurnState::Completed, None, None),
-        StepOutcome::Failed => (TurnState::Failed, None, None),
-        StepOutcome::AwaitingToolResults { pending, warnings } => {
-            (TurnState::AwaitingToolResults, Some(pending), Some(warnings))
+/// What a step's transition leaves to do.
+enum After {
+    /// The turn ended: the session goes to its next turn.
+    Ended,
+    /// The turn waits for the client's tool results and keeps the session.
+    Waits,
+    /// The turn runs on: this is its next round trip's start.
+    RunsOn(TurnRow),
+}
+
+/// Moves the turn past the step.
+async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<After, StoreError> {
+    let null = Value::Null;
+    let (state, pending, warnings, server_calls, executed) = match &f.outcome {
+        StepOutcome::Completed => (TurnState::Completed, &null, &null, &null, None),
+        StepOutcome::Failed => (TurnState::Failed, &null, &null, &null, None),
+        StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
+            (TurnState::AwaitingToolResults, pending, warnings, server_calls, Some(executed))
+        }
+        StepOutcome::ServerTools { server_calls, executed, warnings } => {
+            (TurnState::Running, &null, warnings, server_calls, Some(executed))
         }
     };
-    sqlx::query(
-        "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = $6,
-             pending_warnings = $7, updated_at = now()
-         WHERE session_id = $1 AND turn_id = $2",
-    )
-    .bind(f.key.session_id.as_uuid())
-    .bind(f.key.turn_id.as_str())
-    .bind(state.as_str())
-    .bind(f.step + 1)
-    .bind(pending)
-    .bind(&f.record.reply)
-    .bind(warnings)
-    .execute(&mut *conn)
-    .await?;
-    Ok(pending.is_some())
+    let runs_on = matches!(f.outcome, StepOutcome::ServerTools { .. });
+    let sql = format!(
+        "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5,
+             last_reply = CASE WHEN $9 THEN last_reply ELSE $6 END,
+             pending_warnings = $7, server_calls = $8,
+             server_executions = COALESCE($10, server_executions),
+             continuation = CASE WHEN $9 THEN NULL ELSE continuation END, updated_at = now()
+         WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
+    );
+    let some = |v: &Value| (!v.is_null()).then(|| v.clone());
+    let row: TurnRow = sqlx::query_as(&sql)
+        .bind(f.key.session_id.as_uuid())
+        .bind(f.key.turn_id.as_str())
+        .bind(state.as_str())
+        .bind(f.step + 1)
+        .bind(some(pending))
+        .bind(&f.record.reply)
+        .bind(some(warnings))
+        .bind(some(server_calls))
+        .bind(runs_on)
+        .bind(executed.and_then(some))
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(match state {
+        TurnState::Running => After::RunsOn(row),
+        TurnState::AwaitingToolResults => After::Waits,
+        _ => After::Ended,
+    })
 }

@@ -92,6 +92,10 @@ pub struct TurnRow {
     pub tenant: Option<String>,
     /// When a client's cancel of it was admitted.
     pub cancel_requested_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Server tool calls to run before its next provider call.
+    pub server_calls: Option<Value>,
+    /// Its server tool executions so far.
+    pub server_executions: Option<Value>,
 }
 
 fn parsed<T: std::str::FromStr<Err = String>>(text: Option<&str>) -> Result<Option<T>, StoreError> {
@@ -152,11 +156,18 @@ impl TurnRow {
                 .unwrap_or_default(),
             reply_to: self.reply_to()?,
             tenant: self.tenant()?,
+            server_calls: list(&self.server_calls)?,
+            executed: list(&self.server_executions)?,
         })
     }
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, cancel_requested_at";
+/// A stored JSON list (absent: empty).
+fn list<T: serde::de::DeserializeOwned>(v: &Option<Value>) -> Result<Vec<T>, StoreError> {
+    Ok(v.clone().map(serde_json::from_value).transpose()?.unwrap_or_default())
+}
+
+pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, cancel_requested_at, server_calls, server_executions";
 
 /// Hands a locked session to its next queued turn and returns the turns that start: that one,
 /// or, for a tenant whose turns over a limit are held (`gate` in queue mode), the tenant's

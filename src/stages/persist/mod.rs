@@ -8,8 +8,12 @@ use serde_json::{json, Value};
 use super::Deps;
 use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
 use crate::config::Settings;
-use crate::contracts::{AgentExecuteResponse, InvokeResult, Outcome, Reply, UserWarning};
-use crate::messages::{with_owed_warnings, Done, Outgoing, PersistJob, ReplyOut, RoundTrip};
+use crate::contracts::{
+    AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
+};
+use crate::messages::{
+    with_owed_warnings, Answer, Done, Outgoing, PersistJob, ReplyOut, RoundTrip,
+};
 use crate::stage::{Output, Stage, StageError};
 use crate::store::{cancelled, FinishStep, Finished, NewRecord, StepOutcome, Store};
 
@@ -27,9 +31,16 @@ impl Persist {
     }
 }
 
+mod calls;
+
+use calls::{route, Routed};
+
 /// What a round trip's end writes, before the record.
 struct Ending {
-    reply: Reply,
+    /// What the client receives; none when the turn runs on with server tools.
+    reply: Option<Reply>,
+    /// The record's kind.
+    kind: &'static str,
     outcome: StepOutcome,
     session_state: Option<Value>,
     provider_id: Option<String>,
@@ -63,14 +74,22 @@ impl Persist {
     async fn finish(&self, job: &PersistJob) -> Result<Finished, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
         let e = self.ending(job).await?;
-        let out = ReplyOut::step(key.session_id, key.turn_id.as_str(), step, &e.reply)?
-            .to(job.job.address());
-        let mut record = NewRecord::base(
-            job.job.user_turn().ok(),
-            job.assembled.as_ref(),
-            record_kind(&job.result),
-            out.body.clone(),
-        )?;
+        let out = match &e.reply {
+            Some(reply) => Some(
+                ReplyOut::step(key.session_id, key.turn_id.as_str(), step, reply)?
+                    .to(job.job.address()),
+            ),
+            None => None,
+        };
+        let sent = match (&out, &e.outcome) {
+            (Some(out), _) => out.body.clone(),
+            (None, StepOutcome::ServerTools { server_calls, .. }) => {
+                json!({ "ServerToolCalls": server_calls })
+            }
+            (None, _) => json!({}),
+        };
+        let mut record =
+            NewRecord::base(job.job.user_turn().ok(), job.assembled.as_ref(), e.kind, sent)?;
         record.provider_response_id = e.provider_id;
         record.response_payload = e.raw;
         record.usage = e.usage;
@@ -81,63 +100,108 @@ impl Persist {
             record,
             session_state: e.session_state,
             outcome: e.outcome,
-            messages: vec![Outgoing::Reply(out)],
+            messages: out.into_iter().map(Outgoing::Reply).collect(),
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
         };
         Ok(self.store.finish_step(finish).await?)
     }
 
     async fn ending(&self, job: &PersistJob) -> Result<Ending, StageError> {
-        let key = &job.job.key;
-        Ok(match &job.result {
-            RoundTrip::Answered(a) => {
-                let outcome = with_owed_warnings(a.outcome.clone(), &owed_warnings(job));
-                let session_state =
-                    self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
-                let step_outcome = match &outcome {
-                    Outcome::Final(_) => StepOutcome::Completed,
-                    Outcome::ClientToolContinuation(c) => StepOutcome::AwaitingToolResults {
-                        pending: serde_json::to_value(c.tool_calls())?,
-                        warnings: serde_json::to_value(owed_warnings(job))?,
-                    },
-                };
-                let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
-                    session_id: key.session_id,
-                    turn_id: key.turn_id.clone(),
-                    mode_display_name: self.mode_display_name(job),
-                    outcome,
-                });
-                Ending {
-                    reply,
-                    outcome: step_outcome,
-                    session_state,
-                    provider_id: Some(a.response_id.clone()),
-                    usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
-                    raw: Some(a.raw.clone()),
-                    errors: json!([]),
-                }
-            }
-            RoundTrip::Failed { errors, raw } => Ending {
-                reply: InvokeResult::fail(errors.clone()),
-                outcome: StepOutcome::Failed,
-                session_state: None,
-                provider_id: None,
-                usage: None,
-                raw: raw.clone(),
-                errors: serde_json::to_value(errors)?,
-            },
-            RoundTrip::Cancelled { streamed } => {
-                let errors = vec![cancelled("while it ran")];
-                Ending {
-                    reply: InvokeResult::fail(errors.clone()),
+        let failed =
+            |errors: Vec<ApiError>, raw: Option<Value>, kind| -> Result<Ending, StageError> {
+                Ok(Ending {
+                    reply: Some(InvokeResult::fail(errors.clone())),
+                    kind,
                     outcome: StepOutcome::Failed,
                     session_state: None,
                     provider_id: None,
                     usage: None,
-                    raw: Some(json!({ "cancelled": true, "streamed_text": streamed })),
+                    raw,
                     errors: serde_json::to_value(errors)?,
-                }
+                })
+            };
+        match &job.result {
+            RoundTrip::Answered(a) => self.answered(job, a).await,
+            RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
+            RoundTrip::Cancelled { streamed } => {
+                let raw = json!({ "cancelled": true, "streamed_text": streamed });
+                failed(vec![cancelled("while it ran")], Some(raw), "cancelled")
             }
+        }
+    }
+
+    /// A provider's answer: final, calls for the client, or server tools to run first.
+    async fn answered(&self, job: &PersistJob, a: &Answer) -> Result<Ending, StageError> {
+        let key = &job.job.key;
+        let owed = owed_warnings(job);
+        let outcome = with_owed_warnings(a.outcome.clone(), &owed);
+        // The chain holds every call of the answer, the server's too.
+        let session_state = self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
+        let turn = job.job.user_turn().map_err(StageError::fail)?;
+        let tools = super::conversation_context(&self.settings, turn)
+            .map(|c| c.server_tools.clone())
+            .unwrap_or_default();
+        let executed = serde_json::to_value(&job.job.executed)?;
+        let (outcome, step_outcome, kind) = match route(outcome, &tools, &job.job.executed) {
+            Routed::Final(o) => (Some(o), StepOutcome::Completed, "final"),
+            Routed::Client { outcome, server } => {
+                let Outcome::ClientToolContinuation(c) = &outcome else {
+                    return Err(StageError::unusable("a client route without calls"));
+                };
+                let waits = StepOutcome::AwaitingToolResults {
+                    pending: serde_json::to_value(c.tool_calls())?,
+                    warnings: serde_json::to_value(&owed)?,
+                    server_calls: serde_json::to_value(server)?,
+                    executed,
+                };
+                (Some(outcome), waits, "client_tool_continuation")
+            }
+            Routed::Server(server) => {
+                let server_calls = serde_json::to_value(server)?;
+                let warnings = serde_json::to_value(&owed)?;
+                (
+                    None,
+                    StepOutcome::ServerTools { server_calls, executed, warnings },
+                    "server_tool_calls",
+                )
+            }
+            Routed::TooManyRounds(max) => {
+                let error = ApiError::new(
+                    ErrorCode::ToolsServerRoundsExceeded,
+                    format!(
+                        "the model called server tools in more than {max} round trips of this turn"
+                    ),
+                );
+                let errors = vec![error];
+                return Ok(Ending {
+                    reply: Some(InvokeResult::fail(errors.clone())),
+                    kind: "error",
+                    outcome: StepOutcome::Failed,
+                    session_state: None,
+                    provider_id: Some(a.response_id.clone()),
+                    usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
+                    raw: Some(a.raw.clone()),
+                    errors: serde_json::to_value(errors)?,
+                });
+            }
+        };
+        let reply = outcome.map(|outcome| {
+            InvokeResult::ok(AgentExecuteResponse {
+                session_id: key.session_id,
+                turn_id: key.turn_id.clone(),
+                mode_display_name: self.mode_display_name(job),
+                outcome,
+            })
+        });
+        Ok(Ending {
+            reply,
+            kind,
+            outcome: step_outcome,
+            session_state,
+            provider_id: Some(a.response_id.clone()),
+            usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
+            raw: Some(a.raw.clone()),
+            errors: json!([]),
         })
     }
 
@@ -179,15 +243,4 @@ impl Persist {
 fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
     let assembled = job.assembled.iter().flat_map(|a| a.record.user_warnings.iter());
     job.warnings.iter().chain(assembled).cloned().collect()
-}
-
-fn record_kind(result: &RoundTrip) -> &'static str {
-    match result {
-        RoundTrip::Answered(a) => match a.outcome {
-            Outcome::Final(_) => "final",
-            Outcome::ClientToolContinuation(_) => "client_tool_continuation",
-        },
-        RoundTrip::Failed { .. } => "error",
-        RoundTrip::Cancelled { .. } => "cancelled",
-    }
 }

@@ -1,5 +1,6 @@
 //! Retrieve: an admitted turn in; the turn with its `[CONTEXT]` chunks out. Tool continuations
-//! pass straight through (they carry tool outputs, not a new question).
+//! pass straight through (they carry tool outputs, not a new question), after the server tools
+//! the last answer called have run here (`tools`: `search_code` needs this stage's store).
 
 use std::sync::Arc;
 
@@ -11,21 +12,29 @@ use crate::contracts::{ArtifactContents, UserTurn, UserWarning};
 use crate::messages::{AssembleJob, TurnJob};
 use crate::retrieve::{Retrieval, SearchRequest};
 use crate::stage::{Output, Stage, StageError};
+use crate::store::Store;
 
 /// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
 pub const RETRIEVAL_UNAVAILABLE: &str = "retrieval.unavailable";
 
-/// Fills the `[CONTEXT]` block from the vector store.
+mod tools;
+
+/// Fills the `[CONTEXT]` block from the vector store, and runs server tools.
 #[derive(Debug)]
 pub struct Retrieve {
     settings: Arc<Settings>,
     retrieval: Retrieval,
+    store: Store,
 }
 
 impl Retrieve {
-    /// The stage, using `deps`' settings and vector store.
+    /// The stage, using `deps`' settings, vector store and database (for produced files).
     pub fn new(deps: &Deps) -> Self {
-        Retrieve { settings: deps.settings.clone(), retrieval: deps.retrieval.clone() }
+        Retrieve {
+            settings: deps.settings.clone(),
+            retrieval: deps.retrieval.clone(),
+            store: deps.store.clone(),
+        }
     }
 }
 
@@ -47,6 +56,8 @@ impl Stage for Retrieve {
     }
 
     async fn run(&self, job: TurnJob) -> Result<Output<AssembleJob>, StageError> {
+        let job =
+            if job.server_calls.is_empty() { job } else { self.run_server_tools(job).await? };
         let turn = job.user_turn().map_err(StageError::fail)?;
         if job.continuation.is_some() {
             let warnings = job.carried_warnings.clone();

@@ -1,0 +1,228 @@
+//! Server-executed tools, run by the retrieve stage because `search_code` needs the vector
+//! store it holds: each call the turn carries runs once, and its result joins the turn's
+//! continuation next to the client's results, so the next provider call answers every call of
+//! the last answer.
+
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::Retrieve;
+use crate::config::{ConversationContext, ServerTool};
+use crate::contracts::{
+    FileRef, ScopeCondition, ScopeOperator, ToolCall, ToolContinuation, ToolOutcome, ToolResult,
+    UserTurn, ValidatedRequest,
+};
+use crate::messages::{ServerExecution, TurnJob};
+use crate::retrieve::SearchRequest;
+use crate::stage::StageError;
+
+/// `search_code`'s arguments.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    query: String,
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+}
+
+/// `write_file`'s arguments.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+    #[serde(default)]
+    mime_type: Option<String>,
+}
+
+/// What one execution produced: the tool's JSON or why it failed, and a file.
+type Produced = (Result<String, String>, Option<FileRef>);
+
+impl Retrieve {
+    /// Runs the turn's server calls; their results join its continuation.
+    pub(super) async fn run_server_tools(&self, mut job: TurnJob) -> Result<TurnJob, StageError> {
+        let turn = job.user_turn().map_err(StageError::fail)?.clone();
+        let context =
+            super::super::conversation_context(&self.settings, &turn).map_err(StageError::fail)?;
+        let calls = std::mem::take(&mut job.server_calls);
+        let mut results = Vec::with_capacity(calls.len());
+        for call in calls {
+            let started = Instant::now();
+            let (outcome, file) = match context.server_tools.runs(&call.name) {
+                Some(ServerTool::SearchCode) => self.search_code(&call, &turn, context).await?,
+                Some(ServerTool::WriteFile) => self.write_file(&call).await?,
+                None => {
+                    (Err(format!("`{}` is not a server tool of this context", call.name)), None)
+                }
+            };
+            let outcome = match outcome {
+                Ok(json) => ToolOutcome::ResultJson(json),
+                Err(message) => ToolOutcome::ErrorMessage(message),
+            };
+            let execution_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let result = ToolResult {
+                tool_call_id: call.tool_call_id.clone(),
+                name: None,
+                execution_ms,
+                outcome,
+            };
+            results.push(result.clone());
+            let result = ToolResult { name: Some(call.name.clone()), ..result };
+            job.executed.push(ServerExecution {
+                step: job.step - 1,
+                call: call.clone(),
+                result,
+                file,
+            });
+            job.pending_tool_calls.push(call);
+        }
+        let mut answered = match job.continuation.take() {
+            Some(ValidatedRequest::ToolContinuation(c)) => c.results,
+            _ => Vec::new(),
+        };
+        answered.extend(results);
+        let key = job.key.clone();
+        job.continuation =
+            Some(ValidatedRequest::ToolContinuation(ToolContinuation { key, results: answered }));
+        Ok(job)
+    }
+
+    async fn search_code(
+        &self,
+        call: &ToolCall,
+        turn: &UserTurn,
+        context: &ConversationContext,
+    ) -> Result<Produced, StageError> {
+        let args: SearchArgs = match serde_json::from_str(&call.arguments_json) {
+            Ok(a) => a,
+            Err(e) => return Ok((Err(format!("invalid arguments: {e}")), None)),
+        };
+        let agent = super::super::agent_context(&self.settings, turn).map_err(StageError::fail)?;
+        let mut scope: Vec<ScopeCondition> = turn.rag_scope().to_vec();
+        let prefix = args.path_prefix.as_deref().map(|p| p.trim().trim_matches('/'));
+        let prefix = prefix.filter(|p| !p.is_empty());
+        if let Some(p) = prefix {
+            scope.push(ScopeCondition::new("path".into(), ScopeOperator::Contains, vec![p.into()]));
+        }
+        if let Some(l) = args.language.as_deref().filter(|l| !l.trim().is_empty()) {
+            let values = vec![l.trim().to_lowercase()];
+            scope.push(ScopeCondition::new("language".into(), ScopeOperator::Eq, values));
+        }
+        let request = SearchRequest {
+            collection: &agent.collection,
+            query_text: &args.query,
+            repo: turn.repo(),
+            scope: &scope,
+            top_k: context.top_k,
+            budget_chars: context.chunk_budget_chars,
+        };
+        let found = match self.retrieval.search(request).await {
+            Ok(found) => found.chunks,
+            Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
+            Err(e) => return Ok((Err(format!("the search failed: {e}")), None)),
+        };
+        let chunks: Vec<_> = found
+            .iter()
+            .filter(|c| prefix.is_none_or(|p| c.path.trim_start_matches('/').starts_with(p)))
+            .map(|c| {
+                json!({"Id": c.id, "Path": c.path, "StartLine": c.start_line,
+                       "EndLine": c.end_line, "Language": c.language, "Text": c.text})
+            })
+            .collect();
+        Ok((Ok(json!({ "Chunks": chunks }).to_string()), None))
+    }
+
+    async fn write_file(&self, call: &ToolCall) -> Result<Produced, StageError> {
+        let args: WriteArgs = match serde_json::from_str(&call.arguments_json) {
+            Ok(a) => a,
+            Err(e) => return Ok((Err(format!("invalid arguments: {e}")), None)),
+        };
+        let files = &self.settings.files;
+        if let Err(why) = check_path(&args.path) {
+            return Ok((Err(why), None));
+        }
+        if args.content.len() > files.max_bytes {
+            let why = format!(
+                "the content is {} bytes; at most {} may be written",
+                args.content.len(),
+                files.max_bytes
+            );
+            return Ok((Err(why), None));
+        }
+        let until = chrono::Utc::now() + chrono::Duration::hours(i64::from(files.retention_hours));
+        let kept = self.store.put_file(args.content.as_bytes(), until).await?;
+        let name = args.path.rsplit('/').next().unwrap_or(&args.path).to_owned();
+        let file = FileRef {
+            name,
+            mime_type: args
+                .mime_type
+                .filter(|m| valid_mime(m))
+                .unwrap_or_else(|| mime_of(&args.path)),
+            url: format!("{}/files/{}", files.base_url.trim_end_matches('/'), kept.sha256),
+            size_bytes: kept.size_bytes,
+            content_hash: format!("sha256:{}", kept.sha256),
+            description: Some(format!("written by write_file as `{}`", args.path)),
+            content_expires: Some(
+                kept.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            ),
+        };
+        let result = json!({"Path": args.path, "Url": file.url, "SizeBytes": file.size_bytes,
+                            "ContentHash": file.content_hash, "MimeType": file.mime_type});
+        Ok((Ok(result.to_string()), Some(file)))
+    }
+}
+
+/// A workspace-relative path a file may be written as.
+fn check_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("`path` {why}"));
+    if path.trim().is_empty() || path.len() > 512 {
+        return bad("must be 1-512 characters");
+    }
+    if path.starts_with('/') || path.starts_with('\\') || path.chars().any(char::is_control) {
+        return bad("must be workspace-relative, without control characters");
+    }
+    if path.split(['/', '\\']).any(|s| s == "..") {
+        return bad("must not contain `..`");
+    }
+    Ok(())
+}
+
+fn valid_mime(m: &str) -> bool {
+    let m = m.trim();
+    m.len() <= 100 && m.contains('/') && m.chars().all(|c| c.is_ascii_graphic())
+}
+
+/// A MIME type from a file name's extension.
+fn mime_of(path: &str) -> String {
+    let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
+    match ext.as_str() {
+        "md" => "text/markdown",
+        "json" => "application/json",
+        "diff" | "patch" => "text/x-diff",
+        "html" => "text/html",
+        "csv" => "text/csv",
+        "yaml" | "yml" => "application/yaml",
+        _ => "text/plain",
+    }
+    .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_in_the_workspace() {
+        assert!(check_path("docs/plan.md").is_ok());
+        for bad in ["", "/etc/passwd", "a/../../b", "x\u{0}y", "\\\\server\\share"] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(mime_of("fix.patch"), "text/x-diff");
+        assert_eq!(mime_of("README"), "text/plain");
+        assert!(!valid_mime("text plain"));
+    }
+}

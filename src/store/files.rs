@@ -1,0 +1,50 @@
+//! Files that server tools produce, kept by the SHA-256 of their content: written once (a new
+//! write of the same content only extends its expiry), read while they have not expired.
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest as _, Sha256};
+
+use super::{Store, StoreError};
+
+/// A stored file's content address, and until when it is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptFile {
+    /// Lowercase hex SHA-256 of the content.
+    pub sha256: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// When it stops being served (the latest of every write's expiry).
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// Keeps `content` until at least `expires_at`.
+    pub async fn put_file(
+        &self,
+        content: &[u8],
+        expires_at: DateTime<Utc>,
+    ) -> Result<KeptFile, StoreError> {
+        let sha256 = hex::encode(Sha256::digest(content));
+        let size = i64::try_from(content.len()).unwrap_or(i64::MAX);
+        let expires_at: DateTime<Utc> = sqlx::query_scalar(
+            "INSERT INTO files (sha256, content, size_bytes, expires_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (sha256) DO UPDATE SET expires_at = GREATEST(files.expires_at, EXCLUDED.expires_at)
+             RETURNING expires_at",
+        )
+        .bind(&sha256)
+        .bind(content)
+        .bind(size)
+        .bind(expires_at)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(KeptFile { sha256, size_bytes: content.len() as u64, expires_at })
+    }
+
+    /// The content stored under `sha256`, unless it expired or never existed.
+    pub async fn file(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT content FROM files WHERE sha256 = $1 AND expires_at > now()")
+            .bind(sha256)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+}
