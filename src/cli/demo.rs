@@ -46,6 +46,12 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
         println!("== indexed ./src into the embedded vector store\n{summary}\n");
     }
     let shutdown = CancellationToken::new();
+    let listen = settings.telemetry.metrics_listen.clone();
+    if !listen.is_empty() {
+        // Serves the files that server tools write, where their FileRef URLs point.
+        let files = Some(crate::files::router(deps.store.clone()));
+        tokio::spawn(crate::metrics::serve(listen, None, files, shutdown.clone()));
+    }
     let (stages, d, token) = (crate::stages::names(), deps.clone(), shutdown.clone());
     let running = tokio::spawn(async move { pipeline::run(d, &stages, 1, token).await });
     let client = Client::connect(&settings).await?;
@@ -200,10 +206,13 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
                "InputArtifacts": [artifact("src/chunk.rs")]}),
         json!({"SessionId": s, "TurnId": "turn-3",
                "Instruction": "Read src/lib.rs with your tool before answering. @call(read_file, {\"path\": \"src/lib.rs\"})"}),
+        json!({"SessionId": s, "TurnId": "turn-4",
+               "Instruction": format!("Search the code for the chunker yourself, then write a note. {SERVER_TOOLS}")}),
     ];
     for request in steps {
         let reply = client.turn(session, request.clone()).await?;
         ok &= reply["Successful"] == true;
+        ok &= fetch_files(&reply["Result"]["Files"]).await;
         if reply["Result"]["Kind"] == "client_tool_continuation" {
             let results = run_tools(&reply["Result"]["ToolCalls"]);
             println!(
@@ -215,10 +224,34 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
             ok &= client.turn(session, continuation).await?["Successful"] == true;
         }
     }
-    let streamed = json!({"SessionId": s, "TurnId": "turn-4", "Stream": true,
+    let streamed = json!({"SessionId": s, "TurnId": "turn-5", "Stream": true,
         "Instruction": "Summarise this conversation in a few sentences, streaming the answer."});
     ok &= client.turn(session, streamed).await?["Successful"] == true;
     Ok(ok)
+}
+
+/// What turn-4 asks the simulator to call: both server tools, which the pipeline runs itself.
+const SERVER_TOOLS: &str = r##"@call(search_code, {"query": "split a file into chunks", "path_prefix": "index", "language": "rust"}) @call(write_file, {"path": "notes/chunking.md", "content": "# Chunking\n\nFiles are cut into line-exact chunks before indexing.\n", "mime_type": null})"##;
+
+/// Fetches each FileRef's URL as a client would, and checks the bytes against `ContentHash`.
+async fn fetch_files(files: &Value) -> bool {
+    let mut ok = true;
+    for f in files.as_array().into_iter().flatten() {
+        let url = f["Url"].as_str().unwrap_or_default();
+        let got = match reqwest::get(url).await {
+            Ok(r) if r.status().is_success() => r.bytes().await.ok(),
+            _ => None,
+        };
+        let hash = got.as_ref().map(|b| {
+            use sha2::Digest as _;
+            format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
+        });
+        let same = hash.as_deref() == f["ContentHash"].as_str();
+        let how = if same { "the bytes match ContentHash" } else { "NOT served as promised" };
+        println!("   fetched {url}: {how}\n");
+        ok &= same;
+    }
+    ok
 }
 
 fn artifact(path: &str) -> Value {
@@ -292,6 +325,24 @@ fn print_reply(turn: &str, reply: &Value, streamed: bool) {
             call["ToolCallId"].as_str().unwrap_or(""),
             call["Name"].as_str().unwrap_or(""),
             call["ArgumentsJson"].as_str().unwrap_or("")
+        );
+    }
+    for r in result["ToolResults"].as_array().into_iter().flatten() {
+        let outcome = r.get("ErrorMessage").map_or("ok", |_| "failed");
+        let size = r["ResultJson"].as_str().map_or(0, str::len);
+        println!(
+            "   the server ran {} ({outcome}, {} ms, {size} bytes of result)",
+            r["Name"].as_str().unwrap_or("?"),
+            r["ExecutionMs"]
+        );
+    }
+    for f in result["Files"].as_array().into_iter().flatten() {
+        println!(
+            "   file {} ({}, {} bytes) at {}",
+            f["Name"].as_str().unwrap_or(""),
+            f["MimeType"].as_str().unwrap_or(""),
+            f["SizeBytes"],
+            f["Url"].as_str().unwrap_or("")
         );
     }
     for w in result["UserWarnings"].as_array().into_iter().flatten() {
