@@ -53,7 +53,11 @@ fn context() -> ConversationContext {
             ),
         ],
         tool_choice: None,
-        server_tools: Default::default(),
+        // Offered on every call, so the official schema check covers their definitions.
+        server_tools: aptix::config::ServerTools {
+            enabled: aptix::config::ServerTool::ALL.to_vec(),
+            max_rounds: 4,
+        },
         temperature: Some(0.2),
         top_k: 8,
         chunk_budget_chars: 24_000,
@@ -199,7 +203,13 @@ fn check_invariants(name: &str, body: &Value) {
     assert_eq!(body["model"], "gpt-5.1", "{name}");
     assert_eq!(body["store"], true, "{name}");
     assert!(body["stream"].is_boolean(), "{name}");
-    assert_eq!(body["tools"].as_array().map(Vec::len), Some(2), "{name}: tools on every call");
+    let tools: Vec<&str> =
+        body["tools"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(
+        tools,
+        ["read_file", "run_tests", "search_code", "write_file"],
+        "{name}: tools on every call"
+    );
     assert_eq!(body["temperature"], json!(0.2), "{name}");
     assert!(body.get("instructions").is_none(), "{name}: the system prompt goes in input");
     let input = body["input"].as_array().unwrap();

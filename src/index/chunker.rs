@@ -1,9 +1,7 @@
-//! Splits a file into chunks with exact 1-based line spans, preferring syntax boundaries.
-//!
-//! Why not tree-sitter (`text-splitter` + grammars): six grammars are several large generated C
-//! parsers to compile on a 2-core builder, for a gain that a layout-aware line chunker mostly
-//! captures in the languages we index, because formatted code marks its structure with
-//! indentation and blank lines. A cut is scored by what starts after it:
+//! Splits text into chunks with exact 1-based line spans, preferring layout boundaries: the
+//! chunker for files without a grammar (`syntax` cuts the others along their syntax tree), and
+//! the fallback inside an item too long to cut otherwise. Formatted text marks its structure
+//! with indentation and blank lines, so a cut is scored by what starts after it:
 //! - 3: a top-level item (column 0, after a blank line or a closing line such as `}`, `end`),
 //!   a Markdown heading;
 //! - 2: a member-level item (indented at most one level) after a blank line;

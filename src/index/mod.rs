@@ -11,6 +11,7 @@ pub mod chunker;
 pub mod language;
 mod prepare;
 mod sample;
+pub mod syntax;
 pub mod walk;
 
 use std::collections::HashSet;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use crate::retrieve::{ChunkPoint, Retrieval, RetrieveError, VectorStore};
 pub use chunker::{chunk_text, ChunkParams, TextChunk};
 pub use sample::write_sample_repo;
+pub use syntax::chunk_file;
 pub use walk::SkipReason;
 
 /// Files chunked and encoded per blocking task.

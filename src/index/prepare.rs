@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::chunker::{chunk_text, ChunkParams};
+use super::chunker::ChunkParams;
 use super::language::language_for;
+use super::syntax::chunk_file;
 use super::walk::{self, SkipReason};
 use crate::retrieve::bm25::Bm25Encoder;
 use crate::retrieve::payload::ChunkPayload;
@@ -49,7 +50,7 @@ pub(super) fn prepare(ctx: &Context, files: &[PathBuf]) -> Prepared {
 fn add_file(ctx: &Context, abs: &Path, rel: &str, text: &str, out: &mut Prepared) {
     let language = language_for(abs);
     out.files += 1;
-    for chunk in chunk_text(text, &ctx.params) {
+    for chunk in chunk_file(abs, text, &ctx.params) {
         out.chunks += 1;
         let payload = ChunkPayload::new(
             &ctx.repo,
