@@ -58,6 +58,11 @@ struct JsonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AmqpLabel {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabel {
     model: String,
     kind: String,
@@ -77,6 +82,7 @@ pub struct Metrics {
     tokens: Family<TokenLabel, Counter>,
     cost_micro_usd: Family<CostLabel, Counter>,
     json: Family<JsonLabel, Counter>,
+    amqp: Family<AmqpLabel, Counter>,
     broker_connections: AtomicI64,
     known_models: RwLock<HashSet<String>>,
 }
@@ -126,8 +132,15 @@ impl Metrics {
             "JSON parses and serialisations of requests, stage messages, outbox rows, replies and stored state, by what",
             json.clone(),
         );
+        let amqp = Family::<AmqpLabel, Counter>::default();
+        registry.register(
+            "amqp_methods",
+            "AMQP methods this process sent, by method (basic.publish, basic.ack, queue.declare, ...)",
+            amqp.clone(),
+        );
         Metrics {
             json,
+            amqp,
             registry,
             messages,
             in_flight,
@@ -143,6 +156,16 @@ impl Metrics {
     /// Counts one JSON parse or serialisation (`op`) of `what` (docs/benchmarks.md, "Work per turn").
     pub fn json(&self, op: &'static str, what: &'static str) {
         self.json.get_or_create(&JsonLabel { op, what }).inc();
+    }
+
+    /// Counts one AMQP `method` sent (docs/benchmarks.md, "Profile of a turn").
+    pub fn amqp(&self, method: &'static str) {
+        self.amqp.get_or_create(&AmqpLabel { method }).inc();
+    }
+
+    /// How many AMQP `method`s this process sent.
+    pub fn amqp_count(&self, method: &'static str) -> u64 {
+        self.amqp.get_or_create(&AmqpLabel { method }).get()
     }
 
     /// How many `op`s of `what` this process did.

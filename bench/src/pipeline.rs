@@ -10,6 +10,7 @@ mod args;
 mod driver;
 mod env;
 pub mod fairness;
+mod profile;
 mod relay;
 mod report;
 mod runs;

@@ -149,6 +149,7 @@ impl Topology {
 
 async fn exchange(ch: &Channel, name: &str, kind: ExchangeKind) -> Result<(), lapin::Error> {
     let options = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    crate::metrics::metrics().amqp("exchange.declare");
     ch.exchange_declare(name.into(), kind, options, FieldTable::default()).await
 }
 
@@ -159,5 +160,6 @@ async fn bind_queue(
     key: &str,
 ) -> Result<(), lapin::Error> {
     let options = QueueBindOptions::default();
+    crate::metrics::metrics().amqp("queue.bind");
     ch.queue_bind(queue.into(), exchange.into(), key.into(), options, FieldTable::default()).await
 }

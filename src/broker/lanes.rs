@@ -172,6 +172,7 @@ impl Ordered {
                     // The job before this one may have gone back to the broker unfinished;
                     // handling this one now would overtake it.
                     let requeue = BasicNackOptions { requeue: true, ..Default::default() };
+                    crate::metrics::metrics().amqp("basic.nack");
                     let _ = next.acker.nack(requeue).await;
                     continue;
                 }

@@ -163,6 +163,8 @@ impl Publisher {
                 None => break,
             }
         }
+        crate::metrics::metrics().amqp("channel.open");
+        crate::metrics::metrics().amqp("confirm.select");
         let channel = self.inner.conn.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         Ok(channel)
@@ -202,6 +204,7 @@ async fn publish_on(
     channel: &Channel,
     msg: &OutMessage,
 ) -> Result<Result<(), BrokerError>, BrokerError> {
+    crate::metrics::metrics().amqp("basic.publish");
     let confirm = channel
         .basic_publish(
             msg.exchange.as_str().into(),

@@ -84,6 +84,8 @@ impl SessionQueues {
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
         let ch = publisher.scratch_channel().await?;
         let options = if t.create { durable } else { passive };
+        crate::metrics::metrics().amqp("channel.open");
+        crate::metrics::metrics().amqp("queue.declare");
         let ch =
             match ch.queue_declare(t.queue.as_str().into(), options, FieldTable::default()).await {
                 Ok(_) => ch,
@@ -99,6 +101,7 @@ impl SessionQueues {
                 }
             };
         topology.bind_reply_queue(&ch, &t.queue, &t.key).await?;
+        crate::metrics::metrics().amqp("channel.close");
         let _ = ch.close(200, "reply queue ready".into()).await;
         self.remember(&t.queue);
         Ok(true)

@@ -61,16 +61,19 @@ impl Settler<'_> {
         match result {
             Ok(Settled::Done(_)) => {
                 // An ack on a channel recovered meanwhile fails: the broker redelivers.
+                crate::metrics::metrics().amqp("basic.ack");
                 if let Err(error) = acker.ack(BasicAckOptions::default()).await {
                     debug!(stage, %error, "ack failed, message will be redelivered");
                 }
             }
             Ok(Settled::Requeue) => {
+                crate::metrics::metrics().amqp("basic.nack");
                 let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
             }
             Err(error) => {
                 warn!(stage, %error, "publish failed, message will be redelivered");
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                crate::metrics::metrics().amqp("basic.nack");
                 let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
             }
         }

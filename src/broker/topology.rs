@@ -277,6 +277,7 @@ impl Topology {
         queue: &str,
         key: &str,
     ) -> Result<(), lapin::Error> {
+        crate::metrics::metrics().amqp("queue.bind");
         ch.queue_bind(
             queue.into(),
             self.replies_exchange().into(),
@@ -293,6 +294,7 @@ pub(super) async fn durable_queue(
     name: &str,
     args: FieldTable,
 ) -> Result<(), lapin::Error> {
+    crate::metrics::metrics().amqp("queue.declare");
     ch.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
         .await
         .map(|_| ())

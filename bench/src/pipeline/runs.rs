@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::driver::{self, Driver, TurnIds, TurnSample};
 use super::env::{BenchEnv, Corpus, EnvOptions};
+use super::profile::{self, Profile};
 use super::relay::{self, HopSizes};
 use super::report::{finish, RunReport, Target};
 use super::sys::{self, CpuSnapshot, CpuUse, Wal};
@@ -130,6 +131,20 @@ fn wal_per_turn(r: &mut RunReport, key: &str, label: &str, wal: &Wal, turns: usi
     );
 }
 
+/// AMQP methods and PostgreSQL transactions per completed turn.
+fn profile_per_turn(r: &mut RunReport, key: &str, label: &str, p: &Profile) {
+    for (method, n) in &p.amqp {
+        let k = method.replace('.', "_");
+        r.add(format!("{key}amqp_{k}"), format!("{label}AMQP {method} per turn"), "methods", *n);
+    }
+    r.add(
+        format!("{key}pg_commits"),
+        format!("{label}PostgreSQL transactions per turn"),
+        "xacts",
+        p.commits,
+    );
+}
+
 /// Average stored sizes of what a turn leaves in PostgreSQL (compressed, as stored).
 async fn stored_sizes(pool: &sqlx::PgPool) -> Value {
     let q = |sql: &'static str| async move {
@@ -211,6 +226,8 @@ struct Measured {
     cpu: CpuUse,
     wal: Wal,
     depths: Vec<(String, f64)>,
+    /// AMQP methods, transactions and statements per turn.
+    profile: Profile,
 }
 
 async fn measure_closed(
@@ -229,11 +246,14 @@ async fn measure_closed(
     let stop = CancellationToken::new();
     let depths = sample_depths(env.conn.create_channel().await?, topology, stop.clone());
     let pool = env.deps.store.pool();
+    profile::enable_statements(pool).await;
+    let profile_before = Profile::take(pool).await;
     let (before, wal_before) = (CpuSnapshot::take(env.sim_tid()), Wal::take(pool).await);
     let (start, samples) =
         driver::closed_loop(&driver, &sessions, ids, secs(duration), load.ramp, timeout).await;
     let cpu = CpuSnapshot::take(env.sim_tid()).since(&before);
     let wal = Wal::take(pool).await.since(&wal_before);
+    let profile = Profile::take(pool).await.per_turn(&profile_before, samples.len());
     stop.cancel();
     let depths = depths.await.unwrap_or_default();
     if let Ok(d) = Arc::try_unwrap(driver) {
@@ -241,7 +261,7 @@ async fn measure_closed(
     }
     let (from, to) = (start + secs(warmup.min(duration * 0.5)), start + secs(duration));
     let rate = driver::throughput(&samples, from, to);
-    Ok(Measured { rate, samples, cpu, wal, depths })
+    Ok(Measured { rate, samples, cpu, wal, depths, profile })
 }
 
 /// Message sizes of one turn at every hop, from the real pipeline: the stages are started one

@@ -47,6 +47,7 @@ pub async fn ceiling(
             cpu_per_turn(&mut r, "relay_", "relay: ", &relay.cpu, relay.samples.len());
             cpu_per_turn(&mut r, "pipeline_", "pipeline: ", &pipe.cpu, pipe.samples.len());
             wal_per_turn(&mut r, "pipeline_", "pipeline: ", &pipe.wal, pipe.samples.len());
+            profile_per_turn(&mut r, "pipeline_", "pipeline: ", &pipe.profile);
             r.add("pipeline_machine_busy", "pipeline: machine CPU busy", "%", pipe.cpu.machine_busy * 100.0);
             r.failures = failed(&relay.samples) + failed(&pipe.samples);
             r.detail("hop_sizes_bytes", json!({"turn_1": calibration.first(), "turn_2": calibration.get(1), "relay_used": sizes}));
@@ -54,6 +55,7 @@ pub async fn ceiling(
             r.detail("slowest_stage", slowest(&pipe.depths).as_str());
             r.detail("stored_sizes", stored);
             r.detail("pipeline_wal", pipe.wal);
+            r.detail("pipeline_statements_per_turn", &pipe.profile.statements);
             r.detail("relay_cpu", relay.cpu);
             r.detail("pipeline_cpu", pipe.cpu);
             r.detail("turns", json!({"relay": relay.samples.len(), "pipeline": pipe.samples.len()}));
