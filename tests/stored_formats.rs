@@ -111,3 +111,40 @@ async fn a_saved_answer_in_the_old_format_is_forwarded_without_a_second_call() {
     assert!(h.dead_letters().await.is_empty());
     h.teardown().await;
 }
+
+/// A session state keeps its chunk texts in `session_texts`, by SHA-256, and reads them back in
+/// place; a state written before that (texts inline) still reads as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_texts_are_stored_once_by_reference_and_old_inline_states_still_read() {
+    let h = Harness::start(1).await;
+    let pool = h.deps.store.pool().clone();
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "what does send_invoice_email do?")).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await.len(), 1);
+    let raw: serde_json::Value =
+        sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1::uuid")
+            .bind(&s)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(raw["texts_by_ref"], true);
+    let chunks = raw["history"]["chunks"].as_array().unwrap();
+    assert!(!chunks.is_empty());
+    assert!(chunks.iter().all(|c| c.get("text").is_none() && c["text_ref"].is_string()));
+    let sid: aptix::contracts::SessionId = s.parse().unwrap();
+    let read = h.deps.store.session_state(&sid).await.unwrap();
+    assert!(read.get("texts_by_ref").is_none());
+    assert!(read["history"]["chunks"][0]["text"].as_str().unwrap().contains("send_invoice_email"));
+
+    // The same state inline, as an older version wrote it, reads the same.
+    sqlx::query("UPDATE sessions SET state = $2 WHERE id = $1::uuid")
+        .bind(&s)
+        .bind(&read)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(h.deps.store.session_state(&sid).await.unwrap(), read);
+    h.submit(&user_turn(&s, "t2", "and the tax?")).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await[0].body["Successful"], true);
+    h.teardown().await;
+}

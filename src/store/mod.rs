@@ -12,6 +12,7 @@ mod reprocess;
 mod resume;
 mod sessions;
 mod tenants;
+mod texts;
 mod turns;
 
 use std::time::Duration;

@@ -233,9 +233,10 @@ impl Store {
                 .await?;
         }
         if let Some(state) = &f.session_state {
+            let state = super::texts::pack(&mut tx, state).await?;
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
-                .bind(state)
+                .bind(&state)
                 .execute(&mut *tx)
                 .await?;
         }

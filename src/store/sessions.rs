@@ -47,13 +47,18 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// The session's assemble state (`{}` for a new session).
+    /// The session's assemble state (`{}` for a new session), its texts in place.
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
-        let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
+        let row: Option<(Value, Value)> = sqlx::query_as(super::texts::READ)
             .bind(session.as_uuid())
             .fetch_optional(&self.pool)
             .await?;
-        Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
+        let Some((state, texts)) = row else { return Ok(Value::Object(Default::default())) };
+        let texts = match texts {
+            Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        super::texts::unpack(state, &texts)
     }
 
     /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
@@ -129,7 +134,10 @@ impl Store {
                 .bind(id)
                 .fetch_optional(&self.pool)
                 .await?;
-        let Some(session) = row else { return Ok(None) };
+        let Some(mut view) = row else { return Ok(None) };
+        // The state as the pipeline reads it: its texts in place.
+        view["state"] = self.session_state(session).await?;
+        let session = view;
         let turns = sqlx::query_scalar(
             "SELECT to_jsonb(t) FROM turns t WHERE session_id = $1 ORDER BY seq",
         )

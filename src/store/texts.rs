@@ -1,0 +1,108 @@
+//! A session state's texts stored once, by content: the chunks and files a state keeps for
+//! rehydration (`history.chunks[].text`, `history.files[].text`) go to `session_texts` under the
+//! SHA-256 of the text, and the state at rest holds `text_ref` instead. Reading puts them back,
+//! so callers see the state they wrote. A state without `texts_by_ref` (written before) is read
+//! as it is.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+use sha2::{Digest as _, Sha256};
+use sqlx::PgConnection;
+
+use super::StoreError;
+
+/// Marks a state whose texts are references.
+const MARK: &str = "texts_by_ref";
+
+/// The lists of a state whose entries carry a `text`.
+const LISTS: [&str; 2] = ["chunks", "files"];
+
+/// Moves the texts of `state` out into `session_texts`; returns the state to store.
+pub(super) async fn pack(conn: &mut PgConnection, state: &Value) -> Result<Value, StoreError> {
+    let mut packed = state.clone();
+    let mut texts: HashMap<String, String> = HashMap::new();
+    for entry in entries(&mut packed) {
+        if let Some(Value::String(text)) = entry.remove("text") {
+            let sha = hex::encode(Sha256::digest(text.as_bytes()));
+            entry.insert("text_ref".into(), Value::String(sha.clone()));
+            texts.insert(sha, text);
+        }
+    }
+    if let Value::Object(map) = &mut packed {
+        map.insert(MARK.into(), Value::Bool(true));
+    }
+    if !texts.is_empty() {
+        let (keys, bodies): (Vec<String>, Vec<String>) = texts.into_iter().unzip();
+        sqlx::query(
+            "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT (sha256) DO NOTHING",
+        )
+        .bind(&keys)
+        .bind(&bodies)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(packed)
+}
+
+/// The state as written: its texts put back from `texts` (by SHA-256).
+pub(super) fn unpack(mut state: Value, texts: &Map<String, Value>) -> Result<Value, StoreError> {
+    let Some(Value::Bool(true)) = state.as_object_mut().and_then(|m| m.remove(MARK)) else {
+        return Ok(state);
+    };
+    for entry in entries(&mut state) {
+        let Some(Value::String(sha)) = entry.remove("text_ref") else { continue };
+        let Some(text) = texts.get(&sha) else {
+            let e = format!("session state references text {sha}, which is not stored");
+            return Err(StoreError::Corrupt(serde::de::Error::custom(e)));
+        };
+        entry.insert("text".into(), text.clone());
+    }
+    Ok(state)
+}
+
+/// The entries of `history.chunks` and `history.files`.
+fn entries(state: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
+    let history = state.get_mut("history").and_then(Value::as_object_mut);
+    history
+        .into_iter()
+        .flat_map(|h| h.iter_mut())
+        .filter(|(k, _)| LISTS.contains(&k.as_str()))
+        .filter_map(|(_, v)| v.as_array_mut())
+        .flat_map(|list| list.iter_mut())
+        .filter_map(Value::as_object_mut)
+}
+
+/// Reads a session's state with the texts it references, in one query.
+pub(super) const READ: &str = "SELECT s.state, COALESCE((SELECT jsonb_object_agg(t.sha256, t.body)
+     FROM session_texts t WHERE t.sha256 IN (
+         SELECT e->>'text_ref' FROM jsonb_array_elements(
+             CASE WHEN jsonb_typeof(s.state->'history'->'chunks') = 'array'
+                  THEN s.state->'history'->'chunks' ELSE '[]'::jsonb END) e
+         UNION ALL
+         SELECT e->>'text_ref' FROM jsonb_array_elements(
+             CASE WHEN jsonb_typeof(s.state->'history'->'files') = 'array'
+                  THEN s.state->'history'->'files' ELSE '[]'::jsonb END) e)),
+     '{}'::jsonb)
+     FROM sessions s WHERE s.id = $1";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unpacking_restores_what_was_packed_and_leaves_old_states_alone() {
+        let old = json!({"v": 1, "history": {"chunks": [{"id": "a", "text": "fn a() {}"}]}});
+        assert_eq!(unpack(old.clone(), &Map::new()).unwrap(), old);
+        let sha = hex::encode(Sha256::digest(b"fn a() {}"));
+        let packed = json!({"v": 1, "texts_by_ref": true,
+                            "history": {"chunks": [{"id": "a", "text_ref": sha}], "files": []}});
+        let texts: Map<String, Value> = [(sha.clone(), json!("fn a() {}"))].into_iter().collect();
+        let back = unpack(packed.clone(), &texts).unwrap();
+        assert_eq!(back["history"]["chunks"][0]["text"], "fn a() {}");
+        assert!(back.get(MARK).is_none());
+        assert!(unpack(packed, &Map::new()).is_err(), "a missing text is corrupt, not empty");
+    }
+}
