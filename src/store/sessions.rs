@@ -49,15 +49,13 @@ impl Store {
 
     /// The session's assemble state (`{}` for a new session), its texts in place.
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
-        let row: Option<(Value, Value)> = sqlx::query_as(super::texts::READ)
+        let mut conn = self.pool.acquire().await?;
+        let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
             .bind(session.as_uuid())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
-        let Some((state, texts)) = row else { return Ok(Value::Object(Default::default())) };
-        let texts = match texts {
-            Value::Object(map) => map,
-            _ => serde_json::Map::new(),
-        };
+        let Some(mut state) = state else { return Ok(Value::Object(Default::default())) };
+        let texts = super::texts::referenced(&mut conn, &mut state).await?;
         super::texts::unpack(state, &texts)
     }
 

@@ -74,18 +74,28 @@ fn entries(state: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
         .filter_map(Value::as_object_mut)
 }
 
-/// Reads a session's state with the texts it references, in one query.
-pub(super) const READ: &str = "SELECT s.state, COALESCE((SELECT jsonb_object_agg(t.sha256, t.body)
-     FROM session_texts t WHERE t.sha256 IN (
-         SELECT e->>'text_ref' FROM jsonb_array_elements(
-             CASE WHEN jsonb_typeof(s.state->'history'->'chunks') = 'array'
-                  THEN s.state->'history'->'chunks' ELSE '[]'::jsonb END) e
-         UNION ALL
-         SELECT e->>'text_ref' FROM jsonb_array_elements(
-             CASE WHEN jsonb_typeof(s.state->'history'->'files') = 'array'
-                  THEN s.state->'history'->'files' ELSE '[]'::jsonb END) e)),
-     '{}'::jsonb)
-     FROM sessions s WHERE s.id = $1";
+/// The texts `state` references, by SHA-256: one indexed lookup (nothing when the state holds
+/// its texts inline, as states written before did).
+pub(super) async fn referenced(
+    conn: &mut PgConnection,
+    state: &mut Value,
+) -> Result<Map<String, Value>, StoreError> {
+    if state.get(MARK) != Some(&Value::Bool(true)) {
+        return Ok(Map::new());
+    }
+    let refs: Vec<String> = entries(state)
+        .filter_map(|e| e.get("text_ref").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    if refs.is_empty() {
+        return Ok(Map::new());
+    }
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)")
+            .bind(&refs)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
+}
 
 #[cfg(test)]
 mod tests {
