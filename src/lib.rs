@@ -8,6 +8,12 @@
 //! (ingress partition shares), the [`stages`], [`pipeline`] (wiring), [`cli`] (the `aptix`
 //! command).
 
+/// Every binary and test allocates with mimalloc: under the ceiling load glibc's `malloc`,
+/// `free` and their consolidation took about 17 % of the pipeline process's CPU
+/// (docs/benchmarks.md, "Profile of a turn").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod assemble;
 pub mod balance;
 pub mod broker;
