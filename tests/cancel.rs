@@ -236,3 +236,41 @@ async fn cancel_requested(h: &Harness, s: &str, t: &str) -> bool {
     .unwrap();
     v == Some(true)
 }
+
+/// A cancel redelivered after its first delivery committed but did not publish (a crash in
+/// between) publishes what was committed: the turn's reply and the session's next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redelivered_cancel_publishes_what_the_first_one_committed() {
+    let mut h = Harness::start(0).await;
+    let s = new_session();
+    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
+    let admit = tokio::spawn(async move {
+        aptix::pipeline::run(deps, &[aptix::broker::StageName::new("validate")], 1, token).await
+    });
+    h.submit(&user_turn(&s, "t1", "runs")).await;
+    h.submit(&user_turn(&s, "t2", "waits, then is cancelled")).await;
+    let wait = Instant::now();
+    while turn_state(&h, &s, "t2").await.as_deref() != Some("queued") {
+        assert!(wait.elapsed() < Duration::from_secs(30), "t2 was never admitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.stop_consumers().await;
+    let _ = admit.await;
+    let key = aptix::contracts::TurnKey {
+        session_id: s.parse().unwrap(),
+        turn_id: "t2".parse().unwrap(),
+    };
+    let aptix::store::CancelAdmission::Ended { outbox } =
+        h.deps.store.cancel_turn(&key, None).await.unwrap()
+    else {
+        panic!("a queued turn ends at once")
+    };
+    assert!(!outbox.ids.is_empty());
+    // The first delivery "crashed" before publishing: the rows are still there.
+    let again = h.deps.store.cancel_turn(&key, None).await.unwrap();
+    let aptix::store::CancelAdmission::AlreadyCancelled { outbox: pending } = again else {
+        panic!("not already cancelled: {again:?}")
+    };
+    assert_eq!(pending.ids, outbox.ids, "the committed reply is published by the redelivery");
+    h.teardown().await;
+}

@@ -149,15 +149,19 @@ impl PersistJob {
     /// The same round trip ended as cancelled instead (a cancel was admitted while it ran),
     /// keeping the text the model had produced.
     pub fn into_cancelled(mut self) -> Self {
-        let streamed = match &self.result {
-            RoundTrip::Answered(a) => match &a.outcome {
-                Outcome::Final(f) => f.primary_output_text.clone(),
-                Outcome::ClientToolContinuation(_) => String::new(),
-            },
-            RoundTrip::Failed { .. } => String::new(),
-            RoundTrip::Cancelled { streamed } => streamed.clone(),
+        self.result = match self.result {
+            RoundTrip::Answered(a) => {
+                let streamed = match &a.outcome {
+                    Outcome::Final(f) => f.primary_output_text.clone(),
+                    Outcome::ClientToolContinuation(_) => String::new(),
+                };
+                RoundTrip::Cancelled { streamed, answered: Some(Box::new(a)) }
+            }
+            RoundTrip::Failed { .. } => {
+                RoundTrip::Cancelled { streamed: String::new(), answered: None }
+            }
+            cancelled @ RoundTrip::Cancelled { .. } => cancelled,
         };
-        self.result = RoundTrip::Cancelled { streamed };
         self
     }
 }
@@ -195,6 +199,10 @@ pub enum RoundTrip {
         /// The output text the model had streamed by then.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         streamed: String,
+        /// The provider's answer, when it had answered before the cancel took effect: its
+        /// tokens were spent, so they are recorded and charged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answered: Option<Box<Answer>>,
     },
 }
 

@@ -20,8 +20,12 @@ pub enum CancelAdmission {
     },
     /// The turn is in a stage: it ends as cancelled at its next stage boundary.
     Requested,
-    /// A cancel of this turn was admitted before: nothing more happens.
-    AlreadyCancelled,
+    /// A cancel of this turn was admitted before: nothing more happens, except that what that
+    /// cancel committed and did not get to publish (a crash in between) is in `outbox`.
+    AlreadyCancelled {
+        /// Unpublished messages of the turn.
+        outbox: PendingOutbox,
+    },
     /// No such turn in this session (or no such session).
     NotFound,
     /// The turn had already ended.
@@ -60,7 +64,9 @@ impl Store {
             return Ok(CancelAdmission::NotFound);
         };
         if row.cancel_requested_at.is_some() {
-            return Ok(CancelAdmission::AlreadyCancelled);
+            let outbox = super::outbox::pending_for_turn(&mut tx, session, turn).await?;
+            tx.commit().await?;
+            return Ok(CancelAdmission::AlreadyCancelled { outbox });
         }
         let outcome = match row.state {
             state if state.is_finished() => CancelAdmission::Finished { state },

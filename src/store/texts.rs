@@ -33,6 +33,10 @@ pub(super) async fn pack(conn: &mut PgConnection, state: &Value) -> Result<Value
         map.insert(MARK.into(), Value::Bool(true));
     }
     if !texts.is_empty() {
+        // In one order everywhere, so two transactions inserting the same texts cannot
+        // deadlock on the key.
+        let mut texts: Vec<(String, String)> = texts.into_iter().collect();
+        texts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let (keys, bodies): (Vec<String>, Vec<String>) = texts.into_iter().unzip();
         sqlx::query(
             "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])

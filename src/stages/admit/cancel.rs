@@ -40,7 +40,10 @@ impl Admit {
                 info!(%session, turn = turn_id, "cancel of a running turn admitted");
                 Ok(Output::publish(vec![]))
             }
-            CancelAdmission::AlreadyCancelled => Ok(Output::publish(vec![])),
+            // A redelivered cancel publishes what the first delivery committed, if it did not.
+            CancelAdmission::AlreadyCancelled { outbox } => {
+                Ok(Output::committed(outbox.ids, outbox.messages))
+            }
             CancelAdmission::NotFound => refuse(
                 "rejected-cancel",
                 at(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session")),

@@ -97,7 +97,7 @@ impl Stage for Invoke {
             Call::Cancelled(streamed) => {
                 info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), "turn cancelled; provider call not made or aborted");
                 self.record_call(&assembled.body, Err("cancelled"), None);
-                RoundTrip::Cancelled { streamed }
+                RoundTrip::Cancelled { streamed, answered: None }
             }
             Call::Done(Ok(response)) => {
                 self.record_call(&assembled.body, Ok(()), response.usage.as_ref());

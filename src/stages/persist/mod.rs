@@ -123,9 +123,15 @@ impl Persist {
         match &job.result {
             RoundTrip::Answered(a) => self.answered(job, a).await,
             RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
-            RoundTrip::Cancelled { streamed } => {
-                let raw = json!({ "cancelled": true, "streamed_text": streamed });
-                failed(vec![cancelled("while it ran")], Some(raw), "cancelled")
+            RoundTrip::Cancelled { streamed, answered } => {
+                let raw = json!({ "cancelled": true, "streamed_text": streamed,
+                                  "answer": answered.as_ref().map(|a| &a.raw) });
+                let mut e = failed(vec![cancelled("while it ran")], Some(raw), "cancelled")?;
+                if let Some(a) = answered {
+                    e.provider_id = Some(a.response_id.clone());
+                    e.usage = a.usage.as_ref().map(serde_json::to_value).transpose()?;
+                }
+                Ok(e)
             }
         }
     }

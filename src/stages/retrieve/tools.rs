@@ -155,7 +155,7 @@ impl Retrieve {
         }
         let until = chrono::Utc::now() + chrono::Duration::hours(i64::from(files.retention_hours));
         let kept = self.store.put_file(args.content.as_bytes(), until).await?;
-        let name = args.path.rsplit('/').next().unwrap_or(&args.path).to_owned();
+        let name = args.path.rsplit(['/', '\\']).next().unwrap_or(&args.path).to_owned();
         let file = FileRef {
             name,
             mime_type: args
@@ -176,24 +176,50 @@ impl Retrieve {
     }
 }
 
-/// A workspace-relative path a file may be written as.
+/// A workspace-relative path a file may be written as: its name is what a client saves it as.
 fn check_path(path: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("`path` {why}"));
     if path.trim().is_empty() || path.len() > 512 {
         return bad("must be 1-512 characters");
     }
-    if path.starts_with('/') || path.starts_with('\\') || path.chars().any(char::is_control) {
-        return bad("must be workspace-relative, without control characters");
+    if path.starts_with(['/', '\\']) || path.contains(':') {
+        return bad("must be workspace-relative (no leading separator, no drive or `:`)");
     }
-    if path.split(['/', '\\']).any(|s| s == "..") {
-        return bad("must not contain `..`");
+    if path.chars().any(|c| c.is_control() || is_format(c)) {
+        return bad("must not contain control or invisible format characters");
+    }
+    if path.split(['/', '\\']).any(|s| matches!(s.trim(), "" | "." | "..")) {
+        return bad("must not have empty, `.` or `..` segments");
     }
     Ok(())
 }
 
+/// Invisible format characters (Unicode Cf) that could disguise a name: bidi controls,
+/// zero-width characters, the BOM.
+fn is_format(c: char) -> bool {
+    matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}'
+        | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+}
+
+/// MIME types a `FileRef` may declare: plain data and text a client shows as text.
 fn valid_mime(m: &str) -> bool {
-    let m = m.trim();
-    m.len() <= 100 && m.contains('/') && m.chars().all(|c| c.is_ascii_graphic())
+    const ALLOWED: [&str; 8] = [
+        "text/plain",
+        "text/markdown",
+        "text/x-diff",
+        "text/csv",
+        "application/json",
+        "application/yaml",
+        "application/xml",
+        "application/octet-stream",
+    ];
+    ALLOWED.contains(&m.trim())
+        || m.trim().strip_prefix("text/x-").is_some_and(|l| {
+            !l.is_empty()
+                && l.len() <= 32
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 /// A MIME type from a file name's extension.
@@ -203,7 +229,6 @@ fn mime_of(path: &str) -> String {
         "md" => "text/markdown",
         "json" => "application/json",
         "diff" | "patch" => "text/x-diff",
-        "html" => "text/html",
         "csv" => "text/csv",
         "yaml" | "yml" => "application/yaml",
         _ => "text/plain",
@@ -218,11 +243,26 @@ mod tests {
     #[test]
     fn paths_stay_in_the_workspace() {
         assert!(check_path("docs/plan.md").is_ok());
-        for bad in ["", "/etc/passwd", "a/../../b", "x\u{0}y", "\\\\server\\share"] {
+        let bad = [
+            "",
+            "/etc/passwd",
+            "a/../../b",
+            "x\u{0}y",
+            "\\\\server\\share",
+            "C:\\Windows\\x.dll",
+            "C:foo",
+            "docs/",
+            "a//b",
+            "./a",
+            "evil\u{202E}txt.exe",
+        ];
+        for bad in bad {
             assert!(check_path(bad).is_err(), "{bad:?}");
         }
         assert_eq!(mime_of("fix.patch"), "text/x-diff");
         assert_eq!(mime_of("README"), "text/plain");
-        assert!(!valid_mime("text plain"));
+        assert_eq!(mime_of("page.html"), "text/plain");
+        assert!(!valid_mime("text plain") && !valid_mime("text/html"));
+        assert!(valid_mime("text/x-rust") && valid_mime("application/json"));
     }
 }
