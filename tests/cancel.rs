@@ -190,16 +190,9 @@ async fn a_turn_cancelled_between_stages_never_calls_the_provider() {
     let mut h = Harness::start(0).await;
     let s = new_session();
     // Only admission runs: the turn is admitted and waits in retrieve's queue.
-    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
-    let admit = tokio::spawn(async move {
-        aptix::pipeline::run(deps, &[aptix::broker::StageName::new("validate")], 1, token).await
-    });
+    let admit = admit_only(&h);
     h.submit(&user_turn(&s, "t1", "cancelled before it reaches the provider")).await;
-    let wait = Instant::now();
-    while turn_state(&h, &s, "t1").await.as_deref() != Some("running") {
-        assert!(wait.elapsed() < Duration::from_secs(30), "t1 was never admitted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_state(&h, &s, "t1", "running").await;
     cancel(&h, &s, "t1").await;
     let wait = Instant::now();
     while !cancel_requested(&h, &s, "t1").await {
@@ -214,6 +207,23 @@ async fn a_turn_cancelled_between_stages_never_calls_the_provider() {
     assert_eq!(code(&replies[0]), "turn.cancelled");
     assert!(h.sim.requests().is_empty(), "the provider was never called");
     h.teardown().await;
+}
+
+/// Runs only admission (until the harness's consumers stop).
+fn admit_only(h: &Harness) -> tokio::task::JoinHandle<()> {
+    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
+    tokio::spawn(async move {
+        aptix::pipeline::run(deps, &[aptix::broker::StageName::new("validate")], 1, token).await
+    })
+}
+
+/// Waits until turn `t` is in `state`.
+async fn wait_state(h: &Harness, s: &str, t: &str, state: &str) {
+    let wait = Instant::now();
+    while turn_state(h, s, t).await.as_deref() != Some(state) {
+        assert!(wait.elapsed() < Duration::from_secs(30), "{t} never became {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn turn_state(h: &Harness, s: &str, t: &str) -> Option<String> {
@@ -243,17 +253,10 @@ async fn cancel_requested(h: &Harness, s: &str, t: &str) -> bool {
 async fn a_redelivered_cancel_publishes_what_the_first_one_committed() {
     let mut h = Harness::start(0).await;
     let s = new_session();
-    let (deps, token) = (h.deps.clone(), h.shutdown.clone());
-    let admit = tokio::spawn(async move {
-        aptix::pipeline::run(deps, &[aptix::broker::StageName::new("validate")], 1, token).await
-    });
+    let admit = admit_only(&h);
     h.submit(&user_turn(&s, "t1", "runs")).await;
     h.submit(&user_turn(&s, "t2", "waits, then is cancelled")).await;
-    let wait = Instant::now();
-    while turn_state(&h, &s, "t2").await.as_deref() != Some("queued") {
-        assert!(wait.elapsed() < Duration::from_secs(30), "t2 was never admitted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_state(&h, &s, "t2", "queued").await;
     h.stop_consumers().await;
     let _ = admit.await;
     let key = aptix::contracts::TurnKey {
