@@ -79,8 +79,17 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
 
 /// Loads and validates settings, then starts logging in the configured format.
 pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::Result<Settings> {
+    load_settings_with(path, format, telemetry::DEFAULT_FILTER)
+}
+
+/// Like [`load_settings`], logging by `default_filter` when `RUST_LOG` is not set.
+pub fn load_settings_with(
+    path: Option<&Path>,
+    format: Option<LogFormat>,
+    default_filter: &str,
+) -> anyhow::Result<Settings> {
     let settings = Settings::load(path)?;
-    telemetry::init(format.unwrap_or(settings.telemetry.format));
+    telemetry::init_with(format.unwrap_or(settings.telemetry.format), default_filter);
     Ok(settings)
 }
 

@@ -109,7 +109,13 @@ pub enum Command {
     #[command(subcommand)]
     Session(SessionCommand),
     /// Run everything on this machine and play a conversation through it (the README's main job).
-    Demo,
+    /// Prints the conversation alone; the pipeline's logs show from WARN (`-v`: INFO; `RUST_LOG`
+    /// wins over both).
+    Demo {
+        /// Show the pipeline's INFO logs too.
+        #[arg(short, long)]
+        verbose: bool,
+    },
     /// Run stored turns again (optionally with another model or conversation context) into new
     /// records linked to the originals; nothing is published. Exit 0 all done, 1 some failed or
     /// left (resume with the same --run), 2 bad options.
@@ -152,7 +158,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Session(SessionCommand::Rename { session_id, name }) => {
             ops::session_rename(settings()?, &session_id, &name)
         }
-        Command::Demo => demo::run(settings()?),
+        Command::Demo { verbose } => {
+            // The narrative is the output; logs only when something is wrong, or when asked.
+            let filter =
+                if verbose { crate::telemetry::DEFAULT_FILTER } else { "warn,qdrant_edge=error" };
+            let path = cli.config.as_deref();
+            demo::run(crate::worker::load_settings_with(path, cli.log_format, filter)?)
+        }
         Command::Reprocess(args) => reprocess::run(args, settings()?),
         Command::Index(args) => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
