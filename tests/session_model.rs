@@ -11,13 +11,7 @@ use common::{new_session, user_turn, Harness};
 use serde_json::Value;
 
 fn aptix(h: &Harness, args: &[&str]) -> (i32, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
-        .args(args)
-        .env_remove("APTIX_CONFIG")
-        .envs(h.child_env())
-        .output()
-        .unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    h.aptix(args)
 }
 
 fn shown(h: &Harness, s: &str) -> Value {

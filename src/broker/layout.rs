@@ -91,6 +91,6 @@ impl Topology {
     }
 }
 
-fn is_not_found(e: &lapin::Error) -> bool {
+pub(super) fn is_not_found(e: &lapin::Error) -> bool {
     e.to_string().contains("NOT_FOUND") || e.to_string().contains("404")
 }

@@ -12,6 +12,7 @@ mod publish;
 mod replies;
 mod runtime;
 mod settle;
+mod status;
 mod topology;
 pub mod trace;
 
@@ -26,6 +27,7 @@ pub use publish::Publisher;
 pub use replies::LazyPublisher;
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
+pub use status::QueueState;
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
 
 /// How the reason given to [`Handler::exhausted`] starts when the handler's output can never be

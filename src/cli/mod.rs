@@ -7,6 +7,7 @@ mod render_context;
 mod repartition;
 mod reprocess;
 mod sim;
+mod status;
 
 pub use crate::worker::{block_on, load_settings};
 
@@ -108,6 +109,13 @@ pub enum Command {
     /// Inspect stored sessions.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// The pipeline's queues: messages ready and consumers per stage, dead letters. Exit 0 when
+    /// every stage has a consumer, 1 when one has none, 2 when RabbitMQ cannot be reached.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run everything on this machine and play a conversation through it (the README's main job).
     /// Prints the conversation alone; the pipeline's logs show from WARN (`-v`: INFO; `RUST_LOG`
     /// wins over both).
@@ -152,6 +160,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let timeout = std::time::Duration::from_secs(timeout);
             ops::submit(settings()?, &file, wait, timeout, tenant)
         }
+        Command::Status { json } => status::run(settings()?, json),
         Command::Session(SessionCommand::Show { session_id }) => {
             ops::session_show(settings()?, &session_id)
         }

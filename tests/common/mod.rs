@@ -325,6 +325,18 @@ impl Harness {
         ]
     }
 
+    /// Runs `aptix ARGS` against this pipeline to its end: its exit code and stdout.
+    #[allow(dead_code)]
+    pub fn aptix(&self, args: &[&str]) -> (i32, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+            .args(args)
+            .env_remove("APTIX_CONFIG")
+            .envs(self.child_env())
+            .output()
+            .expect("run aptix");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Starts `aptix ARGS` as a child process of this pipeline.
     pub fn spawn_child(&self, args: &[&str]) -> std::process::Child {
         std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
