@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use aptix::sim::Latency;
 use common::{new_session, reply_of, user_turn, Harness, ReplyMsg};
 use futures_util::StreamExt as _;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicAckOptions;
 use serde_json::json;
 
 /// Publishes a cancel the documented way.
@@ -32,17 +31,7 @@ struct Reader {
 
 impl Reader {
     async fn open(h: &Harness, s: &str) -> Reader {
-        let ch = h.conn.create_channel().await.unwrap();
-        let queue = format!("{}.session.{s}", h.topology.prefix());
-        let consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (ch, consumer) = h.consume_replies(s).await;
         Reader { _ch: ch, consumer }
     }
 

@@ -46,6 +46,7 @@ pub use state::{
     StoredFile,
 };
 pub use tools::{check_tool_results, ToolResultsMismatch};
+pub(crate) use user_turn::sha256_hex;
 
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;

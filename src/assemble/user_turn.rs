@@ -18,9 +18,9 @@ use super::{AssembleInput, Assembled};
 use crate::chunk::Chunk;
 use crate::contracts::UserTurn;
 
-/// SHA-256 (hex) of a text.
-pub(crate) fn sha256_hex(text: &str) -> String {
-    hex::encode(Sha256::digest(text.as_bytes()))
+/// SHA-256 (lowercase hex) of a text or of bytes.
+pub(crate) fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    hex::encode(Sha256::digest(bytes.as_ref()))
 }
 
 /// Builds the request for a user turn with its retrieved `chunks`.

@@ -45,16 +45,8 @@ impl Topology {
     ) -> Result<u64, BrokerError> {
         let mut total = 0;
         for queue in self.ingress_queues_of(partitions) {
-            // A passive declare of a missing queue closes its channel: one channel per queue.
-            let ch = publisher.scratch_channel().await?;
-            let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-            match ch.queue_declare(queue.as_str().into(), passive, FieldTable::default()).await {
-                Ok(q) => {
-                    total += u64::from(q.message_count());
-                    let _ = ch.close(200, "counted".into()).await;
-                }
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(e.into()),
+            if let Some((ready, _)) = passive_counts(publisher, &queue).await? {
+                total += u64::from(ready);
             }
         }
         Ok(total)
@@ -91,6 +83,25 @@ impl Topology {
     }
 }
 
-pub(super) fn is_not_found(e: &lapin::Error) -> bool {
+/// A queue's messages ready and consumers, read with a passive declare (which creates
+/// nothing); `None` when the queue does not exist.
+pub(super) async fn passive_counts(
+    publisher: &Publisher,
+    queue: &str,
+) -> Result<Option<(u32, u32)>, BrokerError> {
+    // A passive declare of a missing queue closes its channel: one channel per queue.
+    let ch = publisher.scratch_channel().await?;
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    match ch.queue_declare(queue.into(), passive, FieldTable::default()).await {
+        Ok(q) => {
+            let _ = ch.close(200, "counted".into()).await;
+            Ok(Some((q.message_count(), q.consumer_count())))
+        }
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
     e.to_string().contains("NOT_FOUND") || e.to_string().contains("404")
 }

@@ -1,8 +1,6 @@
 //! What the broker says about the pipeline's queues, for `aptix status`: messages ready and
 //! consumers of each, read with passive declares (which create nothing).
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use serde::Serialize;
 
 use super::{BrokerError, Publisher, Topology};
@@ -38,28 +36,9 @@ impl Topology {
         named.push((self.unrouted(), None));
         let mut out = Vec::with_capacity(named.len());
         for (queue, stage) in named {
-            // A passive declare of a missing queue closes its channel: one channel per queue.
-            let ch = publisher.scratch_channel().await?;
-            let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-            let state =
-                match ch.queue_declare(queue.as_str().into(), passive, FieldTable::default()).await
-                {
-                    Ok(q) => {
-                        let _ = ch.close(200, "read".into()).await;
-                        QueueState {
-                            queue,
-                            stage,
-                            exists: true,
-                            ready: q.message_count(),
-                            consumers: q.consumer_count(),
-                        }
-                    }
-                    Err(e) if super::layout::is_not_found(&e) => {
-                        QueueState { queue, stage, exists: false, ready: 0, consumers: 0 }
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-            out.push(state);
+            let counts = super::layout::passive_counts(publisher, &queue).await?;
+            let (ready, consumers) = counts.unwrap_or_default();
+            out.push(QueueState { queue, stage, exists: counts.is_some(), ready, consumers });
         }
         Ok(out)
     }

@@ -242,10 +242,7 @@ async fn fetch_files(files: &Value) -> bool {
             Ok(r) if r.status().is_success() => r.bytes().await.ok(),
             _ => None,
         };
-        let hash = got.as_ref().map(|b| {
-            use sha2::Digest as _;
-            format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
-        });
+        let hash = got.as_ref().map(|b| format!("sha256:{}", crate::assemble::sha256_hex(b)));
         let same = hash.as_deref() == f["ContentHash"].as_str();
         let how = if same { "the bytes match ContentHash" } else { "NOT served as promised" };
         println!("   fetched {url}: {how}\n");

@@ -2,7 +2,6 @@
 //! write of the same content only extends its expiry), read while they have not expired.
 
 use chrono::{DateTime, Utc};
-use sha2::{Digest as _, Sha256};
 
 use super::{Store, StoreError};
 
@@ -24,7 +23,7 @@ impl Store {
         content: &[u8],
         expires_at: DateTime<Utc>,
     ) -> Result<KeptFile, StoreError> {
-        let sha256 = hex::encode(Sha256::digest(content));
+        let sha256 = crate::assemble::sha256_hex(content);
         let size = i64::try_from(content.len()).unwrap_or(i64::MAX);
         let expires_at: DateTime<Utc> = sqlx::query_scalar(
             "INSERT INTO files (sha256, content, size_bytes, expires_at) VALUES ($1, $2, $3, $4)

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
-use sha2::{Digest as _, Sha256};
 use sqlx::PgConnection;
 
 use super::StoreError;
@@ -24,7 +23,7 @@ pub(super) async fn pack(conn: &mut PgConnection, state: &Value) -> Result<Value
     let mut texts: HashMap<String, String> = HashMap::new();
     for entry in entries(&mut packed) {
         if let Some(Value::String(text)) = entry.remove("text") {
-            let sha = hex::encode(Sha256::digest(text.as_bytes()));
+            let sha = crate::assemble::sha256_hex(&text);
             entry.insert("text_ref".into(), Value::String(sha.clone()));
             texts.insert(sha, text);
         }
@@ -110,7 +109,7 @@ mod tests {
     fn unpacking_restores_what_was_packed_and_leaves_old_states_alone() {
         let old = json!({"v": 1, "history": {"chunks": [{"id": "a", "text": "fn a() {}"}]}});
         assert_eq!(unpack(old.clone(), &Map::new()).unwrap(), old);
-        let sha = hex::encode(Sha256::digest(b"fn a() {}"));
+        let sha = crate::assemble::sha256_hex("fn a() {}");
         let packed = json!({"v": 1, "texts_by_ref": true,
                             "history": {"chunks": [{"id": "a", "text_ref": sha}], "files": []}});
         let texts: Map<String, Value> = [(sha.clone(), json!("fn a() {}"))].into_iter().collect();

@@ -166,11 +166,11 @@ impl Harness {
         self.publish_raw(serde_json::to_vec(request).unwrap()).await;
     }
 
-    /// Reads the session's reply queue until `finals` final replies arrived (or the timeout).
-    pub async fn replies(&self, session: &str, finals: usize, timeout: Duration) -> Vec<ReplyMsg> {
+    /// A consumer of the session's reply queue (manual acks), on a channel of its own.
+    pub async fn consume_replies(&self, session: &str) -> (lapin::Channel, lapin::Consumer) {
         let ch = self.conn.create_channel().await.unwrap();
         let queue = format!("{}.session.{session}", self.topology.prefix());
-        let mut consumer = ch
+        let consumer = ch
             .basic_consume(
                 queue.as_str().into(),
                 "".into(),
@@ -179,6 +179,12 @@ impl Harness {
             )
             .await
             .unwrap();
+        (ch, consumer)
+    }
+
+    /// Reads the session's reply queue until `finals` final replies arrived (or the timeout).
+    pub async fn replies(&self, session: &str, finals: usize, timeout: Duration) -> Vec<ReplyMsg> {
+        let (ch, mut consumer) = self.consume_replies(session).await;
         let mut out = Vec::new();
         let deadline = tokio::time::Instant::now() + timeout;
         while out.iter().filter(|r: &&ReplyMsg| r.is_final).count() < finals {

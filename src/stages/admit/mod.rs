@@ -53,10 +53,7 @@ impl Stage for Admit {
         // Nobody to answer: no reply queue of an unknown publisher may be written to.
         let found = scope::caller_of(&self.settings, s.user_id.as_deref())
             .map_err(|why| StageError::Refused(format!("request.tenant_unknown: {why}")))?;
-        let caller = Caller {
-            name: found.as_ref().map(|(n, _)| n),
-            tenant: found.as_ref().map(|(_, t)| *t),
-        };
+        let caller = Caller::of(&found);
         let prefix = &self.settings.amqp.prefix;
         let to = match scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body) {
             Ok(instance) => scope::address(caller, instance),
@@ -102,10 +99,7 @@ impl Stage for Admit {
         let Ok(found) = scope::caller_of(&self.settings, s.user_id.as_deref()) else {
             return Ok(Output::publish(vec![]));
         };
-        let caller = Caller {
-            name: found.as_ref().map(|(n, _)| n),
-            tenant: found.as_ref().map(|(_, t)| *t),
-        };
+        let caller = Caller::of(&found);
         let prefix = &self.settings.amqp.prefix;
         let instance = scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body);
         let reply = ReplyOut::refusal(session, turn.as_deref(), tag, vec![error]);

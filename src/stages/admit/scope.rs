@@ -18,6 +18,13 @@ pub(super) struct Caller<'a> {
     pub tenant: Option<&'a Tenant>,
 }
 
+impl<'a> Caller<'a> {
+    /// The caller that [`caller_of`] found.
+    pub fn of(found: &'a Option<(TenantName, &'a Tenant)>) -> Self {
+        Caller { name: found.as_ref().map(|(n, _)| n), tenant: found.as_ref().map(|(_, t)| *t) }
+    }
+}
+
 /// The tenant of a publishing user; `Err` with the reason when tenants are configured and the
 /// user is none of theirs (there is then no reply queue the server may answer on).
 pub(super) fn caller_of<'a>(

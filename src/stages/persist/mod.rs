@@ -107,19 +107,6 @@ impl Persist {
     }
 
     async fn ending(&self, job: &PersistJob) -> Result<Ending, StageError> {
-        let failed =
-            |errors: Vec<ApiError>, raw: Option<Value>, kind| -> Result<Ending, StageError> {
-                Ok(Ending {
-                    reply: Some(InvokeResult::fail(errors.clone())),
-                    kind,
-                    outcome: StepOutcome::Failed,
-                    session_state: None,
-                    provider_id: None,
-                    usage: None,
-                    raw,
-                    errors: serde_json::to_value(errors)?,
-                })
-            };
         match &job.result {
             RoundTrip::Answered(a) => self.answered(job, a).await,
             RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
@@ -178,17 +165,10 @@ impl Persist {
                         "the model called server tools in more than {max} round trips of this turn"
                     ),
                 );
-                let errors = vec![error];
-                return Ok(Ending {
-                    reply: Some(InvokeResult::fail(errors.clone())),
-                    kind: "error",
-                    outcome: StepOutcome::Failed,
-                    session_state: None,
-                    provider_id: Some(a.response_id.clone()),
-                    usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
-                    raw: Some(a.raw.clone()),
-                    errors: serde_json::to_value(errors)?,
-                });
+                let mut e = failed(vec![error], Some(a.raw.clone()), "error")?;
+                e.provider_id = Some(a.response_id.clone());
+                e.usage = a.usage.as_ref().map(serde_json::to_value).transpose()?;
+                return Ok(e);
             }
         };
         let reply = outcome.map(|outcome| {
@@ -242,6 +222,25 @@ impl Persist {
             .and_then(|t| super::conversation_context(&self.settings, t).ok())
             .map_or_else(String::new, |c| c.mode_display_name.clone())
     }
+}
+
+/// The ending of a round trip that fails with `errors` (the provider's id and usage, when it
+/// answered, are the caller's to add).
+fn failed(
+    errors: Vec<ApiError>,
+    raw: Option<Value>,
+    kind: &'static str,
+) -> Result<Ending, StageError> {
+    Ok(Ending {
+        reply: Some(InvokeResult::fail(errors.clone())),
+        kind,
+        outcome: StepOutcome::Failed,
+        session_state: None,
+        provider_id: None,
+        usage: None,
+        raw,
+        errors: serde_json::to_value(errors)?,
+    })
 }
 
 /// Warnings of this round trip and the turn's earlier ones (AGN-033: warnings are final-only,
