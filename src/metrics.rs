@@ -63,6 +63,16 @@ struct AmqpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DependencyLabel {
+    dependency: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabel {
     model: String,
     kind: String,
@@ -79,10 +89,13 @@ pub struct Metrics {
     in_flight: Family<StageLabel, Gauge>,
     duration: Family<StageLabel, Histogram>,
     llm_calls: Family<ModelLabel, Counter>,
+    llm_duration: Family<ModelLabel, Histogram>,
+    llm_http: Family<StatusLabel, Counter>,
     tokens: Family<TokenLabel, Counter>,
     cost_micro_usd: Family<CostLabel, Counter>,
     json: Family<JsonLabel, Counter>,
     amqp: Family<AmqpLabel, Counter>,
+    dependency_up: Family<DependencyLabel, Gauge>,
     broker_connections: AtomicI64,
     known_models: RwLock<HashSet<String>>,
 }
@@ -114,6 +127,20 @@ impl Metrics {
             "Responses API calls by model and outcome",
             llm_calls.clone(),
         );
+        let llm_duration = Family::<ModelLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.05, 2.0, 14))
+        });
+        registry.register(
+            "llm_call_duration_seconds",
+            "Time from the first request to the provider to the end of its answer, retries included",
+            llm_duration.clone(),
+        );
+        let llm_http = Family::<StatusLabel, Counter>::default();
+        registry.register(
+            "llm_http_responses",
+            "HTTP answers from the provider by status code, every retry counted",
+            llm_http.clone(),
+        );
         let tokens = Family::<TokenLabel, Counter>::default();
         registry.register(
             "llm_tokens",
@@ -138,7 +165,16 @@ impl Metrics {
             "AMQP methods this process sent, by method (basic.publish, basic.ack, queue.declare, ...)",
             amqp.clone(),
         );
+        let dependency_up = Family::<DependencyLabel, Gauge>::default();
+        registry.register(
+            "dependency_up",
+            "Whether the broker and the database answer this process (1) or not (0), checked at each scrape",
+            dependency_up.clone(),
+        );
         Metrics {
+            llm_duration,
+            llm_http,
+            dependency_up,
             json,
             amqp,
             registry,
@@ -202,19 +238,28 @@ impl Metrics {
         if known { model } else { OTHER_MODEL }.to_owned()
     }
 
-    /// Counts an LLM call and its tokens and cost; an unconfigured model counts as `other`.
+    /// Counts one HTTP answer of the provider (a 429 among them, though a retry follows).
+    pub fn llm_http_response(&self, status: u16) {
+        self.llm_http.get_or_create(&StatusLabel { status }).inc();
+    }
+
+    /// Counts an LLM call that took `took` (none: never made) and its tokens and cost; an
+    /// unconfigured model counts as `other`.
     pub fn llm_call(
         &self,
         model: &str,
         outcome: &str,
+        took: Option<std::time::Duration>,
         usage: Option<&Usage>,
         prices: &[ModelPrice],
     ) {
         let label = self.model_label(model);
         let model = label.as_str();
-        self.llm_calls
-            .get_or_create(&ModelLabel { model: model.to_owned(), outcome: outcome.to_owned() })
-            .inc();
+        let key = ModelLabel { model: model.to_owned(), outcome: outcome.to_owned() };
+        if let Some(took) = took {
+            self.llm_duration.get_or_create(&key).observe(took.as_secs_f64());
+        }
+        self.llm_calls.get_or_create(&key).inc();
         let Some(u) = usage else { return };
         let uncached = u.input_tokens.saturating_sub(u.cached_input_tokens);
         for (kind, n) in [
@@ -228,19 +273,20 @@ impl Metrics {
                 .inc_by(n);
         }
         if let Some(p) = prices.iter().find(|p| p.model == model) {
-            let usd = uncached as f64 * p.input_usd_per_mtok
-                + u.cached_input_tokens as f64 * p.cached_input_usd_per_mtok
-                + u.output_tokens as f64 * p.output_usd_per_mtok;
-            // usd is per million tokens, so the product is already in micro-USD.
+            let micro_usd = p.cost_usd(u) * 1e6;
             self.cost_micro_usd
                 .get_or_create(&CostLabel { model: model.to_owned() })
-                .inc_by(usd.round() as u64);
+                .inc_by(micro_usd.round() as u64);
         }
     }
 
     /// A consumer connected (+1) or lost its connection (-1).
     pub fn broker_connection(&self, delta: i64) {
         self.broker_connections.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    fn set_up(&self, dependency: &'static str, up: bool) {
+        self.dependency_up.get_or_create(&DependencyLabel { dependency }).set(i64::from(up));
     }
 
     /// The registry in Prometheus text format.
@@ -300,7 +346,7 @@ pub async fn serve(
     };
     info!(addr = %listener.local_addr().map_or(addr, |a| a), "serving metrics and health");
     let app = axum::Router::new()
-        .route("/metrics", get(|| async { metrics().encode() }))
+        .route("/metrics", get(scrape))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(Arc::new(HealthState { database }))
@@ -310,12 +356,28 @@ pub async fn serve(
         .await;
 }
 
-async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
+/// Whether the broker and the database answer now, also kept as `aptix_dependency_up` so an
+/// alert sees what `/readyz` sees.
+async fn probe(state: &HealthState) -> (bool, bool) {
     let broker = metrics().broker_connections.load(Ordering::Relaxed) > 0;
     let database = match &state.database {
         Some(db) => db.ready().await,
         None => true,
     };
+    metrics().set_up("broker", broker);
+    if state.database.is_some() {
+        metrics().set_up("database", database);
+    }
+    (broker, database)
+}
+
+async fn scrape(State(state): State<Arc<HealthState>>) -> String {
+    probe(&state).await;
+    metrics().encode()
+}
+
+async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
+    let (broker, database) = probe(&state).await;
     let status = if broker && database { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, format!("broker: {}\ndatabase: {}\n", up(broker), up(database)))
 }

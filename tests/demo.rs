@@ -21,6 +21,9 @@ fn the_demo_prints_its_narrative_alone_and_no_colour_when_piped() {
         "{stdout}"
     );
     assert!(stdout.contains("the server ran search_code"), "the demo shows a server tool");
+    let session = stdout.lines().find_map(|l| l.strip_prefix("== session ")).unwrap_or("?");
+    let url = format!("http://127.0.0.1:8090/sessions/{}", session.trim());
+    assert!(stdout.contains(&url), "the demo ends pointing at the console: {url}");
     assert!(!stderr.contains("INFO"), "INFO logs in the demo's output:\n{stderr}");
     for text in [&stdout, &stderr] {
         assert!(!text.contains('\u{1b}'), "colour codes when piped:\n{text}");

@@ -46,8 +46,14 @@ async fn metrics_and_health_follow_the_pipeline() {
     let forged = "forged-model\"} 1\naptix_injected_total{x=\"y";
     let usage = aptix::contracts::Usage { input_tokens: 7, output_tokens: 3, ..Default::default() };
     let prices = h.settings.telemetry.prices.clone();
-    aptix::metrics::metrics().llm_call(forged, "ok", Some(&usage), &prices);
-    aptix::metrics::metrics().llm_call("gpt-unconfigured", "llm.rejected", None, &prices);
+    aptix::metrics::metrics().llm_call(
+        forged,
+        "ok",
+        Some(Duration::from_millis(40)),
+        Some(&usage),
+        &prices,
+    );
+    aptix::metrics::metrics().llm_call("gpt-unconfigured", "llm.rejected", None, None, &prices);
     let text = get("/metrics").await.unwrap().text().await.unwrap();
     assert!(!text.contains("forged-model") && !text.contains("injected"), "{text}");
     assert!(!text.contains("gpt-unconfigured"), "{text}");
@@ -56,6 +62,11 @@ async fn metrics_and_health_follow_the_pipeline() {
         r#"aptix_llm_calls_total{model="other",outcome="llm.rejected"}"#,
         r#"aptix_llm_tokens_total{model="other",kind="input"}"#,
         r#"aptix_llm_calls_total{model="gpt-5.1",outcome="ok"}"#,
+        r#"aptix_llm_call_duration_seconds_bucket{le="0.05",model="other",outcome="ok"} 1"#,
+        r#"aptix_llm_call_duration_seconds_count{model="gpt-5.1",outcome="ok"}"#,
+        r#"aptix_llm_http_responses_total{status="200"}"#,
+        r#"aptix_dependency_up{dependency="broker"} 1"#,
+        r#"aptix_dependency_up{dependency="database"} 1"#,
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
@@ -73,6 +84,9 @@ async fn metrics_and_health_follow_the_pipeline() {
     let ready = client.get(format!("http://127.0.0.1:{port2}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
     assert!(ready.text().await.unwrap().contains("broker: down"));
+    let scraped = client.get(format!("http://127.0.0.1:{port2}/metrics")).send().await.unwrap();
+    let text = scraped.text().await.unwrap();
+    assert!(text.contains(r#"aptix_dependency_up{dependency="broker"} 0"#), "{text}");
     shutdown.cancel();
     h.teardown().await;
 }

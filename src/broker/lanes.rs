@@ -5,7 +5,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lapin::options::BasicNackOptions;
 use lapin::Acker;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -170,10 +169,9 @@ impl Ordered {
                 };
                 if worker.shutdown.is_cancelled() {
                     // The job before this one may have gone back to the broker unfinished;
-                    // handling this one now would overtake it.
-                    let requeue = BasicNackOptions { requeue: true, ..Default::default() };
-                    crate::metrics::metrics().amqp("basic.nack");
-                    let _ = next.acker.nack(requeue).await;
+                    // handling this one now would overtake it. Left unacked, it returns with the
+                    // channel's close in delivery order, which a nack now would not keep.
+                    drop(next);
                     continue;
                 }
                 worker.settle(next).await;

@@ -3,6 +3,7 @@
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
 pub mod client;
+mod dead;
 mod declare;
 mod lanes;
 mod layout;
@@ -20,6 +21,7 @@ use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
 
+pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
 pub use message::{HeaderValue, OutMessage};
 pub use partitioned::run_partitioned;

@@ -143,11 +143,13 @@ async fn consume(
         connection.cancel();
     }
     crate::metrics::metrics().broker_connection(-1);
-    let _ = tokio::time::timeout(
-        SETUP_TIMEOUT,
-        channel.basic_cancel(tag.as_str().into(), Default::default()),
-    )
-    .await;
+    // The ingress queue has a single active consumer: cancelling would activate the standby
+    // while this one still holds earlier requests. Its channel is only closed once they are
+    // settled, which returns the rest in order (see `partitioned`).
+    if !settings.topology.is_ingress(stage) {
+        let cancel = channel.basic_cancel(tag.as_str().into(), Default::default());
+        let _ = tokio::time::timeout(SETUP_TIMEOUT, cancel).await;
+    }
     tracker.close();
     tracker.wait().await;
     // Closing waits for the broker's answer; a dead broker must not hold up the exit.

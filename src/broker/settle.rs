@@ -35,8 +35,11 @@ enum Settled {
     /// Published and confirmed (or nothing to publish): ack. The outcome names what was
     /// published: `forwarded`, `retried`, `requeued` (a counted copy), `dead_lettered`.
     Done(&'static str),
-    /// Back to the broker unacked, at its place in the queue (shutdown during an in-place wait).
-    Requeue,
+    /// Left unacked (shutdown during an in-place wait): the broker returns it when the channel
+    /// closes, together with every later message of the channel and in delivery order. A nack
+    /// would return it alone, behind messages delivered before its redelivery, and a quorum
+    /// queue hands returned messages out in that order.
+    Released,
 }
 
 impl Settler<'_> {
@@ -53,7 +56,7 @@ impl Settler<'_> {
         };
         let outcome = match &result {
             Ok(Settled::Done(outcome)) => outcome,
-            Ok(Settled::Requeue) => "returned",
+            Ok(Settled::Released) => "returned",
             Err(_) => "publish_failed",
         };
         crate::metrics::metrics().message(stage, outcome);
@@ -66,10 +69,7 @@ impl Settler<'_> {
                     debug!(stage, %error, "ack failed, message will be redelivered");
                 }
             }
-            Ok(Settled::Requeue) => {
-                crate::metrics::metrics().amqp("basic.nack");
-                let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
-            }
+            Ok(Settled::Released) => {}
             Err(error) => {
                 warn!(stage, %error, "publish failed, message will be redelivered");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -104,6 +104,19 @@ impl Settler<'_> {
                             self.give_up(d, format!("{}: {error}", super::UNDELIVERABLE)).await?;
                             return Ok(Settled::Done("dead_lettered"));
                         }
+                        // A nack would let the key's next message overtake this one.
+                        Err(error) if ordered => {
+                            let reason = format!("publish failed: {error}");
+                            match self.wait_in_place(&mut d, reason).await? {
+                                Some(end) => return Ok(end),
+                                // Part of its output may have gone: the next run must treat
+                                // it as the redelivery it stands for.
+                                None => {
+                                    d.redelivered = true;
+                                    continue;
+                                }
+                            }
+                        }
                         other => other?,
                     }
                     self.handler.published(outbox_ids).await;
@@ -137,7 +150,7 @@ impl Settler<'_> {
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying in place");
         d.attempt = next;
         tokio::select! {
-            _ = self.shutdown.cancelled() => Ok(Some(Settled::Requeue)),
+            _ = self.shutdown.cancelled() => Ok(Some(Settled::Released)),
             _ = tokio::time::sleep(Duration::from_millis(tier)) => Ok(None),
         }
     }
@@ -158,7 +171,7 @@ impl Settler<'_> {
                 Err(reason) => {
                     warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");
                     tokio::select! {
-                        _ = self.shutdown.cancelled() => return Ok(Settled::Requeue),
+                        _ = self.shutdown.cancelled() => return Ok(Settled::Released),
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                 }
@@ -252,6 +265,10 @@ impl Settler<'_> {
         // The copy is the worker's publish: keep who published the original (its tenant).
         if let Some(user) = &d.user_id {
             msg = msg.header("x-aptix-user-id", user.as_str());
+        }
+        // A replay must send it as what it was (a cancel is told from a request by its type).
+        if let Some(kind) = d.kind.as_deref().filter(|k| !k.is_empty()) {
+            msg = msg.header("x-aptix-original-type", kind);
         }
         msg.header("x-aptix-reason", reason)
             .header("x-aptix-stage", self.stage.as_str())

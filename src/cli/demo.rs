@@ -71,6 +71,10 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
         "\nInspect it again with: aptix session show {session}  (database {})",
         settings.database.url
     );
+    println!(
+        "Or look at it in the console:\n  APTIX__DATABASE__URL='{}' APTIX__AMQP__PREFIX={} aptix console\n  then open http://{}/sessions/{session}",
+        settings.database.url, settings.amqp.prefix, settings.console.listen
+    );
     Ok(if ok? { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

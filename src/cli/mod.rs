@@ -1,6 +1,7 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
 mod check_request;
+mod dead;
 mod demo;
 mod ops;
 mod render_context;
@@ -109,6 +110,17 @@ pub enum Command {
     /// Inspect stored sessions.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Dead letters: list, show, replay or discard them while the pipeline runs. Exit 0 done,
+    /// 1 no such dead letter or refused, 2 RabbitMQ or PostgreSQL cannot be reached.
+    #[command(subcommand)]
+    Dead(dead::DeadCommand),
+    /// Serve the web console until Ctrl-C or SIGTERM: sessions, turns, queues, dead letters.
+    /// Read-only unless `console.admin_token` is set (APTIX__CONSOLE__ADMIN_TOKEN).
+    Console {
+        /// Where to listen (overrides console.listen).
+        #[arg(long)]
+        listen: Option<String>,
+    },
     /// The pipeline's queues: messages ready and consumers per stage, dead letters. Exit 0 when
     /// every stage has a consumer, 1 when one has none, 2 when RabbitMQ cannot be reached.
     Status {
@@ -161,6 +173,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ops::submit(settings()?, &file, wait, timeout, tenant)
         }
         Command::Status { json } => status::run(settings()?, json),
+        Command::Dead(command) => dead::run(settings()?, command),
+        Command::Console { listen } => {
+            let mut settings = settings()?;
+            if let Some(listen) = listen {
+                settings.console.listen = listen;
+            }
+            console(settings)
+        }
         Command::Session(SessionCommand::Show { session_id }) => {
             ops::session_show(settings()?, &session_id)
         }
@@ -213,4 +233,15 @@ pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
     } else {
         std::fs::read(path)
     }
+}
+
+fn console(settings: crate::config::Settings) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&settings.console.listen).await?;
+        println!("console at http://{}/", listener.local_addr()?);
+        let console = crate::console::Console::connect(settings).await?;
+        let shutdown = crate::pipeline::shutdown_on_signals();
+        crate::console::serve(console, listener, shutdown).await?;
+        Ok(ExitCode::SUCCESS)
+    })
 }

@@ -13,12 +13,9 @@ use crate::worker::block_on;
 pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let topology = pipeline::topology(&settings);
-        let publisher = match Publisher::connect(settings.amqp.url.expose()).await {
+        let publisher = match broker(&settings).await {
             Ok(p) => p,
-            Err(e) => {
-                eprintln!("RabbitMQ at {} cannot be reached: {e}", settings.amqp.url);
-                return Ok(ExitCode::from(2));
-            }
+            Err(code) => return Ok(code),
         };
         let states = topology.queue_states(&publisher).await?;
         let idle: Vec<&QueueState> =
@@ -33,6 +30,15 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
             }
         }
         Ok(if idle.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    })
+}
+
+/// A connection to the broker, or exit code 2 with the reason on stderr (the operator
+/// commands' shared answer to an unreachable RabbitMQ).
+pub(super) async fn broker(settings: &Settings) -> Result<Publisher, ExitCode> {
+    Publisher::connect(settings.amqp.url.expose()).await.map_err(|e| {
+        eprintln!("RabbitMQ at {} cannot be reached: {e}", settings.amqp.url);
+        ExitCode::from(2)
     })
 }
 

@@ -87,6 +87,25 @@ pub struct Settings {
     /// Files produced by server tools.
     #[serde(default)]
     pub files: FileSettings,
+    /// The web console (`aptix console`).
+    #[serde(default)]
+    pub console: ConsoleSettings,
+}
+
+/// The web console's settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleSettings {
+    /// Where it listens (loopback by default: put it behind your own access control).
+    pub listen: String,
+    /// Replay and discard need it (typed into each action's form); none: read-only.
+    pub admin_token: Option<Secret>,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        ConsoleSettings { listen: "127.0.0.1:8090".to_owned(), admin_token: None }
+    }
 }
 
 /// RabbitMQ settings.
@@ -260,6 +279,17 @@ pub struct ModelPrice {
     pub cached_input_usd_per_mtok: f64,
     /// USD per million output tokens (reasoning included).
     pub output_usd_per_mtok: f64,
+}
+
+impl ModelPrice {
+    /// The estimated cost of `u` in USD.
+    pub fn cost_usd(&self, u: &crate::contracts::Usage) -> f64 {
+        let uncached = u.input_tokens.saturating_sub(u.cached_input_tokens);
+        (uncached as f64 * self.input_usd_per_mtok
+            + u.cached_input_tokens as f64 * self.cached_input_usd_per_mtok
+            + u.output_tokens as f64 * self.output_usd_per_mtok)
+            / 1e6
+    }
 }
 
 /// Log output settings.

@@ -127,6 +127,7 @@ impl HttpLlmClient {
         let request_id =
             resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
         let status = resp.status();
+        crate::metrics::metrics().llm_http_response(status.as_u16());
         if !status.is_success() {
             let headers = resp.headers().clone();
             let body = read_error_body(resp, deadline).await;

@@ -1,7 +1,9 @@
 //! PostgreSQL: sessions, the turn state machine, immutable response records, provider results
 //! and the transactional outbox. One small client, created with its timeouts, used by stages.
 
+mod actions;
 mod admit;
+mod browse;
 mod cancel;
 mod fail;
 mod files;
@@ -20,7 +22,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
+pub use actions::OperatorAction;
 pub use admit::{Admission, SessionMeta};
+pub use browse::{SessionSearch, SessionSummary};
 pub use cancel::{cancelled, CancelAdmission};
 pub use fail::StoredReply;
 pub use files::KeptFile;

@@ -76,6 +76,7 @@ impl Stage for Invoke {
             Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::Transient)?;
         let stream = turn.stream();
         let mut assembled = job.assembled;
+        let started = std::time::Instant::now();
         let mut result = if state.cancelled {
             Call::Cancelled(String::new())
         } else {
@@ -96,15 +97,17 @@ impl Stage for Invoke {
         let round_trip = match result {
             Call::Cancelled(streamed) => {
                 info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), "turn cancelled; provider call not made or aborted");
-                self.record_call(&assembled.body, Err("cancelled"), None);
+                self.record_call(&assembled.body, Err("cancelled"), None, None);
                 RoundTrip::Cancelled { streamed, answered: None }
             }
             Call::Done(Ok(response)) => {
-                self.record_call(&assembled.body, Ok(()), response.usage.as_ref());
+                let took = Some(started.elapsed());
+                self.record_call(&assembled.body, Ok(()), took, response.usage.as_ref());
                 RoundTrip::Answered(Answer::from(response))
             }
             Call::Done(Err(e)) => {
-                self.record_call(&assembled.body, Err(e.code().as_str()), None);
+                let took = Some(started.elapsed());
+                self.record_call(&assembled.body, Err(e.code().as_str()), took, None);
                 if e.is_transient() {
                     return Err(StageError::Transient(e.to_string()));
                 }
@@ -130,11 +133,13 @@ impl Invoke {
         &self,
         body: &serde_json::Value,
         outcome: Result<(), &str>,
+        took: Option<std::time::Duration>,
         usage: Option<&crate::contracts::Usage>,
     ) {
         let model = body.get("model").and_then(serde_json::Value::as_str).unwrap_or("unknown");
         let outcome = outcome.err().unwrap_or("ok");
-        crate::metrics::metrics().llm_call(model, outcome, usage, &self.settings.telemetry.prices);
+        let prices = &self.settings.telemetry.prices;
+        crate::metrics::metrics().llm_call(model, outcome, took, usage, prices);
     }
 
     /// Calls the provider, forwarding deltas of a streamed call in order while it runs, until

@@ -1,0 +1,61 @@
+// Drives `aptix console` in headless Chromium, as an operator would: opens the sessions page,
+// the session and one of its turns, the queues page, then replays one dead letter by typing the
+// admin token into its form and pressing "replay". Prints one JSON line of what it saw.
+//
+//   node replay.mjs BASE_URL SESSION_ID TURN_ID DEAD_ID TOKEN [SCREENSHOT_DIR]
+//
+// The browser is the OS package's (APTIX_CHROMIUM, else /usr/bin/chromium).
+import puppeteer from 'puppeteer-core';
+
+const [base, session, turn, deadId, token, shots] = process.argv.slice(2);
+if (!token) {
+  console.error('usage: node replay.mjs BASE_URL SESSION_ID TURN_ID DEAD_ID TOKEN [SCREENSHOT_DIR]');
+  process.exit(2);
+}
+
+const browser = await puppeteer.launch({
+  executablePath: process.env.APTIX_CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  // Root in a container has no user namespace for Chromium's sandbox.
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+});
+const seen = {};
+try {
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1280, height: 900 });
+  const visit = async (name, path) => {
+    const response = await page.goto(base + path, { waitUntil: 'load' });
+    seen[name] = { status: response.status(), title: await page.title() };
+    if (shots) await page.screenshot({ path: `${shots}/${name}.png`, fullPage: false });
+  };
+
+  await visit('sessions', `/sessions?q=${encodeURIComponent(session)}`);
+  seen.sessions.listed = await page.$(`a[href="/sessions/${session}"]`) !== null;
+  await page.click(`a[href="/sessions/${session}"]`);
+  await page.waitForSelector('h1');
+  seen.session = { title: await page.title() };
+  await page.click(`a[href="/sessions/${session}/turns/${turn}"]`);
+  await page.waitForSelector('table.timeline');
+  seen.turn = {
+    title: await page.title(),
+    timeline: await page.$$eval('table.timeline tr', (rows) => rows.length - 1),
+    context: await page.$('pre.context') !== null,
+  };
+  if (shots) await page.screenshot({ path: `${shots}/turn.png`, fullPage: false });
+
+  await visit('queues', '/queues');
+  const form = `section[id="dead-${deadId}"] form[action="/dead/replay"]`;
+  seen.queues.dead_listed = await page.$(form) !== null;
+  await page.type(`${form} input[name="token"]`, token);
+  await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click(`${form} button`)]);
+  seen.after = {
+    url: page.url(),
+    notice: await page.$eval('p.notice', (p) => p.textContent).catch(() => null),
+    still_listed: await page.$(form) !== null,
+  };
+  await visit('actions', '/actions');
+  seen.actions.rows = await page.$$eval('table tr', (rows) => rows.slice(1).map((r) => r.textContent));
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(seen));

@@ -1,0 +1,232 @@
+//! Dead letters for an operator (`aptix dead`, the console): read them without taking them, and
+//! replay or discard one by id while the pipeline runs.
+//!
+//! Reading takes messages with `basic.get` on a channel of its own and never acks them; closing
+//! the channel returns them all, in order, to the head of the queue. A replay publishes the
+//! copy with a confirm before it acks the dead letter, so a crash in between leaves the dead
+//! letter in place (a second replay then sends a copy the stages drop by message id). Two
+//! operators at once cannot take the same message: one holds it unacked while the other looks.
+
+use std::collections::BTreeMap;
+
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::Channel;
+use serde::Serialize;
+
+use super::runtime::headers_of;
+use super::{BrokerError, OutMessage, Publisher, Topology};
+
+/// Most messages one look reads (each is held until the look ends).
+pub const MAX_LOOK: usize = 10_000;
+
+/// One dead letter as the broker holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// Its `message_id` (the original message's).
+    pub id: String,
+    /// Why it was given up (`x-aptix-reason`, or the broker's `x-first-death-reason`).
+    pub reason: String,
+    /// The stage that gave it up (none when the broker dead-lettered it).
+    pub stage: Option<String>,
+    /// Where it was consumed from.
+    pub original_queue: Option<String>,
+    /// Its AMQP `type` there (`turn.cancel`, ...).
+    pub original_type: Option<String>,
+    /// The RabbitMQ user that published the original request, for ingress messages.
+    pub user: Option<String>,
+    /// The session and turn it belongs to, when known.
+    pub session_id: Option<String>,
+    /// The turn it belongs to, when known.
+    pub turn_id: Option<String>,
+    /// Every text header.
+    pub headers: BTreeMap<String, String>,
+    /// The body, as published.
+    #[serde(skip)]
+    pub body: Vec<u8>,
+}
+
+impl DeadLetter {
+    fn of(message: &lapin::message::BasicGetMessage) -> Self {
+        let d = &message.delivery;
+        let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+        let text = |k: &str| headers.get(k).cloned();
+        let (session, turn) = ids_in(&d.data);
+        // A letter the broker dead-lettered carries the client's headers as they were; only
+        // the broker's own say where it came from.
+        let by_broker = headers.contains_key("x-first-death-reason");
+        let ours = |k: &str| if by_broker { None } else { text(k) };
+        let kind = d.properties.kind().as_ref().map(|k| k.to_string()).filter(|k| k != "dead");
+        DeadLetter {
+            id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
+            reason: ours("x-aptix-reason")
+                .or_else(|| text("x-first-death-reason").map(|r| format!("broker: {r}")))
+                .unwrap_or_else(|| "unknown".to_owned()),
+            stage: ours("x-aptix-stage"),
+            original_queue: ours("x-aptix-original-queue").or_else(|| text("x-first-death-queue")),
+            original_type: ours("x-aptix-original-type").or(kind),
+            user: ours("x-aptix-user-id"),
+            session_id: text("x-aptix-session-id").or(session),
+            turn_id: text("x-aptix-turn-id").or(turn),
+            body: d.data.clone(),
+            headers,
+        }
+    }
+
+    /// The body as text when it is UTF-8.
+    pub fn body_text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.body).ok()
+    }
+}
+
+/// `SessionId` and `TurnId` at the top of a JSON body (requests and stage messages name them).
+fn ids_in(body: &[u8]) -> (Option<String>, Option<String>) {
+    #[derive(serde::Deserialize)]
+    struct Ids {
+        #[serde(rename = "SessionId", alias = "session_id")]
+        session: Option<String>,
+        #[serde(rename = "TurnId", alias = "turn_id")]
+        turn: Option<String>,
+    }
+    match serde_json::from_slice::<Ids>(body) {
+        Ok(ids) => (ids.session, ids.turn),
+        Err(_) => (None, None),
+    }
+}
+
+/// How an action on one dead letter ended.
+#[derive(Debug)]
+pub enum Settled {
+    /// Replayed or discarded.
+    Done(DeadLetter),
+    /// No dead letter has that id now (or another operator holds it this moment).
+    NotFound,
+    /// Not allowed, with the reason; the dead letter stays.
+    Refused(String),
+}
+
+/// What to do with one dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadAction {
+    /// Publish it again where it came from, then remove it.
+    Replay,
+    /// Remove it.
+    Discard,
+}
+
+impl Topology {
+    /// Up to `limit` dead letters, oldest first, left in the queue.
+    pub async fn dead_letters(
+        &self,
+        publisher: &Publisher,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let ch = publisher.scratch_channel().await?;
+        let mut out = Vec::new();
+        while out.len() < limit.min(MAX_LOOK) {
+            match get(&ch, &self.dead()).await? {
+                Some(m) => out.push(DeadLetter::of(&m)),
+                None => break,
+            }
+        }
+        let _ = ch.close(200, "looked".into()).await;
+        Ok(out)
+    }
+
+    /// Replays or discards the dead letter `id`. `check` may refuse the action (its reason)
+    /// before anything is published or removed.
+    pub async fn settle_dead(
+        &self,
+        publisher: &Publisher,
+        id: &str,
+        action: DeadAction,
+        check: impl FnOnce(&DeadLetter) -> Result<(), String>,
+    ) -> Result<Settled, BrokerError> {
+        let ch = publisher.scratch_channel().await?;
+        let result = self.settle_on(&ch, publisher, id, action, check).await;
+        // Everything read and not acked goes back to the head of the queue, in order.
+        let _ = ch.close(200, "settled".into()).await;
+        result
+    }
+
+    async fn settle_on(
+        &self,
+        ch: &Channel,
+        publisher: &Publisher,
+        id: &str,
+        action: DeadAction,
+        check: impl FnOnce(&DeadLetter) -> Result<(), String>,
+    ) -> Result<Settled, BrokerError> {
+        for _ in 0..MAX_LOOK {
+            let Some(m) = get(ch, &self.dead()).await? else { return Ok(Settled::NotFound) };
+            let letter = DeadLetter::of(&m);
+            if letter.id != id {
+                continue;
+            }
+            if let Err(reason) = check(&letter) {
+                return Ok(Settled::Refused(reason));
+            }
+            if action == DeadAction::Replay {
+                publisher.publish(&self.replay_of(&letter)).await?;
+            }
+            crate::metrics::metrics().amqp("basic.ack");
+            m.delivery.acker.ack(BasicAckOptions::default()).await?;
+            return Ok(Settled::Done(letter));
+        }
+        Ok(Settled::NotFound)
+    }
+
+    /// Whether `queue` is the ingress queue or one of its partitions.
+    pub fn is_ingress_queue(&self, queue: &str) -> bool {
+        let requests = self.requests();
+        queue == requests || queue.strip_prefix(&requests).is_some_and(|r| r.starts_with('.'))
+    }
+
+    /// The copy a replay publishes: to the entry exchange under its session for a request
+    /// (the partition layout may have changed since), else straight to its stage queue, with
+    /// the runtime's counters and marks removed so it starts afresh.
+    pub fn replay_of(&self, letter: &DeadLetter) -> OutMessage {
+        let queue = letter.original_queue.clone().unwrap_or_default();
+        let kind = letter.original_type.clone().unwrap_or_default();
+        let mut msg =
+            OutMessage::to_queue(queue.clone(), &kind, letter.id.clone(), letter.body.clone());
+        if self.is_ingress_queue(&queue) {
+            msg.exchange = self.requests_exchange();
+            msg.routing_key = letter.session_id.clone().unwrap_or_default();
+        }
+        msg.headers = letter
+            .headers
+            .iter()
+            .filter(|(k, _)| !is_runtime_mark(k))
+            .map(|(k, v)| (k.clone(), v.as_str().into()))
+            .collect();
+        msg.header("x-aptix-replayed", "true")
+    }
+}
+
+/// Headers the runtime sets on its way (retry counts, the dead letter's own marks, the broker's
+/// death records), which a replayed copy must not carry.
+fn is_runtime_mark(key: &str) -> bool {
+    matches!(
+        key,
+        "x-aptix-attempt"
+            | "x-aptix-redeliveries"
+            | "x-aptix-last-error"
+            | "x-aptix-reason"
+            | "x-aptix-stage"
+            | "x-aptix-original-queue"
+            | "x-aptix-original-type"
+            | "x-aptix-user-id"
+            | "x-aptix-kind"
+            | "x-delivery-count"
+    ) || key.starts_with("x-first-death")
+        || key.starts_with("x-last-death")
+}
+
+async fn get(
+    ch: &Channel,
+    queue: &str,
+) -> Result<Option<lapin::message::BasicGetMessage>, BrokerError> {
+    crate::metrics::metrics().amqp("basic.get");
+    let options = BasicGetOptions { no_ack: false };
+    Ok(ch.basic_get(queue.into(), options).await?)
+}

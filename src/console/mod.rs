@@ -1,0 +1,202 @@
+//! `aptix console`: a web console over the running system, rendered on the server. Sessions and
+//! their turns from PostgreSQL, queues and dead letters from RabbitMQ, and the operator actions
+//! log. Read-only unless started with an admin token; replay and discard then take the token in
+//! the form, so a page of another site cannot act for an operator, and every action is recorded.
+
+mod pages;
+mod turn;
+
+use std::sync::Arc;
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use maud::Markup;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::broker::{DeadAction, Publisher, Topology};
+use crate::config::{Secret, Settings};
+use crate::contracts::SessionId;
+use crate::dead::Settled;
+use crate::store::{SessionSearch, Store};
+
+/// What every page needs.
+#[derive(Debug)]
+pub struct Console {
+    settings: Settings,
+    store: Store,
+    publisher: Publisher,
+    topology: Topology,
+    /// Replay and discard need it; none: read-only.
+    admin_token: Option<Secret>,
+}
+
+impl Console {
+    /// A console over `settings`' database and broker, with its `console` settings.
+    pub async fn connect(settings: Settings) -> anyhow::Result<Self> {
+        let store = Store::connect(settings.database.url.expose(), 4)?;
+        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
+        let topology = crate::pipeline::topology(&settings);
+        let token = settings.console.admin_token.clone();
+        let admin_token = token.filter(|t| !t.expose().is_empty());
+        Ok(Console { settings, store, publisher, topology, admin_token })
+    }
+
+    fn admin(&self) -> bool {
+        self.admin_token.is_some()
+    }
+
+    fn token_ok(&self, given: &str) -> bool {
+        self.admin_token
+            .as_ref()
+            .is_some_and(|t| constant_time_eq(t.expose().as_bytes(), given.as_bytes()))
+    }
+}
+
+/// Serves the console on `listener` until `shutdown`.
+pub async fn serve(
+    console: Console,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let admin = console.admin();
+    let app = Router::new()
+        .route("/", get(|| async { Redirect::to("/sessions") }))
+        .route("/sessions", get(sessions))
+        .route("/sessions/{id}", get(session))
+        .route("/sessions/{id}/turns/{turn}", get(turn_page))
+        .route("/queues", get(queues))
+        .route("/dead/{action}", post(dead_action))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/actions", get(actions))
+        .layer(axum::middleware::map_response(secure_headers))
+        .with_state(Arc::new(console));
+    info!(addr = %listener.local_addr()?, admin, "serving the console");
+    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+}
+
+/// Pages are self-contained: no script, no outside resource, no framing.
+async fn secure_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    let csp =
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'";
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    response
+}
+
+type Page = Result<Markup, (StatusCode, Markup)>;
+
+fn failed(e: impl std::fmt::Display) -> (StatusCode, Markup) {
+    tracing::warn!(error = %e, "console page failed");
+    (StatusCode::INTERNAL_SERVER_ERROR, pages::message("Something failed", &e.to_string()))
+}
+
+fn not_found(what: &str) -> (StatusCode, Markup) {
+    (StatusCode::NOT_FOUND, pages::message("Not found", what))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SearchQuery {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    until: String,
+}
+
+async fn sessions(State(c): State<Arc<Console>>, Query(q): Query<SearchQuery>) -> Page {
+    let time = |s: &str| chrono::DateTime::parse_from_rfc3339(s.trim()).ok().map(|t| t.to_utc());
+    let search = SessionSearch {
+        text: q.q.clone(),
+        since: time(&q.since),
+        until: time(&q.until),
+        limit: 200,
+    };
+    let found = c.store.search_sessions(&search).await.map_err(failed)?;
+    Ok(pages::sessions(&q.q, &q.since, &q.until, &found))
+}
+
+async fn session(State(c): State<Arc<Console>>, Path(id): Path<String>) -> Page {
+    let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
+    let view = c.store.session_view(&session).await.map_err(failed)?;
+    let view = view.ok_or_else(|| not_found("no such session"))?;
+    Ok(pages::session(&view))
+}
+
+async fn turn_page(
+    State(c): State<Arc<Console>>,
+    Path((id, turn_id)): Path<(String, String)>,
+) -> Page {
+    let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
+    let view = c.store.session_view(&session).await.map_err(failed)?;
+    let view = view.ok_or_else(|| not_found("no such session"))?;
+    let found = turn::Turn::of(&view, &turn_id, &c.settings.telemetry.prices);
+    Ok(turn::page(&found.ok_or_else(|| not_found("no such turn"))?))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Notice {
+    #[serde(default)]
+    notice: String,
+}
+
+async fn queues(State(c): State<Arc<Console>>, Query(n): Query<Notice>) -> Page {
+    let states = c.topology.queue_states(&c.publisher).await.map_err(failed)?;
+    let dead = c.topology.dead_letters(&c.publisher, 200).await.map_err(failed)?;
+    Ok(pages::queues(&states, &dead, c.admin(), &n.notice))
+}
+
+#[derive(Debug, Deserialize)]
+struct ActionForm {
+    id: String,
+    token: String,
+}
+
+async fn dead_action(
+    State(c): State<Arc<Console>>,
+    Path(action): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let id = form.id;
+    let action = match action.as_str() {
+        "replay" => DeadAction::Replay,
+        "discard" => DeadAction::Discard,
+        _ => return not_found("no such action").into_response(),
+    };
+    if !c.admin() {
+        let text = "this console is read-only: start it with an admin token to act";
+        return (StatusCode::FORBIDDEN, pages::message("Read-only", text)).into_response();
+    }
+    if !c.token_ok(&form.token) {
+        let text = "the admin token is wrong; nothing was done";
+        return (StatusCode::FORBIDDEN, pages::message("Refused", text)).into_response();
+    }
+    let done = crate::dead::settle(&c.settings, &c.publisher, &c.store, &id, action, "console");
+    let notice = match done.await {
+        Ok(Settled::Done(_)) if action == DeadAction::Replay => format!("replayed {id}"),
+        Ok(Settled::Done(_)) => format!("discarded {id}"),
+        Ok(Settled::NotFound) => format!("no dead letter {id} (another operator may hold it)"),
+        Ok(Settled::Refused(reason)) => format!("not replayed: {reason}"),
+        Err(e) => return failed(e).into_response(),
+    };
+    let query: String =
+        form_urlencoded::Serializer::new(String::new()).append_pair("notice", &notice).finish();
+    Redirect::to(&format!("/queues?{query}")).into_response()
+}
+
+async fn actions(State(c): State<Arc<Console>>) -> Page {
+    let rows = c.store.actions(500).await.map_err(failed)?;
+    Ok(pages::actions(&rows))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    // Length is not secret; the content is compared without an early exit.
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

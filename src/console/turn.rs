@@ -1,0 +1,161 @@
+//! One turn as the console shows it: a timeline from what PostgreSQL holds (admission, start,
+//! each step's record with its LLM call, cancel, end) and the stored payloads behind it.
+
+use maud::{html, Markup};
+use serde_json::Value;
+
+use super::pages::{json_block, layout, text};
+use crate::config::ModelPrice;
+use crate::contracts::Usage;
+use crate::store::SessionView;
+
+/// A turn, its records and what happened when.
+pub struct Turn<'a> {
+    session_id: String,
+    row: &'a Value,
+    records: Vec<&'a Value>,
+    events: Vec<(String, String, String)>,
+}
+
+impl<'a> Turn<'a> {
+    /// Turn `turn_id` of `view`, with its LLM calls priced from `prices`.
+    pub fn of(view: &'a SessionView, turn_id: &str, prices: &[ModelPrice]) -> Option<Self> {
+        let row = view.turns.iter().find(|t| t["turn_id"] == turn_id)?;
+        let mut records: Vec<&Value> =
+            view.records.iter().filter(|r| r["turn_id"] == turn_id).collect();
+        records.sort_by_key(|r| r["step"].as_i64());
+        let mut events = Vec::new();
+        let at = |k: &str| row[k].as_str().map(str::to_owned);
+        if let Some(t) = at("created_at") {
+            events.push((
+                t,
+                "admitted".to_owned(),
+                "queued behind the session's earlier turns".to_owned(),
+            ));
+        }
+        if let Some(t) = at("started_at") {
+            events.push((t, "started".to_owned(), "retrieve, assemble and invoke ran".to_owned()));
+        }
+        for r in &records {
+            events.push(step_event(r, prices));
+        }
+        if let Some(t) = at("cancel_requested_at") {
+            events.push((t, "cancel requested".to_owned(), String::new()));
+        }
+        if let Some(t) = at("updated_at") {
+            let state = row["state"].as_str().unwrap_or("-").to_owned();
+            events.push((t, format!("now {state}"), "the turn's last change".to_owned()));
+        }
+        events.sort_by(|a, b| a.0.cmp(&b.0));
+        let session_id = view.session["id"].as_str().unwrap_or_default().to_owned();
+        Some(Turn { session_id, row, records, events })
+    }
+}
+
+fn step_event(r: &Value, prices: &[ModelPrice]) -> (String, String, String) {
+    let at = r["created_at"].as_str().unwrap_or_default().to_owned();
+    let step = r["step"].as_i64().unwrap_or_default();
+    let kind = r["kind"].as_str().unwrap_or("-");
+    let model = r["request_payload"]["model"].as_str().unwrap_or("-");
+    let mut detail = format!("model {model}");
+    if let Ok(u) = serde_json::from_value::<Usage>(r["usage"].clone()) {
+        detail += &format!(
+            "; tokens: {} input ({} cached), {} output ({} reasoning)",
+            u.input_tokens, u.cached_input_tokens, u.output_tokens, u.reasoning_tokens
+        );
+        if let Some(p) = prices.iter().find(|p| p.model == model) {
+            detail += &format!("; estimated ${:.6}", p.cost_usd(&u));
+        }
+    }
+    if let Some(id) = r["provider_response_id"].as_str() {
+        detail += &format!("; response {id}");
+    }
+    (at, format!("step {step} recorded: {kind}"), detail)
+}
+
+/// The turn's page.
+pub fn page(t: &Turn<'_>) -> Markup {
+    let turn_id = t.row["turn_id"].as_str().unwrap_or_default();
+    let title = format!("Turn {turn_id}");
+    layout(
+        &title,
+        html! {
+            p { a href=(format!("/sessions/{}", t.session_id)) { "session " (t.session_id) } }
+            p { "State: " strong.state { (text(&t.row["state"])) } " · step " (text(&t.row["step"])) }
+            h2 { "Timeline" }
+            table.timeline {
+                tr { th { "when (UTC)" } th { "what" } th { "detail" } }
+                @for (at, what, detail) in &t.events {
+                    tr { td { (at) } td { (what) } td { (detail) } }
+                }
+            }
+            p.note { "Stage-by-stage timings, retries and delays are in the turn's trace (one span per stage message)." }
+            h2 { "Request as the client sent it" }
+            (json_block(&t.row["request"]))
+            @for r in &t.records { (record(r)) }
+        },
+    )
+}
+
+fn record(r: &Value) -> Markup {
+    let step = text(&r["step"]);
+    html! {
+        section.record {
+            h2 { "Step " (step) ": " (text(&r["kind"])) }
+            @if let Some(context) = context_block(&r["request_payload"]) {
+                h3 { "[CONTEXT] block" }
+                pre.context { (context) }
+            }
+            h3 { "Retrieved chunks" }
+            (chunks(&r["retrieved_chunks"]))
+            h3 { "Active files" }
+            (json_block(&r["active_files"]))
+            h3 { "Skipped files" }
+            (json_block(&r["skipped_files"]))
+            @if r["errors"].as_array().is_some_and(|e| !e.is_empty()) {
+                h3 { "Errors" }
+                (json_block(&r["errors"]))
+            }
+            h3 { "Reply" }
+            (json_block(&r["reply"]))
+            details {
+                summary { "Responses API request" }
+                (json_block(&r["request_payload"]))
+            }
+            details {
+                summary { "Responses API answer" }
+                (json_block(&r["response_payload"]))
+            }
+        }
+    }
+}
+
+fn chunks(v: &Value) -> Markup {
+    let list = v.as_array().map(Vec::as_slice).unwrap_or_default();
+    html! {
+        @if list.is_empty() { p { "none" } } @else {
+            table {
+                tr { th { "path" } th { "lines" } th { "score" } }
+                @for c in list {
+                    tr {
+                        td { (text(c.get("path").or_else(|| c.get("file_path")).unwrap_or(&Value::Null))) }
+                        td { (text(&c["start_line"])) "–" (text(&c["end_line"])) }
+                        td { (text(&c["score"])) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first text of the request that holds the `[CONTEXT]` block.
+fn context_block(payload: &Value) -> Option<String> {
+    match payload {
+        // The block is a part of its own that starts with its header; the system instructions
+        // only mention it.
+        Value::String(s) if s.starts_with(crate::assemble::CONTEXT_HEADER) => Some(s.clone()),
+        Value::Array(items) => items.iter().find_map(context_block),
+        Value::Object(map) => map.values().find_map(context_block),
+        _ => None,
+    }
+}

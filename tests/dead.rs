@@ -1,0 +1,142 @@
+//! `aptix dead` against a live pipeline: a request given up while the database could not admit
+//! it is listed, shown, replayed, and its turn then completes; discards keep the others in
+//! order; two replays of one dead letter at once publish it once; every action is recorded.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{new_session, user_turn, Harness};
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_given_up_is_replayed_and_its_turn_completes() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    // With `turns` gone, admission fails and so does ending the turn: the request is
+    // dead-lettered and nothing answers it, as after a database fault.
+    sql(&h, "ALTER TABLE turns RENAME TO turns_away").await;
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    let listed = until_listed(&h, 1).await;
+    sql(&h, "ALTER TABLE turns_away RENAME TO turns").await;
+    let letter = &listed[0];
+    assert_eq!(letter["session_id"], s.as_str(), "{letter}");
+    assert_eq!(letter["turn_id"], "t1");
+    assert_eq!(letter["stage"], "validate");
+    assert_eq!(letter["body"]["SessionId"], s.as_str(), "the body is shown as JSON");
+    let id = letter["id"].as_str().unwrap().to_owned();
+
+    let (code, shown) = h.aptix(&["dead", "show", &id]);
+    assert_eq!(code, 0, "{shown}");
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["original_queue"], h.topology.requests().as_str());
+    assert!(shown["reason"].as_str().unwrap().contains("turns"), "{shown}");
+
+    let (code, out) = h.aptix(&["dead", "replay", &id, "--actor", "test-operator"]);
+    assert_eq!(code, 0, "{out}");
+    // The client was told at once that its request could not be processed; the replay admits
+    // it as new and answers it again.
+    let replies = h.replies(&s, 2, Duration::from_secs(60)).await;
+    let finals: Vec<&common::ReplyMsg> = replies.iter().filter(|r| r.is_final).collect();
+    assert_eq!(finals.len(), 2);
+    assert_eq!(finals[0].body["Errors"][0]["Code"], "internal.error", "{}", finals[0].body);
+    assert_eq!(finals[1].turn_id, "t1");
+    assert_eq!(finals[1].body["Successful"], true, "{}", finals[1].body);
+    assert_eq!(h.records(&s).await.len(), 1, "one record: the replayed turn's");
+    assert!(until_listed(&h, 0).await.is_empty());
+
+    let (code, _) = h.aptix(&["dead", "replay", &id]);
+    assert_eq!(code, 1, "the dead letter is gone: nothing is replayed twice");
+    let actions = actions(&h).await;
+    assert_eq!(
+        actions,
+        vec![
+            ("test-operator".into(), "dead.replay".into(), id.clone(), "done".into()),
+            (
+                std::env::var("USER").unwrap_or_else(|_| "cli".into()),
+                "dead.replay".into(),
+                id,
+                "not_found".into()
+            ),
+        ]
+    );
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once() {
+    let mut h = Harness::start(1).await;
+    // Forged stage messages (an unreadable body on the retrieve queue) are refused into the
+    // dead-letter queue with their ids.
+    let ids: Vec<String> = (0..4).map(|i| format!("forged-{i}")).collect();
+    let publisher = aptix::broker::Publisher::connect(h.settings.amqp.url.expose()).await.unwrap();
+    let retrieve = h.topology.stage_queue(aptix::broker::StageName::new("retrieve"));
+    for id in &ids {
+        let body = b"{not json".to_vec();
+        let msg = aptix::broker::OutMessage::to_queue(retrieve.clone(), "turn", id.clone(), body);
+        publisher.publish(&msg).await.unwrap();
+    }
+    // Retrieve handles them concurrently, so they are dead-lettered in any order.
+    let order =
+        |l: &[Value]| l.iter().map(|v| v["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    let ids = order(&until_listed(&h, 4).await);
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(all, ["forged-0", "forged-1", "forged-2", "forged-3"]);
+    assert_eq!(order(&until_listed(&h, 4).await), ids, "a look leaves them in place, in order");
+
+    let (code, out) = h.aptix(&["dead", "discard", &ids[1]]);
+    assert_eq!(code, 0, "{out}");
+    let left = [ids[0].clone(), ids[2].clone(), ids[3].clone()];
+    assert_eq!(order(&until_listed(&h, 3).await), left);
+
+    // Two operators replay the same dead letter at once: one holds it while the other looks.
+    // With no consumer on retrieve, the copy stays there instead of coming back as a new dead
+    // letter that the slower operator could then rightly replay.
+    h.stop_consumers().await;
+    let a = h.spawn_child(&["dead", "replay", &ids[2]]);
+    let b = h.spawn_child(&["dead", "replay", &ids[2]]);
+    let codes = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()]
+        .map(|o| o.status.code().unwrap_or(-1));
+    let mut sorted = codes;
+    sorted.sort();
+    assert_eq!(sorted, [0, 1], "exactly one replay went through: {codes:?}");
+    assert_eq!(order(&until_listed(&h, 2).await), [ids[0].clone(), ids[3].clone()]);
+    let (code, status) = h.aptix(&["status", "--json"]);
+    assert_eq!(code, 1, "no consumers: {status}");
+    let queues: Vec<Value> = serde_json::from_str(&status).unwrap();
+    let retrieve = queues.iter().find(|q| q["stage"] == "retrieve").unwrap();
+    assert_eq!(retrieve["ready"], 1, "one copy published: {status}");
+    h.teardown().await;
+}
+
+/// Polls `aptix dead list --json` until it lists `n` dead letters.
+async fn until_listed(h: &Harness, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, out) = h.aptix(&["dead", "list", "--json"]);
+        assert_eq!(code, 0, "{out}");
+        let listed: Vec<Value> = serde_json::from_str(&out).unwrap();
+        if listed.len() == n {
+            return listed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} dead letters, not {n}: {out}",
+            listed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn sql(h: &Harness, statement: &str) {
+    sqlx::query(statement).execute(h.deps.store.pool()).await.unwrap();
+}
+
+async fn actions(h: &Harness) -> Vec<(String, String, String, String)> {
+    sqlx::query_as("SELECT actor, action, message_id, outcome FROM operator_actions ORDER BY id")
+        .fetch_all(h.deps.store.pool())
+        .await
+        .unwrap()
+}
