@@ -789,6 +789,7 @@ export class Session {
     const limit = this.client.publishAttempts ?? DEFAULT_PUBLISH_ATTEMPTS;
     let delay = PUBLISH_BACKOFF_MS[0];
     for (let attempt = 1; ; attempt++) {
+      const used = this.ch;
       const outcome = await new Promise<"ok" | "returned" | "nacked" | "closed">((resolve) => {
         try {
           this.ch.publish(exchange, this.sessionId, raw, props, (err) => {
@@ -811,7 +812,9 @@ export class Session {
       await sleep(delay);
       delay = Math.min(delay * 2, PUBLISH_BACKOFF_MS[1]);
       await this.client.connected(); // after a loss: reconnected, channels taken again
-      if (outcome !== "returned") {
+      // A reconnect already gave this session a fresh channel; a second one would make every
+      // unacked reply come again once more.
+      if (outcome !== "returned" && this.ch === used) {
         try {
           await this.reopen();
         } catch {
