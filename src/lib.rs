@@ -29,7 +29,7 @@ pub mod index;
 pub mod llm;
 pub mod messages;
 pub mod metrics;
-pub mod otlp;
+pub mod otel;
 pub mod pipeline;
 pub mod reprocess;
 pub mod retrieve;

@@ -1,10 +1,16 @@
 //! The one `tracing` set-up every binary uses: level from `RUST_LOG` (default `info`), output
-//! pretty for people (coloured only on a terminal) or JSON for log shippers.
+//! pretty for people (coloured only on a terminal) or JSON for log shippers, and, when an OTLP
+//! endpoint is configured, the crate's spans exported through OpenTelemetry (`crate::otel`).
 
 use std::io::IsTerminal as _;
 
 use serde::{Deserialize, Serialize};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
+
+use crate::otel::Export;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -24,20 +30,32 @@ pub const DEFAULT_FILTER: &str = "info,qdrant_edge=error";
 /// Installs the global subscriber. Safe to call more than once: later calls do nothing, so
 /// tests and embedded runs can call it freely.
 pub fn init(format: LogFormat) {
-    init_with(format, DEFAULT_FILTER);
+    init_with(format, DEFAULT_FILTER, None);
 }
 
-/// Like [`init`], with `default_filter` when `RUST_LOG` is not set.
-pub fn init_with(format: LogFormat, default_filter: &str) {
+/// Like [`init`], with `default_filter` when `RUST_LOG` is not set, and span export to
+/// `export` when given. The log filter does not limit export: the crate's spans at INFO are
+/// exported whatever the log level (a quiet demo still sends its traces).
+pub fn init_with(format: LogFormat, default_filter: &str, export: Option<&Export>) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    // An error here only means a subscriber is already installed.
-    let _ = match format {
-        LogFormat::Pretty => builder.compact().try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = match format {
+        LogFormat::Pretty => fmt.compact().with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
     };
+    let otel = export.and_then(|export| match crate::otel::tracer(export) {
+        Ok(tracer) => Some(tracer),
+        Err(error) => {
+            eprintln!("warning: trace export is off: {error}");
+            None
+        }
+    });
+    // Only this crate's spans: dependencies' spans would cost on every hot path and say little.
+    let spans = Targets::new().with_target("aptix", LevelFilter::INFO);
+    let otel = otel.map(|t| tracing_opentelemetry::layer().with_tracer(t).with_filter(spans));
+    // An error here only means a subscriber is already installed.
+    let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
 }

@@ -16,7 +16,9 @@ use crate::telemetry::{self, LogFormat};
 /// The whole of a worker binary: load configuration, start logging, run stage `name` until
 /// SIGTERM.
 pub fn main(name: &str) -> ExitCode {
-    let result = load_settings(None, None).and_then(|s| run(s, &[name.to_owned()], 1));
+    let service = format!("aptix-{name}");
+    let result = load_settings_with(None, None, telemetry::DEFAULT_FILTER, &service)
+        .and_then(|s| run(s, &[name.to_owned()], 1));
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -56,14 +58,6 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
             .await
             .context("starting the pipeline")?;
         let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
-        let otlp = deps.settings.telemetry.otlp_endpoint.expose().to_owned();
-        if !otlp.is_empty() {
-            let service = match stages.as_slice() {
-                [one] => format!("aptix-{one}"),
-                _ => "aptix".to_owned(),
-            };
-            crate::otlp::install(&otlp, &service).context("starting OTLP export")?;
-        }
         let listen = deps.settings.telemetry.metrics_listen.clone();
         if !listen.is_empty() {
             let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
@@ -72,24 +66,33 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
         }
         pipeline::prepare(&deps, &stages).await.map_err(anyhow::Error::msg)?;
         pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;
-        crate::otlp::flush().await;
+        crate::otel::flush().await;
         Ok(ExitCode::SUCCESS)
     })
 }
 
-/// Loads and validates settings, then starts logging in the configured format.
+/// Loads and validates settings, then starts logging in the configured format (and trace
+/// export as service `aptix` when `telemetry.otlp_endpoint` is set).
 pub fn load_settings(path: Option<&Path>, format: Option<LogFormat>) -> anyhow::Result<Settings> {
-    load_settings_with(path, format, telemetry::DEFAULT_FILTER)
+    load_settings_with(path, format, telemetry::DEFAULT_FILTER, "aptix")
 }
 
-/// Like [`load_settings`], logging by `default_filter` when `RUST_LOG` is not set.
+/// Like [`load_settings`], logging by `default_filter` when `RUST_LOG` is not set and exporting
+/// spans as `service` (`OTEL_SERVICE_NAME` wins when set, as OpenTelemetry's SDKs agree).
 pub fn load_settings_with(
     path: Option<&Path>,
     format: Option<LogFormat>,
     default_filter: &str,
+    service: &str,
 ) -> anyhow::Result<Settings> {
     let settings = Settings::load(path)?;
-    telemetry::init_with(format.unwrap_or(settings.telemetry.format), default_filter);
+    let endpoint = settings.telemetry.otlp_endpoint.expose();
+    let export = (!endpoint.is_empty()).then(|| crate::otel::Export {
+        endpoint: endpoint.to_owned(),
+        service: std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| service.to_owned()),
+    });
+    let format = format.unwrap_or(settings.telemetry.format);
+    telemetry::init_with(format, default_filter, export.as_ref());
     Ok(settings)
 }
 

@@ -1,6 +1,9 @@
-//! OTLP export: a turn through all five stages arrives at a collector as one trace whose stage
-//! spans form a parent chain starting at the client's span. The collector is a local HTTP
-//! server that keeps what it is sent. (Its own binary: the exporter is per process.)
+//! OTLP export through the OpenTelemetry SDK: a turn through all five stages arrives at a
+//! collector as one trace whose stage spans form a parent chain starting at the client's span,
+//! with the LLM call as a GenAI client span under invoke. The collector is a local HTTP server
+//! that decodes each request with the protobuf types generated from the official OTLP
+//! definitions (`opentelemetry-proto`), as a real collector would. (Its own binary: the global
+//! subscriber and the exporter are per process.)
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
@@ -13,19 +16,36 @@ use std::time::Duration;
 
 use aptix::broker::OutMessage;
 use common::{new_session, user_turn, Harness};
-use serde_json::Value;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+
+/// What the collector was sent: each span with its resource's `service.name`.
+type Received = Arc<Mutex<Vec<(String, Span)>>>;
 
 /// Starts a collector on a free port; returns its traces endpoint and what it received.
-async fn collector() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+async fn collector() -> (String, Received) {
+    let got: Received = Arc::default();
     let sink = got.clone();
     let app = axum::Router::new().route(
         "/v1/traces",
-        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
             let sink = sink.clone();
             async move {
-                sink.lock().unwrap().push(body);
-                "{}"
+                assert_eq!(headers["content-type"], "application/x-protobuf");
+                let request = ExportTraceServiceRequest::decode(body).unwrap();
+                let mut sink = sink.lock().unwrap();
+                for rs in request.resource_spans {
+                    let service =
+                        rs.resource.as_ref().and_then(|r| text_of(&r.attributes, "service.name"));
+                    for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                        sink.push((service.clone().unwrap_or_default(), span));
+                    }
+                }
+                ""
             }
         }),
     );
@@ -35,28 +55,37 @@ async fn collector() -> (String, Arc<Mutex<Vec<Value>>>) {
     (format!("http://{addr}/v1/traces"), got)
 }
 
-/// Every exported span, by stage name, for one trace.
-fn spans_of(got: &Mutex<Vec<Value>>, trace: &str) -> HashMap<String, Value> {
-    let mut out = HashMap::new();
-    for body in got.lock().unwrap().iter() {
-        for rs in body["resourceSpans"].as_array().unwrap() {
-            assert_eq!(rs["resource"]["attributes"][0]["key"], "service.name");
-            for ss in rs["scopeSpans"].as_array().unwrap() {
-                for span in ss["spans"].as_array().unwrap() {
-                    if span["traceId"] == trace {
-                        out.insert(span["name"].as_str().unwrap().to_owned(), span.clone());
-                    }
-                }
-            }
-        }
+type Attributes = [opentelemetry_proto::tonic::common::v1::KeyValue];
+
+fn value_of<'a>(attrs: &'a Attributes, key: &str) -> Option<&'a Any> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+fn text_of(attrs: &Attributes, key: &str) -> Option<String> {
+    match value_of(attrs, key)? {
+        Any::StringValue(s) => Some(s.clone()),
+        _ => None,
     }
-    out
+}
+
+fn int_of(attrs: &Attributes, key: &str) -> Option<i64> {
+    match value_of(attrs, key)? {
+        Any::IntValue(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage() {
+async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage_and_a_genai_call() {
     let (endpoint, got) = collector().await;
-    aptix::otlp::install(&endpoint, "aptix-test").unwrap();
+    let export = aptix::otel::Export { endpoint, service: "aptix-test".into() };
+    let format = aptix::telemetry::LogFormat::Pretty;
+    aptix::telemetry::init_with(format, aptix::telemetry::DEFAULT_FILTER, Some(&export));
+    assert!(aptix::otel::enabled());
     let h = Harness::start(1).await;
     let s = new_session();
     let (client_trace, client_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
@@ -67,32 +96,55 @@ async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage() {
     h.publisher.publish(&msg).await.unwrap();
     let reply = h.replies(&s, 1, Duration::from_secs(60)).await.pop().unwrap();
     h.teardown().await;
-    aptix::otlp::flush().await;
+    aptix::otel::flush().await;
 
-    let spans = spans_of(&got, client_trace);
-    let chain = ["validate", "retrieve", "assemble", "invoke", "persist"];
+    let spans: Vec<(String, Span)> = got.lock().unwrap().clone();
+    let in_trace: Vec<&Span> =
+        spans.iter().map(|(_, s)| s).filter(|s| hex(&s.trace_id) == client_trace).collect();
+    assert!(spans.iter().all(|(service, _)| service == "aptix-test"));
+    let by_name: HashMap<&str, &Span> = in_trace.iter().map(|s| (s.name.as_str(), *s)).collect();
+
     let mut parent = client_span.to_owned();
-    for stage in chain {
-        let span =
-            spans.get(stage).unwrap_or_else(|| panic!("no {stage} span; got {:?}", spans.keys()));
-        assert_eq!(span["parentSpanId"], parent.as_str(), "{stage}'s parent");
-        assert_eq!(span["kind"], 5);
-        assert_eq!(span["status"]["code"], 1, "{span}");
-        let start: u128 = span["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
-        let end: u128 = span["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
-        assert!(end >= start);
-        let attrs: HashMap<&str, &str> = span["attributes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| (a["key"].as_str().unwrap(), a["value"]["stringValue"].as_str().unwrap()))
-            .collect();
-        assert_eq!(attrs["aptix.turn_id"], "t1");
-        assert_eq!(attrs["aptix.session_id"], s);
-        assert_eq!(attrs["aptix.outcome"], "forwarded");
-        parent = span["spanId"].as_str().unwrap().to_owned();
+    for stage in ["validate", "retrieve", "assemble", "invoke", "persist"] {
+        let span = by_name
+            .get(stage)
+            .unwrap_or_else(|| panic!("no {stage} span; got {:?}", by_name.keys()));
+        assert_eq!(hex(&span.parent_span_id), parent, "{stage}'s parent");
+        assert_eq!(span.kind, SpanKind::Consumer as i32, "{stage}");
+        assert_eq!(span.status.as_ref().unwrap().code, StatusCode::Ok as i32, "{stage}");
+        assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
+        assert_eq!(text_of(&span.attributes, "aptix.turn_id").as_deref(), Some("t1"));
+        assert_eq!(text_of(&span.attributes, "aptix.session_id").as_deref(), Some(s.as_str()));
+        assert_eq!(text_of(&span.attributes, "aptix.outcome").as_deref(), Some("forwarded"));
+        assert_eq!(text_of(&span.attributes, "messaging.system").as_deref(), Some("rabbitmq"));
+        parent = hex(&span.span_id);
     }
     // The reply the client gets names persist's span as its parent.
     let tp = &reply.headers["traceparent"];
     assert_eq!(aptix::broker::trace::parse_span_id(tp), Some(parent.as_str()), "{tp}");
+
+    // The LLM call: a client span under invoke, with the GenAI conventions' attributes.
+    let invoke = hex(&by_name["invoke"].span_id);
+    let calls: Vec<&&Span> = in_trace.iter().filter(|s| s.name.starts_with("chat ")).collect();
+    assert_eq!(calls.len(), 1, "one LLM call in the turn: {:?}", by_name.keys());
+    let call = calls[0];
+    let a = &call.attributes;
+    assert_eq!(hex(&call.parent_span_id), invoke);
+    assert_eq!(call.kind, SpanKind::Client as i32);
+    assert_eq!(text_of(a, "gen_ai.operation.name").as_deref(), Some("chat"));
+    let model = text_of(a, "gen_ai.request.model").unwrap();
+    assert_eq!(call.name, format!("chat {model}"));
+    assert!(!model.is_empty());
+    assert!(text_of(a, "gen_ai.response.id").unwrap().starts_with("resp"), "{a:?}");
+    assert!(int_of(a, "gen_ai.usage.input_tokens").unwrap() > 0, "{a:?}");
+    assert!(int_of(a, "gen_ai.usage.output_tokens").unwrap() > 0, "{a:?}");
+    assert_eq!(text_of(a, "server.address").as_deref(), Some("127.0.0.1"));
+    assert!(matches!(value_of(a, "gen_ai.response.finish_reasons"), Some(Any::ArrayValue(_))));
+    assert_eq!(call.status.as_ref().unwrap().code, StatusCode::Ok as i32);
+    // Every span of the turn is in the client's trace: none of its stages started another.
+    let turn_spans = spans
+        .iter()
+        .filter(|(_, s)| text_of(&s.attributes, "aptix.turn_id").as_deref() == Some("t1"));
+    assert!(turn_spans.clone().count() >= 5);
+    assert!(turn_spans.into_iter().all(|(_, s)| hex(&s.trace_id) == client_trace));
 }

@@ -47,20 +47,28 @@ impl Settler<'_> {
     pub async fn settle(&self, d: Delivery, acker: &Acker) {
         let stage = self.stage.as_str();
         let _in_flight = crate::metrics::metrics().in_flight(stage);
-        let span = super::trace::HopSpan::start(stage, &d);
+        let span = super::trace::hop_span(stage, &d);
+        let span_id = super::trace::span_id_of(&span);
         let ordered = self.handler.ordering_key(&d).is_some();
-        let result = match (d.redelivered, ordered) {
-            (true, false) => self.republish_counted(d).await,
-            (true, true) => self.redelivered_in_place(d, &span.span_id).await,
-            (false, _) => self.handle(d, ordered, &span.span_id).await,
-        };
+        let result = tracing::Instrument::instrument(
+            async {
+                match (d.redelivered, ordered) {
+                    (true, false) => self.republish_counted(d).await,
+                    (true, true) => self.redelivered_in_place(d, &span_id).await,
+                    (false, _) => self.handle(d, ordered, &span_id).await,
+                }
+            },
+            span.clone(),
+        )
+        .await;
         let outcome = match &result {
             Ok(Settled::Done(outcome)) => outcome,
             Ok(Settled::Released) => "returned",
             Err(_) => "publish_failed",
         };
         crate::metrics::metrics().message(stage, outcome);
-        span.finish(outcome, result.as_ref().err().map(ToString::to_string));
+        super::trace::finish(&span, outcome, result.as_ref().err().map(ToString::to_string));
+        drop(span);
         match result {
             Ok(Settled::Done(_)) => {
                 // An ack on a channel recovered meanwhile fails: the broker redelivers.
@@ -90,9 +98,7 @@ impl Settler<'_> {
         let stage = self.stage.as_str();
         loop {
             let trace = super::trace::trace_id_of(&d);
-            let span =
-                tracing::info_span!("stage", stage, trace_id = trace.as_deref().unwrap_or("-"));
-            match tracing::Instrument::instrument(self.handler.handle(d.clone()), span).await {
+            match self.handler.handle(d.clone()).await {
                 Disposition::Forward { mut messages, outbox_ids } => {
                     for m in &mut messages {
                         super::trace::stamp(m, &d, trace.as_deref(), span_id);

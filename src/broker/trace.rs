@@ -6,11 +6,17 @@
 //! for turns dispatched later from the database, the trace id is derived from
 //! `(SessionId, TurnId)`, so every process computes the same one without coordination.
 //!
-//! Each settled message is a span ([`HopSpan`]); the `traceparent` of what it publishes carries
-//! that span's id, so the next stage's span is its child. Spans are exported when OTLP export
-//! is on (`crate::otlp`).
+//! Each settled message is a `tracing` span ([`hop_span`]); the `traceparent` of what it
+//! publishes carries that span's id, so the next stage's span is its child. Spans are exported
+//! through OpenTelemetry when export is on (`crate::otel`).
 
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use sha2::{Digest, Sha256};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{Delivery, OutMessage};
 
@@ -58,65 +64,108 @@ pub fn parse_span_id(traceparent: &str) -> Option<&str> {
     traceparent.split('-').nth(2)
 }
 
-/// A fresh span id.
+/// A fresh span id, for hops whose span is not exported.
 pub fn new_span_id() -> String {
     hex::encode(&uuid::Uuid::new_v4().as_bytes()[..8])
 }
 
-/// The span of one stage settling one message.
-#[derive(Debug)]
-pub struct HopSpan {
-    /// This hop's span id, the parent of what it publishes.
-    pub span_id: String,
-    /// `None` when export is off: nothing else is collected then.
-    pending: Option<crate::otlp::SpanRecord>,
+/// The span id standing for a turn's start when its request came without a `traceparent`: the
+/// parent of its first stage's span, so every process builds the same one.
+pub fn derived_span_id(session: &str, turn: &str) -> String {
+    let digest = Sha256::digest(format!("{session}/{turn}").as_bytes());
+    hex::encode(&digest[16..24])
 }
 
-impl HopSpan {
-    /// Starts the span of `stage` handling `d`.
-    pub fn start(stage: &str, d: &Delivery) -> HopSpan {
-        let span_id = new_span_id();
-        let pending = crate::otlp::enabled().then(|| {
-            let (session, turn) = match turn_of(&d.headers) {
-                Some((s, t)) => (Some(s.to_owned()), Some(t.to_owned())),
-                None => (d.hint.session.clone(), d.hint.turn.clone()),
-            };
-            let mut attributes = vec![
-                ("messaging.system", "rabbitmq".to_owned()),
-                ("aptix.stage", stage.to_owned()),
-            ];
-            attributes.extend(session.map(|s| ("aptix.session_id", s)));
-            attributes.extend(turn.map(|t| ("aptix.turn_id", t)));
-            attributes.extend(d.message_id.clone().map(|m| ("messaging.message.id", m)));
-            let now = std::time::SystemTime::now();
-            crate::otlp::SpanRecord {
-                trace_id: trace_id_of(d)
-                    .unwrap_or_else(|| hex::encode(uuid::Uuid::new_v4().as_bytes())),
-                span_id: span_id.clone(),
-                parent_span_id: d
-                    .headers
-                    .get("traceparent")
-                    .and_then(|t| parse_span_id(t))
-                    .map(str::to_owned),
-                name: stage.to_owned(),
-                start: now,
-                end: now,
-                error: None,
-                attributes,
+/// The span of `stage` settling `d`, not yet entered. With export on, its OpenTelemetry
+/// parent is the span that published `d` (its `traceparent`, read by the W3C propagator), else
+/// the turn's derived start.
+pub fn hop_span(stage: &str, d: &Delivery) -> tracing::Span {
+    let trace = trace_id_of(d);
+    let span = tracing::info_span!(
+        "stage",
+        otel.name = stage,
+        otel.kind = "consumer",
+        stage,
+        trace_id = trace.as_deref().unwrap_or("-"),
+    );
+    if crate::otel::enabled() {
+        let _ = span.set_parent(parent_of(d, trace.as_deref()));
+        let (session, turn) = match turn_of(&d.headers) {
+            Some((s, t)) => (Some(s), Some(t)),
+            None => (d.hint.session.as_deref(), d.hint.turn.as_deref()),
+        };
+        span.set_attribute("messaging.system", "rabbitmq");
+        span.set_attribute("messaging.operation.type", "process");
+        let text = [
+            ("messaging.message.id", d.message_id.as_deref()),
+            ("aptix.session_id", session),
+            ("aptix.turn_id", turn),
+        ];
+        for (key, value) in text {
+            if let Some(value) = value {
+                span.set_attribute(key, value.to_owned());
             }
-        });
-        HopSpan { span_id, pending }
-    }
-
-    /// Ends the span with the message's outcome and exports it.
-    pub fn finish(self, outcome: &str, error: Option<String>) {
-        if let Some(mut span) = self.pending {
-            span.end = std::time::SystemTime::now();
-            span.attributes.push(("aptix.outcome", outcome.to_owned()));
-            span.error = error.or_else(|| (outcome == "dead_lettered").then(|| outcome.to_owned()));
-            crate::otlp::record(span);
         }
     }
+    span
+}
+
+/// The parent context of a hop: the message's own `traceparent` (and `tracestate`), else a
+/// remote span standing for the turn's start; empty (a new trace) when the turn is unknown.
+fn parent_of(d: &Delivery, trace: Option<&str>) -> opentelemetry::Context {
+    let cx = TraceContextPropagator::new().extract(&Headers(&d.headers));
+    if cx.span().span_context().is_valid() {
+        return cx;
+    }
+    let turn =
+        turn_of(&d.headers).or_else(|| d.hint.session.as_deref().zip(d.hint.turn.as_deref()));
+    let (Some(trace), Some((session, turn))) = (trace, turn) else {
+        return opentelemetry::Context::new();
+    };
+    let ids =
+        TraceId::from_hex(trace).ok().zip(SpanId::from_hex(&derived_span_id(session, turn)).ok());
+    let Some((trace, span)) = ids else { return opentelemetry::Context::new() };
+    let remote = SpanContext::new(trace, span, TraceFlags::SAMPLED, true, TraceState::NONE);
+    opentelemetry::Context::new().with_remote_span_context(remote)
+}
+
+/// A delivery's headers as the propagator reads them.
+struct Headers<'a>(&'a std::collections::BTreeMap<String, String>);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// The span id that what `span` publishes names as its parent: the exported span's own, or a
+/// fresh one when export is off.
+pub fn span_id_of(span: &tracing::Span) -> String {
+    if crate::otel::enabled() {
+        let cx = span.context();
+        let context = cx.span().span_context().clone();
+        if context.is_valid() {
+            return context.span_id().to_string();
+        }
+    }
+    new_span_id()
+}
+
+/// Ends a hop's span with the message's outcome: an error status when its handling failed or
+/// it was dead-lettered.
+pub fn finish(span: &tracing::Span, outcome: &str, error: Option<String>) {
+    if !crate::otel::enabled() {
+        return;
+    }
+    span.set_attribute("aptix.outcome", outcome.to_owned());
+    let error = error.or_else(|| (outcome == "dead_lettered").then(|| outcome.to_owned()));
+    span.set_status(match error {
+        Some(message) => opentelemetry::trace::Status::error(message),
+        None => opentelemetry::trace::Status::Ok,
+    });
 }
 
 /// Gives an outgoing message a `traceparent`: the incoming trace when it is the same turn,
@@ -158,5 +207,8 @@ mod tests {
         assert_ne!(a, derived_trace_id("s", "t2"));
         assert_eq!(parse_span_id(tp), Some("00f067aa0ba902b7"));
         assert_eq!(new_span_id().len(), 16);
+        assert_eq!(derived_span_id("s", "t1"), derived_span_id("s", "t1"));
+        assert_ne!(derived_span_id("s", "t1"), derived_span_id("s", "t2"));
+        assert_eq!(derived_span_id("s", "t1").len(), 16);
     }
 }

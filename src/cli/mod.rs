@@ -10,6 +10,7 @@ mod reprocess;
 mod sim;
 mod status;
 
+use crate::telemetry::DEFAULT_FILTER;
 pub use crate::worker::{block_on, load_settings};
 
 pub mod eval_retrieval;
@@ -163,7 +164,13 @@ pub enum SessionCommand {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || load_settings(cli.config.as_deref(), cli.log_format);
     match cli.command {
-        Command::Worker { stage, copies } => crate::worker::run(settings()?, &[stage], copies),
+        Command::Worker { stage, copies } => {
+            let service = format!("aptix-{stage}");
+            let (path, format) = (cli.config.as_deref(), cli.log_format);
+            let settings =
+                crate::worker::load_settings_with(path, format, DEFAULT_FILTER, &service)?;
+            crate::worker::run(settings, &[stage], copies)
+        }
         Command::Run { copies } => crate::worker::run(settings()?, &[], copies),
         Command::Migrate => ops::migrate(settings()?),
         Command::Repartition { from } => repartition::run(settings()?, from),
@@ -189,10 +196,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Demo { verbose } => {
             // The narrative is the output; logs only when something is wrong, or when asked.
-            let filter =
-                if verbose { crate::telemetry::DEFAULT_FILTER } else { "warn,qdrant_edge=error" };
+            let filter = if verbose { DEFAULT_FILTER } else { "warn,qdrant_edge=error" };
             let path = cli.config.as_deref();
-            demo::run(crate::worker::load_settings_with(path, cli.log_format, filter)?)
+            demo::run(crate::worker::load_settings_with(path, cli.log_format, filter, "aptix")?)
         }
         Command::Reprocess(args) => reprocess::run(args, settings()?),
         Command::Index(args) => {

@@ -54,8 +54,16 @@ impl HttpLlmClient {
         })
     }
 
-    /// Sends one call with retries; see [`LlmClient::create_response`].
+    /// Sends one call with retries, inside a GenAI client span; see
+    /// [`LlmClient::create_response`].
     pub async fn create(&self, request: LlmRequest<'_>) -> Result<LlmResponse, LlmError> {
+        let span = super::genai::span(request.body, request.endpoint);
+        let result = tracing::Instrument::instrument(self.call(request), span.clone()).await;
+        super::genai::record(&span, &result);
+        result
+    }
+
+    async fn call(&self, request: LlmRequest<'_>) -> Result<LlmResponse, LlmError> {
         if !request.body.is_object() {
             return Err(LlmError::Config("the /responses body must be a JSON object".into()));
         }

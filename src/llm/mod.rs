@@ -13,6 +13,7 @@
 
 mod delta;
 mod error;
+mod genai;
 mod http;
 mod map;
 mod retry;
