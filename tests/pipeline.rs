@@ -253,6 +253,50 @@ async fn a_turn_is_one_trace_across_stages() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_keeps_its_round_trips_path_through_the_stages_and_ignores_a_clients_own() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    // A client's own x-aptix-hops is not the pipeline's: it must not reach the record.
+    let forged =
+        r#"[{"stage":"forged","received_ms":1,"sent_ms":2,"attempt":0,"redelivered":false}]"#;
+    let body = serde_json::to_vec(&user_turn(&s, "t1", "where is the path")).unwrap();
+    let msg = OutMessage::to_queue(h.topology.requests(), "request", "r1".into(), body)
+        .header("x-aptix-hops", forged);
+    h.topology.declare_session(h.publisher.channel(), &s.parse().unwrap()).await.unwrap();
+    h.publisher.publish(&msg).await.unwrap();
+    let reply = h.replies(&s, 1, WAIT).await.pop().unwrap();
+    assert!(
+        !reply.headers.contains_key("x-aptix-hops"),
+        "the path is internal: {:?}",
+        reply.headers
+    );
+    let records = h.records(&s).await;
+    assert_eq!(records.len(), 1);
+    let stored = &records[0]["stage_timings"];
+    assert_eq!(stored["v"], 1, "{stored}");
+    let path = aptix::messages::hops::from_stored(stored);
+    let stages: Vec<&str> = path.iter().map(|h| h.stage.as_str()).collect();
+    assert_eq!(stages, ["validate", "retrieve", "assemble", "invoke", "persist"], "{stored}");
+    let created = chrono::DateTime::parse_from_rfc3339(records[0]["created_at"].as_str().unwrap());
+    let created = created.unwrap().timestamp_millis();
+    let mut handed_on = 0;
+    for hop in &path {
+        assert!(
+            hop.received_ms >= handed_on,
+            "a stage got its message before it was sent: {stored}"
+        );
+        assert!(hop.sent_ms >= hop.received_ms, "{stored}");
+        assert!(
+            hop.received_ms <= created + 1_000 && hop.received_ms > created - 60_000,
+            "{stored}"
+        );
+        assert_eq!((hop.attempt, hop.redelivered), (0, false), "{stored}");
+        handed_on = hop.sent_ms;
+    }
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_llm_that_stays_down_fails_the_turn_after_the_retries_and_dead_letters_it() {
     let h = Harness::start_with(1, |s| {
         s.llm.max_retries = 0;

@@ -1,5 +1,6 @@
 //! One turn as the console shows it: a timeline from what PostgreSQL holds (admission, start,
-//! each step's record with its LLM call, cancel, end) and the stored payloads behind it.
+//! each round trip's stages with their waits, durations and retries, each step's record with its
+//! LLM call, cancel, end) and the stored payloads behind it.
 
 use maud::{html, Markup};
 use serde_json::Value;
@@ -7,6 +8,7 @@ use serde_json::Value;
 use super::pages::{json_block, layout, text};
 use crate::config::ModelPrice;
 use crate::contracts::Usage;
+use crate::messages::hops;
 use crate::store::SessionView;
 
 /// A turn, its records and what happened when.
@@ -37,6 +39,7 @@ impl<'a> Turn<'a> {
             events.push((t, "started".to_owned(), "retrieve, assemble and invoke ran".to_owned()));
         }
         for r in &records {
+            events.extend(hop_events(r));
             events.push(step_event(r, prices));
         }
         if let Some(t) = at("cancel_requested_at") {
@@ -46,10 +49,39 @@ impl<'a> Turn<'a> {
             let state = row["state"].as_str().unwrap_or("-").to_owned();
             events.push((t, format!("now {state}"), "the turn's last change".to_owned()));
         }
-        events.sort_by(|a, b| a.0.cmp(&b.0));
+        // Stored times and hop times are written differently; order by the instant.
+        events.sort_by_key(|e| chrono::DateTime::parse_from_rfc3339(&e.0).ok());
         let session_id = view.session["id"].as_str().unwrap_or_default().to_owned();
         Some(Turn { session_id, row, records, events })
     }
+}
+
+/// One event per stage the record's round trip passed: when it arrived, how long it waited in
+/// the queue before (from the previous stage's hand-on) and how long the stage took, with its
+/// retries. Records written before hops were stored have none.
+fn hop_events(r: &Value) -> Vec<(String, String, String)> {
+    let step = r["step"].as_i64().unwrap_or_default();
+    let path = hops::from_stored(&r["stage_timings"]);
+    let mut sent_before: Option<i64> = None;
+    let mut out = Vec::new();
+    for h in &path {
+        let Some(at) = chrono::DateTime::from_timestamp_millis(h.received_ms) else { continue };
+        let mut detail = match sent_before {
+            Some(sent) => format!("waited {} ms in its queue; ", h.received_ms - sent),
+            None => String::new(),
+        };
+        detail += &format!("handled in {} ms", h.sent_ms - h.received_ms);
+        if h.attempt > 0 {
+            detail += &format!("; retry {} (after a delay queue)", h.attempt);
+        }
+        if h.redelivered {
+            detail += "; redelivered (a worker stopped or died on it)";
+        }
+        let at = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+        out.push((at, format!("step {step}: {}", h.stage), detail));
+        sent_before = Some(h.sent_ms);
+    }
+    out
 }
 
 fn step_event(r: &Value, prices: &[ModelPrice]) -> (String, String, String) {
@@ -89,7 +121,7 @@ pub fn page(t: &Turn<'_>) -> Markup {
                     tr { td { (at) } td { (what) } td { (detail) } }
                 }
             }
-            p.note { "Stage-by-stage timings, retries and delays are in the turn's trace (one span per stage message)." }
+            p.note { "Stage rows come from the path each round trip's messages carried (x-aptix-hops); the turn's trace has the same stages as spans." }
             h2 { "Request as the client sent it" }
             (json_block(&t.row["request"]))
             @for r in &t.records { (record(r)) }

@@ -133,6 +133,9 @@ pub struct PersistJob {
     pub warnings: Vec<UserWarning>,
     /// The provider's answer or the reason there is none.
     pub result: RoundTrip,
+    /// The stages it passed, from its delivery's headers (not part of the body).
+    #[serde(skip)]
+    pub hops: Vec<super::Hop>,
 }
 
 impl PersistJob {
@@ -143,6 +146,7 @@ impl PersistJob {
             assembled: None,
             warnings: Vec::new(),
             result: RoundTrip::Failed { errors, raw: None },
+            hops: Vec::new(),
         }
     }
 

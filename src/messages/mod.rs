@@ -10,6 +10,7 @@
 //! Inner messages are written only by Aptix and were validated when their request entered, so
 //! they are decoded as they are: nothing is validated twice.
 
+pub mod hops;
 mod jobs;
 mod outgoing;
 mod tools;
@@ -17,6 +18,7 @@ mod tools;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use hops::Hop;
 pub use jobs::{
     with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip,
     TurnJob,
@@ -38,6 +40,12 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// stage, which records it and replies). `None` when there is nothing left to fail.
     fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
         Some(PersistJob::failed(self.turn().clone(), errors))
+    }
+
+    /// Takes the turn's path so far, this delivery's own hop last ([`hops`]); only the last
+    /// stage, which records it, keeps it.
+    fn take_hops(&mut self, path: Vec<Hop>) {
+        let _ = path;
     }
 }
 
@@ -66,6 +74,10 @@ impl Message for PersistJob {
     const KIND: &'static str = "turn.persist/v1";
     fn turn(&self) -> &TurnJob {
         &self.job
+    }
+
+    fn take_hops(&mut self, path: Vec<Hop>) {
+        self.hops = path;
     }
 
     /// Failing a round trip again replaces its result; a failure that could not even be

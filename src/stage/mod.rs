@@ -8,6 +8,7 @@
 mod chain;
 mod route;
 mod runner;
+mod trip;
 
 use std::future::Future;
 
@@ -19,7 +20,7 @@ pub use crate::broker::TurnHint;
 
 use crate::broker::Delivery;
 use crate::contracts::{ApiError, ErrorCode};
-use crate::messages::{Message, Outgoing, PersistJob, Submission};
+use crate::messages::{Hop, Message, Outgoing, PersistJob, Submission};
 
 /// One step of the pipeline: a typed input message in, a typed output message out.
 pub trait Stage: Send + Sync + 'static {
@@ -70,8 +71,17 @@ pub trait Stage: Send + Sync + 'static {
 
 /// A stage input, as decoded from a delivery.
 pub trait Inbound: Sized + Send + Sync + 'static {
+    /// Whether clients write its queue: their headers are then not the pipeline's own, and
+    /// nothing they say about the turn's path is carried on.
+    const FROM_CLIENTS: bool = false;
+
     /// Decodes a delivery; `Err` says why it never can be.
     fn decode(delivery: &Delivery) -> Result<Self, String>;
+
+    /// Takes the turn's path so far, this delivery's hop last (see `messages::hops`).
+    fn take_hops(&mut self, path: Vec<Hop>) {
+        let _ = path;
+    }
 
     /// The round trip this input becomes when its turn fails with `errors`.
     fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob>;
@@ -82,12 +92,18 @@ impl<M: Message> Inbound for M {
         crate::messages::decode(&delivery.body)
     }
 
+    fn take_hops(&mut self, path: Vec<Hop>) {
+        Message::take_hops(self, path);
+    }
+
     fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
         Message::fail(self, errors)
     }
 }
 
 impl Inbound for Submission {
+    const FROM_CLIENTS: bool = true;
+
     fn decode(delivery: &Delivery) -> Result<Self, String> {
         Ok(Submission {
             body: delivery.body.clone(),

@@ -7,6 +7,7 @@ use futures_util::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
 use tracing::warn;
 
+use super::trip::Trip;
 use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
 use crate::broker::{Delivery, Disposition, Handler, OutMessage, UNDELIVERABLE};
 use crate::contracts::{ApiError, ErrorCode};
@@ -38,25 +39,30 @@ impl<S: Stage> Runner<S> {
     }
 
     async fn handle_typed(&self, d: Delivery) -> Disposition {
-        let input = match S::In::decode(&d) {
+        let trip = Trip::start(S::NAME, &d, S::In::FROM_CLIENTS);
+        let mut input = match S::In::decode(&d) {
             Ok(i) => i,
             Err(reason) => return Disposition::DeadLetter { reason, messages: vec![] },
         };
+        input.take_hops(trip.path());
         match self.stage.run(input).await {
-            Ok(output) => self.forward(output),
-            Err(e) => self.failed(&d, e).await,
+            Ok(output) => self.forward(output, &trip),
+            Err(e) => self.failed(&d, e, &trip).await,
         }
     }
 
-    fn forward(&self, output: Output<S::Out>) -> Disposition {
+    fn forward(&self, output: Output<S::Out>, trip: &Trip) -> Disposition {
         let outbox_ids = output.outbox_ids.clone();
         match self.route.messages(output) {
-            Ok(messages) => Disposition::Forward { messages, outbox_ids },
+            Ok(mut messages) => {
+                messages.iter_mut().for_each(|m| trip.stamp(m));
+                Disposition::Forward { messages, outbox_ids }
+            }
             Err(reason) => Disposition::DeadLetter { reason, messages: vec![] },
         }
     }
 
-    async fn failed(&self, d: &Delivery, error: StageError) -> Disposition {
+    async fn failed(&self, d: &Delivery, error: StageError, trip: &Trip) -> Disposition {
         let stage = S::NAME;
         match error {
             StageError::Transient(reason) => {
@@ -66,7 +72,7 @@ impl<S: Stage> Runner<S> {
             StageError::Fail(errors) => {
                 // The input decoded a moment ago; it decodes again.
                 let job = S::In::decode(d).ok().and_then(|i| i.fail(errors));
-                self.forward(Output::finish(job))
+                self.forward(Output::finish(job), trip)
             }
             StageError::Permanent(reason) => {
                 warn!(stage, %reason, "permanent failure, failing the turn");
@@ -94,7 +100,11 @@ impl<S: Stage> Runner<S> {
         // Outbox rows of a give-up are published with the dead letter and stay until a
         // redelivery of the turn finds them (consumers drop the copy by message id).
         match self.route.messages(output) {
-            Ok(messages) => messages,
+            Ok(mut messages) => {
+                let trip = Trip::start(S::NAME, d, S::In::FROM_CLIENTS);
+                messages.iter_mut().for_each(|m| trip.stamp(m));
+                messages
+            }
             Err(reason) => {
                 tracing::error!(stage = S::NAME, %reason, "could not route a given-up message's turn");
                 vec![]

@@ -48,6 +48,8 @@ pub struct NewRecord {
     pub rag_scope: Value,
     /// The reply sent to the client.
     pub reply: Value,
+    /// The round trip's path through the stages (`messages::hops`, stored form).
+    pub stage_timings: Option<Value>,
 }
 
 impl NewRecord {
@@ -82,6 +84,7 @@ impl NewRecord {
             language: turn.and_then(|t| t.language().map(str::to_owned)),
             rag_scope: list(turn.map(|t| serde_json::to_value(t.rag_scope())).transpose()?),
             reply,
+            stage_timings: None,
         })
     }
 
@@ -177,8 +180,9 @@ pub(super) async fn insert_record(
     sqlx::query(
         "INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
             request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
-            instruction, workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run)
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22)",
+            instruction, workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run,
+            stage_timings)
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)",
     )
     .bind(id)
     .bind(session)
@@ -202,6 +206,7 @@ pub(super) async fn insert_record(
     .bind(&r.reply)
     .bind(reprocess.map(|(of, _)| of))
     .bind(reprocess.map(|(_, run)| run))
+    .bind(&r.stage_timings)
     .execute(&mut *conn)
     .await?;
     Ok(id)

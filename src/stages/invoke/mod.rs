@@ -122,6 +122,7 @@ impl Stage for Invoke {
             assembled: Some(assembled),
             warnings: job.warnings,
             result: round_trip,
+            hops: Vec::new(),
         };
         self.store.save_llm_result(&key, step, &SavedRoundTrip::encode(&persist)?).await?;
         Ok(Output::next(persist))

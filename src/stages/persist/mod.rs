@@ -11,6 +11,7 @@ use crate::config::Settings;
 use crate::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
 };
+use crate::messages::hops;
 use crate::messages::{
     with_owed_warnings, Answer, Done, Outgoing, PersistJob, ReplyOut, RoundTrip,
 };
@@ -70,7 +71,8 @@ impl Stage for Persist {
 }
 
 impl Persist {
-    /// Writes the record, the session's state, the turn's transition and the reply.
+    /// Writes the record (with the round trip's path), the session's state, the turn's
+    /// transition and the reply.
     async fn finish(&self, job: &PersistJob) -> Result<Finished, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
         let e = self.ending(job).await?;
@@ -94,6 +96,7 @@ impl Persist {
         record.response_payload = e.raw;
         record.usage = e.usage;
         record.errors = e.errors;
+        record.stage_timings = Some(path(job));
         let finish = FinishStep {
             key,
             step,
@@ -248,4 +251,13 @@ fn failed(
 fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
     let assembled = job.assembled.iter().flat_map(|a| a.record.user_warnings.iter());
     job.warnings.iter().chain(assembled).cloned().collect()
+}
+
+/// The round trip's path as stored: its last hop is this stage's own, handed on now.
+fn path(job: &PersistJob) -> Value {
+    let mut path = job.hops.clone();
+    if let Some(own) = path.last_mut() {
+        own.sent_ms = hops::now_ms();
+    }
+    hops::stored(&path)
 }
