@@ -22,7 +22,10 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     assert_eq!(h.replies(&done, 1, Duration::from_secs(60)).await.len(), 1);
     let (stuck, dead_id) = dead_lettered_request(&h).await;
 
-    let (mut admin, base) = console(&h, Some(TOKEN)).await;
+    // RabbitMQ's management API gives the queues page its rates and workers (setup.sh enables it).
+    let management = std::net::TcpStream::connect("127.0.0.1:15672").is_ok();
+    assert!(management || std::env::var("APTIX_REQUIRE_MANAGEMENT").is_err(), "no management API");
+    let (mut admin, base) = console(&h, Some(TOKEN), management).await;
     let http = reqwest::Client::new();
     let get = |path: String| {
         let http = http.clone();
@@ -58,6 +61,12 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     }
     let queues = get("/queues".into()).await;
     assert!(queues.contains(&format!("dead-{dead_id}")) && queues.contains("turns"), "{queues}");
+    if management {
+        assert!(
+            queues.contains("aptix invoke worker on") && queues.contains("acked/s"),
+            "{queues}"
+        );
+    }
 
     // Without the right token nothing happens; a console without a token acts for nobody.
     let refused = http
@@ -67,12 +76,13 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         .await
         .unwrap();
     assert_eq!(refused.status(), 403);
-    let (mut readonly, ro_base) = console(&h, None).await;
+    let (mut readonly, ro_base) = console(&h, None, false).await;
     let ro = http
         .post(format!("{ro_base}/dead/replay"))
         .form(&[("id", dead_id.as_str()), ("token", TOKEN)]);
     assert_eq!(ro.send().await.unwrap().status(), 403);
-    assert!(!get("/queues".into()).await.is_empty());
+    let ro_queues = reqwest::get(format!("{ro_base}/queues")).await.unwrap().text().await.unwrap();
+    assert!(ro_queues.contains("rates and workers need amqp.management_url"), "{ro_queues}");
     stop(&mut readonly);
 
     match browser() {
@@ -127,8 +137,9 @@ impl Drop for Running {
     }
 }
 
-/// `aptix console` on a free port, with `token` as its admin token; waits until it answers.
-async fn console(h: &Harness, token: Option<&str>) -> (Running, String) {
+/// `aptix console` on a free port, with `token` as its admin token and RabbitMQ's management
+/// API when `management`; waits until it answers.
+async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aptix"));
     cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")])
@@ -137,6 +148,9 @@ async fn console(h: &Harness, token: Option<&str>) -> (Running, String) {
         .stdout(Stdio::null());
     if let Some(t) = token {
         cmd.env("APTIX__CONSOLE__ADMIN_TOKEN", t);
+    }
+    if management {
+        cmd.env("APTIX__AMQP__MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672");
     }
     let mut child = cmd.spawn().unwrap();
     let base = format!("http://127.0.0.1:{port}");

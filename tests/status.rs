@@ -49,3 +49,70 @@ async fn status_shows_consumers_depths_and_dead_letters() {
     assert!(out.contains("dead letters waiting: 1"), "{out}");
     h.teardown().await;
 }
+
+/// RabbitMQ's management API on this machine (deploy/rabbitmq/setup.sh enables the plugin).
+const MANAGEMENT: &str = "http://guest:guest@127.0.0.1:15672";
+
+fn management_answers() -> bool {
+    std::net::TcpStream::connect("127.0.0.1:15672").is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
+    if !management_answers() {
+        assert!(
+            std::env::var("APTIX_REQUIRE_MANAGEMENT").is_err(),
+            "APTIX_REQUIRE_MANAGEMENT is set and nothing answers on 127.0.0.1:15672"
+        );
+        eprintln!(
+            "SKIPPED: no management API on 127.0.0.1:15672 (deploy/rabbitmq/setup.sh enables it)"
+        );
+        return;
+    }
+    let h = Harness::start(1).await;
+    let prefix = h.topology.prefix().to_owned();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+            .arg("status")
+            .args(args)
+            .env_remove("APTIX_CONFIG")
+            .envs(h.child_env())
+            .env("APTIX__AMQP__MANAGEMENT_URL", MANAGEMENT)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // Turns keep flowing while we look: RabbitMQ samples rates every few seconds.
+    // Consumers attach within moments of the start (exit 1 until every stage has one).
+    let persist = format!("{prefix}.persist");
+    let (mut code, mut seen) = (None, Value::Null);
+    for i in 0..150 {
+        let s = common::new_session();
+        h.submit(&common::user_turn(&s, "t1", &format!("turn {i}"))).await;
+        let out;
+        (code, out) = run(&["--json"]);
+        seen = serde_json::from_str(&out).unwrap();
+        let q = seen.as_array().unwrap().iter().find(|q| q["queue"] == persist.as_str()).unwrap();
+        if code == Some(0) && q["activity"]["ack_per_s"].as_f64().unwrap_or_default() > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(code, Some(0), "{seen}");
+    let list = seen.as_array().unwrap();
+    let persist_q = list.iter().find(|q| q["queue"] == persist.as_str()).unwrap();
+    assert!(persist_q["activity"]["ack_per_s"].as_f64().unwrap() > 0.0, "{persist_q}");
+    assert!(persist_q["activity"]["publish_per_s"].as_f64().unwrap() > 0.0, "{persist_q}");
+    for stage in ["retrieve", "assemble", "invoke", "persist"] {
+        let q = list.iter().find(|q| q["queue"] == format!("{prefix}.{stage}")).unwrap();
+        let workers = q["activity"]["workers"].as_array().unwrap();
+        let me = format!("aptix {stage} worker on ");
+        let pid = format!(" pid {}", std::process::id());
+        assert_eq!(workers.len(), 1, "{q}");
+        let name = workers[0].as_str().unwrap();
+        assert!(name.starts_with(&me) && name.ends_with(&pid), "{q}");
+    }
+    let (_, text) = run(&[]);
+    assert!(text.contains("acked/s") && text.contains("worker  invoke"), "{text}");
+    h.teardown().await;
+}

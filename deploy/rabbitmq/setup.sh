@@ -32,7 +32,8 @@
 #                 client cannot publish into a stage queue); configure, read:
 #                 ^P\.(session|instance)\..* (its reply queues: per session, or per backend
 #                 instance)
-# Plugin: rabbitmq_consistent_hash_exchange (ships with RabbitMQ), for ingress partitions.
+# Plugins (both ship with RabbitMQ): rabbitmq_consistent_hash_exchange, for ingress partitions;
+#   rabbitmq_management, for rates and workers in `aptix status` and the console (and KEDA).
 # Policies (RabbitMQ's convention for bounds and expiry; queues are declared without x-args):
 #   P-sessions  ^P\.session\.   expires 24 h, max-length 10000 (drop-head: replies are also in
 #                               PostgreSQL)
@@ -165,10 +166,14 @@ fi
 # plugins file is read-only.
 plugins=(rabbitmq-plugins -q)
 [[ -n "${APTIX_RABBITMQ_NODE:-}" ]] && plugins+=(-n "$APTIX_RABBITMQ_NODE")
-if ! "${plugins[@]}" is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
-  "${plugins[@]}" enable rabbitmq_consistent_hash_exchange >/dev/null
-fi
+# The management API gives `aptix status` and the console their rates and each queue's workers
+# (amqp.management_url), and KEDA its depths.
+for plugin in rabbitmq_consistent_hash_exchange rabbitmq_management; do
+  if ! "${plugins[@]}" is_enabled "$plugin" >/dev/null 2>&1; then
+    "${plugins[@]}" enable "$plugin" >/dev/null
+  fi
+done
 users="aptix-worker and aptix-client"
 $shared_client || users="aptix-worker"
 echo "setup.sh: users $users, their permissions on / and the policies" \
-  "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugin rabbitmq_consistent_hash_exchange enabled"
+  "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugins rabbitmq_consistent_hash_exchange and rabbitmq_management enabled"

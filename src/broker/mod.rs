@@ -7,6 +7,7 @@ mod dead;
 mod declare;
 mod lanes;
 mod layout;
+pub mod management;
 mod message;
 mod partitioned;
 mod publish;
@@ -29,7 +30,7 @@ pub use publish::Publisher;
 pub use replies::LazyPublisher;
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
-pub use status::QueueState;
+pub use status::{with_activity, QueueState};
 pub use topology::{StageName, Topology, RETRY_TIERS_MS};
 
 /// How the reason given to [`Handler::exhausted`] starts when the handler's output can never be

@@ -112,7 +112,7 @@ impl<'a> Partitions<'a> {
     }
 
     async fn open(&self) -> Result<(Connection, Publisher), BrokerError> {
-        let (conn, publisher) = connections(self.settings).await?;
+        let (conn, publisher) = connections(self.settings, self.stage).await?;
         self.settings.topology.declare(publisher.channel()).await?;
         Ok((conn, publisher))
     }

@@ -41,12 +41,17 @@ pub struct RuntimeSettings {
 /// is down costs one refused attempt; the error is the last node's. A short heartbeat notices a
 /// dead broker in seconds, not minutes.
 pub async fn connect(urls: &str) -> Result<Connection, BrokerError> {
+    connect_named(urls, "aptix").await
+}
+
+/// Like [`connect`], the connection carrying `name` (the management UI and API show it).
+pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerError> {
     let nodes: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
     let start = if nodes.len() > 1 { rand::random_range(0..nodes.len()) } else { 0 };
     let mut last = BrokerError::Closed;
     for i in 0..nodes.len() {
         let node = nodes[(start + i) % nodes.len()];
-        match connect_node(node).await {
+        match connect_node(node, name).await {
             Ok(conn) => return Ok(conn),
             Err(error) => {
                 if nodes.len() > 1 {
@@ -60,13 +65,13 @@ pub async fn connect(urls: &str) -> Result<Connection, BrokerError> {
     Err(last)
 }
 
-async fn connect_node(url: &str) -> Result<Connection, BrokerError> {
+async fn connect_node(url: &str, name: &str) -> Result<Connection, BrokerError> {
     let url = if url.contains("heartbeat=") {
         url.to_owned()
     } else {
         format!("{url}{}heartbeat=10", if url.contains('?') { '&' } else { '?' })
     };
-    let props = ConnectionProperties::default().with_connection_name("aptix".into());
+    let props = ConnectionProperties::default().with_connection_name(name.into());
     // A node that accepts TCP and does not answer must not hold up the move to the next one.
     match tokio::time::timeout(NODE_CONNECT_TIMEOUT, Connection::connect(&url, props)).await {
         Ok(conn) => Ok(conn?),
@@ -207,7 +212,7 @@ type Opened = (Connection, Publisher, lapin::Channel, lapin::Consumer, String);
 
 /// Connects, declares the topology and starts consuming `stage`'s queue.
 async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, BrokerError> {
-    let (consume_conn, publisher) = connections(settings).await?;
+    let (consume_conn, publisher) = connections(settings, stage).await?;
     if settings.topology.is_ingress(stage) {
         settings.topology.declare(publisher.channel()).await?;
     } else {
@@ -219,12 +224,15 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
     Ok((consume_conn, publisher, channel, consumer, tag))
 }
 
-/// A connection to consume on and a publisher on a connection of its own: broker flow control
-/// on publishers must not stall acks.
+/// A connection to consume on, named after the worker so the broker's consumers of a queue are
+/// its workers, and a publisher on a connection of its own: broker flow control on publishers
+/// must not stall acks.
 pub(super) async fn connections(
     settings: &RuntimeSettings,
+    stage: StageName,
 ) -> Result<(Connection, Publisher), BrokerError> {
-    let consume_conn = connect(&settings.amqp_url).await?;
+    let name = super::management::worker_name(stage.as_str());
+    let consume_conn = connect_named(&settings.amqp_url, &name).await?;
     let publish_conn = connect(&settings.amqp_url).await?;
     let publisher =
         Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)

@@ -18,6 +18,9 @@ pub struct QueueState {
     pub ready: u32,
     /// Consumers attached now.
     pub consumers: u32,
+    /// Rates and the consuming workers, when the management API is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activity: Option<super::management::Activity>,
 }
 
 impl Topology {
@@ -38,8 +41,51 @@ impl Topology {
         for (queue, stage) in named {
             let counts = super::layout::passive_counts(publisher, &queue).await?;
             let (ready, consumers) = counts.unwrap_or_default();
-            out.push(QueueState { queue, stage, exists: counts.is_some(), ready, consumers });
+            let exists = counts.is_some();
+            out.push(QueueState { queue, stage, exists, ready, consumers, activity: None });
         }
         Ok(out)
     }
+}
+
+/// Adds what the management API says of each existing queue; a queue it cannot tell about
+/// keeps none, and the first error is returned after trying every queue.
+pub async fn with_activity(
+    states: &mut [QueueState],
+    api: &super::management::Management,
+) -> Result<(), String> {
+    let mut first_error = None;
+    let mut names = std::collections::HashMap::new();
+    for q in states.iter_mut().filter(|q| q.exists) {
+        let result = match api.activity(&q.queue).await {
+            Ok(Some(mut activity)) => {
+                name_workers(api, &mut activity.workers, &mut names).await.map(|()| Some(activity))
+            }
+            other => other,
+        };
+        match result {
+            Ok(activity) => q.activity = activity,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Replaces the broker's connection names in `workers` by the names the connections gave
+/// themselves, asking once per connection.
+async fn name_workers(
+    api: &super::management::Management,
+    workers: &mut [String],
+    names: &mut std::collections::HashMap<String, String>,
+) -> Result<(), String> {
+    for w in workers.iter_mut() {
+        if !names.contains_key(w.as_str()) {
+            let own = api.connection_name(w).await?;
+            names.insert(w.clone(), own);
+        }
+        *w = names[w.as_str()].clone();
+    }
+    Ok(())
 }

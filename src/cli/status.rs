@@ -1,9 +1,11 @@
 //! `aptix status`: the pipeline's queues as the broker sees them (messages ready, consumers per
-//! stage), the dead letters waiting for an operator, and whether every stage has a consumer.
+//! stage; with the management API also unacked messages, rates and the workers consuming), the
+//! dead letters waiting for an operator, and whether every stage has a consumer.
 
 use std::process::ExitCode;
 
-use crate::broker::{Publisher, QueueState};
+use crate::broker::management::Management;
+use crate::broker::{with_activity, Publisher, QueueState};
 use crate::config::Settings;
 use crate::pipeline;
 use crate::worker::block_on;
@@ -17,13 +19,18 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
             Ok(p) => p,
             Err(code) => return Ok(code),
         };
-        let states = topology.queue_states(&publisher).await?;
+        let mut states = topology.queue_states(&publisher).await?;
+        let note = activity(&settings, &mut states).await;
         let idle: Vec<&QueueState> =
             states.iter().filter(|q| q.stage.is_some() && q.consumers == 0).collect();
         if json {
             println!("{}", serde_json::to_string_pretty(&states)?);
         } else {
             print_table(&states);
+            print_workers(&states);
+            if let Some(note) = note {
+                println!("{note}");
+            }
             for q in &idle {
                 let stage = q.stage.unwrap_or("-");
                 println!("warning: no consumer on {} (start `aptix worker {stage}`)", q.queue);
@@ -42,16 +49,53 @@ pub(super) async fn broker(settings: &Settings) -> Result<Publisher, ExitCode> {
     })
 }
 
+/// Rates and workers from the management API when it is configured; a note when it failed.
+async fn activity(settings: &Settings, states: &mut [QueueState]) -> Option<String> {
+    let url = settings.amqp.management_url.expose();
+    if url.is_empty() {
+        return None;
+    }
+    let result = match Management::new(url, settings.amqp.url.expose()) {
+        Ok(api) => with_activity(states, &api).await,
+        Err(e) => Err(e),
+    };
+    result.err().map(|e| format!("warning: rates and workers unavailable: {e}"))
+}
+
 fn print_table(states: &[QueueState]) {
-    println!("{:<40} {:<10} {:>8} {:>10}", "queue", "stage", "ready", "consumers");
+    println!(
+        "{:<40} {:<10} {:>8} {:>10} {:>8} {:>8} {:>8}",
+        "queue", "stage", "ready", "consumers", "unacked", "in/s", "acked/s"
+    );
     for q in states {
         let stage = q.stage.unwrap_or("-");
-        if q.exists {
-            println!("{:<40} {:<10} {:>8} {:>10}", q.queue, stage, q.ready, q.consumers);
-        } else {
-            println!("{:<40} {:<10} {:>8} {:>10}", q.queue, stage, "missing", "-");
-        }
+        let (ready, consumers) = match q.exists {
+            true => (q.ready.to_string(), q.consumers.to_string()),
+            false => ("missing".to_owned(), "-".to_owned()),
+        };
+        let (unacked, publish, ack) = match &q.activity {
+            Some(a) => (a.unacked.to_string(), rate(a.publish_per_s), rate(a.ack_per_s)),
+            None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+        };
+        println!(
+            "{:<40} {stage:<10} {ready:>8} {consumers:>10} {unacked:>8} {publish:>8} {ack:>8}",
+            q.queue
+        );
     }
     let dead = states.iter().find(|q| q.queue.ends_with(".dead")).map_or(0, |q| q.ready);
     println!("dead letters waiting: {dead}");
+}
+
+fn rate(per_s: f64) -> String {
+    format!("{per_s:.1}")
+}
+
+/// Each stage's workers: the connections consuming its queues, as they named themselves.
+fn print_workers(states: &[QueueState]) {
+    for q in states {
+        let (Some(stage), Some(a)) = (q.stage, &q.activity) else { continue };
+        for worker in &a.workers {
+            println!("worker  {stage:<10} {worker}  (consuming {})", q.queue);
+        }
+    }
 }

@@ -125,6 +125,10 @@ pub struct AmqpSettings {
     pub ingress_partitions: u16,
     /// The kind of every queue except session reply queues.
     pub queue_type: QueueType,
+    /// RabbitMQ's management API (`http://user:password@host:15672`), read by `aptix status`
+    /// and the console for rates and the workers consuming each queue; empty: not used.
+    #[serde(default)]
+    pub management_url: ConnectionUrl,
 }
 
 /// Which RabbitMQ queue type carries the pipeline's own queues.

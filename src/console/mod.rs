@@ -18,7 +18,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::broker::{DeadAction, Publisher, Topology};
+use crate::broker::management::Management;
+use crate::broker::{with_activity, DeadAction, Publisher, Topology};
 use crate::config::{Secret, Settings};
 use crate::contracts::SessionId;
 use crate::dead::Settled;
@@ -33,6 +34,8 @@ pub struct Console {
     topology: Topology,
     /// Replay and discard need it; none: read-only.
     admin_token: Option<Secret>,
+    /// Rates and workers per queue; none without `amqp.management_url`.
+    management: Option<Management>,
 }
 
 impl Console {
@@ -43,7 +46,13 @@ impl Console {
         let topology = crate::pipeline::topology(&settings);
         let token = settings.console.admin_token.clone();
         let admin_token = token.filter(|t| !t.expose().is_empty());
-        Ok(Console { settings, store, publisher, topology, admin_token })
+        let management = match settings.amqp.management_url.expose() {
+            "" => None,
+            url => {
+                Some(Management::new(url, settings.amqp.url.expose()).map_err(anyhow::Error::msg)?)
+            }
+        };
+        Ok(Console { settings, store, publisher, topology, admin_token, management })
     }
 
     fn admin(&self) -> bool {
@@ -148,9 +157,16 @@ struct Notice {
 }
 
 async fn queues(State(c): State<Arc<Console>>, Query(n): Query<Notice>) -> Page {
-    let states = c.topology.queue_states(&c.publisher).await.map_err(failed)?;
+    let mut states = c.topology.queue_states(&c.publisher).await.map_err(failed)?;
+    let rates = match &c.management {
+        None => {
+            Err("rates and workers need amqp.management_url (RabbitMQ's management API)".into())
+        }
+        Some(api) => with_activity(&mut states, api).await.map_err(|e| format!("rates: {e}")),
+    };
     let dead = c.topology.dead_letters(&c.publisher, 200).await.map_err(failed)?;
-    Ok(pages::queues(&states, &dead, c.admin(), &n.notice))
+    let missing = rates.err().unwrap_or_default();
+    Ok(pages::queues(&states, &dead, c.admin(), &n.notice, &missing))
 }
 
 #[derive(Debug, Deserialize)]

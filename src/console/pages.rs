@@ -118,29 +118,51 @@ pub fn session(view: &SessionView) -> Markup {
     )
 }
 
-/// Queues with their depth and consumers, and the dead letters with their actions.
-pub fn queues(states: &[QueueState], dead: &[DeadLetter], admin: bool, notice: &str) -> Markup {
+/// Queues with their depth, consumers, rates and workers (`missing` says why there are no
+/// rates), and the dead letters with their actions.
+pub fn queues(
+    states: &[QueueState],
+    dead: &[DeadLetter],
+    admin: bool,
+    notice: &str,
+    missing: &str,
+) -> Markup {
     layout(
         "Queues",
         html! {
             @if !notice.is_empty() { p.notice { (notice) } }
             table {
-                tr { th { "queue" } th { "stage" } th { "ready" } th { "consumers" } }
-                @for q in states {
-                    tr {
-                        td { (q.queue) }
-                        td { (q.stage.unwrap_or("-")) }
-                        td { @if q.exists { (q.ready) } @else { "missing" } }
-                        td { (q.consumers) @if q.stage.is_some() && q.consumers == 0 { " ⚠ no consumer" } }
-                    }
+                tr {
+                    th { "queue" } th { "stage" } th { "ready" } th { "consumers" }
+                    th { "unacked" } th { "in/s" } th { "acked/s" } th { "workers" }
                 }
+                @for q in states { (queue_row(q)) }
             }
-            p.note { "Rates per stage: the Grafana dashboard (deploy/grafana)." }
+            @if !missing.is_empty() { p.note { (missing) } }
             h2 { "Dead letters (" (dead.len()) ")" }
             @if !admin { p.note { "Read-only: start the console with an admin token to replay or discard." } }
             @for d in dead { (dead_letter(d, admin)) }
         },
     )
+}
+
+fn queue_row(q: &QueueState) -> Markup {
+    html! {
+        tr {
+            td { (q.queue) }
+            td { (q.stage.unwrap_or("-")) }
+            td { @if q.exists { (q.ready) } @else { "missing" } }
+            td { (q.consumers) @if q.stage.is_some() && q.consumers == 0 { " ⚠ no consumer" } }
+            @if let Some(a) = &q.activity {
+                td { (a.unacked) }
+                td.rate { (format!("{:.1}", a.publish_per_s)) }
+                td.rate { (format!("{:.1}", a.ack_per_s)) }
+                td.workers { @for w in &a.workers { div { (w) } } }
+            } @else {
+                td { "-" } td { "-" } td { "-" } td { "-" }
+            }
+        }
+    }
 }
 
 fn dead_letter(d: &DeadLetter, admin: bool) -> Markup {

@@ -71,6 +71,9 @@ fn hop_events(r: &Value) -> Vec<(String, String, String)> {
             None => String::new(),
         };
         detail += &format!("handled in {} ms", h.sent_ms - h.received_ms);
+        if h.stage == "invoke" {
+            detail += " (the LLM call's latency, retries included)";
+        }
         if h.attempt > 0 {
             detail += &format!("; retry {} (after a delay queue)", h.attempt);
         }
