@@ -62,10 +62,16 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     let queues = get("/queues".into()).await;
     assert!(queues.contains(&format!("dead-{dead_id}")) && queues.contains("turns"), "{queues}");
     if management {
-        assert!(
-            queues.contains("aptix invoke worker on") && queues.contains("acked/s"),
-            "{queues}"
-        );
+        // The management API refreshes consumer details every few seconds (its stats interval).
+        let mut page = queues.clone();
+        for _ in 0..100 {
+            if page.contains("aptix invoke worker on") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            page = get("/queues".into()).await;
+        }
+        assert!(page.contains("aptix invoke worker on") && page.contains("acked/s"), "{page}");
     }
 
     // Without the right token nothing happens; a console without a token acts for nobody.

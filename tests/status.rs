@@ -93,7 +93,10 @@ async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
         (code, out) = run(&["--json"]);
         seen = serde_json::from_str(&out).unwrap();
         let q = seen.as_array().unwrap().iter().find(|q| q["queue"] == persist.as_str()).unwrap();
-        if code == Some(0) && q["activity"]["ack_per_s"].as_f64().unwrap_or_default() > 0.0 {
+        let acked = q["activity"]["ack_per_s"].as_f64().unwrap_or_default() > 0.0;
+        // Rates and consumer details refresh every few seconds (the management stats interval).
+        let workers = list_workers(&seen).len() >= 5;
+        if code == Some(0) && acked && workers {
             break;
         }
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -115,4 +118,12 @@ async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
     let (_, text) = run(&[]);
     assert!(text.contains("acked/s") && text.contains("worker  invoke"), "{text}");
     h.teardown().await;
+}
+
+/// Every worker named on any queue of `--json` output.
+fn list_workers(states: &Value) -> Vec<String> {
+    let list = states.as_array().map(Vec::as_slice).unwrap_or_default();
+    let names =
+        list.iter().flat_map(|q| q["activity"]["workers"].as_array().cloned().unwrap_or_default());
+    names.filter_map(|w| w.as_str().map(str::to_owned)).collect()
 }

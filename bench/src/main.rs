@@ -58,6 +58,8 @@ pub enum BenchCommand {
     Inflight(pipeline::InflightArgs),
     /// Throughput with 1, 2 and 4 copies of the slowest stage.
     Scaling(pipeline::ScalingArgs),
+    /// Cost per turn as the work grows: 100 to 10,000 sessions, 1 KB vs 100 KB active files.
+    Growth(pipeline::GrowthArgs),
     /// One tenant's flood (10x its limit) against another's steady load: the second's latency
     /// and throughput with and without it.
     Fairness(pipeline::fairness::FairnessArgs),
@@ -93,6 +95,7 @@ pub fn run(command: BenchCommand, settings: &Settings) -> anyhow::Result<ExitCod
         BenchCommand::Overhead(args) => pipeline::run(pipeline::Which::Overhead(args), settings),
         BenchCommand::Inflight(args) => pipeline::run(pipeline::Which::Inflight(args), settings),
         BenchCommand::Scaling(args) => pipeline::run(pipeline::Which::Scaling(args), settings),
+        BenchCommand::Growth(args) => pipeline::run(pipeline::Which::Growth(args), settings),
         BenchCommand::Fairness(args) => pipeline::run_fairness(args, settings),
         BenchCommand::All(args) => pipeline::run(pipeline::Which::All(args), settings),
     }

@@ -1,4 +1,4 @@
-//! Pipeline benchmarks: `aptix-bench ceiling | overhead | inflight | scaling | all`.
+//! Pipeline benchmarks: `aptix-bench ceiling | overhead | inflight | scaling | growth | all`.
 //!
 //! Every measured run gets a fresh environment (random queue prefix, new database, simulator,
 //! embedded vector store; see `env`), drives turns by publishing real `AgentExecuteRequest`
@@ -26,8 +26,10 @@ use serde_json::{json, Value};
 use aptix::config::Settings;
 use report::RunReport;
 
-pub use args::{AllArgs, CeilingArgs, CommonArgs, InflightArgs, OverheadArgs, ScalingArgs};
-pub(crate) use args::{Ceiling, Inflight, Overhead, Scaling};
+pub use args::{
+    AllArgs, CeilingArgs, CommonArgs, GrowthArgs, InflightArgs, OverheadArgs, ScalingArgs,
+};
+pub(crate) use args::{Ceiling, Growth, Inflight, Overhead, Scaling};
 
 /// Which benchmark to run.
 #[derive(Debug, Clone)]
@@ -40,6 +42,8 @@ pub enum Which {
     Inflight(InflightArgs),
     /// Copies of the slowest stage.
     Scaling(ScalingArgs),
+    /// Cost per turn as sessions and active files grow.
+    Growth(GrowthArgs),
     /// All four.
     All(AllArgs),
 }
@@ -59,6 +63,7 @@ pub fn run(which: Which, settings: &Settings) -> anyhow::Result<ExitCode> {
         Which::Overhead(a) => a.common.clone(),
         Which::Inflight(a) => a.common.clone(),
         Which::Scaling(a) => a.common.clone(),
+        Which::Growth(a) => a.common.clone(),
         Which::All(a) => a.common.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -114,6 +119,10 @@ async fn dispatch(
         Which::Scaling(a) => {
             header("scaling");
             record("scaling", runs::scaling(&a.resolve(), common, &corpus, settings).await?);
+        }
+        Which::Growth(a) => {
+            header("growth");
+            record("growth", runs::growth(&a.resolve(), common, &corpus, settings).await?);
         }
         Which::All(_) => {
             header("all");

@@ -126,6 +126,31 @@ pub struct ScalingArgs {
     pub latency_ms: u64,
 }
 
+/// Options of `aptix-bench growth`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GrowthArgs {
+    /// Shared options.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Points as SESSIONSxFILE_BYTES, comma-separated [default:
+    /// 100x1000,1000x1000,10000x1000,100x100000,1000x100000; 4x1000,8x20000 with --smoke].
+    #[arg(long, value_delimiter = ',', value_parser = parse_point)]
+    pub points: Option<Vec<(usize, usize)>>,
+    /// Seconds of load per point [default: 20; 2 with --smoke].
+    #[arg(long)]
+    pub secs: Option<f64>,
+    /// Seconds at the start of each point not counted, over which the sessions start [default:
+    /// 5; 0.5 with --smoke].
+    #[arg(long)]
+    pub warmup_secs: Option<f64>,
+}
+
+fn parse_point(s: &str) -> Result<(usize, usize), String> {
+    let (sessions, bytes) = s.split_once('x').ok_or("a point is SESSIONSxFILE_BYTES")?;
+    let n = |v: &str| v.trim().parse::<usize>().map_err(|e| format!("{v}: {e}"));
+    Ok((n(sessions)?.max(1), n(bytes)?))
+}
+
 /// Options of `aptix-bench all`: the four pipeline benchmarks with their defaults.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AllArgs {
@@ -170,6 +195,25 @@ pub(crate) struct Scaling {
     pub(crate) warmup: f64,
     pub(crate) sessions: usize,
     pub(crate) latency_ms: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Growth {
+    pub(crate) points: Vec<(usize, usize)>,
+    pub(crate) secs: f64,
+    pub(crate) warmup: f64,
+}
+
+impl GrowthArgs {
+    pub(crate) fn resolve(&self) -> Growth {
+        let s = self.common.smoke;
+        let full = vec![(100, 1000), (1000, 1000), (10_000, 1000), (100, 100_000), (1000, 100_000)];
+        Growth {
+            points: pick(self.points.clone(), s, vec![(4, 1000), (8, 20_000)], full),
+            secs: pick(self.secs, s, 2.0, 20.0),
+            warmup: pick(self.warmup_secs, s, 0.5, 5.0),
+        }
+    }
 }
 
 impl CeilingArgs {

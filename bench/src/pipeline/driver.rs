@@ -76,6 +76,8 @@ pub struct Driver {
     tasks: Vec<JoinHandle<()>>,
     /// Sent as `user_id` (a tenant's driver).
     user_id: Option<String>,
+    /// Bytes of the active file each request carries (0: none).
+    file_bytes: usize,
 }
 
 impl std::fmt::Debug for Driver {
@@ -152,7 +154,13 @@ impl Driver {
             channels.push(ch);
         }
         let topology = topology.clone();
-        Ok(Driver { publisher, topology, waiters, channels, tasks, user_id })
+        Ok(Driver { publisher, topology, waiters, channels, tasks, user_id, file_bytes: 0 })
+    }
+
+    /// Every request carries an active file of `bytes` bytes from now on.
+    pub fn with_file(mut self, bytes: usize) -> Driver {
+        self.file_bytes = bytes;
+        self
     }
 
     /// Publishes one request (with confirm) and returns where its final reply will arrive.
@@ -192,7 +200,7 @@ impl Driver {
             chrono::Duration::from_std(Instant::now().saturating_duration_since(start))
                 .unwrap_or_default();
         let wall_start = chrono::Utc::now() - since_start;
-        let body = request(session, turn_id);
+        let body = request_with_file(session, turn_id, self.file_bytes);
         let reply = match self.submit(session, turn_id, body).await {
             Ok(rx) => tokio::time::timeout(timeout, rx).await.ok().and_then(Result::ok),
             Err(error) => {
@@ -239,6 +247,34 @@ pub fn request(session: &SessionId, turn_id: &str) -> Vec<u8> {
         "TurnId": turn_id,
         "Instruction": format!("{MARKER} {turn_id}: {question}"),
     });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// Like [`request`], with an active file of about `file_bytes` bytes (none for 0): Rust-like
+/// lines, the session's id in the first, the same on every turn of the session (an editor sends
+/// its open file again each turn).
+pub fn request_with_file(session: &SessionId, turn_id: &str, file_bytes: usize) -> Vec<u8> {
+    if file_bytes == 0 {
+        return request(session, turn_id);
+    }
+    let mut contents = format!("// bench file of session {session}\n");
+    for i in 0.. {
+        if contents.len() >= file_bytes {
+            break;
+        }
+        contents.push_str(&format!(
+            "pub fn bench_step_{i}(x: u64) -> u64 {{ x.wrapping_mul({i}) + 1 }}\n"
+        ));
+    }
+    contents.truncate(file_bytes);
+    let mut body: serde_json::Value =
+        serde_json::from_slice(&request(session, turn_id)).unwrap_or_default();
+    body["InputArtifacts"] = serde_json::json!([{
+        "RelativePath": "src/bench_active.rs",
+        "FileName": "bench_active.rs",
+        "Contents": contents,
+        "Origin": "ide",
+    }]);
     serde_json::to_vec(&body).unwrap_or_default()
 }
 

@@ -3,11 +3,13 @@
 //! loop and hop-size calibration.
 
 mod ceiling;
+mod growth;
 mod inflight;
 mod overhead;
 mod scaling;
 
 pub use ceiling::ceiling;
+pub use growth::growth;
 pub use inflight::inflight;
 pub use overhead::overhead;
 pub use scaling::scaling;
@@ -28,7 +30,7 @@ use super::profile::{self, Profile};
 use super::relay::{self, HopSizes};
 use super::report::{finish, RunReport, Target};
 use super::sys::{self, CpuSnapshot, CpuUse, Wal};
-use super::{failures, Ceiling, CommonArgs, Inflight, Overhead, Scaling};
+use super::{failures, Ceiling, CommonArgs, Growth, Inflight, Overhead, Scaling};
 use crate::Percentiles;
 use aptix::broker::{StageName, Topology};
 use aptix::config::Settings;
@@ -213,6 +215,8 @@ fn slowest(depths: &[(String, f64)]) -> StageName {
 /// A closed-loop load.
 struct Load {
     sessions: usize,
+    /// Bytes of the active file in each request (0: none).
+    file_bytes: usize,
     secs: f64,
     warmup: f64,
     ramp: Duration,
@@ -240,9 +244,9 @@ async fn measure_closed(
         (load.sessions, load.secs, load.warmup, load.timeout);
     let sessions = driver::sessions(sessions_n);
     env.track_sessions(topology, &sessions);
-    let driver = Arc::new(
-        Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?,
-    );
+    let driver =
+        Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?;
+    let driver = Arc::new(driver.with_file(load.file_bytes));
     let stop = CancellationToken::new();
     let depths = sample_depths(env.conn.create_channel().await?, topology, stop.clone());
     let pool = env.deps.store.pool();

@@ -30,7 +30,7 @@ pub async fn ceiling(
             let pf: Vec<u16> = stages.iter().map(|s| prefetch.get(s.as_str())).collect();
             let relay_tasks =
                 relay::start(env.settings.amqp.url.expose(), &relay_topology, sizes.clone(), pf, stop.clone()).await?;
-            let load = Load { sessions: p.sessions, secs: p.secs, warmup: p.warmup, ramp: Duration::ZERO, timeout };
+            let load = Load { sessions: p.sessions, file_bytes: 0, secs: p.secs, warmup: p.warmup, ramp: Duration::ZERO, timeout };
             let relay = measure_closed(env, &relay_topology, &ids, &load).await?;
             stop.cancel();
             for t in relay_tasks {

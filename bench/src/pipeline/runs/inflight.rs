@@ -25,7 +25,7 @@ pub async fn inflight(
             let topology = env.topology.clone();
             // Sessions start spread over one latency period, as steady arrivals would be.
             let ramp = Duration::from_millis(p.latency_ms);
-            let load = Load { sessions: p.concurrency, secs: p.secs, warmup: p.warmup, ramp, timeout };
+            let load = Load { sessions: p.concurrency, file_bytes: 0, secs: p.secs, warmup: p.warmup, ramp, timeout };
             let m = measure_closed(env, &topology, &ids, &load).await?;
             let hwm = sys::status_mib("VmHWM:").unwrap_or(0.0);
             env.stop().await;

@@ -113,6 +113,7 @@ async fn point(
         let topology = env.topology.clone();
         let load = Load {
             sessions: p.sessions,
+            file_bytes: 0,
             secs: p.secs,
             warmup: p.warmup,
             ramp: Duration::ZERO,
