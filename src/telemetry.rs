@@ -37,6 +37,11 @@ pub fn init(format: LogFormat) {
 /// `export` when given. The log filter does not limit export: the crate's spans at INFO are
 /// exported whatever the log level (a quiet demo still sends its traces).
 pub fn init_with(format: LogFormat, default_filter: &str, export: Option<&Export>) {
+    // Later calls change nothing; checked first so no exporter is built for a subscriber that
+    // would never feed it.
+    if tracing::dispatcher::has_been_set() {
+        return;
+    }
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let fmt = tracing_subscriber::fmt::layer()

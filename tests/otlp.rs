@@ -95,6 +95,17 @@ async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage_and_a_genai_call(
     h.topology.declare_session(h.publisher.channel(), &s.parse().unwrap()).await.unwrap();
     h.publisher.publish(&msg).await.unwrap();
     let reply = h.replies(&s, 1, Duration::from_secs(60)).await.pop().unwrap();
+    // A client that decided not to sample: its decision holds in every process.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let body = serde_json::to_vec(&user_turn(&s, "t2", "not sampled")).unwrap();
+    let msg = OutMessage::to_queue(h.topology.requests(), "request", "r2".into(), body)
+        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"));
+    h.publisher.publish(&msg).await.unwrap();
+    let quiet = h.replies(&s, 1, Duration::from_secs(60)).await.pop().unwrap();
+    assert!(quiet.headers["traceparent"].ends_with("-00"), "{:?}", quiet.headers);
+    // No traceparent at all: the turn's derived trace, under its derived start.
+    h.submit(&user_turn(&s, "t3", "derived")).await;
+    h.replies(&s, 1, Duration::from_secs(60)).await;
     h.teardown().await;
     aptix::otel::flush().await;
 
@@ -141,6 +152,17 @@ async fn a_turn_is_exported_as_one_trace_with_a_span_per_stage_and_a_genai_call(
     assert_eq!(text_of(a, "server.address").as_deref(), Some("127.0.0.1"));
     assert!(matches!(value_of(a, "gen_ai.response.finish_reasons"), Some(Any::ArrayValue(_))));
     assert_eq!(call.status.as_ref().unwrap().code, StatusCode::Ok as i32);
+    assert!(
+        spans.iter().all(|(_, s)| hex(&s.trace_id) != unsampled),
+        "an unsampled turn was exported"
+    );
+    let derived = aptix::broker::trace::derived_trace_id(&s, "t3");
+    let t3: Vec<&Span> =
+        spans.iter().map(|(_, x)| x).filter(|x| hex(&x.trace_id) == derived).collect();
+    let validate = t3.iter().find(|x| x.name == "validate").expect("t3's validate span");
+    let start = aptix::broker::trace::derived_span_id(&s, "t3");
+    assert_eq!(hex(&validate.parent_span_id), start);
+    assert!(t3.len() >= 6, "five stages and the LLM call: {}", t3.len());
     // Every span of the turn is in the client's trace: none of its stages started another.
     let turn_spans = spans
         .iter()

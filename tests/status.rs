@@ -95,8 +95,7 @@ async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
         let q = seen.as_array().unwrap().iter().find(|q| q["queue"] == persist.as_str()).unwrap();
         let acked = q["activity"]["ack_per_s"].as_f64().unwrap_or_default() > 0.0;
         // Rates and consumer details refresh every few seconds (the management stats interval).
-        let workers = list_workers(&seen).len() >= 5;
-        if code == Some(0) && acked && workers {
+        if code == Some(0) && acked && STAGES.iter().all(|s| one_worker(&seen, &prefix, s)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -106,24 +105,25 @@ async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
     let persist_q = list.iter().find(|q| q["queue"] == persist.as_str()).unwrap();
     assert!(persist_q["activity"]["ack_per_s"].as_f64().unwrap() > 0.0, "{persist_q}");
     assert!(persist_q["activity"]["publish_per_s"].as_f64().unwrap() > 0.0, "{persist_q}");
-    for stage in ["retrieve", "assemble", "invoke", "persist"] {
-        let q = list.iter().find(|q| q["queue"] == format!("{prefix}.{stage}")).unwrap();
-        let workers = q["activity"]["workers"].as_array().unwrap();
-        let me = format!("aptix {stage} worker on ");
-        let pid = format!(" pid {}", std::process::id());
-        assert_eq!(workers.len(), 1, "{q}");
-        let name = workers[0].as_str().unwrap();
-        assert!(name.starts_with(&me) && name.ends_with(&pid), "{q}");
+    for stage in STAGES {
+        assert!(one_worker(&seen, &prefix, stage), "{stage}: {seen}");
     }
     let (_, text) = run(&[]);
-    assert!(text.contains("acked/s") && text.contains("worker  invoke"), "{text}");
+    let me = "worker  invoke     aptix invoke worker on ";
+    assert!(text.contains(me) && text.contains(&format!("(consuming {prefix}.invoke)")), "{text}");
     h.teardown().await;
 }
 
-/// Every worker named on any queue of `--json` output.
-fn list_workers(states: &Value) -> Vec<String> {
+const STAGES: [&str; 4] = ["retrieve", "assemble", "invoke", "persist"];
+
+/// Whether `stage`'s queue in `--json` output has exactly one consumer, this process's worker
+/// of that stage by the name it gave its connection.
+fn one_worker(states: &Value, prefix: &str, stage: &str) -> bool {
     let list = states.as_array().map(Vec::as_slice).unwrap_or_default();
-    let names =
-        list.iter().flat_map(|q| q["activity"]["workers"].as_array().cloned().unwrap_or_default());
-    names.filter_map(|w| w.as_str().map(str::to_owned)).collect()
+    let Some(q) = list.iter().find(|q| q["queue"] == format!("{prefix}.{stage}")) else {
+        return false;
+    };
+    let workers = q["activity"]["workers"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let (me, pid) = (format!("aptix {stage} worker on "), format!(" pid {}", std::process::id()));
+    matches!(workers, [w] if w.as_str().is_some_and(|n| n.starts_with(&me) && n.ends_with(&pid)))
 }

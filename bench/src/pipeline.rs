@@ -13,6 +13,7 @@ pub mod fairness;
 mod profile;
 mod relay;
 mod report;
+mod requests;
 mod runs;
 mod sim_thread;
 mod sys;

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Secret;
+
 /// What the management API says of one queue's traffic.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Activity {
@@ -27,7 +29,7 @@ pub struct Management {
     http: reqwest::Client,
     base: reqwest::Url,
     user: String,
-    password: Option<String>,
+    password: Option<Secret>,
     vhost: String,
 }
 
@@ -51,9 +53,14 @@ impl Management {
             percent_decode(s).ok_or_else(|| "amqp.management_url: bad percent-encoding".to_owned())
         };
         let user = decode(base.username())?;
-        let password = base.password().map(decode).transpose()?;
+        let password = base.password().map(decode).transpose()?.map(Secret::new);
         let _ = base.set_username("");
         let _ = base.set_password(None);
+        // `join` replaces a last path segment without a slash (a proxy's `/rabbitmq`).
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
         let first = amqp_url.split(',').next().unwrap_or_default().trim();
         let amqp = reqwest::Url::parse(first).map_err(|e| format!("amqp.url: {e}"))?;
         let vhost = match amqp.path().trim_start_matches('/') {
@@ -108,7 +115,7 @@ impl Management {
         let response = self
             .http
             .get(url)
-            .basic_auth(&self.user, self.password.as_deref())
+            .basic_auth(&self.user, self.password.as_ref().map(Secret::expose))
             .send()
             .await
             .map_err(|e| format!("management API: {}", e.without_url()))?;
@@ -192,9 +199,15 @@ mod tests {
     fn credentials_leave_the_url_and_the_vhost_comes_from_amqp() {
         let m = Management::new("http://ops:p%40ss@rabbit:15672/", "amqp://u:p@n1/%2f,amqp://n2/x")
             .unwrap();
-        assert_eq!((m.user.as_str(), m.password.as_deref()), ("ops", Some("p@ss")));
+        assert_eq!(
+            (m.user.as_str(), m.password.as_ref().map(Secret::expose)),
+            ("ops", Some("p@ss"))
+        );
         assert_eq!(m.base.as_str(), "http://rabbit:15672/");
+        assert!(!format!("{m:?}").contains("p@ss"), "the password stays out of Debug");
         assert_eq!(m.vhost, "%2f");
+        let m = Management::new("http://proxy/rabbitmq", "amqp://n1").unwrap();
+        assert_eq!(m.base.join("api/queues").unwrap().as_str(), "http://proxy/rabbitmq/api/queues");
         let m = Management::new("http://rabbit:15672/", "amqp://n1:5672").unwrap();
         assert_eq!(m.vhost, "%2F");
         assert_eq!(encode("aptix.requests.p16.03"), "aptix.requests.p16.03");

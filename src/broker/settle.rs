@@ -48,14 +48,14 @@ impl Settler<'_> {
         let stage = self.stage.as_str();
         let _in_flight = crate::metrics::metrics().in_flight(stage);
         let span = super::trace::hop_span(stage, &d);
-        let span_id = super::trace::span_id_of(&span);
+        let parent = super::trace::parent_ids(&span, &d);
         let ordered = self.handler.ordering_key(&d).is_some();
         let result = tracing::Instrument::instrument(
             async {
                 match (d.redelivered, ordered) {
                     (true, false) => self.republish_counted(d).await,
-                    (true, true) => self.redelivered_in_place(d, &span_id).await,
-                    (false, _) => self.handle(d, ordered, &span_id).await,
+                    (true, true) => self.redelivered_in_place(d, &parent).await,
+                    (false, _) => self.handle(d, ordered, &parent).await,
                 }
             },
             span.clone(),
@@ -88,12 +88,12 @@ impl Settler<'_> {
     }
 
     /// Runs the handler, and for ordered messages its in-place retries. Messages it publishes
-    /// carry `span_id` as their parent span.
+    /// carry `parent` as their parent span.
     async fn handle(
         &self,
         mut d: Delivery,
         ordered: bool,
-        span_id: &str,
+        parent: &super::trace::Parent,
     ) -> Result<Settled, BrokerError> {
         let stage = self.stage.as_str();
         loop {
@@ -101,7 +101,7 @@ impl Settler<'_> {
             match self.handler.handle(d.clone()).await {
                 Disposition::Forward { mut messages, outbox_ids } => {
                     for m in &mut messages {
-                        super::trace::stamp(m, &d, trace.as_deref(), span_id);
+                        super::trace::stamp(m, &d, trace.as_deref(), parent);
                     }
                     match self.publish(&messages).await {
                         // Never publishable: the turn ends here instead of retrying forever.
@@ -165,14 +165,14 @@ impl Settler<'_> {
     async fn redelivered_in_place(
         &self,
         d: Delivery,
-        span_id: &str,
+        parent: &super::trace::Parent,
     ) -> Result<Settled, BrokerError> {
         loop {
             match self.handler.count_redelivery(&d).await {
                 Ok(Some(count)) if count > self.settings.max_redeliveries => {
                     return self.poison(d, count).await
                 }
-                Ok(_) => return self.handle(d, true, span_id).await,
+                Ok(_) => return self.handle(d, true, parent).await,
                 // Returning it to the broker would let the next message of its lane overtake it.
                 Err(reason) => {
                     warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");

@@ -48,29 +48,33 @@ impl Topology {
     }
 }
 
-/// Adds what the management API says of each existing queue; a queue it cannot tell about
-/// keeps none, and the first error is returned after trying every queue.
+/// Longest a look at the management API may take in all, so an unreachable API cannot hold up
+/// `aptix status` or a console page for a request per queue.
+const ACTIVITY_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Adds what the management API says of each existing queue; stops at the first error (the
+/// queues not reached yet keep none) or when [`ACTIVITY_BUDGET`] is spent.
 pub async fn with_activity(
     states: &mut [QueueState],
     api: &super::management::Management,
 ) -> Result<(), String> {
-    let mut first_error = None;
-    let mut names = std::collections::HashMap::new();
-    for q in states.iter_mut().filter(|q| q.exists) {
-        let result = match api.activity(&q.queue).await {
-            Ok(Some(mut activity)) => {
-                name_workers(api, &mut activity.workers, &mut names).await.map(|()| Some(activity))
-            }
-            other => other,
-        };
-        match result {
-            Ok(activity) => q.activity = activity,
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+    let look = async {
+        let mut names = std::collections::HashMap::new();
+        for q in states.iter_mut().filter(|q| q.exists) {
+            q.activity = match api.activity(&q.queue).await? {
+                Some(mut a) => {
+                    name_workers(api, &mut a.workers, &mut names).await?;
+                    Some(a)
+                }
+                None => None,
+            };
         }
+        Ok(())
+    };
+    match tokio::time::timeout(ACTIVITY_BUDGET, look).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {} s", ACTIVITY_BUDGET.as_secs())),
     }
-    first_error.map_or(Ok(()), Err)
 }
 
 /// Replaces the broker's connection names in `workers` by the names the connections gave

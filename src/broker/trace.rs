@@ -26,13 +26,23 @@ pub fn derived_trace_id(session: &str, turn: &str) -> String {
     hex::encode(&digest[..16])
 }
 
-/// The trace id of a `traceparent` header (`00-<trace-id>-<span-id>-<flags>`), if well-formed.
+/// The trace id of a `traceparent` header (`00-<trace-id>-<span-id>-<flags>`), if it is
+/// well-formed by W3C's rules (lowercase hex, neither id all zeros), as the propagator reads it.
 pub fn parse_trace_id(traceparent: &str) -> Option<&str> {
-    let mut parts = traceparent.split('-');
-    let (version, trace, span) = (parts.next()?, parts.next()?, parts.next()?);
-    let hex32 = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (version == "00" && hex32(trace, 32) && hex32(span, 16) && trace != "0".repeat(32))
-        .then_some(trace)
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let [version, trace, span, flags] = parts[..] else { return None };
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    let ok = version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2);
+    (ok && nonzero(trace) && nonzero(span)).then_some(trace)
+}
+
+/// The trace flags (two hex digits) of a well-formed `traceparent`.
+fn parse_flags(traceparent: &str) -> Option<&str> {
+    parse_trace_id(traceparent)?;
+    traceparent.split('-').nth(3)
 }
 
 fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str, &str)> {
@@ -81,30 +91,27 @@ pub fn derived_span_id(session: &str, turn: &str) -> String {
 /// the turn's derived start.
 pub fn hop_span(stage: &str, d: &Delivery) -> tracing::Span {
     let trace = trace_id_of(d);
-    let span = tracing::info_span!(
-        "stage",
-        otel.name = stage,
-        otel.kind = "consumer",
-        stage,
-        trace_id = trace.as_deref().unwrap_or("-"),
-    );
-    if crate::otel::enabled() {
-        let _ = span.set_parent(parent_of(d, trace.as_deref()));
-        let (session, turn) = match turn_of(&d.headers) {
-            Some((s, t)) => (Some(s), Some(t)),
-            None => (d.hint.session.as_deref(), d.hint.turn.as_deref()),
-        };
-        span.set_attribute("messaging.system", "rabbitmq");
-        span.set_attribute("messaging.operation.type", "process");
-        let text = [
-            ("messaging.message.id", d.message_id.as_deref()),
-            ("aptix.session_id", session),
-            ("aptix.turn_id", turn),
-        ];
-        for (key, value) in text {
-            if let Some(value) = value {
-                span.set_attribute(key, value.to_owned());
-            }
+    let trace_id = trace.as_deref().unwrap_or("-");
+    if !crate::otel::enabled() {
+        return tracing::info_span!("stage", stage, trace_id);
+    }
+    let span =
+        tracing::info_span!("stage", otel.name = stage, otel.kind = "consumer", stage, trace_id);
+    let _ = span.set_parent(parent_of(d, trace.as_deref()));
+    let (session, turn) = match turn_of(&d.headers) {
+        Some((s, t)) => (Some(s), Some(t)),
+        None => (d.hint.session.as_deref(), d.hint.turn.as_deref()),
+    };
+    span.set_attribute("messaging.system", "rabbitmq");
+    span.set_attribute("messaging.operation.type", "process");
+    let text = [
+        ("messaging.message.id", d.message_id.as_deref()),
+        ("aptix.session_id", session),
+        ("aptix.turn_id", turn),
+    ];
+    for (key, value) in text {
+        if let Some(value) = value {
+            span.set_attribute(key, value.to_owned());
         }
     }
     span
@@ -141,17 +148,33 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     }
 }
 
-/// The span id that what `span` publishes names as its parent: the exported span's own, or a
-/// fresh one when export is off.
-pub fn span_id_of(span: &tracing::Span) -> String {
+/// What a hop's outgoing messages name as their parent.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    /// The hop's span id.
+    pub span_id: String,
+    /// The exported span's trace, when export is on (it wins over the incoming header's).
+    pub trace_id: Option<String>,
+    /// Trace flags to pass on: the sampling decision made for this trace.
+    pub flags: String,
+}
+
+/// The parent that what `span`, handling `d`, publishes names: the exported span's ids and
+/// sampling decision, or with export off a fresh span id and the incoming flags.
+pub fn parent_ids(span: &tracing::Span, d: &Delivery) -> Parent {
     if crate::otel::enabled() {
         let cx = span.context();
         let context = cx.span().span_context().clone();
         if context.is_valid() {
-            return context.span_id().to_string();
+            return Parent {
+                span_id: context.span_id().to_string(),
+                trace_id: Some(context.trace_id().to_string()),
+                flags: format!("{:02x}", context.trace_flags().to_u8()),
+            };
         }
     }
-    new_span_id()
+    let flags = d.headers.get("traceparent").and_then(|t| parse_flags(t)).unwrap_or("01");
+    Parent { span_id: new_span_id(), trace_id: None, flags: flags.to_owned() }
 }
 
 /// Ends a hop's span with the message's outcome: an error status when its handling failed or
@@ -168,9 +191,15 @@ pub fn finish(span: &tracing::Span, outcome: &str, error: Option<String>) {
     });
 }
 
-/// Gives an outgoing message a `traceparent`: the incoming trace when it is the same turn,
-/// else the turn's derived trace, with `span` (the publishing hop's span) as parent id.
-pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&str>, span: &str) {
+/// Gives an outgoing message a `traceparent`: the hop's trace when it is the same turn (with
+/// its sampling decision), else the turn's derived trace (sampled), with the hop's span as
+/// parent id.
+pub fn stamp(
+    out: &mut OutMessage,
+    incoming: &Delivery,
+    incoming_trace: Option<&str>,
+    parent: &Parent,
+) {
     if out.headers.contains_key("traceparent") {
         return;
     }
@@ -182,13 +211,16 @@ pub fn stamp(out: &mut OutMessage, incoming: &Delivery, incoming_trace: Option<&
         }
         _ => true,
     };
-    let trace = match (same_turn, incoming_trace, turn_of_out(out)) {
+    let hop_trace = parent.trace_id.as_deref().or(incoming_trace);
+    let trace = match (same_turn, hop_trace, turn_of_out(out)) {
         (true, Some(t), _) => t.to_owned(),
         (_, _, Some((s, t))) => derived_trace_id(s, t),
         (false, Some(t), None) => t.to_owned(),
         (_, None, None) => return,
     };
-    out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-01").into());
+    let flags = if same_turn { parent.flags.as_str() } else { "01" };
+    let span = &parent.span_id;
+    out.headers.insert("traceparent".into(), format!("00-{trace}-{span}-{flags}").into());
 }
 
 #[cfg(test)]
@@ -201,6 +233,10 @@ mod tests {
         assert_eq!(parse_trace_id(tp), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         assert_eq!(parse_trace_id("00-xyz-00f067aa0ba902b7-01"), None);
         assert_eq!(parse_trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+        assert_eq!(parse_trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"), None);
+        assert_eq!(parse_trace_id("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"), None);
+        assert_eq!(parse_trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"), None);
+        assert_eq!(parse_flags(tp), Some("01"));
         let a = derived_trace_id("s", "t1");
         assert_eq!(a.len(), 32);
         assert_eq!(a, derived_trace_id("s", "t1"));

@@ -67,10 +67,12 @@ fn hop_events(r: &Value) -> Vec<(String, String, String)> {
     for h in &path {
         let Some(at) = chrono::DateTime::from_timestamp_millis(h.received_ms) else { continue };
         let mut detail = match sent_before {
-            Some(sent) => format!("waited {} ms in its queue; ", h.received_ms - sent),
+            Some(sent) => {
+                format!("waited {} ms in its queue; ", h.received_ms.saturating_sub(sent))
+            }
             None => String::new(),
         };
-        detail += &format!("handled in {} ms", h.sent_ms - h.received_ms);
+        detail += &format!("handled in {} ms", h.sent_ms.saturating_sub(h.received_ms));
         if h.stage == "invoke" {
             detail += " (the LLM call's latency, retries included)";
         }

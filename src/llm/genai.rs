@@ -14,6 +14,9 @@ use crate::contracts::Outcome;
 /// The client span of a `/responses` call for `body`, not yet entered.
 pub(super) fn span(body: &Value, endpoint: &Endpoint) -> tracing::Span {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+    if !crate::otel::enabled() {
+        return tracing::info_span!("llm", model);
+    }
     let span = tracing::info_span!(
         "llm",
         otel.name = %format_args!("chat {model}"),
@@ -21,9 +24,6 @@ pub(super) fn span(body: &Value, endpoint: &Endpoint) -> tracing::Span {
         gen_ai.operation.name = "chat",
         gen_ai.request.model = model,
     );
-    if !crate::otel::enabled() {
-        return span;
-    }
     span.set_attribute("gen_ai.provider.name", "openai");
     let ints = [("max_output_tokens", "gen_ai.request.max_tokens")];
     for (field, key) in ints {

@@ -13,22 +13,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::timed_llm::MARKER;
+use super::requests::Bodies;
 use aptix::broker::{Publisher, Topology};
 use aptix::contracts::{SessionId, TenantName};
-
-/// Questions cycled through by the turns; each retrieves different chunks from the crate's own
-/// source (or few from the fixture).
-const QUESTIONS: [&str; 8] = [
-    "how does the broker runtime wait for publisher confirms before it acks a delivery?",
-    "where are turns of one session admitted in arrival order?",
-    "explain how the invoke stage saves the provider answer before forwarding it",
-    "how is the AGN-002 context block rendered for retrieved chunks?",
-    "what happens when the provider reports previous_response_not_found?",
-    "how are retries delayed through the delay queues and dead-lettered?",
-    "how does the persist stage write the record and the outbox in one transaction?",
-    "which rules reject an InputArtifacts RelativePath?",
-];
 
 /// How one turn ended, as the client saw it.
 #[derive(Debug, Clone)]
@@ -76,8 +63,8 @@ pub struct Driver {
     tasks: Vec<JoinHandle<()>>,
     /// Sent as `user_id` (a tenant's driver).
     user_id: Option<String>,
-    /// Bytes of the active file each request carries (0: none).
-    file_bytes: usize,
+    /// Request bodies (with the active file each carries, if any).
+    bodies: Bodies,
 }
 
 impl std::fmt::Debug for Driver {
@@ -154,12 +141,20 @@ impl Driver {
             channels.push(ch);
         }
         let topology = topology.clone();
-        Ok(Driver { publisher, topology, waiters, channels, tasks, user_id, file_bytes: 0 })
+        Ok(Driver {
+            publisher,
+            topology,
+            waiters,
+            channels,
+            tasks,
+            user_id,
+            bodies: Bodies::default(),
+        })
     }
 
     /// Every request carries an active file of `bytes` bytes from now on.
     pub fn with_file(mut self, bytes: usize) -> Driver {
-        self.file_bytes = bytes;
+        self.bodies = Bodies::with_file(bytes);
         self
     }
 
@@ -200,7 +195,7 @@ impl Driver {
             chrono::Duration::from_std(Instant::now().saturating_duration_since(start))
                 .unwrap_or_default();
         let wall_start = chrono::Utc::now() - since_start;
-        let body = request_with_file(session, turn_id, self.file_bytes);
+        let body = self.bodies.request(session, turn_id);
         let reply = match self.submit(session, turn_id, body).await {
             Ok(rx) => tokio::time::timeout(timeout, rx).await.ok().and_then(Result::ok),
             Err(error) => {
@@ -233,49 +228,6 @@ impl Driver {
             t.abort();
         }
     }
-}
-
-/// A user turn request whose instruction starts with `bench-turn <id>:`.
-pub fn request(session: &SessionId, turn_id: &str) -> Vec<u8> {
-    let n: usize = turn_id
-        .bytes()
-        .filter(u8::is_ascii_digit)
-        .fold(0, |a, d| a.wrapping_mul(10).wrapping_add(usize::from(d - b'0')));
-    let question = QUESTIONS[n % QUESTIONS.len()];
-    let body = serde_json::json!({
-        "SessionId": session,
-        "TurnId": turn_id,
-        "Instruction": format!("{MARKER} {turn_id}: {question}"),
-    });
-    serde_json::to_vec(&body).unwrap_or_default()
-}
-
-/// Like [`request`], with an active file of about `file_bytes` bytes (none for 0): Rust-like
-/// lines, the session's id in the first, the same on every turn of the session (an editor sends
-/// its open file again each turn).
-pub fn request_with_file(session: &SessionId, turn_id: &str, file_bytes: usize) -> Vec<u8> {
-    if file_bytes == 0 {
-        return request(session, turn_id);
-    }
-    let mut contents = format!("// bench file of session {session}\n");
-    for i in 0.. {
-        if contents.len() >= file_bytes {
-            break;
-        }
-        contents.push_str(&format!(
-            "pub fn bench_step_{i}(x: u64) -> u64 {{ x.wrapping_mul({i}) + 1 }}\n"
-        ));
-    }
-    contents.truncate(file_bytes);
-    let mut body: serde_json::Value =
-        serde_json::from_slice(&request(session, turn_id)).unwrap_or_default();
-    body["InputArtifacts"] = serde_json::json!([{
-        "RelativePath": "src/bench_active.rs",
-        "FileName": "bench_active.rs",
-        "Contents": contents,
-        "Origin": "ide",
-    }]);
-    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// New random session ids.

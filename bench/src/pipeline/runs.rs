@@ -282,7 +282,7 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
         let stages = env.topology.stages().to_vec();
         let mut sizes: HopSizes = vec![0; stages.len() + 1];
         let id = ids.next();
-        let body = driver::request(&session[0], &id);
+        let body = super::requests::request(&session[0], &id);
         sizes[0] = body.len();
         let rx = driver.submit(&session[0], &id, body).await?;
         for (i, stage) in stages.iter().enumerate() {
