@@ -73,6 +73,18 @@ def test_a_user_turn_gets_its_final_reply(client):
         s.next_event(1.0)
 
 
+def test_a_clients_trace_context_is_continued_with_its_sampling_decision(client):
+    # docs/client-protocol.md: a client's traceparent is continued by every message of the turn.
+    s = client.open_session()
+    trace = uuid.uuid4().hex
+    for turn, flags in (("t1", "01"), ("t2", "00")):
+        s.submit_turn(turn, "traced", traceparent=f"00-{trace}-{uuid.uuid4().hex[:16]}-{flags}")
+        [reply] = list(s.turn_events(turn, WAIT))
+        version, trace_id, span_id, got_flags = reply.traceparent.split("-")
+        assert (version, trace_id, got_flags) == ("00", trace, flags), reply.traceparent
+        assert len(span_id) == 16 and span_id != "0" * 16
+
+
 def test_tool_round_trip_then_a_streamed_follow_up(client):
     s = client.open_session()
     s.submit_turn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})', stream=True)

@@ -104,6 +104,20 @@ describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-
     await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
   });
 
+  test("a client's trace context is continued with its sampling decision", async () => {
+    // docs/client-protocol.md: a client's traceparent is continued by every message of the turn.
+    const s = await client.openSession();
+    const trace = randomUUID().replace(/-/g, "");
+    for (const [turn, flags] of [["t1", "01"], ["t2", "00"]]) {
+      const span = randomUUID().replace(/-/g, "").slice(0, 16);
+      await s.submitTurn(turn, "traced", { traceparent: `00-${trace}-${span}-${flags}` });
+      const [reply] = await collect(s.turnEvents(turn, WAIT));
+      const [version, traceId, spanId, gotFlags] = (reply.traceparent ?? "").split("-");
+      assert.deepEqual([version, traceId, gotFlags], ["00", trace, flags], reply.traceparent ?? "none");
+      assert.ok(spanId.length === 16 && spanId !== "0".repeat(16));
+    }
+  });
+
   test("a tool round trip, then a streamed follow-up", async () => {
     const s = await client.openSession();
     await s.submitTurn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})', { stream: true });
