@@ -110,11 +110,19 @@ async fn a_refusal_for_an_unknown_session_creates_no_queue_and_is_stored() {
     assert_eq!(stored[0]["outcome"], "refused");
     assert_eq!(stored[0]["body"]["Errors"][0]["Code"], "validation.instruction_missing");
     assert!(!queue_exists(&h, &h.topology.session_queue(&s.parse().unwrap())).await);
-    // It is kept where an operator sees it instead of being dropped.
+    // It is kept where an operator sees it instead of being dropped. It is stored first and
+    // published after the commit, so it may arrive a moment after the row is seen.
     let ch = h.conn.create_channel().await.unwrap();
-    let got =
-        ch.basic_get(h.topology.unrouted().as_str().into(), BasicGetOptions { no_ack: true }).await;
-    let kept = got.unwrap().expect("the refusal in the unrouted queue");
+    let unrouted = h.topology.unrouted();
+    let mut got = None;
+    while got.is_none() && tokio::time::Instant::now() < deadline {
+        let opts = BasicGetOptions { no_ack: true };
+        got = ch.basic_get(unrouted.as_str().into(), opts).await.unwrap();
+        if got.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let kept = got.expect("the refusal in the unrouted queue");
     assert_eq!(
         kept.delivery.properties.message_id().as_ref().unwrap().as_str(),
         stored[0]["message_id"]

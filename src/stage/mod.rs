@@ -163,6 +163,10 @@ pub enum StageError {
     /// the turn fails with the stage's [`Stage::EXHAUSTED`] code.
     #[error("transient: {0}")]
     Transient(String),
+    /// An expected, short wait (the session's previous reply is still being published): retried
+    /// like [`StageError::Transient`], but routine under load, so not worth an operator's look.
+    #[error("waiting: {0}")]
+    Wait(String),
     /// The turn ends with these client-visible errors (recorded and replied by the last stage).
     #[error("turn failed: {}", .0.iter().map(|e| e.message.as_str()).collect::<Vec<_>>().join("; "))]
     Fail(Vec<ApiError>),

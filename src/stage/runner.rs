@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::trip::Trip;
 use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
@@ -65,6 +65,10 @@ impl<S: Stage> Runner<S> {
     async fn failed(&self, d: &Delivery, error: StageError, trip: &Trip) -> Disposition {
         let stage = S::NAME;
         match error {
+            StageError::Wait(reason) => {
+                debug!(stage, %reason, "waiting, retrying later");
+                Disposition::Retry { reason }
+            }
             StageError::Transient(reason) => {
                 warn!(stage, %reason, "transient failure");
                 Disposition::Retry { reason }
