@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Secret;
+use crate::config::{percent_decode, AmqpSettings, Secret};
 
 /// What the management API says of one queue's traffic.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -49,11 +49,9 @@ impl Management {
     /// `amqp_url` (the first node's, for a cluster).
     pub fn new(url: &str, amqp_url: &str) -> Result<Management, String> {
         let mut base = reqwest::Url::parse(url).map_err(|e| format!("amqp.management_url: {e}"))?;
-        let decode = |s: &str| {
-            percent_decode(s).ok_or_else(|| "amqp.management_url: bad percent-encoding".to_owned())
-        };
-        let user = decode(base.username())?;
-        let password = base.password().map(decode).transpose()?.map(Secret::new);
+        // The user part of a URL: `+` is itself, not a space.
+        let user = percent_decode(base.username(), false);
+        let password = base.password().map(|p| Secret::new(percent_decode(p, false)));
         let _ = base.set_username("");
         let _ = base.set_password(None);
         // `join` replaces a last path segment without a slash (a proxy's `/rabbitmq`).
@@ -74,6 +72,14 @@ impl Management {
             .build()
             .map_err(|e| format!("management HTTP client: {e}"))?;
         Ok(Management { http, base, user, password, vhost })
+    }
+
+    /// The client `amqp` configures: none when `amqp.management_url` is empty.
+    pub fn configured(amqp: &AmqpSettings) -> Result<Option<Management>, String> {
+        match amqp.management_url.expose() {
+            "" => Ok(None),
+            url => Management::new(url, amqp.url.expose()).map(Some),
+        }
     }
 
     /// The traffic and consumers of `queue`; `None` when the queue does not exist. Workers are
@@ -142,13 +148,6 @@ fn encode(segment: &str) -> String {
         }
     }
     out
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes: Vec<u8> = form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned().into_bytes())?;
-    String::from_utf8(bytes).ok()
 }
 
 #[derive(Debug, Deserialize)]

@@ -162,6 +162,15 @@ impl OutMessage {
         self
     }
 
+    /// The session and turn its `x-aptix-session-id` and `x-aptix-turn-id` headers name.
+    pub fn turn(&self) -> Option<(&str, &str)> {
+        let text = |k: &str| match self.headers.get(k) {
+            Some(HeaderValue::Str(s)) => Some(s.as_str()),
+            _ => None,
+        };
+        Some((text("x-aptix-session-id")?, text("x-aptix-turn-id")?))
+    }
+
     pub(crate) fn properties(&self) -> BasicProperties {
         let mut table = FieldTable::default();
         for (k, v) in &self.headers {

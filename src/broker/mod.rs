@@ -114,6 +114,13 @@ pub struct TurnHint {
     pub turn: Option<String>,
 }
 
+impl TurnHint {
+    /// The session and the turn, when both are known.
+    pub fn pair(&self) -> Option<(&str, &str)> {
+        self.session.as_deref().zip(self.turn.as_deref())
+    }
+}
+
 /// What to do with a delivery once its handler ran.
 #[derive(Debug)]
 pub enum Disposition {

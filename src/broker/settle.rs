@@ -47,8 +47,9 @@ impl Settler<'_> {
     pub async fn settle(&self, d: Delivery, acker: &Acker) {
         let stage = self.stage.as_str();
         let _in_flight = crate::metrics::metrics().in_flight(stage);
-        let span = super::trace::hop_span(stage, &d);
-        let parent = super::trace::parent_ids(&span, &d);
+        let trace = super::trace::trace_id_of(&d);
+        let span = super::trace::hop_span(stage, &d, trace.as_deref());
+        let parent = super::trace::parent_ids(&span, &d, trace);
         let ordered = self.handler.ordering_key(&d).is_some();
         let result = tracing::Instrument::instrument(
             async {
@@ -97,11 +98,10 @@ impl Settler<'_> {
     ) -> Result<Settled, BrokerError> {
         let stage = self.stage.as_str();
         loop {
-            let trace = super::trace::trace_id_of(&d);
             match self.handler.handle(d.clone()).await {
                 Disposition::Forward { mut messages, outbox_ids } => {
                     for m in &mut messages {
-                        super::trace::stamp(m, &d, trace.as_deref(), parent);
+                        super::trace::stamp(m, &d, parent);
                     }
                     match self.publish(&messages).await {
                         // Never publishable: the turn ends here instead of retrying forever.

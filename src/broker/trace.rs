@@ -49,14 +49,6 @@ fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str
     Some((headers.get("x-aptix-session-id")?.as_str(), headers.get("x-aptix-turn-id")?.as_str()))
 }
 
-fn turn_of_out(out: &OutMessage) -> Option<(&str, &str)> {
-    let text = |k: &str| match out.headers.get(k) {
-        Some(super::HeaderValue::Str(s)) => Some(s.as_str()),
-        _ => None,
-    };
-    Some((text("x-aptix-session-id")?, text("x-aptix-turn-id")?))
-}
-
 /// The trace id a delivery belongs to.
 pub fn trace_id_of(d: &Delivery) -> Option<String> {
     if let Some(id) = d.headers.get("traceparent").and_then(|t| parse_trace_id(t)) {
@@ -65,7 +57,8 @@ pub fn trace_id_of(d: &Delivery) -> Option<String> {
     if let Some((s, t)) = turn_of(&d.headers) {
         return Some(derived_trace_id(s, t));
     }
-    Some(derived_trace_id(d.hint.session.as_deref()?, d.hint.turn.as_deref()?))
+    let (session, turn) = d.hint.pair()?;
+    Some(derived_trace_id(session, turn))
 }
 
 /// The span id (16 hex digits) of a well-formed `traceparent`.
@@ -86,22 +79,19 @@ pub fn derived_span_id(session: &str, turn: &str) -> String {
     hex::encode(&digest[16..24])
 }
 
-/// The span of `stage` settling `d`, not yet entered. With export on, its OpenTelemetry
-/// parent is the span that published `d` (its `traceparent`, read by the W3C propagator), else
-/// the turn's derived start.
-pub fn hop_span(stage: &str, d: &Delivery) -> tracing::Span {
-    let trace = trace_id_of(d);
-    let trace_id = trace.as_deref().unwrap_or("-");
+/// The span of `stage` settling `d` of trace `trace` ([`trace_id_of`]), not yet entered. With
+/// export on, its OpenTelemetry parent is the span that published `d` (its `traceparent`, read
+/// by the W3C propagator), else the turn's derived start.
+pub fn hop_span(stage: &str, d: &Delivery, trace: Option<&str>) -> tracing::Span {
+    let trace_id = trace.unwrap_or("-");
     if !crate::otel::enabled() {
         return tracing::info_span!("stage", stage, trace_id);
     }
     let span =
         tracing::info_span!("stage", otel.name = stage, otel.kind = "consumer", stage, trace_id);
-    let _ = span.set_parent(parent_of(d, trace.as_deref()));
-    let (session, turn) = match turn_of(&d.headers) {
-        Some((s, t)) => (Some(s), Some(t)),
-        None => (d.hint.session.as_deref(), d.hint.turn.as_deref()),
-    };
+    let _ = span.set_parent(parent_of(d, trace));
+    // The hint is the headers' turn when they name one (the runtime reads them first).
+    let (session, turn) = (d.hint.session.as_deref(), d.hint.turn.as_deref());
     span.set_attribute("messaging.system", "rabbitmq");
     span.set_attribute("messaging.operation.type", "process");
     let text = [
@@ -124,9 +114,7 @@ fn parent_of(d: &Delivery, trace: Option<&str>) -> opentelemetry::Context {
     if cx.span().span_context().is_valid() {
         return cx;
     }
-    let turn =
-        turn_of(&d.headers).or_else(|| d.hint.session.as_deref().zip(d.hint.turn.as_deref()));
-    let (Some(trace), Some((session, turn))) = (trace, turn) else {
+    let (Some(trace), Some((session, turn))) = (trace, d.hint.pair()) else {
         return opentelemetry::Context::new();
     };
     let ids =
@@ -153,15 +141,16 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
 pub struct Parent {
     /// The hop's span id.
     pub span_id: String,
-    /// The exported span's trace, when export is on (it wins over the incoming header's).
+    /// The hop's trace: the exported span's when export is on, else the delivery's.
     pub trace_id: Option<String>,
     /// Trace flags to pass on: the sampling decision made for this trace.
     pub flags: String,
 }
 
-/// The parent that what `span`, handling `d`, publishes names: the exported span's ids and
-/// sampling decision, or with export off a fresh span id and the incoming flags.
-pub fn parent_ids(span: &tracing::Span, d: &Delivery) -> Parent {
+/// The parent that what `span`, handling `d` of trace `trace`, publishes names: the exported
+/// span's ids and sampling decision, or with export off a fresh span id, `trace` and the
+/// incoming flags.
+pub fn parent_ids(span: &tracing::Span, d: &Delivery, trace: Option<String>) -> Parent {
     if crate::otel::enabled() {
         let cx = span.context();
         let context = cx.span().span_context().clone();
@@ -174,7 +163,7 @@ pub fn parent_ids(span: &tracing::Span, d: &Delivery) -> Parent {
         }
     }
     let flags = d.headers.get("traceparent").and_then(|t| parse_flags(t)).unwrap_or("01");
-    Parent { span_id: new_span_id(), trace_id: None, flags: flags.to_owned() }
+    Parent { span_id: new_span_id(), trace_id: trace, flags: flags.to_owned() }
 }
 
 /// Ends a hop's span with the message's outcome: an error status when its handling failed or
@@ -194,25 +183,16 @@ pub fn finish(span: &tracing::Span, outcome: &str, error: Option<String>) {
 /// Gives an outgoing message a `traceparent`: the hop's trace when it is the same turn (with
 /// its sampling decision), else the turn's derived trace (sampled), with the hop's span as
 /// parent id.
-pub fn stamp(
-    out: &mut OutMessage,
-    incoming: &Delivery,
-    incoming_trace: Option<&str>,
-    parent: &Parent,
-) {
+pub fn stamp(out: &mut OutMessage, incoming: &Delivery, parent: &Parent) {
     if out.headers.contains_key("traceparent") {
         return;
     }
-    let same_turn = match (turn_of_out(out), turn_of(&incoming.headers)) {
+    let same_turn = match (out.turn(), turn_of(&incoming.headers)) {
         (Some(a), Some(b)) => a == b,
-        (Some(_), None) => {
-            let hint = &incoming.hint;
-            turn_of_out(out) == hint.session.as_deref().zip(hint.turn.as_deref())
-        }
+        (Some(a), None) => Some(a) == incoming.hint.pair(),
         _ => true,
     };
-    let hop_trace = parent.trace_id.as_deref().or(incoming_trace);
-    let trace = match (same_turn, hop_trace, turn_of_out(out)) {
+    let trace = match (same_turn, parent.trace_id.as_deref(), out.turn()) {
         (true, Some(t), _) => t.to_owned(),
         (_, _, Some((s, t))) => derived_trace_id(s, t),
         (false, Some(t), None) => t.to_owned(),

@@ -51,12 +51,9 @@ pub(super) async fn broker(settings: &Settings) -> Result<Publisher, ExitCode> {
 
 /// Rates and workers from the management API when it is configured; a note when it failed.
 async fn activity(settings: &Settings, states: &mut [QueueState]) -> Option<String> {
-    let url = settings.amqp.management_url.expose();
-    if url.is_empty() {
-        return None;
-    }
-    let result = match Management::new(url, settings.amqp.url.expose()) {
-        Ok(api) => with_activity(states, &api).await,
+    let result = match Management::configured(&settings.amqp) {
+        Ok(None) => return None,
+        Ok(Some(api)) => with_activity(states, &api).await,
         Err(e) => Err(e),
     };
     result.err().map(|e| format!("warning: rates and workers unavailable: {e}"))

@@ -25,11 +25,8 @@ pub(super) fn span(body: &Value, endpoint: &Endpoint) -> tracing::Span {
         gen_ai.request.model = model,
     );
     span.set_attribute("gen_ai.provider.name", "openai");
-    let ints = [("max_output_tokens", "gen_ai.request.max_tokens")];
-    for (field, key) in ints {
-        if let Some(n) = body.get(field).and_then(Value::as_i64) {
-            span.set_attribute(key, n);
-        }
+    if let Some(n) = body.get("max_output_tokens").and_then(Value::as_i64) {
+        span.set_attribute("gen_ai.request.max_tokens", n);
     }
     for (field, key) in
         [("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")]

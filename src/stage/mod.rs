@@ -71,10 +71,6 @@ pub trait Stage: Send + Sync + 'static {
 
 /// A stage input, as decoded from a delivery.
 pub trait Inbound: Sized + Send + Sync + 'static {
-    /// Whether clients write its queue: their headers are then not the pipeline's own, and
-    /// nothing they say about the turn's path is carried on.
-    const FROM_CLIENTS: bool = false;
-
     /// Decodes a delivery; `Err` says why it never can be.
     fn decode(delivery: &Delivery) -> Result<Self, String>;
 
@@ -102,8 +98,6 @@ impl<M: Message> Inbound for M {
 }
 
 impl Inbound for Submission {
-    const FROM_CLIENTS: bool = true;
-
     fn decode(delivery: &Delivery) -> Result<Self, String> {
         Ok(Submission {
             body: delivery.body.clone(),

@@ -39,7 +39,7 @@ impl<S: Stage> Runner<S> {
     }
 
     async fn handle_typed(&self, d: Delivery) -> Disposition {
-        let trip = Trip::start(S::NAME, &d, S::In::FROM_CLIENTS);
+        let trip = Trip::start(S::NAME, &d);
         let mut input = match S::In::decode(&d) {
             Ok(i) => i,
             Err(reason) => return Disposition::DeadLetter { reason, messages: vec![] },
@@ -105,7 +105,7 @@ impl<S: Stage> Runner<S> {
         // redelivery of the turn finds them (consumers drop the copy by message id).
         match self.route.messages(output) {
             Ok(mut messages) => {
-                let trip = Trip::start(S::NAME, d, S::In::FROM_CLIENTS);
+                let trip = Trip::start(S::NAME, d);
                 messages.iter_mut().for_each(|m| trip.stamp(m));
                 messages
             }

@@ -1,8 +1,9 @@
 //! This stage's hop on a turn's path: what the runner adds to the `x-aptix-hops` header of the
 //! stage messages it forwards for the same turn (see `messages::hops`). Replies and messages of
-//! other turns (a queued turn dispatched after this one) carry nothing of it.
+//! other turns (a queued turn dispatched after this one) carry nothing of it. A client cannot
+//! start a path: the runtime removes every `x-aptix-*` header of an ingress delivery.
 
-use crate::broker::{Delivery, HeaderValue, OutMessage};
+use crate::broker::{Delivery, OutMessage};
 use crate::messages::hops::{self, Hop, HOPS_HEADER};
 
 /// A delivery's place on its turn's path, taken when it arrives.
@@ -17,13 +18,11 @@ pub(super) struct Trip {
 }
 
 impl Trip {
-    /// Starts `stage`'s hop for `d`; a client's own header is not the pipeline's and is ignored.
-    pub fn start(stage: &'static str, d: &Delivery, from_clients: bool) -> Trip {
-        let header = |k: &str| d.headers.get(k).cloned();
-        let turn = header("x-aptix-session-id").zip(header("x-aptix-turn-id"));
-        let turn = turn.or_else(|| d.hint.session.clone().zip(d.hint.turn.clone()));
+    /// Starts `stage`'s hop for `d`.
+    pub fn start(stage: &'static str, d: &Delivery) -> Trip {
+        let turn = d.hint.pair().map(|(s, t)| (s.to_owned(), t.to_owned()));
         Trip {
-            before: if from_clients { Vec::new() } else { hops::read(&d.headers) },
+            before: hops::read(&d.headers),
             stage,
             received_ms: hops::now_ms(),
             attempt: d.attempt,
@@ -47,13 +46,8 @@ impl Trip {
 
     /// Adds [`Trip::path`] to `out` when it is a stage message of the same turn.
     pub fn stamp(&self, out: &mut OutMessage) {
-        let text = |k: &str| match out.headers.get(k) {
-            Some(HeaderValue::Str(s)) => Some(s.clone()),
-            _ => None,
-        };
-        let same = self.turn.is_some()
-            && text("x-aptix-session-id").zip(text("x-aptix-turn-id")) == self.turn;
-        if out.kind != "turn" || !same {
+        let mine = self.turn.as_ref().map(|(s, t)| (s.as_str(), t.as_str()));
+        if out.kind != "turn" || mine.is_none() || out.turn() != mine {
             return;
         }
         out.headers.insert(HOPS_HEADER.to_owned(), hops::encode(&self.path()).into());
