@@ -16,6 +16,12 @@ use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The `Id:` of every chunk a `/responses` body sends.
+fn chunk_ids(body: &Value) -> std::collections::BTreeSet<String> {
+    let input = body["input"].to_string();
+    input.split("Id: ").skip(1).filter_map(|s| s.split('\\').next()).map(str::to_owned).collect()
+}
+
 fn text(reply: &Value) -> String {
     reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned()
 }
@@ -93,12 +99,33 @@ async fn multi_turn_conversation_end_to_end() {
 
     // The provider forgets the chain: the next turn rebuilds it from stored history.
     h.sim.forget_stored_responses();
-    let r6 = one_final(&h, &s, user_turn(&s, "t6", "Summarise what we did")).await;
+    let r6 = one_final(
+        &h,
+        &s,
+        user_turn(&s, "t6", "Summarise what we did to send_invoice_email and vat_for_line"),
+    )
+    .await;
     assert_eq!(r6["Successful"], true, "{r6}");
-    let last = h.sim.request_bodies().last().unwrap().clone();
-    assert!(last.get("previous_response_id").is_none());
+    let bodies = h.sim.request_bodies();
+    let (lost, last) = (&bodies[bodies.len() - 2], bodies.last().unwrap());
+    assert!(
+        lost.get("previous_response_id").is_some() && last.get("previous_response_id").is_none()
+    );
     assert_eq!(last["input"][0]["role"], "system");
     let records = h.records(&s).await;
+    // The rebuilt request still sends the chunks retrieved for the turn as this turn's
+    // retrieval, not as restored history: they no longer travel in the invoke message but come
+    // from what the assembled request kept (here all were held by the lost chain already).
+    let retrieved: std::collections::BTreeSet<String> = records[5]["retrieved_chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.get("rehydrated").is_none())
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!retrieved.is_empty(), "{}", records[5]["retrieved_chunks"]);
+    assert!(chunk_ids(lost).is_empty(), "the lost chain held them: {lost}");
+    assert!(retrieved.is_subset(&chunk_ids(last)), "{retrieved:?} not all in {last}");
     let kinds: Vec<&str> = records.iter().map(|r| r["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["final", "final", "final", "client_tool_continuation", "final", "final"]);
     assert_eq!(records[5]["chain"]["status"], "rehydrated", "{}", records[5]["chain"]);

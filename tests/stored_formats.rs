@@ -71,22 +71,32 @@ async fn an_outbox_row_in_the_old_format_is_published_when_its_turn_is_found_aga
     h.teardown().await;
 }
 
+/// A saved answer leaves out the `/responses` body (the redelivered invoke message carries it);
+/// a redelivery still forwards the whole round trip, and rows of the older formats still read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_saved_answer_in_the_old_format_is_forwarded_without_a_second_call() {
+async fn a_saved_answer_without_its_body_or_in_the_old_format_is_forwarded_without_a_second_call() {
     let h = Harness::start(0).await;
     let s = new_session();
-    h.submit(&user_turn(&s, "t1", "hello")).await;
+    h.submit(&user_turn(&s, "t1", "what does send_invoice_email do?")).await;
     for stage in ["validate", "retrieve", "assemble"] {
         assert!(drive(&h, stage).await, "{stage}");
     }
     let invoke = take(&h, "invoke").await;
+    let sent: serde_json::Value =
+        serde_json::from_slice::<serde_json::Value>(&invoke).unwrap()["assembled"]["body"].clone();
+    assert!(sent["input"].is_array(), "{sent}");
     let queue = h.topology.stage_queue(StageName::new("invoke"));
-    let copy = aptix::broker::OutMessage::to_queue(queue, "turn", "copy".into(), invoke);
-    h.publisher.publish(&copy).await.unwrap();
-    h.publisher.publish(&copy).await.unwrap();
+    // The third copy as an earlier build queued it: with the retrieved chunks again.
+    let mut old: serde_json::Value = serde_json::from_slice(&invoke).unwrap();
+    old["chunks"] = serde_json::json!([{"id": "c1", "path": "src/a.rs", "start_line": 1,
+        "end_line": 2, "language": "rust", "text": "fn a() {}", "score": 1.0}]);
+    let old = serde_json::to_vec(&old).unwrap();
+    for body in [invoke.clone(), invoke, old] {
+        let copy = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", "copy".into(), body);
+        h.publisher.publish(&copy).await.unwrap();
+    }
     assert!(drive(&h, "invoke").await);
     assert_eq!(h.sim.stats().requests, 1);
-    // Rewrite the saved answer as the previous version stored it: the bare round trip.
     let saved: serde_json::Value = sqlx::query_scalar(
         "SELECT result FROM llm_results WHERE session_id = $1::uuid AND turn_id = 't1'",
     )
@@ -94,20 +104,45 @@ async fn a_saved_answer_in_the_old_format_is_forwarded_without_a_second_call() {
     .fetch_one(h.deps.store.pool())
     .await
     .unwrap();
-    assert_eq!(saved["v"], 1, "written with its version: {saved}");
+    assert_eq!(saved["v"], 2, "written with its version: {saved}");
+    assert!(saved["job"]["assembled"]["body"].is_null(), "the body is not stored again");
+    assert!(drive(&h, "invoke").await, "the second copy");
+    assert_eq!(h.sim.stats().requests, 1, "the saved answer was used");
+
+    // Its chunk texts are kept once, in session_texts, by reference.
+    assert_eq!(saved["texts_by_ref"], true, "{saved}");
+    let mut legacy = saved["job"].clone();
+    let chunks = legacy["assembled"]["update"]["chunks"].as_array_mut().unwrap();
+    assert!(!chunks.is_empty(), "the turn sent chunks: {saved}");
+    for chunk in chunks {
+        let sha = chunk.as_object_mut().unwrap().remove("text_ref").expect("a text_ref");
+        let text: String = sqlx::query_scalar("SELECT body FROM session_texts WHERE sha256 = $1")
+            .bind(sha.as_str().unwrap())
+            .fetch_one(h.deps.store.pool())
+            .await
+            .unwrap();
+        chunk["text"] = text.into();
+    }
+    // Rewrite the saved answer as the first version stored it: the bare round trip, texts and
+    // body included.
+    legacy["assembled"]["body"] = serde_json::json!({"model": "stored-before", "input": []});
     sqlx::query(
         "UPDATE llm_results SET result = $2 WHERE session_id = $1::uuid AND turn_id = 't1'",
     )
     .bind(&s)
-    .bind(&saved["job"])
+    .bind(&legacy)
     .execute(h.deps.store.pool())
     .await
     .unwrap();
-    assert!(drive(&h, "invoke").await, "the redelivered copy");
+    assert!(drive(&h, "invoke").await, "the third copy, with chunks");
     assert_eq!(h.sim.stats().requests, 1, "the old-format answer was used");
-    assert!(drive(&h, "persist").await && drive(&h, "persist").await);
+    for _ in 0..3 {
+        assert!(drive(&h, "persist").await);
+    }
     assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
-    assert_eq!(h.records(&s).await.len(), 1, "one record for the two copies");
+    let records = h.records(&s).await;
+    assert_eq!(records.len(), 1, "one record for the three copies");
+    assert_eq!(records[0]["request_payload"], sent, "the record keeps the body that was sent");
     assert!(h.dead_letters().await.is_empty());
     h.teardown().await;
 }

@@ -15,6 +15,7 @@ mod relay;
 mod report;
 mod requests;
 mod runs;
+mod sim_process;
 mod sim_thread;
 mod sys;
 mod timed_llm;

@@ -99,6 +99,23 @@ pub struct Assembled {
     pub update: StateUpdate,
 }
 
+impl Assembled {
+    /// The chunks retrieved for this request, with text, from what it kept: those it sent, then
+    /// those the chain already held, their text taken from the session `state`'s history. Used
+    /// to assemble the turn again on a new chain (a lost chain, reprocessing), so the chunks
+    /// need not travel or be stored a second time. Chunks the turn's files superseded are left
+    /// out: the same files supersede them again.
+    pub fn retrieved_chunks(&self, state: &SessionState) -> Vec<crate::chunk::Chunk> {
+        let mut chunks = self.update.chunks.clone();
+        for held in &self.record.chunks_already_sent {
+            if let Some(c) = state.history.chunks.iter().find(|c| c.id == held.id) {
+                chunks.push(c.clone());
+            }
+        }
+        chunks
+    }
+}
+
 /// Why a request could not be assembled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssembleError {

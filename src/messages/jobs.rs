@@ -107,13 +107,13 @@ pub struct AssembleJob {
     pub warnings: Vec<UserWarning>,
 }
 
-/// The turn with its `/responses` request.
+/// The turn with its `/responses` request. The retrieved chunks do not travel again: a lost
+/// chain is rebuilt from what `assembled` kept ([`Assembled::retrieved_chunks`]); the `chunks`
+/// of messages queued by earlier builds are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InvokeJob {
     /// The turn.
     pub job: TurnJob,
-    /// The chunks it was assembled from (needed to rebuild a lost chain).
-    pub chunks: Vec<Chunk>,
     /// Warnings so far.
     pub warnings: Vec<UserWarning>,
     /// The request body and the record of what it sends.
@@ -248,12 +248,16 @@ impl From<crate::llm::LlmResponse> for Answer {
 
 /// A provider answer kept at rest (`llm_results`), versioned: rows written before versioning
 /// hold a bare [`PersistJob`] and still read.
+///
+/// From version 2 on, the `/responses` body is left out (`null`) unless invoke rebuilt it: the
+/// invoke message that a redelivery brings back carries it, and the record keeps it
+/// (`request_payload`). It was a third copy of the largest part of a turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum SavedRoundTrip {
-    /// Written from version 1 on: `{"v": 1, "job": {..}}`.
+    /// Written from version 1 on: `{"v": 2, "job": {..}}` (or `"v": 1`).
     Current {
-        /// Format version; only 1 exists.
+        /// Format version: 1 (with the body) or 2 (the body only when rebuilt).
         v: u16,
         /// The round trip.
         job: PersistJob,
@@ -264,29 +268,47 @@ pub enum SavedRoundTrip {
 
 impl SavedRoundTrip {
     /// The format written now.
-    pub const VERSION: u16 = 1;
+    pub const VERSION: u16 = 2;
 
-    /// `job`, in the current format.
-    pub fn encode(job: &PersistJob) -> Result<Value, serde_json::Error> {
+    /// `job`, in the current format: without its body unless `rebuilt` (the body is not the one
+    /// the invoke message carries).
+    pub fn encode(job: &mut PersistJob, rebuilt: bool) -> Result<Value, serde_json::Error> {
         #[derive(Serialize)]
         struct Current<'a> {
             v: u16,
             job: &'a PersistJob,
         }
         crate::metrics::metrics().json("serialize", "saved_answer");
-        serde_json::to_value(Current { v: Self::VERSION, job })
+        let body = match job.assembled.as_mut() {
+            Some(a) if !rebuilt => std::mem::take(&mut a.body),
+            _ => Value::Null,
+        };
+        let saved = serde_json::to_value(Current { v: Self::VERSION, job });
+        if let Some(a) = job.assembled.as_mut().filter(|_| !body.is_null()) {
+            a.body = body;
+        }
+        saved
     }
 
-    /// A saved answer as stored, in any format this build reads.
+    /// A saved answer as stored, in any format this build reads; a body left out is `null`
+    /// (see [`SavedRoundTrip::with_body`]).
     pub fn read(stored: Value) -> Result<PersistJob, String> {
         crate::metrics::metrics().json("parse", "saved_answer");
         serde_json::from_value::<SavedRoundTrip>(stored).map_err(|e| e.to_string())?.into_job()
     }
 
+    /// `job` with the body it was saved without: `sent`, the invoke message's own.
+    pub fn with_body(mut job: PersistJob, sent: Value) -> PersistJob {
+        if let Some(a) = job.assembled.as_mut().filter(|a| a.body.is_null()) {
+            a.body = sent;
+        }
+        job
+    }
+
     /// The round trip, if this build reads its version.
     pub fn into_job(self) -> Result<PersistJob, String> {
         match self {
-            SavedRoundTrip::Current { v: Self::VERSION, job } | SavedRoundTrip::Legacy(job) => {
+            SavedRoundTrip::Current { v: 1 | Self::VERSION, job } | SavedRoundTrip::Legacy(job) => {
                 Ok(job)
             }
             SavedRoundTrip::Current { v, .. } => {

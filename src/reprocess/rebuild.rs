@@ -99,12 +99,7 @@ pub(crate) async fn load(
     };
     let earlier = store.saved_steps_before(session, first.original.seq, 0).await?;
     let mut state = replay_state(&earlier, policy);
-    let mut chunks = assembled.update.chunks.clone();
-    for held in &assembled.record.chunks_already_sent {
-        if let Some(c) = state.history.chunks.iter().find(|c| c.id == held.id) {
-            chunks.push(c.clone());
-        }
-    }
+    let chunks = assembled.retrieved_chunks(&state);
     state.chain = None;
     state.chain_reset = None;
     state.open_turn = None;

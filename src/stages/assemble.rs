@@ -43,11 +43,6 @@ impl Stage for Assemble {
             .job
             .assemble(&job.chunks, &state, context, &self.settings.assemble)
             .map_err(StageError::fail)?;
-        Ok(Output::next(InvokeJob {
-            job: job.job,
-            chunks: job.chunks,
-            warnings: job.warnings,
-            assembled,
-        }))
+        Ok(Output::next(InvokeJob { job: job.job, warnings: job.warnings, assembled }))
     }
 }

@@ -13,6 +13,7 @@ mod records;
 mod reprocess;
 mod resume;
 mod sessions;
+mod sweep;
 mod tenants;
 mod texts;
 mod turns;
@@ -34,6 +35,7 @@ pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, T
 pub use resume::ContinuationAdmission;
 pub use sessions::{CallState, SessionOwner, SessionView};
 pub use tenants::{Gate, Limit};
+pub use texts::KnownTexts;
 pub use turns::{TurnRow, TurnState};
 
 /// Embedded migrations (`migrations/`).
@@ -66,6 +68,9 @@ pub enum StoreError {
     /// new turn waits, so it cannot overtake that reply.
     #[error("the session's previous reply is still being published")]
     ReplyInFlight,
+    /// A statement run for several callers at once failed (see `sweep`).
+    #[error(transparent)]
+    Shared(std::sync::Arc<StoreError>),
 }
 
 impl StoreError {
@@ -79,6 +84,7 @@ impl StoreError {
                 false
             }
             StoreError::ReplyInFlight => true,
+            StoreError::Shared(e) => e.is_transient(),
         }
     }
 }
@@ -107,6 +113,8 @@ pub struct Store {
     pool: PgPool,
     /// Each configured tenant's limits, by name (empty: single-tenant).
     tenants: std::sync::Arc<std::collections::HashMap<String, Gate>>,
+    /// Published outbox rows waiting to be deleted.
+    sweep: sweep::SharedSweep,
 }
 
 impl Store {
@@ -125,10 +133,9 @@ impl Store {
             .test_before_acquire(true)
             .idle_timeout(Duration::from_secs(60))
             .connect_lazy_with(options);
-        Ok(Store { pool, tenants: Default::default() })
+        Ok(Store { pool, tenants: Default::default(), sweep: Default::default() })
     }
 
-    /// Creates the database named in `url` if it does not exist (needs rights on `postgres`).
     /// The same store, deciding limits for these tenants.
     pub fn with_tenants(mut self, gates: Vec<Gate>) -> Store {
         let map = gates.into_iter().map(|g| (g.tenant.as_str().to_owned(), g)).collect();
@@ -147,6 +154,7 @@ impl Store {
         self.tenants.values().cloned().collect()
     }
 
+    /// Creates the database named in `url` if it does not exist (needs rights on `postgres`).
     pub async fn create_database(url: &str) -> Result<(), StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let name = options.get_database().unwrap_or("aptix").to_owned();

@@ -152,15 +152,6 @@ fn legacy(row: &PgRow) -> Result<LegacyMessage, StoreError> {
 }
 
 impl Store {
-    /// Deletes published outbox rows.
-    pub async fn delete_outbox(&self, ids: &[i64]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        sqlx::query("DELETE FROM outbox WHERE id = ANY($1)").bind(ids).execute(&self.pool).await?;
-        Ok(())
-    }
-
     /// Outbox rows of one turn that are still unpublished.
     pub async fn pending_outbox(
         &self,

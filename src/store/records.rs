@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
 use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
-use super::{Store, StoreError};
+use super::{KnownTexts, Store, StoreError};
 use crate::assemble::Assembled;
 use crate::contracts::{ApiError, TurnKey, UserTurn};
 use crate::messages::Outgoing;
@@ -150,6 +150,8 @@ pub struct FinishStep {
     pub record: NewRecord,
     /// The session's new assemble state, when it changed.
     pub session_state: Option<Value>,
+    /// Texts the state it was built from referenced: already stored, not sent again.
+    pub known_texts: KnownTexts,
     /// The turn's transition.
     pub outcome: StepOutcome,
     /// Messages to publish after the commit (the reply).
@@ -238,7 +240,7 @@ impl Store {
                 .await?;
         }
         if let Some(state) = &f.session_state {
-            let state = super::texts::pack(&mut tx, state).await?;
+            let state = super::texts::pack(&mut tx, state, &f.known_texts).await?;
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
                 .bind(&state)

@@ -9,6 +9,7 @@ use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::records::NewRecord;
+use super::texts::{self, Holder};
 use super::{Store, StoreError};
 
 /// Which stored turns a reprocessing run covers. Every condition given must hold.
@@ -133,7 +134,7 @@ impl Store {
         session: Uuid,
         turn: &str,
     ) -> Result<Vec<OriginalStep>, StoreError> {
-        Ok(sqlx::query_as(
+        let steps: Vec<OriginalStep> = sqlx::query_as(
             "SELECT r.id, t.seq, r.step, r.kind, r.request_payload, r.usage, r.reply, l.result AS saved
              FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
@@ -144,7 +145,16 @@ impl Store {
         .bind(session)
         .bind(turn)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut read = Vec::with_capacity(steps.len());
+        for mut step in steps {
+            if let Some(saved) = step.saved.take() {
+                step.saved = Some(texts::read(&mut conn, saved, Holder::SavedAnswer).await?.0);
+            }
+            read.push(step);
+        }
+        Ok(read)
     }
 
     /// The saved round trips of the session's original records that came before step `step` of
@@ -155,7 +165,7 @@ impl Store {
         seq: i64,
         step: i32,
     ) -> Result<Vec<Value>, StoreError> {
-        Ok(sqlx::query_scalar(
+        let saved: Vec<Value> = sqlx::query_scalar(
             "SELECT l.result FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
              JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
@@ -166,7 +176,13 @@ impl Store {
         .bind(seq)
         .bind(step)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut read = Vec::with_capacity(saved.len());
+        for value in saved {
+            read.push(texts::read(&mut conn, value, Holder::SavedAnswer).await?.0);
+        }
+        Ok(read)
     }
 
     /// Whether run `run` already reprocessed the original record `original`.

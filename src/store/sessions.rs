@@ -4,6 +4,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use super::texts::{Holder, KnownTexts};
 use super::{Store, StoreError};
 use crate::contracts::{SessionId, TurnKey};
 
@@ -49,14 +50,26 @@ impl Store {
 
     /// The session's assemble state (`{}` for a new session), its texts in place.
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
+        Ok(self.session_state_and_texts(session).await?.0)
+    }
+
+    /// The same, with the texts it references, for [`FinishStep::known_texts`] when the next
+    /// state is built from it.
+    ///
+    /// [`FinishStep::known_texts`]: super::FinishStep::known_texts
+    pub async fn session_state_and_texts(
+        &self,
+        session: &SessionId,
+    ) -> Result<(Value, KnownTexts), StoreError> {
         let mut conn = self.pool.acquire().await?;
         let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
             .bind(session.as_uuid())
             .fetch_optional(&mut *conn)
             .await?;
-        let Some(mut state) = state else { return Ok(Value::Object(Default::default())) };
-        let texts = super::texts::referenced(&mut conn, &mut state).await?;
-        super::texts::unpack(state, &texts)
+        let Some(state) = state else {
+            return Ok((Value::Object(Default::default()), KnownTexts::default()));
+        };
+        super::texts::read(&mut conn, state, Holder::State).await
     }
 
     /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
@@ -74,24 +87,39 @@ impl Store {
         .bind(step)
         .fetch_one(&self.pool)
         .await?;
+        let saved = match saved {
+            Some(saved) => {
+                let mut conn = self.pool.acquire().await?;
+                Some(super::texts::read(&mut conn, saved, Holder::SavedAnswer).await?.0)
+            }
+            None => None,
+        };
         Ok(CallState { saved, cancelled: cancelled.unwrap_or(false) })
     }
 
-    /// Keeps a provider answer before it is forwarded; the first one written wins.
+    /// Keeps a provider answer before it is forwarded; the first one written wins. Its chunk
+    /// and file texts go to `session_texts` in the same statement (persist stores the same
+    /// texts there for the session state a moment later; they are kept once).
     pub async fn save_llm_result(
         &self,
         key: &TurnKey,
         step: i32,
         result: &Value,
     ) -> Result<(), StoreError> {
+        let (result, texts) = super::texts::take_texts(result, Holder::SavedAnswer);
         sqlx::query(
-            "INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
+            "WITH texts AS (
+                 INSERT INTO session_texts (sha256, body)
+                 SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING)
+             INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
         )
         .bind(key.session_id.as_uuid())
         .bind(key.turn_id.as_str())
         .bind(step)
-        .bind(result)
+        .bind(&result)
+        .bind(&texts.keys)
+        .bind(&texts.bodies)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -1,8 +1,9 @@
-//! A session state's texts stored once, by content: the chunks and files a state keeps for
-//! rehydration (`history.chunks[].text`, `history.files[].text`) go to `session_texts` under the
-//! SHA-256 of the text, and the state at rest holds `text_ref` instead. Reading puts them back,
-//! so callers see the state they wrote. A state without `texts_by_ref` (written before) is read
-//! as it is.
+//! Texts stored once, by content: the chunks and files a session state keeps for rehydration
+//! (`history.chunks[].text`, `history.files[].text`), and those a saved provider answer keeps
+//! for reprocessing (`job.assembled.update.chunks[].text`, `.files[].text`), go to
+//! `session_texts` under the SHA-256 of the text, and the stored JSON holds `text_ref` instead.
+//! Reading puts them back, so callers see the JSON they wrote. JSON without `texts_by_ref`
+//! (written before) is read as it is.
 
 use std::collections::HashMap;
 
@@ -11,17 +12,49 @@ use sqlx::PgConnection;
 
 use super::StoreError;
 
-/// Marks a state whose texts are references.
+/// Marks stored JSON whose texts are references.
 const MARK: &str = "texts_by_ref";
 
-/// The lists of a state whose entries carry a `text`.
+/// The lists of a holder whose entries carry a `text`.
 const LISTS: [&str; 2] = ["chunks", "files"];
 
-/// Moves the texts of `state` out into `session_texts`; returns the state to store.
-pub(super) async fn pack(conn: &mut PgConnection, state: &Value) -> Result<Value, StoreError> {
-    let mut packed = state.clone();
+/// Which stored JSON, and so where its text lists are.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Holder {
+    /// A session state (`sessions.state`): `history`.
+    State,
+    /// A saved provider answer (`llm_results.result`): `job.assembled.update`.
+    SavedAnswer,
+}
+
+impl Holder {
+    fn path(self) -> &'static [&'static str] {
+        match self {
+            Holder::State => &["history"],
+            Holder::SavedAnswer => &["job", "assembled", "update"],
+        }
+    }
+}
+
+/// Texts known to be in `session_texts` already: those a stored state referenced when it was
+/// read (texts are never deleted). Packing the next state skips them, so a turn sends its new
+/// texts, not the whole history's again.
+#[derive(Debug, Clone, Default)]
+pub struct KnownTexts(std::collections::HashSet<String>);
+
+/// Texts taken out of stored JSON, to insert into `session_texts` (sorted by key: two
+/// transactions inserting the same texts then lock them in one order and cannot deadlock).
+#[derive(Debug, Default)]
+pub(super) struct Texts {
+    pub keys: Vec<String>,
+    pub bodies: Vec<String>,
+}
+
+/// `value` with its texts replaced by references, and the texts.
+pub(super) fn take_texts(value: &Value, holder: Holder) -> (Value, Texts) {
+    let mut packed = value.clone();
     let mut texts: HashMap<String, String> = HashMap::new();
-    for entry in entries(&mut packed) {
+    for entry in entries(&mut packed, holder) {
         if let Some(Value::String(text)) = entry.remove("text") {
             let sha = crate::assemble::sha256_hex(&text);
             entry.insert("text_ref".into(), Value::String(sha.clone()));
@@ -31,44 +64,67 @@ pub(super) async fn pack(conn: &mut PgConnection, state: &Value) -> Result<Value
     if let Value::Object(map) = &mut packed {
         map.insert(MARK.into(), Value::Bool(true));
     }
-    if !texts.is_empty() {
-        // In one order everywhere, so two transactions inserting the same texts cannot
-        // deadlock on the key.
-        let mut texts: Vec<(String, String)> = texts.into_iter().collect();
-        texts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let (keys, bodies): (Vec<String>, Vec<String>) = texts.into_iter().unzip();
+    let mut texts: Vec<(String, String)> = texts.into_iter().collect();
+    texts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let (keys, bodies) = texts.into_iter().unzip();
+    (packed, Texts { keys, bodies })
+}
+
+/// Moves the texts of a session `state` out into `session_texts`, except those `known` to be
+/// there; returns the state to store.
+pub(super) async fn pack(
+    conn: &mut PgConnection,
+    state: &Value,
+    known: &KnownTexts,
+) -> Result<Value, StoreError> {
+    let (packed, mut texts) = take_texts(state, Holder::State);
+    let (keys, bodies) = std::mem::take(&mut texts.keys)
+        .into_iter()
+        .zip(std::mem::take(&mut texts.bodies))
+        .filter(|(key, _)| !known.0.contains(key))
+        .unzip();
+    let texts = Texts { keys, bodies };
+    if !texts.keys.is_empty() {
         sqlx::query(
             "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])
              ON CONFLICT (sha256) DO NOTHING",
         )
-        .bind(&keys)
-        .bind(&bodies)
+        .bind(&texts.keys)
+        .bind(&texts.bodies)
         .execute(&mut *conn)
         .await?;
     }
     Ok(packed)
 }
 
-/// The state as written: its texts put back from `texts` (by SHA-256).
-pub(super) fn unpack(mut state: Value, texts: &Map<String, Value>) -> Result<Value, StoreError> {
-    let Some(Value::Bool(true)) = state.as_object_mut().and_then(|m| m.remove(MARK)) else {
-        return Ok(state);
+/// The JSON as written: its texts put back from `texts` (by SHA-256).
+pub(super) fn unpack(
+    mut value: Value,
+    texts: &Map<String, Value>,
+    holder: Holder,
+) -> Result<Value, StoreError> {
+    let Some(Value::Bool(true)) = value.as_object_mut().and_then(|m| m.remove(MARK)) else {
+        return Ok(value);
     };
-    for entry in entries(&mut state) {
+    for entry in entries(&mut value, holder) {
         let Some(Value::String(sha)) = entry.remove("text_ref") else { continue };
         let Some(text) = texts.get(&sha) else {
-            let e = format!("session state references text {sha}, which is not stored");
+            let e = format!("stored JSON references text {sha}, which is not stored");
             return Err(StoreError::Corrupt(serde::de::Error::custom(e)));
         };
         entry.insert("text".into(), text.clone());
     }
-    Ok(state)
+    Ok(value)
 }
 
-/// The entries of `history.chunks` and `history.files`.
-fn entries(state: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
-    let history = state.get_mut("history").and_then(Value::as_object_mut);
-    history
+/// The entries of the holder's `chunks` and `files`.
+fn entries(value: &mut Value, holder: Holder) -> impl Iterator<Item = &mut Map<String, Value>> {
+    let lists = holder
+        .path()
+        .iter()
+        .try_fold(value, |v, key| v.get_mut(*key))
+        .and_then(Value::as_object_mut);
+    lists
         .into_iter()
         .flat_map(|h| h.iter_mut())
         .filter(|(k, _)| LISTS.contains(&k.as_str()))
@@ -77,16 +133,17 @@ fn entries(state: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
         .filter_map(Value::as_object_mut)
 }
 
-/// The texts `state` references, by SHA-256: one indexed lookup (nothing when the state holds
-/// its texts inline, as states written before did).
+/// The texts `value` references, by SHA-256: one indexed lookup (nothing when it holds its
+/// texts inline, as JSON written before did).
 pub(super) async fn referenced(
     conn: &mut PgConnection,
-    state: &mut Value,
+    value: &mut Value,
+    holder: Holder,
 ) -> Result<Map<String, Value>, StoreError> {
-    if state.get(MARK) != Some(&Value::Bool(true)) {
+    if value.get(MARK) != Some(&Value::Bool(true)) {
         return Ok(Map::new());
     }
-    let refs: Vec<String> = entries(state)
+    let refs: Vec<String> = entries(value, holder)
         .filter_map(|e| e.get("text_ref").and_then(Value::as_str).map(str::to_owned))
         .collect();
     if refs.is_empty() {
@@ -100,6 +157,17 @@ pub(super) async fn referenced(
     Ok(rows.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
 }
 
+/// `value` with its texts read back in place, and which texts it referenced.
+pub(super) async fn read(
+    conn: &mut PgConnection,
+    mut value: Value,
+    holder: Holder,
+) -> Result<(Value, KnownTexts), StoreError> {
+    let texts = referenced(conn, &mut value, holder).await?;
+    let known = KnownTexts(texts.keys().cloned().collect());
+    Ok((unpack(value, &texts, holder)?, known))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,14 +176,34 @@ mod tests {
     #[test]
     fn unpacking_restores_what_was_packed_and_leaves_old_states_alone() {
         let old = json!({"v": 1, "history": {"chunks": [{"id": "a", "text": "fn a() {}"}]}});
-        assert_eq!(unpack(old.clone(), &Map::new()).unwrap(), old);
+        assert_eq!(unpack(old.clone(), &Map::new(), Holder::State).unwrap(), old);
         let sha = crate::assemble::sha256_hex("fn a() {}");
         let packed = json!({"v": 1, "texts_by_ref": true,
                             "history": {"chunks": [{"id": "a", "text_ref": sha}], "files": []}});
         let texts: Map<String, Value> = [(sha.clone(), json!("fn a() {}"))].into_iter().collect();
-        let back = unpack(packed.clone(), &texts).unwrap();
+        let back = unpack(packed.clone(), &texts, Holder::State).unwrap();
         assert_eq!(back["history"]["chunks"][0]["text"], "fn a() {}");
         assert!(back.get(MARK).is_none());
-        assert!(unpack(packed, &Map::new()).is_err(), "a missing text is corrupt, not empty");
+        assert!(
+            unpack(packed, &Map::new(), Holder::State).is_err(),
+            "a missing text is corrupt, not empty"
+        );
+    }
+
+    #[test]
+    fn a_saved_answer_keeps_its_update_texts_by_reference() {
+        let saved = json!({"v": 2, "job": {"assembled": {"update": {
+            "chunks": [{"id": "a", "text": "fn a() {}"}, {"id": "b", "text": "fn a() {}"}],
+            "files": [{"path": "x.rs", "text": "fn x() {}"}]}}}});
+        let (packed, texts) = take_texts(&saved, Holder::SavedAnswer);
+        assert_eq!(texts.keys.len(), 2, "each text once");
+        assert!(texts.keys.windows(2).all(|w| w[0] < w[1]), "sorted");
+        let update = &packed["job"]["assembled"]["update"];
+        assert!(
+            update["chunks"][0].get("text").is_none() && update["files"][0]["text_ref"].is_string()
+        );
+        let stored: Map<String, Value> =
+            texts.keys.into_iter().zip(texts.bodies.into_iter().map(Value::String)).collect();
+        assert_eq!(unpack(packed, &stored, Holder::SavedAnswer).unwrap(), saved);
     }
 }

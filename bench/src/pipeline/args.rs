@@ -30,6 +30,10 @@ pub struct CommonArgs {
     /// 0 does not wait. Other work on a shared machine skews every figure.
     #[arg(long, default_value_t = 0.0, value_name = "PCT")]
     pub wait_idle: f64,
+    /// Run the Responses simulator as a process of its own (`aptix sim`, built beside this
+    /// binary), so this process's peak memory and CPU are the pipeline's and the driver's only.
+    #[arg(long)]
+    pub sim_process: bool,
 }
 
 impl CommonArgs {

@@ -21,7 +21,7 @@ use aptix::sim::{Latency, SimConfig};
 use aptix::stages::Deps;
 use aptix::store::Store;
 
-use super::sim_thread::SimThread;
+use super::sim_process::{SimCpu, Simulator};
 use super::timed_llm::TimedLlm;
 
 /// What the vector store holds.
@@ -61,6 +61,8 @@ pub struct EnvOptions {
     pub corpus: Corpus,
     /// Simulator latency.
     pub latency: Latency,
+    /// The simulator in a process of its own rather than on a thread.
+    pub sim_process: bool,
 }
 
 /// A live benchmark environment.
@@ -79,7 +81,7 @@ pub struct BenchEnv {
     pub conn: lapin::Connection,
     /// A confirm-mode channel on `conn`.
     pub publisher: Publisher,
-    sim: Option<SimThread>,
+    sim: Option<Simulator>,
     dir: PathBuf,
     admin_url: String,
     db_name: String,
@@ -138,22 +140,25 @@ impl BenchEnv {
         admin_url: &str,
     ) -> anyhow::Result<BenchEnv> {
         // No request log (it would hold every body); room for the responses of a long run.
-        let sim = SimThread::start(SimConfig {
-            latency: opts.latency,
-            log_capacity: 0,
-            // A session's next turn chains to its latest response only; 5,000 covers every load
-            // here (at most 1,000 sessions) while keeping the simulator's memory out of the
-            // process's peak RSS, which should measure the pipeline.
-            store_capacity: 5_000,
-            ..SimConfig::default()
-        })
+        let sim = Simulator::start(
+            SimConfig {
+                latency: opts.latency,
+                log_capacity: 0,
+                // A session's next turn chains to its latest response only; 5,000 covers every load
+                // here (at most 1,000 sessions) while keeping the simulator's memory out of the
+                // process's peak RSS, which should measure the pipeline.
+                store_capacity: 5_000,
+                ..SimConfig::default()
+            },
+            opts.sim_process,
+        )
         .await
         .context("starting the simulator")?;
         let mut settings = base.clone();
         settings.amqp.prefix = format!("bench-{id}");
         settings.database.url =
             ConnectionUrl::new(with_database(base.database.url.expose(), db_name));
-        settings.llm.base_url = ConnectionUrl::new(sim.base_url.clone());
+        settings.llm.base_url = ConnectionUrl::new(sim.base_url());
         // Loopback simulator: never send a real key anywhere.
         settings.llm.api_key = None;
         for agent in settings.agent_contexts.values_mut() {
@@ -213,9 +218,14 @@ impl BenchEnv {
         })
     }
 
-    /// The simulator thread's id, for CPU accounting.
-    pub fn sim_tid(&self) -> Option<&str> {
-        self.sim.as_ref().and_then(|s| s.tid.as_deref())
+    /// Where the simulator's CPU time is read.
+    pub fn sim_cpu(&self) -> Option<SimCpu> {
+        self.sim.as_ref().and_then(Simulator::cpu)
+    }
+
+    /// The simulator's pid, when it runs as a process of its own.
+    pub fn sim_pid(&self) -> Option<u32> {
+        self.sim.as_ref().and_then(Simulator::pid)
     }
 
     /// Starts `copies` consumers of each of `stages` (one `pipeline::run` call).

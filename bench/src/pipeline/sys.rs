@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use super::sim_process::SimCpu;
+
 /// Clock ticks per second of `/proc` CPU times (USER_HZ, 100 on every Linux ABI).
 const TICKS: f64 = 100.0;
 
@@ -13,6 +15,8 @@ pub struct CpuSnapshot {
     at: Instant,
     own: u64,
     sim: u64,
+    /// The simulator is another process: `own` does not include it.
+    sim_apart: bool,
     rabbit: u64,
     postgres: u64,
     machine_busy: u64,
@@ -60,8 +64,8 @@ fn machine() -> (u64, u64) {
 }
 
 impl CpuSnapshot {
-    /// Reads the counters now; `sim_tid` is the simulator thread's id within this process.
-    pub fn take(sim_tid: Option<&str>) -> CpuSnapshot {
+    /// Reads the counters now, with the simulator's from `sim`.
+    pub fn take(sim: Option<&SimCpu>) -> CpuSnapshot {
         let (mut rabbit, mut postgres) = (0, 0);
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for entry in dir.flatten() {
@@ -83,9 +87,8 @@ impl CpuSnapshot {
         CpuSnapshot {
             at: Instant::now(),
             own: stat_ticks("/proc/self/stat").unwrap_or(0),
-            sim: sim_tid
-                .and_then(|t| stat_ticks(&format!("/proc/self/task/{t}/stat")))
-                .unwrap_or(0),
+            sim: sim.and_then(|s| stat_ticks(&s.stat)).unwrap_or(0),
+            sim_apart: sim.is_some_and(|s| s.apart),
             rabbit,
             postgres,
             machine_busy,
@@ -98,13 +101,14 @@ impl CpuSnapshot {
         let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 / TICKS;
         let total = self.machine_total.saturating_sub(earlier.machine_total);
         let busy = secs(self.machine_busy, earlier.machine_busy);
-        let ours = secs(self.own, earlier.own)
+        let sim_in_own = if self.sim_apart { 0.0 } else { secs(self.sim, earlier.sim) };
+        let ours = secs(self.own, earlier.own) + secs(self.sim, earlier.sim) - sim_in_own
             + secs(self.rabbit, earlier.rabbit)
             + secs(self.postgres, earlier.postgres);
         CpuUse {
             others_s: (busy - ours).max(0.0),
             wall_s: self.at.duration_since(earlier.at).as_secs_f64(),
-            aptix_s: secs(self.own, earlier.own) - secs(self.sim, earlier.sim),
+            aptix_s: secs(self.own, earlier.own) - sim_in_own,
             sim_s: secs(self.sim, earlier.sim),
             rabbitmq_s: secs(self.rabbit, earlier.rabbit),
             postgres_s: secs(self.postgres, earlier.postgres),
@@ -119,7 +123,12 @@ impl CpuSnapshot {
 
 /// A `/proc/self/status` field in MiB (`VmHWM`, `VmRSS`).
 pub fn status_mib(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_mib_of("self", field)
+}
+
+/// The same of process `pid` ("self" for this one).
+pub fn status_mib_of(pid: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
@@ -128,7 +137,12 @@ pub fn status_mib(field: &str) -> Option<f64> {
 /// Resets this process's peak RSS (`VmHWM`) to its current RSS (Linux 4.0+); returns whether
 /// it worked.
 pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+    reset_peak_rss_of("self")
+}
+
+/// The same for process `pid`.
+pub fn reset_peak_rss_of(pid: &str) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
 /// The machine, for reports: cores, memory, CPU model, kernel.

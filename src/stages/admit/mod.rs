@@ -20,6 +20,7 @@ use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredR
 
 mod answers;
 mod cancel;
+mod reply_wait;
 mod scope;
 
 pub use answers::session_name;
@@ -218,10 +219,11 @@ impl Admit {
                 expires_at: Some(self.settings.assemble.expires_at(chrono::Utc::now())),
             };
             let wire = stored_form(&ValidatedRequest::UserTurn(fixed))?;
-            let admission = self
-                .store
-                .admit_user_turn(key, &fingerprint, &wire, &meta, to.instance.as_ref())
-                .await?;
+            let instance = to.instance.as_ref();
+            let admission = reply_wait::admitting(|| {
+                self.store.admit_user_turn(key, &fingerprint, &wire, &meta, instance)
+            })
+            .await?;
             match admission {
                 // The session holds other contexts: decide again on those.
                 Admission::ContextsDiffer(stored) => owner = Some(stored),
@@ -291,8 +293,10 @@ impl Admit {
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let (wire, fingerprint) = (stored_form(request)?, fingerprint(request));
         let (instance, tenant) = (to.instance.as_ref(), to.tenant.as_ref());
-        let admission =
-            self.store.admit_continuation(key, &fingerprint, &wire, c, instance, tenant).await?;
+        let admission = reply_wait::admitting(|| {
+            self.store.admit_continuation(key, &fingerprint, &wire, c, instance, tenant)
+        })
+        .await?;
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];

@@ -67,6 +67,7 @@ impl Stage for Invoke {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
                 .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
+            let persist = SavedRoundTrip::with_body(persist, job.assembled.body);
             info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
             return Ok(Output::next(persist));
         }
@@ -76,6 +77,7 @@ impl Stage for Invoke {
             Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::Transient)?;
         let stream = turn.stream();
         let mut assembled = job.assembled;
+        let mut rebuilt = false;
         let started = std::time::Instant::now();
         let mut result = if state.cancelled {
             Call::Cancelled(String::new())
@@ -88,10 +90,12 @@ impl Stage for Invoke {
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
             let context =
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
+            let chunks = assembled.retrieved_chunks(&state);
             assembled = job
                 .job
-                .assemble(&job.chunks, &state.force_new_chain(), context, &self.settings.assemble)
+                .assemble(&chunks, &state.force_new_chain(), context, &self.settings.assemble)
                 .map_err(StageError::fail)?;
+            rebuilt = true;
             result = self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await;
         }
         let round_trip = match result {
@@ -117,14 +121,15 @@ impl Stage for Invoke {
                 }
             }
         };
-        let persist = PersistJob {
+        let mut persist = PersistJob {
             job: job.job,
             assembled: Some(assembled),
             warnings: job.warnings,
             result: round_trip,
             hops: Vec::new(),
         };
-        self.store.save_llm_result(&key, step, &SavedRoundTrip::encode(&persist)?).await?;
+        let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;
+        self.store.save_llm_result(&key, step, &saved).await?;
         Ok(Output::next(persist))
     }
 }

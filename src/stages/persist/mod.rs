@@ -16,7 +16,7 @@ use crate::messages::{
     with_owed_warnings, Answer, Done, Outgoing, PersistJob, ReplyOut, RoundTrip,
 };
 use crate::stage::{Output, Stage, StageError};
-use crate::store::{cancelled, FinishStep, Finished, NewRecord, StepOutcome, Store};
+use crate::store::{cancelled, FinishStep, Finished, KnownTexts, NewRecord, StepOutcome, Store};
 
 /// Writes the immutable record and publishes the reply.
 #[derive(Debug)]
@@ -44,6 +44,7 @@ struct Ending {
     kind: &'static str,
     outcome: StepOutcome,
     session_state: Option<Value>,
+    known_texts: KnownTexts,
     provider_id: Option<String>,
     usage: Option<Value>,
     raw: Option<Value>,
@@ -102,6 +103,7 @@ impl Persist {
             step,
             record,
             session_state: e.session_state,
+            known_texts: e.known_texts,
             outcome: e.outcome,
             messages: out.into_iter().map(Outgoing::Reply).collect(),
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
@@ -132,7 +134,8 @@ impl Persist {
         let owed = owed_warnings(job);
         let outcome = with_owed_warnings(a.outcome.clone(), &owed);
         // The chain holds every call of the answer, the server's too.
-        let session_state = self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
+        let (session_state, known_texts) =
+            self.new_state(job, &a.response_id, a.created_at, &outcome).await?.unzip();
         let turn = job.job.user_turn().map_err(StageError::fail)?;
         let tools = super::conversation_context(&self.settings, turn)
             .map(|c| c.server_tools.clone())
@@ -187,6 +190,7 @@ impl Persist {
             kind,
             outcome: step_outcome,
             session_state,
+            known_texts: known_texts.unwrap_or_default(),
             provider_id: Some(a.response_id.clone()),
             usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
             raw: Some(a.raw.clone()),
@@ -200,9 +204,9 @@ impl Persist {
         response_id: &str,
         created_at: chrono::DateTime<chrono::Utc>,
         outcome: &Outcome,
-    ) -> Result<Option<Value>, StageError> {
+    ) -> Result<Option<(Value, KnownTexts)>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
-        let raw = self.store.session_state(&job.job.key.session_id).await?;
+        let (raw, known) = self.store.session_state_and_texts(&job.job.key.session_id).await?;
         // Corrupt state must not silently become an empty one: the turn fails instead.
         let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
         let outcome = match outcome {
@@ -215,7 +219,7 @@ impl Persist {
         };
         let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
         let next = state.apply_answer(&assembled.update, &answer, &self.settings.assemble);
-        Ok(Some(next.to_stored()?))
+        Ok(Some((next.to_stored()?, known)))
     }
 
     fn mode_display_name(&self, job: &PersistJob) -> String {
@@ -239,6 +243,7 @@ fn failed(
         kind,
         outcome: StepOutcome::Failed,
         session_state: None,
+        known_texts: KnownTexts::default(),
         provider_id: None,
         usage: None,
         raw,

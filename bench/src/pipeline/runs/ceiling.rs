@@ -11,7 +11,7 @@ pub async fn ceiling(
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
     let timeout = Duration::from_secs(common.turn_timeout_secs);
-    let opts = env_options(corpus, 0);
+    let opts = env_options(common, corpus, 0);
     let prefetch = settings.pipeline.prefetch.clone();
     let runs = repeat(common, settings, &opts, |env, i| {
         let (p, prefetch) = (p.clone(), prefetch.clone());

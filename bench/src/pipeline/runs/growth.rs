@@ -13,7 +13,7 @@ pub async fn growth(
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
     let timeout = Duration::from_secs(common.turn_timeout_secs);
-    let opts = env_options(corpus, 0);
+    let opts = env_options(common, corpus, 0);
     let mut merged: Vec<RunReport> = Vec::new();
     for &(sessions, file_bytes) in &p.points {
         let point = Point { sessions, file_bytes, secs: p.secs, warmup: p.warmup, timeout };

@@ -11,7 +11,7 @@ pub async fn overhead(
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
     let timeout = Duration::from_secs(common.turn_timeout_secs);
-    let opts = env_options(corpus, 0);
+    let opts = env_options(common, corpus, 0);
     let runs = repeat(common, settings, &opts, |env, i| {
         let p = p.clone();
         Box::pin(async move {
@@ -22,9 +22,9 @@ pub async fn overhead(
             env.track_sessions(&topology, &sessions);
             let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), &topology, &sessions).await?);
             let pool = env.deps.store.pool();
-            let (before, wal_before) = (CpuSnapshot::take(env.sim_tid()), Wal::take(pool).await);
+            let (before, wal_before) = (CpuSnapshot::take(env.sim_cpu().as_ref()), Wal::take(pool).await);
             let (start, samples) = driver::open_loop(&driver, &sessions, &ids, p.rate, secs(p.secs), timeout).await;
-            let cpu = CpuSnapshot::take(env.sim_tid()).since(&before);
+            let cpu = CpuSnapshot::take(env.sim_cpu().as_ref()).since(&before);
             let wal = Wal::take(pool).await.since(&wal_before);
             if let Ok(d) = Arc::try_unwrap(driver) {
                 d.close().await;

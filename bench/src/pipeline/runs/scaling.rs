@@ -10,7 +10,7 @@ pub async fn scaling(
     corpus: &Corpus,
     settings: &Settings,
 ) -> anyhow::Result<(Value, usize)> {
-    let opts = env_options(corpus, p.latency_ms);
+    let opts = env_options(common, corpus, p.latency_ms);
     let mut stage = match &p.stage {
         Some(name) => Some(
             aptix::stages::chain()

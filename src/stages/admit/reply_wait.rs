@@ -1,0 +1,63 @@
+//! Admitting a turn whose session's previous reply is still in the outbox. The reply was
+//! published, and a client that answers at once has already read it, but its outbox row is
+//! deleted only after the broker's confirm: a few milliseconds later. Admission must not let the
+//! new turn overtake an unpublished reply, so it refuses (`ReplyInFlight`); trying again after
+//! short pauses here spares such a turn the first retry tier (500 ms, holding its lane).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::store::StoreError;
+
+/// Pauses between attempts, milliseconds: 77 ms in all before the retry tier takes over.
+const PAUSES_MS: [u64; 5] = [2, 5, 10, 20, 40];
+
+/// Runs `admit`, again after each pause while the previous reply is still in flight.
+pub(super) async fn admitting<T, F, Fut>(mut admit: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    for pause in PAUSES_MS {
+        match admit().await {
+            Err(StoreError::ReplyInFlight) => {
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            other => return other,
+        }
+    }
+    admit().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_in_flight_reply_is_waited_for_briefly_then_left_to_the_retry_tier() {
+        let mut calls = 0;
+        let done = admitting(|| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 3 {
+                    Err(StoreError::ReplyInFlight)
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(done.unwrap(), 3);
+        let mut calls = 0;
+        let started = tokio::time::Instant::now();
+        let gave_up: Result<(), _> = admitting(|| {
+            calls += 1;
+            async { Err(StoreError::ReplyInFlight) }
+        })
+        .await;
+        assert!(matches!(gave_up, Err(StoreError::ReplyInFlight)));
+        assert_eq!(calls, PAUSES_MS.len() + 1);
+        assert_eq!(started.elapsed(), Duration::from_millis(PAUSES_MS.iter().sum()));
+    }
+}
