@@ -59,7 +59,7 @@ impl Simulator {
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
                 return Ok(Simulator::Process {
-                    base_url: format!("http://127.0.0.1:{port}"),
+                    base_url: format!("http://127.0.0.1:{port}/v1"),
                     child,
                 });
             }
