@@ -13,10 +13,13 @@ use tokio::sync::oneshot;
 
 use super::{Store, StoreError};
 
+/// How one batch's delete ended, told to each caller in it.
+type Done = oneshot::Sender<Result<(), Arc<StoreError>>>;
+
 /// Rows waiting to be deleted, and whether a drain is running.
 #[derive(Debug, Default)]
 pub(super) struct Sweep {
-    waiting: Vec<(Vec<i64>, oneshot::Sender<Result<(), Arc<StoreError>>>)>,
+    waiting: Vec<(Vec<i64>, Done)>,
     running: bool,
 }
 
