@@ -33,7 +33,9 @@ where
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    // Real time (77 ms at most): a paused clock needs tokio's `test-util`, and that feature in
+    // the dev dependencies alone would build every tokio crate twice (tests and binaries).
+    #[tokio::test]
     async fn an_in_flight_reply_is_waited_for_briefly_then_left_to_the_retry_tier() {
         let mut calls = 0;
         let done = admitting(|| {
@@ -50,7 +52,7 @@ mod tests {
         .await;
         assert_eq!(done.unwrap(), 3);
         let mut calls = 0;
-        let started = tokio::time::Instant::now();
+        let started = std::time::Instant::now();
         let gave_up: Result<(), _> = admitting(|| {
             calls += 1;
             async { Err(StoreError::ReplyInFlight) }
@@ -58,6 +60,6 @@ mod tests {
         .await;
         assert!(matches!(gave_up, Err(StoreError::ReplyInFlight)));
         assert_eq!(calls, PAUSES_MS.len() + 1);
-        assert_eq!(started.elapsed(), Duration::from_millis(PAUSES_MS.iter().sum()));
+        assert!(started.elapsed() >= Duration::from_millis(PAUSES_MS.iter().sum()), "it paused");
     }
 }

@@ -72,13 +72,14 @@ pub async fn inflight(
     .await?;
     let mut notes = vec![format!(
         "closed loop: {} sessions with one turn in flight each, simulator latency {} ms, one copy of every stage, \
-         invoke prefetch {}; {} s ({} s warm-up not counted). VmHWM covers the whole benchmark process: \
-         pipeline, simulator and load driver",
+         invoke prefetch {}; {} s ({} s warm-up not counted). VmHWM covers the benchmark process: \
+         pipeline and load driver{}",
         p.concurrency,
         p.latency_ms,
         settings.pipeline.prefetch.get("invoke"),
         p.secs,
-        p.warmup
+        p.warmup,
+        if common.sim_process { " (the simulator is a process of its own)" } else { ", and the simulator" }
     )];
     if usize::from(settings.pipeline.prefetch.get("invoke")) < p.concurrency {
         notes.push(format!(
