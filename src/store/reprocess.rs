@@ -9,7 +9,7 @@ use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::records::NewRecord;
-use super::texts::{self, Holder};
+use super::texts;
 use super::{Store, StoreError};
 
 /// Which stored turns a reprocessing run covers. Every condition given must hold.
@@ -134,7 +134,7 @@ impl Store {
         session: Uuid,
         turn: &str,
     ) -> Result<Vec<OriginalStep>, StoreError> {
-        let steps: Vec<OriginalStep> = sqlx::query_as(
+        let mut steps: Vec<OriginalStep> = sqlx::query_as(
             "SELECT r.id, t.seq, r.step, r.kind, r.request_payload, r.usage, r.reply, l.result AS saved
              FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
@@ -147,14 +147,12 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.pool.acquire().await?;
-        let mut read = Vec::with_capacity(steps.len());
-        for mut step in steps {
+        for step in &mut steps {
             if let Some(saved) = step.saved.take() {
-                step.saved = Some(texts::read(&mut conn, saved, Holder::SavedAnswer).await?.0);
+                step.saved = Some(texts::read_saved(&mut conn, saved).await?);
             }
-            read.push(step);
         }
-        Ok(read)
+        Ok(steps)
     }
 
     /// The saved round trips of the session's original records that came before step `step` of
@@ -165,7 +163,7 @@ impl Store {
         seq: i64,
         step: i32,
     ) -> Result<Vec<Value>, StoreError> {
-        let saved: Vec<Value> = sqlx::query_scalar(
+        let mut saved: Vec<Value> = sqlx::query_scalar(
             "SELECT l.result FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
              JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
@@ -178,11 +176,10 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.pool.acquire().await?;
-        let mut read = Vec::with_capacity(saved.len());
-        for value in saved {
-            read.push(texts::read(&mut conn, value, Holder::SavedAnswer).await?.0);
+        for value in &mut saved {
+            *value = texts::read_saved(&mut conn, std::mem::take(value)).await?;
         }
-        Ok(read)
+        Ok(saved)
     }
 
     /// Whether run `run` already reprocessed the original record `original`.

@@ -90,7 +90,7 @@ impl Store {
         let saved = match saved {
             Some(saved) => {
                 let mut conn = self.pool.acquire().await?;
-                Some(super::texts::read(&mut conn, saved, Holder::SavedAnswer).await?.0)
+                Some(super::texts::read_saved(&mut conn, saved).await?)
             }
             None => None,
         };
@@ -106,7 +106,8 @@ impl Store {
         step: i32,
         result: &Value,
     ) -> Result<(), StoreError> {
-        let (result, texts) = super::texts::take_texts(result, Holder::SavedAnswer);
+        let (result, texts) =
+            super::texts::take_texts(result, Holder::SavedAnswer, &KnownTexts::default());
         sqlx::query(
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)

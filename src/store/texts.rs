@@ -50,15 +50,17 @@ pub(super) struct Texts {
     pub bodies: Vec<String>,
 }
 
-/// `value` with its texts replaced by references, and the texts.
-pub(super) fn take_texts(value: &Value, holder: Holder) -> (Value, Texts) {
+/// `value` with its texts replaced by references, and the texts not `known` to be stored.
+pub(super) fn take_texts(value: &Value, holder: Holder, known: &KnownTexts) -> (Value, Texts) {
     let mut packed = value.clone();
     let mut texts: HashMap<String, String> = HashMap::new();
     for entry in entries(&mut packed, holder) {
         if let Some(Value::String(text)) = entry.remove("text") {
             let sha = crate::assemble::sha256_hex(&text);
             entry.insert("text_ref".into(), Value::String(sha.clone()));
-            texts.insert(sha, text);
+            if !known.0.contains(&sha) {
+                texts.insert(sha, text);
+            }
         }
     }
     if let Value::Object(map) = &mut packed {
@@ -77,13 +79,7 @@ pub(super) async fn pack(
     state: &Value,
     known: &KnownTexts,
 ) -> Result<Value, StoreError> {
-    let (packed, mut texts) = take_texts(state, Holder::State);
-    let (keys, bodies) = std::mem::take(&mut texts.keys)
-        .into_iter()
-        .zip(std::mem::take(&mut texts.bodies))
-        .filter(|(key, _)| !known.0.contains(key))
-        .unzip();
-    let texts = Texts { keys, bodies };
+    let (packed, texts) = take_texts(state, Holder::State, known);
     if !texts.keys.is_empty() {
         sqlx::query(
             "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])
@@ -168,6 +164,11 @@ pub(super) async fn read(
     Ok((unpack(value, &texts, holder)?, known))
 }
 
+/// A saved provider answer (`llm_results.result`) with its texts read back in place.
+pub(super) async fn read_saved(conn: &mut PgConnection, saved: Value) -> Result<Value, StoreError> {
+    Ok(read(conn, saved, Holder::SavedAnswer).await?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,7 +196,7 @@ mod tests {
         let saved = json!({"v": 2, "job": {"assembled": {"update": {
             "chunks": [{"id": "a", "text": "fn a() {}"}, {"id": "b", "text": "fn a() {}"}],
             "files": [{"path": "x.rs", "text": "fn x() {}"}]}}}});
-        let (packed, texts) = take_texts(&saved, Holder::SavedAnswer);
+        let (packed, texts) = take_texts(&saved, Holder::SavedAnswer, &KnownTexts::default());
         assert_eq!(texts.keys.len(), 2, "each text once");
         assert!(texts.keys.windows(2).all(|w| w[0] < w[1]), "sorted");
         let update = &packed["job"]["assembled"]["update"];
