@@ -93,9 +93,11 @@ async fn with_the_management_api_status_shows_rates_and_each_stages_workers() {
         (code, out) = run(&["--json"]);
         seen = serde_json::from_str(&out).unwrap();
         let q = seen.as_array().unwrap().iter().find(|q| q["queue"] == persist.as_str()).unwrap();
-        let acked = q["activity"]["ack_per_s"].as_f64().unwrap_or_default() > 0.0;
-        // Rates and consumer details refresh every few seconds (the management stats interval).
-        if code == Some(0) && acked && STAGES.iter().all(|s| one_worker(&seen, &prefix, s)) {
+        let rate = |name: &str| q["activity"][name].as_f64().unwrap_or_default() > 0.0;
+        // Rates and consumer details refresh every few seconds (the management stats interval),
+        // and the publish and ack rates of one queue are not sampled together: wait for both.
+        let moving = rate("ack_per_s") && rate("publish_per_s");
+        if code == Some(0) && moving && STAGES.iter().all(|s| one_worker(&seen, &prefix, s)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(150)).await;
