@@ -269,6 +269,47 @@ async fn measure_closed(
     Ok(Measured { rate, samples, cpu, wal, depths, profile })
 }
 
+/// A relay (`relay.rs`) running beside the pipeline's environment on a topology of its own,
+/// moving messages of the sizes a real turn had at each hop.
+struct RelayRun {
+    topology: Topology,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Sizes per hop of each calibration turn.
+    calibration: Vec<HopSizes>,
+    /// The sizes the relay moves: the calibration turns' mean per hop.
+    sizes: HopSizes,
+}
+
+impl RelayRun {
+    /// Calibrates hop sizes on the real pipeline (which is stopped again), then starts the
+    /// relay with each stage's prefetch.
+    async fn start(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<RelayRun> {
+        let calibration = calibrate(env, ids).await?;
+        let stages = env.topology.stages().to_vec();
+        let mut sizes: HopSizes = vec![0; stages.len() + 1];
+        for (k, s) in sizes.iter_mut().enumerate() {
+            *s = calibration.iter().map(|c| c[k]).sum::<usize>() / calibration.len().max(1);
+        }
+        let topology = env.extra_topology("relay");
+        topology.declare(env.publisher.channel()).await?;
+        let stop = CancellationToken::new();
+        let prefetch = &env.settings.pipeline.prefetch;
+        let pf: Vec<u16> = stages.iter().map(|s| prefetch.get(s.as_str())).collect();
+        let url = env.settings.amqp.url.expose();
+        let tasks = relay::start(url, &topology, sizes.clone(), pf, stop.clone()).await?;
+        Ok(RelayRun { topology, stop, tasks, calibration, sizes })
+    }
+
+    /// Stops the relay's stages and waits for them.
+    async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 /// Message sizes of one turn at every hop, from the real pipeline: the stages are started one
 /// at a time, and before the next one starts its input message is taken from its queue,
 /// measured and put back unchanged.

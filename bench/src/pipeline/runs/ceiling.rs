@@ -12,30 +12,17 @@ pub async fn ceiling(
 ) -> anyhow::Result<(Value, usize)> {
     let timeout = Duration::from_secs(common.turn_timeout_secs);
     let opts = env_options(common, corpus, 0);
-    let prefetch = settings.pipeline.prefetch.clone();
     let runs = repeat(common, settings, &opts, |env, i| {
-        let (p, prefetch) = (p.clone(), prefetch.clone());
+        let p = p.clone();
         Box::pin(async move {
             let ids = Arc::new(TurnIds::default());
-            let calibration = calibrate(env, &ids).await?;
-            let stages = env.topology.stages().to_vec();
-            let mut sizes: HopSizes = vec![0; stages.len() + 1];
-            for (k, s) in sizes.iter_mut().enumerate() {
-                *s = calibration.iter().map(|c| c[k]).sum::<usize>() / calibration.len().max(1);
-            }
             // Relay first, then the pipeline, same driver, same sizes, same sessions count.
-            let relay_topology = env.extra_topology("relay");
-            relay_topology.declare(env.publisher.channel()).await?;
-            let stop = CancellationToken::new();
-            let pf: Vec<u16> = stages.iter().map(|s| prefetch.get(s.as_str())).collect();
-            let relay_tasks =
-                relay::start(env.settings.amqp.url.expose(), &relay_topology, sizes.clone(), pf, stop.clone()).await?;
+            let relay_run = RelayRun::start(env, &ids).await?;
             let load = Load { sessions: p.sessions, file_bytes: 0, secs: p.secs, warmup: p.warmup, ramp: Duration::ZERO, timeout };
-            let relay = measure_closed(env, &relay_topology, &ids, &load).await?;
-            stop.cancel();
-            for t in relay_tasks {
-                let _ = t.await;
-            }
+            let relay = measure_closed(env, &relay_run.topology, &ids, &load).await?;
+            let (calibration, sizes) = (relay_run.calibration.clone(), relay_run.sizes.clone());
+            relay_run.stop().await;
+            let stages = env.topology.stages().to_vec();
             env.start(&stages, 1);
             let pipe = measure_closed(env, &env.topology.clone(), &ids, &load).await?;
             env.stop().await;

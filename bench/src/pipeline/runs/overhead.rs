@@ -15,8 +15,9 @@ pub async fn overhead(
     let runs = repeat(common, settings, &opts, |env, i| {
         let p = p.clone();
         Box::pin(async move {
-            env.start(&aptix::stages::names(), 1);
             let ids = Arc::new(TurnIds::default());
+            let relay = relay_latency(env, &ids, &p, timeout).await?;
+            env.start(&aptix::stages::names(), 1);
             let sessions = driver::sessions(p.sessions);
             let topology = env.topology.clone();
             env.track_sessions(&topology, &sessions);
@@ -51,10 +52,13 @@ pub async fn overhead(
             r.add("e2e_p99_ms", "publish to final reply p99", "ms", e.p99);
             r.add("llm_p50_ms", "LLM call (HTTP to simulator) p50", "ms", l.p50);
             r.add("llm_p99_ms", "LLM call (HTTP to simulator) p99", "ms", l.p99);
+            r.add("relay_e2e_p50_ms", "relay at the same rate (5 queues, no work): publish to reply p50", "ms", relay.e2e.p50);
+            r.add("relay_e2e_p99_ms", "relay at the same rate: publish to reply p99", "ms", relay.e2e.p99);
+            cpu_per_turn(&mut r, "relay_", "relay at the same rate: ", &relay.cpu, relay.turns);
             r.add("machine_busy", "machine CPU busy", "%", cpu.machine_busy * 100.0);
             cpu_per_turn(&mut r, "", "", &cpu, samples.len());
             wal_per_turn(&mut r, "", "", &wal, samples.len());
-            r.failures = failed(&samples);
+            r.failures = failed(&samples) + relay.failures;
             let segments = breakdown(env, &counted).await;
             for (i, (key, label)) in SEGMENTS.iter().enumerate() {
                 let mut v = segments.get(i).cloned().unwrap_or_default();
@@ -65,13 +69,15 @@ pub async fn overhead(
             r.detail("counted_turns", counted.len());
             r.detail("cpu", cpu);
             println!(
-                "  run {}: {} turns counted; overhead p50 {:.1} ms p99 {:.1} ms; e2e p50 {:.1} ms p99 {:.1} ms",
+                "  run {}: {} turns counted; overhead p50 {:.1} ms p99 {:.1} ms; e2e p50 {:.1} ms p99 {:.1} ms; relay p50 {:.1} ms p99 {:.1} ms",
                 i + 1,
                 counted.len(),
                 o.p50,
                 o.p99,
                 e.p50,
-                e.p99
+                e.p99,
+                relay.e2e.p50,
+                relay.e2e.p99
             );
             Ok(r)
         })
@@ -79,12 +85,54 @@ pub async fn overhead(
     .await?;
     let notes = vec![format!(
         "open loop at {} turns/s for {} s over {} sessions ({} s warm-up not counted); simulator at zero latency; \
-         latency from each turn's scheduled publish time; overhead = e2e minus the invoke stage's LLM call time",
+         latency from each turn's scheduled publish time; overhead = e2e minus the invoke stage's LLM call time; \
+         first the relay (messages of the pipeline's sizes through the same five queues, no work) at the same rate",
         p.rate, p.secs, p.sessions, p.warmup
     )];
     let targets = [Target::Below("overhead_p50_ms", 10.0), Target::Below("overhead_p99_ms", 40.0)];
     let doc = finish("overhead", json!(p), &runs, &targets, &notes);
     Ok((doc, failures(&runs)))
+}
+
+/// The relay under the same open-loop load: what the five hops cost in latency on this broker
+/// with the delivery contract alone (persistent, confirmed, acked after the next hop), the
+/// floor under the pipeline's overhead, and what the broker spends per turn at this rate.
+async fn relay_latency(
+    env: &mut BenchEnv,
+    ids: &Arc<TurnIds>,
+    p: &Overhead,
+    timeout: Duration,
+) -> anyhow::Result<RelayLatency> {
+    let relay = RelayRun::start(env, ids).await?;
+    let sessions = driver::sessions(p.sessions);
+    env.track_sessions(&relay.topology, &sessions);
+    let url = env.settings.amqp.url.expose();
+    let driver = Arc::new(Driver::new(&env.conn, url, &relay.topology, &sessions).await?);
+    let before = CpuSnapshot::take(env.sim_cpu().as_ref());
+    let (start, samples) =
+        driver::open_loop(&driver, &sessions, ids, p.rate, secs(p.secs), timeout).await;
+    let cpu = CpuSnapshot::take(env.sim_cpu().as_ref()).since(&before);
+    if let Ok(d) = Arc::try_unwrap(driver) {
+        d.close().await;
+    }
+    relay.stop().await;
+    let from = start + secs(p.warmup.min(p.secs * 0.5));
+    let counted = samples.iter().filter(|s| s.start >= from && s.ok);
+    let mut e2e: Vec<Duration> = counted.filter_map(TurnSample::latency).collect();
+    Ok(RelayLatency {
+        e2e: Percentiles::of(&mut e2e),
+        cpu,
+        turns: samples.len(),
+        failures: failed(&samples),
+    })
+}
+
+/// The relay's figures under the overhead's load.
+struct RelayLatency {
+    e2e: Percentiles,
+    cpu: CpuUse,
+    turns: usize,
+    failures: usize,
 }
 
 /// Where a turn's time goes, from database timestamps (`now()` is a transaction's start):
