@@ -189,6 +189,53 @@ async fn redelivered_stage_messages_cause_one_call_one_record_one_reply() {
     h.teardown().await;
 }
 
+/// A copy of a message that finds its turn's outbox rows just written leaves them a moment to
+/// their writer, which is publishing and deleting them, instead of publishing them a second
+/// time; what is left after that moment, or older, is handed over, as after a crash of the
+/// writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_leaves_outbox_rows_being_published_to_their_writer() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    let session: aptix::contracts::SessionId = s.parse().unwrap();
+    let pool = h.deps.store.pool().clone();
+    let insert = |age_secs: f64| {
+        let (pool, s) = (pool.clone(), s.clone());
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "INSERT INTO outbox (session_id, turn_id, exchange, routing_key, message_id, kind,
+                     body, created_at)
+                 VALUES ($1::uuid, 't1', 'x', 'k', 'm', 'reply', '\\x7b7d',
+                     now() - make_interval(secs => $2)) RETURNING id",
+            )
+            .bind(&s)
+            .bind(age_secs)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let publishing = insert(0.0).await;
+    let writer = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            sqlx::query("DELETE FROM outbox WHERE id = $1")
+                .bind(publishing)
+                .execute(&pool)
+                .await
+                .unwrap();
+        })
+    };
+    let pending = h.deps.store.pending_outbox(&session, "t1").await.unwrap();
+    writer.await.unwrap();
+    assert!(pending.is_empty(), "the writer's row was taken too: {:?}", pending.ids);
+    let (old, stuck) = (insert(2.0).await, insert(0.0).await);
+    let pending = h.deps.store.pending_outbox(&session, "t1").await.unwrap();
+    assert_eq!(pending.ids, [old, stuck], "rows nobody deletes are handed over");
+    h.teardown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_copies_of_every_stage_keep_per_session_order() {
     let h = Harness::start(2).await;

@@ -14,8 +14,6 @@ use crate::contracts::{ApiError, ErrorCode};
 
 /// Tries to delete published outbox rows (about a minute of a database outage).
 const DELETE_ATTEMPTS: u32 = 15;
-/// How long the ack waits for the first delete of published outbox rows.
-const FIRST_DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the runtime's bookkeeping needs from the database, without the stage framework
 /// knowing the store.
@@ -158,35 +156,28 @@ impl<S: Stage> Handler for Runner<S> {
     }
 
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
-        // The rows go before the ack: a copy of this message (a duplicate, or a redelivery
-        // after a lost ack) then finds nothing left to publish, instead of racing the delete
-        // and sending the client a second copy. The delete joins any others under way (one
-        // statement for many turns). If it fails or hangs, the ack still goes (the outputs
-        // were confirmed) and the delete is retried in the background through a database
-        // restart.
-        Box::pin(async move {
-            let first = self.ledger.delete_outbox(outbox_ids.clone());
-            if let Ok(Ok(())) = tokio::time::timeout(FIRST_DELETE_WAIT, first).await {
-                return;
-            }
-            let ledger = self.ledger.clone();
-            tokio::spawn(async move {
-                let mut delay = std::time::Duration::from_millis(200);
-                for attempt in 2..=DELETE_ATTEMPTS {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
-                    match ledger.delete_outbox(outbox_ids.clone()).await {
-                        Ok(()) => return,
-                        Err(error) if attempt == DELETE_ATTEMPTS => {
-                            // Left rows are only published again if their turn is found again;
-                            // consumers drop copies by message id.
-                            warn!(%error, rows = outbox_ids.len(), "could not delete published outbox rows");
-                        }
-                        Err(_) => {}
+        // The message is acked once its outputs are confirmed, so nothing redelivers it to find
+        // rows left behind: deleting them is retried in the background through a database
+        // restart, without holding up the ack.
+        let ledger = self.ledger.clone();
+        tokio::spawn(async move {
+            let mut delay = std::time::Duration::from_millis(200);
+            for attempt in 1..=DELETE_ATTEMPTS {
+                match ledger.delete_outbox(outbox_ids.clone()).await {
+                    Ok(()) => return,
+                    Err(error) if attempt == DELETE_ATTEMPTS => {
+                        // Left rows are only published again if their turn is found again;
+                        // consumers drop copies by message id.
+                        warn!(%error, rows = outbox_ids.len(), "could not delete published outbox rows");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(std::time::Duration::from_secs(5));
                     }
                 }
-            });
-        })
+            }
+        });
+        Box::pin(async {})
     }
 }
 

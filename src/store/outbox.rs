@@ -81,12 +81,39 @@ async fn with_session_model(
     Ok(())
 }
 
+/// Rows younger than this are presumed still being published, then deleted, by the worker that
+/// wrote them (it publishes within milliseconds of its commit).
+const SETTLING: Duration = Duration::from_secs(1);
+/// Pauses while such rows go, milliseconds: 77 ms in all.
+const SETTLE_PAUSES_MS: [u64; 5] = [2, 5, 10, 20, 40];
+
+/// Unpublished rows of one turn, for a copy of a message that already wrote them (a duplicate or
+/// a redelivery, found under the session's lock). Rows written in the last second are most
+/// likely being published and deleted by their writer at this very moment, and publishing them
+/// again here would send the client a copy: they get a moment (77 ms at most) to go. What is
+/// left after it is published by the caller, as after a crash of the writer.
 pub(super) async fn pending_for_turn(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
 ) -> Result<PendingOutbox, StoreError> {
+    for pause in SETTLE_PAUSES_MS {
+        let rows = rows(conn, session, Some(turn), SETTLING).await?;
+        if !any_fresh(&rows)? {
+            return decode(&rows);
+        }
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
     decode(&rows(conn, session, Some(turn), Duration::ZERO).await?)
+}
+
+fn any_fresh(rows: &[PgRow]) -> Result<bool, StoreError> {
+    for row in rows {
+        if row.try_get::<bool, _>("fresh")? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Unpublished rows of every turn of a session, oldest first; `None` when one of them was written
@@ -97,10 +124,8 @@ pub(super) async fn stale_for_session(
     fresh: Duration,
 ) -> Result<Option<PendingOutbox>, StoreError> {
     let rows = rows(conn, session, None, fresh).await?;
-    for row in &rows {
-        if row.try_get::<bool, _>("fresh")? {
-            return Ok(None);
-        }
+    if any_fresh(&rows)? {
+        return Ok(None);
     }
     decode(&rows).map(Some)
 }

@@ -3,9 +3,9 @@
 //! instead of one per confirmed message. No delete waits for a batch to fill: an idle process
 //! deletes at once, as before.
 //!
-//! The runner waits for the delete before it acks (so a copy of the message finds nothing left
-//! to publish), and retries it in the background when it fails; a crash before it only
-//! republishes what consumers already drop by message id.
+//! Nothing acks later for it: a message is acked once its outputs are confirmed, and the rows'
+//! deletion follows in the background (a crash before it only republishes what consumers
+//! already drop by message id).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
