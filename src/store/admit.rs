@@ -195,7 +195,8 @@ impl Store {
         }
         // The last turn's reply may still be unpublished: this turn must not overtake it. A
         // fresh one is being published by its persist worker (or will be, when its message comes
-        // again after a lost publish): wait and try again. An older one is published here first.
+        // again after a lost publish): waited for a moment here, then the admission is tried
+        // again. An older one is published here first.
         let Some(mut outbox) = outbox::stale_for_session(&mut tx, session, REPLY_IN_FLIGHT).await?
         else {
             return Err(StoreError::ReplyInFlight);

@@ -107,14 +107,40 @@ impl crate::metrics::Ready for Store {
     }
 }
 
+/// How long a pooled connection may sit idle before it is tested on acquire.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A pool of at most `max` connections, with bounded acquire time.
+fn pool_options(max: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        // A connection idle across a database restart is dead: test it before use, but only
+        // after a second idle. Testing every acquire cost a round trip per statement or
+        // transaction; a connection used a moment ago that died meanwhile fails its statement,
+        // which is retried as any transient error is.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .idle_timeout(Duration::from_secs(60))
+}
+
 /// The database client.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
     /// Each configured tenant's limits, by name (empty: single-tenant).
     tenants: std::sync::Arc<std::collections::HashMap<String, Gate>>,
-    /// Published outbox rows waiting to be deleted.
-    sweep: sweep::SharedSweep,
+    /// Published outbox rows waiting to be deleted, and the connection that deletes them.
+    sweep: sweep::Sweeper,
+    /// Session texts known to be stored.
+    texts: texts::TextCache,
 }
 
 impl Store {
@@ -126,14 +152,12 @@ impl Store {
             .application_name("aptix")
             .options([("statement_timeout", "15s")])
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            // A connection idle across a database restart is dead; test it before use.
-            .test_before_acquire(true)
-            .idle_timeout(Duration::from_secs(60))
-            .connect_lazy_with(options);
-        Ok(Store { pool, tenants: Default::default(), sweep: Default::default() })
+        let pool = pool_options(max_connections).connect_lazy_with(options.clone());
+        // Deleting published outbox rows has a connection of its own: behind the stages' own
+        // statements in the pool's queue, a delete waited 0.3-0.6 s at the ceiling, and every
+        // turn a client sent meanwhile found its session's last reply row and waited too.
+        let sweep = sweep::Sweeper::new(pool_options(1).connect_lazy_with(options));
+        Ok(Store { pool, tenants: Default::default(), sweep, texts: Default::default() })
     }
 
     /// The same store, deciding limits for these tenants.
@@ -203,5 +227,11 @@ impl Store {
     /// The pool, for modules that run their own queries (reprocessing, reports).
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Closes every connection (the pool's and the outbox sweep's).
+    pub async fn close(&self) {
+        self.pool.close().await;
+        self.sweep.close().await;
     }
 }

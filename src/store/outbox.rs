@@ -97,14 +97,43 @@ pub(super) async fn pending_for_turn(
     session: Uuid,
     turn: &str,
 ) -> Result<PendingOutbox, StoreError> {
+    let (rows, _) = settled(conn, session, Some(turn), SETTLING).await?;
+    decode(&rows)
+}
+
+/// Unpublished rows of every turn of a session, oldest first, for a turn about to start (under
+/// the session's lock): it must not overtake them. Rows written within `fresh` are being
+/// published by their writer and get a moment (77 ms at most) to go, waited for here rather
+/// than by running the whole admission again; `None` when one is still there after it.
+pub(super) async fn stale_for_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    fresh: Duration,
+) -> Result<Option<PendingOutbox>, StoreError> {
+    match settled(conn, session, None, fresh).await? {
+        (_, true) => Ok(None),
+        (rows, false) => decode(&rows).map(Some),
+    }
+}
+
+/// The unpublished rows, read again after each pause while one of them is younger than `fresh`;
+/// and whether one still is.
+async fn settled(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: Option<&str>,
+    fresh: Duration,
+) -> Result<(Vec<PgRow>, bool), StoreError> {
+    let mut rows = rows(conn, session, turn, fresh).await?;
     for pause in SETTLE_PAUSES_MS {
-        let rows = rows(conn, session, Some(turn), SETTLING).await?;
         if !any_fresh(&rows)? {
-            return decode(&rows);
+            return Ok((rows, false));
         }
         tokio::time::sleep(Duration::from_millis(pause)).await;
+        rows = self::rows(conn, session, turn, fresh).await?;
     }
-    decode(&rows(conn, session, Some(turn), Duration::ZERO).await?)
+    let fresh = any_fresh(&rows)?;
+    Ok((rows, fresh))
 }
 
 fn any_fresh(rows: &[PgRow]) -> Result<bool, StoreError> {
@@ -114,20 +143,6 @@ fn any_fresh(rows: &[PgRow]) -> Result<bool, StoreError> {
         }
     }
     Ok(false)
-}
-
-/// Unpublished rows of every turn of a session, oldest first; `None` when one of them was written
-/// within `fresh`, so that its publishing is most likely still under way.
-pub(super) async fn stale_for_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-    fresh: Duration,
-) -> Result<Option<PendingOutbox>, StoreError> {
-    let rows = rows(conn, session, None, fresh).await?;
-    if any_fresh(&rows)? {
-        return Ok(None);
-    }
-    decode(&rows).map(Some)
 }
 
 async fn rows(

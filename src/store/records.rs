@@ -240,7 +240,7 @@ impl Store {
                 .await?;
         }
         if let Some(state) = &f.session_state {
-            let state = super::texts::pack(&mut tx, state, &f.known_texts).await?;
+            let state = super::texts::pack(&mut tx, &self.texts, state, &f.known_texts).await?;
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
                 .bind(&state)

@@ -149,7 +149,7 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         for step in &mut steps {
             if let Some(saved) = step.saved.take() {
-                step.saved = Some(texts::read_saved(&mut conn, saved).await?);
+                step.saved = Some(texts::read_saved(&mut conn, &self.texts, saved).await?);
             }
         }
         Ok(steps)
@@ -177,7 +177,7 @@ impl Store {
         .await?;
         let mut conn = self.pool.acquire().await?;
         for value in &mut saved {
-            *value = texts::read_saved(&mut conn, std::mem::take(value)).await?;
+            *value = texts::read_saved(&mut conn, &self.texts, std::mem::take(value)).await?;
         }
         Ok(saved)
     }

@@ -69,7 +69,7 @@ impl Store {
         let Some(state) = state else {
             return Ok((Value::Object(Default::default()), KnownTexts::default()));
         };
-        super::texts::read(&mut conn, state, Holder::State).await
+        super::texts::read(&mut conn, &self.texts, state, Holder::State).await
     }
 
     /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
@@ -90,7 +90,7 @@ impl Store {
         let saved = match saved {
             Some(saved) => {
                 let mut conn = self.pool.acquire().await?;
-                Some(super::texts::read_saved(&mut conn, saved).await?)
+                Some(super::texts::read_saved(&mut conn, &self.texts, saved).await?)
             }
             None => None,
         };
@@ -123,6 +123,7 @@ impl Store {
         .bind(&texts.bodies)
         .execute(&self.pool)
         .await?;
+        self.texts.keep(&texts);
         Ok(())
     }
 }

@@ -23,8 +23,23 @@ pub(super) struct Sweep {
     running: bool,
 }
 
-/// The sweep of one store (shared by its clones).
-pub(super) type SharedSweep = Arc<Mutex<Sweep>>;
+/// The sweep of one store (shared by its clones), with a pool of one connection used by nothing
+/// else, so a delete never queues behind the stages' statements.
+#[derive(Debug, Clone)]
+pub(super) struct Sweeper {
+    state: Arc<Mutex<Sweep>>,
+    pool: sqlx::PgPool,
+}
+
+impl Sweeper {
+    pub(super) fn new(pool: sqlx::PgPool) -> Self {
+        Sweeper { state: Arc::default(), pool }
+    }
+
+    pub(super) async fn close(&self) {
+        self.pool.close().await;
+    }
+}
 
 impl Store {
     /// Deletes published outbox rows, in one statement with any other rows whose deletion was
@@ -35,7 +50,7 @@ impl Store {
         }
         let (tx, rx) = oneshot::channel();
         let start = {
-            let mut sweep = self.sweep.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut sweep = self.sweep.state.lock().unwrap_or_else(PoisonError::into_inner);
             sweep.waiting.push((ids.to_vec(), tx));
             !std::mem::replace(&mut sweep.running, true)
         };
@@ -52,7 +67,7 @@ impl Store {
     async fn drain(self) {
         loop {
             let batch = {
-                let mut sweep = self.sweep.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut sweep = self.sweep.state.lock().unwrap_or_else(PoisonError::into_inner);
                 if sweep.waiting.is_empty() {
                     sweep.running = false;
                     return;
@@ -62,7 +77,7 @@ impl Store {
             let ids: Vec<i64> = batch.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
             let result = sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
                 .bind(&ids)
-                .execute(&self.pool)
+                .execute(&self.sweep.pool)
                 .await
                 .map(drop)
                 .map_err(|e| Arc::new(StoreError::Db(e)));

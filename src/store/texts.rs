@@ -6,11 +6,64 @@
 //! (written before) is read as it is.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 
 use super::StoreError;
+
+/// Bytes of text the process keeps at most ([`TextCache`]).
+const CACHE_BYTES: u64 = 32 << 20;
+
+/// Texts this process knows to be committed in `session_texts`, by SHA-256: those it read, and
+/// those a statement of its own stored. A text never changes under its key and is never
+/// deleted, so an entry never goes stale: a turn reads its session's texts from here instead of
+/// PostgreSQL (assemble and persist each read the whole history's), and does not insert again
+/// what is here. Bounded by [`CACHE_BYTES`]; what falls out is read from PostgreSQL again.
+#[derive(Clone)]
+pub(super) struct TextCache(Arc<quick_cache::sync::Cache<String, Arc<str>, TextBytes>>);
+
+/// Weighs an entry by its bytes.
+#[derive(Clone)]
+pub(super) struct TextBytes;
+
+impl quick_cache::Weighter<String, Arc<str>> for TextBytes {
+    fn weight(&self, key: &String, text: &Arc<str>) -> u64 {
+        (key.len() + text.len()) as u64
+    }
+}
+
+impl Default for TextCache {
+    fn default() -> Self {
+        // Estimated entries: chunks of about 1 KB.
+        let cache = quick_cache::sync::Cache::with_weighter(32_768, CACHE_BYTES, TextBytes);
+        TextCache(Arc::new(cache))
+    }
+}
+
+impl std::fmt::Debug for TextCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextCache").field("bytes", &self.0.weight()).finish()
+    }
+}
+
+impl TextCache {
+    fn get(&self, sha: &str) -> Option<Arc<str>> {
+        self.0.get(sha)
+    }
+
+    fn holds(&self, sha: &str) -> bool {
+        self.0.contains_key(sha)
+    }
+
+    /// Keeps texts that are committed in `session_texts`.
+    pub(super) fn keep(&self, texts: &Texts) {
+        for (sha, body) in texts.keys.iter().zip(&texts.bodies) {
+            self.0.insert(sha.clone(), Arc::from(body.as_str()));
+        }
+    }
+}
 
 /// Marks stored JSON whose texts are references.
 const MARK: &str = "texts_by_ref";
@@ -50,6 +103,15 @@ pub(super) struct Texts {
     pub bodies: Vec<String>,
 }
 
+impl Texts {
+    /// Keeps the texts whose key passes `keep`.
+    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        let pairs =
+            std::mem::take(&mut self.keys).into_iter().zip(std::mem::take(&mut self.bodies));
+        (self.keys, self.bodies) = pairs.filter(|(k, _)| keep(k)).unzip();
+    }
+}
+
 /// `value` with its texts replaced by references, and the texts not `known` to be stored.
 pub(super) fn take_texts(value: &Value, holder: Holder, known: &KnownTexts) -> (Value, Texts) {
     let mut packed = value.clone();
@@ -73,13 +135,15 @@ pub(super) fn take_texts(value: &Value, holder: Holder, known: &KnownTexts) -> (
 }
 
 /// Moves the texts of a session `state` out into `session_texts`, except those `known` to be
-/// there; returns the state to store.
+/// there (or in the `cache`, which holds only stored texts); returns the state to store.
 pub(super) async fn pack(
     conn: &mut PgConnection,
+    cache: &TextCache,
     state: &Value,
     known: &KnownTexts,
 ) -> Result<Value, StoreError> {
-    let (packed, texts) = take_texts(state, Holder::State, known);
+    let (packed, mut texts) = take_texts(state, Holder::State, known);
+    texts.retain(|sha| !cache.holds(sha));
     if !texts.keys.is_empty() {
         sqlx::query(
             "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])
@@ -129,44 +193,59 @@ fn entries(value: &mut Value, holder: Holder) -> impl Iterator<Item = &mut Map<S
         .filter_map(Value::as_object_mut)
 }
 
-/// The texts `value` references, by SHA-256: one indexed lookup (nothing when it holds its
-/// texts inline, as JSON written before did).
+/// The texts `value` references, by SHA-256: from the `cache`, the rest with one indexed lookup
+/// (nothing when it holds its texts inline, as JSON written before did).
 pub(super) async fn referenced(
     conn: &mut PgConnection,
+    cache: &TextCache,
     value: &mut Value,
     holder: Holder,
 ) -> Result<Map<String, Value>, StoreError> {
     if value.get(MARK) != Some(&Value::Bool(true)) {
         return Ok(Map::new());
     }
-    let refs: Vec<String> = entries(value, holder)
-        .filter_map(|e| e.get("text_ref").and_then(Value::as_str).map(str::to_owned))
-        .collect();
-    if refs.is_empty() {
-        return Ok(Map::new());
+    let mut found = Map::new();
+    let mut missing = Vec::new();
+    for sha in entries(value, holder).filter_map(|e| e.get("text_ref").and_then(Value::as_str)) {
+        match cache.get(sha) {
+            Some(text) => drop(found.insert(sha.to_owned(), Value::String(text.to_string()))),
+            None => missing.push(sha.to_owned()),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(found);
     }
     let rows: Vec<(String, String)> =
         sqlx::query_as("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)")
-            .bind(&refs)
+            .bind(&missing)
             .fetch_all(&mut *conn)
             .await?;
-    Ok(rows.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
+    let (keys, bodies) = rows.into_iter().unzip();
+    let read = Texts { keys, bodies };
+    cache.keep(&read);
+    found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Value::String)));
+    Ok(found)
 }
 
 /// `value` with its texts read back in place, and which texts it referenced.
 pub(super) async fn read(
     conn: &mut PgConnection,
+    cache: &TextCache,
     mut value: Value,
     holder: Holder,
 ) -> Result<(Value, KnownTexts), StoreError> {
-    let texts = referenced(conn, &mut value, holder).await?;
+    let texts = referenced(conn, cache, &mut value, holder).await?;
     let known = KnownTexts(texts.keys().cloned().collect());
     Ok((unpack(value, &texts, holder)?, known))
 }
 
 /// A saved provider answer (`llm_results.result`) with its texts read back in place.
-pub(super) async fn read_saved(conn: &mut PgConnection, saved: Value) -> Result<Value, StoreError> {
-    Ok(read(conn, saved, Holder::SavedAnswer).await?.0)
+pub(super) async fn read_saved(
+    conn: &mut PgConnection,
+    cache: &TextCache,
+    saved: Value,
+) -> Result<Value, StoreError> {
+    Ok(read(conn, cache, saved, Holder::SavedAnswer).await?.0)
 }
 
 #[cfg(test)]

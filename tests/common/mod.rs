@@ -248,7 +248,7 @@ impl Harness {
         for e in exchanges {
             let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
         }
-        self.deps.store.pool().close().await;
+        self.deps.store.close().await;
         let url = self
             .settings
             .database

@@ -279,7 +279,7 @@ impl BenchEnv {
             let _ = ch.close(200, "bench done".into()).await;
         }
         let _ = self.conn.close(200, "bench done".into()).await;
-        self.deps.store.pool().close().await;
+        self.deps.store.close().await;
         drop_database(&self.admin_url, &self.db_name).await;
         if let Some(sim) = self.sim.take() {
             sim.stop().await;

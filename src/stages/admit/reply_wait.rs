@@ -1,8 +1,9 @@
 //! Admitting a turn whose session's previous reply is still in the outbox. The reply was
 //! published, and a client that answers at once has already read it, but its outbox row is
 //! deleted only after the broker's confirm: a few milliseconds later. Admission must not let the
-//! new turn overtake an unpublished reply, so it refuses (`ReplyInFlight`); trying again after
-//! short pauses here spares such a turn the first retry tier (500 ms, holding its lane).
+//! new turn overtake an unpublished reply: the store waits for the row for a moment (77 ms,
+//! under the session's lock), then refuses (`ReplyInFlight`); trying again after short pauses
+//! here spares such a turn the first retry tier (500 ms, holding its lane).
 
 use std::future::Future;
 use std::time::Duration;
