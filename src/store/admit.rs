@@ -86,14 +86,32 @@ struct Locked {
     owner: SessionOwner,
 }
 
-async fn lock_session(conn: &mut PgConnection, session: Uuid) -> Result<Locked, StoreError> {
+async fn lock_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<Option<Locked>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id
          FROM sessions WHERE id = $1 FOR UPDATE",
     )
     .bind(session)
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?)
+}
+
+/// Locks the session, creating it first if it is new; whether it was. A session's later turns
+/// (nearly all) take one statement: the lock finds the row.
+async fn open_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    meta: &SessionMeta,
+) -> Result<(Locked, bool), StoreError> {
+    if let Some(locked) = lock_session(conn, session).await? {
+        return Ok((locked, false));
+    }
+    let created = create_session(conn, session, meta).await?;
+    let locked = lock_session(conn, session).await?.ok_or(sqlx::Error::RowNotFound)?;
+    Ok((locked, created))
 }
 
 /// Whether a session created with `stored` contexts serves a turn that assumed `meta`'s (a
@@ -140,8 +158,7 @@ impl Store {
     ) -> Result<Admission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let created = create_session(&mut tx, session, meta).await?;
-        let locked = lock_session(&mut tx, session).await?;
+        let (locked, created) = open_session(&mut tx, session, meta).await?;
         if locked.owner.tenant.as_deref() != meta.tenant.as_ref().map(TenantName::as_str) {
             return Ok(Admission::Unavailable);
         }
@@ -297,14 +314,21 @@ async fn insert_turn(
     t: &NewTurn<'_>,
     state: TurnState,
 ) -> Result<TurnRow, StoreError> {
+    // One statement: the session's count goes with the insert (a data-modifying CTE always
+    // runs), one round trip instead of two.
     let sql = format!(
-        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
+        "WITH counted AS (
+             UPDATE sessions SET next_seq = next_seq + 1,
+                 active_turn_id = COALESCE(active_turn_id, $2),
+                 expires_at = GREATEST(expires_at, $9), updated_at = now()
+             WHERE id = $1)
+         INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
              tenant, started_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
              CASE WHEN $4 = 'running' THEN clock_timestamp() END)
          RETURNING {TURN_COLUMNS}"
     );
-    let row: TurnRow = sqlx::query_as(&sql)
+    Ok(sqlx::query_as(&sql)
         .bind(t.session)
         .bind(t.turn)
         .bind(t.seq)
@@ -313,16 +337,7 @@ async fn insert_turn(
         .bind(t.request)
         .bind(t.reply_to.map(InstanceName::as_str))
         .bind(t.tenant.map(TenantName::as_str))
+        .bind(t.expires_at)
         .fetch_one(&mut *conn)
-        .await?;
-    sqlx::query(
-        "UPDATE sessions SET next_seq = next_seq + 1, active_turn_id = COALESCE(active_turn_id, $2),
-             expires_at = GREATEST(expires_at, $3), updated_at = now() WHERE id = $1",
-    )
-    .bind(t.session)
-    .bind(t.turn)
-    .bind(t.expires_at)
-    .execute(&mut *conn)
-    .await?;
-    Ok(row)
+        .await?)
 }

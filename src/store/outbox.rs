@@ -31,14 +31,28 @@ impl PendingOutbox {
     }
 }
 
+/// A session's name and expiry, as its step replies carry them.
+pub(super) type SessionModel = (Option<String>, Option<chrono::DateTime<chrono::Utc>>);
+
 pub(super) async fn insert(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
+    messages: Vec<Outgoing>,
+) -> Result<PendingOutbox, StoreError> {
+    insert_with(conn, session, turn, messages, None).await
+}
+
+/// [`insert`], given the session's name and expiry when the transaction already read them.
+pub(super) async fn insert_with(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
     mut messages: Vec<Outgoing>,
+    model: Option<SessionModel>,
 ) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
-    with_session_model(conn, session, &mut messages).await?;
+    with_session_model(conn, session, &mut messages, model).await?;
     for m in messages {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $3) RETURNING id",
@@ -58,22 +72,27 @@ pub(super) async fn insert(
 }
 
 /// Gives the session's step replies its current name and expiry, read under the transaction
-/// that sends them.
+/// that sends them (`known`, or read here).
 async fn with_session_model(
     conn: &mut PgConnection,
     session: Uuid,
     messages: &mut [Outgoing],
+    known: Option<SessionModel>,
 ) -> Result<(), StoreError> {
     let mut replies = messages.iter_mut().filter_map(|m| match m {
         Outgoing::Reply(r) if r.step.is_some() && r.session.as_uuid() == session => Some(r),
         _ => None,
     });
     let Some(first) = replies.next() else { return Ok(()) };
-    let model: Option<(Option<String>, Option<chrono::DateTime<chrono::Utc>>)> =
-        sqlx::query_as("SELECT name, expires_at FROM sessions WHERE id = $1")
-            .bind(session)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let model: Option<SessionModel> = match known {
+        Some(model) => Some(model),
+        None => {
+            sqlx::query_as("SELECT name, expires_at FROM sessions WHERE id = $1")
+                .bind(session)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+    };
     let (name, expires) = model.unwrap_or_default();
     for r in std::iter::once(first).chain(replies) {
         (r.session_name, r.session_expires) = (name.clone(), expires);

@@ -220,18 +220,23 @@ impl Store {
     pub async fn finish_step(&self, f: FinishStep) -> Result<Finished, StoreError> {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let tenant: Option<String> =
-            sqlx::query_scalar("SELECT tenant FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session)
-                .fetch_one(&mut *tx)
-                .await?;
-        if recorded(&mut tx, session, turn, f.step).await? {
-            let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
-            tx.commit().await?;
-            return Ok(Finished::Done(pending));
-        }
-        if check_running(&mut tx, session, turn, f.step).await? && !f.cancelled {
-            return Ok(Finished::CancelRequested);
+        // The session's name and expiry, for the reply, are read with the lock.
+        let (tenant, name, expires): (Option<String>, Option<String>, Option<_>) = sqlx::query_as(
+            "SELECT tenant, name, expires_at FROM sessions WHERE id = $1 FOR UPDATE",
+        )
+        .bind(session)
+        .fetch_one(&mut *tx)
+        .await?;
+        match step_state(&mut tx, session, turn, f.step).await? {
+            StepState::Recorded => {
+                let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
+                tx.commit().await?;
+                return Ok(Finished::Done(pending));
+            }
+            StepState::Running { cancelled: true } if !f.cancelled => {
+                return Ok(Finished::CancelRequested);
+            }
+            StepState::Running { .. } => {}
         }
         insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
         let gate = self.gate(tenant.as_deref());
@@ -255,52 +260,59 @@ impl Store {
             After::Waits => {}
             After::RunsOn(row) => messages.push(Outgoing::Start(row.start_job()?)),
         }
-        let out = outbox::insert(&mut tx, session, turn, messages).await?;
+        let out = outbox::insert_with(&mut tx, session, turn, messages, Some((name, expires)));
+        let out = out.await?;
         tx.commit().await?;
         Ok(Finished::Done(out))
     }
 }
 
-/// Whether the round trip already has its record (a redelivered persist message).
-async fn recorded(
-    conn: &mut PgConnection,
-    session: Uuid,
-    turn: &str,
-    step: i32,
-) -> Result<bool, StoreError> {
-    let done: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM response_records
-         WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND reprocess_of IS NULL",
-    )
-    .bind(session)
-    .bind(turn)
-    .bind(step)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(done.is_some())
+/// Where a round trip stands when persist offers its ending.
+enum StepState {
+    /// It already has its record (a redelivered or duplicated persist message).
+    Recorded,
+    /// The turn runs this step; whether a cancel of it was admitted.
+    Running {
+        /// A cancel was admitted while it ran.
+        cancelled: bool,
+    },
 }
 
-/// Refuses a step for a turn that is not running at that step; whether its cancel was admitted.
-async fn check_running(
+/// Where round trip `step` stands, in one query (the session is locked); a step for a turn that
+/// is not running at that step, and has no record, is refused.
+async fn step_state(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
     step: i32,
-) -> Result<bool, StoreError> {
-    let current: Option<(String, i32, bool)> = sqlx::query_as(
-        "SELECT state, step, cancel_requested_at IS NOT NULL FROM turns
-         WHERE session_id = $1 AND turn_id = $2",
-    )
-    .bind(session)
-    .bind(turn)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let current = current.map(|(s, n, c)| TurnState::try_from(s).map(|s| (s, n, c))).transpose()?;
-    match current.map(|(s, n, c)| ((s, n), c)) {
-        Some(((TurnState::Running, at), cancelled)) if at == step => Ok(cancelled),
+) -> Result<StepState, StoreError> {
+    let (recorded, state, at, cancelled): (bool, Option<String>, Option<i32>, Option<bool>) =
+        sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM response_records WHERE session_id = $1
+                            AND turn_id = $2 AND step = $3 AND reprocess_of IS NULL),
+                    t.state, t.step, t.cancel_requested_at IS NOT NULL
+             FROM (SELECT 1) AS one
+             LEFT JOIN turns t ON t.session_id = $1 AND t.turn_id = $2",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(step)
+        .fetch_one(&mut *conn)
+        .await?;
+    if recorded {
+        return Ok(StepState::Recorded);
+    }
+    let current = match (state, at) {
+        (Some(s), Some(n)) => Some((TurnState::try_from(s)?, n)),
+        _ => None,
+    };
+    match current {
+        Some((TurnState::Running, n)) if n == step => {
+            Ok(StepState::Running { cancelled: cancelled.unwrap_or(false) })
+        }
         other => {
-            let state = other
-                .map_or_else(|| "unknown".to_owned(), |((s, n), _)| format!("{s} at step {n}"));
+            let state =
+                other.map_or_else(|| "unknown".to_owned(), |(s, n)| format!("{s} at step {n}"));
             Err(StoreError::NotRunning { turn: turn.to_owned(), step, state })
         }
     }

@@ -178,17 +178,17 @@ pub(super) async fn dispatch_next(
     gate: Option<&Gate>,
 ) -> Result<Vec<TurnRow>, StoreError> {
     let holds = gate.filter(|g| g.limits.over_limit == crate::config::OverLimit::Queue);
-    let next: Option<String> = sqlx::query_scalar(
-        "SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY seq LIMIT 1",
+    // The session's oldest queued turn holds it next (none: it is idle), in one statement.
+    let next: Option<String> = sqlx::query_scalar::<_, Option<String>>(
+        "UPDATE sessions SET updated_at = now(), active_turn_id = (
+             SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued'
+             ORDER BY seq LIMIT 1)
+         WHERE id = $1 RETURNING active_turn_id",
     )
     .bind(session)
     .fetch_optional(&mut *conn)
-    .await?;
-    sqlx::query("UPDATE sessions SET active_turn_id = $2, updated_at = now() WHERE id = $1")
-        .bind(session)
-        .bind(&next)
-        .execute(&mut *conn)
-        .await?;
+    .await?
+    .flatten();
     if let Some(gate) = holds {
         super::tenants::lock(conn, &gate.tenant).await?;
         return super::tenants::start_held(conn, gate).await;
