@@ -106,8 +106,9 @@ impl Store {
         step: i32,
         result: &Value,
     ) -> Result<(), StoreError> {
-        let (result, texts) =
+        let (result, mut texts) =
             super::texts::take_texts(result, Holder::SavedAnswer, &KnownTexts::default());
+        texts.retain(|sha| !self.texts.holds(sha));
         sqlx::query(
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)

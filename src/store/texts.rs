@@ -53,7 +53,7 @@ impl TextCache {
         self.0.get(sha)
     }
 
-    fn holds(&self, sha: &str) -> bool {
+    pub(super) fn holds(&self, sha: &str) -> bool {
         self.0.contains_key(sha)
     }
 
@@ -105,7 +105,7 @@ pub(super) struct Texts {
 
 impl Texts {
     /// Keeps the texts whose key passes `keep`.
-    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         let pairs =
             std::mem::take(&mut self.keys).into_iter().zip(std::mem::take(&mut self.bodies));
         (self.keys, self.bodies) = pairs.filter(|(k, _)| keep(k)).unzip();
