@@ -217,7 +217,7 @@ pub(super) async fn insert_record(
 impl Store {
     /// Ends a round trip in one transaction. Idempotent: if its record already exists, nothing
     /// changes and the turn's unpublished outbox rows are returned for publishing.
-    pub async fn finish_step(&self, f: FinishStep) -> Result<Finished, StoreError> {
+    pub async fn finish_step(&self, mut f: FinishStep) -> Result<Finished, StoreError> {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
         // The session's name and expiry, for the reply, are read with the lock.
@@ -244,7 +244,7 @@ impl Store {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
                 .await?;
         }
-        if let Some(state) = &f.session_state {
+        if let Some(state) = f.session_state.take() {
             let state = super::texts::pack(&mut tx, &self.texts, state, &f.known_texts).await?;
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
@@ -252,7 +252,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        let mut messages = f.messages.clone();
+        let mut messages = std::mem::take(&mut f.messages);
         match transition(&mut tx, &f).await? {
             After::Ended => {
                 messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);

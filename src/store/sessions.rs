@@ -104,7 +104,7 @@ impl Store {
         &self,
         key: &TurnKey,
         step: i32,
-        result: &Value,
+        result: Value,
     ) -> Result<(), StoreError> {
         let (result, mut texts) =
             super::texts::take_texts(result, Holder::SavedAnswer, &KnownTexts::default());

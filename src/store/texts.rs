@@ -113,8 +113,8 @@ impl Texts {
 }
 
 /// `value` with its texts replaced by references, and the texts not `known` to be stored.
-pub(super) fn take_texts(value: &Value, holder: Holder, known: &KnownTexts) -> (Value, Texts) {
-    let mut packed = value.clone();
+pub(super) fn take_texts(value: Value, holder: Holder, known: &KnownTexts) -> (Value, Texts) {
+    let mut packed = value;
     let mut texts: HashMap<String, String> = HashMap::new();
     for entry in entries(&mut packed, holder) {
         if let Some(Value::String(text)) = entry.remove("text") {
@@ -139,7 +139,7 @@ pub(super) fn take_texts(value: &Value, holder: Holder, known: &KnownTexts) -> (
 pub(super) async fn pack(
     conn: &mut PgConnection,
     cache: &TextCache,
-    state: &Value,
+    state: Value,
     known: &KnownTexts,
 ) -> Result<Value, StoreError> {
     let (packed, mut texts) = take_texts(state, Holder::State, known);
@@ -275,7 +275,7 @@ mod tests {
         let saved = json!({"v": 2, "job": {"assembled": {"update": {
             "chunks": [{"id": "a", "text": "fn a() {}"}, {"id": "b", "text": "fn a() {}"}],
             "files": [{"path": "x.rs", "text": "fn x() {}"}]}}}});
-        let (packed, texts) = take_texts(&saved, Holder::SavedAnswer, &KnownTexts::default());
+        let (packed, texts) = take_texts(saved.clone(), Holder::SavedAnswer, &KnownTexts::default());
         assert_eq!(texts.keys.len(), 2, "each text once");
         assert!(texts.keys.windows(2).all(|w| w[0] < w[1]), "sorted");
         let update = &packed["job"]["assembled"]["update"];

@@ -129,7 +129,7 @@ impl Stage for Invoke {
             hops: Vec::new(),
         };
         let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;
-        self.store.save_llm_result(&key, step, &saved).await?;
+        self.store.save_llm_result(&key, step, saved).await?;
         Ok(Output::next(persist))
     }
 }
