@@ -189,6 +189,32 @@ async fn redelivered_stage_messages_cause_one_call_one_record_one_reply() {
     h.teardown().await;
 }
 
+/// Session texts a process has read or stored are served from its memory afterwards: with every
+/// text row gone (in service none ever is), the pipeline's store still reads the session state
+/// whole, while a store without that memory finds the references dangling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_texts_once_seen_are_read_from_memory() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let mut t1 = user_turn(&s, "t1", "How is the invoice e-mail sent? send_invoice_email");
+    t1["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 1 }\n")]);
+    assert_eq!(one_final(&h, &s, t1).await["Successful"], true);
+    let session: aptix::contracts::SessionId = s.parse().unwrap();
+    let (warm, _) = h.deps.store.session_state_and_texts(&session).await.unwrap();
+    let history = &warm["history"];
+    let texts =
+        history["chunks"].as_array().unwrap().iter().chain(history["files"].as_array().unwrap());
+    assert!(texts.clone().count() >= 2 && texts.clone().all(|t| t["text"].is_string()), "{warm}");
+    sqlx::query("DELETE FROM session_texts").execute(h.deps.store.pool()).await.unwrap();
+    let (again, _) = h.deps.store.session_state_and_texts(&session).await.unwrap();
+    assert_eq!(again, warm);
+    let cold = aptix::store::Store::connect(h.settings.database.url.expose(), 1).unwrap();
+    let dangling = cold.session_state_and_texts(&session).await;
+    assert!(dangling.is_err(), "a store that never saw the texts read them: {dangling:?}");
+    cold.close().await;
+    h.teardown().await;
+}
+
 /// A copy of a message that finds its turn's outbox rows just written leaves them a moment to
 /// their writer, which is publishing and deleting them, instead of publishing them a second
 /// time; what is left after that moment, or older, is handed over, as after a crash of the

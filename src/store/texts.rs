@@ -275,7 +275,8 @@ mod tests {
         let saved = json!({"v": 2, "job": {"assembled": {"update": {
             "chunks": [{"id": "a", "text": "fn a() {}"}, {"id": "b", "text": "fn a() {}"}],
             "files": [{"path": "x.rs", "text": "fn x() {}"}]}}}});
-        let (packed, texts) = take_texts(saved.clone(), Holder::SavedAnswer, &KnownTexts::default());
+        let (packed, texts) =
+            take_texts(saved.clone(), Holder::SavedAnswer, &KnownTexts::default());
         assert_eq!(texts.keys.len(), 2, "each text once");
         assert!(texts.keys.windows(2).all(|w| w[0] < w[1]), "sorted");
         let update = &packed["job"]["assembled"]["update"];
