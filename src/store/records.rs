@@ -260,8 +260,8 @@ impl Store {
             After::Waits => {}
             After::RunsOn(row) => messages.push(Outgoing::Start(row.start_job()?)),
         }
-        let out = outbox::insert_with(&mut tx, session, turn, messages, Some((name, expires)));
-        let out = out.await?;
+        let model = Some((name, expires));
+        let out = outbox::insert_with(&mut tx, session, turn, messages, model).await?;
         tx.commit().await?;
         Ok(Finished::Done(out))
     }
