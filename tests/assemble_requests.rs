@@ -192,10 +192,10 @@ impl Session {
 
 /// Checks the golden body and record of a scenario and writes the body for the schema check.
 fn golden(name: &str, a: &Assembled) {
-    write_request_body(name, &a.body);
-    assert_golden(&format!("requests/{name}.body.json"), &pretty(&a.body));
+    write_request_body(name, &a.body.to_value());
+    assert_golden(&format!("requests/{name}.body.json"), &pretty(&a.body.to_value()));
     assert_golden(&format!("requests/{name}.record.json"), &pretty(&a.record));
-    check_invariants(name, &a.body);
+    check_invariants(name, &a.body.to_value());
 }
 
 /// What every body must satisfy whatever the situation (DESIGN.md §5).
@@ -253,10 +253,11 @@ fn first_turn() {
     s.context.tool_choice = Some("read_file".into());
     let a = s.user(&first_turn_request(), &invoice_chunks(), t0());
     golden("first-turn", &a);
-    assert_eq!(a.body["tool_choice"], json!({"type": "function", "name": "read_file"}));
-    assert_eq!(a.body["stream"], true);
+    assert_eq!(a.body.to_value()["tool_choice"], json!({"type": "function", "name": "read_file"}));
+    assert_eq!(a.body.to_value()["stream"], true);
     assert_eq!(a.record.chain.status, ChainStatus::New);
-    let user = &a.body["input"][1];
+    let body = a.body.to_value();
+    let user = &body["input"][1];
     let parts = texts(user);
     assert!(parts[0].starts_with("[MODE: DDR_CREATION]\n\n[INSTRUCTION]\nCreate a DDR"));
     // The retrieved chunk of InvoiceManager.cs is superseded by the active file.
@@ -289,8 +290,8 @@ fn follow_up_sends_only_new_chunks() {
     ));
     let a = s.user(&turn, &chunks, t0() + TimeDelta::hours(1));
     golden("follow-up", &a);
-    assert_eq!(a.body["previous_response_id"], "resp_001");
-    assert_eq!(a.body["input"].as_array().unwrap().len(), 1);
+    assert_eq!(a.body.to_value()["previous_response_id"], "resp_001");
+    assert_eq!(a.body.to_value()["input"].as_array().unwrap().len(), 1);
     let ids: Vec<_> = a.record.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["ctx_3"]);
     // ctx_2 was sent; ctx_1 is of a file the chain holds whole.
@@ -325,7 +326,7 @@ fn follow_up_sends_changed_files_only() {
     s.final_answer(&a, t0() + TimeDelta::minutes(5), "Better.");
     let again = s.user(&t2, &[], t0() + TimeDelta::minutes(6));
     assert!(again.record.files.is_empty());
-    assert_eq!(texts(&again.body["input"][0]).len(), 1);
+    assert_eq!(texts(&again.body.to_value()["input"][0]).len(), 1);
 }
 
 /// Issue 19, point 3: local edits win. A retrieved chunk of a file the turn sends whole is left
@@ -338,7 +339,7 @@ fn chunks_of_files_the_model_has_whole_are_superseded() {
     let t1 = user_turn(json!({"TurnId": "turn-1", "Instruction": "Fix the mail.",
         "InputArtifacts": [artifact(manager, "class InvoiceManager { /* edited */ }\n")]}));
     let a = s.user(&t1, &invoice_chunks(), t0());
-    let context = a.body.to_string();
+    let context = a.body.as_str().to_owned();
     assert!(!context.contains("SendInvoiceEmail"), "the stale indexed version is not sent");
     assert!(context.contains("/* edited */") && context.contains("InvoiceController"));
     let superseded: Vec<_> = a.record.chunks_superseded.iter().map(|c| c.id.as_str()).collect();
@@ -349,7 +350,7 @@ fn chunks_of_files_the_model_has_whole_are_superseded() {
     // The next turn does not send the file again, but the chain holds it.
     let t2 = user_turn(json!({"TurnId": "turn-2", "Instruction": "And the controller?"}));
     let b = s.user(&t2, &invoice_chunks(), t0() + TimeDelta::minutes(1));
-    assert!(!b.body.to_string().contains("SendInvoiceEmail"));
+    assert!(!b.body.as_str().contains("SendInvoiceEmail"));
     let superseded: Vec<_> = b.record.chunks_superseded.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(superseded, ["ctx_1"]);
 }
@@ -373,7 +374,8 @@ fn tool_continuation_answers_in_call_order() {
     let s = awaiting_tools();
     let a = s.tools(&results(), &calls(), t0() + TimeDelta::seconds(30));
     golden("tool-continuation", &a);
-    let input = a.body["input"].as_array().unwrap();
+    let body = a.body.to_value();
+    let input = body["input"].as_array().unwrap();
     assert_eq!(input.len(), 2);
     assert_eq!(input[0]["type"], "function_call_output");
     assert_eq!(input[1]["call_id"], "call_2");
@@ -419,7 +421,8 @@ fn abandoned_tool_calls_are_answered_before_the_next_turn() {
         user_turn(json!({"TurnId": "turn-2", "Instruction": "Never mind; summarise instead."}));
     let a = s.user(&turn, &[], t0() + TimeDelta::minutes(2));
     golden("abandoned-tool-calls", &a);
-    let input = a.body["input"].as_array().unwrap();
+    let body = a.body.to_value();
+    let input = body["input"].as_array().unwrap();
     assert_eq!(input[0]["call_id"], "call_1");
     assert_eq!(input[1]["call_id"], "call_2");
     assert_eq!(input[2]["role"], "user");
@@ -434,7 +437,8 @@ fn images_without_instruction() {
     ]}));
     let a = s.user(&turn, &[], t0());
     golden("images", &a);
-    let content = a.body["input"][1]["content"].as_array().unwrap();
+    let body = a.body.to_value();
+    let content = body["input"][1]["content"].as_array().unwrap();
     assert!(content[0]["text"]
         .as_str()
         .unwrap()
@@ -463,7 +467,7 @@ fn files_over_the_limit_are_skipped_listed_and_warned() {
     assert_eq!(skipped, ["data/huge.json", "assets/logo.bin"]);
     let codes: Vec<_> = a.record.user_warnings.iter().map(|w| w.code.as_str()).collect();
     assert_eq!(codes, ["files.skipped_too_large", "files.skipped_binary"]);
-    assert!(!a.body.to_string().contains(&big[..1000]));
+    assert!(!a.body.as_str().contains(&big[..1000]));
     // The limit is a knob.
     let mut roomy = Session::new();
     roomy.policy.active_file_max_bytes = 200_000;
@@ -478,7 +482,7 @@ fn expired_chain_starts_a_rehydrated_one() {
     let a = s.user(&turn, &chunks, t0() + TimeDelta::days(31));
     golden("expired-chain", &a);
     assert_eq!(a.record.chain.status, ChainStatus::Rehydrated);
-    assert!(a.body.get("previous_response_id").is_none());
+    assert!(a.body.to_value().get("previous_response_id").is_none());
     assert!(a.record.solution_context_sent, "a new chain gets the latched solution context");
     // Within the retention the same turn continues the chain; the retention is a knob.
     assert_eq!(
@@ -519,7 +523,7 @@ fn previous_response_not_found_rehydrates_within_budgets() {
     }
     let turn = user_turn(json!({"TurnId": "turn-5", "Instruction": "Summarise the steps so far."}));
     let continued = s.user(&turn, &[], now);
-    assert_eq!(continued.body["previous_response_id"], "resp_004");
+    assert_eq!(continued.body.to_value()["previous_response_id"], "resp_004");
     // The provider answers previous_response_not_found: drop the chain and assemble again.
     s.state = s.state.force_new_chain();
     let a = s.user(&turn, &[], now);
@@ -535,7 +539,7 @@ fn previous_response_not_found_rehydrates_within_budgets() {
     assert!(r.transcript_turns >= 1 && r.transcript_turns_cut >= 1, "{r:?}");
     assert!(r.chunks_cut >= 1 && !r.files_cut.is_empty(), "{r:?}");
     assert_eq!(a.record.user_warnings[0].code, "session.history_truncated");
-    let history = texts(&a.body["input"][1]).join("\n");
+    let history = texts(&a.body.to_value()["input"][1]).join("\n");
     assert!(history.contains("older turns are not shown"), "{history}");
     assert!(history.contains("older chunks are not repeated"), "{history}");
     assert!(history.contains("Step 4: extend"), "newest turn kept first: {history}");
@@ -545,7 +549,7 @@ fn previous_response_not_found_rehydrates_within_budgets() {
     assert!(s.state.chain_reset.is_none());
     let next = s.user(&user_turn(json!({"TurnId": "turn-6", "Instruction": "Thanks."})), &[], now);
     assert_eq!(next.record.chain.status, ChainStatus::Continued);
-    assert_eq!(next.body["previous_response_id"], "resp_005");
+    assert_eq!(next.body.to_value()["previous_response_id"], "resp_005");
 }
 
 #[test]
@@ -554,7 +558,8 @@ fn tool_continuation_on_a_lost_chain_replays_the_calls() {
     s.state = s.state.force_new_chain();
     let a = s.tools(&results(), &calls(), t0() + TimeDelta::seconds(30));
     golden("tool-continuation-rehydrated", &a);
-    let kinds: Vec<_> = a.body["input"]
+    let body = a.body.to_value();
+    let kinds: Vec<_> = body["input"]
         .as_array()
         .unwrap()
         .iter()
@@ -572,7 +577,8 @@ fn tool_continuation_on_a_lost_chain_replays_the_calls() {
             Some("function_call_output")
         ]
     );
-    assert!(texts(&a.body["input"][2])[0].contains("Create a DDR for the invoice e-mail flow."));
+    assert!(texts(&a.body.to_value()["input"][2])[0]
+        .contains("Create a DDR for the invoice e-mail flow."));
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use aptix::config::{AgentContext, Secret};
 use aptix::contracts::{ApiError, ErrorCode, Outcome};
 use aptix::llm::{
-    DeltaEvent, Endpoint, HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse,
+    DeltaEvent, Endpoint, HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse, RequestBody,
     ResponseStatus, StreamDelta, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
     INCOMPLETE_WARNING_CODE,
 };
@@ -39,7 +39,11 @@ async fn rig() -> Rig {
 impl Rig {
     async fn call(&self, body: &Value) -> Result<LlmResponse, LlmError> {
         self.client
-            .create_response(LlmRequest { endpoint: &self.endpoint, body, deltas: None })
+            .create_response(LlmRequest {
+                endpoint: &self.endpoint,
+                body: &body.clone().into(),
+                deltas: None,
+            })
             .await
     }
 
@@ -48,7 +52,11 @@ impl Rig {
         let (tx, mut rx) = mpsc::channel(1024);
         let result = self
             .client
-            .create_response(LlmRequest { endpoint: &self.endpoint, body, deltas: Some(&tx) })
+            .create_response(LlmRequest {
+                endpoint: &self.endpoint,
+                body: &body.clone().into(),
+                deltas: Some(&tx),
+            })
             .await;
         drop(tx);
         let mut deltas = Vec::new();
@@ -260,7 +268,7 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
     let e = client
-        .create(LlmRequest { endpoint: &wrong, body: &body, deltas: None })
+        .create(LlmRequest { endpoint: &wrong, body: &RequestBody::new(&body), deltas: None })
         .await
         .unwrap_err();
     assert!(
@@ -272,7 +280,10 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
         "the key never appears in errors"
     );
     let right = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-right")));
-    client.create(LlmRequest { endpoint: &right, body: &body, deltas: None }).await.unwrap();
+    client
+        .create(LlmRequest { endpoint: &right, body: &RequestBody::new(&body), deltas: None })
+        .await
+        .unwrap();
     assert_eq!(sim.stats().requests, 2);
 }
 
@@ -288,7 +299,7 @@ async fn account_errors_reach_clients_as_a_fixed_sentence() {
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
     let e = client
-        .create(LlmRequest { endpoint: &wrong, body: &body, deltas: None })
+        .create(LlmRequest { endpoint: &wrong, body: &RequestBody::new(&body), deltas: None })
         .await
         .unwrap_err();
     let reply = client_error(&e);
@@ -378,7 +389,11 @@ async fn request_timeout_then_retry_recovers_and_exhaustion_reports_timeout() {
     rig.sim.faults().fail_next(Fault::Hang, 2);
     let body = first_turn("hi", false);
     let e = client
-        .create(LlmRequest { endpoint: &rig.endpoint, body: &body, deltas: None })
+        .create(LlmRequest {
+            endpoint: &rig.endpoint,
+            body: &RequestBody::new(&body),
+            deltas: None,
+        })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Request }), "{e:?}");
@@ -408,14 +423,14 @@ async fn connect_timeout_and_refused_connections() {
     let endpoint = Endpoint::new(format!("http://{addr}/v1"), None);
     let body = first_turn("hi", false);
     let e = client
-        .create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None })
+        .create(LlmRequest { endpoint: &endpoint, body: &RequestBody::new(&body), deltas: None })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Connect }), "{e:?}");
 
     drop((listener, fillers));
     let e = client
-        .create(LlmRequest { endpoint: &endpoint, body: &body, deltas: None })
+        .create(LlmRequest { endpoint: &endpoint, body: &RequestBody::new(&body), deltas: None })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Unavailable { attempts: 2, status: None, .. }), "{e:?}");

@@ -11,7 +11,7 @@ mod sim_support;
 use std::sync::{Arc, Mutex};
 
 use aptix::contracts::Outcome;
-use aptix::llm::{Endpoint, HttpLlmClient, LlmError, LlmRequest, LlmResponse};
+use aptix::llm::{Endpoint, HttpLlmClient, LlmError, LlmRequest, LlmResponse, RequestBody};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -59,7 +59,7 @@ async fn call(
     settings.max_retries = 1;
     let client = HttpLlmClient::new(&settings).expect("client");
     let endpoint = Endpoint::new(base, None);
-    let request = json!({"model":"m","input":"hi","stream":true});
+    let request = RequestBody::new(&json!({"model":"m","input":"hi","stream":true}));
     client.create(LlmRequest { endpoint: &endpoint, body: &request, deltas: None }).await
 }
 

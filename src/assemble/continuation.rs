@@ -19,6 +19,7 @@ use super::tools::{call_item, check_tool_results, result_items};
 use super::user_turn::sha256_hex;
 use super::{AssembleError, AssembleInput, Assembled};
 use crate::contracts::{ToolCall, ToolContinuation};
+use crate::llm::RequestBody;
 
 /// Builds the request answering `pending` with `continuation`'s results.
 pub(crate) fn assemble_tool_continuation(
@@ -91,5 +92,5 @@ pub(crate) fn assemble_tool_continuation(
         latched_solution_context: None,
         solution_context_sent_sha256: solution_sha,
     };
-    Ok(Assembled { body, record, update })
+    Ok(Assembled { body: RequestBody::new(&body), record, update })
 }

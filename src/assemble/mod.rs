@@ -91,8 +91,8 @@ pub enum TurnInput<'a> {
 /// The assembled request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Assembled {
-    /// The `/responses` request body.
-    pub body: serde_json::Value,
+    /// The `/responses` request body, serialised once here and carried as its text.
+    pub body: crate::llm::RequestBody,
     /// What was sent and why, for the immutable response record.
     pub record: SentRecord,
     /// How the session changes once the provider has answered this request.

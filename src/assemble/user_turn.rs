@@ -17,6 +17,7 @@ use super::tools::abandoned_items;
 use super::{AssembleInput, Assembled};
 use crate::chunk::Chunk;
 use crate::contracts::UserTurn;
+use crate::llm::RequestBody;
 
 /// SHA-256 (lowercase hex) of a text or of bytes.
 pub(crate) fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
@@ -102,7 +103,7 @@ pub(crate) fn assemble_user_turn(
         latched_solution_context: turn.solution_context().map(str::to_owned),
         solution_context_sent_sha256: solution.map(|(_, sha)| sha),
     };
-    Assembled { body, record, update }
+    Assembled { body: RequestBody::new(&body), record, update }
 }
 
 /// `chunks` without those of files the model has whole (local edits win over the index): the

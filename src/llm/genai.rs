@@ -8,12 +8,12 @@ use opentelemetry::{Array, StringValue, Value as OtelValue};
 use serde_json::Value;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use super::{Endpoint, LlmError, LlmResponse, ResponseStatus};
+use super::{BodyHead, Endpoint, LlmError, LlmResponse, ResponseStatus};
 use crate::contracts::Outcome;
 
 /// The client span of a `/responses` call for `body`, not yet entered.
-pub(super) fn span(body: &Value, endpoint: &Endpoint) -> tracing::Span {
-    let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+pub(super) fn span(body: &BodyHead, endpoint: &Endpoint) -> tracing::Span {
+    let model = body.model.as_deref().unwrap_or("");
     if !crate::otel::enabled() {
         return tracing::info_span!("llm", model);
     }
@@ -25,13 +25,13 @@ pub(super) fn span(body: &Value, endpoint: &Endpoint) -> tracing::Span {
         gen_ai.request.model = model,
     );
     span.set_attribute("gen_ai.provider.name", "openai");
-    if let Some(n) = body.get("max_output_tokens").and_then(Value::as_i64) {
+    if let Some(n) = body.max_output_tokens {
         span.set_attribute("gen_ai.request.max_tokens", n);
     }
-    for (field, key) in
-        [("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")]
+    for (x, key) in
+        [(body.temperature, "gen_ai.request.temperature"), (body.top_p, "gen_ai.request.top_p")]
     {
-        if let Some(x) = body.get(field).and_then(Value::as_f64) {
+        if let Some(x) = x {
             span.set_attribute(key, x);
         }
     }

@@ -57,20 +57,25 @@ impl HttpLlmClient {
     /// Sends one call with retries, inside a GenAI client span; see
     /// [`LlmClient::create_response`].
     pub async fn create(&self, request: LlmRequest<'_>) -> Result<LlmResponse, LlmError> {
-        let span = super::genai::span(request.body, request.endpoint);
-        let result = tracing::Instrument::instrument(self.call(request), span.clone()).await;
+        // One scan of the body for the fields the span and the transport need.
+        let head = request.body.head();
+        let span = super::genai::span(&head, request.endpoint);
+        let streaming = head.stream == Some(true);
+        let call = self.call(request, streaming);
+        let result = tracing::Instrument::instrument(call, span.clone()).await;
         super::genai::record(&span, &result);
         result
     }
 
-    async fn call(&self, request: LlmRequest<'_>) -> Result<LlmResponse, LlmError> {
+    async fn call(
+        &self,
+        request: LlmRequest<'_>,
+        streaming: bool,
+    ) -> Result<LlmResponse, LlmError> {
         if !request.body.is_object() {
             return Err(LlmError::Config("the /responses body must be a JSON object".into()));
         }
-        let streaming = request.body.get("stream").and_then(Value::as_bool) == Some(true);
-        let body = Bytes::from(
-            serde_json::to_vec(request.body).map_err(|e| LlmError::Config(e.to_string()))?,
-        );
+        let body = Bytes::copy_from_slice(request.body.as_str().as_bytes());
         let url = request.endpoint.url("responses");
         let attempts = AtomicU32::new(0);
         let result = (|| {

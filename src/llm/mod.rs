@@ -11,6 +11,7 @@
 //! Streaming is chosen by the body itself (`"stream": true`), so the stored request payload is
 //! exactly what was sent.
 
+mod body;
 mod delta;
 mod error;
 mod genai;
@@ -29,6 +30,7 @@ use tokio::sync::mpsc;
 use crate::config::{redact_url, AgentContext, LlmSettings, Secret};
 use crate::contracts::{Outcome, Usage};
 
+pub use body::{BodyHead, RequestBody};
 pub use delta::{DeltaEvent, StreamDelta};
 pub use error::{
     account_problem, LlmError, ProviderError, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
@@ -100,7 +102,7 @@ pub struct LlmRequest<'a> {
     /// Where to send it.
     pub endpoint: &'a Endpoint,
     /// The `/responses` body as built by the assemble stage; `"stream": true` selects SSE.
-    pub body: &'a Value,
+    pub body: &'a RequestBody,
     /// Receives stream deltas in order (streaming calls only). A closed receiver is ignored:
     /// the call still completes.
     pub deltas: Option<&'a mpsc::Sender<StreamDelta>>,

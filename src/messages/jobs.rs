@@ -17,6 +17,7 @@ use crate::contracts::{
     ApiError, ErrorCode, InstanceName, Outcome, ReplyAddress, TenantName, ToolCall, TurnKey, Usage,
     UserTurn, UserWarning, ValidatedRequest,
 };
+use crate::llm::RequestBody;
 
 /// One round trip of a turn: the user turn, and the continuation that resumed it, if any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -252,7 +253,9 @@ impl From<crate::llm::LlmResponse> for Answer {
 /// From version 2 on, the `/responses` body is left out (`null`) unless invoke rebuilt it: the
 /// invoke message that a redelivery brings back carries it, and the record keeps it
 /// (`request_payload`). It was a third copy of the largest part of a turn.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Read with [`SavedRoundTrip::read`], not `Deserialize`: see there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum SavedRoundTrip {
     /// Written from version 1 on: `{"v": 2, "job": {..}}` (or `"v": 1`).
@@ -281,7 +284,7 @@ impl SavedRoundTrip {
         crate::metrics::metrics().json("serialize", "saved_answer");
         let body = match job.assembled.as_mut() {
             Some(a) if !rebuilt => std::mem::take(&mut a.body),
-            _ => Value::Null,
+            _ => RequestBody::null(),
         };
         let saved = serde_json::to_value(Current { v: Self::VERSION, job });
         if let Some(a) = job.assembled.as_mut().filter(|_| !body.is_null()) {
@@ -293,12 +296,25 @@ impl SavedRoundTrip {
     /// A saved answer as stored, in any format this build reads; a body left out is `null`
     /// (see [`SavedRoundTrip::with_body`]).
     pub fn read(stored: Value) -> Result<PersistJob, String> {
+        /// The versioned form, read without the enum: an untagged enum buffers what it reads,
+        /// and the body inside (text, not a tree) reads only from `serde_json`'s own types.
+        #[derive(Deserialize)]
+        struct Versioned {
+            v: u16,
+            job: PersistJob,
+        }
         crate::metrics::metrics().json("parse", "saved_answer");
-        serde_json::from_value::<SavedRoundTrip>(stored).map_err(|e| e.to_string())?.into_job()
+        let saved = if stored.get("v").is_some() {
+            let Versioned { v, job } = serde_json::from_value(stored).map_err(|e| e.to_string())?;
+            SavedRoundTrip::Current { v, job }
+        } else {
+            SavedRoundTrip::Legacy(serde_json::from_value(stored).map_err(|e| e.to_string())?)
+        };
+        saved.into_job()
     }
 
     /// `job` with the body it was saved without: `sent`, the invoke message's own.
-    pub fn with_body(mut job: PersistJob, sent: Value) -> PersistJob {
+    pub fn with_body(mut job: PersistJob, sent: RequestBody) -> PersistJob {
         if let Some(a) = job.assembled.as_mut().filter(|a| a.body.is_null()) {
             a.body = sent;
         }

@@ -113,12 +113,11 @@ struct Tagged<'a, M> {
     body: &'a M,
 }
 
+/// Only a message's kind. Its other fields are skipped unread.
 #[derive(Deserialize)]
-struct Untagged<M> {
-    #[serde(rename = "Kind")]
-    kind: String,
-    #[serde(flatten)]
-    body: M,
+struct KindOf<'a> {
+    #[serde(rename = "Kind", borrow)]
+    kind: std::borrow::Cow<'a, str>,
 }
 
 /// `message` as it goes on the wire: its fields, tagged with its kind.
@@ -128,12 +127,62 @@ pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
 }
 
 /// A message of kind `M` from the wire (one parse; a kind other than `M::KIND` is an error).
+///
+/// `M` is read from the bytes directly, ignoring `Kind`: a flattened field would make serde
+/// buffer the whole message as a tree first, and the `/responses` body could not stay text.
+/// [`encode`] writes `Kind` first, so its messages need no second look for it.
 pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, String> {
     crate::metrics::metrics().json("parse", M::KIND);
-    let tagged: Untagged<M> =
-        serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
-    if tagged.kind != M::KIND {
-        return Err(format!("a `{}` message where `{}` was expected", tagged.kind, M::KIND));
+    if !starts_with_kind(bytes, M::KIND) {
+        let tagged: KindOf<'_> =
+            serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
+        if tagged.kind != M::KIND {
+            return Err(format!("a `{}` message where `{}` was expected", tagged.kind, M::KIND));
+        }
     }
-    Ok(tagged.body)
+    serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))
+}
+
+/// Whether `bytes` open with `{"Kind":"<kind>",`, as [`encode`] writes them.
+fn starts_with_kind(bytes: &[u8], kind: &str) -> bool {
+    let rest = bytes.strip_prefix(br#"{"Kind":""#.as_slice());
+    let rest = rest.and_then(|r| r.strip_prefix(kind.as_bytes()));
+    rest.is_some_and(|r| r.starts_with(br#"","#))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::RequestBody;
+
+    /// A message with a body, not a turn: decoding never asks for the turn.
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Probe {
+        n: u32,
+        body: RequestBody,
+    }
+
+    impl Message for Probe {
+        const KIND: &'static str = "probe/v1";
+        fn turn(&self) -> &TurnJob {
+            unreachable!("a probe carries no turn")
+        }
+    }
+
+    #[test]
+    fn a_message_decodes_whatever_the_place_of_its_kind_and_keeps_its_body_as_text() {
+        let body = RequestBody::new(&serde_json::json!({"model": "m", "input": ["a\"b"]}));
+        let bytes = encode(&Probe { n: 7, body: body.clone() }).unwrap();
+        assert!(bytes.starts_with(br#"{"Kind":"probe/v1","#));
+        let back: Probe = decode(&bytes).unwrap();
+        assert_eq!((back.n, back.body.as_str()), (7, body.as_str()));
+        let later = format!(r#"{{"n": 8, "body": {}, "Kind": "probe/v1"}}"#, body.as_str());
+        assert_eq!(decode::<Probe>(later.as_bytes()).unwrap().n, 8);
+        let other = br#"{"Kind":"turn.persist/v1","n":1,"body":{}}"#;
+        let e = decode::<Probe>(other).unwrap_err();
+        assert!(e.contains("`turn.persist/v1` message where `probe/v1`"), "{e}");
+        let prefixed = br#"{"Kind":"probe/v1x","n":1,"body":{}}"#;
+        assert!(decode::<Probe>(prefixed).unwrap_err().contains("`probe/v1x`"));
+        assert!(decode::<Probe>(br#"{"n":1,"body":{}}"#).unwrap_err().contains("Kind"));
+    }
 }

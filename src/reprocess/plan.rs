@@ -61,6 +61,7 @@ pub struct PlannedTurn {
     pub original_input_tokens: u64,
 }
 
+/// About four bytes of JSON per token.
 fn estimate(body: &serde_json::Value) -> u64 {
     serde_json::to_vec(body).map_or(0, |b| b.len() as u64 / 4)
 }
@@ -101,7 +102,7 @@ impl Reprocessor {
                     budget -= 1;
                     let first =
                         user_request(&inputs, &replayer.context, replayer.policy, Utc::now())
-                            .map_or(0, |a| estimate(&a.body));
+                            .map_or(0, |a| a.body.as_str().len() as u64 / 4);
                     let later: u64 = inputs
                         .steps
                         .iter()

@@ -170,11 +170,9 @@ pub(crate) fn user_request(
     now: DateTime<Utc>,
 ) -> Result<Assembled, String> {
     let turn = TurnInput::User { turn: &inputs.turn, chunks: &inputs.chunks };
-    let mut assembled =
-        assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
-            .map_err(|e| e.to_string())?;
-    assembled.body["stream"] = Value::Bool(false);
-    Ok(assembled)
+    let assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
+        .map_err(|e| e.to_string())?;
+    Ok(never_streaming(assembled))
 }
 
 /// The request answering the new run's tool `calls` with the results the client originally
@@ -210,8 +208,16 @@ pub(crate) fn continuation_request(
     let continuation = ToolContinuation { key: sent.key().clone(), results };
     let turn =
         TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
-    let mut assembled =
+    let assembled =
         assemble(AssembleInput { state, context, policy, now, turn }).map_err(|e| e.to_string())?;
-    assembled.body["stream"] = Value::Bool(false);
-    Ok(assembled)
+    Ok(never_streaming(assembled))
+}
+
+/// `assembled` with `"stream": false`: a replay never streams. Only reprocessing edits a built
+/// body, so only it pays for the tree.
+fn never_streaming(mut assembled: Assembled) -> Assembled {
+    let mut body = assembled.body.to_value();
+    body["stream"] = Value::Bool(false);
+    assembled.body = body.into();
+    assembled
 }

@@ -13,6 +13,7 @@ use super::turns::{TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::config::OverLimit;
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
+use crate::llm::RequestBody;
 use crate::messages::{Outgoing, ReplyOut};
 
 /// How long after it was written an unpublished reply is left to its persist worker before a new
@@ -135,7 +136,7 @@ pub(super) async fn turn_row(
 pub(super) fn failure(
     row: &TurnRow,
     error: ApiError,
-    request_payload: Option<Value>,
+    request_payload: Option<RequestBody>,
 ) -> Result<(NewRecord, Outgoing), StoreError> {
     let reply: Reply = InvokeResult::fail(vec![error.clone()]);
     let key = row.key()?;

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use serde_json::{json, Value};
+use sqlx::types::Json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -11,6 +12,7 @@ use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
 use super::{KnownTexts, Store, StoreError};
 use crate::assemble::Assembled;
 use crate::contracts::{ApiError, TurnKey, UserTurn};
+use crate::llm::RequestBody;
 use crate::messages::Outgoing;
 
 /// A response record to insert. Records are never updated or deleted.
@@ -23,7 +25,7 @@ pub struct NewRecord {
     /// New / continued / rehydrated chain, and why.
     pub chain: Value,
     /// The `/responses` body sent.
-    pub request_payload: Option<Value>,
+    pub request_payload: Option<RequestBody>,
     /// The provider's response.
     pub response_payload: Option<Value>,
     /// Chunk ids with path and lines.
@@ -92,7 +94,7 @@ impl NewRecord {
     pub fn failure(
         errors: &[ApiError],
         reply: Value,
-        request_payload: Option<Value>,
+        request_payload: Option<RequestBody>,
     ) -> Result<Self, StoreError> {
         Ok(NewRecord {
             kind: "error".into(),
@@ -193,7 +195,7 @@ pub(super) async fn insert_record(
     .bind(&r.kind)
     .bind(&r.provider_response_id)
     .bind(&r.chain)
-    .bind(&r.request_payload)
+    .bind(r.request_payload.as_ref().map(|b| Json(b.as_raw())))
     .bind(&r.response_payload)
     .bind(&r.retrieved_chunks)
     .bind(&r.active_files)

@@ -14,6 +14,7 @@ use super::{Store, StoreError};
 use crate::contracts::{
     ApiError, ErrorCode, InstanceName, TenantName, ToolCall, ToolContinuation, TurnKey,
 };
+use crate::llm::RequestBody;
 use crate::messages::Outgoing;
 
 /// The result of admitting a tool continuation.
@@ -142,7 +143,7 @@ async fn abort(
     submitted: &Submitted<'_>,
 ) -> Result<PendingOutbox, StoreError> {
     let (session, turn) = (row.session_id, row.turn_id.as_str());
-    let (record, reply) = failure(row, error, Some(submitted.wire.clone()))?;
+    let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)))?;
     let mut messages = vec![reply];
     insert_record(tx, session, turn, row.step, &record, None).await?;
     sqlx::query(

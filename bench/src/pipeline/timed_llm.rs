@@ -6,7 +6,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde_json::Value;
 use tokio::time::Instant;
 
 use aptix::llm::{HttpLlmClient, LlmClient, LlmError, LlmRequest, LlmResponse};
@@ -54,7 +53,7 @@ impl LlmClient for TimedLlm {
         request: LlmRequest<'a>,
     ) -> BoxFuture<'a, Result<LlmResponse, LlmError>> {
         Box::pin(async move {
-            let marker = turn_marker(request.body);
+            let marker = turn_marker(request.body.as_str());
             let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
             self.peak.fetch_max(now, Ordering::Relaxed);
             let started = Instant::now();
@@ -75,15 +74,18 @@ pub const MARKER: &str = "bench-turn";
 /// The benchmark turn id in a `/responses` body: the last user message's first part is
 /// `[MODE: …]\n\n[INSTRUCTION]\n<instruction>`, and benchmark instructions start with
 /// `bench-turn <id>:`. Context chunks (which may quote anything) are separate parts.
-pub fn turn_marker(body: &Value) -> Option<String> {
-    let input = body.get("input")?.as_array()?;
-    let user =
-        input.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
-    let first = user.get("content")?.as_array()?.first()?.get("text")?.as_str()?;
+///
+/// Read from the body's text, not its tree, so the benchmark adds no parse of the largest part
+/// of a turn to the process it measures. The message's opening is found with its quotes
+/// unescaped, which no JSON string (a chunk quoting one) can contain.
+pub fn turn_marker(body: &str) -> Option<String> {
+    const USER: &str = r#"{"role":"user","content":[{"type":"input_text","text":""#;
+    let first = &body[body.rfind(USER)? + USER.len()..];
+    let first = &first[..first.find('"')?];
     if !first.starts_with("[MODE:") {
         return None;
     }
-    let (_, rest) = first.split_once("[INSTRUCTION]\n")?;
+    let (_, rest) = first.split_once(r"[INSTRUCTION]\n")?;
     let rest = rest.strip_prefix(MARKER)?.strip_prefix(' ')?;
     let id: String =
         rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').collect();
@@ -100,11 +102,12 @@ mod tests {
             {"role": "system", "content": [{"type": "input_text", "text": "boot"}]},
             {"role": "user", "content": [
                 {"type": "input_text", "text": "[MODE: GENERAL]\n\n[INSTRUCTION]\nbench-turn b000042: how?"},
-                {"type": "input_text", "text": "[CONTEXT]\nbench-turn other: ..."}
+                {"type": "input_text", "text": "[CONTEXT]\nbench-turn other: ..."},
+                {"type": "input_text", "text": r#"{"role":"user","content":[{"type":"input_text","text":"[MODE: X]\n\n[INSTRUCTION]\nbench-turn quoted: ..."#}
             ]}
         ]});
-        assert_eq!(turn_marker(&body).as_deref(), Some("b000042"));
+        assert_eq!(turn_marker(&body.to_string()).as_deref(), Some("b000042"));
         let later = serde_json::json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "[MODE: X]\n\n[INSTRUCTION]\nplain"}]}]});
-        assert_eq!(turn_marker(&later), None);
+        assert_eq!(turn_marker(&later.to_string()), None);
     }
 }

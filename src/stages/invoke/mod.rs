@@ -13,7 +13,9 @@ use super::Deps;
 use crate::assemble::SessionState;
 use crate::config::Settings;
 use crate::contracts::{ApiError, ErrorCode};
-use crate::llm::{DeltaEvent, Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, StreamDelta};
+use crate::llm::{
+    DeltaEvent, Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, RequestBody, StreamDelta,
+};
 use crate::messages::{Answer, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob};
 use crate::stage::{DeltaSink, Output, Stage, StageError};
 use crate::store::Store;
@@ -137,12 +139,13 @@ impl Stage for Invoke {
 impl Invoke {
     fn record_call(
         &self,
-        body: &serde_json::Value,
+        body: &RequestBody,
         outcome: Result<(), &str>,
         took: Option<std::time::Duration>,
         usage: Option<&crate::contracts::Usage>,
     ) {
-        let model = body.get("model").and_then(serde_json::Value::as_str).unwrap_or("unknown");
+        let model = body.head().model;
+        let model = model.as_deref().unwrap_or("unknown");
         let outcome = outcome.err().unwrap_or("ok");
         let prices = &self.settings.telemetry.prices;
         crate::metrics::metrics().llm_call(model, outcome, took, usage, prices);
@@ -154,7 +157,7 @@ impl Invoke {
     async fn call(
         &self,
         endpoint: &Endpoint,
-        body: &serde_json::Value,
+        body: &RequestBody,
         job: &TurnJob,
         stream: bool,
         cancel: &CancellationToken,
