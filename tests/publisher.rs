@@ -98,3 +98,28 @@ async fn a_message_over_the_limit_is_refused_before_sending() {
         other => panic!("expected TooLarge, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn connections_use_32_kib_frames_unless_the_url_says_otherwise_and_larger_messages_pass() {
+    let conn = connect(AMQP).await.unwrap();
+    assert_eq!(conn.configuration().frame_max(), 32_768);
+    let own = connect(&format!("{AMQP}?frame_max=65536")).await.unwrap();
+    assert_eq!(own.configuration().frame_max(), 65_536, "the operator's URL wins");
+    let publisher = Publisher::connect(AMQP).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let queue = format!("{}.frames", prefix());
+    ch.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
+    // Seven frames' worth, with a pattern a frame boundary would break if mishandled.
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let m = OutMessage::to_queue(queue.clone(), "turn", "big".into(), body.clone());
+    publisher.publish(&m).await.unwrap();
+    let got = ch
+        .basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the message is in the queue");
+    assert_eq!(got.delivery.data, body);
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+}

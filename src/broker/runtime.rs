@@ -66,17 +66,25 @@ pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerE
 }
 
 async fn connect_node(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let url = if url.contains("heartbeat=") {
-        url.to_owned()
-    } else {
-        format!("{url}{}heartbeat=10", if url.contains('?') { '&' } else { '?' })
-    };
+    let url = with_default(url, "heartbeat", "10");
+    // lapin keeps 32 frames of `frame_max` per direction for every connection, zero-filled: 8 MiB
+    // at RabbitMQ's 128 KiB, half the pipeline's heap under load; a usual stage message fits in
+    // one 32 KiB frame, and larger ones are split, as AMQP allows.
+    let url = with_default(&url, "frame_max", "32768");
     let props = ConnectionProperties::default().with_connection_name(name.into());
     // A node that accepts TCP and does not answer must not hold up the move to the next one.
     match tokio::time::timeout(NODE_CONNECT_TIMEOUT, Connection::connect(&url, props)).await {
         Ok(conn) => Ok(conn?),
         Err(_) => Err(BrokerError::SetupTimeout),
     }
+}
+
+/// `url` with `key=value` in its query, unless the URL sets `key` itself.
+fn with_default(url: &str, key: &str, value: &str) -> String {
+    if url.contains(&format!("{key}=")) {
+        return url.to_owned();
+    }
+    format!("{url}{}{key}={value}", if url.contains('?') { '&' } else { '?' })
 }
 
 /// Longest wait for one node to accept a connection before the next one is tried.
