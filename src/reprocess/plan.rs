@@ -61,9 +61,9 @@ pub struct PlannedTurn {
     pub original_input_tokens: u64,
 }
 
-/// About four bytes of JSON per token.
-fn estimate(body: &serde_json::Value) -> u64 {
-    serde_json::to_vec(body).map_or(0, |b| b.len() as u64 / 4)
+/// Tokens in `json`: about four bytes of JSON per token.
+fn estimate(json: &str) -> u64 {
+    json.len() as u64 / 4
 }
 
 impl Reprocessor {
@@ -102,13 +102,13 @@ impl Reprocessor {
                     budget -= 1;
                     let first =
                         user_request(&inputs, &replayer.context, replayer.policy, Utc::now())
-                            .map_or(0, |a| a.body.as_str().len() as u64 / 4);
+                            .map_or(0, |a| estimate(a.body.as_str()));
                     let later: u64 = inputs
                         .steps
                         .iter()
                         .skip(1)
                         .filter_map(|s| s.original.request_payload.as_ref())
-                        .map(estimate)
+                        .map(|body| estimate(&body.to_string()))
                         .sum();
                     let used: Vec<Usage> = inputs
                         .steps
