@@ -187,26 +187,28 @@ pub async fn run_chain(
 pub fn shutdown_on_signals() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
+    // Registered before returning, not in the task: a signal that comes before the task first
+    // runs would otherwise find the default action, which kills the process.
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        signal(SignalKind::terminate()).and_then(|t| Ok((t, signal(SignalKind::interrupt())?)))
+    };
     tokio::spawn(async move {
-        let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
-        {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(_) => {
-                        let _ = ctrl_c.await;
-                        t.cancel();
-                        return;
-                    }
-                };
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
+        match signals {
+            Ok((mut term, mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
         #[cfg(not(unix))]
-        let _ = ctrl_c.await;
+        let _ = tokio::signal::ctrl_c().await;
         info!("shutdown requested, finishing in-flight messages");
         t.cancel();
     });

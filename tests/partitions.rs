@@ -46,9 +46,13 @@ fn shares_cover_every_partition_once_and_differ_by_at_most_one() {
 
 /// Consumers on each ingress partition queue.
 async fn consumers(h: &Harness) -> Vec<u32> {
+    consumers_of(h, h.topology.ingress_queues()).await
+}
+
+async fn consumers_of(h: &Harness, queues: Vec<String>) -> Vec<u32> {
     let ch = h.conn.create_channel().await.unwrap();
     let mut out = Vec::new();
-    for q in h.topology.ingress_queues() {
+    for q in queues {
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
         let d = ch.queue_declare(q.as_str().into(), passive, FieldTable::default()).await.unwrap();
         out.push(d.consumer_count());
@@ -139,15 +143,30 @@ async fn sessions_stay_in_order_while_validate_workers_come_and_go() {
     h.teardown().await;
 }
 
-/// `aptix` with this test's environment and `ingress_partitions` = `partitions`.
+/// `aptix` with this test's environment and `ingress_partitions` = `partitions`, its log (at
+/// info) kept in [`log_of`] so a failure can show what the process said.
 fn aptix(h: &Harness, partitions: u16, args: &[&str]) -> std::process::Command {
+    let log = std::fs::File::create(log_of(h, args)).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"));
     cmd.args(args)
         .env_remove("APTIX_CONFIG")
         .envs(h.child_env())
         .env("APTIX__AMQP__INGRESS_PARTITIONS", partitions.to_string())
-        .stdout(std::process::Stdio::null());
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
     cmd
+}
+
+fn log_of(h: &Harness, args: &[&str]) -> std::path::PathBuf {
+    h.dir.join(format!("{}.log", args.join("-")))
+}
+
+/// The last lines `aptix ARGS` logged.
+fn tail_of_log(h: &Harness, args: &[&str]) -> String {
+    let text = std::fs::read_to_string(log_of(h, args)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 async fn admitted_order(h: &Harness, session: &str) -> Vec<String> {
@@ -173,14 +192,16 @@ async fn repartition_moves_waiting_requests_without_reordering_a_session() {
             h.submit(&user_turn(s, &format!("t{round}"), "before the move")).await;
         }
     }
-    let mut mover = aptix(&h, 4, &["repartition", "--from", "1"]).spawn().unwrap();
+    let move_args = ["repartition", "--from", "1"];
+    let mut mover = aptix(&h, 4, &move_args).spawn().unwrap();
     // Published while the move runs: these land in the new layout, behind the old requests.
     for round in 3..6 {
         for s in &sessions {
             h.submit(&user_turn(s, &format!("t{round}"), "during the move")).await;
         }
     }
-    assert!(mover.wait().unwrap().success(), "aptix repartition failed");
+    let status = mover.wait().unwrap();
+    assert!(status.success(), "aptix repartition: {status}\n{}", tail_of_log(&h, &move_args));
     let old = h.topology.ingress_queues_of(1);
     assert_eq!(h.topology.ingress_depth_of(&h.publisher, 1).await.unwrap(), 0);
     let ch = h.conn.create_channel().await.unwrap();
@@ -188,14 +209,26 @@ async fn repartition_moves_waiting_requests_without_reordering_a_session() {
     let gone = ch.queue_declare(old[0].as_str().into(), passive, FieldTable::default()).await;
     assert!(gone.is_err(), "the old ingress queue should be deleted");
 
-    let mut worker = aptix(&h, 4, &["worker", "validate"]).spawn().unwrap();
+    let worker_args = ["worker", "validate"];
+    let mut worker = aptix(&h, 4, &worker_args).spawn().unwrap();
+    // Up before anything is asked of it: the move may have admitted every request already, and
+    // a SIGTERM before the worker has started is not the shutdown this test checks.
+    let started = Instant::now();
+    while consumers_of(&h, h.topology.ingress_queues_of(4)).await != [1; 4] {
+        let said = tail_of_log(&h, &worker_args);
+        assert!(started.elapsed() < Duration::from_secs(60), "the worker never consumed:\n{said}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let expected: Vec<String> = (0..6).map(|t| format!("t{t}")).collect();
     for s in &sessions {
         let replies = h.replies(s, 6, Duration::from_secs(120)).await;
         assert_eq!(replies.iter().filter(|r| r.is_final).count(), 6, "session {s}");
         assert_eq!(admitted_order(&h, s).await, expected, "session {s}: order changed");
     }
-    assert!(terminate(&mut worker).success());
+    let status = terminate(&mut worker);
+    let said = tail_of_log(&h, &worker_args);
+    eprintln!("WORKERLOG {status}\n{said}");
+    assert!(status.success(), "the validate worker ended with {status} on SIGTERM:\n{said}");
     let ch = h.conn.create_channel().await.unwrap();
     for q in h.topology.ingress_queues_of(4) {
         let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
