@@ -10,6 +10,7 @@ mod args;
 mod driver;
 mod env;
 pub mod fairness;
+mod pipeline_process;
 mod profile;
 mod relay;
 mod report;
@@ -149,6 +150,7 @@ async fn dispatch(
                 latency_ms: None,
                 secs: None,
                 warmup_secs: None,
+                pipeline_process: false,
             };
             record(
                 "inflight",

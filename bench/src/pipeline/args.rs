@@ -101,6 +101,10 @@ pub struct InflightArgs {
     /// Seconds at the start not counted [default: 6; 0.6 with --smoke].
     #[arg(long)]
     pub warmup_secs: Option<f64>,
+    /// Run the pipeline as `aptix run` (built beside this binary) in a process of its own, a
+    /// fresh one each run, so its peak memory is read apart from the load driver's.
+    #[arg(long)]
+    pub pipeline_process: bool,
 }
 
 /// Options of `aptix-bench scaling`.
@@ -189,6 +193,7 @@ pub(crate) struct Inflight {
     pub(crate) latency_ms: u64,
     pub(crate) secs: f64,
     pub(crate) warmup: f64,
+    pub(crate) pipeline_process: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -251,6 +256,7 @@ impl InflightArgs {
             latency_ms: pick(self.latency_ms, s, 200, 2000),
             secs: pick(self.secs, s, 2.0, 24.0),
             warmup: pick(self.warmup_secs, s, 0.6, 6.0),
+            pipeline_process: self.pipeline_process,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! One benchmark environment, built fresh for every measured run and torn down afterwards:
 //! a random queue prefix, a new PostgreSQL database, the Responses simulator in-process (on a
 //! thread of its own, see `sim_thread`), an embedded vector store in a temporary directory
-//! holding an indexed corpus, and the shared pipeline dependencies. Stages are started with `pipeline::run`, exactly as `aptix run` does.
+//! holding an indexed corpus, and the shared pipeline dependencies. Stages are started with
+//! `pipeline::run`, exactly as `aptix run` does, or as `aptix run` itself (`pipeline_process`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,9 @@ use aptix::sim::{Latency, SimConfig};
 use aptix::stages::Deps;
 use aptix::store::Store;
 
-use super::sim_process::{SimCpu, Simulator};
+use super::pipeline_process::{self as child, PipelineProcess};
+use super::sim_process::Simulator;
+use super::sys::CpuSources;
 use super::timed_llm::TimedLlm;
 
 /// What the vector store holds.
@@ -63,6 +66,8 @@ pub struct EnvOptions {
     pub latency: Latency,
     /// The simulator in a process of its own rather than on a thread.
     pub sim_process: bool,
+    /// The pipeline as `aptix run` in a process of its own rather than in this one.
+    pub pipeline_process: bool,
 }
 
 /// A live benchmark environment.
@@ -86,6 +91,10 @@ pub struct BenchEnv {
     admin_url: String,
     db_name: String,
     running: Vec<(CancellationToken, JoinHandle<()>)>,
+    /// With `pipeline_process`: the vector store the child opens (the embedded store admits one
+    /// process), and the child once started.
+    child_vectors: Option<PathBuf>,
+    child: Option<PipelineProcess>,
     /// Extra topologies (the relay's) and session queues to delete at teardown.
     extra_topologies: Vec<Topology>,
     session_queues: Mutex<Vec<String>>,
@@ -168,7 +177,10 @@ impl BenchEnv {
         settings.llm.request_timeout_ms = settings.llm.request_timeout_ms.min(60_000);
         settings.vector.url = None;
         settings.vector.embeddings_url = None;
-        settings.vector.data_dir = dir.join("vectors");
+        // With the pipeline apart, its process holds the indexed store; this one an empty one.
+        let child_vectors = opts.pipeline_process.then(|| dir.join("vectors"));
+        let own_vectors = if opts.pipeline_process { "driver-vectors" } else { "vectors" };
+        settings.vector.data_dir = dir.join(own_vectors);
         // Leftovers of an interrupted run disappear on their own after ten minutes.
         settings.pipeline.migrate_on_start = true;
         Store::create_database(settings.database.url.expose())
@@ -186,12 +198,15 @@ impl BenchEnv {
                 root
             }
         };
+        if let Some(vectors) = &child_vectors {
+            child::index(&settings, vectors, &root).await.context("indexing the corpus")?;
+        }
         let mut index = IndexOptions::new(&root, "aptix");
         index.progress = false;
         // Every agent context's collection (tenants have their own), the same corpus in each.
         let collections: std::collections::BTreeSet<String> =
             settings.agent_contexts.values().map(|a| a.collection.clone()).collect();
-        for collection in collections {
+        for collection in collections.into_iter().filter(|_| child_vectors.is_none()) {
             index_repository(&deps.retrieval, &collection, &index)
                 .await
                 .context("indexing the corpus")?;
@@ -213,14 +228,52 @@ impl BenchEnv {
             admin_url: admin_url.to_owned(),
             db_name: db_name.to_owned(),
             running: Vec::new(),
+            child_vectors,
+            child: None,
             extra_topologies: Vec::new(),
             session_queues: Mutex::new(Vec::new()),
         })
     }
 
-    /// Where the simulator's CPU time is read.
-    pub fn sim_cpu(&self) -> Option<SimCpu> {
-        self.sim.as_ref().and_then(Simulator::cpu)
+    /// Where the simulator's and the pipeline process's CPU time are read.
+    pub fn cpu_sources(&self) -> CpuSources {
+        CpuSources {
+            sim: self.sim.as_ref().and_then(Simulator::cpu),
+            pipeline: self.child.as_ref().map(PipelineProcess::pid),
+        }
+    }
+
+    /// The pipeline process's pid, once started.
+    pub fn pipeline_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(PipelineProcess::pid)
+    }
+
+    /// Most LLM calls in flight since the last [`BenchEnv::reset_peak`].
+    pub fn peak_in_flight(&self) -> usize {
+        self.child.as_ref().map_or_else(|| self.llm.peak_in_flight(), |c| c.peak_in_flight())
+    }
+
+    /// Starts a new peak measurement of the calls in flight.
+    pub fn reset_peak(&self) {
+        self.llm.reset_peak();
+        if let Some(c) = &self.child {
+            c.reset_peak();
+        }
+    }
+
+    /// Starts `copies` consumers of every stage: in this process, or as `aptix run` in its own
+    /// when the environment was built with `pipeline_process`.
+    pub async fn start_all(&mut self, copies: usize) -> anyhow::Result<()> {
+        let Some(vectors) = &self.child_vectors else {
+            self.start(&aptix::stages::names(), copies);
+            return Ok(());
+        };
+        let names = aptix::stages::names();
+        let queues = names.iter().map(|s| self.topology.stage_queue(*s)).collect();
+        let started =
+            PipelineProcess::start(&self.settings, vectors, copies, queues, &self.conn).await?;
+        self.child = Some(started);
+        Ok(())
     }
 
     /// The simulator's pid, when it runs as a process of its own.
@@ -243,6 +296,9 @@ impl BenchEnv {
         }
         for (_, task) in self.running.drain(..) {
             let _ = task.await;
+        }
+        if let Some(child) = self.child.take() {
+            child.stop().await;
         }
     }
 

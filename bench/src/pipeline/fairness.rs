@@ -102,7 +102,12 @@ pub async fn run(args: FairnessArgs, settings: &Settings) -> anyhow::Result<bool
         .or_else(|_| ctl(&["-q", "change_password", USER_B, USER_B]))?;
     ctl(&["-q", "set_permissions", "-p", "/", USER_B, ".*", ".*", ".*"])?;
     let latency = Latency { fixed_ms: args.llm_ms, ..Default::default() };
-    let opts = EnvOptions { corpus: Corpus::Fixture, latency, sim_process: false };
+    let opts = EnvOptions {
+        corpus: Corpus::Fixture,
+        latency,
+        sim_process: false,
+        pipeline_process: false,
+    };
     let mut env = BenchEnv::setup(&settings, &opts).await?;
     env.start(&aptix::stages::names(), 1);
     let result = measure(&env, &args, seconds).await;

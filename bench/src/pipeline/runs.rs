@@ -45,6 +45,7 @@ fn env_options(common: &CommonArgs, corpus: &Corpus, latency_ms: u64) -> EnvOpti
         corpus: corpus.clone(),
         latency: Latency { fixed_ms: latency_ms, ..Latency::default() },
         sim_process: common.sim_process,
+        pipeline_process: false,
     }
 }
 
@@ -253,10 +254,10 @@ async fn measure_closed(
     let pool = env.deps.store.pool();
     profile::enable_statements(pool).await;
     let profile_before = Profile::take(pool).await;
-    let (before, wal_before) = (CpuSnapshot::take(env.sim_cpu().as_ref()), Wal::take(pool).await);
+    let (before, wal_before) = (CpuSnapshot::take(&env.cpu_sources()), Wal::take(pool).await);
     let (start, samples) =
         driver::closed_loop(&driver, &sessions, ids, secs(duration), load.ramp, timeout).await;
-    let cpu = CpuSnapshot::take(env.sim_cpu().as_ref()).since(&before);
+    let cpu = CpuSnapshot::take(&env.cpu_sources()).since(&before);
     let wal = Wal::take(pool).await.since(&wal_before);
     let profile = Profile::take(pool).await.per_turn(&profile_before, samples.len());
     stop.cancel();

@@ -9,6 +9,15 @@ use super::sim_process::SimCpu;
 /// Clock ticks per second of `/proc` CPU times (USER_HZ, 100 on every Linux ABI).
 const TICKS: f64 = 100.0;
 
+/// Where CPU time is read besides this process and the servers.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSources {
+    /// The simulator.
+    pub sim: Option<SimCpu>,
+    /// The pipeline, when it is a process of its own: counted with this process's.
+    pub pipeline: Option<u32>,
+}
+
 /// CPU counters at one instant.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuSnapshot {
@@ -28,8 +37,8 @@ pub struct CpuSnapshot {
 pub struct CpuUse {
     /// Seconds of wall time.
     pub wall_s: f64,
-    /// CPU seconds of this process without the simulator's thread: the pipeline and the load
-    /// driver.
+    /// CPU seconds of this process without the simulator's thread, and of the pipeline process
+    /// when there is one: the pipeline and the load driver.
     pub aptix_s: f64,
     /// CPU seconds of the simulator's thread.
     pub sim_s: f64,
@@ -64,8 +73,10 @@ fn machine() -> (u64, u64) {
 }
 
 impl CpuSnapshot {
-    /// Reads the counters now, with the simulator's from `sim`.
-    pub fn take(sim: Option<&SimCpu>) -> CpuSnapshot {
+    /// Reads the counters now, the simulator's and the pipeline process's from `sources`.
+    pub fn take(sources: &CpuSources) -> CpuSnapshot {
+        let sim = sources.sim.as_ref();
+        let pipeline = sources.pipeline.and_then(|pid| stat_ticks(&format!("/proc/{pid}/stat")));
         let (mut rabbit, mut postgres) = (0, 0);
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for entry in dir.flatten() {
@@ -86,7 +97,7 @@ impl CpuSnapshot {
         let (machine_busy, machine_total) = machine();
         CpuSnapshot {
             at: Instant::now(),
-            own: stat_ticks("/proc/self/stat").unwrap_or(0),
+            own: stat_ticks("/proc/self/stat").unwrap_or(0) + pipeline.unwrap_or(0),
             sim: sim.and_then(|s| stat_ticks(&s.stat)).unwrap_or(0),
             sim_apart: sim.is_some_and(|s| s.apart),
             rabbit,

@@ -23,9 +23,9 @@ pub async fn overhead(
             env.track_sessions(&topology, &sessions);
             let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), &topology, &sessions).await?);
             let pool = env.deps.store.pool();
-            let (before, wal_before) = (CpuSnapshot::take(env.sim_cpu().as_ref()), Wal::take(pool).await);
+            let (before, wal_before) = (CpuSnapshot::take(&env.cpu_sources()), Wal::take(pool).await);
             let (start, samples) = driver::open_loop(&driver, &sessions, &ids, p.rate, secs(p.secs), timeout).await;
-            let cpu = CpuSnapshot::take(env.sim_cpu().as_ref()).since(&before);
+            let cpu = CpuSnapshot::take(&env.cpu_sources()).since(&before);
             let wal = Wal::take(pool).await.since(&wal_before);
             if let Ok(d) = Arc::try_unwrap(driver) {
                 d.close().await;
@@ -108,10 +108,10 @@ async fn relay_latency(
     env.track_sessions(&relay.topology, &sessions);
     let url = env.settings.amqp.url.expose();
     let driver = Arc::new(Driver::new(&env.conn, url, &relay.topology, &sessions).await?);
-    let before = CpuSnapshot::take(env.sim_cpu().as_ref());
+    let before = CpuSnapshot::take(&env.cpu_sources());
     let (start, samples) =
         driver::open_loop(&driver, &sessions, ids, p.rate, secs(p.secs), timeout).await;
-    let cpu = CpuSnapshot::take(env.sim_cpu().as_ref()).since(&before);
+    let cpu = CpuSnapshot::take(&env.cpu_sources()).since(&before);
     if let Ok(d) = Arc::try_unwrap(driver) {
         d.close().await;
     }
