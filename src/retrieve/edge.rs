@@ -8,8 +8,11 @@
 //! processes means a Qdrant server (`vector.url`). `aptix index` needs the shard too: run it while
 //! the worker is stopped, or index into a server.
 //!
-//! Qdrant Edge is synchronous: every call runs on tokio's blocking pool. Writes and `flush` are
-//! serialised by a mutex (Edge's `flush` panics if it races a write); queries run concurrently.
+//! Qdrant Edge is synchronous: every call runs on tokio's blocking pool, at most as many at once
+//! as the machine has cores ([`calls`]). They are CPU work, and each blocking thread more keeps
+//! allocator pages of its own: under the in-flight benchmark, 21 of the process's 34 threads were
+//! searches waiting for a core. Writes and `flush` are serialised by a mutex (Edge's `flush`
+//! panics if it races a write); queries run concurrently.
 //! `load` does not replay the WAL, so unflushed writes are lost on a crash: deletes flush at once,
 //! upserts at least every [`FLUSH_EVERY`] points (a flush costs 0.1–0.4 s), and [`VectorStore::flush`]
 //! and dropping the last handle flush the rest. The indexer is idempotent, so a crash between
@@ -64,6 +67,14 @@ struct Inner {
     dense: Option<usize>,
 }
 
+/// Edge calls running at once in this process: one per core.
+fn calls() -> &'static tokio::sync::Semaphore {
+    static CALLS: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    CALLS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
 /// Shards open in this process, by canonical directory.
 fn open_shards() -> &'static Mutex<HashMap<PathBuf, Weak<Inner>>> {
     static OPEN: OnceLock<Mutex<HashMap<PathBuf, Weak<Inner>>>> = OnceLock::new();
@@ -111,6 +122,7 @@ impl EdgeStore {
         F: FnOnce(&Inner) -> Result<T, RetrieveError> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
+        let _turn = calls().acquire().await.map_err(|e| RetrieveError::Task(e.to_string()))?;
         tokio::task::spawn_blocking(move || f(&inner)).await?
     }
 }
