@@ -44,12 +44,8 @@ fn shares_cover_every_partition_once_and_differ_by_at_most_one() {
     assert!(share(16, &["a".into()], "not-a-member").is_empty());
 }
 
-/// Consumers on each ingress partition queue.
-async fn consumers(h: &Harness) -> Vec<u32> {
-    consumers_of(h, h.topology.ingress_queues()).await
-}
-
-async fn consumers_of(h: &Harness, queues: Vec<String>) -> Vec<u32> {
+/// Consumers on each of `queues`.
+async fn consumers(h: &Harness, queues: &[String]) -> Vec<u32> {
     let ch = h.conn.create_channel().await.unwrap();
     let mut out = Vec::new();
     for q in queues {
@@ -63,13 +59,27 @@ async fn consumers_of(h: &Harness, queues: Vec<String>) -> Vec<u32> {
 
 /// How long until every partition has exactly one consumer again.
 async fn until_each_partition_has_one_consumer(h: &Harness, limit: Duration) -> Duration {
+    let queues = h.topology.ingress_queues();
+    let waited = until_one_consumer_each(h, &queues, limit).await;
+    waited.unwrap_or_else(|counts| panic!("partitions not rebalanced: consumers {counts:?}"))
+}
+
+/// How long until each of `queues` has exactly one consumer, or the last counts seen once
+/// `limit` has passed.
+async fn until_one_consumer_each(
+    h: &Harness,
+    queues: &[String],
+    limit: Duration,
+) -> Result<Duration, Vec<u32>> {
     let started = Instant::now();
     loop {
-        let counts = consumers(h).await;
+        let counts = consumers(h, queues).await;
         if counts.iter().all(|&c| c == 1) {
-            return started.elapsed();
+            return Ok(started.elapsed());
         }
-        assert!(started.elapsed() < limit, "partitions not rebalanced: consumers {counts:?}");
+        if started.elapsed() >= limit {
+            return Err(counts);
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -213,11 +223,9 @@ async fn repartition_moves_waiting_requests_without_reordering_a_session() {
     let mut worker = aptix(&h, 4, &worker_args).spawn().unwrap();
     // Up before anything is asked of it: the move may have admitted every request already, and
     // a SIGTERM before the worker has started is not the shutdown this test checks.
-    let started = Instant::now();
-    while consumers_of(&h, h.topology.ingress_queues_of(4)).await != [1; 4] {
-        let said = tail_of_log(&h, &worker_args);
-        assert!(started.elapsed() < Duration::from_secs(60), "the worker never consumed:\n{said}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let new = h.topology.ingress_queues_of(4);
+    if let Err(counts) = until_one_consumer_each(&h, &new, Duration::from_secs(60)).await {
+        panic!("the worker never consumed: {counts:?}\n{}", tail_of_log(&h, &worker_args));
     }
     let expected: Vec<String> = (0..6).map(|t| format!("t{t}")).collect();
     for s in &sessions {

@@ -16,14 +16,14 @@ use tokio_util::sync::CancellationToken;
 
 use aptix::config::Settings;
 
+use super::sim_process::{aptix_exe, free_port};
+
 /// How often the child's metrics are read for the calls it has in flight.
 const SAMPLE: Duration = Duration::from_millis(100);
 
 /// `aptix` beside this binary, with the benchmark's settings in its environment.
 pub fn aptix(settings: &Settings, data_dir: &Path, metrics_port: u16) -> anyhow::Result<Command> {
-    let exe = std::env::current_exe()?.with_file_name("aptix");
-    anyhow::ensure!(exe.is_file(), "{} is missing (build it: cargo build -p aptix)", exe.display());
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(aptix_exe()?);
     cmd.env("APTIX__AMQP__PREFIX", &settings.amqp.prefix)
         .env("APTIX__AMQP__URL", settings.amqp.url.expose())
         .env("APTIX__DATABASE__URL", settings.database.url.expose())
@@ -66,7 +66,7 @@ impl PipelineProcess {
         stage_queues: Vec<String>,
         conn: &lapin::Connection,
     ) -> anyhow::Result<PipelineProcess> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = free_port()?;
         let mut cmd = aptix(settings, data_dir, port)?;
         let child = cmd.args(["run", "--copies", &copies.to_string()]).spawn()?;
         let pid = child.id().context("the pipeline process ended at once")?;

@@ -33,15 +33,26 @@ pub enum Simulator {
     },
 }
 
+/// The `aptix` binary built beside this one.
+pub fn aptix_exe() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?.with_file_name("aptix");
+    anyhow::ensure!(exe.is_file(), "{} is missing (build it: cargo build -p aptix)", exe.display());
+    Ok(exe)
+}
+
+/// A free loopback port: bound, read and released; a child binds it a moment later.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 impl Simulator {
     /// Starts it with `config` on a thread, or as a process when `apart`.
     pub async fn start(config: SimConfig, apart: bool) -> anyhow::Result<Simulator> {
         if !apart {
             return Ok(Simulator::Thread(SimThread::start(config).await?));
         }
-        let exe = std::env::current_exe()?.with_file_name("aptix");
-        // A free port: bound, read and released; the child binds it a moment later.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let exe = aptix_exe()?;
+        let port = free_port()?;
         let child = tokio::process::Command::new(&exe)
             .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--latency-ms", &config.latency.fixed_ms.to_string()])
@@ -53,9 +64,7 @@ impl Simulator {
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| {
-                format!("starting {} (build it: cargo build -p aptix)", exe.display())
-            })?;
+            .with_context(|| format!("starting {}", exe.display()))?;
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
                 return Ok(Simulator::Process {

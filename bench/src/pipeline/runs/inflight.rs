@@ -36,7 +36,7 @@ pub async fn inflight(
             let sim_hwm = sim_pid.as_deref().and_then(|pid| sys::status_mib_of(pid, "VmHWM:"));
             let apart = env.pipeline_pid().map(|pid| pid.to_string());
             let pipeline_hwm = apart.as_deref().and_then(|pid| sys::status_mib_of(pid, "VmHWM:"));
-            let pipeline_start = apart.as_deref().and_then(|pid| sys::status_mib_of(pid, "VmRSS:"));
+            let pipeline_end = apart.as_deref().and_then(|pid| sys::status_mib_of(pid, "VmRSS:"));
             let peak_in_flight = env.peak_in_flight();
             env.stop().await;
             let ideal = p.concurrency as f64 / (p.latency_ms as f64 / 1e3).max(1e-3);
@@ -58,7 +58,7 @@ pub async fn inflight(
                 r.add("sim_peak_rss_mib", "peak RSS of the simulator process (VmHWM)", "MiB", sim_hwm);
             }
             r.add("rss_at_start_mib", "RSS when the run started", "MiB", rss_before);
-            if let Some(rss) = pipeline_start {
+            if let Some(rss) = pipeline_end {
                 r.add("pipeline_rss_at_end_mib", "RSS of the pipeline process at the end", "MiB", rss);
             }
             r.add("machine_busy", "machine CPU busy", "%", m.cpu.machine_busy * 100.0);
