@@ -183,3 +183,75 @@ async fn session_texts_are_stored_once_by_reference_and_old_inline_states_still_
     assert_eq!(h.replies(&s, 1, WAIT).await[0].body["Successful"], true);
     h.teardown().await;
 }
+
+/// The tool definitions, the same on every turn and echoed back by the provider, are stored
+/// once, by reference, in the record's request and response and in the saved answer; every
+/// reader gets them back in place. A record written before (tools inline) reads as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tool_definitions_are_stored_once_by_reference_and_read_back_in_place() {
+    let h = Harness::start(1).await;
+    let pool = h.deps.store.pool().clone();
+    let s = new_session();
+    for (turn, ask) in [("t1", "what does send_invoice_email do?"), ("t2", "and the tax?")] {
+        h.submit(&user_turn(&s, turn, ask)).await;
+    }
+    assert_eq!(h.replies(&s, 2, WAIT).await.len(), 2);
+    let (request, response, saved): (serde_json::Value, serde_json::Value, serde_json::Value) =
+        sqlx::query_as(
+            "SELECT r.request_payload, r.response_payload, l.result FROM response_records r
+             JOIN llm_results l USING (session_id, turn_id, step)
+             WHERE r.session_id = $1::uuid AND r.turn_id = 't2'",
+        )
+        .bind(&s)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let sha = request["tools"]["aptix_text_ref"].as_str().expect("tools by reference").to_owned();
+    let echoed = response["tools"]["aptix_text_ref"].as_str().expect("echoed tools by reference");
+    assert_eq!(saved["job"]["result"]["raw"]["tools"]["aptix_text_ref"], echoed, "{saved}");
+    let texts: i64 = sqlx::query_scalar("SELECT count(*) FROM session_texts WHERE sha256 = $1")
+        .bind(&sha)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(texts, 1, "kept once for both turns");
+
+    // Read back, the arrays are in place: the records, the reprocessing reads and the saved
+    // answer that a redelivered invoke message would use.
+    let records = h.records(&s).await;
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        let tools = r["request_payload"]["tools"].as_array().expect("the request's tools");
+        assert!(!tools.is_empty() && tools.iter().all(|t| t["name"].is_string()), "{tools:?}");
+        assert!(r["response_payload"]["tools"].is_array(), "{r}");
+    }
+    let steps = h.deps.store.original_steps(s.parse().unwrap(), "t2").await.unwrap();
+    assert_eq!(steps[0].request_payload.as_ref(), Some(&records[1]["request_payload"]));
+    let saved = steps[0].saved.as_ref().unwrap();
+    assert_eq!(saved["job"]["result"]["raw"], records[1]["response_payload"]);
+
+    // A record written before this format, tools inline, reads as it is.
+    let old_id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO response_records (id, session_id, turn_id, step, kind, request_payload, reply)
+         VALUES (gen_random_uuid(), $1::uuid, 't0', 0, 'final', $2, '{}') RETURNING id",
+    )
+    .bind(&s)
+    .bind(&records[1]["request_payload"])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let records = h.records(&s).await;
+    let old = records.iter().find(|r| r["id"] == old_id.to_string()).unwrap();
+    assert_eq!(old["request_payload"], records[1]["request_payload"]);
+
+    // A reference to a text that is not there is an error, never a record without its tools.
+    sqlx::query("DELETE FROM session_texts WHERE sha256 = $1")
+        .bind(&sha)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let id: aptix::contracts::SessionId = s.parse().unwrap();
+    let err = h.deps.store.session_view(&id).await.unwrap_err().to_string();
+    assert!(err.contains("which is not stored"), "{err}");
+    h.teardown().await;
+}

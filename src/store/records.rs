@@ -186,7 +186,8 @@ pub(super) async fn insert_record(
             request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
             instruction, workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run,
             stage_timings)
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)",
+         VALUES ($1,$2,$3,$4,$5,$6,$7,aptix_ref_at($8::jsonb, '{tools}'), aptix_ref_at($9::jsonb, '{tools}'),
+                 $10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)",
     )
     .bind(id)
     .bind(session)

@@ -135,7 +135,8 @@ impl Store {
         turn: &str,
     ) -> Result<Vec<OriginalStep>, StoreError> {
         let mut steps: Vec<OriginalStep> = sqlx::query_as(
-            "SELECT r.id, t.seq, r.step, r.kind, r.request_payload, r.usage, r.reply, l.result AS saved
+            "SELECT r.id, t.seq, r.step, r.kind, aptix_deref_at(r.request_payload, '{tools}') AS request_payload,
+                    r.usage, r.reply, aptix_deref_at(l.result, '{job,result,raw,tools}') AS saved
              FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
              LEFT JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
@@ -164,7 +165,7 @@ impl Store {
         step: i32,
     ) -> Result<Vec<Value>, StoreError> {
         let mut saved: Vec<Value> = sqlx::query_scalar(
-            "SELECT l.result FROM response_records r
+            "SELECT aptix_deref_at(l.result, '{job,result,raw,tools}') FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
              JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
              WHERE r.session_id = $1 AND r.reprocess_of IS NULL AND (t.seq, r.step) < ($2, $3)

@@ -77,7 +77,7 @@ impl Store {
     /// was admitted. One query, on every invoke.
     pub async fn call_state(&self, key: &TurnKey, step: i32) -> Result<CallState, StoreError> {
         let (saved, cancelled): (Option<Value>, Option<bool>) = sqlx::query_as(
-            "SELECT (SELECT result FROM llm_results
+            "SELECT (SELECT aptix_deref_at(result, '{job,result,raw,tools}') FROM llm_results
                      WHERE session_id = $1 AND turn_id = $2 AND step = $3),
                     (SELECT cancel_requested_at IS NOT NULL FROM turns
                      WHERE session_id = $1 AND turn_id = $2)",
@@ -113,7 +113,8 @@ impl Store {
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)
                  SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING)
-             INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
+             INSERT INTO llm_results (session_id, turn_id, step, result)
+             VALUES ($1, $2, $3, aptix_ref_at($4::jsonb, '{job,result,raw,tools}'))
              ON CONFLICT DO NOTHING",
         )
         .bind(key.session_id.as_uuid())
@@ -174,7 +175,10 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let records = sqlx::query_scalar(
-            "SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1 ORDER BY created_at, id",
+            "SELECT to_jsonb(r) || jsonb_build_object(
+                 'request_payload', aptix_deref_at(r.request_payload, '{tools}'),
+                 'response_payload', aptix_deref_at(r.response_payload, '{tools}'))
+             FROM response_records r WHERE session_id = $1 ORDER BY created_at, id",
         )
         .bind(id)
         .fetch_all(&self.pool)

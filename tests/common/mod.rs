@@ -211,15 +211,12 @@ impl Harness {
         out
     }
 
-    /// Rows of `response_records` for a session, oldest first.
+    /// The records of a session, oldest first, as the store reads them (`aptix session show`):
+    /// what was written, with anything kept by reference read back in place.
     pub async fn records(&self, session: &str) -> Vec<Value> {
-        sqlx::query_scalar(
-            "SELECT to_jsonb(r) FROM response_records r WHERE session_id = $1::uuid ORDER BY created_at, id",
-        )
-        .bind(session)
-        .fetch_all(self.deps.store.pool())
-        .await
-        .unwrap()
+        let id: aptix::contracts::SessionId = session.parse().unwrap();
+        let view = self.deps.store.session_view(&id).await.unwrap();
+        view.map(|v| v.records).unwrap_or_default()
     }
 
     /// Tears down: consumers, queues and exchanges of the prefix, the database, the simulator.
