@@ -255,3 +255,39 @@ async fn tool_definitions_are_stored_once_by_reference_and_read_back_in_place() 
     assert!(err.contains("which is not stored"), "{err}");
     h.teardown().await;
 }
+
+/// A finished turn submitted again gets the reply that ended it, read from its record; a turn
+/// row written before that, with the reply copied into `turns.last_reply`, still answers with
+/// that copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_turn_gets_its_records_reply_or_an_old_rows_copy() {
+    let h = Harness::start(1).await;
+    let pool = h.deps.store.pool().clone();
+    let s = new_session();
+    let request = user_turn(&s, "t1", "hello");
+    h.submit(&request).await;
+    let first = h.replies(&s, 1, WAIT).await.pop().unwrap().body;
+    let copy: Option<serde_json::Value> = sqlx::query_scalar(
+        "SELECT last_reply FROM turns WHERE session_id = $1::uuid AND turn_id = 't1'",
+    )
+    .bind(&s)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(copy, None, "the reply is kept once, in the record");
+    h.submit(&request).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await.pop().unwrap().body, first);
+
+    let mut old = first.clone();
+    old["Result"]["PrimaryOutputText"] = json!("as an older version stored it");
+    sqlx::query("UPDATE turns SET last_reply = $2 WHERE session_id = $1::uuid AND turn_id = 't1'")
+        .bind(&s)
+        .bind(&old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    h.submit(&request).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await.pop().unwrap().body, old);
+    assert_eq!(h.sim.requests().len(), 1, "repeats never call the LLM");
+    h.teardown().await;
+}

@@ -9,7 +9,7 @@ use super::outbox::{self, PendingOutbox};
 use super::records::NewRecord;
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
-use super::turns::{TurnRow, TurnState, TURN_COLUMNS};
+use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::config::OverLimit;
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
@@ -170,7 +170,7 @@ impl Store {
             let outcome = if existing.fingerprint != fingerprint {
                 Admission::Conflict
             } else if existing.state.is_finished() {
-                Admission::Finished { reply: existing.last_reply.unwrap_or(Value::Null) }
+                Admission::Finished { reply: finished_reply(&mut tx, &existing).await? }
             } else {
                 Admission::InFlight {
                     outbox: outbox::pending_for_turn(&mut tx, session, turn).await?,

@@ -83,14 +83,13 @@ impl Store {
         let mut messages = vec![reply];
         insert_record(&mut *tx, session, turn, row.step, &record, None).await?;
         sqlx::query(
-            "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
-                 cancel_requested_at = CASE WHEN $4 THEN clock_timestamp() ELSE cancel_requested_at END,
+            "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
+                 cancel_requested_at = CASE WHEN $3 THEN clock_timestamp() ELSE cancel_requested_at END,
                  updated_at = now()
              WHERE session_id = $1 AND turn_id = $2",
         )
         .bind(session)
         .bind(turn)
-        .bind(&record.reply)
         .bind(cancelled)
         .execute(&mut *tx)
         .await?;

@@ -346,11 +346,10 @@ async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<After, St
     };
     let runs_on = matches!(f.outcome, StepOutcome::ServerTools { .. });
     let sql = format!(
-        "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5,
-             last_reply = CASE WHEN $9 THEN last_reply ELSE $6 END,
-             pending_warnings = $7, server_calls = $8,
-             server_executions = COALESCE($10, server_executions),
-             continuation = CASE WHEN $9 THEN NULL ELSE continuation END, updated_at = now()
+        "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = NULL,
+             pending_warnings = $6, server_calls = $7,
+             server_executions = COALESCE($9, server_executions),
+             continuation = CASE WHEN $8 THEN NULL ELSE continuation END, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
     );
     let some = |v: &Value| (!v.is_null()).then(|| v.clone());
@@ -360,7 +359,6 @@ async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<After, St
         .bind(state.as_str())
         .bind(f.step + 1)
         .bind(some(pending))
-        .bind(&f.record.reply)
         .bind(some(warnings))
         .bind(some(server_calls))
         .bind(runs_on)

@@ -9,7 +9,7 @@ use super::admit::{failure, turn_row};
 use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
 use super::tenants::Gate;
-use super::turns::{dispatch_next, starts, TurnRow, TurnState};
+use super::turns::{dispatch_next, finished_reply, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::contracts::{
     ApiError, ErrorCode, InstanceName, TenantName, ToolCall, ToolContinuation, TurnKey,
@@ -109,7 +109,7 @@ async fn decide(
     let repeated = row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint);
     if repeated && row.state != TurnState::AwaitingToolResults {
         return Ok(if row.state.is_finished() {
-            ContinuationAdmission::Finished { reply: row.last_reply.unwrap_or(Value::Null) }
+            ContinuationAdmission::Finished { reply: finished_reply(tx, &row).await? }
         } else {
             let outbox = outbox::pending_for_turn(tx, row.session_id, &row.turn_id).await?;
             ContinuationAdmission::InFlight { outbox }
@@ -147,13 +147,12 @@ async fn abort(
     let mut messages = vec![reply];
     insert_record(tx, session, turn, row.step, &record, None).await?;
     sqlx::query(
-        "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = $3,
-             continuation = $4, continuation_fingerprint = $5, reply_to = $6, updated_at = now()
+        "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
+             continuation = $3, continuation_fingerprint = $4, reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
     )
     .bind(session)
     .bind(turn)
-    .bind(&record.reply)
     .bind(submitted.wire)
     .bind(submitted.fingerprint)
     .bind(&row.reply_to)
