@@ -1,31 +1,12 @@
 -- The tool definitions of a `/responses` call are the same on every turn of a conversation
 -- context, and the provider echoes them back: each turn wrote them three times (the record's
--- request and response payloads, and the saved answer's raw response), about 2.6 KB of WAL per
--- turn (docs/benchmarks.md, "Sixth pass"). They are now kept once in `session_texts`, by the
--- SHA-256 of their JSON text, and the stored JSON holds {"aptix_text_ref": "<sha256>"} in their
--- place. The provider's `tools` is always an array, so an object there is always a reference.
--- Rows written before hold their arrays inline and read as they are.
-
--- `payload` with the array at `path` moved to `session_texts` (when it is at least 256
--- characters of JSON: a reference would not be much smaller); anything else unchanged.
-CREATE FUNCTION aptix_ref_at(payload jsonb, path text[]) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE STRICT AS $$
-DECLARE
-    target jsonb := payload #> path;
-    body   text;
-    sha    text;
-BEGIN
-    IF target IS NULL OR jsonb_typeof(target) <> 'array' THEN
-        RETURN payload;
-    END IF;
-    body := target::text;
-    IF length(body) < 256 THEN
-        RETURN payload;
-    END IF;
-    sha := encode(sha256(convert_to(body, 'UTF8')), 'hex');
-    INSERT INTO session_texts (sha256, body) VALUES (sha, body) ON CONFLICT (sha256) DO NOTHING;
-    RETURN jsonb_set(payload, path, jsonb_build_object('aptix_text_ref', sha));
-END $$;
+-- request and response payloads, and the saved answer's raw response), about 3 KB of WAL per
+-- turn (docs/benchmarks.md, "Sixth pass"). The pipeline now keeps them once in `session_texts`,
+-- by the SHA-256 of their JSON text, and the stored JSON holds {"aptix_text_ref": "<sha256>"} in
+-- their place (src/store/tool_refs.rs). The provider's `tools` is always an array, so an object
+-- there is always a reference. Rows written before hold their arrays inline and read as they
+-- are. Reading them in SQL: aptix_deref_at(request_payload, '{tools}'),
+-- aptix_deref_at(result, '{job,result,raw,tools}') for a saved answer.
 
 -- `payload` with the reference at `path`, if there is one, replaced by the JSON it refers to:
 -- what was written. A reference to a text that is not stored is an error, never a null.

@@ -81,7 +81,7 @@ impl Store {
             record.kind = "cancelled".into();
         }
         let mut messages = vec![reply];
-        insert_record(&mut *tx, session, turn, row.step, &record, None).await?;
+        insert_record(&mut *tx, &self.texts, (session, turn, row.step), &record).await?;
         sqlx::query(
             "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
                  cancel_requested_at = CASE WHEN $3 THEN clock_timestamp() ELSE cancel_requested_at END,

@@ -16,6 +16,7 @@ mod sessions;
 mod sweep;
 mod tenants;
 mod texts;
+mod tool_refs;
 mod turns;
 
 use std::time::Duration;

@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
 use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
-use super::{KnownTexts, Store, StoreError};
+use super::texts::{TextCache, Texts};
+use super::{tool_refs, KnownTexts, Store, StoreError};
 use crate::assemble::Assembled;
 use crate::contracts::{ApiError, TurnKey, UserTurn};
 use crate::llm::RequestBody;
@@ -172,32 +173,47 @@ pub enum Finished {
     CancelRequested,
 }
 
+/// Inserts a record, its tool definitions by reference ([`super::tool_refs`]); returns the texts
+/// it stored, to remember once the transaction commits.
 pub(super) async fn insert_record(
     conn: &mut PgConnection,
-    session: Uuid,
-    turn: &str,
-    step: i32,
+    cache: &TextCache,
+    key: (Uuid, &str, i32),
     r: &NewRecord,
-    reprocess: Option<(Uuid, &str)>,
-) -> Result<Uuid, StoreError> {
-    let id = Uuid::now_v7();
+) -> Result<Texts, StoreError> {
+    let mut texts = Texts::default();
+    let request = match &r.request_payload {
+        Some(b) => Some(tool_refs::body_by_ref(b.as_raw(), &mut texts)?),
+        None => None,
+    };
+    let request = r.request_payload.as_ref().zip(request).map(|(b, packed)| match packed {
+        Some(packed) => Json(packed),
+        None => Json(b.as_raw().to_owned()),
+    });
+    let mut response = r.response_payload.clone();
+    if let Some(response) = response.as_mut() {
+        tool_refs::value_by_ref(response, &mut texts)?;
+    }
+    texts.retain(|sha| !cache.holds(sha));
+    texts.sort();
     sqlx::query(
-        "INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
+        "WITH texts AS (
+             INSERT INTO session_texts (sha256, body)
+             SELECT * FROM unnest($21::text[], $22::text[]) ON CONFLICT (sha256) DO NOTHING)
+         INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
             request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
-            instruction, workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run,
-            stage_timings)
-         VALUES ($1,$2,$3,$4,$5,$6,$7,aptix_ref_at($8::jsonb, '{tools}'), aptix_ref_at($9::jsonb, '{tools}'),
-                 $10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23)",
+            instruction, workspace_id, repo, language, rag_scope, reply, stage_timings)
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$23)",
     )
-    .bind(id)
-    .bind(session)
-    .bind(turn)
-    .bind(step)
+    .bind(Uuid::now_v7())
+    .bind(key.0)
+    .bind(key.1)
+    .bind(key.2)
     .bind(&r.kind)
     .bind(&r.provider_response_id)
     .bind(&r.chain)
-    .bind(r.request_payload.as_ref().map(|b| Json(b.as_raw())))
-    .bind(&r.response_payload)
+    .bind(request)
+    .bind(response)
     .bind(&r.retrieved_chunks)
     .bind(&r.active_files)
     .bind(&r.skipped_files)
@@ -209,12 +225,12 @@ pub(super) async fn insert_record(
     .bind(&r.language)
     .bind(&r.rag_scope)
     .bind(&r.reply)
-    .bind(reprocess.map(|(of, _)| of))
-    .bind(reprocess.map(|(_, run)| run))
+    .bind(&texts.keys)
+    .bind(&texts.bodies)
     .bind(&r.stage_timings)
     .execute(&mut *conn)
     .await?;
-    Ok(id)
+    Ok(texts)
 }
 
 impl Store {
@@ -241,7 +257,7 @@ impl Store {
             }
             StepState::Running { .. } => {}
         }
-        insert_record(&mut tx, session, turn, f.step, &f.record, None).await?;
+        let stored = insert_record(&mut tx, &self.texts, (session, turn, f.step), &f.record).await?;
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
@@ -266,6 +282,7 @@ impl Store {
         let model = Some((name, expires));
         let out = outbox::insert_with(&mut tx, session, turn, messages, model).await?;
         tx.commit().await?;
+        self.texts.keep(&stored);
         Ok(Finished::Done(out))
     }
 }

@@ -8,6 +8,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use super::admit::{failure, turn_row};
 use super::outbox::{self, PendingOutbox};
 use super::records::insert_record;
+use super::texts::TextCache;
 use super::tenants::Gate;
 use super::turns::{dispatch_next, finished_reply, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
@@ -93,7 +94,7 @@ impl Store {
         let submitted = Submitted { wire: continuation, fingerprint, reply_to, gate };
         let outcome = match row {
             None => ContinuationAdmission::NotFound,
-            Some(row) => decide(&mut tx, row, &submitted, parsed).await?,
+            Some(row) => decide(&mut tx, &self.texts, row, &submitted, parsed).await?,
         };
         tx.commit().await?;
         Ok(outcome)
@@ -102,6 +103,7 @@ impl Store {
 
 async fn decide(
     tx: &mut Transaction<'static, Postgres>,
+    cache: &TextCache,
     mut row: TurnRow,
     submitted: &Submitted<'_>,
     parsed: &ToolContinuation,
@@ -129,7 +131,7 @@ async fn decide(
         Err(mismatch) => {
             let reason = mismatch.to_api_error().message;
             let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
-            Ok(ContinuationAdmission::Aborted { outbox: abort(tx, &row, error, submitted).await? })
+            Ok(ContinuationAdmission::Aborted { outbox: abort(tx, cache, &row, error, submitted).await? })
         }
         Ok(()) => Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted).await? }),
     }
@@ -138,6 +140,7 @@ async fn decide(
 /// Ends the turn: the error record and reply, and the session's next turn.
 async fn abort(
     tx: &mut PgConnection,
+    cache: &TextCache,
     row: &TurnRow,
     error: ApiError,
     submitted: &Submitted<'_>,
@@ -145,7 +148,7 @@ async fn abort(
     let (session, turn) = (row.session_id, row.turn_id.as_str());
     let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)))?;
     let mut messages = vec![reply];
-    insert_record(tx, session, turn, row.step, &record, None).await?;
+    insert_record(tx, cache, (session, turn, row.step), &record).await?;
     sqlx::query(
         "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
              continuation = $3, continuation_fingerprint = $4, reply_to = $5, updated_at = now()

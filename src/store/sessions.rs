@@ -106,15 +106,18 @@ impl Store {
         step: i32,
         result: Value,
     ) -> Result<(), StoreError> {
-        let (result, mut texts) =
+        let (mut result, mut texts) =
             super::texts::take_texts(result, Holder::SavedAnswer, &KnownTexts::default());
+        if let Some(raw) = result.pointer_mut("/job/result/raw") {
+            super::tool_refs::value_by_ref(raw, &mut texts)?;
+        }
         texts.retain(|sha| !self.texts.holds(sha));
+        texts.sort();
         sqlx::query(
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)
                  SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING)
-             INSERT INTO llm_results (session_id, turn_id, step, result)
-             VALUES ($1, $2, $3, aptix_ref_at($4::jsonb, '{job,result,raw,tools}'))
+             INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
         )
         .bind(key.session_id.as_uuid())

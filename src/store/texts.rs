@@ -104,6 +104,23 @@ pub(super) struct Texts {
 }
 
 impl Texts {
+    /// Adds a text, once per key.
+    pub(super) fn push(&mut self, key: String, body: String) {
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+            self.bodies.push(body);
+        }
+    }
+
+    /// Sorts the texts by key: the order an insert locks them in.
+    pub(super) fn sort(&mut self) {
+        let pairs =
+            std::mem::take(&mut self.keys).into_iter().zip(std::mem::take(&mut self.bodies));
+        let mut pairs: Vec<(String, String)> = pairs.collect();
+        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        (self.keys, self.bodies) = pairs.into_iter().unzip();
+    }
+
     /// Keeps the texts whose key passes `keep`.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         let pairs =
