@@ -5,8 +5,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::new_record::NewRecord;
 use super::outbox::{self, PendingOutbox};
-use super::records::NewRecord;
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
 use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};

@@ -6,8 +6,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::admit::failure;
+use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
-use super::records::insert_record;
 use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, SessionId, TurnKey};

@@ -1,116 +1,16 @@
-//! Immutable response records, and finishing a round trip: record, session state, turn
-//! transition, reply and next-turn dispatch in one transaction.
+//! Finishing a round trip: the immutable record, session state, turn transition, reply and
+//! next-turn dispatch in one transaction.
 
-use serde::Serialize;
-use serde_json::{json, Value};
-use sqlx::types::Json;
+use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::new_record::{insert_record, NewRecord};
 use super::outbox::{self, PendingOutbox};
 use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
-use super::texts::{TextCache, Texts};
-use super::{tool_refs, KnownTexts, Store, StoreError};
-use crate::assemble::Assembled;
-use crate::contracts::{ApiError, TurnKey, UserTurn};
-use crate::llm::RequestBody;
+use super::{KnownTexts, Store, StoreError};
+use crate::contracts::TurnKey;
 use crate::messages::Outgoing;
-
-/// A response record to insert. Records are never updated or deleted.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct NewRecord {
-    /// `final`, `client_tool_continuation` or `error`.
-    pub kind: String,
-    /// Provider response id.
-    pub provider_response_id: Option<String>,
-    /// New / continued / rehydrated chain, and why.
-    pub chain: Value,
-    /// The `/responses` body sent.
-    pub request_payload: Option<RequestBody>,
-    /// The provider's response.
-    pub response_payload: Option<Value>,
-    /// Chunk ids with path and lines.
-    pub retrieved_chunks: Value,
-    /// Active files with hashes.
-    pub active_files: Value,
-    /// Files not sent, and why.
-    pub skipped_files: Value,
-    /// Token usage.
-    pub usage: Option<Value>,
-    /// Errors of a failed step.
-    pub errors: Value,
-    /// The turn's instruction.
-    pub instruction: Option<String>,
-    /// Workspace hint.
-    pub workspace_id: Option<String>,
-    /// Repository hint.
-    pub repo: Option<String>,
-    /// Language hint.
-    pub language: Option<String>,
-    /// Retrieval scope.
-    pub rag_scope: Value,
-    /// The reply sent to the client.
-    pub reply: Value,
-    /// The round trip's path through the stages (`messages::hops`, stored form).
-    pub stage_timings: Option<Value>,
-}
-
-impl NewRecord {
-    /// A record's fields that come from the turn and what was sent; the outcome's fields empty.
-    /// Shared by the persist stage and reprocessing, whose records must read alike.
-    pub fn base(
-        turn: Option<&UserTurn>,
-        assembled: Option<&Assembled>,
-        kind: &str,
-        reply: Value,
-    ) -> Result<NewRecord, serde_json::Error> {
-        crate::metrics::metrics().json("serialize", "record");
-        let sent = assembled.map(|a| &a.record);
-        let list = |v: Option<Value>| v.unwrap_or_else(|| json!([]));
-        Ok(NewRecord {
-            kind: kind.to_owned(),
-            provider_response_id: None,
-            chain: sent
-                .map(|r| serde_json::to_value(&r.chain))
-                .transpose()?
-                .unwrap_or_else(|| json!({})),
-            request_payload: assembled.map(|a| a.body.clone()),
-            response_payload: None,
-            retrieved_chunks: list(sent.map(|r| serde_json::to_value(&r.chunks)).transpose()?),
-            active_files: list(sent.map(|r| serde_json::to_value(&r.files)).transpose()?),
-            skipped_files: list(sent.map(|r| serde_json::to_value(&r.skipped_files)).transpose()?),
-            usage: None,
-            errors: json!([]),
-            instruction: turn.and_then(|t| t.instruction().map(str::to_owned)),
-            workspace_id: turn.and_then(|t| t.workspace_id().map(str::to_owned)),
-            repo: turn.and_then(|t| t.repo().map(str::to_owned)),
-            language: turn.and_then(|t| t.language().map(str::to_owned)),
-            rag_scope: list(turn.map(|t| serde_json::to_value(t.rag_scope())).transpose()?),
-            reply,
-            stage_timings: None,
-        })
-    }
-
-    /// The record of a step that failed with `errors` before any request was built.
-    pub fn failure(
-        errors: &[ApiError],
-        reply: Value,
-        request_payload: Option<RequestBody>,
-    ) -> Result<Self, StoreError> {
-        Ok(NewRecord {
-            kind: "error".into(),
-            errors: serde_json::to_value(errors)?,
-            reply,
-            request_payload,
-            chain: serde_json::json!({}),
-            retrieved_chunks: serde_json::json!([]),
-            active_files: serde_json::json!([]),
-            skipped_files: serde_json::json!([]),
-            rag_scope: serde_json::json!([]),
-            ..NewRecord::default()
-        })
-    }
-}
 
 /// How a round trip leaves its turn.
 #[derive(Debug, Clone)]
@@ -173,66 +73,6 @@ pub enum Finished {
     CancelRequested,
 }
 
-/// Inserts a record, its tool definitions by reference ([`super::tool_refs`]); returns the texts
-/// it stored, to remember once the transaction commits.
-pub(super) async fn insert_record(
-    conn: &mut PgConnection,
-    cache: &TextCache,
-    key: (Uuid, &str, i32),
-    r: &NewRecord,
-) -> Result<Texts, StoreError> {
-    let mut texts = Texts::default();
-    let request = match &r.request_payload {
-        Some(b) => Some(tool_refs::body_by_ref(b.as_raw(), &mut texts)?),
-        None => None,
-    };
-    let request = r.request_payload.as_ref().zip(request).map(|(b, packed)| match packed {
-        Some(packed) => Json(packed),
-        None => Json(b.as_raw().to_owned()),
-    });
-    let mut response = r.response_payload.clone();
-    if let Some(response) = response.as_mut() {
-        tool_refs::value_by_ref(response, &mut texts)?;
-    }
-    texts.retain(|sha| !cache.holds(sha));
-    texts.sort();
-    sqlx::query(
-        "WITH texts AS (
-             INSERT INTO session_texts (sha256, body)
-             SELECT * FROM unnest($21::text[], $22::text[]) ON CONFLICT (sha256) DO NOTHING)
-         INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
-            request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
-            instruction, workspace_id, repo, language, rag_scope, reply, stage_timings)
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$23)",
-    )
-    .bind(Uuid::now_v7())
-    .bind(key.0)
-    .bind(key.1)
-    .bind(key.2)
-    .bind(&r.kind)
-    .bind(&r.provider_response_id)
-    .bind(&r.chain)
-    .bind(request)
-    .bind(response)
-    .bind(&r.retrieved_chunks)
-    .bind(&r.active_files)
-    .bind(&r.skipped_files)
-    .bind(&r.usage)
-    .bind(&r.errors)
-    .bind(&r.instruction)
-    .bind(&r.workspace_id)
-    .bind(&r.repo)
-    .bind(&r.language)
-    .bind(&r.rag_scope)
-    .bind(&r.reply)
-    .bind(&texts.keys)
-    .bind(&texts.bodies)
-    .bind(&r.stage_timings)
-    .execute(&mut *conn)
-    .await?;
-    Ok(texts)
-}
-
 impl Store {
     /// Ends a round trip in one transaction. Idempotent: if its record already exists, nothing
     /// changes and the turn's unpublished outbox rows are returned for publishing.
@@ -257,7 +97,8 @@ impl Store {
             }
             StepState::Running { .. } => {}
         }
-        let stored = insert_record(&mut tx, &self.texts, (session, turn, f.step), &f.record).await?;
+        let stored =
+            insert_record(&mut tx, &self.texts, (session, turn, f.step), &f.record).await?;
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::records::NewRecord;
+use super::new_record::NewRecord;
 use super::texts;
 use super::{Store, StoreError};
 

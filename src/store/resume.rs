@@ -6,10 +6,10 @@ use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::admit::{failure, turn_row};
+use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
-use super::records::insert_record;
-use super::texts::TextCache;
 use super::tenants::Gate;
+use super::texts::TextCache;
 use super::turns::{dispatch_next, finished_reply, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::contracts::{
@@ -131,7 +131,9 @@ async fn decide(
         Err(mismatch) => {
             let reason = mismatch.to_api_error().message;
             let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
-            Ok(ContinuationAdmission::Aborted { outbox: abort(tx, cache, &row, error, submitted).await? })
+            Ok(ContinuationAdmission::Aborted {
+                outbox: abort(tx, cache, &row, error, submitted).await?,
+            })
         }
         Ok(()) => Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted).await? }),
     }

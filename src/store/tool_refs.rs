@@ -26,7 +26,10 @@ fn reference(sha: &str) -> String {
 }
 
 /// Moves the top-level `tools` array of `payload` (a provider response) into `texts`.
-pub(super) fn value_by_ref(payload: &mut Value, texts: &mut Texts) -> Result<(), serde_json::Error> {
+pub(super) fn value_by_ref(
+    payload: &mut Value,
+    texts: &mut Texts,
+) -> Result<(), serde_json::Error> {
     let Some(tools) = payload.get_mut(KEY).filter(|t| t.is_array()) else { return Ok(()) };
     let text = serde_json::to_string(tools)?;
     if text.len() < MIN_BY_REF {
@@ -66,8 +69,10 @@ mod tests {
     use serde_json::json;
 
     fn tools() -> Value {
-        let tool = |n: &str| json!({"type": "function", "name": n, "parameters": {"type": "object",
-            "properties": {"path": {"type": "string", "description": "a workspace path"}}}});
+        let tool = |n: &str| {
+            json!({"type": "function", "name": n, "parameters": {"type": "object",
+            "properties": {"path": {"type": "string", "description": "a workspace path"}}}})
+        };
         json!([tool("read_file"), tool("write_file"), tool("run_tests")])
     }
 
