@@ -102,7 +102,10 @@ impl History {
     ) {
         for chunk in chunks {
             self.chunks.retain(|c| c.id != chunk.id);
-            self.chunks.push(chunk.clone());
+            // Rehydration does not rank by the retrieval score, which belongs to the turn that
+            // retrieved the chunk (its saved answer keeps it); at rest it was 17 digits per chunk
+            // that lz4 cannot shrink, rewritten with the state on every turn.
+            self.chunks.push(Chunk { score: None, ..chunk.clone() });
         }
         self.chunks_cut += trim_oldest(&mut self.chunks, policy.rehydrate_chunk_chars).len() as u64;
         for file in files {
@@ -208,6 +211,27 @@ mod tests {
         assert_eq!(h.transcript.len(), 1);
         assert!(h.transcript[0].cost() <= 200, "{}", h.transcript[0].cost());
         assert!(h.transcript[0].final_output.contains("characters cut"));
+    }
+
+    #[test]
+    fn sent_chunks_are_remembered_once_without_their_score() {
+        let chunk = |id: &str| Chunk {
+            id: id.into(),
+            path: "a.rs".into(),
+            start_line: 1,
+            end_line: 2,
+            language: "rust".into(),
+            text: "fn a() {}".into(),
+            repo: Some("r".into()),
+            score: Some(7.95),
+        };
+        let mut h = History::default();
+        let policy = AssemblePolicy::default();
+        h.record_sent(&[chunk("a"), chunk("b")], &[], &[], &policy);
+        h.record_sent(&[chunk("a")], &[], &[], &policy);
+        let ids: Vec<_> = h.chunks.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["b", "a"], "a chunk sent again moves to the newest end");
+        assert!(h.chunks.iter().all(|c| c.score.is_none() && c.repo.is_some()));
     }
 
     #[test]
