@@ -145,10 +145,10 @@ pub(super) fn take_texts(value: Value, holder: Holder, known: &KnownTexts) -> (V
     if let Value::Object(map) = &mut packed {
         map.insert(MARK.into(), Value::Bool(true));
     }
-    let mut texts: Vec<(String, String)> = texts.into_iter().collect();
-    texts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let (keys, bodies) = texts.into_iter().unzip();
-    (packed, Texts { keys, bodies })
+    let mut texts = Texts { keys, bodies };
+    texts.sort();
+    (packed, texts)
 }
 
 /// Moves the texts of a session `state` out into `session_texts`, except those `known` to be

@@ -21,8 +21,8 @@ const MIN_BY_REF: usize = 256;
 const KEY: &str = "tools";
 
 /// The reference that takes the array's place.
-fn reference(sha: &str) -> String {
-    format!(r#"{{"aptix_text_ref":"{sha}"}}"#)
+fn reference(sha: &str) -> Value {
+    serde_json::json!({ "aptix_text_ref": sha })
 }
 
 /// Moves the top-level `tools` array of `payload` (a provider response) into `texts`.
@@ -36,7 +36,7 @@ pub(super) fn value_by_ref(
         return Ok(());
     }
     let sha = crate::assemble::sha256_hex(&text);
-    *tools = serde_json::from_str(&reference(&sha))?;
+    *tools = reference(&sha);
     texts.push(sha, text);
     Ok(())
 }
@@ -56,7 +56,7 @@ pub(super) fn body_by_ref(
         return Ok(None);
     }
     let sha = crate::assemble::sha256_hex(&text);
-    let refer = RawValue::from_string(reference(&sha))?;
+    let refer = RawValue::from_string(reference(&sha).to_string())?;
     fields.insert(KEY.to_owned(), &refer);
     let packed = RawValue::from_string(serde_json::to_string(&fields)?)?;
     texts.push(sha, text);
