@@ -52,7 +52,8 @@ pub fn stages(settings: &Settings, names: &[String]) -> anyhow::Result<Vec<Stage
 /// until SIGINT or SIGTERM.
 pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Result<ExitCode> {
     let stages = stages(&settings, names)?;
-    block_on(async move {
+    let runtime = pipeline_runtime(settings.pipeline.worker_threads)?;
+    runtime.block_on(async move {
         let shutdown = pipeline::shutdown_on_signals();
         let deps = pipeline::build_deps_patiently(Arc::new(settings), &shutdown)
             .await
@@ -101,4 +102,36 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
     f: F,
 ) -> anyhow::Result<ExitCode> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
+}
+
+/// A runtime for a pipeline process (`aptix run`, `aptix worker`, the demo), with [`worker_threads`]`(configured)` async workers.
+pub fn pipeline_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads(configured))
+        .enable_all()
+        .build()
+}
+
+/// `pipeline.worker_threads`, or for 0 half the cores and at least one: the stages mostly wait
+/// on the broker and the database, and more workers than the process keeps busy mostly wake
+/// and steal from each other (measured in docs/benchmarks.md, "Seventh pass").
+pub fn worker_threads(configured: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / 2).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_threads;
+
+    #[test]
+    fn worker_threads_are_configured_or_half_the_cores() {
+        assert_eq!(worker_threads(3), 3);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = worker_threads(0);
+        assert!(auto >= 1 && (cores < 2 || auto <= cores / 2), "{auto} of {cores} cores");
+    }
 }

@@ -71,6 +71,7 @@ fn layers_validation_and_redaction() {
     // Every validation error names its key.
     assert_eq!(invalid_key("[amqp]\nurl = \"http://x\""), "amqp.url");
     assert_eq!(invalid_key("[database]\nurl = \"mysql://x\""), "database.url");
+    assert_eq!(invalid_key("[pipeline]\nworker_threads = 5000"), "pipeline.worker_threads");
     assert_eq!(invalid_key("default_agent_context = \"nope\""), "default_agent_context");
     assert_eq!(
         invalid_key("[conversation_contexts.default]\nmode='M'\nmode_display_name='M'\nmodel='m'\nsystem_prompt=''\ntool_choice='missing'"),

@@ -69,7 +69,8 @@ pub fn run(which: Which, settings: &Settings) -> anyhow::Result<ExitCode> {
         Which::Growth(a) => a.common.clone(),
         Which::All(a) => a.common.clone(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The pipeline runs in this process with the driver, on the runtime `aptix run` would use.
+    let runtime = aptix::worker::pipeline_runtime(settings.pipeline.worker_threads)?;
     let (doc, failures) = runtime.block_on(dispatch(which, &common, settings))?;
     if let Some(path) = &common.json {
         std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
@@ -174,6 +175,7 @@ async fn dispatch(
         "runs": common.runs.max(1),
         "smoke": common.smoke,
         "prefetch": settings.pipeline.prefetch,
+        "worker_threads": aptix::worker::worker_threads(settings.pipeline.worker_threads),
         "benchmarks": docs,
     });
     Ok((doc, failures))

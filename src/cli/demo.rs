@@ -22,7 +22,8 @@ use crate::store::Store;
 
 /// Runs the demo; exit 0 when every turn got its reply.
 pub fn run(settings: Settings) -> anyhow::Result<ExitCode> {
-    crate::worker::block_on(demo(settings))
+    let runtime = crate::worker::pipeline_runtime(settings.pipeline.worker_threads)?;
+    runtime.block_on(demo(settings))
 }
 
 async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {

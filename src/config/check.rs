@@ -63,6 +63,9 @@ impl Settings {
                 "must start with postgres:// or postgresql://",
             ));
         }
+        if self.pipeline.worker_threads > 1024 {
+            return Err(ConfigError::invalid("pipeline.worker_threads", "at most 1024 (0: auto)"));
+        }
         if self.database.max_connections == 0 {
             return Err(ConfigError::invalid("database.max_connections", "must be at least 1"));
         }

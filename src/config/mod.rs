@@ -240,6 +240,9 @@ pub struct PipelineSettings {
     pub confirm_timeout_ms: u64,
     /// Apply database migrations when a worker starts.
     pub migrate_on_start: bool,
+    /// Tokio worker threads of a pipeline process; 0 picks half the cores, at least one
+    /// ([`crate::worker::worker_threads`]).
+    pub worker_threads: usize,
 }
 
 /// A value per stage, keyed by stage name, with a `default` for stages not listed (a stage
