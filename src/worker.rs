@@ -104,7 +104,8 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(f)
 }
 
-/// A runtime for a pipeline process (`aptix run`, `aptix worker`, the demo), with [`worker_threads`]`(configured)` async workers.
+/// A runtime for a pipeline process (`aptix run`, `aptix worker`, the demo), with
+/// [`worker_threads`]`(configured)` async workers.
 pub fn pipeline_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(worker_threads(configured))
