@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::new_record::{insert_record, NewRecord};
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
+use super::turns::{dispatch_next_with, starts, TurnRow, TurnState, TURN_COLUMNS};
 use super::{KnownTexts, Store, StoreError};
 use crate::contracts::TurnKey;
 use crate::messages::Outgoing;
@@ -104,18 +104,23 @@ impl Store {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
                 .await?;
         }
-        if let Some(state) = f.session_state.take() {
-            let state = super::texts::pack(&mut tx, &self.texts, state, &f.known_texts).await?;
+        let state = match f.session_state.take() {
+            Some(s) => Some(super::texts::pack(&mut tx, &self.texts, s, &f.known_texts).await?),
+            None => None,
+        };
+        let mut messages = std::mem::take(&mut f.messages);
+        let after = transition(&mut tx, &f).await?;
+        if let (Some(state), false) = (&state, matches!(after, After::Ended)) {
             sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
                 .bind(session)
-                .bind(&state)
+                .bind(state)
                 .execute(&mut *tx)
                 .await?;
         }
-        let mut messages = std::mem::take(&mut f.messages);
-        match transition(&mut tx, &f).await? {
+        match after {
             After::Ended => {
-                messages.extend(starts(&dispatch_next(&mut tx, session, gate.as_ref()).await?)?);
+                let next = dispatch_next_with(&mut tx, session, gate.as_ref(), state.as_ref());
+                messages.extend(starts(&next.await?)?);
             }
             After::Waits => {}
             After::RunsOn(row) => messages.push(Outgoing::Start(row.start_job()?)),

@@ -178,15 +178,27 @@ pub(super) async fn dispatch_next(
     session: Uuid,
     gate: Option<&Gate>,
 ) -> Result<Vec<TurnRow>, StoreError> {
+    dispatch_next_with(conn, session, gate, None).await
+}
+
+/// [`dispatch_next`], writing the session's new assemble `state` (when given) in the same
+/// statement: one round trip and one row version instead of two for a turn that ends.
+pub(super) async fn dispatch_next_with(
+    conn: &mut PgConnection,
+    session: Uuid,
+    gate: Option<&Gate>,
+    state: Option<&Value>,
+) -> Result<Vec<TurnRow>, StoreError> {
     let holds = gate.filter(|g| g.limits.over_limit == crate::config::OverLimit::Queue);
     // The session's oldest queued turn holds it next (none: it is idle), in one statement.
     let next: Option<String> = sqlx::query_scalar::<_, Option<String>>(
-        "UPDATE sessions SET updated_at = now(), active_turn_id = (
+        "UPDATE sessions SET updated_at = now(), state = COALESCE($2, state), active_turn_id = (
              SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued'
              ORDER BY seq LIMIT 1)
          WHERE id = $1 RETURNING active_turn_id",
     )
     .bind(session)
+    .bind(state)
     .fetch_optional(&mut *conn)
     .await?
     .flatten();
