@@ -118,13 +118,10 @@ pub(super) async fn insert_record(
     r: &NewRecord,
 ) -> Result<Texts, StoreError> {
     let mut texts = Texts::default();
-    let request = match &r.request_payload {
-        Some(b) => Some(Json(
-            tool_refs::body_by_ref(b.as_raw(), &mut texts)?
-                .unwrap_or_else(|| b.as_raw().to_owned()),
-        )),
-        None => None,
-    };
+    let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
+    let packed = sent.map(|b| tool_refs::body_by_ref(b, &mut texts)).transpose()?.flatten();
+    // The body as sent when it has no tool definitions to move.
+    let request = packed.as_deref().or(sent).map(Json);
     let mut response = r.response_payload.clone();
     if let Some(response) = response.as_mut() {
         tool_refs::value_by_ref(response, &mut texts)?;
