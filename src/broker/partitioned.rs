@@ -6,7 +6,9 @@
 //! in-flight messages are settled, then closes its channel: the broker returns what was
 //! prefetched but never read to the head of the queue, and only then activates the next
 //! consumer, which so continues exactly where this one stopped. (Cancelling the consumer first
-//! would activate the next one while this one still held earlier messages.)
+//! would activate the next one while this one still held earlier messages. lapin cancels a
+//! subscription when the last handle to its consumer is dropped, so a held partition keeps one
+//! until its channel is closed.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,6 +31,8 @@ struct Held {
     /// Tells this holding's stream end from an earlier holding's of the same partition.
     generation: u64,
     channel: Channel,
+    /// Kept until the channel is closed: dropping the last handle sends `basic.cancel`.
+    consumer: lapin::Consumer,
     /// Ends the partition's delivery stream.
     stop: CancellationToken,
     in_flight: Arc<InFlight>,
@@ -195,10 +199,11 @@ impl<'a> Partitions<'a> {
         self.generation += 1;
         let generation = self.generation;
         let deliveries = consumer
+            .clone()
             .map(move |d| Event::Delivery(partition, d))
             .take_until(stop.clone().cancelled_owned())
             .chain(stream::once(async move { Event::Ended(partition, generation) }));
-        let held = Held { generation, channel, stop, in_flight: Arc::default() };
+        let held = Held { generation, channel, consumer, stop, in_flight: Arc::default() };
         Ok((held, Box::pin(deliveries)))
     }
 
@@ -212,6 +217,8 @@ impl<'a> Partitions<'a> {
                 let closing = held.channel.close(200, "partition handed over".into());
                 let _ = tokio::time::timeout(SETUP_TIMEOUT, closing).await;
             }
+            // Only now: the broker has the channel's unsettled messages back (see the module doc).
+            drop(held.consumer);
             info!(stage = stage.as_str(), partition, "gave up ingress partition");
         });
     }

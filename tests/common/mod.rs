@@ -223,28 +223,8 @@ impl Harness {
     pub async fn teardown(mut self) {
         self.stop_consumers().await;
         let ch = self.conn.create_channel().await.unwrap();
-        let mut queues: Vec<String> =
-            aptix::stages::names().iter().map(|s| self.topology.stage_queue(*s)).collect();
-        queues.extend(self.topology.ingress_queues());
-        queues.push(self.topology.dead());
-        queues.push(self.topology.unrouted());
-        queues
-            .extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
         let sessions: Vec<SessionId> = self.sessions.lock().unwrap().drain().collect();
-        queues.extend(sessions.iter().map(|s| self.topology.session_queue(s)));
-        for q in queues {
-            let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
-        }
-        let mut exchanges =
-            vec![self.topology.requests_exchange(), self.topology.replies_exchange()];
-        if self.topology.partitions() > 1 {
-            exchanges.push(self.topology.partition_exchange(self.topology.partitions()));
-        }
-        exchanges
-            .extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| self.topology.delay_exchange(*t)));
-        for e in exchanges {
-            let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
-        }
+        delete_topology(&ch, &self.topology, &sessions).await;
         self.deps.store.close().await;
         let url = self
             .settings
@@ -349,6 +329,28 @@ impl Harness {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("spawn aptix")
+    }
+}
+
+/// Deletes what declaring `topology` made, and the reply queues of `sessions`.
+pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions: &[SessionId]) {
+    let mut queues: Vec<String> =
+        aptix::stages::names().iter().map(|s| topology.stage_queue(*s)).collect();
+    queues.extend(topology.ingress_queues());
+    queues.push(topology.dead());
+    queues.push(topology.unrouted());
+    queues.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
+    queues.extend(sessions.iter().map(|s| topology.session_queue(s)));
+    for q in queues {
+        let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+    }
+    let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
+    if topology.partitions() > 1 {
+        exchanges.push(topology.partition_exchange(topology.partitions()));
+    }
+    exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
+    for e in exchanges {
+        let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
     }
 }
 

@@ -1,0 +1,158 @@
+//! Handing an ingress partition over, observed from the broker: a worker that gives a partition
+//! up (its share changed, or it stops) keeps the partition's single active subscription until
+//! the message it is handling is settled. Only then does a standby consumer start, at the next
+//! message. A consumer that started earlier would overtake that message: a session's turn
+//! admitted before the one published ahead of it.
+
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aptix::broker::{
+    connect, run_partitioned, Delivery, Disposition, Handler, OutMessage, Publisher,
+    RuntimeSettings, StageName, Topology,
+};
+use aptix::config::QueueType;
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt as _;
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Reports each message it is given and finishes one only when the test adds a permit.
+struct Holding {
+    arrived: mpsc::UnboundedSender<String>,
+    finish: Arc<Semaphore>,
+}
+
+impl Handler for Holding {
+    fn handle(&self, d: Delivery) -> BoxFuture<'_, Disposition> {
+        Box::pin(async move {
+            let _ = self.arrived.send(d.message_id.unwrap_or_default());
+            self.finish.acquire().await.unwrap().forget();
+            Disposition::forward(vec![])
+        })
+    }
+
+    fn exhausted(&self, _: Delivery, _: String) -> BoxFuture<'_, Vec<OutMessage>> {
+        Box::pin(async { vec![] })
+    }
+}
+
+/// A worker consuming partition 0 of a fresh two-partition layout, holding its first message.
+struct Setup {
+    conn: Connection,
+    topology: Topology,
+    queue: String,
+    share: watch::Sender<BTreeSet<u16>>,
+    shutdown: CancellationToken,
+    arrived: mpsc::UnboundedReceiver<String>,
+    finish: Arc<Semaphore>,
+    worker: tokio::task::JoinHandle<()>,
+}
+
+async fn holding_partition_zero(messages: &[&str]) -> Setup {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
+    let status = std::process::Command::new("bash").arg(script).status().unwrap();
+    assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
+    let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let topology = Topology::new(&prefix)
+        .with_stages(&aptix::stages::names())
+        .with_layout(2, QueueType::Classic);
+    let publisher = Publisher::connect(common::AMQP).await.unwrap();
+    topology.declare(publisher.channel()).await.unwrap();
+    let queue = topology.ingress_queues()[0].clone();
+    let conn = connect(common::AMQP).await.unwrap();
+    publish(&conn, &queue, messages).await;
+    let settings = RuntimeSettings {
+        amqp_url: common::AMQP.to_owned(),
+        topology: topology.clone(),
+        // One message at a time: the next one waits in the queue, where a consumer the broker
+        // activated too early would get it.
+        prefetch: 1,
+        max_attempts: 3,
+        max_redeliveries: 3,
+        confirm_timeout: Duration::from_secs(10),
+        max_message_bytes: 16 << 20,
+    };
+    let (tx, mut arrived) = mpsc::unbounded_channel();
+    let finish = Arc::new(Semaphore::new(0));
+    let handler: Arc<dyn Handler> = Arc::new(Holding { arrived: tx, finish: finish.clone() });
+    let (share, rx) = watch::channel(BTreeSet::from([0]));
+    let shutdown = CancellationToken::new();
+    let stage: StageName = aptix::stages::names()[0];
+    let worker = tokio::spawn(run_partitioned(stage, handler, settings, rx, shutdown.clone()));
+    let first = tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
+    assert_eq!(first.as_deref(), Some(messages[0]));
+    Setup { conn, topology, queue, share, shutdown, arrived, finish, worker }
+}
+
+/// Publishes one message with each of `ids` to `queue`, confirmed.
+async fn publish(conn: &Connection, queue: &str, ids: &[&str]) {
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    for id in ids {
+        let props = BasicProperties::default().with_message_id((*id).into());
+        let options = BasicPublishOptions::default();
+        let confirm = ch.basic_publish("".into(), queue.into(), options, b"{}", props);
+        assert!(confirm.await.unwrap().await.unwrap().is_ack());
+    }
+    let _ = ch.close(200, "published".into()).await;
+}
+
+/// A consumer waiting behind the worker's subscription on `queue`.
+async fn standby(conn: &Connection, queue: &str) -> lapin::Consumer {
+    let ch = conn.create_channel().await.unwrap();
+    ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+    let options = BasicConsumeOptions { no_ack: true, ..Default::default() };
+    ch.basic_consume(queue.into(), "standby".into(), options, FieldTable::default()).await.unwrap()
+}
+
+async fn next_id(consumer: &mut lapin::Consumer, limit: Duration) -> Option<String> {
+    let next = tokio::time::timeout(limit, consumer.next()).await.ok()??;
+    next.unwrap().properties.message_id().as_ref().map(ToString::to_string)
+}
+
+/// Gives partition 0 up by `give_up` while its first message is being handled, and checks that
+/// the standby gets nothing until that message is settled, then the rest in order.
+async fn hand_over(give_up: impl FnOnce(&Setup)) {
+    let mut s = holding_partition_zero(&["m1", "m2", "m3"]).await;
+    let mut other = standby(&s.conn, &s.queue).await;
+    give_up(&s);
+    // RabbitMQ 3.10 activates the standby of a cancelled subscription at once, but delivers to
+    // it only on the queue's next event: a request arriving, as they do under load.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish(&s.conn, &s.queue, &["m4"]).await;
+    // Long enough for a delivery, which takes milliseconds on this broker.
+    let early = next_id(&mut other, Duration::from_millis(1500)).await;
+    assert_eq!(early, None, "the standby started while m1 was still being handled");
+    s.finish.add_permits(1);
+    for id in ["m2", "m3", "m4"] {
+        assert_eq!(next_id(&mut other, Duration::from_secs(30)).await.as_deref(), Some(id));
+    }
+    assert!(s.arrived.try_recv().is_err(), "the worker took more than m1");
+    s.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), s.worker).await.unwrap().unwrap();
+    let ch = s.conn.create_channel().await.unwrap();
+    common::delete_topology(&ch, &s.topology, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_given_up_stays_held_until_its_message_is_settled() {
+    hand_over(|s| {
+        s.share.send(BTreeSet::new()).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_holds_its_partitions_until_their_messages_are_settled() {
+    hand_over(|s| s.shutdown.cancel()).await;
+}
