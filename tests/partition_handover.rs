@@ -46,7 +46,8 @@ impl Handler for Holding {
     }
 }
 
-/// A worker consuming partition 0 of a fresh two-partition layout, holding its first message.
+/// A worker consuming partition 0 of a fresh two-partition layout of `queue_type` queues,
+/// holding its first message.
 struct Setup {
     conn: Connection,
     topology: Topology,
@@ -58,14 +59,13 @@ struct Setup {
     worker: tokio::task::JoinHandle<()>,
 }
 
-async fn holding_partition_zero(messages: &[&str]) -> Setup {
+async fn holding_partition_zero(queue_type: QueueType, messages: &[&str]) -> Setup {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
     let status = std::process::Command::new("bash").arg(script).status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
     let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let topology = Topology::new(&prefix)
-        .with_stages(&aptix::stages::names())
-        .with_layout(2, QueueType::Classic);
+    let topology =
+        Topology::new(&prefix).with_stages(&aptix::stages::names()).with_layout(2, queue_type);
     let publisher = Publisher::connect(common::AMQP).await.unwrap();
     topology.declare(publisher.channel()).await.unwrap();
     let queue = topology.ingress_queues()[0].clone();
@@ -122,8 +122,8 @@ async fn next_id(consumer: &mut lapin::Consumer, limit: Duration) -> Option<Stri
 
 /// Gives partition 0 up by `give_up` while its first message is being handled, and checks that
 /// the standby gets nothing until that message is settled, then the rest in order.
-async fn hand_over(give_up: impl FnOnce(&Setup)) {
-    let mut s = holding_partition_zero(&["m1", "m2", "m3"]).await;
+async fn hand_over(queue_type: QueueType, give_up: impl FnOnce(&Setup)) {
+    let mut s = holding_partition_zero(queue_type, &["m1", "m2", "m3"]).await;
     let mut other = standby(&s.conn, &s.queue).await;
     give_up(&s);
     // RabbitMQ 3.10 activates the standby of a cancelled subscription at once, but delivers to
@@ -144,15 +144,30 @@ async fn hand_over(give_up: impl FnOnce(&Setup)) {
     common::delete_topology(&ch, &s.topology, &[]).await;
 }
 
+fn give_partition_up(s: &Setup) {
+    s.share.send(BTreeSet::new()).unwrap();
+}
+
+fn stop(s: &Setup) {
+    s.shutdown.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_given_up_stays_held_until_its_message_is_settled() {
-    hand_over(|s| {
-        s.share.send(BTreeSet::new()).unwrap();
-    })
-    .await;
+    hand_over(QueueType::Classic, give_partition_up).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_worker_holds_its_partitions_until_their_messages_are_settled() {
-    hand_over(|s| s.shutdown.cancel()).await;
+    hand_over(QueueType::Classic, stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_partition_given_up_stays_held_until_its_message_is_settled() {
+    hand_over(QueueType::Quorum, give_partition_up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_holds_its_quorum_partitions_until_their_messages_are_settled() {
+    hand_over(QueueType::Quorum, stop).await;
 }
