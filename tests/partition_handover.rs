@@ -126,8 +126,8 @@ async fn hand_over(queue_type: QueueType, give_up: impl FnOnce(&Setup)) {
     let mut s = holding_partition_zero(queue_type, &["m1", "m2", "m3"]).await;
     let mut other = standby(&s.conn, &s.queue).await;
     give_up(&s);
-    // RabbitMQ 3.10 activates the standby of a cancelled subscription at once, but delivers to
-    // it only on the queue's next event: a request arriving, as they do under load.
+    // After a cancel, RabbitMQ 3.10 delivers to the standby at once from a quorum queue, and from
+    // a classic one at the queue's next event: a request arriving, as they do under load.
     tokio::time::sleep(Duration::from_millis(300)).await;
     publish(&s.conn, &s.queue, &["m4"]).await;
     // Long enough for a delivery, which takes milliseconds on this broker.
