@@ -20,9 +20,9 @@ use aptix::broker::{
 use aptix::config::QueueType;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection};
+use lapin::Connection;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -70,7 +70,7 @@ async fn holding_partition_zero(queue_type: QueueType, messages: &[&str]) -> Set
     topology.declare(publisher.channel()).await.unwrap();
     let queue = topology.ingress_queues()[0].clone();
     let conn = connect(common::AMQP).await.unwrap();
-    publish(&conn, &queue, messages).await;
+    common::publish_ids(&conn, &queue, messages).await;
     let settings = RuntimeSettings {
         amqp_url: common::AMQP.to_owned(),
         topology: topology.clone(),
@@ -92,19 +92,6 @@ async fn holding_partition_zero(queue_type: QueueType, messages: &[&str]) -> Set
     let first = tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
     assert_eq!(first.as_deref(), Some(messages[0]));
     Setup { conn, topology, queue, share, shutdown, arrived, finish, worker }
-}
-
-/// Publishes one message with each of `ids` to `queue`, confirmed.
-async fn publish(conn: &Connection, queue: &str, ids: &[&str]) {
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
-    for id in ids {
-        let props = BasicProperties::default().with_message_id((*id).into());
-        let options = BasicPublishOptions::default();
-        let confirm = ch.basic_publish("".into(), queue.into(), options, b"{}", props);
-        assert!(confirm.await.unwrap().await.unwrap().is_ack());
-    }
-    let _ = ch.close(200, "published".into()).await;
 }
 
 /// A consumer waiting behind the worker's subscription on `queue`.
@@ -129,7 +116,7 @@ async fn hand_over(queue_type: QueueType, give_up: impl FnOnce(&Setup)) {
     // After a cancel, RabbitMQ 3.10 delivers to the standby at once from a quorum queue, and from
     // a classic one at the queue's next event: a request arriving, as they do under load.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    publish(&s.conn, &s.queue, &["m4"]).await;
+    common::publish_ids(&s.conn, &s.queue, &["m4"]).await;
     // Long enough for a delivery, which takes milliseconds on this broker.
     let early = next_id(&mut other, Duration::from_millis(1500)).await;
     assert_eq!(early, None, "the standby started while m1 was still being handled");

@@ -51,17 +51,8 @@ impl Settler<'_> {
         let span = super::trace::hop_span(stage, &d, trace.as_deref());
         let parent = super::trace::parent_ids(&span, &d, trace);
         let ordered = self.handler.ordering_key(&d).is_some();
-        let result = tracing::Instrument::instrument(
-            async {
-                match (d.redelivered, ordered) {
-                    (true, false) => self.republish_counted(d).await,
-                    (true, true) => self.redelivered_in_place(d, &parent).await,
-                    (false, _) => self.handle(d, ordered, &parent).await,
-                }
-            },
-            span.clone(),
-        )
-        .await;
+        let result =
+            tracing::Instrument::instrument(self.run(d, ordered, &parent), span.clone()).await;
         let outcome = match &result {
             Ok(Settled::Done(outcome)) => outcome,
             Ok(Settled::Released) => "returned",
@@ -86,6 +77,36 @@ impl Settler<'_> {
                 let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
             }
         }
+    }
+
+    /// Handles `d` as what it is: new, or redelivered. An ordered message whose outputs could not
+    /// be published is handled again where it stands after a pause: a nack would return it behind
+    /// the next message of its lane, which this worker already holds and would handle first.
+    async fn run(
+        &self,
+        d: Delivery,
+        ordered: bool,
+        parent: &super::trace::Parent,
+    ) -> Result<Settled, BrokerError> {
+        let mut result = match (d.redelivered, ordered) {
+            (true, false) => return self.republish_counted(d).await,
+            (false, false) => return self.handle(d, false, parent).await,
+            (true, true) => self.redelivered_in_place(d.clone(), parent).await,
+            (false, true) => self.handle(d.clone(), true, parent).await,
+        };
+        while let Err(error) = &result {
+            warn!(stage = self.stage.as_str(), %error, "publish failed, handling the message again in place");
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return Ok(Settled::Released),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+            // Part of its output may have gone: the next run must treat it as the redelivery it
+            // stands for.
+            let mut again = d.clone();
+            again.redelivered = true;
+            result = self.handle(again, true, parent).await;
+        }
+        result
     }
 
     /// Runs the handler, and for ordered messages its in-place retries. Messages it publishes

@@ -332,6 +332,19 @@ impl Harness {
     }
 }
 
+/// Publishes one empty JSON message with each of `ids` (as message id) to `queue`, confirmed.
+pub async fn publish_ids(conn: &lapin::Connection, queue: &str, ids: &[&str]) {
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    for id in ids {
+        let props = lapin::BasicProperties::default().with_message_id((*id).into());
+        let options = lapin::options::BasicPublishOptions::default();
+        let confirm = ch.basic_publish("".into(), queue.into(), options, b"{}", props);
+        assert!(confirm.await.unwrap().await.unwrap().is_ack());
+    }
+    let _ = ch.close(200, "published".into()).await;
+}
+
 /// Deletes what declaring `topology` made, and the reply queues of `sessions`.
 pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions: &[SessionId]) {
     let mut queues: Vec<String> =
