@@ -80,8 +80,8 @@ impl Settler<'_> {
     }
 
     /// Handles `d` as what it is: new, or redelivered. An ordered message whose outputs could not
-    /// be published is handled again where it stands after a pause: a nack would return it behind
-    /// the next message of its lane, which this worker already holds and would handle first.
+    /// be published is redelivered in place after a pause: a nack would return it behind the next
+    /// message of its lane, which this worker already holds and would handle first.
     async fn run(
         &self,
         d: Delivery,
@@ -100,11 +100,11 @@ impl Settler<'_> {
                 _ = self.shutdown.cancelled() => return Ok(Settled::Released),
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
-            // Part of its output may have gone: the next run must treat it as the redelivery it
-            // stands for.
+            // What a nack's redelivery would have been, where it stands: part of its output may
+            // have gone, and it is counted, so a poison message is given up, not handled, again.
             let mut again = d.clone();
             again.redelivered = true;
-            result = self.handle(again, true, parent).await;
+            result = self.redelivered_in_place(again, parent).await;
         }
         result
     }
