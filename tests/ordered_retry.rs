@@ -117,7 +117,7 @@ async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next()
     let ch = conn.create_channel().await.unwrap();
     ch.queue_delete(topology.dead().as_str().into(), QueueDeleteOptions::default()).await.unwrap();
     go.add_permits(1);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     topology.declare(publisher.channel()).await.unwrap();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
