@@ -1,6 +1,6 @@
 //! Handing an ingress partition over, observed from the broker: a worker that gives a partition
-//! up (its share changed, or it stops) keeps the partition's single active subscription until
-//! the message it is handling is settled. Only then does a standby consumer start, at the next
+//! up (its share changed, or it stops), or stops consuming the single ingress queue, keeps the
+//! queue's single active subscription until the message it is handling is settled. Only then does a standby consumer start, at the next
 //! message. A consumer that started earlier would overtake that message: a session's turn
 //! admitted before the one published ahead of it.
 
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix::broker::{
-    connect, run_partitioned, Delivery, Disposition, Handler, OutMessage, Publisher,
+    connect, run_partitioned, run_stage, Delivery, Disposition, Handler, OutMessage, Publisher,
     RuntimeSettings, StageName, Topology,
 };
 use aptix::config::QueueType;
@@ -46,8 +46,9 @@ impl Handler for Holding {
     }
 }
 
-/// A worker consuming partition 0 of a fresh two-partition layout of `queue_type` queues,
-/// holding its first message.
+/// A worker consuming partition 0 of a fresh layout of `partitions` `queue_type` queues,
+/// holding its first message. One partition is the single ingress queue, consumed without a
+/// share (`run_stage`).
 struct Setup {
     conn: Connection,
     topology: Topology,
@@ -59,13 +60,13 @@ struct Setup {
     worker: tokio::task::JoinHandle<()>,
 }
 
-async fn holding_partition_zero(queue_type: QueueType, messages: &[&str]) -> Setup {
+async fn holding_partition_zero(layout: (u16, QueueType), messages: &[&str]) -> Setup {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
     let status = std::process::Command::new("bash").arg(script).status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
     let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let topology =
-        Topology::new(&prefix).with_stages(&aptix::stages::names()).with_layout(2, queue_type);
+        Topology::new(&prefix).with_stages(&aptix::stages::names()).with_layout(layout.0, layout.1);
     let publisher = Publisher::connect(common::AMQP).await.unwrap();
     topology.declare(publisher.channel()).await.unwrap();
     let queue = topology.ingress_queues()[0].clone();
@@ -88,7 +89,11 @@ async fn holding_partition_zero(queue_type: QueueType, messages: &[&str]) -> Set
     let (share, rx) = watch::channel(BTreeSet::from([0]));
     let shutdown = CancellationToken::new();
     let stage: StageName = aptix::stages::names()[0];
-    let worker = tokio::spawn(run_partitioned(stage, handler, settings, rx, shutdown.clone()));
+    let worker = if layout.0 > 1 {
+        tokio::spawn(run_partitioned(stage, handler, settings, rx, shutdown.clone()))
+    } else {
+        tokio::spawn(run_stage(stage, handler, settings, shutdown.clone()))
+    };
     let first = tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
     assert_eq!(first.as_deref(), Some(messages[0]));
     Setup { conn, topology, queue, share, shutdown, arrived, finish, worker }
@@ -109,8 +114,8 @@ async fn next_id(consumer: &mut lapin::Consumer, limit: Duration) -> Option<Stri
 
 /// Gives partition 0 up by `give_up` while its first message is being handled, and checks that
 /// the standby gets nothing until that message is settled, then the rest in order.
-async fn hand_over(queue_type: QueueType, give_up: impl FnOnce(&Setup)) {
-    let mut s = holding_partition_zero(queue_type, &["m1", "m2", "m3"]).await;
+async fn hand_over(layout: (u16, QueueType), give_up: impl FnOnce(&Setup)) {
+    let mut s = holding_partition_zero(layout, &["m1", "m2", "m3"]).await;
     let mut other = standby(&s.conn, &s.queue).await;
     give_up(&s);
     // After a cancel, RabbitMQ 3.10 delivers to the standby at once from a quorum queue, and from
@@ -141,20 +146,26 @@ fn stop(s: &Setup) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_given_up_stays_held_until_its_message_is_settled() {
-    hand_over(QueueType::Classic, give_partition_up).await;
+    hand_over((2, QueueType::Classic), give_partition_up).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_worker_holds_its_partitions_until_their_messages_are_settled() {
-    hand_over(QueueType::Classic, stop).await;
+    hand_over((2, QueueType::Classic), stop).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_partition_given_up_stays_held_until_its_message_is_settled() {
-    hand_over(QueueType::Quorum, give_partition_up).await;
+    hand_over((2, QueueType::Quorum), give_partition_up).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_worker_holds_its_quorum_partitions_until_their_messages_are_settled() {
-    hand_over(QueueType::Quorum, stop).await;
+    hand_over((2, QueueType::Quorum), stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_holds_the_single_ingress_queue_until_its_message_is_settled() {
+    hand_over((1, QueueType::Classic), stop).await;
+    hand_over((1, QueueType::Quorum), stop).await;
 }
