@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aptix::broker::{
-    connect, run_stage, Delivery, Disposition, Handler, OutMessage, Publisher, RuntimeSettings,
-    StageName, Topology,
+    run_stage, Delivery, Disposition, Handler, OutMessage, RuntimeSettings, StageName,
 };
 use aptix::config::QueueType;
 use futures_util::future::BoxFuture;
@@ -79,26 +78,16 @@ async fn depth(conn: &lapin::Connection, queue: &str) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next() {
-    let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let topology = Topology::new(&prefix)
-        .with_stages(&aptix::stages::names())
-        .with_layout(1, QueueType::Classic);
-    let publisher = Publisher::connect(common::AMQP).await.unwrap();
-    topology.declare(publisher.channel()).await.unwrap();
-    let conn = connect(common::AMQP).await.unwrap();
-    let ingress = topology.ingress_queues()[0].clone();
-    common::publish_ids(&conn, &ingress, &["m1", "m2"]).await;
+    let layout = (1, QueueType::Classic);
+    let common::Declared { topology, publisher, conn, ingress } =
+        common::declared(layout, &["m1", "m2"]).await;
     let settings = RuntimeSettings {
-        amqp_url: common::AMQP.to_owned(),
-        topology: topology.clone(),
         // Both messages at once: m2 waits in the worker, behind m1 in its key's lane.
         prefetch: 4,
-        max_attempts: 3,
         // Every attempt after the first counts as a redelivery: m1 is handled three times, then
         // given up as poison without being handled again.
         max_redeliveries: 2,
-        confirm_timeout: Duration::from_secs(10),
-        max_message_bytes: 16 << 20,
+        ..common::runtime_settings(&topology)
     };
     let (tx, mut arrived) = mpsc::unbounded_channel();
     let (seen, go) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Semaphore::new(0)));

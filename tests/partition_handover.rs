@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix::broker::{
-    connect, run_partitioned, run_stage, Delivery, Disposition, Handler, OutMessage, Publisher,
-    RuntimeSettings, StageName, Topology,
+    run_partitioned, run_stage, Delivery, Disposition, Handler, OutMessage, RuntimeSettings,
+    StageName, Topology,
 };
 use aptix::config::QueueType;
 use futures_util::future::BoxFuture;
@@ -64,25 +64,11 @@ async fn holding_partition_zero(layout: (u16, QueueType), messages: &[&str]) -> 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
     let status = std::process::Command::new("bash").arg(script).status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
-    let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let topology =
-        Topology::new(&prefix).with_stages(&aptix::stages::names()).with_layout(layout.0, layout.1);
-    let publisher = Publisher::connect(common::AMQP).await.unwrap();
-    topology.declare(publisher.channel()).await.unwrap();
-    let queue = topology.ingress_queues()[0].clone();
-    let conn = connect(common::AMQP).await.unwrap();
-    common::publish_ids(&conn, &queue, messages).await;
-    let settings = RuntimeSettings {
-        amqp_url: common::AMQP.to_owned(),
-        topology: topology.clone(),
-        // One message at a time: the next one waits in the queue, where a consumer the broker
-        // activated too early would get it.
-        prefetch: 1,
-        max_attempts: 3,
-        max_redeliveries: 3,
-        confirm_timeout: Duration::from_secs(10),
-        max_message_bytes: 16 << 20,
-    };
+    let common::Declared { topology, conn, ingress: queue, .. } =
+        common::declared(layout, messages).await;
+    // One message at a time: the next one waits in the queue, where a consumer the broker
+    // activated too early would get it.
+    let settings = RuntimeSettings { prefetch: 1, ..common::runtime_settings(&topology) };
     let (tx, mut arrived) = mpsc::unbounded_channel();
     let finish = Arc::new(Semaphore::new(0));
     let handler: Arc<dyn Handler> = Arc::new(Holding { arrived: tx, finish: finish.clone() });

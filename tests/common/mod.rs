@@ -332,6 +332,42 @@ impl Harness {
     }
 }
 
+/// A fresh prefix's pipeline topology with `layout` (ingress partitions, queue type), declared,
+/// and `ids` published to its first ingress queue; for tests that drive the broker runtime
+/// without a [`Harness`].
+pub struct Declared {
+    pub topology: Topology,
+    pub publisher: Publisher,
+    pub conn: lapin::Connection,
+    /// The first ingress queue, holding the published `ids`.
+    pub ingress: String,
+}
+
+pub async fn declared(layout: (u16, aptix::config::QueueType), ids: &[&str]) -> Declared {
+    let prefix = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let topology =
+        Topology::new(&prefix).with_stages(&aptix::stages::names()).with_layout(layout.0, layout.1);
+    let publisher = Publisher::connect(AMQP).await.unwrap();
+    topology.declare(publisher.channel()).await.unwrap();
+    let conn = connect(AMQP).await.unwrap();
+    let ingress = topology.ingress_queues()[0].clone();
+    publish_ids(&conn, &ingress, ids).await;
+    Declared { topology, publisher, conn, ingress }
+}
+
+/// Runtime settings for a stage consuming `topology` from the test broker.
+pub fn runtime_settings(topology: &Topology) -> aptix::broker::RuntimeSettings {
+    aptix::broker::RuntimeSettings {
+        amqp_url: AMQP.to_owned(),
+        topology: topology.clone(),
+        prefetch: 1,
+        max_attempts: 3,
+        max_redeliveries: 3,
+        confirm_timeout: Duration::from_secs(10),
+        max_message_bytes: 16 << 20,
+    }
+}
+
 /// Publishes one empty JSON message with each of `ids` (as message id) to `queue`, confirmed.
 pub async fn publish_ids(conn: &lapin::Connection, queue: &str, ids: &[&str]) {
     let ch = conn.create_channel().await.unwrap();
