@@ -11,6 +11,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "cluster/timeline.rs"]
+mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Command;
@@ -23,12 +25,15 @@ use common::{new_session, user_turn, Harness, ReplyMsg};
 use futures_util::StreamExt as _;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
+use timeline::{longest_silence, node_log_excerpt, Timeline};
 
 const SESSIONS: usize = 16;
 const TURNS: usize = 10;
 /// The round after which the node is killed, and the one after which it is restarted.
 const KILL_AFTER: usize = 3;
 const RESTART_AFTER: usize = 6;
+/// Longest the pipeline may answer nothing after the kill.
+const MAX_SILENCE: Duration = Duration::from_secs(15);
 
 /// The cluster, stopped and removed on drop (also when the test fails).
 struct Cluster {
@@ -175,16 +180,19 @@ async fn a_killed_broker_node_loses_no_turn() {
     let inbox = Inbox::default();
     read_replies(&h, &sessions, inbox.clone()).await;
 
+    let mut marks = Timeline::default();
     let mut killed_at = None;
     let mut restart = None;
     for round in 0..TURNS {
+        let started = Instant::now();
         for s in &sessions {
             h.submit(&user_turn(s, &format!("t{round}"), &format!("turn {round}"))).await;
         }
+        marks.mark_at(started, format!("round t{round} published in {:?}", started.elapsed()));
         tokio::time::sleep(Duration::from_millis(300)).await;
         if round + 1 == KILL_AFTER {
             cluster.script(&["kill", &victim.to_string()]);
-            killed_at = Some(Instant::now());
+            killed_at = Some(marks.mark(format!("node {victim} SIGKILLed")));
             let published = SESSIONS * KILL_AFTER;
             eprintln!(
                 "node {victim} SIGKILLed, {} of {published} turns answered",
@@ -194,11 +202,14 @@ async fn a_killed_broker_node_loses_no_turn() {
         if round + 1 == RESTART_AFTER {
             // In the background: publishing goes on while the node boots.
             let (dir, node) = (cluster.dir.clone(), victim.to_string());
-            restart = Some(std::thread::spawn(move || {
-                let started = Instant::now();
-                run_script(&dir, &["restart", &node]);
-                started.elapsed()
-            }));
+            let begun = marks.mark(format!("node {victim} restart begins"));
+            restart = Some((
+                begun,
+                std::thread::spawn(move || {
+                    run_script(&dir, &["restart", &node]);
+                    begun.elapsed()
+                }),
+            ));
         }
     }
     let expected: Vec<String> = (0..TURNS).map(|t| format!("t{t}")).collect();
@@ -206,21 +217,25 @@ async fn a_killed_broker_node_loses_no_turn() {
     while delivered(&inbox) < SESSIONS * TURNS && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    marks.mark(format!("{} of {} turns answered", delivered(&inbox), SESSIONS * TURNS));
     // Late duplicates, if any, would arrive now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let restarted_in = restart.unwrap().join().unwrap();
+    let (begun, restart) = restart.unwrap();
+    let restarted_in = restart.join().unwrap();
+    marks.mark_at(begun + restarted_in, format!("node {victim} back (await_startup returned)"));
     eprintln!("node {victim} restarted in {restarted_in:?} (start command to await_startup)");
 
     let finals = finals(&inbox);
     let killed_at = killed_at.unwrap();
-    let mut gap = Duration::ZERO;
-    let mut all: Vec<Instant> = finals.values().flatten().map(|(at, _)| *at).collect();
-    all.sort();
-    for w in all.windows(2) {
-        if w[1] > killed_at && w[0] <= killed_at + Duration::from_secs(30) {
-            gap = gap.max(w[1] - w[0].max(killed_at));
-        }
+    let all: Vec<Instant> = finals.values().flatten().map(|(at, _)| *at).collect();
+    let (gap, silent_from) = longest_silence(&all, killed_at, Duration::from_secs(30));
+    marks.mark_at(silent_from, format!("longest silence begins ({gap:?})"));
+    let complete = sessions.iter().all(|s| finals.get(s).is_some_and(|f| f.len() == TURNS));
+    if gap >= MAX_SILENCE || !complete {
+        // Before the timeline: CI keeps the end of a failed test's output.
+        eprintln!("{}", node_log_excerpt(&cluster.dir, timeline::wall(killed_at), 25));
     }
+    eprintln!("{}", marks.report(killed_at, &all));
     let copies: usize =
         inbox.lock().unwrap().values().flatten().filter(|(_, r)| r.is_final).count();
     eprintln!(
@@ -234,7 +249,7 @@ async fn a_killed_broker_node_loses_no_turn() {
         assert_eq!(turns, expected, "session {s}: final replies missing, repeated or out of order");
         assert_eq!(h.records(s).await.len(), TURNS, "session {s}: one record per turn");
     }
-    assert!(gap < Duration::from_secs(15), "the pipeline stalled {gap:?} after the kill");
+    assert!(gap < MAX_SILENCE, "the pipeline stalled {gap:?} after the kill");
     h.teardown().await;
     drop(cluster);
     eprintln!("whole run {:?}", t0.elapsed());
