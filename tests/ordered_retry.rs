@@ -1,7 +1,7 @@
 //! An ordered message (a session's turn at validate) whose outputs cannot be published stays
 //! where it is: the worker handles it again in place until it can publish them, and the next
 //! message of its key, which the worker already holds, waits behind it. A nack would put it
-//! behind that message.
+//! behind that message. The broker's failure spends none of the stage's attempts.
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
@@ -22,34 +22,50 @@ use lapin::types::FieldTable;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-/// Gives `m1` up (a dead letter), forwards nothing for the rest, and keeps the order it was
-/// called in. The first call waits for a permit, so the test can take the dead-letter queue
-/// away while the worker holds both messages.
-struct GivingUpFirst {
-    seen: Arc<Mutex<Vec<String>>>,
+/// What the handler does with `m1`.
+#[derive(Clone)]
+enum First {
+    /// Gives it up: a dead letter.
+    GiveUp,
+    /// Forwards one message to this queue.
+    ForwardTo(String),
+}
+
+/// Treats `m1` as `first` says, forwards nothing for the rest, and keeps the order it was called
+/// in, with each call's attempt number. The first call waits for a permit, so the test can take
+/// a queue away while the worker holds both messages.
+struct Recording {
+    first: First,
+    seen: Arc<Mutex<Vec<(String, u32)>>>,
     redeliveries: AtomicU32,
     arrived: mpsc::UnboundedSender<()>,
     go: Arc<Semaphore>,
 }
 
-impl Handler for GivingUpFirst {
+impl Handler for Recording {
     fn handle(&self, d: Delivery) -> BoxFuture<'_, Disposition> {
         Box::pin(async move {
             let id = d.message_id.unwrap_or_default();
             let first = {
                 let mut seen = self.seen.lock().unwrap();
-                seen.push(id.clone());
+                seen.push((id.clone(), d.attempt));
                 seen.len() == 1
             };
             if first {
                 let _ = self.arrived.send(());
                 self.go.acquire().await.unwrap().forget();
             }
-            if id == "m1" {
-                let reason = "unusable".to_owned();
-                return Disposition::DeadLetter { reason, messages: vec![] };
+            match (&self.first, id.as_str()) {
+                (First::GiveUp, "m1") => {
+                    let reason = "unusable".to_owned();
+                    Disposition::DeadLetter { reason, messages: vec![] }
+                }
+                (First::ForwardTo(queue), "m1") => {
+                    let out = OutMessage::to_queue(queue.clone(), "turn", id, b"{}".to_vec());
+                    Disposition::forward(vec![out])
+                }
+                _ => Disposition::forward(vec![]),
             }
-            Disposition::forward(vec![])
         })
     }
 
@@ -64,6 +80,52 @@ impl Handler for GivingUpFirst {
     fn count_redelivery(&self, _: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
         let count = self.redeliveries.fetch_add(1, Ordering::SeqCst) + 1;
         Box::pin(async move { Ok(Some(count)) })
+    }
+}
+
+/// A worker consuming the first stage with a `Recording` handler.
+struct Running {
+    seen: Arc<Mutex<Vec<(String, u32)>>>,
+    go: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts the worker and waits until it holds `m1` (and, with prefetch, `m2`).
+    async fn start(first: First, settings: RuntimeSettings) -> Running {
+        let (tx, mut arrived) = mpsc::unbounded_channel();
+        let (seen, go) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Semaphore::new(0)));
+        let handler = Recording {
+            first,
+            seen: seen.clone(),
+            redeliveries: AtomicU32::new(0),
+            arrived: tx,
+            go: go.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let stage: StageName = aptix::stages::names()[0];
+        let task = tokio::spawn(run_stage(stage, Arc::new(handler), settings, shutdown.clone()));
+        tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
+        Running { seen, go, shutdown, task }
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.seen.lock().unwrap().iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Waits until `m2` was handled and `queue` holds `n` messages.
+    async fn until_m2_and(&self, conn: &lapin::Connection, queue: &str, n: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !(self.ids().iter().any(|id| id == "m2") && depth(conn, queue).await == Some(n)) {
+            assert!(tokio::time::Instant::now() < deadline, "seen {:?}", self.ids());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap();
     }
 }
 
@@ -89,36 +151,17 @@ async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next()
         max_redeliveries: 2,
         ..common::runtime_settings(&topology)
     };
-    let (tx, mut arrived) = mpsc::unbounded_channel();
-    let (seen, go) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Semaphore::new(0)));
-    let handler = GivingUpFirst {
-        seen: seen.clone(),
-        redeliveries: AtomicU32::new(0),
-        arrived: tx,
-        go: go.clone(),
-    };
-    let shutdown = CancellationToken::new();
-    let stage: StageName = aptix::stages::names()[0];
-    let worker = tokio::spawn(run_stage(stage, Arc::new(handler), settings, shutdown.clone()));
-    tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
+    let worker = Running::start(First::GiveUp, settings).await;
 
     // Without the dead-letter queue, m1's dead letter is unroutable: its publish fails.
     let ch = conn.create_channel().await.unwrap();
     ch.queue_delete(topology.dead().as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    go.add_permits(1);
+    worker.go.add_permits(1);
     tokio::time::sleep(Duration::from_secs(4)).await;
     topology.declare(publisher.channel()).await.unwrap();
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let handled_m2 = seen.lock().unwrap().iter().any(|id| id == "m2");
-        if handled_m2 && depth(&conn, &topology.dead()).await == Some(1) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "seen {:?}", seen.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let seen = seen.lock().unwrap().clone();
+    worker.until_m2_and(&conn, &topology.dead(), 1).await;
+    let seen = worker.ids();
     let m2 = seen.iter().position(|id| id == "m2").unwrap();
     assert!(seen[m2 + 1..].is_empty(), "m2 was handled before m1 was settled: {seen:?}");
     assert_eq!(seen, ["m1", "m1", "m1", "m2"], "handled again in place, up to the poison count");
@@ -128,7 +171,44 @@ async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next()
         aptix::broker::header_text(dead.delivery.properties.headers().as_ref(), "x-aptix-reason");
     assert!(reason.unwrap_or_default().starts_with("poison"), "dead-lettered as poison");
     assert_eq!(depth(&conn, &ingress).await, Some(0));
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap();
+    worker.stop().await;
+    common::delete_topology(&ch, &topology, &[]).await;
+}
+
+/// A publish outage is the broker's failure, not the turn's: the turn is handled again in place
+/// until its output goes, spending none of the stage's attempts (their tiers and their limit are
+/// for the handler's own failures). With 3 attempts, the 0.5 s and 2 s tiers used to give it up
+/// 2.5 s into a 4 s outage; a node loss nacks publishes for seconds, and the 10 s tier after
+/// those held the session's lane well past the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_turn_rides_out_a_publish_outage_without_spending_its_attempts() {
+    let common::Declared { topology, publisher, conn, ingress } =
+        common::declared((1, QueueType::Classic), &["m1", "m2"]).await;
+    let next = topology.stage_queue(aptix::stages::names()[1]);
+    let settings = RuntimeSettings {
+        prefetch: 4,
+        // Each try in place counts as a redelivery; this outage must not make m1 poison.
+        max_redeliveries: 100,
+        ..common::runtime_settings(&topology)
+    };
+    assert_eq!(settings.max_attempts, 3);
+    let worker = Running::start(First::ForwardTo(next.clone()), settings).await;
+
+    // Without the next stage's queue, m1's output is unroutable: its publish fails.
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(next.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    worker.go.add_permits(1);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    topology.declare(publisher.channel()).await.unwrap();
+
+    worker.until_m2_and(&conn, &next, 1).await;
+    let seen = worker.seen.lock().unwrap().clone();
+    let (m1, rest) = seen.split_at(seen.len() - 1);
+    assert_eq!(rest[0].0, "m2", "m2 once, after m1: {seen:?}");
+    assert!(m1.len() >= 3 && m1.iter().all(|(id, _)| id == "m1"), "m1 tried again: {seen:?}");
+    assert!(m1.iter().all(|(_, attempt)| *attempt == 0), "attempts spent: {seen:?}");
+    assert_eq!(depth(&conn, &topology.dead()).await, Some(0), "m1 was given up");
+    assert_eq!(depth(&conn, &ingress).await, Some(0));
+    worker.stop().await;
     common::delete_topology(&ch, &topology, &[]).await;
 }

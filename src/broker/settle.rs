@@ -20,6 +20,10 @@ use super::{
     BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS,
 };
 
+/// The pause before an ordered message whose outputs could not be published is handled again
+/// in place: about what a nack and redelivery cost an unordered one.
+const IN_PLACE_PAUSE: Duration = Duration::from_millis(500);
+
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
     pub stage: StageName,
@@ -96,9 +100,8 @@ impl Settler<'_> {
         };
         while let Err(error) = &result {
             warn!(stage = self.stage.as_str(), %error, "publish failed, handling the message again in place");
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return Ok(Settled::Released),
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            if self.paused().await {
+                return Ok(Settled::Released);
             }
             // What a nack's redelivery would have been, where it stands: part of its output may
             // have gone, and it is counted, so a poison message is given up, not handled, again.
@@ -131,19 +134,11 @@ impl Settler<'_> {
                             self.give_up(d, format!("{}: {error}", super::UNDELIVERABLE)).await?;
                             return Ok(Settled::Done("dead_lettered"));
                         }
-                        // A nack would let the key's next message overtake this one.
-                        Err(error) if ordered => {
-                            let reason = format!("publish failed: {error}");
-                            match self.wait_in_place(&mut d, reason).await? {
-                                Some(end) => return Ok(end),
-                                // Part of its output may have gone: the next run must treat
-                                // it as the redelivery it stands for.
-                                None => {
-                                    d.redelivered = true;
-                                    continue;
-                                }
-                            }
-                        }
+                        // Ordered or not, the broker's failure: `run` redelivers an ordered
+                        // message in place, as a nack would redeliver any other (neither spends
+                        // the stage's attempts, whose tiers are for the handler's own failures:
+                        // a node loss nacks publishes for seconds, which the tiers once
+                        // stretched into a lane held 10 s and more).
                         other => other?,
                     }
                     self.handler.published(outbox_ids).await;
@@ -197,12 +192,20 @@ impl Settler<'_> {
                 // Returning it to the broker would let the next message of its lane overtake it.
                 Err(reason) => {
                     warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return Ok(Settled::Released),
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    if self.paused().await {
+                        return Ok(Settled::Released);
                     }
                 }
             }
+        }
+    }
+
+    /// Waits before an ordered message is tried again in place; `true` when shutdown (or the
+    /// end of the connection) cut the wait short.
+    async fn paused(&self) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => true,
+            _ = tokio::time::sleep(IN_PLACE_PAUSE) => false,
         }
     }
 
