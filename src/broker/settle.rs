@@ -134,11 +134,21 @@ impl Settler<'_> {
                             self.give_up(d, format!("{}: {error}", super::UNDELIVERABLE)).await?;
                             return Ok(Settled::Done("dead_lettered"));
                         }
-                        // Ordered or not, the broker's failure: `run` redelivers an ordered
-                        // message in place, as a nack would redeliver any other (neither spends
-                        // the stage's attempts, whose tiers are for the handler's own failures:
-                        // a node loss nacks publishes for seconds, which the tiers once
-                        // stretched into a lane held 10 s and more).
+                        // The broker's failure, not the message's: tried again shortly, as a
+                        // nack redelivers an unordered message, spending none of the stage's
+                        // attempts (their tiers are for the handler's own failures: a node loss
+                        // nacks publishes for seconds, which the tiers stretched into a lane
+                        // held 10 s and more) and not counted as a crash redelivery.
+                        Err(error) if ordered => {
+                            warn!(stage, %error, "publish failed, handling the message again in place");
+                            if self.paused().await {
+                                return Ok(Settled::Released);
+                            }
+                            // Part of its output may have gone: the next run must treat it as
+                            // the redelivery it stands for.
+                            d.redelivered = true;
+                            continue;
+                        }
                         other => other?,
                     }
                     self.handler.published(outbox_ids).await;
