@@ -1,0 +1,61 @@
+//! Giving a message up: its handler's fallback messages (an error reply) and a dead letter
+//! that keeps what an operator needs to replay it. `settle` decides when; this builds and
+//! publishes what giving up sends.
+
+use tracing::warn;
+
+use super::{Settled, Settler};
+use crate::broker::{BrokerError, Delivery, OutMessage};
+
+impl Settler<'_> {
+    /// A message whose consumers died `count` times: given up as poison.
+    pub(super) async fn poison(&self, d: Delivery, count: u32) -> Result<Settled, BrokerError> {
+        warn!(stage = self.stage.as_str(), count, "dead-lettering poison message");
+        self.give_up(d, format!("poison: delivered to a consumer that died {count} times")).await?;
+        Ok(Settled::Done("dead_lettered"))
+    }
+
+    /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
+    pub(super) async fn give_up(&self, d: Delivery, reason: String) -> Result<(), BrokerError> {
+        let messages = self.handler.exhausted(d.clone(), reason.clone()).await;
+        self.dead_letter_with(&d, &reason, messages).await
+    }
+
+    /// Publishes `messages` and the dead letter of `d`. Messages the broker can never take
+    /// (too large) are dropped with an error log rather than retried forever: the dead letter,
+    /// the original body the broker already accepted once, still goes.
+    pub(super) async fn dead_letter_with(
+        &self,
+        d: &Delivery,
+        reason: &str,
+        messages: Vec<OutMessage>,
+    ) -> Result<(), BrokerError> {
+        let dead = self.dead_letter(d, reason);
+        match self.publish(&[messages, vec![dead.clone()]].concat()).await {
+            Err(error @ BrokerError::TooLarge { .. }) => {
+                tracing::error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
+                self.publish(&[dead]).await
+            }
+            other => other,
+        }
+    }
+
+    fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
+        let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut msg =
+            OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
+        msg.headers = d.headers.iter().map(|(k, v)| (k.clone(), v.as_str().into())).collect();
+        msg.headers.remove("x-aptix-kind");
+        // The copy is the worker's publish: keep who published the original (its tenant).
+        if let Some(user) = &d.user_id {
+            msg = msg.header("x-aptix-user-id", user.as_str());
+        }
+        // A replay must send it as what it was (a cancel is told from a request by its type).
+        if let Some(kind) = d.kind.as_deref().filter(|k| !k.is_empty()) {
+            msg = msg.header("x-aptix-original-type", kind);
+        }
+        msg.header("x-aptix-reason", reason)
+            .header("x-aptix-stage", self.stage.as_str())
+            .header("x-aptix-original-queue", self.queue())
+    }
+}
