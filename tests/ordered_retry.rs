@@ -37,7 +37,7 @@ enum First {
 struct Recording {
     first: First,
     seen: Arc<Mutex<Vec<(String, u32)>>>,
-    redeliveries: AtomicU32,
+    redeliveries: Arc<AtomicU32>,
     arrived: mpsc::UnboundedSender<()>,
     go: Arc<Semaphore>,
 }
@@ -86,6 +86,7 @@ impl Handler for Recording {
 /// A worker consuming the first stage with a `Recording` handler.
 struct Running {
     seen: Arc<Mutex<Vec<(String, u32)>>>,
+    redeliveries: Arc<AtomicU32>,
     go: Arc<Semaphore>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -96,10 +97,11 @@ impl Running {
     async fn start(first: First, settings: RuntimeSettings) -> Running {
         let (tx, mut arrived) = mpsc::unbounded_channel();
         let (seen, go) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Semaphore::new(0)));
+        let redeliveries = Arc::new(AtomicU32::new(0));
         let handler = Recording {
             first,
             seen: seen.clone(),
-            redeliveries: AtomicU32::new(0),
+            redeliveries: redeliveries.clone(),
             arrived: tx,
             go: go.clone(),
         };
@@ -107,7 +109,7 @@ impl Running {
         let stage: StageName = aptix::stages::names()[0];
         let task = tokio::spawn(run_stage(stage, Arc::new(handler), settings, shutdown.clone()));
         tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
-        Running { seen, go, shutdown, task }
+        Running { seen, redeliveries, go, shutdown, task }
     }
 
     fn ids(&self) -> Vec<String> {
@@ -175,36 +177,79 @@ async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next()
     common::delete_topology(&ch, &topology, &[]).await;
 }
 
-/// A publish outage is the broker's failure, not the turn's: the turn is handled again in place
-/// until its output goes, spending none of the stage's attempts (their tiers and their limit are
-/// for the handler's own failures) and counting no crash redelivery. With 3 attempts, the 0.5 s and 2 s tiers used to give it up
-/// 2.5 s into a 4 s outage; a node loss nacks publishes for seconds, and the 10 s tier after
-/// those held the session's lane well past the outage.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ordered_turn_rides_out_a_publish_outage_without_spending_its_attempts() {
+/// What a 4 s outage of the next stage's queue did to `m1`, whose output goes there.
+struct Outage {
+    seen: Vec<(String, u32)>,
+    redeliveries: u32,
+    /// Messages in the next stage's queue and in the dead-letter queue afterwards.
+    next: Option<u32>,
+    dead: Option<u32>,
+    dead_reason: Option<String>,
+}
+
+/// Runs a worker holding `m1` and `m2` of one key while the next stage's queue is gone for 4 s
+/// (so `m1`'s output is unroutable), until `m2` was handled and `m1` forwarded or given up.
+async fn next_queue_gone_for_4s(max_attempts: u32) -> Outage {
     let common::Declared { topology, publisher, conn, ingress } =
         common::declared((1, QueueType::Classic), &["m1", "m2"]).await;
     let next = topology.stage_queue(aptix::stages::names()[1]);
-    let settings = RuntimeSettings { prefetch: 4, ..common::runtime_settings(&topology) };
-    // Neither limit is reached by the tries of a 4 s outage: none of them counts.
-    assert_eq!((settings.max_attempts, settings.max_redeliveries), (3, 3));
+    let settings =
+        RuntimeSettings { prefetch: 4, max_attempts, ..common::runtime_settings(&topology) };
     let worker = Running::start(First::ForwardTo(next.clone()), settings).await;
-
-    // Without the next stage's queue, m1's output is unroutable: its publish fails.
     let ch = conn.create_channel().await.unwrap();
     ch.queue_delete(next.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
     worker.go.add_permits(1);
     tokio::time::sleep(Duration::from_secs(4)).await;
     topology.declare(publisher.channel()).await.unwrap();
 
-    worker.until_m2_and(&conn, &next, 1).await;
-    let seen = worker.seen.lock().unwrap().clone();
-    let (m1, rest) = seen.split_at(seen.len() - 1);
-    assert_eq!(rest[0].0, "m2", "m2 once, after m1: {seen:?}");
-    assert!(m1.len() >= 3 && m1.iter().all(|(id, _)| id == "m1"), "m1 tried again: {seen:?}");
-    assert!(m1.iter().all(|(_, attempt)| *attempt == 0), "attempts spent: {seen:?}");
-    assert_eq!(depth(&conn, &topology.dead()).await, Some(0), "m1 was given up");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (mut next_depth, mut dead) = (None, None);
+    while !worker.ids().iter().any(|id| id == "m2") || next_depth.max(dead) < Some(1) {
+        assert!(tokio::time::Instant::now() < deadline, "seen {:?}", worker.ids());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (next_depth, dead) = (depth(&conn, &next).await, depth(&conn, &topology.dead()).await);
+    }
+    let get = ch.basic_get(topology.dead().as_str().into(), BasicGetOptions { no_ack: true });
+    let dead_reason = get.await.unwrap().and_then(|m| {
+        aptix::broker::header_text(m.delivery.properties.headers().as_ref(), "x-aptix-reason")
+    });
     assert_eq!(depth(&conn, &ingress).await, Some(0));
+    let outage = Outage {
+        seen: worker.seen.lock().unwrap().clone(),
+        redeliveries: worker.redeliveries.load(Ordering::SeqCst),
+        next: next_depth,
+        dead,
+        dead_reason,
+    };
     worker.stop().await;
     common::delete_topology(&ch, &topology, &[]).await;
+    outage
+}
+
+/// A publish outage is the broker's failure, not the turn's: the same output is published
+/// again in place until it goes, spending none of the stage's attempts and counting no crash
+/// redelivery. With 4 attempts, the tiers used to run `m1` again at attempts 1 and 2 (0.5 s and
+/// 2.5 s in), then wait 10 s: a node loss nacks publishes for seconds, and that tier held the
+/// session's lane well past the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_turn_rides_out_a_publish_outage_without_spending_its_attempts() {
+    // The tiers of 4 attempts last 0.5 + 2 + 10 s, longer than the outage.
+    let outage = next_queue_gone_for_4s(4).await;
+    let expected = [("m1".to_owned(), 0), ("m2".to_owned(), 0)];
+    assert_eq!(outage.seen, expected, "m1 handled once, at its first attempt, then m2");
+    assert_eq!(outage.redeliveries, 0, "a refused publish counted as a crash redelivery");
+    assert_eq!((outage.next, outage.dead), (Some(1), Some(0)), "m1 forwarded, not given up");
+}
+
+/// A refusal that outlasts the stage's retry tiers is not an outage (a deleted queue): the turn
+/// is given up then, with an error reply and a dead letter, as its tiers would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_refused_for_longer_than_the_tiers_last_gives_the_turn_up() {
+    // The tiers of 2 attempts last 0.5 s.
+    let outage = next_queue_gone_for_4s(2).await;
+    let expected = [("m1".to_owned(), 0), ("m2".to_owned(), 0)];
+    assert_eq!(outage.seen, expected, "m1 handled once, then m2 after it was given up");
+    assert_eq!((outage.next, outage.dead), (Some(0), Some(1)), "m1 given up");
+    let reason = outage.dead_reason.unwrap_or_default();
+    assert!(reason.starts_with("retries exhausted: publish failed"), "reason {reason:?}");
 }

@@ -6,7 +6,8 @@
 //! redeliveries in a header of a re-published copy. Both re-publish at the tail of the queue,
 //! which would put an ordered message (a turn of a session, at validate) behind later turns of
 //! its key. Ordered messages therefore retry in place, holding their lane, and have their
-//! redeliveries counted by the handler.
+//! redeliveries counted by the handler. Publishing what a handler returned is `forward`'s
+//! business, giving a message up `give_up`'s.
 
 use std::time::Duration;
 
@@ -15,16 +16,13 @@ use lapin::Acker;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+mod forward;
 mod give_up;
 
 use super::runtime::RuntimeSettings;
 use super::{
     BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS,
 };
-
-/// The pause before an ordered message whose outputs could not be published is handled again
-/// in place: about what a nack and redelivery cost an unordered one.
-const IN_PLACE_PAUSE: Duration = Duration::from_millis(500);
 
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
@@ -103,7 +101,7 @@ impl Settler<'_> {
         while let Err(error) = &result {
             warn!(stage = self.stage.as_str(), %error, "publish failed, handling the message again in place");
             crate::metrics::metrics().message(self.stage.as_str(), "publish_failed");
-            if self.paused().await {
+            if self.paused(forward::FIRST_PAUSE).await {
                 return Ok(Settled::Released);
             }
             // What a nack's redelivery would have been, where it stands: part of its output may
@@ -130,31 +128,8 @@ impl Settler<'_> {
                     for m in &mut messages {
                         super::trace::stamp(m, &d, parent);
                     }
-                    match self.publish(&messages).await {
-                        // Never publishable: the turn ends here instead of retrying forever.
-                        Err(error @ BrokerError::TooLarge { .. }) => {
-                            warn!(stage, %error, "output undeliverable, giving the message up");
-                            self.give_up(d, format!("{}: {error}", super::UNDELIVERABLE)).await?;
-                            return Ok(Settled::Done("dead_lettered"));
-                        }
-                        // The broker's failure, not the message's: tried again shortly, as a
-                        // nack redelivers an unordered message, spending none of the stage's
-                        // attempts (their tiers are for the handler's own failures: a node loss
-                        // nacks publishes for seconds, which the tiers stretched into a lane
-                        // held 10 s and more) and not counted as a crash redelivery.
-                        Err(error) if ordered => {
-                            warn!(stage, %error, "publish failed, handling the message again in place");
-                            // Every failed try counts: a lane held this way pages (alerts.yml).
-                            crate::metrics::metrics().message(stage, "publish_failed");
-                            if self.paused().await {
-                                return Ok(Settled::Released);
-                            }
-                            // Part of its output may have gone: the next run must treat it as
-                            // the redelivery it stands for.
-                            d.redelivered = true;
-                            continue;
-                        }
-                        other => other?,
+                    if let Some(end) = self.forward(&d, &messages, ordered).await? {
+                        return Ok(end);
                     }
                     self.handler.published(outbox_ids).await;
                     return Ok(Settled::Done("forwarded"));
@@ -207,7 +182,7 @@ impl Settler<'_> {
                 // Returning it to the broker would let the next message of its lane overtake it.
                 Err(reason) => {
                     warn!(stage = self.stage.as_str(), %reason, "could not count a redelivery, trying again");
-                    if self.paused().await {
+                    if self.paused(forward::FIRST_PAUSE).await {
                         return Ok(Settled::Released);
                     }
                 }
@@ -215,12 +190,12 @@ impl Settler<'_> {
         }
     }
 
-    /// Waits before an ordered message is tried again in place; `true` when shutdown (or the
-    /// end of the connection) cut the wait short.
-    async fn paused(&self) -> bool {
+    /// Waits `pause` before an ordered message is tried again in place; `true` when shutdown
+    /// (or the end of the connection) cut the wait short.
+    async fn paused(&self, pause: Duration) -> bool {
         tokio::select! {
             _ = self.shutdown.cancelled() => true,
-            _ = tokio::time::sleep(IN_PLACE_PAUSE) => false,
+            _ = tokio::time::sleep(pause) => false,
         }
     }
 
