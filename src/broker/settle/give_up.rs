@@ -2,7 +2,7 @@
 //! that keeps what an operator needs to replay it. `settle` decides when; this builds and
 //! publishes what giving up sends.
 
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage};
@@ -33,7 +33,7 @@ impl Settler<'_> {
         let dead = self.dead_letter(d, reason);
         match self.publish(&[messages, vec![dead.clone()]].concat()).await {
             Err(error @ BrokerError::TooLarge { .. }) => {
-                tracing::error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
+                error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
                 self.publish(&[dead]).await
             }
             other => other,
