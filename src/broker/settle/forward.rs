@@ -5,11 +5,13 @@
 //! Neither spends the stage's attempts, whose tiers are for the handler's own failures (a node
 //! loss nacks publishes for seconds, which the tiers once stretched into a lane held 10 s and
 //! more). An ordered message is given up only once the refusals have lasted as long as its
-//! tiers would have: a fault that outlasts them (a deleted queue) is not an outage.
+//! tiers would have: a fault that outlasts them (a deleted queue) is not an outage. What giving
+//! up publishes (an error reply, a dead letter) is held the same way, with no limit: there is
+//! nothing left to fall back on.
 
 use std::time::{Duration, Instant};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage, RETRY_TIERS_MS};
@@ -29,36 +31,57 @@ impl Settler<'_> {
         messages: &[OutMessage],
         ordered: bool,
     ) -> Result<Option<Settled>, BrokerError> {
+        let published = if ordered {
+            self.publish_held(messages, self.tiers_last()).await
+        } else {
+            self.publish(messages).await
+        };
+        let error = match published {
+            Ok(()) => return Ok(None),
+            Err(error) if ordered && self.shutdown.is_cancelled() => {
+                debug!(stage = self.stage.as_str(), %error, "stopping with a publish refused");
+                return Ok(Some(Settled::Released));
+            }
+            Err(error) => error,
+        };
+        let reason = match &error {
+            // Never publishable: the turn ends here instead of retrying forever.
+            BrokerError::TooLarge { .. } => format!("{}: {error}", super::super::UNDELIVERABLE),
+            _ if ordered => format!("retries exhausted: publish failed: {error}"),
+            _ => return Err(error),
+        };
+        warn!(stage = self.stage.as_str(), %error, "output not published, giving the message up");
+        self.give_up(d.clone(), reason).await?;
+        Ok(Some(Settled::Done("dead_lettered")))
+    }
+
+    /// Publishes `messages` for an ordered message, holding its lane: a refused publish is tried
+    /// again, backing off, until it is confirmed, `limit` has passed since the first refusal, or
+    /// the worker stops (or its connection ends); then the last refusal is returned. Messages
+    /// too large for the broker are never tried again.
+    pub(super) async fn publish_held(
+        &self,
+        messages: &[OutMessage],
+        limit: Duration,
+    ) -> Result<(), BrokerError> {
         let stage = self.stage.as_str();
-        let mut refused: Option<(Instant, Duration)> = None;
+        let (since, mut pause) = (Instant::now(), FIRST_PAUSE);
         loop {
             let error = match self.publish(messages).await {
-                Ok(()) => return Ok(None),
-                // Never publishable: the turn ends here instead of retrying forever.
-                Err(error @ BrokerError::TooLarge { .. }) => {
-                    warn!(stage, %error, "output undeliverable, giving the message up");
-                    self.give_up(d.clone(), format!("{}: {error}", super::super::UNDELIVERABLE))
-                        .await?;
-                    return Ok(Some(Settled::Done("dead_lettered")));
-                }
-                Err(error) if ordered => error,
-                Err(error) => return Err(error),
+                Err(error) if !matches!(error, BrokerError::TooLarge { .. }) => error,
+                other => return other,
             };
             // Every refused try counts: a lane held this way pages (alerts.yml).
             crate::metrics::metrics().message(stage, "publish_failed");
-            let (since, pause) = refused.get_or_insert((Instant::now(), FIRST_PAUSE));
-            if since.elapsed() >= self.tiers_last() {
-                warn!(stage, %error, "publish refused as long as the retries last, giving the message up");
-                let reason = format!("retries exhausted: publish failed: {error}");
-                self.give_up(d.clone(), reason).await?;
-                return Ok(Some(Settled::Done("dead_lettered")));
+            if since.elapsed() >= limit {
+                return Err(error);
             }
             let retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
             warn!(stage, %error, retry_in_ms, "publish failed, publishing again in place");
-            if self.paused(*pause).await {
-                return Ok(Some(Settled::Released));
+            if self.paused(pause).await {
+                return Err(error);
             }
-            *pause = (*pause * 2).min(LONGEST_PAUSE);
+            pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
 

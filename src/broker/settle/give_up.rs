@@ -2,6 +2,8 @@
 //! that keeps what an operator needs to replay it. `settle` decides when; this builds and
 //! publishes what giving up sends.
 
+use std::time::Duration;
+
 use tracing::{error, warn};
 
 use super::{Settled, Settler};
@@ -21,9 +23,11 @@ impl Settler<'_> {
         self.dead_letter_with(&d, &reason, messages).await
     }
 
-    /// Publishes `messages` and the dead letter of `d`. Messages the broker can never take
-    /// (too large) are dropped with an error log rather than retried forever: the dead letter,
-    /// the original body the broker already accepted once, still goes.
+    /// Publishes `messages` and the dead letter of `d`; an ordered message's are held in place
+    /// until they go (see `forward`), as running its handler again could only give it up again.
+    /// Messages the broker can never take (too large) are dropped with an error log rather than
+    /// retried forever: the dead letter, the original body the broker already accepted once,
+    /// still goes.
     pub(super) async fn dead_letter_with(
         &self,
         d: &Delivery,
@@ -31,10 +35,18 @@ impl Settler<'_> {
         messages: Vec<OutMessage>,
     ) -> Result<(), BrokerError> {
         let dead = self.dead_letter(d, reason);
-        match self.publish(&[messages, vec![dead.clone()]].concat()).await {
+        let ordered = self.handler.ordering_key(d).is_some();
+        let publish = |messages: Vec<OutMessage>| async move {
+            if ordered {
+                self.publish_held(&messages, Duration::MAX).await
+            } else {
+                self.publish(&messages).await
+            }
+        };
+        match publish([messages, vec![dead.clone()]].concat()).await {
             Err(error @ BrokerError::TooLarge { .. }) => {
                 error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
-                self.publish(&[dead]).await
+                publish(vec![dead]).await
             }
             other => other,
         }
