@@ -112,19 +112,6 @@ impl Running {
         Running { seen, redeliveries, go, shutdown, task }
     }
 
-    fn ids(&self) -> Vec<String> {
-        self.seen.lock().unwrap().iter().map(|(id, _)| id.clone()).collect()
-    }
-
-    /// Waits until `m2` was handled and `queue` holds `n` messages.
-    async fn until_m2_and(&self, conn: &lapin::Connection, queue: &str, n: u32) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !(self.ids().iter().any(|id| id == "m2") && depth(conn, queue).await == Some(n)) {
-            assert!(tokio::time::Instant::now() < deadline, "seen {:?}", self.ids());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
     async fn stop(self) {
         self.shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap();
@@ -140,41 +127,16 @@ async fn depth(conn: &lapin::Connection, queue: &str) -> Option<u32> {
     Some(d.message_count())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next() {
-    let layout = (1, QueueType::Classic);
-    let common::Declared { topology, publisher, conn, ingress } =
-        common::declared(layout, &["m1", "m2"]).await;
-    // Both messages at once: m2 waits in the worker, behind m1 in its key's lane.
-    let settings = RuntimeSettings { prefetch: 4, ..common::runtime_settings(&topology) };
-    let worker = Running::start(First::GiveUp, settings).await;
-
-    // Without the dead-letter queue, m1's dead letter is unroutable: its publish fails.
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_delete(topology.dead().as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    worker.go.add_permits(1);
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    topology.declare(publisher.channel()).await.unwrap();
-
-    worker.until_m2_and(&conn, &topology.dead(), 1).await;
-    let seen = worker.ids();
-    let m2 = seen.iter().position(|id| id == "m2").unwrap();
-    assert!(seen[m2 + 1..].is_empty(), "m2 was handled before m1 was settled: {seen:?}");
-    // The dead letter was published again in place: the handler ran once, and no redelivery
-    // was counted (4 s of tries would exceed max_redeliveries 3 and make m1 "poison").
-    assert_eq!(seen, ["m1", "m2"], "m1 handled once, then m2");
-    assert_eq!(worker.redeliveries.load(Ordering::SeqCst), 0);
-    let dead = ch.basic_get(topology.dead().as_str().into(), BasicGetOptions { no_ack: true });
-    let dead = dead.await.unwrap().unwrap();
-    let reason =
-        aptix::broker::header_text(dead.delivery.properties.headers().as_ref(), "x-aptix-reason");
-    assert_eq!(reason.as_deref(), Some("unusable"), "dead-lettered for what the handler said");
-    assert_eq!(depth(&conn, &ingress).await, Some(0));
-    worker.stop().await;
-    common::delete_topology(&ch, &topology, &[]).await;
+/// Which queue is gone for 4 s, so which publish of `m1` the broker refuses.
+#[derive(Clone, Copy)]
+enum Gone {
+    /// The dead-letter queue: `m1` is given up, and its dead letter is unroutable.
+    Dead,
+    /// The next stage's queue: `m1` is forwarded there, and its output is unroutable.
+    Next,
 }
 
-/// What a 4 s outage of the next stage's queue did to `m1`, whose output goes there.
+/// What the outage did to `m1`.
 struct Outage {
     seen: Vec<(String, u32)>,
     redeliveries: u32,
@@ -184,25 +146,31 @@ struct Outage {
     dead_reason: Option<String>,
 }
 
-/// Runs a worker holding `m1` and `m2` of one key while the next stage's queue is gone for 4 s
-/// (so `m1`'s output is unroutable), until `m2` was handled and `m1` forwarded or given up.
-async fn next_queue_gone_for_4s(max_attempts: u32) -> Outage {
+/// Runs a worker holding `m1` and `m2` of one key (both at once: `m2` waits in the worker,
+/// behind `m1` in its key's lane) while the `gone` queue is missing for 4 s, until `m2` was
+/// handled and `m1` forwarded or dead-lettered.
+async fn queue_gone_for_4s(gone: Gone, max_attempts: u32) -> Outage {
     let common::Declared { topology, publisher, conn, ingress } =
         common::declared((1, QueueType::Classic), &["m1", "m2"]).await;
     let next = topology.stage_queue(aptix::stages::names()[1]);
+    let (first, missing) = match gone {
+        Gone::Dead => (First::GiveUp, topology.dead()),
+        Gone::Next => (First::ForwardTo(next.clone()), next.clone()),
+    };
     let settings =
         RuntimeSettings { prefetch: 4, max_attempts, ..common::runtime_settings(&topology) };
-    let worker = Running::start(First::ForwardTo(next.clone()), settings).await;
+    let worker = Running::start(first, settings).await;
     let ch = conn.create_channel().await.unwrap();
-    ch.queue_delete(next.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    ch.queue_delete(missing.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
     worker.go.add_permits(1);
     tokio::time::sleep(Duration::from_secs(4)).await;
     topology.declare(publisher.channel()).await.unwrap();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let handled_m2 = || worker.seen.lock().unwrap().iter().any(|(id, _)| id == "m2");
     let (mut next_depth, mut dead) = (None, None);
-    while !worker.ids().iter().any(|id| id == "m2") || next_depth.max(dead) < Some(1) {
-        assert!(tokio::time::Instant::now() < deadline, "seen {:?}", worker.ids());
+    while !handled_m2() || next_depth.max(dead) < Some(1) {
+        assert!(tokio::time::Instant::now() < deadline, "seen {:?}", worker.seen.lock().unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
         (next_depth, dead) = (depth(&conn, &next).await, depth(&conn, &topology.dead()).await);
     }
@@ -223,6 +191,24 @@ async fn next_queue_gone_for_4s(max_attempts: u32) -> Outage {
     outage
 }
 
+/// `m1` then `m2`, each handled once, at its first attempt.
+fn m1_then_m2() -> [(String, u32); 2] {
+    [("m1".to_owned(), 0), ("m2".to_owned(), 0)]
+}
+
+/// A turn being given up whose dead letter the broker refuses publishes it again in place: the
+/// handler runs once, no redelivery is counted (4 s of tries would exceed `max_redeliveries` 3
+/// and make `m1` "poison"), and `m2` waits behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_outputs_cannot_be_published_is_not_overtaken_by_the_next() {
+    let outage = queue_gone_for_4s(Gone::Dead, 3).await;
+    assert_eq!(outage.seen, m1_then_m2(), "m1 handled once, then m2");
+    assert_eq!(outage.redeliveries, 0);
+    assert_eq!((outage.next, outage.dead), (Some(0), Some(1)), "m1 dead-lettered");
+    let reason = outage.dead_reason.as_deref();
+    assert_eq!(reason, Some("unusable"), "dead-lettered for what the handler said");
+}
+
 /// A publish outage is the broker's failure, not the turn's: the same output is published
 /// again in place until it goes, spending none of the stage's attempts and counting no crash
 /// redelivery. With 4 attempts, the tiers used to run `m1` again at attempts 1 and 2 (0.5 s and
@@ -231,9 +217,8 @@ async fn next_queue_gone_for_4s(max_attempts: u32) -> Outage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ordered_turn_rides_out_a_publish_outage_without_spending_its_attempts() {
     // The tiers of 4 attempts last 0.5 + 2 + 10 s, longer than the outage.
-    let outage = next_queue_gone_for_4s(4).await;
-    let expected = [("m1".to_owned(), 0), ("m2".to_owned(), 0)];
-    assert_eq!(outage.seen, expected, "m1 handled once, at its first attempt, then m2");
+    let outage = queue_gone_for_4s(Gone::Next, 4).await;
+    assert_eq!(outage.seen, m1_then_m2(), "m1 handled once, at its first attempt, then m2");
     assert_eq!(outage.redeliveries, 0, "a refused publish counted as a crash redelivery");
     assert_eq!((outage.next, outage.dead), (Some(1), Some(0)), "m1 forwarded, not given up");
 }
@@ -243,9 +228,8 @@ async fn an_ordered_turn_rides_out_a_publish_outage_without_spending_its_attempt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_refused_for_longer_than_the_tiers_last_gives_the_turn_up() {
     // The tiers of 2 attempts last 0.5 s.
-    let outage = next_queue_gone_for_4s(2).await;
-    let expected = [("m1".to_owned(), 0), ("m2".to_owned(), 0)];
-    assert_eq!(outage.seen, expected, "m1 handled once, then m2 after it was given up");
+    let outage = queue_gone_for_4s(Gone::Next, 2).await;
+    assert_eq!(outage.seen, m1_then_m2(), "m1 handled once, then m2 after it was given up");
     assert_eq!((outage.next, outage.dead), (Some(0), Some(1)), "m1 given up");
     let reason = outage.dead_reason.unwrap_or_default();
     assert!(reason.starts_with("retries exhausted: publish failed"), "reason {reason:?}");
