@@ -83,9 +83,11 @@ impl Settler<'_> {
         }
     }
 
-    /// Handles `d` as what it is: new, or redelivered. An ordered message whose outputs could not
-    /// be published is redelivered in place after a pause: a nack would return it behind the next
-    /// message of its lane, which this worker already holds and would handle first.
+    /// Handles `d` as what it is: new, or redelivered. An ordered message is never nacked: a nack
+    /// would return it behind the next message of its lane, which this worker already holds and
+    /// would handle first. Its refused publishes are held in place (`forward`) until the worker
+    /// stops, when it is left to the broker; any other failure is redelivered in place after a
+    /// pause, counted.
     async fn run(
         &self,
         d: Delivery,
@@ -99,6 +101,10 @@ impl Settler<'_> {
             (false, true) => self.handle(d.clone(), true, parent).await,
         };
         while let Err(error) = &result {
+            // A refusal held until the worker stopped: already logged and counted (`forward`).
+            if self.shutdown.is_cancelled() {
+                return Ok(Settled::Released);
+            }
             warn!(stage = self.stage.as_str(), %error, "publish failed, handling the message again in place");
             crate::metrics::metrics().message(self.stage.as_str(), "publish_failed");
             if self.paused(forward::FIRST_PAUSE).await {
