@@ -291,3 +291,57 @@ async fn a_repeated_turn_gets_its_records_reply_or_an_old_rows_copy() {
     assert_eq!(h.sim.requests().len(), 1, "repeats never call the LLM");
     h.teardown().await;
 }
+
+/// Persist builds the next session state from the one the round trip carries from assemble,
+/// without reading the row again; an invoke message queued by a build before that (no
+/// `session_state`) still ends its turn, persist reading the row instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn persist_builds_on_the_carried_state_and_reads_the_row_for_an_older_message() {
+    let h = Harness::start(0).await;
+    let s = new_session();
+    let queue = h.topology.stage_queue(StageName::new("invoke"));
+    for (turn, carried) in [("t1", true), ("t2", true), ("t3", false)] {
+        h.submit(&user_turn(&s, turn, "what does send_invoice_email do?")).await;
+        for stage in ["validate", "retrieve", "assemble"] {
+            assert!(drive(&h, stage).await, "{turn} {stage}");
+        }
+        let mut invoke: serde_json::Value =
+            serde_json::from_slice(&take(&h, "invoke").await).unwrap();
+        let row = state_row(&h, &s).await;
+        assert_eq!(invoke["session_state"], row, "{turn}: the state as stored travels");
+        let state = invoke.as_object_mut().unwrap();
+        match (turn, carried) {
+            // Marked, so the state persist builds on shows where it came from.
+            ("t2", _) => state["session_state"]["solution_context"] = json!("carried"),
+            (_, false) => drop(state.remove("session_state")),
+            _ => {}
+        }
+        let body = serde_json::to_vec(&invoke).unwrap();
+        let copy = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", turn.into(), body);
+        h.publisher.publish(&copy).await.unwrap();
+        assert!(drive(&h, "invoke").await, "{turn} invoke");
+        assert!(drive(&h, "persist").await, "{turn} persist");
+        let reply = h.replies(&s, 1, WAIT).await.pop().unwrap().body;
+        assert_eq!(reply["Successful"], true, "{turn}: {reply}");
+    }
+    // t2 built on the carried state; t3, without one, on the row t2 wrote.
+    assert_eq!(state_row(&h, &s).await["solution_context"], "carried");
+    let saved: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT result FROM llm_results WHERE session_id = $1::uuid")
+            .bind(&s)
+            .fetch_all(h.deps.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(saved.len(), 3);
+    assert!(saved.iter().all(|r| r["job"].get("session_state").is_none()), "never saved");
+    assert!(h.dead_letters().await.is_empty());
+    h.teardown().await;
+}
+
+async fn state_row(h: &Harness, session: &str) -> serde_json::Value {
+    sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1::uuid")
+        .bind(session)
+        .fetch_one(h.deps.store.pool())
+        .await
+        .unwrap()
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{new_session, user_turn, Harness};
 
-const OPS: [(&str, &str); 20] = [
+const OPS: [(&str, &str); 22] = [
     ("parse", "request_hint"),
     ("parse", "request_scan"),
     ("parse", "request_fields"),
@@ -31,6 +31,8 @@ const OPS: [(&str, &str); 20] = [
     ("parse", "turn.persist/v1"),
     ("serialize", "saved_answer"),
     ("parse", "session_state"),
+    ("parse", "session_state_row"),
+    ("parse", "session_state_carried"),
     ("serialize", "session_state"),
 ];
 
@@ -88,7 +90,10 @@ async fn one_user_turn_parses_its_request_once_and_each_stage_message_once() {
         ("serialize turn.persist/v1", 1),
         ("parse turn.persist/v1", 1),
         ("serialize saved_answer", 1),
-        // Session state: read by assemble and by persist, written by persist.
+        // Session state: read from its row by assemble, carried to persist in the round trip's
+        // messages, built into the typed state by both; written by persist.
+        ("parse session_state_row", 1),
+        ("parse session_state_carried", 1),
         ("parse session_state", 2),
         ("serialize session_state", 1),
         ("serialize reply", 1),

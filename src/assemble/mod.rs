@@ -26,6 +26,7 @@ mod message;
 mod record;
 mod rehydrate;
 mod state;
+mod stored;
 mod tools;
 mod user_turn;
 
@@ -45,6 +46,7 @@ pub use state::{
     AnswerOutcome, ChainState, FileHash, OpenTurn, ProviderAnswer, SessionState, StateUpdate,
     StoredFile,
 };
+pub use stored::StoredState;
 pub use tools::{check_tool_results, ToolResultsMismatch};
 pub(crate) use user_turn::sha256_hex;
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::assemble::{
-    assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, TurnInput,
+    assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, StoredState, TurnInput,
 };
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
@@ -119,6 +119,10 @@ pub struct InvokeJob {
     pub warnings: Vec<UserWarning>,
     /// The request body and the record of what it sends.
     pub assembled: Assembled,
+    /// The session state `assembled` was built from, as stored, for persist to build the next
+    /// one from (absent in messages queued by earlier builds: persist reads the row then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_state: Option<StoredState>,
 }
 
 /// How a round trip ended, for the persist stage.
@@ -134,6 +138,10 @@ pub struct PersistJob {
     pub warnings: Vec<UserWarning>,
     /// The provider's answer or the reason there is none.
     pub result: RoundTrip,
+    /// The session state the request was assembled from, carried from the invoke message; never
+    /// saved with an answer (a saved answer outlives the state it was read from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_state: Option<StoredState>,
     /// The stages it passed, from its delivery's headers (not part of the body).
     #[serde(skip)]
     pub hops: Vec<super::Hop>,
@@ -147,6 +155,7 @@ impl PersistJob {
             assembled: None,
             warnings: Vec::new(),
             result: RoundTrip::Failed { errors, raw: None },
+            session_state: None,
             hops: Vec::new(),
         }
     }
@@ -286,10 +295,12 @@ impl SavedRoundTrip {
             Some(a) if !rebuilt => std::mem::take(&mut a.body),
             _ => RequestBody::null(),
         };
+        let state = job.session_state.take();
         let saved = serde_json::to_value(Current { v: Self::VERSION, job });
         if let Some(a) = job.assembled.as_mut().filter(|_| !body.is_null()) {
             a.body = body;
         }
+        job.session_state = state;
         saved
     }
 
@@ -313,11 +324,13 @@ impl SavedRoundTrip {
         saved.into_job()
     }
 
-    /// `job` with the body it was saved without: `sent`, the invoke message's own.
-    pub fn with_body(mut job: PersistJob, sent: RequestBody) -> PersistJob {
+    /// `job` with the body it was saved without: `sent`, the invoke message's own; and the
+    /// session state that message carries.
+    pub fn with_body(mut job: PersistJob, sent: InvokeJob) -> PersistJob {
         if let Some(a) = job.assembled.as_mut().filter(|a| a.body.is_null()) {
-            a.body = sent;
+            a.body = sent.assembled.body;
         }
+        job.session_state = sent.session_state;
         job
     }
 

@@ -32,7 +32,8 @@ impl Stage for Assemble {
     async fn run(&self, job: AssembleJob) -> Result<Output<InvokeJob>, StageError> {
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
-        let stored = self.store.session_state(&job.job.key.session_id).await?;
+        let (stored, session_state) =
+            self.store.session_state_to_carry(&job.job.key.session_id).await?;
         let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
         let context = super::conversation_context(
             &self.settings,
@@ -43,6 +44,12 @@ impl Stage for Assemble {
             .job
             .assemble(&job.chunks, &state, context, &self.settings.assemble)
             .map_err(StageError::fail)?;
-        Ok(Output::next(InvokeJob { job: job.job, warnings: job.warnings, assembled }))
+        let session_state = Some(session_state);
+        Ok(Output::next(InvokeJob {
+            job: job.job,
+            warnings: job.warnings,
+            assembled,
+            session_state,
+        }))
     }
 }

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::texts::{Holder, KnownTexts};
 use super::{Store, StoreError};
+use crate::assemble::StoredState;
 use crate::contracts::{SessionId, TurnKey};
 
 /// Who a session belongs to and the contexts it was created with (fixed for its life).
@@ -53,6 +54,18 @@ impl Store {
         Ok(self.session_state_and_texts(session).await?.0)
     }
 
+    /// The same, and the state as stored, which the round trip carries to persist
+    /// ([`Store::carried_session_state`]).
+    pub async fn session_state_to_carry(
+        &self,
+        session: &SessionId,
+    ) -> Result<(Value, StoredState), StoreError> {
+        let stored = self.stored_state(session).await?;
+        let carried = StoredState::new(&stored)?;
+        let (state, _) = super::texts::read_pooled(&self.pool, &self.texts, stored).await?;
+        Ok((state, carried))
+    }
+
     /// The same, with the texts it references, for [`FinishStep::known_texts`] when the next
     /// state is built from it.
     ///
@@ -61,15 +74,28 @@ impl Store {
         &self,
         session: &SessionId,
     ) -> Result<(Value, KnownTexts), StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let stored = self.stored_state(session).await?;
+        super::texts::read_pooled(&self.pool, &self.texts, stored).await
+    }
+
+    /// A state carried from assemble, read as [`Store::session_state_and_texts`] reads the row:
+    /// its texts from this process's cache, PostgreSQL only for those it lacks.
+    pub async fn carried_session_state(
+        &self,
+        carried: &StoredState,
+    ) -> Result<(Value, KnownTexts), StoreError> {
+        let stored = carried.to_value()?;
+        super::texts::read_pooled(&self.pool, &self.texts, stored).await
+    }
+
+    /// `sessions.state` as stored (`{}` for no row).
+    async fn stored_state(&self, session: &SessionId) -> Result<Value, StoreError> {
+        crate::metrics::metrics().json("parse", "session_state_row");
         let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
             .bind(session.as_uuid())
-            .fetch_optional(&mut *conn)
+            .fetch_optional(&self.pool)
             .await?;
-        let Some(state) = state else {
-            return Ok((Value::Object(Default::default()), KnownTexts::default()));
-        };
-        super::texts::read(&mut conn, &self.texts, state, Holder::State).await
+        Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
     }
 
     /// Where round trip `step` of a turn stands before its provider call: the saved answer, if

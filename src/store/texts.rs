@@ -218,19 +218,40 @@ pub(super) async fn referenced(
     value: &mut Value,
     holder: Holder,
 ) -> Result<Map<String, Value>, StoreError> {
-    if value.get(MARK) != Some(&Value::Bool(true)) {
-        return Ok(Map::new());
-    }
+    let (mut found, missing) = cached(cache, value, holder);
+    fetch(conn, cache, missing, &mut found).await?;
+    Ok(found)
+}
+
+/// The texts `value` references that the `cache` holds, and the keys of those it does not.
+fn cached(
+    cache: &TextCache,
+    value: &mut Value,
+    holder: Holder,
+) -> (Map<String, Value>, Vec<String>) {
     let mut found = Map::new();
     let mut missing = Vec::new();
+    if value.get(MARK) != Some(&Value::Bool(true)) {
+        return (found, missing);
+    }
     for sha in entries(value, holder).filter_map(|e| e.get("text_ref").and_then(Value::as_str)) {
         match cache.get(sha) {
             Some(text) => drop(found.insert(sha.to_owned(), Value::String(text.to_string()))),
             None => missing.push(sha.to_owned()),
         }
     }
+    (found, missing)
+}
+
+/// Reads the `missing` texts into `found` (and the cache) with one indexed lookup.
+async fn fetch(
+    conn: &mut PgConnection,
+    cache: &TextCache,
+    missing: Vec<String>,
+    found: &mut Map<String, Value>,
+) -> Result<(), StoreError> {
     if missing.is_empty() {
-        return Ok(found);
+        return Ok(());
     }
     let rows: Vec<(String, String)> =
         sqlx::query_as("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)")
@@ -241,7 +262,7 @@ pub(super) async fn referenced(
     let read = Texts { keys, bodies };
     cache.keep(&read);
     found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Value::String)));
-    Ok(found)
+    Ok(())
 }
 
 /// `value` with its texts read back in place, and which texts it referenced.
@@ -252,6 +273,23 @@ pub(super) async fn read(
     holder: Holder,
 ) -> Result<(Value, KnownTexts), StoreError> {
     let texts = referenced(conn, cache, &mut value, holder).await?;
+    let known = KnownTexts(texts.keys().cloned().collect());
+    Ok((unpack(value, &texts, holder)?, known))
+}
+
+/// A session state with its texts read back in place, as [`read`] does, taking a connection
+/// only for texts the `cache` lacks (a turn's texts nearly always are there).
+pub(super) async fn read_pooled(
+    pool: &sqlx::PgPool,
+    cache: &TextCache,
+    mut value: Value,
+) -> Result<(Value, KnownTexts), StoreError> {
+    let holder = Holder::State;
+    let (mut texts, missing) = cached(cache, &mut value, holder);
+    if !missing.is_empty() {
+        let mut conn = pool.acquire().await?;
+        fetch(&mut conn, cache, missing, &mut texts).await?;
+    }
     let known = KnownTexts(texts.keys().cloned().collect());
     Ok((unpack(value, &texts, holder)?, known))
 }

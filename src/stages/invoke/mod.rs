@@ -69,7 +69,7 @@ impl Stage for Invoke {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
                 .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
-            let persist = SavedRoundTrip::with_body(persist, job.assembled.body);
+            let persist = SavedRoundTrip::with_body(persist, job);
             info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
             return Ok(Output::next(persist));
         }
@@ -88,7 +88,10 @@ impl Stage for Invoke {
         };
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
-            let stored = self.store.session_state(&key.session_id).await?;
+            let stored = match &job.session_state {
+                Some(carried) => self.store.carried_session_state(carried).await?.0,
+                None => self.store.session_state(&key.session_id).await?,
+            };
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
             let context =
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
@@ -128,6 +131,7 @@ impl Stage for Invoke {
             assembled: Some(assembled),
             warnings: job.warnings,
             result: round_trip,
+            session_state: job.session_state,
             hops: Vec::new(),
         };
         let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;

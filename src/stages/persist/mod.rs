@@ -206,7 +206,10 @@ impl Persist {
         outcome: &Outcome,
     ) -> Result<Option<(Value, KnownTexts)>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
-        let (raw, known) = self.store.session_state_and_texts(&job.job.key.session_id).await?;
+        let (raw, known) = match &job.session_state {
+            Some(carried) => self.store.carried_session_state(carried).await?,
+            None => self.store.session_state_and_texts(&job.job.key.session_id).await?,
+        };
         // Corrupt state must not silently become an empty one: the turn fails instead.
         let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
         let outcome = match outcome {
