@@ -187,33 +187,51 @@ async fn a_request_at_the_documented_maximum_flows_through_every_hop_within_16_m
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupt_stored_state_at_persist_is_dead_lettered_now_and_the_turn_fails() {
-    let h = Harness::start(0).await;
-    let s = new_session();
-    h.submit(&user_turn(&s, "t1", "hello")).await;
-    for stage in [
-        StageName::new("validate"),
-        StageName::new("retrieve"),
-        StageName::new("assemble"),
-        StageName::new("invoke"),
-    ] {
-        assert!(drive(&h, stage).await, "{stage:?} had nothing to do");
+    // The state persist builds on is the one its message carries, or, in a message queued by an
+    // earlier build (none carried), the session's row: either may be unreadable.
+    for carried in [true, false] {
+        let h = Harness::start(0).await;
+        let s = new_session();
+        h.submit(&user_turn(&s, "t1", "hello")).await;
+        for stage in ["validate", "retrieve", "assemble", "invoke"] {
+            assert!(drive(&h, StageName::new(stage)).await, "{stage} had nothing to do");
+        }
+        let queue = h.topology.stage_queue(StageName::new("persist"));
+        let ch = h.conn.create_channel().await.unwrap();
+        let got = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true });
+        let got = got.await.unwrap().expect("the persist message");
+        let mut persist: Value = serde_json::from_slice(&got.delivery.data).unwrap();
+        let message = persist.as_object_mut().unwrap();
+        let not_a_state = serde_json::json!(["not a state"]);
+        if carried {
+            message.insert("session_state".into(), not_a_state);
+        } else {
+            message.remove("session_state").expect("a carried state");
+            // The session's state became unreadable between assembly and persist.
+            sqlx::query("UPDATE sessions SET state = $2 WHERE id = $1::uuid")
+                .bind(&s)
+                .bind(&not_a_state)
+                .execute(h.deps.store.pool())
+                .await
+                .unwrap();
+        }
+        let body = serde_json::to_vec(&persist).unwrap();
+        h.publisher.publish(&OutMessage::to_queue(queue, "turn", "t1".into(), body)).await.unwrap();
+        assert!(drive(&h, StageName::new("persist")).await);
+        let dead = h.dead_letters().await;
+        assert_eq!(
+            dead.len(),
+            1,
+            "carried {carried}: dead-lettered at once, not retried: {dead:?}"
+        );
+        assert!(dead[0].0["x-aptix-reason"].contains("unusable data"), "{:?}", dead[0].0);
+        // Its failed-turn message is next: the turn ends with a record and a reply.
+        assert!(drive(&h, StageName::new("persist")).await);
+        assert_eq!(turn_state(&h, &s, "t1").await, "failed");
+        let replies = h.replies(&s, 1, WAIT).await;
+        let reply = &replies.last().expect("a reply").body;
+        assert_eq!(reply["Errors"][0]["Code"], "internal.error", "{reply}");
+        assert!(!reply.to_string().contains("not a state"), "details stay in the logs: {reply}");
+        h.teardown().await;
     }
-    // The session's state becomes unreadable between assembly and persist.
-    sqlx::query("UPDATE sessions SET state = '[\"not a state\"]'::jsonb WHERE id = $1::uuid")
-        .bind(&s)
-        .execute(h.deps.store.pool())
-        .await
-        .unwrap();
-    assert!(drive(&h, StageName::new("persist")).await);
-    let dead = h.dead_letters().await;
-    assert_eq!(dead.len(), 1, "dead-lettered at once, not retried: {dead:?}");
-    assert!(dead[0].0["x-aptix-reason"].contains("unusable data"), "{:?}", dead[0].0);
-    // Its failed-turn message is next: the turn ends with a record and a reply.
-    assert!(drive(&h, StageName::new("persist")).await);
-    assert_eq!(turn_state(&h, &s, "t1").await, "failed");
-    let replies = h.replies(&s, 1, WAIT).await;
-    let reply = &replies.last().expect("a reply").body;
-    assert_eq!(reply["Errors"][0]["Code"], "internal.error", "{reply}");
-    assert!(!reply.to_string().contains("not a state"), "details stay in the logs: {reply}");
-    h.teardown().await;
 }

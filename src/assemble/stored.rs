@@ -2,9 +2,14 @@
 //! it can travel with a round trip from assemble, which read it, to persist, which builds the
 //! next state from it: one read of the row per round trip instead of two.
 //!
-//! Carrying it is safe because only the persist step of a session's running turn writes the
-//! state, after this round trip's assemble read it; a copy of the round trip that arrives later
-//! is refused by persist before anything is written (its step already has a record).
+//! Carrying it is safe because the state read by a round trip's assemble is still the row when
+//! that round trip's persist commits: a session runs one turn at a time, only persist of its
+//! running turn writes the state, and it does so for the step it ends, moving the turn past it
+//! (steps only go up). A copy of the round trip that arrives later finds its step recorded
+//! (persist writes nothing again) or its turn past that step (refused).
+//!
+//! A state larger than [`StoredState::MAX_CARRIED`] is not carried (persist reads the row), so
+//! stage messages stay within the size `config` budgets for them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -15,9 +20,14 @@ use serde_json::value::RawValue;
 pub struct StoredState(Box<RawValue>);
 
 impl StoredState {
-    /// The state as read from its row.
-    pub fn new(stored: &serde_json::Value) -> Result<Self, serde_json::Error> {
-        serde_json::value::to_raw_value(stored).map(StoredState)
+    /// Bytes of stored state carried at most. States are a few KB; one holding a large solution
+    /// context or an old row's inline texts can approach a request's size.
+    pub const MAX_CARRIED: usize = 64 << 10;
+
+    /// The state as read from its row, if it is small enough to carry.
+    pub fn to_carry(stored: &serde_json::Value) -> Result<Option<Self>, serde_json::Error> {
+        let raw = serde_json::value::to_raw_value(stored)?;
+        Ok((raw.get().len() <= Self::MAX_CARRIED).then_some(StoredState(raw)))
     }
 
     /// The stored JSON again, as a tree.
@@ -42,7 +52,7 @@ mod tests {
     fn travels_unchanged_through_a_message_and_a_tree() {
         let stored = json!({"v": 1, "texts_by_ref": true, "history": {"chunks": [
             {"id": "a", "text_ref": "ab12"}]}});
-        let carried = StoredState::new(&stored).unwrap();
+        let carried = StoredState::to_carry(&stored).unwrap().unwrap();
         let wire = serde_json::to_vec(&json!({"state": carried})).unwrap();
         let back: serde_json::Value = serde_json::from_slice(&wire).unwrap();
         #[derive(Deserialize)]
@@ -54,5 +64,12 @@ mod tests {
         assert_eq!(from_bytes.state.to_value().unwrap(), stored);
         let from_tree: Holder = serde_json::from_value(back).unwrap();
         assert_eq!(from_tree.state.to_value().unwrap(), stored);
+    }
+
+    #[test]
+    fn a_state_over_the_bound_is_left_to_be_read_from_its_row() {
+        let context = "x".repeat(StoredState::MAX_CARRIED);
+        let large = json!({"v": 1, "solution_context": context});
+        assert!(StoredState::to_carry(&large).unwrap().is_none());
     }
 }

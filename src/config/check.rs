@@ -102,15 +102,16 @@ impl Settings {
             }
         }
         // The invoke and persist messages carry the request about twice (the request and the
-        // assembled body built from it) plus retrieved context.
-        let needed = self.limits.max_request_bytes.saturating_mul(2).saturating_add(2 << 20);
+        // assembled body built from it) plus retrieved context and the session state.
+        let overhead = (2 << 20) + crate::assemble::StoredState::MAX_CARRIED;
+        let needed = self.limits.max_request_bytes.saturating_mul(2).saturating_add(overhead);
         if needed > self.amqp.max_message_bytes {
             return Err(ConfigError::invalid(
                 "limits.max_request_bytes",
                 format!(
                     "a request this large makes stage messages of about {needed} bytes, over amqp.max_message_bytes ({}); lower it to at most {}",
                     self.amqp.max_message_bytes,
-                    self.amqp.max_message_bytes.saturating_sub(2 << 20) / 2
+                    self.amqp.max_message_bytes.saturating_sub(overhead) / 2
                 ),
             ));
         }

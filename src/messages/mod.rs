@@ -90,6 +90,7 @@ impl Message for PersistJob {
         }
         self.result = RoundTrip::Failed { errors, raw: None };
         self.assembled = None;
+        self.session_state = None;
         Some(self)
     }
 }

@@ -44,7 +44,6 @@ impl Stage for Assemble {
             .job
             .assemble(&job.chunks, &state, context, &self.settings.assemble)
             .map_err(StageError::fail)?;
-        let session_state = Some(session_state);
         Ok(Output::next(InvokeJob {
             job: job.job,
             warnings: job.warnings,

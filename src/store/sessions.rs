@@ -55,13 +55,13 @@ impl Store {
     }
 
     /// The same, and the state as stored, which the round trip carries to persist
-    /// ([`Store::carried_session_state`]).
+    /// ([`Store::carried_session_state`]) unless it is too large to.
     pub async fn session_state_to_carry(
         &self,
         session: &SessionId,
-    ) -> Result<(Value, StoredState), StoreError> {
+    ) -> Result<(Value, Option<StoredState>), StoreError> {
         let stored = self.stored_state(session).await?;
-        let carried = StoredState::new(&stored)?;
+        let carried = StoredState::to_carry(&stored)?;
         let (state, _) = super::texts::read_pooled(&self.pool, &self.texts, stored).await?;
         Ok((state, carried))
     }
