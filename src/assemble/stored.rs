@@ -22,7 +22,7 @@ pub struct StoredState(Box<RawValue>);
 impl StoredState {
     /// Bytes of stored state carried at most. States are a few KB; one holding a large solution
     /// context or an old row's inline texts can approach a request's size.
-    pub const MAX_CARRIED: usize = 64 << 10;
+    pub const MAX_CARRIED: usize = crate::config::MAX_CARRIED_STATE_BYTES;
 
     /// The state as read from its row, if it is small enough to carry.
     pub fn to_carry(stored: &serde_json::Value) -> Result<Option<Self>, serde_json::Error> {

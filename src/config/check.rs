@@ -103,7 +103,7 @@ impl Settings {
         }
         // The invoke and persist messages carry the request about twice (the request and the
         // assembled body built from it) plus retrieved context and the session state.
-        let overhead = (2 << 20) + crate::assemble::StoredState::MAX_CARRIED;
+        let overhead = (2 << 20) + super::MAX_CARRIED_STATE_BYTES;
         let needed = self.limits.max_request_bytes.saturating_mul(2).saturating_add(overhead);
         if needed > self.amqp.max_message_bytes {
             return Err(ConfigError::invalid(

@@ -24,6 +24,10 @@ pub use tenants::{OverLimit, Publisher, Tenant, TenantLimits};
 
 use crate::contracts::ContextId;
 
+/// Bytes of stored session state a round trip carries from assemble to persist at most
+/// (`assemble::StoredState`); the stage-message budget checked at start counts them.
+pub const MAX_CARRIED_STATE_BYTES: usize = 64 << 10;
+
 /// The built-in defaults: the commented example file shipped at the repository root.
 pub const DEFAULTS_TOML: &str = include_str!("../../aptix.example.toml");
 
