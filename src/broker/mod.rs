@@ -31,7 +31,7 @@ pub use replies::LazyPublisher;
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
 pub use status::{with_activity, QueueState};
-pub use topology::{StageName, Topology, RETRY_TIERS_MS};
+pub use topology::{retry_tier_ms, StageName, Topology, RETRY_TIERS_MS};
 
 /// How the reason given to [`Handler::exhausted`] starts when the handler's output can never be
 /// published (larger than the broker accepts), as opposed to retries running out.

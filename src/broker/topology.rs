@@ -41,6 +41,11 @@ impl std::fmt::Display for StageName {
 /// so expiry is FIFO) and is dead-lettered back to its stage queue.
 pub const RETRY_TIERS_MS: [u64; 4] = [500, 2_000, 10_000, 30_000];
 
+/// The delay (ms) before attempt `attempt + 1`: its tier, the last one for every later attempt.
+pub fn retry_tier_ms(attempt: u32) -> u64 {
+    RETRY_TIERS_MS[(attempt as usize).min(RETRY_TIERS_MS.len() - 1)]
+}
+
 /// Names of every queue and exchange, derived from one prefix.
 #[derive(Debug, Clone)]
 pub struct Topology {

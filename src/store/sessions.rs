@@ -51,11 +51,11 @@ impl Store {
 
     /// The session's assemble state (`{}` for a new session), its texts in place.
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
-        Ok(self.session_state_and_texts(session).await?.0)
+        Ok(self.session_state_and_texts(session, None).await?.0)
     }
 
     /// The same, and the state as stored, which the round trip carries to persist
-    /// ([`Store::carried_session_state`]) unless it is too large to.
+    /// ([`Store::session_state_and_texts`]) unless it is too large to.
     pub async fn session_state_to_carry(
         &self,
         session: &SessionId,
@@ -67,24 +67,19 @@ impl Store {
     }
 
     /// The same, with the texts it references, for [`FinishStep::known_texts`] when the next
-    /// state is built from it.
+    /// state is built from it: the state `carried` from assemble when the round trip has one,
+    /// else the row's. Texts come from this process's cache, PostgreSQL only for those it lacks.
     ///
     /// [`FinishStep::known_texts`]: super::FinishStep::known_texts
     pub async fn session_state_and_texts(
         &self,
         session: &SessionId,
+        carried: Option<&StoredState>,
     ) -> Result<(Value, KnownTexts), StoreError> {
-        let stored = self.stored_state(session).await?;
-        super::texts::read_pooled(&self.pool, &self.texts, stored).await
-    }
-
-    /// A state carried from assemble, read as [`Store::session_state_and_texts`] reads the row:
-    /// its texts from this process's cache, PostgreSQL only for those it lacks.
-    pub async fn carried_session_state(
-        &self,
-        carried: &StoredState,
-    ) -> Result<(Value, KnownTexts), StoreError> {
-        let stored = carried.to_value()?;
+        let stored = match carried {
+            Some(carried) => carried.to_value()?,
+            None => self.stored_state(session).await?,
+        };
         super::texts::read_pooled(&self.pool, &self.texts, stored).await
     }
 

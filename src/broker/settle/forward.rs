@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{Settled, Settler};
-use crate::broker::{BrokerError, Delivery, OutMessage, RETRY_TIERS_MS};
+use crate::broker::{BrokerError, Delivery, OutMessage};
 
 /// The first pause before an ordered message's refused publish is tried again.
 pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(500);
@@ -87,8 +87,7 @@ impl Settler<'_> {
 
     /// How long the stage's retry tiers last from its first attempt to its last.
     fn tiers_last(&self) -> Duration {
-        let retries = self.settings.max_attempts.saturating_sub(1) as usize;
-        let tier = |attempt: usize| RETRY_TIERS_MS[attempt.min(RETRY_TIERS_MS.len() - 1)];
-        Duration::from_millis((0..retries).map(tier).sum())
+        let retries = self.settings.max_attempts.saturating_sub(1);
+        Duration::from_millis((0..retries).map(crate::broker::retry_tier_ms).sum())
     }
 }

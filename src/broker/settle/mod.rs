@@ -20,9 +20,7 @@ mod forward;
 mod give_up;
 
 use super::runtime::RuntimeSettings;
-use super::{
-    BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName, RETRY_TIERS_MS,
-};
+use super::{BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName};
 
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
@@ -167,10 +165,8 @@ impl Settler<'_> {
         };
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying in place");
         d.attempt = next;
-        tokio::select! {
-            _ = self.shutdown.cancelled() => Ok(Some(Settled::Released)),
-            _ = tokio::time::sleep(Duration::from_millis(tier)) => Ok(None),
-        }
+        let stopped = self.paused(Duration::from_millis(tier)).await;
+        Ok(stopped.then_some(Settled::Released))
     }
 
     /// A redelivered ordered message: counted by the handler, then handled where it stands.
@@ -247,7 +243,7 @@ impl Settler<'_> {
             self.give_up(d.clone(), format!("retries exhausted: {reason}")).await?;
             return Ok(None);
         }
-        Ok(Some((next, RETRY_TIERS_MS[(d.attempt as usize).min(RETRY_TIERS_MS.len() - 1)])))
+        Ok(Some((next, super::retry_tier_ms(d.attempt))))
     }
 
     fn queue(&self) -> String {

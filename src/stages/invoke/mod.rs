@@ -88,10 +88,8 @@ impl Stage for Invoke {
         };
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
-            let stored = match &job.session_state {
-                Some(carried) => self.store.carried_session_state(carried).await?.0,
-                None => self.store.session_state(&key.session_id).await?,
-            };
+            let carried = job.session_state.as_ref();
+            let stored = self.store.session_state_and_texts(&key.session_id, carried).await?.0;
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
             let context =
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;

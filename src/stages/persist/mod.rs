@@ -206,10 +206,9 @@ impl Persist {
         outcome: &Outcome,
     ) -> Result<Option<(Value, KnownTexts)>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
-        let (raw, known) = match &job.session_state {
-            Some(carried) => self.store.carried_session_state(carried).await?,
-            None => self.store.session_state_and_texts(&job.job.key.session_id).await?,
-        };
+        let session = &job.job.key.session_id;
+        let carried = job.session_state.as_ref();
+        let (raw, known) = self.store.session_state_and_texts(session, carried).await?;
         // Corrupt state must not silently become an empty one: the turn fails instead.
         let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
         let outcome = match outcome {
