@@ -103,6 +103,9 @@ impl Store {
                ON t.session_id = k.session_id AND t.turn_id = k.turn_id
              WHERE t.cancel_requested_at IS NOT NULL",
         )
+        // Planned with the keys each time: a generic plan made while `turns` was small joined by
+        // scanning the whole table, and kept doing so as it grew (see store/sweep.rs).
+        .persistent(false)
         .bind(&sessions)
         .bind(&turns)
         .fetch_all(&self.pool)

@@ -158,8 +158,12 @@ impl Store {
         let pool = pool_options(max_connections).connect_lazy_with(options.clone());
         // Deleting published outbox rows has a connection of its own: behind the stages' own
         // statements in the pool's queue, a delete waited 0.3-0.6 s at the ceiling, and every
-        // turn a client sent meanwhile found its session's last reply row and waited too.
-        let sweep = sweep::Sweeper::new(pool_options(1).connect_lazy_with(options));
+        // turn a client sent meanwhile found its session's last reply row and waited too. Its one
+        // statement is planned for each batch: the generic plan PostgreSQL settled on while the
+        // table was nearly empty seq-scanned it for good as dead rows piled up (278 pages a
+        // delete a minute into a fresh database; docs/benchmarks.md, "Ninth pass").
+        let sweep_options = options.options([("plan_cache_mode", "force_custom_plan")]);
+        let sweep = sweep::Sweeper::new(pool_options(1).connect_lazy_with(sweep_options));
         Ok(Store { pool, tenants: Default::default(), sweep, texts: Default::default() })
     }
 

@@ -75,6 +75,7 @@ impl Store {
                 std::mem::take(&mut sweep.waiting)
             };
             let ids: Vec<i64> = batch.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+            // Planned with these ids each time: the connection forces custom plans (Store::connect).
             let result = sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
                 .bind(&ids)
                 .execute(&self.sweep.pool)
