@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::new_record::NewRecord;
+use super::new_turn::{insert_turn, start_turn, NewTurn};
 use super::outbox::{self, PendingOutbox};
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
@@ -236,9 +237,7 @@ impl Store {
                 return Ok(Admission::Limited(limit));
             }
         }
-        let row = insert_turn(&mut tx, &new, TurnState::Running).await?;
-        let start = vec![Outgoing::Start(row.start_job()?)];
-        let started = outbox::insert(&mut tx, session, turn, start).await?;
+        let started = start_turn(&mut tx, &new).await?;
         outbox.ids.extend(started.ids);
         outbox.messages.extend(started.messages);
         tx.commit().await?;
@@ -295,50 +294,4 @@ async fn state_of(
             .fetch_optional(&mut *conn)
             .await?;
     state.map(TurnState::try_from).transpose()
-}
-
-/// A turn to insert.
-struct NewTurn<'a> {
-    session: Uuid,
-    turn: &'a str,
-    seq: i64,
-    fingerprint: &'a str,
-    request: &'a Value,
-    reply_to: Option<&'a InstanceName>,
-    tenant: Option<&'a TenantName>,
-    expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// Inserts the turn in `state` and counts it on its session (the first one holds the session).
-async fn insert_turn(
-    conn: &mut PgConnection,
-    t: &NewTurn<'_>,
-    state: TurnState,
-) -> Result<TurnRow, StoreError> {
-    // One statement: the session's count goes with the insert (a data-modifying CTE always
-    // runs), one round trip instead of two.
-    let sql = format!(
-        "WITH counted AS (
-             UPDATE sessions SET next_seq = next_seq + 1,
-                 active_turn_id = COALESCE(active_turn_id, $2),
-                 expires_at = GREATEST(expires_at, $9), updated_at = now()
-             WHERE id = $1)
-         INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
-             tenant, started_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-             CASE WHEN $4 = 'running' THEN clock_timestamp() END)
-         RETURNING {TURN_COLUMNS}"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(t.session)
-        .bind(t.turn)
-        .bind(t.seq)
-        .bind(state.as_str())
-        .bind(t.fingerprint)
-        .bind(t.request)
-        .bind(t.reply_to.map(InstanceName::as_str))
-        .bind(t.tenant.map(TenantName::as_str))
-        .bind(t.expires_at)
-        .fetch_one(&mut *conn)
-        .await?)
 }

@@ -9,6 +9,7 @@ mod fail;
 mod files;
 mod members;
 mod new_record;
+mod new_turn;
 mod outbox;
 mod records;
 mod reprocess;

@@ -2,9 +2,12 @@
 //! reprocessing, and its insert, with the tool definitions kept by reference.
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use sqlx::types::Json;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres};
 use uuid::Uuid;
 
 use super::texts::{TextCache, Texts};
@@ -109,6 +112,90 @@ impl NewRecord {
     }
 }
 
+/// The CTEs that write a record: `texts` (the texts it references, new ones only) and
+/// `recorded` (its row), with parameters `$1` to `$23` as [`PreparedRecord::bind`] binds them.
+/// A statement that writes more along with the record appends its own CTEs and parameters.
+macro_rules! record_ctes {
+    () => {
+        "texts AS (
+             INSERT INTO session_texts (sha256, body)
+             SELECT * FROM unnest($21::text[], $22::text[]) ON CONFLICT (sha256) DO NOTHING),
+         recorded AS (
+             INSERT INTO response_records (id, session_id, turn_id, step, kind,
+                 provider_response_id, chain, request_payload, response_payload,
+                 retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
+                 workspace_id, repo, language, rag_scope, reply, stage_timings)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$23))"
+    };
+}
+pub(super) use record_ctes;
+
+/// A record ready to be written: its tool definitions moved to texts, of which those the cache
+/// does not hold go with it.
+pub(super) struct PreparedRecord<'r> {
+    record: &'r NewRecord,
+    key: (Uuid, &'r str, i32),
+    /// The body as sent with its tools by reference (`None`: it had none to move).
+    packed: Option<Box<RawValue>>,
+    response: Option<Value>,
+    /// The texts it writes, to remember once the transaction commits.
+    pub texts: Texts,
+}
+
+impl<'r> PreparedRecord<'r> {
+    /// Moves `r`'s tool definitions to texts.
+    pub(super) fn new(
+        cache: &TextCache,
+        key: (Uuid, &'r str, i32),
+        r: &'r NewRecord,
+    ) -> Result<Self, StoreError> {
+        let mut texts = Texts::default();
+        let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
+        let packed = sent.map(|b| tool_refs::body_by_ref(b, &mut texts)).transpose()?.flatten();
+        let mut response = r.response_payload.clone();
+        if let Some(response) = response.as_mut() {
+            tool_refs::value_by_ref(response, &mut texts)?;
+        }
+        texts.retain(|sha| !cache.holds(sha));
+        texts.sort();
+        Ok(PreparedRecord { record: r, key, packed, response, texts })
+    }
+
+    /// Binds [`record_ctes`]'s parameters, `$1` to `$23`, in order.
+    pub(super) fn bind<'q, O>(
+        &'q self,
+        q: QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> QueryAs<'q, Postgres, O, PgArguments> {
+        let r = self.record;
+        let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
+        // The body as sent when it has no tool definitions to move.
+        let request = self.packed.as_deref().or(sent).map(Json);
+        q.bind(Uuid::now_v7())
+            .bind(self.key.0)
+            .bind(self.key.1)
+            .bind(self.key.2)
+            .bind(&r.kind)
+            .bind(&r.provider_response_id)
+            .bind(&r.chain)
+            .bind(request)
+            .bind(&self.response)
+            .bind(&r.retrieved_chunks)
+            .bind(&r.active_files)
+            .bind(&r.skipped_files)
+            .bind(&r.usage)
+            .bind(&r.errors)
+            .bind(&r.instruction)
+            .bind(&r.workspace_id)
+            .bind(&r.repo)
+            .bind(&r.language)
+            .bind(&r.rag_scope)
+            .bind(&r.reply)
+            .bind(&self.texts.keys)
+            .bind(&self.texts.bodies)
+            .bind(&r.stage_timings)
+    }
+}
+
 /// Inserts a record, its tool definitions by reference ([`super::tool_refs`]); returns the texts
 /// it stored, to remember once the transaction commits.
 pub(super) async fn insert_record(
@@ -117,50 +204,8 @@ pub(super) async fn insert_record(
     key: (Uuid, &str, i32),
     r: &NewRecord,
 ) -> Result<Texts, StoreError> {
-    let mut texts = Texts::default();
-    let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
-    let packed = sent.map(|b| tool_refs::body_by_ref(b, &mut texts)).transpose()?.flatten();
-    // The body as sent when it has no tool definitions to move.
-    let request = packed.as_deref().or(sent).map(Json);
-    let mut response = r.response_payload.clone();
-    if let Some(response) = response.as_mut() {
-        tool_refs::value_by_ref(response, &mut texts)?;
-    }
-    texts.retain(|sha| !cache.holds(sha));
-    texts.sort();
-    sqlx::query(
-        "WITH texts AS (
-             INSERT INTO session_texts (sha256, body)
-             SELECT * FROM unnest($21::text[], $22::text[]) ON CONFLICT (sha256) DO NOTHING)
-         INSERT INTO response_records (id, session_id, turn_id, step, kind, provider_response_id, chain,
-            request_payload, response_payload, retrieved_chunks, active_files, skipped_files, usage, errors,
-            instruction, workspace_id, repo, language, rag_scope, reply, stage_timings)
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$23)",
-    )
-    .bind(Uuid::now_v7())
-    .bind(key.0)
-    .bind(key.1)
-    .bind(key.2)
-    .bind(&r.kind)
-    .bind(&r.provider_response_id)
-    .bind(&r.chain)
-    .bind(request)
-    .bind(response)
-    .bind(&r.retrieved_chunks)
-    .bind(&r.active_files)
-    .bind(&r.skipped_files)
-    .bind(&r.usage)
-    .bind(&r.errors)
-    .bind(&r.instruction)
-    .bind(&r.workspace_id)
-    .bind(&r.repo)
-    .bind(&r.language)
-    .bind(&r.rag_scope)
-    .bind(&r.reply)
-    .bind(&texts.keys)
-    .bind(&texts.bodies)
-    .bind(&r.stage_timings)
-    .execute(&mut *conn)
-    .await?;
-    Ok(texts)
+    let prepared = PreparedRecord::new(cache, key, r)?;
+    let sql = concat!("WITH ", record_ctes!(), " SELECT 1");
+    prepared.bind(sqlx::query_as::<_, (i32,)>(sql)).fetch_one(&mut *conn).await?;
+    Ok(prepared.texts)
 }

@@ -59,10 +59,7 @@ pub(super) async fn insert_with(
         )
         .bind(session)
         .bind(turn)
-        .bind({
-            crate::metrics::metrics().json("serialize", "outbox");
-            serde_json::to_value(&m)?
-        })
+        .bind(payload(&m)?)
         .fetch_one(&mut *conn)
         .await?;
         out.ids.push(id);
@@ -73,7 +70,7 @@ pub(super) async fn insert_with(
 
 /// Gives the session's step replies its current name and expiry, read under the transaction
 /// that sends them (`known`, or read here).
-async fn with_session_model(
+pub(super) async fn with_session_model(
     conn: &mut PgConnection,
     session: Uuid,
     messages: &mut [Outgoing],
@@ -98,6 +95,12 @@ async fn with_session_model(
         (r.session_name, r.session_expires) = (name.clone(), expires);
     }
     Ok(())
+}
+
+/// A message as its outbox row holds it.
+pub(super) fn payload(m: &Outgoing) -> Result<serde_json::Value, StoreError> {
+    crate::metrics::metrics().json("serialize", "outbox");
+    Ok(serde_json::to_value(m)?)
 }
 
 /// Rows younger than this are presumed still being published, then deleted, by the worker that

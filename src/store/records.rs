@@ -5,12 +5,12 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::new_record::{insert_record, NewRecord};
+use super::new_record::{record_ctes, NewRecord, PreparedRecord};
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next_with, starts, TurnRow, TurnState, TURN_COLUMNS};
+use super::turns::{next_queued, start_next, starts, turn_columns, TurnRow, TurnState};
 use super::{KnownTexts, Store, StoreError};
 use crate::contracts::TurnKey;
-use crate::messages::Outgoing;
+use crate::messages::{Outgoing, ReplyOut};
 
 /// How a round trip leaves its turn.
 #[derive(Debug, Clone)]
@@ -57,8 +57,8 @@ pub struct FinishStep {
     pub known_texts: KnownTexts,
     /// The turn's transition.
     pub outcome: StepOutcome,
-    /// Messages to publish after the commit (the reply).
-    pub messages: Vec<Outgoing>,
+    /// The reply to publish after the commit, if the round trip sends one.
+    pub reply: Option<ReplyOut>,
     /// Whether it ends the turn as cancelled (its client's cancel was admitted).
     pub cancelled: bool,
 }
@@ -97,8 +97,6 @@ impl Store {
             }
             StepState::Running { .. } => {}
         }
-        let stored =
-            insert_record(&mut tx, &self.texts, (session, turn, f.step), &f.record).await?;
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
@@ -108,27 +106,25 @@ impl Store {
             Some(s) => Some(super::texts::pack(&mut tx, &self.texts, s, &f.known_texts).await?),
             None => None,
         };
-        let mut messages = std::mem::take(&mut f.messages);
-        let after = transition(&mut tx, &f).await?;
-        if let (Some(state), false) = (&state, matches!(after, After::Ended)) {
-            sqlx::query("UPDATE sessions SET state = $2, updated_at = now() WHERE id = $1")
-                .bind(session)
-                .bind(state)
-                .execute(&mut *tx)
-                .await?;
+        let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
+        outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
+        let record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
+        let moved = write_step(&mut tx, &record, &f, state.as_ref(), reply.first()).await?;
+        let mut out = PendingOutbox::default();
+        if let (Some(id), Some(m)) = (moved.reply_id, reply.pop()) {
+            out.ids.push(id);
+            out.messages.push(m);
         }
-        match after {
-            After::Ended => {
-                let next = dispatch_next_with(&mut tx, session, gate.as_ref(), state.as_ref());
-                messages.extend(starts(&next.await?)?);
-            }
-            After::Waits => {}
-            After::RunsOn(row) => messages.push(Outgoing::Start(row.start_job()?)),
-        }
-        let model = Some((name, expires));
-        let out = outbox::insert_with(&mut tx, session, turn, messages, model).await?;
+        let starts = match moved.row.state {
+            TurnState::Running => vec![Outgoing::Start(moved.row.start_job()?)],
+            TurnState::AwaitingToolResults => Vec::new(),
+            _ => starts(&start_next(&mut tx, session, gate.as_ref(), moved.next_turn).await?)?,
+        };
+        let started = outbox::insert(&mut tx, session, turn, starts).await?;
+        out.ids.extend(started.ids);
+        out.messages.extend(started.messages);
         tx.commit().await?;
-        self.texts.keep(&stored);
+        self.texts.keep(&record.texts);
         Ok(Finished::Done(out))
     }
 }
@@ -184,20 +180,56 @@ async fn step_state(
     }
 }
 
-/// What a step's transition leaves to do.
-enum After {
-    /// The turn ended: the session goes to its next turn.
-    Ended,
-    /// The turn waits for the client's tool results and keeps the session.
-    Waits,
-    /// The turn runs on: this is its next round trip's start.
-    RunsOn(TurnRow),
+/// What [`write_step`] returns: the turn past its step, the session's next turn if the turn
+/// ended, and the reply's outbox row.
+#[derive(sqlx::FromRow)]
+struct Moved {
+    #[sqlx(flatten)]
+    row: TurnRow,
+    next_turn: Option<String>,
+    reply_id: Option<i64>,
 }
 
-/// Moves the turn past the step.
-async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<After, StoreError> {
+/// The record, the turn moved past its step, the session's new state (and, when the turn ends,
+/// its next turn) and the reply's outbox row, in one statement: one round trip instead of four.
+/// The session is locked, so the snapshot the CTEs share holds every queued turn; the turn that
+/// moves was running, never queued, whichever version of it the subquery reads.
+const WRITE_STEP: &str = concat!(
+    "WITH ",
+    record_ctes!(),
+    ",
+     moved AS (
+         UPDATE turns SET state = $24, step = $25, pending_tool_calls = $26, last_reply = NULL,
+             pending_warnings = $27, server_calls = $28,
+             server_executions = COALESCE($30, server_executions),
+             continuation = CASE WHEN $29 THEN NULL ELSE continuation END, updated_at = now()
+         WHERE session_id = $2 AND turn_id = $3 RETURNING ",
+    turn_columns!(),
+    "),
+     handed AS (
+         UPDATE sessions SET updated_at = now(), state = COALESCE($31::jsonb, state),
+             active_turn_id = CASE WHEN $32::boolean THEN ",
+    next_queued!("$2"),
+    " ELSE active_turn_id END
+         WHERE id = $2 AND ($32 OR $31 IS NOT NULL) RETURNING active_turn_id),
+     replied AS (
+         INSERT INTO outbox (session_id, turn_id, payload)
+         SELECT $2, $3, $33::jsonb WHERE $33 IS NOT NULL RETURNING id)
+     SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
+         (SELECT id FROM replied) AS reply_id
+     FROM moved"
+);
+
+/// Writes a round trip's ending ([`WRITE_STEP`]).
+async fn write_step(
+    conn: &mut PgConnection,
+    record: &PreparedRecord<'_>,
+    f: &FinishStep,
+    state: Option<&Value>,
+    reply: Option<&Outgoing>,
+) -> Result<Moved, StoreError> {
     let null = Value::Null;
-    let (state, pending, warnings, server_calls, executed) = match &f.outcome {
+    let (to, pending, warnings, server_calls, executed) = match &f.outcome {
         StepOutcome::Completed => (TurnState::Completed, &null, &null, &null, None),
         StepOutcome::Failed => (TurnState::Failed, &null, &null, &null, None),
         StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
@@ -208,29 +240,20 @@ async fn transition(conn: &mut PgConnection, f: &FinishStep) -> Result<After, St
         }
     };
     let runs_on = matches!(f.outcome, StepOutcome::ServerTools { .. });
-    let sql = format!(
-        "UPDATE turns SET state = $3, step = $4, pending_tool_calls = $5, last_reply = NULL,
-             pending_warnings = $6, server_calls = $7,
-             server_executions = COALESCE($9, server_executions),
-             continuation = CASE WHEN $8 THEN NULL ELSE continuation END, updated_at = now()
-         WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
-    );
     let some = |v: &Value| (!v.is_null()).then(|| v.clone());
-    let row: TurnRow = sqlx::query_as(&sql)
-        .bind(f.key.session_id.as_uuid())
-        .bind(f.key.turn_id.as_str())
-        .bind(state.as_str())
+    let reply = reply.map(outbox::payload).transpose()?;
+    Ok(record
+        .bind(sqlx::query_as(WRITE_STEP))
+        .bind(to.as_str())
         .bind(f.step + 1)
         .bind(some(pending))
         .bind(some(warnings))
         .bind(some(server_calls))
         .bind(runs_on)
         .bind(executed.and_then(some))
+        .bind(state)
+        .bind(to.is_finished())
+        .bind(reply)
         .fetch_one(&mut *conn)
-        .await?;
-    Ok(match state {
-        TurnState::Running => After::RunsOn(row),
-        TurnState::AwaitingToolResults => After::Waits,
-        _ => After::Ended,
-    })
+        .await?)
 }

@@ -168,7 +168,30 @@ fn list<T: serde::de::DeserializeOwned>(v: &Option<Value>) -> Result<Vec<T>, Sto
     Ok(v.clone().map(serde_json::from_value).transpose()?.unwrap_or_default())
 }
 
-pub(super) const TURN_COLUMNS: &str = "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, cancel_requested_at, server_calls, server_executions";
+/// The columns a [`TurnRow`] is read from, as a literal for statements built with `concat!`.
+macro_rules! turn_columns {
+    () => {
+        "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, \
+         pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, \
+         cancel_requested_at, server_calls, server_executions"
+    };
+}
+pub(super) use turn_columns;
+
+pub(super) const TURN_COLUMNS: &str = turn_columns!();
+
+/// The session's oldest queued turn, as a scalar subquery; the argument names the parameter
+/// that holds the session.
+macro_rules! next_queued {
+    ($session:literal) => {
+        concat!(
+            "(SELECT turn_id FROM turns WHERE session_id = ",
+            $session,
+            " AND state = 'queued' ORDER BY seq LIMIT 1)"
+        )
+    };
+}
+pub(super) use next_queued;
 
 /// Hands a locked session to its next queued turn and returns the turns that start: that one,
 /// or, for a tenant whose turns over a limit are held (`gate` in queue mode), the tenant's
@@ -178,31 +201,28 @@ pub(super) async fn dispatch_next(
     session: Uuid,
     gate: Option<&Gate>,
 ) -> Result<Vec<TurnRow>, StoreError> {
-    dispatch_next_with(conn, session, gate, None).await
-}
-
-/// [`dispatch_next`], writing the session's new assemble `state` (when given) in the same
-/// statement: one round trip and one row version instead of two for a turn that ends.
-pub(super) async fn dispatch_next_with(
-    conn: &mut PgConnection,
-    session: Uuid,
-    gate: Option<&Gate>,
-    state: Option<&Value>,
-) -> Result<Vec<TurnRow>, StoreError> {
-    let holds = gate.filter(|g| g.limits.over_limit == crate::config::OverLimit::Queue);
     // The session's oldest queued turn holds it next (none: it is idle), in one statement.
-    let next: Option<String> = sqlx::query_scalar::<_, Option<String>>(
-        "UPDATE sessions SET updated_at = now(), state = COALESCE($2, state), active_turn_id = (
-             SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued'
-             ORDER BY seq LIMIT 1)
-         WHERE id = $1 RETURNING active_turn_id",
-    )
+    let next: Option<String> = sqlx::query_scalar::<_, Option<String>>(concat!(
+        "UPDATE sessions SET updated_at = now(), active_turn_id = ",
+        next_queued!("$1"),
+        " WHERE id = $1 RETURNING active_turn_id"
+    ))
     .bind(session)
-    .bind(state)
     .fetch_optional(&mut *conn)
     .await?
     .flatten();
-    if let Some(gate) = holds {
+    start_next(conn, session, gate, next).await
+}
+
+/// Starts what may start once a locked session was handed to `next` (its `active_turn_id`
+/// already set): that turn, or the tenant's held turns ([`dispatch_next`]).
+pub(super) async fn start_next(
+    conn: &mut PgConnection,
+    session: Uuid,
+    gate: Option<&Gate>,
+    next: Option<String>,
+) -> Result<Vec<TurnRow>, StoreError> {
+    if let Some(gate) = gate.filter(|g| g.limits.over_limit == crate::config::OverLimit::Queue) {
         super::tenants::lock(conn, &gate.tenant).await?;
         return super::tenants::start_held(conn, gate).await;
     }

@@ -105,7 +105,7 @@ impl Persist {
             session_state: e.session_state,
             known_texts: e.known_texts,
             outcome: e.outcome,
-            messages: out.into_iter().map(Outgoing::Reply).collect(),
+            reply: out,
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
         };
         Ok(self.store.finish_step(finish).await?)
