@@ -12,9 +12,7 @@ use crate::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
 };
 use crate::messages::hops;
-use crate::messages::{
-    with_owed_warnings, Answer, Done, Outgoing, PersistJob, ReplyOut, RoundTrip,
-};
+use crate::messages::{with_owed_warnings, Answer, Done, PersistJob, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
 use crate::store::{cancelled, FinishStep, Finished, KnownTexts, NewRecord, StepOutcome, Store};
 
