@@ -34,25 +34,16 @@ impl PendingOutbox {
 /// A session's name and expiry, as its step replies carry them.
 pub(super) type SessionModel = (Option<String>, Option<chrono::DateTime<chrono::Utc>>);
 
+/// Writes `messages` as outbox rows, a step reply of the session given its current name and
+/// expiry.
 pub(super) async fn insert(
     conn: &mut PgConnection,
     session: Uuid,
     turn: &str,
-    messages: Vec<Outgoing>,
-) -> Result<PendingOutbox, StoreError> {
-    insert_with(conn, session, turn, messages, None).await
-}
-
-/// [`insert`], given the session's name and expiry when the transaction already read them.
-pub(super) async fn insert_with(
-    conn: &mut PgConnection,
-    session: Uuid,
-    turn: &str,
     mut messages: Vec<Outgoing>,
-    model: Option<SessionModel>,
 ) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
-    with_session_model(conn, session, &mut messages, model).await?;
+    with_session_model(conn, session, &mut messages, None).await?;
     for m in messages {
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $3) RETURNING id",
