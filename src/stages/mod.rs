@@ -80,7 +80,9 @@ impl From<StoreError> for StageError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotRunning { .. } => StageError::Refused(e.to_string()),
-            StoreError::ReplyInFlight => StageError::Wait(e.to_string()),
+            StoreError::ReplyInFlight | StoreError::AdmittedMeanwhile { .. } => {
+                StageError::Wait(e.to_string())
+            }
             e if e.is_transient() => StageError::Transient(e.to_string()),
             e => StageError::Permanent(e.to_string()),
         }

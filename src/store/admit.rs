@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::new_record::NewRecord;
 use super::new_turn::{insert_turn, start_turn, NewTurn};
 use super::outbox::{self, PendingOutbox};
+use super::session_lock::open_session;
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
 use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
@@ -79,43 +80,6 @@ pub enum Admission {
     Limited(Limit),
 }
 
-/// A locked session row.
-#[derive(sqlx::FromRow)]
-struct Locked {
-    active_turn_id: Option<String>,
-    next_seq: i64,
-    #[sqlx(flatten)]
-    owner: SessionOwner,
-}
-
-async fn lock_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-) -> Result<Option<Locked>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id
-         FROM sessions WHERE id = $1 FOR UPDATE",
-    )
-    .bind(session)
-    .fetch_optional(&mut *conn)
-    .await?)
-}
-
-/// Locks the session, creating it first if it is new; whether it was. A session's later turns
-/// (nearly all) take one statement: the lock finds the row.
-async fn open_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-    meta: &SessionMeta,
-) -> Result<(Locked, bool), StoreError> {
-    if let Some(locked) = lock_session(conn, session).await? {
-        return Ok((locked, false));
-    }
-    let created = create_session(conn, session, meta).await?;
-    let locked = lock_session(conn, session).await?.ok_or(sqlx::Error::RowNotFound)?;
-    Ok((locked, created))
-}
-
 /// Whether a session created with `stored` contexts serves a turn that assumed `meta`'s (a
 /// session from before contexts were fixed has none, and serves any).
 fn contexts_match(stored: &SessionOwner, meta: &SessionMeta) -> bool {
@@ -149,7 +113,9 @@ pub(super) fn failure(
 
 impl Store {
     /// Admits a validated user turn; a turn that runs now gets its start message in the outbox.
-    /// A turn of another tenant's session, or over its tenant's limits, writes nothing.
+    /// A turn of another tenant's session, or over its tenant's limits, writes nothing. A copy
+    /// admitted while this one waited for the session is [`StoreError::AdmittedMeanwhile`]:
+    /// admitting again finds it.
     pub async fn admit_user_turn(
         &self,
         key: &TurnKey,
@@ -160,14 +126,18 @@ impl Store {
     ) -> Result<Admission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let (locked, created) = open_session(&mut tx, session, meta).await?;
+        let (locked, created) = open_session(&mut tx, session, turn, meta).await?;
         if locked.owner.tenant.as_deref() != meta.tenant.as_ref().map(TenantName::as_str) {
             return Ok(Admission::Unavailable);
         }
         if !contexts_match(&locked.owner, meta) {
             return Ok(Admission::ContextsDiffer(locked.owner));
         }
-        if let Some(existing) = turn_row(&mut tx, session, turn).await? {
+        let existing = match locked.known {
+            true => turn_row(&mut tx, session, turn).await?,
+            false => None,
+        };
+        if let Some(existing) = existing {
             let outcome = if existing.fingerprint != fingerprint {
                 Admission::Conflict
             } else if existing.state.is_finished() {
@@ -256,30 +226,6 @@ async fn refused_by(
         }
         _ => Ok(None),
     }
-}
-
-/// Creates the session if it is new; whether it was.
-async fn create_session(
-    conn: &mut PgConnection,
-    session: Uuid,
-    meta: &SessionMeta,
-) -> Result<bool, StoreError> {
-    let created = sqlx::query(
-        "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id,
-             repo, name, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(session)
-    .bind(meta.tenant.as_ref().map(TenantName::as_str))
-    .bind(&meta.agent_context_id)
-    .bind(&meta.conversation_context_id)
-    .bind(&meta.workspace_id)
-    .bind(&meta.repo)
-    .bind(&meta.name)
-    .bind(meta.expires_at)
-    .execute(&mut *conn)
-    .await?;
-    Ok(created.rows_affected() == 1)
 }
 
 async fn state_of(

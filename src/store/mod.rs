@@ -14,6 +14,7 @@ mod outbox;
 mod records;
 mod reprocess;
 mod resume;
+mod session_lock;
 mod sessions;
 mod sweep;
 mod tenants;
@@ -68,6 +69,23 @@ pub enum StoreError {
         /// The turn's state (and step, when running another).
         state: String,
     },
+    /// A step's write found its turn no longer running that step, yet a read right after found
+    /// it running it: the turn changed between the two, which the session's lock forbids.
+    /// Retrying reads it afresh.
+    #[error("turn `{turn}` changed while step {step} was written")]
+    Changed {
+        /// The turn.
+        turn: String,
+        /// The step offered.
+        step: i32,
+    },
+    /// A copy of this user turn was admitted while this admission waited for its session's
+    /// lock; admitting again finds the copy.
+    #[error("a copy of turn `{turn}` was admitted meanwhile")]
+    AdmittedMeanwhile {
+        /// The turn.
+        turn: String,
+    },
     /// The session's previous turn ended moments ago and its reply is still being published: a
     /// new turn waits, so it cannot overtake that reply.
     #[error("the session's previous reply is still being published")]
@@ -87,7 +105,9 @@ impl StoreError {
             StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => {
                 false
             }
-            StoreError::ReplyInFlight => true,
+            StoreError::ReplyInFlight
+            | StoreError::AdmittedMeanwhile { .. }
+            | StoreError::Changed { .. } => true,
             StoreError::Shared(e) => e.is_transient(),
         }
     }

@@ -114,18 +114,26 @@ impl NewRecord {
 
 /// The CTEs that write a record: `texts` (the texts it references, new ones only) and
 /// `recorded` (its row), with parameters `$1` to `$23` as [`PreparedRecord::bind`] binds them.
-/// A statement that writes more along with the record appends its own CTEs and parameters.
+/// A statement that writes more along with the record appends its own CTEs and parameters; its
+/// `guard` (a WHERE clause, or empty) decides whether the two CTEs write at all.
 macro_rules! record_ctes {
-    () => {
-        "texts AS (
-             INSERT INTO session_texts (sha256, body)
-             SELECT * FROM unnest($21::text[], $22::text[]) ON CONFLICT (sha256) DO NOTHING),
-         recorded AS (
-             INSERT INTO response_records (id, session_id, turn_id, step, kind,
-                 provider_response_id, chain, request_payload, response_payload,
-                 retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
-                 workspace_id, repo, language, rag_scope, reply, stage_timings)
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$23))"
+    ($guard:literal) => {
+        concat!(
+            "texts AS (
+                 INSERT INTO session_texts (sha256, body)
+                 SELECT * FROM unnest($21::text[], $22::text[]) ",
+            $guard,
+            " ON CONFLICT (sha256) DO NOTHING),
+             recorded AS (
+                 INSERT INTO response_records (id, session_id, turn_id, step, kind,
+                     provider_response_id, chain, request_payload, response_payload,
+                     retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
+                     workspace_id, repo, language, rag_scope, reply, stage_timings)
+                 SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
+                     $23 ",
+            $guard,
+            ")"
+        )
     };
 }
 pub(super) use record_ctes;
@@ -205,7 +213,7 @@ pub(super) async fn insert_record(
     r: &NewRecord,
 ) -> Result<Texts, StoreError> {
     let prepared = PreparedRecord::new(cache, key, r)?;
-    let sql = concat!("WITH ", record_ctes!(), " SELECT 1");
+    let sql = concat!("WITH ", record_ctes!(""), " SELECT 1");
     prepared.bind(sqlx::query_as::<_, (i32,)>(sql)).fetch_one(&mut *conn).await?;
     Ok(prepared.texts)
 }

@@ -70,7 +70,8 @@ pub(super) async fn insert_turn(
     state: TurnState,
 ) -> Result<TurnRow, StoreError> {
     let sql = concat!("WITH ", counted_cte!(), " ", turn_insert!(), " RETURNING ", turn_columns!());
-    Ok(bind_turn(sqlx::query_as(sql), t, state).fetch_one(&mut *conn).await?)
+    let row = bind_turn(sqlx::query_as(sql), t, state).fetch_one(&mut *conn).await;
+    row.map_err(|e| admitted_meanwhile(e, t.turn))
 }
 
 /// Inserts a turn that runs now, counted on its session, with its start message in the outbox:
@@ -91,8 +92,21 @@ pub(super) async fn start_turn(
     let (id,): (i64,) = bind_turn(sqlx::query_as(sql), t, TurnState::Running)
         .bind(outbox::payload(&start)?)
         .fetch_one(&mut *conn)
-        .await?;
+        .await
+        .map_err(|e| admitted_meanwhile(e, t.turn))?;
     Ok(PendingOutbox { ids: vec![id], messages: vec![start] })
+}
+
+/// `e`, or, when it is the turns' key refusing the insert, [`StoreError::AdmittedMeanwhile`]: a
+/// copy of the turn was admitted while this admission waited for the session's lock, which the
+/// lock's own look for the turn could not see (`session_lock.rs`).
+fn admitted_meanwhile(e: sqlx::Error, turn: &str) -> StoreError {
+    match &e {
+        sqlx::Error::Database(d) if d.constraint() == Some("turns_pkey") => {
+            StoreError::AdmittedMeanwhile { turn: turn.to_owned() }
+        }
+        _ => StoreError::Db(e),
+    }
 }
 
 impl NewTurn<'_> {

@@ -2,11 +2,12 @@
 //! next-turn dispatch in one transaction.
 
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::new_record::{record_ctes, NewRecord, PreparedRecord};
 use super::outbox::{self, PendingOutbox};
+use super::texts::pack;
 use super::turns::{next_queued, start_next, starts, turn_columns, TurnRow, TurnState};
 use super::{KnownTexts, Store, StoreError};
 use crate::contracts::TurnKey;
@@ -86,30 +87,23 @@ impl Store {
         .bind(session)
         .fetch_one(&mut *tx)
         .await?;
-        match step_state(&mut tx, session, turn, f.step).await? {
-            StepState::Recorded => {
-                let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
-                tx.commit().await?;
-                return Ok(Finished::Done(pending));
-            }
-            StepState::Running { cancelled: true } if !f.cancelled => {
-                return Ok(Finished::CancelRequested);
-            }
-            StepState::Running { .. } => {}
-        }
+        let state = f.session_state.take().map(|s| pack(&self.texts, s, &f.known_texts));
+        let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
+        outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
+        let mut record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
+        let state = state.map(|(packed, texts)| {
+            record.texts.absorb(texts);
+            packed
+        });
+        let written = write_step(&mut tx, &record, &f, state.as_ref(), reply.first()).await?;
+        let Some(moved) = written else {
+            return unwritten(tx, session, turn, f.step, f.cancelled).await;
+        };
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
                 .await?;
         }
-        let state = match f.session_state.take() {
-            Some(s) => Some(super::texts::pack(&mut tx, &self.texts, s, &f.known_texts).await?),
-            None => None,
-        };
-        let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
-        outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
-        let record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
-        let moved = write_step(&mut tx, &record, &f, state.as_ref(), reply.first()).await?;
         let mut out = PendingOutbox::default();
         if let (Some(id), Some(m)) = (moved.reply_id, reply.pop()) {
             out.ids.push(id);
@@ -129,6 +123,26 @@ impl Store {
     }
 }
 
+/// What a round trip gets when [`WRITE_STEP`] wrote nothing because its turn was not running
+/// that step, or its cancel was admitted: its record's messages again, a cancel, or a refusal.
+async fn unwritten(
+    mut tx: Transaction<'_, Postgres>,
+    session: Uuid,
+    turn: &str,
+    step: i32,
+    cancelled: bool,
+) -> Result<Finished, StoreError> {
+    match step_state(&mut tx, session, turn, step).await? {
+        StepState::Recorded => {
+            let pending = outbox::pending_for_turn(&mut tx, session, turn).await?;
+            tx.commit().await?;
+            Ok(Finished::Done(pending))
+        }
+        StepState::Running { cancelled: true } if !cancelled => Ok(Finished::CancelRequested),
+        StepState::Running { .. } => Err(StoreError::Changed { turn: turn.to_owned(), step }),
+    }
+}
+
 /// Where a round trip stands when persist offers its ending.
 enum StepState {
     /// It already has its record (a redelivered or duplicated persist message).
@@ -141,7 +155,8 @@ enum StepState {
 }
 
 /// Where round trip `step` stands, in one query (the session is locked); a step for a turn that
-/// is not running at that step, and has no record, is refused.
+/// is not running at that step, and has no record, is refused. Read only when the step's write
+/// did not apply, to tell why.
 async fn step_state(
     conn: &mut PgConnection,
     session: Uuid,
@@ -190,44 +205,52 @@ struct Moved {
     reply_id: Option<i64>,
 }
 
-/// The record, the turn moved past its step, the session's new state (and, when the turn ends,
-/// its next turn) and the reply's outbox row, in one statement: one round trip instead of four.
+/// The turn moved past its step, its record, the session's new state (and, when the turn ends,
+/// its next turn) and the reply's outbox row, in one statement: one round trip instead of five.
+/// The turn's UPDATE is the check: it moves the turn only if it runs this step and no cancel
+/// of it was admitted (unless this ending is the cancel), re-checked on the row's newest
+/// version; every other CTE writes only if it moved, so a repeat or a refused step writes
+/// nothing and returns no row. Sound because a step's record is only ever written in the
+/// transaction that moves its turn past that step (here and `fail.rs`'s `end_turn`).
 /// The session is locked, so the snapshot the CTEs share holds every queued turn; the turn that
 /// moves was running, never queued, whichever version of it the subquery reads.
 const WRITE_STEP: &str = concat!(
-    "WITH ",
-    record_ctes!(),
-    ",
-     moved AS (
+    "WITH moved AS (
          UPDATE turns SET state = $24, step = $25, pending_tool_calls = $26, last_reply = NULL,
              pending_warnings = $27, server_calls = $28,
              server_executions = COALESCE($30, server_executions),
              continuation = CASE WHEN $29 THEN NULL ELSE continuation END, updated_at = now()
-         WHERE session_id = $2 AND turn_id = $3 RETURNING ",
+         WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
+             AND (cancel_requested_at IS NULL OR $34::boolean)
+         RETURNING ",
     turn_columns!(),
-    "),
+    "), ",
+    record_ctes!("WHERE EXISTS (SELECT 1 FROM moved)"),
+    ",
      handed AS (
          UPDATE sessions SET updated_at = now(), state = COALESCE($31::jsonb, state),
              active_turn_id = CASE WHEN $32::boolean THEN ",
     next_queued!("$2"),
     " ELSE active_turn_id END
-         WHERE id = $2 AND ($32 OR $31 IS NOT NULL) RETURNING active_turn_id),
+         WHERE id = $2 AND ($32 OR $31 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
+         RETURNING active_turn_id),
      replied AS (
          INSERT INTO outbox (session_id, turn_id, payload)
-         SELECT $2, $3, $33::jsonb WHERE $33 IS NOT NULL RETURNING id)
+         SELECT $2, $3, $33::jsonb WHERE $33 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
+         RETURNING id)
      SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
          (SELECT id FROM replied) AS reply_id
      FROM moved"
 );
 
-/// Writes a round trip's ending ([`WRITE_STEP`]).
+/// Writes a round trip's ending ([`WRITE_STEP`]); `None` when its turn was not running the step.
 async fn write_step(
     conn: &mut PgConnection,
     record: &PreparedRecord<'_>,
     f: &FinishStep,
     state: Option<&Value>,
     reply: Option<&Outgoing>,
-) -> Result<Moved, StoreError> {
+) -> Result<Option<Moved>, StoreError> {
     let null = Value::Null;
     let (to, pending, warnings, server_calls, executed) = match &f.outcome {
         StepOutcome::Completed => (TurnState::Completed, &null, &null, &null, None),
@@ -254,6 +277,7 @@ async fn write_step(
         .bind(state)
         .bind(to.is_finished())
         .bind(reply)
-        .fetch_one(&mut *conn)
+        .bind(f.cancelled)
+        .fetch_optional(&mut *conn)
         .await?)
 }

@@ -121,6 +121,16 @@ impl Texts {
         (self.keys, self.bodies) = pairs.into_iter().unzip();
     }
 
+    /// Adds `other`'s texts, once per key, and sorts them.
+    pub(super) fn absorb(&mut self, other: Texts) {
+        let ours = std::mem::take(&mut self.keys).into_iter().zip(std::mem::take(&mut self.bodies));
+        let theirs = other.keys.into_iter().zip(other.bodies);
+        let mut pairs: Vec<(String, String)> = ours.chain(theirs).collect();
+        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        pairs.dedup_by(|a, b| a.0 == b.0);
+        (self.keys, self.bodies) = pairs.into_iter().unzip();
+    }
+
     /// Keeps the texts whose key passes `keep`.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         let pairs =
@@ -151,27 +161,12 @@ pub(super) fn take_texts(value: Value, holder: Holder, known: &KnownTexts) -> (V
     (packed, texts)
 }
 
-/// Moves the texts of a session `state` out into `session_texts`, except those `known` to be
-/// there (or in the `cache`, which holds only stored texts); returns the state to store.
-pub(super) async fn pack(
-    conn: &mut PgConnection,
-    cache: &TextCache,
-    state: Value,
-    known: &KnownTexts,
-) -> Result<Value, StoreError> {
+/// A session `state` as stored, its texts replaced by references, and the texts it writes:
+/// those neither `known` to be stored nor in the `cache` (which holds only stored texts).
+pub(super) fn pack(cache: &TextCache, state: Value, known: &KnownTexts) -> (Value, Texts) {
     let (packed, mut texts) = take_texts(state, Holder::State, known);
     texts.retain(|sha| !cache.holds(sha));
-    if !texts.keys.is_empty() {
-        sqlx::query(
-            "INSERT INTO session_texts (sha256, body) SELECT * FROM unnest($1::text[], $2::text[])
-             ON CONFLICT (sha256) DO NOTHING",
-        )
-        .bind(&texts.keys)
-        .bind(&texts.bodies)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(packed)
+    (packed, texts)
 }
 
 /// The JSON as written: its texts put back from `texts` (by SHA-256).
@@ -323,6 +318,18 @@ mod tests {
             unpack(packed, &Map::new(), Holder::State).is_err(),
             "a missing text is corrupt, not empty"
         );
+    }
+
+    #[test]
+    fn absorbed_texts_are_sorted_once_each_and_keep_their_bodies() {
+        let texts = |pairs: &[(&str, &str)]| Texts {
+            keys: pairs.iter().map(|p| p.0.to_owned()).collect(),
+            bodies: pairs.iter().map(|p| p.1.to_owned()).collect(),
+        };
+        let mut ours = texts(&[("b", "body b"), ("d", "body d")]);
+        ours.absorb(texts(&[("c", "body c"), ("b", "body b"), ("a", "body a")]));
+        assert_eq!(ours.keys, ["a", "b", "c", "d"]);
+        assert_eq!(ours.bodies, ["body a", "body b", "body c", "body d"]);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! deleted only after the broker's confirm: a few milliseconds later. Admission must not let the
 //! new turn overtake an unpublished reply: the store waits for the row for a moment (77 ms,
 //! under the session's lock), then refuses (`ReplyInFlight`); trying again after short pauses
-//! here spares such a turn the first retry tier (500 ms, holding its lane).
+//! here spares such a turn the first retry tier (500 ms, holding its lane). A copy of the turn
+//! admitted while this admission waited for the lock (`AdmittedMeanwhile`) is tried again the
+//! same way: the next attempt finds the copy.
 
 use std::future::Future;
 use std::time::Duration;
@@ -13,7 +15,8 @@ use crate::store::StoreError;
 /// Pauses between attempts, milliseconds: 77 ms in all before the retry tier takes over.
 const PAUSES_MS: [u64; 5] = [2, 5, 10, 20, 40];
 
-/// Runs `admit`, again after each pause while the previous reply is still in flight.
+/// Runs `admit`, again after each pause while the previous reply is still in flight (or a copy
+/// was admitted meanwhile).
 pub(super) async fn admitting<T, F, Fut>(mut admit: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
@@ -21,7 +24,8 @@ where
 {
     for pause in PAUSES_MS {
         match admit().await {
-            Err(StoreError::ReplyInFlight) => {
+            // A copy admitted meanwhile is found by the next attempt.
+            Err(StoreError::ReplyInFlight | StoreError::AdmittedMeanwhile { .. }) => {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
             other => return other,

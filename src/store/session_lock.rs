@@ -1,0 +1,80 @@
+//! The session's lock as admission takes it: the session created on its first turn, locked,
+//! and whether the turn is known, in one statement for a session's later turns.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::admit::SessionMeta;
+use super::sessions::SessionOwner;
+use super::StoreError;
+use crate::contracts::TenantName;
+
+/// A locked session row.
+#[derive(sqlx::FromRow)]
+pub(super) struct Locked {
+    pub active_turn_id: Option<String>,
+    pub next_seq: i64,
+    #[sqlx(flatten)]
+    pub owner: SessionOwner,
+    /// Whether the turn was admitted before, as the statement's snapshot saw it: taken before
+    /// the lock was granted, so a copy admitted while the lock was awaited is missed. The turns'
+    /// key catches that copy's insert (`new_turn.rs`); a turn it saw is there.
+    pub known: bool,
+}
+
+/// Locks the session and tells whether `turn` is known, in one statement.
+async fn lock_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+) -> Result<Option<Locked>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id,
+             EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND turn_id = $2) AS known
+         FROM sessions WHERE id = $1 FOR UPDATE",
+    )
+    .bind(session)
+    .bind(turn)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+/// Locks the session, creating it first if it is new; whether it was. A session's later turns
+/// (nearly all) take one statement: the lock finds the row.
+pub(super) async fn open_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+    meta: &SessionMeta,
+) -> Result<(Locked, bool), StoreError> {
+    if let Some(locked) = lock_session(conn, session, turn).await? {
+        return Ok((locked, false));
+    }
+    let created = create_session(conn, session, meta).await?;
+    let locked = lock_session(conn, session, turn).await?.ok_or(sqlx::Error::RowNotFound)?;
+    Ok((locked, created))
+}
+
+/// Creates the session if it is new; whether it was.
+async fn create_session(
+    conn: &mut PgConnection,
+    session: Uuid,
+    meta: &SessionMeta,
+) -> Result<bool, StoreError> {
+    let created = sqlx::query(
+        "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id,
+             repo, name, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(session)
+    .bind(meta.tenant.as_ref().map(TenantName::as_str))
+    .bind(&meta.agent_context_id)
+    .bind(&meta.conversation_context_id)
+    .bind(&meta.workspace_id)
+    .bind(&meta.repo)
+    .bind(&meta.name)
+    .bind(meta.expires_at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(created.rows_affected() == 1)
+}
