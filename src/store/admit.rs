@@ -133,10 +133,7 @@ impl Store {
         if !contexts_match(&locked.owner, meta) {
             return Ok(Admission::ContextsDiffer(locked.owner));
         }
-        let existing = match locked.known {
-            true => turn_row(&mut tx, session, turn).await?,
-            false => None,
-        };
+        let existing = if locked.known { turn_row(&mut tx, session, turn).await? } else { None };
         if let Some(existing) = existing {
             let outcome = if existing.fingerprint != fingerprint {
                 Admission::Conflict

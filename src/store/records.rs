@@ -87,11 +87,12 @@ impl Store {
         .bind(session)
         .fetch_one(&mut *tx)
         .await?;
-        let state = f.session_state.take().map(|s| pack(&self.texts, s, &f.known_texts));
         let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
         outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
         let mut record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
-        let state = state.map(|(packed, texts)| {
+        // The state's new texts go in the record's texts CTE: one insert for both.
+        let state = f.session_state.take().map(|s| {
+            let (packed, texts) = pack(&self.texts, s, &f.known_texts);
             record.texts.absorb(texts);
             packed
         });

@@ -123,12 +123,10 @@ impl Texts {
 
     /// Adds `other`'s texts, once per key, and sorts them.
     pub(super) fn absorb(&mut self, other: Texts) {
-        let ours = std::mem::take(&mut self.keys).into_iter().zip(std::mem::take(&mut self.bodies));
-        let theirs = other.keys.into_iter().zip(other.bodies);
-        let mut pairs: Vec<(String, String)> = ours.chain(theirs).collect();
-        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        pairs.dedup_by(|a, b| a.0 == b.0);
-        (self.keys, self.bodies) = pairs.into_iter().unzip();
+        for (key, body) in other.keys.into_iter().zip(other.bodies) {
+            self.push(key, body);
+        }
+        self.sort();
     }
 
     /// Keeps the texts whose key passes `keep`.
