@@ -1,5 +1,6 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
+mod bench;
 mod check_request;
 mod dead;
 mod demo;
@@ -141,6 +142,15 @@ pub enum Command {
     /// records linked to the originals; nothing is published. Exit 0 all done, 1 some failed or
     /// left (resume with the same --run), 2 bad options.
     Reprocess(reprocess::ReprocessArgs),
+    /// Run a benchmark: `aptix bench ceiling --runs 3`, `aptix bench overhead`, ... (every
+    /// argument goes to the `aptix-bench` binary beside this one, built first under `cargo run`;
+    /// `aptix bench --help` lists them; figures in docs/benchmarks.md).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The benchmark and its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// `aptix session ...`
@@ -201,6 +211,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             demo::run(crate::worker::load_settings_with(path, cli.log_format, filter, "aptix")?)
         }
         Command::Reprocess(args) => reprocess::run(args, settings()?),
+        Command::Bench { args } => bench::run(args, cli.config.as_deref()),
         Command::Index(args) => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
             index::run(args, &settings)
