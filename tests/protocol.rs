@@ -240,6 +240,17 @@ async fn an_unpublished_reply_goes_out_before_the_next_turn_starts() {
     let replies = h.replies(&s, 2, WAIT).await;
     let order: Vec<&str> = replies.iter().map(|r| r.message_id.as_str()).collect();
     assert_eq!(order, [format!("reply:{s}:t1:resent-lost"), format!("reply:{s}:t2:step-0")]);
+    // t2's first try at starting saw the row and wrote nothing: counted once, in sequence.
+    let (seqs, next_seq): (Vec<i64>, i64) = sqlx::query_as(
+        "SELECT (SELECT array_agg(seq ORDER BY seq) FROM turns WHERE session_id = $1::uuid),
+                (SELECT next_seq FROM sessions WHERE id = $1::uuid)",
+    )
+    .bind(&s)
+    .fetch_one(h.deps.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(seqs.len(), 2, "{seqs:?}");
+    assert_eq!((seqs[1], next_seq), (seqs[0] + 1, seqs[0] + 2), "{seqs:?} then {next_seq}");
     // Published rows are deleted once confirmed (in the background).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while h.deps.store.outbox_len().await.unwrap() > 0 {

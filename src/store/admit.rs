@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::new_record::NewRecord;
-use super::new_turn::{insert_turn, start_turn, NewTurn};
+use super::new_turn::{insert_turn, start_turn, start_turn_if_clear, NewTurn};
 use super::outbox::{self, PendingOutbox};
 use super::session_lock::open_session;
 use super::sessions::SessionOwner;
@@ -178,6 +178,13 @@ impl Store {
             let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             tx.commit().await?;
             return Ok(queued(outbox));
+        }
+        // Without a tenant's gate, a session with nothing unpublished starts the turn at once.
+        if gate.is_none() {
+            if let Some(outbox) = start_turn_if_clear(&mut tx, &new).await? {
+                tx.commit().await?;
+                return Ok(Admission::Accepted { outbox, queued: false, new_session: created });
+            }
         }
         // The last turn's reply may still be unpublished: this turn must not overtake it. A
         // fresh one is being published by its persist worker (or will be, when its message comes

@@ -26,24 +26,34 @@ pub(super) struct NewTurn<'a> {
 }
 
 /// The session's count of a turn inserted with it: a data-modifying CTE (it always runs), so
-/// the count and the insert take one round trip.
+/// the count and the insert take one round trip. `$guard` is a `WHERE` clause's condition; the
+/// count, like the insert, is made only when it holds.
 macro_rules! counted_cte {
-    () => {
-        "counted AS (
+    ($guard:literal) => {
+        concat!(
+            "counted AS (
              UPDATE sessions SET next_seq = next_seq + 1,
                  active_turn_id = COALESCE(active_turn_id, $2),
                  expires_at = GREATEST(expires_at, $9), updated_at = now()
-             WHERE id = $1)"
+             WHERE id = $1 AND ",
+            $guard,
+            ")"
+        )
     };
 }
 
-/// The turn's insert, parameters `$1` to `$9` as [`bind_turn`] binds them.
+/// The turn's insert, parameters `$1` to `$9` as [`bind_turn`] binds them, made only when
+/// `$guard` holds.
 macro_rules! turn_insert {
-    () => {
-        "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
-             tenant, started_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-             CASE WHEN $4 = 'running' THEN clock_timestamp() END)"
+    ($guard:literal) => {
+        concat!(
+            "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
+                 tenant, started_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8,
+                 CASE WHEN $4 = 'running' THEN clock_timestamp() END
+             WHERE ",
+            $guard
+        )
     };
 }
 
@@ -69,7 +79,14 @@ pub(super) async fn insert_turn(
     t: &NewTurn<'_>,
     state: TurnState,
 ) -> Result<TurnRow, StoreError> {
-    let sql = concat!("WITH ", counted_cte!(), " ", turn_insert!(), " RETURNING ", turn_columns!());
+    let sql = concat!(
+        "WITH ",
+        counted_cte!("true"),
+        " ",
+        turn_insert!("true"),
+        " RETURNING ",
+        turn_columns!()
+    );
     let row = bind_turn(sqlx::query_as(sql), t, state).fetch_one(&mut *conn).await;
     row.map_err(|e| admitted_meanwhile(e, t.turn))
 }
@@ -81,20 +98,49 @@ pub(super) async fn start_turn(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
 ) -> Result<PendingOutbox, StoreError> {
-    let start = Outgoing::Start(t.running_row().start_job()?);
     let sql = concat!(
         "WITH ",
-        counted_cte!(),
+        counted_cte!("true"),
         ", admitted AS (",
-        turn_insert!(),
+        turn_insert!("true"),
         ") INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $10) RETURNING id"
     );
-    let (id,): (i64,) = bind_turn(sqlx::query_as(sql), t, TurnState::Running)
+    // Unguarded, the insert returns its row, as `fetch_one` would insist.
+    start_with(conn, t, sql).await?.ok_or(StoreError::Db(sqlx::Error::RowNotFound))
+}
+
+/// [`start_turn`], done only when no message of the session waits in the outbox (nothing is
+/// written otherwise: `None`). Most turns start so, and this asks in the round trip that
+/// writes. Every CTE sees the rows as they were when the statement began, which, with the
+/// session's lock already held, includes every row written under that lock; a row being
+/// deleted by its publisher meanwhile only sends the turn the caller's longer way.
+pub(super) async fn start_turn_if_clear(
+    conn: &mut PgConnection,
+    t: &NewTurn<'_>,
+) -> Result<Option<PendingOutbox>, StoreError> {
+    let sql = concat!(
+        "WITH clear AS (SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE session_id = $1) AS ok), ",
+        counted_cte!("(SELECT ok FROM clear)"),
+        ", admitted AS (",
+        turn_insert!("(SELECT ok FROM clear)"),
+        ") INSERT INTO outbox (session_id, turn_id, payload)
+         SELECT $1, $2, $10 WHERE (SELECT ok FROM clear) RETURNING id"
+    );
+    start_with(conn, t, sql).await
+}
+
+async fn start_with(
+    conn: &mut PgConnection,
+    t: &NewTurn<'_>,
+    sql: &'static str,
+) -> Result<Option<PendingOutbox>, StoreError> {
+    let start = Outgoing::Start(t.running_row().start_job()?);
+    let id: Option<(i64,)> = bind_turn(sqlx::query_as(sql), t, TurnState::Running)
         .bind(outbox::payload(&start)?)
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(|e| admitted_meanwhile(e, t.turn))?;
-    Ok(PendingOutbox { ids: vec![id], messages: vec![start] })
+    Ok(id.map(|(id,)| PendingOutbox { ids: vec![id], messages: vec![start] }))
 }
 
 /// `e`, or, when it is the turns' key refusing the insert, [`StoreError::AdmittedMeanwhile`]: a
