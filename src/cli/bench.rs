@@ -47,7 +47,15 @@ fn build_with_cargo(cargo: &OsString, workspace: &Path, dir: &Path) -> anyhow::R
     let (profile, target_dir) = cargo_profile(dir)
         .with_context(|| format!("{} is not a cargo profile directory", dir.display()))?;
     eprintln!("aptix bench: building aptix-bench (profile {profile})");
-    let status = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // What `cargo run` set for this program describes aptix, not the build: build scripts that
+    // watch such a variable would see it change and rebuild half the dependency tree.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_run) {
+            command.env_remove(&name);
+        }
+    }
+    let status = command
         .current_dir(workspace)
         .args(["build", "--quiet", "-p", "aptix-bench", "--bin", "aptix-bench", "--profile"])
         .arg(&profile)
@@ -59,6 +67,23 @@ fn build_with_cargo(cargo: &OsString, workspace: &Path, dir: &Path) -> anyhow::R
         bail!("cargo build -p aptix-bench failed ({status})");
     }
     Ok(())
+}
+
+/// Whether cargo sets `name` for the program `cargo run` runs (its "environment variables Cargo
+/// sets for crates"; `CARGO` itself is kept).
+fn set_by_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
 }
 
 /// The cargo profile and target directory of a profile output directory such as
@@ -80,5 +105,15 @@ mod tests {
         let (profile, target) = cargo_profile(Path::new("/c/t/debug")).unwrap();
         assert_eq!((profile.as_str(), target.as_path()), ("dev", Path::new("/c/t")));
         assert!(cargo_profile(Path::new("/")).is_none());
+    }
+
+    #[test]
+    fn what_cargo_run_set_is_not_passed_to_the_build() {
+        for name in ["CARGO_PKG_NAME", "CARGO_PKG_VERSION_MAJOR", "CARGO_MANIFEST_DIR", "OUT_DIR"] {
+            assert!(set_by_cargo_run(name), "{name}");
+        }
+        for name in ["CARGO", "CARGO_HOME", "CARGO_TARGET_DIR", "CARGO_PROFILE_RELEASE_DEBUG"] {
+            assert!(!set_by_cargo_run(name), "{name}");
+        }
     }
 }
