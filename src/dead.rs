@@ -62,6 +62,11 @@ fn replayable(settings: &Settings, topology: &Topology, letter: &DeadLetter) -> 
         return Err("the dead letter names no original queue".to_owned());
     };
     let ingress = topology.is_ingress_queue(queue);
+    // Only the pipeline's own queues: a letter's description may come from the broker's death
+    // records, which a client can pre-set on what it publishes.
+    if !ingress && !topology.is_inner_stage_queue(queue) {
+        return Err(format!("`{queue}` is not a queue of this pipeline's stages"));
+    }
     if ingress && letter.session_id.is_none() {
         return Err("the request names no SessionId, so it cannot be routed again".to_owned());
     }

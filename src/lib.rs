@@ -31,6 +31,7 @@ pub mod messages;
 pub mod metrics;
 pub mod otel;
 pub mod pipeline;
+pub mod redeliver;
 pub mod reprocess;
 pub mod retrieve;
 pub mod rules;

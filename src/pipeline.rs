@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::{
-    run_partitioned, run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology,
+    run_partitioned, run_stage, Handler, LazyPublisher, MessageKeys, RuntimeSettings, StageName,
+    Topology,
 };
 use crate::config::Settings;
 use crate::contracts::TenantName;
@@ -31,6 +32,9 @@ pub enum StartError {
     /// The vector store.
     #[error("retrieval: {0}")]
     Retrieve(#[from] crate::retrieve::RetrieveError),
+    /// The configuration (read again at start: the message key file).
+    #[error("configuration: {0}")]
+    Config(crate::config::ConfigError),
 }
 
 /// The queue names configured in `settings`, with the pipeline's stages.
@@ -57,6 +61,7 @@ pub async fn build_deps(
     if settings.pipeline.migrate_on_start {
         store.migrate().await?;
     }
+    let settings = with_message_key(settings, &store).await?;
     let llm = match llm {
         Some(l) => l,
         None => Arc::new(HttpLlmClient::new(&settings.llm)?),
@@ -73,6 +78,19 @@ pub async fn build_deps(
         deltas: Some(deltas),
         settings,
     })
+}
+
+/// `settings` with a stage-message key: the configured ones, else the database's.
+async fn with_message_key(
+    settings: Arc<Settings>,
+    store: &Store,
+) -> Result<Arc<Settings>, StartError> {
+    if !settings.pipeline.message_keys().map_err(StartError::Config)?.is_empty() {
+        return Ok(settings);
+    }
+    let mut own = (*settings).clone();
+    own.pipeline.message_key = Some(crate::config::Secret::new(store.message_key().await?));
+    Ok(Arc::new(own))
 }
 
 /// Like [`build_deps`] with the configured LLM client, for long-running workers: while the
@@ -108,6 +126,7 @@ pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSetting
         max_redeliveries: settings.pipeline.max_redeliveries,
         confirm_timeout: Duration::from_millis(settings.pipeline.confirm_timeout_ms),
         max_message_bytes: settings.amqp.max_message_bytes,
+        keys: settings.pipeline.message_keys().ok().and_then(MessageKeys::new),
     }
 }
 
@@ -147,6 +166,10 @@ pub async fn run_chain(
     shutdown: CancellationToken,
 ) {
     let mut tasks = Vec::new();
+    // Replies a client's queue refused wait in PostgreSQL; every stage process offers them again.
+    let redeliver = runtime_settings(&deps.settings, StageName::new("redeliver"));
+    let redeliver = crate::redeliver::run(deps.store.clone(), redeliver, shutdown.clone());
+    tasks.push(tokio::spawn(redeliver));
     for &stage in stages {
         let Some(handler) = chain.handler(stage, &deps) else {
             warn!(stage = stage.as_str(), "no such stage in the pipeline");

@@ -1,8 +1,11 @@
 //! Broker failover on a real 3-node RabbitMQ cluster, started beside the service node (which is
 //! never touched) by `tests/cluster/rabbitmq-cluster.sh`. The pipeline runs on quorum queues
 //! with partitioned ingress and the nodes' URLs as its broker list; under load the node leading
-//! most of the pipeline's queues is SIGKILLed, then restarted. Every turn must get exactly one
-//! record and one delivered final reply, in per-session order, and the pipeline must resume.
+//! most of the pipeline's queues is SIGKILLed, then restarted. One backend is connected to a
+//! survivor, another to the node that dies (its reply queues die with it: `cluster/backend.rs`).
+//! Every turn must get exactly one record and one delivered final reply, in per-session order,
+//! with no dead letter; the pipeline must answer the survivor's sessions without a pause over
+//! `MAX_SILENCE`, and the other backend's once its node is back.
 //!
 //! Ignored by plain `cargo test` (it needs about a minute and three extra Erlang nodes);
 //! `.ci/run` runs it: `cargo test --test cluster -- --ignored`.
@@ -10,6 +13,8 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
+#[path = "cluster/backend.rs"]
+mod backend;
 mod common;
 #[path = "cluster/timeline.rs"]
 mod timeline;
@@ -28,6 +33,9 @@ use lapin::types::FieldTable;
 use timeline::{longest_silence, node_log_excerpt, Timeline};
 
 const SESSIONS: usize = 16;
+/// Sessions of a second backend, connected to the node that is killed: their reply queues live
+/// there and are gone with it until it is back.
+const ON_VICTIM: usize = 8;
 const TURNS: usize = 10;
 /// The round after which the node is killed, and the one after which it is restarted.
 const KILL_AFTER: usize = 3;
@@ -179,21 +187,35 @@ async fn a_killed_broker_node_loses_no_turn() {
     }
     let inbox = Inbox::default();
     read_replies(&h, &sessions, inbox.clone()).await;
+    // The second backend's queues are declared on the victim before anything is published.
+    let doomed: Vec<String> = (0..ON_VICTIM).map(|_| new_session()).collect();
+    let on_victim = connect(&cluster.urls[victim - 1]).await.unwrap();
+    let ch = on_victim.create_channel().await.unwrap();
+    for s in &doomed {
+        let id = s.parse().unwrap();
+        h.topology.declare_client_queue(&ch, &id).await.unwrap();
+        h.sessions.lock().unwrap().insert(id);
+    }
+    drop((ch, on_victim));
+    let urls = cluster.urls.clone();
+    backend::spawn(urls, victim - 1, h.topology.clone(), doomed.clone(), inbox.clone());
+    let everyone: Vec<String> = sessions.iter().chain(&doomed).cloned().collect();
 
     let mut marks = Timeline::default();
     let mut killed_at = None;
     let mut restart = None;
     for round in 0..TURNS {
         let started = Instant::now();
-        for s in &sessions {
-            h.submit(&user_turn(s, &format!("t{round}"), &format!("turn {round}"))).await;
+        for s in &everyone {
+            let turn = user_turn(s, &format!("t{round}"), &format!("turn {round}"));
+            h.publish_raw(serde_json::to_vec(&turn).unwrap()).await;
         }
         marks.mark_at(started, format!("round t{round} published in {:?}", started.elapsed()));
         tokio::time::sleep(Duration::from_millis(300)).await;
         if round + 1 == KILL_AFTER {
             cluster.script(&["kill", &victim.to_string()]);
             killed_at = Some(marks.mark(format!("node {victim} SIGKILLed")));
-            let published = SESSIONS * KILL_AFTER;
+            let published = (SESSIONS + ON_VICTIM) * KILL_AFTER;
             eprintln!(
                 "node {victim} SIGKILLed, {} of {published} turns answered",
                 delivered(&inbox)
@@ -213,11 +235,12 @@ async fn a_killed_broker_node_loses_no_turn() {
         }
     }
     let expected: Vec<String> = (0..TURNS).map(|t| format!("t{t}")).collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while delivered(&inbox) < SESSIONS * TURNS && Instant::now() < deadline {
+    let total = (SESSIONS + ON_VICTIM) * TURNS;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while delivered(&inbox) < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    marks.mark(format!("{} of {} turns answered", delivered(&inbox), SESSIONS * TURNS));
+    marks.mark(format!("{} of {total} turns answered", delivered(&inbox)));
     // Late duplicates, if any, would arrive now.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (begun, restart) = restart.unwrap();
@@ -227,10 +250,13 @@ async fn a_killed_broker_node_loses_no_turn() {
 
     let finals = finals(&inbox);
     let killed_at = killed_at.unwrap();
-    let all: Vec<Instant> = finals.values().flatten().map(|(at, _)| *at).collect();
+    // The pipeline's pause is measured on the sessions whose queues survived: the others'
+    // replies cannot arrive before their node is back.
+    let all: Vec<Instant> =
+        sessions.iter().filter_map(|s| finals.get(s)).flatten().map(|(at, _)| *at).collect();
     let (gap, silent_from) = longest_silence(&all, killed_at, Duration::from_secs(30));
     marks.mark_at(silent_from, format!("longest silence begins ({gap:?})"));
-    let complete = sessions.iter().all(|s| finals.get(s).is_some_and(|f| f.len() == TURNS));
+    let complete = everyone.iter().all(|s| finals.get(s).is_some_and(|f| f.len() == TURNS));
     if gap >= MAX_SILENCE || !complete {
         // Before the timeline: CI keeps the end of a failed test's output.
         eprintln!("{}", node_log_excerpt(&cluster.dir, timeline::wall(killed_at), 25));
@@ -243,13 +269,22 @@ async fn a_killed_broker_node_loses_no_turn() {
         all.len(),
         copies - all.len()
     );
-    for s in &sessions {
+    for s in &everyone {
         let turns: Vec<String> =
             finals.get(s).map(|f| f.iter().map(|(_, t)| t.clone()).collect()).unwrap_or_default();
-        assert_eq!(turns, expected, "session {s}: final replies missing, repeated or out of order");
+        let side = if doomed.contains(s) { "on the killed node" } else { "on a survivor" };
+        assert_eq!(
+            turns, expected,
+            "session {s} ({side}): finals missing, repeated or out of order"
+        );
         assert_eq!(h.records(s).await.len(), TURNS, "session {s}: one record per turn");
     }
     assert!(gap < MAX_SILENCE, "the pipeline stalled {gap:?} after the kill");
+    let dead = h.dead_letters().await;
+    let reasons: Vec<String> =
+        dead.iter().map(|(hd, _)| hd.get("x-aptix-reason").cloned().unwrap_or_default()).collect();
+    assert!(dead.is_empty(), "no message is given up for a lost node: {reasons:?}");
+    assert_eq!(h.deps.store.parked_len().await.unwrap(), 0, "every parked reply was delivered");
     h.teardown().await;
     drop(cluster);
     eprintln!("whole run {:?}", t0.elapsed());

@@ -111,6 +111,75 @@ async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once()
     h.teardown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_letter_given_up_after_a_delay_queue_is_described_and_replayed_as_the_pipeline_wrote_it()
+{
+    let mut h = Harness::start_with(1, |s| {
+        s.llm.max_retries = 0;
+        s.pipeline.max_attempts.set("invoke", 2);
+    })
+    .await;
+    h.sim.faults().fail_next(aptix::sim::Fault::Status { status: 503 }, 2);
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    // The first attempt went through `P.delay.500`, whose expiry the broker records in death
+    // headers: the letter is still the invoke stage's, from the invoke queue.
+    let listed = until_listed(&h, 1).await;
+    let letter = &listed[0];
+    let invoke = h.topology.stage_queue(aptix::broker::StageName::new("invoke"));
+    assert_eq!(letter["stage"], "invoke", "{letter}");
+    assert_eq!(letter["original_queue"], invoke.as_str(), "{letter}");
+    assert_eq!(letter["original_type"], "turn", "{letter}");
+    assert!(letter["reason"].as_str().unwrap().starts_with("retries exhausted"), "{letter}");
+    let id = letter["id"].as_str().unwrap().to_owned();
+    h.stop_consumers().await;
+    let (code, out) = h.aptix(&["dead", "replay", &id]);
+    assert_eq!(code, 0, "{out}");
+    let (_, status) = h.aptix(&["status", "--json"]);
+    let queues: Vec<Value> = serde_json::from_str(&status).unwrap();
+    let at = queues.iter().find(|q| q["stage"] == "invoke").unwrap();
+    assert_eq!(at["ready"], 1, "the replay reached the invoke queue: {status}");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clients_own_death_headers_neither_describe_nor_route_its_dead_letter() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let retrieve = h.topology.stage_queue(aptix::broker::StageName::new("retrieve"));
+    h.topology.declare_client_queue(h.publisher.channel(), &s.parse().unwrap()).await.unwrap();
+    // Admission fails (as after a database fault), so the request is dead-lettered; it came
+    // with the headers the broker and the pipeline write on a dead letter, naming retrieve.
+    sql(&h, "ALTER TABLE turns RENAME TO turns_away").await;
+    let body = serde_json::to_vec(&user_turn(&s, "t1", "hello")).unwrap();
+    let forged = h
+        .topology
+        .request(&s, "forged-death".into(), body)
+        .header("x-first-death-queue", retrieve.as_str())
+        .header("x-first-death-reason", "rejected")
+        .header("x-aptix-original-queue", retrieve.as_str())
+        .header("x-aptix-stage", "retrieve")
+        .header("x-aptix-mac", "00");
+    h.publisher.publish(&forged).await.unwrap();
+    let listed = until_listed(&h, 1).await;
+    sql(&h, "ALTER TABLE turns_away RENAME TO turns").await;
+    let letter = &listed[0];
+    assert_eq!(letter["original_queue"], h.topology.requests().as_str(), "{letter}");
+    assert_eq!(letter["stage"], "validate", "{letter}");
+    assert_eq!(letter["original_type"], "request", "{letter}");
+    let headers = letter["headers"].as_object().unwrap();
+    for forged in ["x-first-death-queue", "x-first-death-reason", "x-aptix-mac"] {
+        assert!(!headers.contains_key(forged), "{forged} kept: {letter}");
+    }
+    // The replay goes back to the ingress, where the turn is admitted as any request.
+    let (code, out) = h.aptix(&["dead", "replay", "forged-death"]);
+    assert_eq!(code, 0, "{out}");
+    let replies = h.replies(&s, 2, Duration::from_secs(60)).await;
+    let last = replies.iter().rfind(|r| r.is_final).unwrap();
+    assert_eq!(last.body["Successful"], true, "{}", last.body);
+    h.teardown().await;
+}
+
 /// Polls `aptix dead list --json` until it lists `n` dead letters.
 async fn until_listed(h: &Harness, n: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

@@ -235,3 +235,49 @@ async fn corrupt_stored_state_at_persist_is_dead_lettered_now_and_the_turn_fails
         h.teardown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stage_message_without_the_pipelines_mac_is_dead_lettered_before_its_stage_runs() {
+    let mut h = Harness::start(0).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    // Driven alone (no keys), validate hands on an unsigned retrieve message: its body is a
+    // genuine stage message, the shape a forger would copy.
+    assert!(drive(&h, StageName::new("validate")).await);
+    let retrieve = h.topology.stage_queue(StageName::new("retrieve"));
+    let ch = h.conn.create_channel().await.unwrap();
+    let got = ch.basic_get(retrieve.as_str().into(), BasicGetOptions { no_ack: true });
+    let body = got.await.unwrap().expect("the retrieve message").delivery.data.clone();
+    let to_retrieve =
+        |id: &str| OutMessage::to_queue(retrieve.clone(), "turn", id.into(), body.clone());
+    let keys = aptix::pipeline::runtime_settings(&h.deps.settings, StageName::new("retrieve"))
+        .keys
+        .expect("every pipeline process has a message key");
+    let other = aptix::broker::MessageKeys::new(vec![b"not the pipeline's key".to_vec()]).unwrap();
+    let mac = aptix::broker::MAC_HEADER;
+    h.publisher.publish(&to_retrieve("unsigned")).await.unwrap();
+    let wrong = to_retrieve("wrong-key").header(mac, other.sign("turn", &retrieve, &body));
+    h.publisher.publish(&wrong).await.unwrap();
+    h.run(1);
+    let mut reasons = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while reasons.len() < 2 && tokio::time::Instant::now() < deadline {
+        for (headers, _) in h.dead_letters().await {
+            reasons.push((headers["x-aptix-stage"].clone(), headers["x-aptix-reason"].clone()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    for (stage, reason) in &reasons {
+        assert_eq!(stage, "retrieve");
+        assert!(reason.starts_with("unauthenticated"), "{reason}");
+    }
+    assert_eq!(h.sim.stats().requests, 0, "no forged message reached the model");
+    assert_eq!(turn_state(&h, &s, "t1").await, "running", "nothing moved the turn");
+    // The same body under the pipeline's key is the pipeline's own.
+    let genuine = to_retrieve("genuine").header(mac, keys.sign("turn", &retrieve, &body));
+    h.publisher.publish(&genuine).await.unwrap();
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(replies.last().unwrap().body["Successful"], true);
+    h.teardown().await;
+}

@@ -7,6 +7,7 @@ mod dead;
 mod declare;
 mod lanes;
 mod layout;
+mod mac;
 pub mod management;
 mod message;
 mod partitioned;
@@ -24,10 +25,13 @@ use futures_util::future::BoxFuture;
 
 pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
+pub use mac::{MessageKeys, MAC_HEADER, MIN_KEY_BYTES};
 pub use message::{HeaderValue, OutMessage};
 pub use partitioned::run_partitioned;
 pub use publish::Publisher;
-pub use replies::LazyPublisher;
+pub use replies::{
+    client_queue, keep_unrouted, set_waiting_queues, Handed, LazyPublisher, Refused, SessionQueues,
+};
 pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
 pub use settle::publish_all;
 pub use status::{with_activity, QueueState};
@@ -188,6 +192,14 @@ pub trait Handler: Send + Sync + 'static {
     fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
         let _ = delivery;
         Box::pin(async { Ok(None) })
+    }
+
+    /// Keeps replies their client's queue refused in durable storage, to be offered to their
+    /// queue again later (`crate::redeliver`). `Err`: not kept (the runtime keeps them in
+    /// `<prefix>.unrouted` instead).
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), String>> {
+        let _ = refused;
+        Box::pin(async { Err("this handler parks nothing".to_owned()) })
     }
 
     /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.

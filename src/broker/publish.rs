@@ -90,6 +90,15 @@ impl Publisher {
         &self.inner.sessions
     }
 
+    /// Offers a parked reply to its client's queue again (`crate::redeliver`).
+    pub async fn deliver_parked(
+        &self,
+        topology: &super::Topology,
+        m: &OutMessage,
+    ) -> Result<super::Handed, BrokerError> {
+        self.inner.sessions.deliver_parked(self, topology, m).await
+    }
+
     /// Whether the underlying connection is still usable.
     pub fn is_connected(&self) -> bool {
         self.inner.conn.status().connected()
@@ -101,6 +110,11 @@ impl Publisher {
     /// minutes while a new one is accepted at once. A resend may duplicate the message; every
     /// consumer dedupes (docs/reliability.md).
     pub async fn publish(&self, msg: &OutMessage) -> Result<(), BrokerError> {
+        self.publish_tries(msg, RESENDS).await
+    }
+
+    /// Like [`Publisher::publish`], with at most `tries` attempts (at least one).
+    pub async fn publish_tries(&self, msg: &OutMessage, tries: u32) -> Result<(), BrokerError> {
         let limit = self.inner.max_message_bytes;
         if msg.body.len() > limit {
             return Err(BrokerError::TooLarge {
@@ -110,7 +124,7 @@ impl Publisher {
             });
         }
         let mut pause = Duration::from_millis(50);
-        for _ in 1..RESENDS {
+        for _ in 1..tries {
             match self.publish_once(msg).await {
                 Err(e) if resendable(&e) && self.is_connected() => {
                     tracing::debug!(error = %e, routing_key = %msg.routing_key, "resending on a fresh channel");

@@ -1,10 +1,19 @@
-//! Routing replies: a reply queue (a session's, or a backend instance's) exists and is bound
-//! before a reply to it is published, and a reply that still finds no queue (the client deleted
-//! it) is kept in `<prefix>.unrouted` for an operator — never dropped, never charged to another
-//! message.
+//! Routing replies and deltas to the queues clients own (a session's, or a backend instance's).
+//!
+//! Such a queue, its arguments and its node belong to the client, so nothing it does may cost a
+//! stage anything (docs/reliability.md, "Client-owned queues"). A reply is offered to its queue
+//! once, within a bounded time and without in-place resends: a nack (a full queue under
+//! `reject-publish`), a return, a refused or failed declaration (406, 405, a 404 because the
+//! queue's node is down), a confirm that does not come: each hands the reply back as
+//! [`Handed::Refused`], and the caller parks it in PostgreSQL (`crate::redeliver` offers it again
+//! until the queue takes it). A queue that refused is remembered for a few seconds: the replies
+//! to it meanwhile are parked behind the first without being offered (so they stay in order),
+//! and its deltas are dropped at once (the final reply carries the whole answer). A reply for a
+//! queue that does not exist and may not be created here (a refusal for a session nobody
+//! declared, an instance queue the client deleted) is kept in `<prefix>.unrouted`.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lapin::options::QueueDeclareOptions;
@@ -17,6 +26,34 @@ use super::{BrokerError, OutMessage, Publisher, Topology};
 const TRUST: Duration = Duration::from_secs(300);
 /// Queues remembered at most; the cache is cleared when full (costing one declare each).
 const CAPACITY: usize = 100_000;
+/// How long a queue that refused a reply is not offered another one by this process.
+const REFUSING_FOR: Duration = Duration::from_secs(5);
+/// The longest a client's queue may take to take a reply (declare, publish, confirm).
+const CLIENT_WAIT: Duration = Duration::from_secs(5);
+/// Tries of one publish to a client's queue on fresh channels: a second one covers a channel
+/// opened at a bad moment of a node loss, more would only hold the stage.
+const CLIENT_TRIES: u32 = 2;
+
+/// What became of a message offered to a client's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handed {
+    /// Confirmed by the broker: in its queue, or kept in `<prefix>.unrouted` because the queue
+    /// does not exist and was not to be created.
+    Done,
+    /// The client's queue or its node did not take it; nothing of the stage was spent on it.
+    Refused(String),
+}
+
+/// A reply its client's queue refused, to be parked in PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// The reply.
+    pub message: OutMessage,
+    /// The queue that refused it (the reply's target).
+    pub queue: String,
+    /// Why, for operators.
+    pub reason: String,
+}
 
 /// Where a reply goes: the queue, its routing key on the replies exchange, and whether the
 /// server may create the queue (an admitted session's) or only bind one its client declared.
@@ -39,6 +76,53 @@ impl Target {
         let (queue, key) =
             (topology.session_queue_of(tenant, session), Topology::session_key(tenant, session));
         Some(Target { queue, key, create: m.create_queue })
+    }
+}
+
+/// The client's queue `m` goes to, if it goes to one.
+pub fn client_queue(topology: &Topology, m: &OutMessage) -> Option<String> {
+    Target::of(topology, m).map(|t| t.queue)
+}
+
+/// Queues that refused a reply in this process, and when. Process-wide: the publisher that
+/// parks a reply and the one that delivers it later (`crate::redeliver`) are not the same.
+fn refusing() -> &'static Mutex<HashMap<String, Instant>> {
+    static REFUSING: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    REFUSING.get_or_init(Default::default)
+}
+
+/// Queues with parked replies, as PostgreSQL last said (`crate::redeliver` refreshes it twice a
+/// second in every stage process): a new reply to one of them parks behind the waiting ones.
+fn waiting() -> &'static Mutex<HashSet<String>> {
+    static WAITING: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    WAITING.get_or_init(Default::default)
+}
+
+/// Replaces the set of queues that have replies waiting in PostgreSQL.
+pub fn set_waiting_queues(queues: HashSet<String>) {
+    if let Ok(mut set) = waiting().lock() {
+        *set = queues;
+    }
+}
+
+fn refused_lately(queue: &str) -> bool {
+    if waiting().lock().is_ok_and(|set| set.contains(queue)) {
+        return true;
+    }
+    let Ok(map) = refusing().lock() else { return false };
+    map.get(queue).is_some_and(|at| at.elapsed() < REFUSING_FOR)
+}
+
+fn mark_refusing(queue: &str, refusing_now: bool) {
+    if let Ok(mut map) = refusing().lock() {
+        if refusing_now {
+            if map.len() >= CAPACITY {
+                map.retain(|_, at| at.elapsed() < REFUSING_FOR);
+            }
+            map.insert(queue.to_owned(), Instant::now());
+        } else {
+            map.remove(queue);
+        }
     }
 }
 
@@ -91,8 +175,9 @@ impl SessionQueues {
                 Ok(_) => ch,
                 // Not there, and it must not be created here.
                 Err(_) if !t.create => return Ok(false),
-                // A queue declared by an earlier version with `x-expires` refuses the plain
-                // declaration (406) and closes the channel; it exists, so binding is enough.
+                // A queue the client declared with arguments (or an earlier version with
+                // `x-expires`) refuses the plain declaration (406) and closes the channel; it
+                // exists, so binding is enough.
                 Err(_) => {
                     let ch = publisher.scratch_channel().await?;
                     ch.queue_declare(t.queue.as_str().into(), passive, FieldTable::default())
@@ -107,33 +192,113 @@ impl SessionQueues {
         Ok(true)
     }
 
-    /// Publishes a reply or delta to its queue: made ready first, declared again if the message
-    /// comes back unroutable, and kept in `<prefix>.unrouted` if it still does.
+    /// Offers a reply or delta to its client's queue (any other message is simply published).
+    /// `Err` only for what the pipeline owns: its connection, `<prefix>.unrouted`, or a message
+    /// larger than the broker accepts.
     pub async fn publish(
         &self,
         publisher: &Publisher,
         topology: &Topology,
         m: &OutMessage,
-    ) -> Result<(), BrokerError> {
-        let Some(target) = Target::of(topology, m) else { return publisher.publish(m).await };
-        for _ in 0..2 {
-            if !self.ensure(publisher, topology, &target).await? {
-                break;
+    ) -> Result<Handed, BrokerError> {
+        let Some(target) = Target::of(topology, m) else {
+            return publisher.publish(m).await.map(|()| Handed::Done);
+        };
+        if refused_lately(&target.queue) {
+            return Ok(Handed::Refused("behind a reply waiting for this queue".into()));
+        }
+        self.offer(publisher, topology, &target, m).await
+    }
+
+    /// Offers a parked reply to its queue again (`crate::redeliver`), whatever refused lately.
+    pub async fn deliver_parked(
+        &self,
+        publisher: &Publisher,
+        topology: &Topology,
+        m: &OutMessage,
+    ) -> Result<Handed, BrokerError> {
+        let Some(target) = Target::of(topology, m) else {
+            return publisher.publish(m).await.map(|()| Handed::Done);
+        };
+        self.offer(publisher, topology, &target, m).await
+    }
+
+    async fn offer(
+        &self,
+        publisher: &Publisher,
+        topology: &Topology,
+        target: &Target,
+        m: &OutMessage,
+    ) -> Result<Handed, BrokerError> {
+        let tried =
+            tokio::time::timeout(CLIENT_WAIT, self.try_offer(publisher, topology, target, m));
+        let error = match tried.await {
+            Ok(Ok(true)) => {
+                mark_refusing(&target.queue, false);
+                return Ok(Handed::Done);
             }
-            match publisher.publish(m).await {
-                Err(BrokerError::Unroutable { .. }) => self.forget(&target.queue),
-                other => return other,
+            Ok(Ok(false)) => return keep_unrouted(publisher, topology, m, "no such queue").await,
+            Ok(Err(e @ BrokerError::TooLarge { .. })) => return Err(e),
+            Ok(Err(BrokerError::Unroutable { .. })) if !target.create => {
+                return keep_unrouted(publisher, topology, m, "no such queue").await
+            }
+            Ok(Err(e)) => e,
+            Err(_) => BrokerError::ConfirmTimeout,
+        };
+        // A lost connection is the pipeline's, not the client's: the caller retries as usual.
+        if !publisher.is_connected() {
+            return Err(error);
+        }
+        self.forget(&target.queue);
+        mark_refusing(&target.queue, true);
+        crate::metrics::metrics().message("reply", "refused_by_client_queue");
+        tracing::info!(queue = %target.queue, message_id = %m.message_id, %error, "client queue refused a reply");
+        Ok(Handed::Refused(error.to_string()))
+    }
+
+    /// `Ok(true)`: confirmed in its queue; `Ok(false)`: the queue does not exist and may not be
+    /// created here.
+    async fn try_offer(
+        &self,
+        publisher: &Publisher,
+        topology: &Topology,
+        target: &Target,
+        m: &OutMessage,
+    ) -> Result<bool, BrokerError> {
+        // The queue may have been deleted since it was trusted: declared again, once.
+        let mut last = None;
+        for _ in 0..2 {
+            if !self.ensure(publisher, topology, target).await? {
+                return Ok(false);
+            }
+            match publisher.publish_tries(m, CLIENT_TRIES).await {
+                Err(e @ BrokerError::Unroutable { .. }) => {
+                    self.forget(&target.queue);
+                    last = Some(e);
+                }
+                other => return other.map(|()| true),
             }
         }
-        tracing::warn!(queue = %target.queue, message_id = %m.message_id, "reply unroutable, kept in the unrouted queue");
-        let mut kept = m.clone();
-        kept.exchange = String::new();
-        kept.routing_key = topology.unrouted();
-        (kept.session, kept.instance) = (None, None);
-        kept.headers.insert("x-aptix-unrouted-exchange".into(), m.exchange.clone().into());
-        kept.headers.insert("x-aptix-unrouted-routing-key".into(), m.routing_key.clone().into());
-        publisher.publish(&kept).await
+        Err(last.unwrap_or(BrokerError::Closed))
     }
+}
+
+/// Keeps `m` in `<prefix>.unrouted` with where it was going and why (`reason`).
+pub async fn keep_unrouted(
+    publisher: &Publisher,
+    topology: &Topology,
+    m: &OutMessage,
+    reason: &str,
+) -> Result<Handed, BrokerError> {
+    tracing::warn!(routing_key = %m.routing_key, message_id = %m.message_id, reason, "reply unroutable, kept in the unrouted queue");
+    let mut kept = m.clone();
+    kept.exchange = String::new();
+    kept.routing_key = topology.unrouted();
+    (kept.session, kept.instance) = (None, None);
+    kept.headers.insert("x-aptix-unrouted-exchange".into(), m.exchange.clone().into());
+    kept.headers.insert("x-aptix-unrouted-routing-key".into(), m.routing_key.clone().into());
+    kept.headers.insert("x-aptix-unrouted-reason".into(), reason.into());
+    publisher.publish(&kept).await.map(|()| Handed::Done)
 }
 
 /// Publishes messages that no delivery's settling carries (stream deltas during an LLM call) on
@@ -150,22 +315,29 @@ impl LazyPublisher {
         LazyPublisher { settings, publisher: tokio::sync::Mutex::new(None) }
     }
 
-    /// Publishes (in call order: callers are serialised) and waits for the confirm.
+    /// Publishes and waits for the confirm. Callers that need an order among their messages
+    /// (a turn's deltas) await each before the next; the connection is shared, not held, so a
+    /// slow queue of one turn never delays another turn's deltas. A delta its client's queue
+    /// refused is dropped; a reply it refused is kept in `<prefix>.unrouted`.
     pub async fn publish(&self, message: OutMessage) -> Result<(), BrokerError> {
-        let mut guard = self.publisher.lock().await;
-        if guard.is_none() {
-            let conn = super::connect(&self.settings.amqp_url).await?;
-            let s = &self.settings;
-            *guard =
-                Some(Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?);
-        }
-        let Some(publisher) = guard.as_ref() else { return Err(BrokerError::Closed) };
-        let result = super::publish_all(publisher, &self.settings, &[message]).await;
-        if result.is_err() {
-            if let Some(p) = guard.take() {
-                p.close(Duration::from_secs(2)).await;
+        let publisher = {
+            let mut guard = self.publisher.lock().await;
+            if let Some(p) = guard.as_ref().filter(|p| p.is_connected()) {
+                p.clone()
+            } else {
+                let conn = super::connect(&self.settings.amqp_url).await?;
+                let s = &self.settings;
+                let p = Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?;
+                if let Some(old) = guard.replace(p.clone()) {
+                    tokio::spawn(async move { old.close(Duration::from_secs(2)).await });
+                }
+                p
             }
+        };
+        let refused = super::publish_all(&publisher, &self.settings, &[message]).await?;
+        for r in refused {
+            keep_unrouted(&publisher, &self.settings.topology, &r.message, &r.reason).await?;
         }
-        result
+        Ok(())
     }
 }

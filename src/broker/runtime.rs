@@ -34,6 +34,10 @@ pub struct RuntimeSettings {
     pub confirm_timeout: Duration,
     /// Largest message the broker accepts (its `max_message_size`); bigger ones are never sent.
     pub max_message_bytes: usize,
+    /// The keys that sign the messages published to stage queues and verify those consumed
+    /// from them (`mac`). `None` only where a test drives a stage alone: nothing is signed or
+    /// checked.
+    pub keys: Option<super::MessageKeys>,
 }
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -292,9 +296,10 @@ pub(super) fn detach(
 ) -> Delivery {
     let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
     if ingress {
-        // Ingress messages come from clients: the runtime's own counters and marks are not
-        // theirs to set.
-        headers.retain(|k, _| !k.starts_with("x-aptix-"));
+        // Ingress messages come from clients: the runtime's own counters and marks, and the
+        // broker's death records (which a dead letter is described and replayed from), are not
+        // theirs to set. Dropped here, they reach no retry, dead letter or replay.
+        headers.retain(|k, _| !is_pipeline_header(k));
     }
     let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
     let hint = match (headers.get("x-aptix-session-id"), headers.get("x-aptix-turn-id")) {
@@ -312,6 +317,14 @@ pub(super) fn detach(
         attempt,
         headers,
     }
+}
+
+/// Whether a header is the pipeline's or the broker's to set, never a client's.
+pub fn is_pipeline_header(key: &str) -> bool {
+    key.starts_with("x-aptix-")
+        || key == "x-death"
+        || key.starts_with("x-first-death-")
+        || key.starts_with("x-last-death-")
 }
 
 /// One header of a received message as text (booleans and integers spelled out), for the

@@ -169,6 +169,15 @@ impl Topology {
         format!("{}.unrouted", self.prefix)
     }
 
+    /// Whether `queue` is the queue of a stage after the ingress: the queues whose messages only
+    /// the pipeline writes, and which therefore carry a MAC (`mac`).
+    pub fn is_inner_stage_queue(&self, queue: &str) -> bool {
+        queue
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|q| q.strip_prefix('.'))
+            .is_some_and(|name| self.stages.iter().skip(1).any(|s| s.as_str() == name))
+    }
+
     /// The queue a stage consumes.
     pub fn stage_queue(&self, stage: StageName) -> String {
         if self.is_ingress(stage) {

@@ -11,6 +11,8 @@ use crate::dead::Settled;
 use crate::store::Store;
 use crate::worker::block_on;
 
+use super::printable;
+
 /// `aptix dead ...`
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
@@ -101,7 +103,8 @@ async fn act(
         Settled::Done(letter) => {
             let verb = if action == DeadAction::Replay { "replayed" } else { "discarded" };
             let to = letter.original_queue.as_deref().unwrap_or("-");
-            println!("{verb} {id} (from {to}; reason: {})", letter.reason);
+            let (id, to, reason) = (printable(id), printable(to), printable(&letter.reason));
+            println!("{verb} {id} (from {to}; reason: {reason})");
             ExitCode::SUCCESS
         }
         Settled::NotFound => not_found(id),
@@ -113,6 +116,7 @@ async fn act(
 }
 
 fn not_found(id: &str) -> ExitCode {
+    let id = printable(id);
     eprintln!("no dead letter {id} (or another operator holds it right now)");
     ExitCode::from(1)
 }
@@ -126,12 +130,14 @@ fn print_list(letters: &[DeadLetter], json: bool) -> anyhow::Result<()> {
     println!("{:<38} {:<9} {:<38} {:<14} reason", "id", "stage", "session", "turn");
     for l in letters {
         let reason: String = l.reason.chars().take(80).collect();
+        let field = |f: &Option<String>| printable(f.as_deref().unwrap_or("-")).into_owned();
         println!(
-            "{:<38} {:<9} {:<38} {:<14} {reason}",
-            l.id,
-            l.stage.as_deref().unwrap_or("-"),
-            l.session_id.as_deref().unwrap_or("-"),
-            l.turn_id.as_deref().unwrap_or("-"),
+            "{:<38} {:<9} {:<38} {:<14} {}",
+            printable(&l.id),
+            field(&l.stage),
+            field(&l.session_id),
+            field(&l.turn_id),
+            printable(&reason),
         );
     }
     println!("{} dead letter(s)", letters.len());

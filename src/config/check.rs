@@ -63,6 +63,7 @@ impl Settings {
                 "must start with postgres:// or postgresql://",
             ));
         }
+        self.pipeline.message_keys()?;
         if self.pipeline.worker_threads > 1024 {
             return Err(ConfigError::invalid("pipeline.worker_threads", "at most 1024 (0: auto)"));
         }

@@ -247,6 +247,44 @@ pub struct PipelineSettings {
     /// Tokio worker threads of a pipeline process; 0 picks half the cores, at least one
     /// ([`crate::worker::worker_threads`]).
     pub worker_threads: usize,
+    /// The key that signs stage messages (HMAC-SHA256; at least 16 bytes). Unset, with no
+    /// `message_key_file` either: the key the migrations keep in PostgreSQL
+    /// (`pipeline_secret`), shared by every worker of the database.
+    #[serde(default)]
+    pub message_key: Option<Secret>,
+    /// The key before a rotation: stage messages it signed still verify.
+    #[serde(default)]
+    pub message_key_previous: Option<Secret>,
+    /// A file holding the keys instead, one a line, the signing key first (a mounted secret).
+    #[serde(default)]
+    pub message_key_file: Option<std::path::PathBuf>,
+}
+
+impl PipelineSettings {
+    /// The configured stage-message keys, the signing one first (empty: none configured).
+    pub fn message_keys(&self) -> Result<Vec<Vec<u8>>, ConfigError> {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        if let Some(path) = &self.message_key_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::invalid(
+                    "pipeline.message_key_file",
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            let lines =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+            keys.extend(lines.map(|l| l.as_bytes().to_vec()));
+        }
+        let named = [&self.message_key, &self.message_key_previous];
+        keys.extend(named.into_iter().flatten().map(|k| k.expose().as_bytes().to_vec()));
+        if keys.iter().any(|k| k.len() < 16) {
+            return Err(ConfigError::invalid(
+                "pipeline.message_key",
+                "a stage-message key needs at least 16 bytes (32 random ones recommended)",
+            ));
+        }
+        Ok(keys)
+    }
 }
 
 /// A value per stage, keyed by stage name, with a `default` for stages not listed (a stage

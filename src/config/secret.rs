@@ -67,13 +67,17 @@ impl ConnectionUrl {
 /// of each query parameter whose name marks a secret (see [`is_secret_key`]). The rest is kept so
 /// that an operator can still tell which host and options are in use.
 pub fn redact_url(url: &str) -> String {
-    // A list of broker nodes (`amqp.url`) is comma-separated: each URL is redacted alone.
-    if url.contains(',') {
-        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    // A list of broker nodes (`amqp.url`) is comma-separated: each URL is redacted alone. A
+    // comma inside a password is no separator: every node of a list names its scheme.
+    let nodes: Vec<&str> = url.split(',').collect();
+    if nodes.len() > 1 && nodes.iter().all(|n| n.contains("://")) {
+        return nodes.into_iter().map(redact_url).collect::<Vec<_>>().join(",");
     }
-    let (head, fragment) = url.split_once('#').map_or((url, None), |(h, f)| (h, Some(f)));
+    // The userinfo first: a password may hold `/`, `?`, `#` or `@` unencoded.
+    let (mut out, rest) = redact_userinfo(url);
+    let (head, fragment) = rest.split_once('#').map_or((rest, None), |(h, f)| (h, Some(f)));
     let (base, query) = head.split_once('?').map_or((head, None), |(b, q)| (b, Some(q)));
-    let mut out = redact_userinfo(base);
+    out.push_str(base);
     if let Some(query) = query {
         out.push('?');
         out.push_str(&redact_query(query));
@@ -85,16 +89,29 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// `scheme://user:password@host…` with the password hidden; a user alone is kept.
-fn redact_userinfo(base: &str) -> String {
-    let Some(scheme_end) = base.find("://").map(|i| i + 3) else { return base.to_owned() };
-    let rest = &base[scheme_end..];
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    let Some(at) = authority.rfind('@') else { return base.to_owned() };
-    match authority[..at].find(':') {
-        Some(colon) => format!("{}{}:***{}", &base[..scheme_end], &authority[..colon], &rest[at..]),
-        None => base.to_owned(),
-    }
+/// Splits `scheme://user:password@` off `url`, the password hidden (a user alone is kept), from
+/// the rest. Where the authority holds no `@`, a later `@` followed by a host still ends a
+/// userinfo when a `:` comes before it: the password then holds `/`, `?` or `#`. That reading
+/// may hide part of a URL whose query holds an `@`, never show a password.
+fn redact_userinfo(url: &str) -> (String, &str) {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return (String::new(), url) };
+    let rest = &url[start..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let at = authority.rfind('@').or_else(|| {
+        let at = rest.rfind('@')?;
+        let host = &rest[at + 1..];
+        let host = &host[..host.find(['/', '?', '#']).unwrap_or(host.len())];
+        let hostlike = !host.is_empty()
+            && host.chars().all(|c| c.is_ascii_alphanumeric() || ".-_[]:%".contains(c));
+        (hostlike && !authority.starts_with('[') && rest[..at].contains(':')).then_some(at)
+    });
+    let Some(at) = at else { return (url[..start].to_owned(), rest) };
+    let userinfo = &rest[..at];
+    let kept = match userinfo.find(':') {
+        Some(colon) => format!("{}{}:***@", &url[..start], &userinfo[..colon]),
+        None => format!("{}{userinfo}@", &url[..start]),
+    };
+    (kept, &rest[at + 1..])
 }
 
 /// `a=1&password=x;b=2` with secret values hidden; separators and other pairs are kept as sent.
@@ -202,6 +219,19 @@ mod tests {
         let at_in_path = ConnectionUrl::new("http://host/a@b");
         assert_eq!(at_in_path.to_string(), "http://host/a@b");
         assert_eq!(redact_url("http://host?to=a@b"), "http://host?to=a@b");
+    }
+
+    #[test]
+    fn passwords_with_url_delimiters_are_redacted() {
+        for password in ["pa/ss", "pa#ss", "pa?ss", "p@ss", "a/b?c#d@e", "12/34", "p,w"] {
+            let url = format!("amqp://user:{password}@rabbit:5672/%2f");
+            let text = redact_url(&url);
+            assert_eq!(text, "amqp://user:***@rabbit:5672/%2f", "{url}");
+            let pg = redact_url(&format!("postgres://u:{password}@db/aptix?sslmode=require"));
+            assert_eq!(pg, "postgres://u:***@db/aptix?sslmode=require");
+        }
+        assert_eq!(redact_url("http://[::1]:8080/x"), "http://[::1]:8080/x");
+        assert_eq!(redact_url("http://host:8080/x"), "http://host:8080/x");
     }
 
     #[test]

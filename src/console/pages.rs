@@ -98,7 +98,7 @@ pub fn session(view: &SessionView) -> Markup {
             }
             h2 { "Turns" }
             table {
-                tr { th { "#" } th { "turn" } th { "state" } th { "step" } th { "admitted" } th { "last change" } }
+                tr { th { "#" } th { "turn" } th { "state" } th { "steps done" } th { "admitted" } th { "last change" } }
                 @for t in &view.turns {
                     tr {
                         td { (text(&t["seq"])) }

@@ -29,11 +29,7 @@ impl<'a> Turn<'a> {
         let mut events = Vec::new();
         let at = |k: &str| row[k].as_str().map(str::to_owned);
         if let Some(t) = at("created_at") {
-            events.push((
-                t,
-                "admitted".to_owned(),
-                "queued behind the session's earlier turns".to_owned(),
-            ));
+            events.push((t, "admitted".to_owned(), admitted_detail(row, &view.turns)));
         }
         if let Some(t) = at("started_at") {
             events.push((t, "started".to_owned(), "retrieve, assemble and invoke ran".to_owned()));
@@ -53,6 +49,47 @@ impl<'a> Turn<'a> {
         events.sort_by_key(|e| chrono::DateTime::parse_from_rfc3339(&e.0).ok());
         let session_id = view.session["id"].as_str().unwrap_or_default().to_owned();
         Some(Turn { session_id, row, records, events })
+    }
+}
+
+/// What the "admitted" row says: queued behind the session's earlier turns only when one was
+/// still open as the turn arrived; held when it is queued with none (its tenant's limit).
+fn admitted_detail(row: &Value, turns: &[Value]) -> String {
+    if queued_behind_earlier(row, turns) {
+        "queued behind the session's earlier turns".to_owned()
+    } else if row["state"] == "queued" && row["started_at"].is_null() {
+        "queued: held until its tenant's limits leave room".to_owned()
+    } else {
+        String::new()
+    }
+}
+
+/// Whether an earlier turn of the session (lower `seq`) was still open when `row` was admitted:
+/// not finished yet, or finished (its last change) after `row`'s `created_at`.
+fn queued_behind_earlier(row: &Value, turns: &[Value]) -> bool {
+    let (Some(seq), Some(arrived)) = (row["seq"].as_i64(), instant(&row["created_at"])) else {
+        return false;
+    };
+    turns.iter().any(|t| {
+        let earlier = t["seq"].as_i64().is_some_and(|s| s < seq);
+        let finished = matches!(t["state"].as_str(), Some("completed" | "failed"));
+        earlier && (!finished || instant(&t["updated_at"]).is_some_and(|end| end > arrived))
+    })
+}
+
+/// A stored time (RFC 3339 text).
+fn instant(v: &Value) -> Option<chrono::DateTime<chrono::FixedOffset>> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str()?).ok()
+}
+
+/// How many steps the turn has done: the row's `step` counts round trips (0 before the first,
+/// +1 per record), while steps themselves are numbered from 0 (the records' `step`,
+/// `x-aptix-step`), so a one-step turn has done 1 step, step 0.
+fn steps_done(row: &Value) -> String {
+    match row["step"].as_i64() {
+        Some(1) => "1 step done".to_owned(),
+        Some(n) => format!("{n} steps done"),
+        None => "-".to_owned(),
     }
 }
 
@@ -118,7 +155,7 @@ pub fn page(t: &Turn<'_>) -> Markup {
         &title,
         html! {
             p { a href=(format!("/sessions/{}", t.session_id)) { "session " (t.session_id) } }
-            p { "State: " strong.state { (text(&t.row["state"])) } " · step " (text(&t.row["step"])) }
+            p { "State: " strong.state { (text(&t.row["state"])) } " · " (steps_done(t.row)) }
             h2 { "Timeline" }
             table.timeline {
                 tr { th { "when (UTC)" } th { "what" } th { "detail" } }

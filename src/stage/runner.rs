@@ -9,8 +9,9 @@ use tracing::{debug, warn};
 
 use super::trip::Trip;
 use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
-use crate::broker::{Delivery, Disposition, Handler, OutMessage, UNDELIVERABLE};
+use crate::broker::{Delivery, Disposition, Handler, OutMessage, Refused, UNDELIVERABLE};
 use crate::contracts::{ApiError, ErrorCode};
+use crate::store::ParkReply;
 
 /// Tries to delete published outbox rows (about a minute of a database outage).
 const DELETE_ATTEMPTS: u32 = 15;
@@ -22,6 +23,8 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), String>>;
     /// Counts, durably, one more delivery of the message named `key`; returns the total.
     fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, String>>;
+    /// Parks replies their client's queue refused, to be delivered later.
+    fn park(&self, replies: Vec<ParkReply>) -> BoxFuture<'_, Result<(), String>>;
 }
 
 /// A stage as the broker runtime sees it.
@@ -155,6 +158,13 @@ impl<S: Stage> Handler for Runner<S> {
         Box::pin(async move { self.ledger.count_redelivery(key).await.map(Some) })
     }
 
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let replies = refused.iter().map(park_reply).collect::<Result<Vec<_>, _>>()?;
+            self.ledger.park(replies).await
+        })
+    }
+
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
         // The message is acked once its outputs are confirmed, so nothing redelivers it to find
         // rows left behind: deleting them is retried in the background through a database
@@ -189,4 +199,16 @@ pub fn message_fingerprint(message_id: Option<&str>, body: &[u8]) -> String {
     hash.update([0]);
     hash.update(body);
     hex::encode(&hash.finalize()[..12])
+}
+
+/// A refused reply as its parked row holds it.
+pub fn park_reply(r: &Refused) -> Result<ParkReply, String> {
+    let message = serde_json::to_value(&r.message).map_err(|e| format!("reply to park: {e}"))?;
+    Ok(ParkReply {
+        queue: r.queue.clone(),
+        session: r.message.session.map(|s| s.as_uuid()),
+        tenant: r.message.tenant.as_ref().map(ToString::to_string),
+        message,
+        reason: r.reason.clone(),
+    })
 }

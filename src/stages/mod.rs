@@ -74,6 +74,20 @@ impl Ledger for Store {
             async move { Store::count_redelivery(self, &key).await.map_err(|e| e.to_string()) },
         )
     }
+
+    fn park(&self, replies: Vec<crate::store::ParkReply>) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let over = self.park_replies(&replies).await.map_err(|e| e.to_string())?;
+            if over > 0 {
+                tracing::warn!(
+                    replies = over,
+                    limit = crate::store::MAX_PARKED_PER_QUEUE,
+                    "client queue holds too many waiting replies; these stay in PostgreSQL only"
+                );
+            }
+            Ok(())
+        })
+    }
 }
 
 impl From<StoreError> for StageError {

@@ -21,6 +21,7 @@ mod tenants;
 mod texts;
 mod tool_refs;
 mod turns;
+mod undelivered;
 
 use std::time::Duration;
 
@@ -42,6 +43,7 @@ pub use sessions::{CallState, SessionOwner, SessionView};
 pub use tenants::{Gate, Limit};
 pub use texts::KnownTexts;
 pub use turns::{TurnRow, TurnState};
+pub use undelivered::{ParkReply, Parked, MAX_PARKED_PER_QUEUE};
 
 /// Embedded migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

@@ -365,6 +365,7 @@ pub fn runtime_settings(topology: &Topology) -> aptix::broker::RuntimeSettings {
         max_redeliveries: 3,
         confirm_timeout: Duration::from_secs(10),
         max_message_bytes: 16 << 20,
+        keys: None,
     }
 }
 

@@ -17,7 +17,8 @@ pub struct CommonArgs {
     /// Also write the figures as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    /// Directory to index for retrieval [default: this crate's src/; the 3-file fixture with --smoke].
+    /// Directory to index for retrieval [default: bench/src, the benchmark crate's sources; the
+    /// 3-file fixture with --smoke].
     #[arg(long, value_name = "DIR", conflicts_with = "fixture_corpus")]
     pub corpus: Option<PathBuf>,
     /// Index the built-in 3-file fixture (tiny chunks, so small stage messages).

@@ -37,8 +37,9 @@ pub enum Corpus {
 }
 
 impl Corpus {
-    /// The default for full runs: this crate's own `src/` when it is on disk (about a hundred
-    /// Rust files, so retrieval returns real chunks up to the context's budget), else the fixture.
+    /// The default for full runs: the benchmark crate's own sources, `bench/src`, when they are
+    /// on disk (about twenty Rust files, so retrieval returns real chunks up to the context's
+    /// budget), else the fixture.
     pub fn default_for(smoke: bool) -> Corpus {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         if smoke || !src.is_dir() {

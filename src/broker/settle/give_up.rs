@@ -56,16 +56,25 @@ impl Settler<'_> {
         let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut msg =
             OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
-        msg.headers = d.headers.iter().map(|(k, v)| (k.clone(), v.as_str().into())).collect();
+        // The broker's death records of the hops before (a delay queue's expiry) are not this
+        // death: the letter is described from what the pipeline writes below.
+        msg.headers = d
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.starts_with("x-first-death-") && !k.starts_with("x-last-death-"))
+            .map(|(k, v)| (k.clone(), v.as_str().into()))
+            .collect();
         msg.headers.remove("x-aptix-kind");
         // The copy is the worker's publish: keep who published the original (its tenant).
         if let Some(user) = &d.user_id {
             msg = msg.header("x-aptix-user-id", user.as_str());
         }
-        // A replay must send it as what it was (a cancel is told from a request by its type).
-        if let Some(kind) = d.kind.as_deref().filter(|k| !k.is_empty()) {
-            msg = msg.header("x-aptix-original-type", kind);
-        }
+        // A replay must send it as what it was (a cancel is told from a request by its type);
+        // a client's request may have none.
+        let ingress = self.settings.topology.is_ingress(self.stage);
+        let kind = d.kind.as_deref().filter(|k| !k.is_empty());
+        let kind = kind.unwrap_or(if ingress { "request" } else { "turn" });
+        msg = msg.header("x-aptix-original-type", kind);
         msg.header("x-aptix-reason", reason)
             .header("x-aptix-stage", self.stage.as_str())
             .header("x-aptix-original-queue", self.queue())

@@ -19,8 +19,12 @@ use tracing::{debug, info, warn};
 mod forward;
 mod give_up;
 
+use super::replies::{keep_unrouted, Handed, Refused};
 use super::runtime::RuntimeSettings;
-use super::{BrokerError, Delivery, Disposition, Handler, OutMessage, Publisher, StageName};
+use super::{
+    BrokerError, Delivery, Disposition, Handler, MessageKeys, OutMessage, Publisher, StageName,
+    MAC_HEADER,
+};
 
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
@@ -92,6 +96,11 @@ impl Settler<'_> {
         ordered: bool,
         parent: &super::trace::Parent,
     ) -> Result<Settled, BrokerError> {
+        if let Some(reason) = self.untrusted(&d) {
+            warn!(stage = self.stage.as_str(), %reason, "dead-lettering an unauthenticated message");
+            self.dead_letter_with(&d, &reason, vec![]).await?;
+            return Ok(Settled::Done("unauthenticated"));
+        }
         let mut result = match (d.redelivered, ordered) {
             (true, false) => return self.republish_counted(d).await,
             (false, false) => return self.handle(d, false, parent).await,
@@ -246,12 +255,34 @@ impl Settler<'_> {
         Ok(Some((next, super::retry_tier_ms(d.attempt))))
     }
 
+    /// Why a delivery of a stage after the ingress is not the pipeline's own (see `mac`).
+    fn untrusted(&self, d: &Delivery) -> Option<String> {
+        let keys = self.settings.keys.as_ref()?;
+        if self.settings.topology.is_ingress(self.stage) {
+            return None;
+        }
+        unauthenticated(keys, &self.queue(), d)
+    }
+
     fn queue(&self) -> String {
         self.settings.topology.stage_queue(self.stage)
     }
 
+    /// Publishes `messages`; the replies their client's queue refused are parked in PostgreSQL
+    /// (delivered later, `crate::redeliver`), or kept in `<prefix>.unrouted` when the database
+    /// cannot take them. Either way the delivery goes on: the client's queue cost it nothing.
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
-        publish_all(self.publisher, self.settings, messages).await
+        let refused = publish_all(self.publisher, self.settings, messages).await?;
+        if refused.is_empty() {
+            return Ok(());
+        }
+        crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
+        let Err(error) = self.handler.park(refused.clone()).await else { return Ok(()) };
+        warn!(stage = self.stage.as_str(), %error, "refused replies not parked, keeping them in the unrouted queue");
+        for r in &refused {
+            keep_unrouted(self.publisher, &self.settings.topology, &r.message, &r.reason).await?;
+        }
+        Ok(())
     }
 }
 
@@ -269,28 +300,62 @@ fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
     copy
 }
 
-/// Publishes with confirms. Replies and deltas go to their session's queue, made ready first
-/// (see `replies`), one after the other and before everything else: a turn's reply is in its
-/// queue before the session's next turn (dispatched by the same commit) can produce one.
+/// Publishes with confirms. Replies and deltas go to their client's queue (see `replies`), one
+/// after the other and before everything else: a turn's reply is in its queue before the
+/// session's next turn (dispatched by the same commit) can produce one. Returns the replies
+/// their client's queue refused, for the caller to park; refused deltas are dropped here.
 pub async fn publish_all(
     publisher: &Publisher,
     settings: &RuntimeSettings,
     messages: &[OutMessage],
-) -> Result<(), BrokerError> {
-    let (to_sessions, rest): (Vec<&OutMessage>, Vec<&OutMessage>) =
+) -> Result<Vec<Refused>, BrokerError> {
+    let (to_clients, rest): (Vec<&OutMessage>, Vec<&OutMessage>) =
         messages.iter().partition(|m| m.session.is_some() || m.instance.is_some());
-    for m in to_sessions {
-        publish_one(publisher, settings, m).await?;
+    let mut refused = Vec::new();
+    for m in to_clients {
+        if let Handed::Refused(reason) = publish_one(publisher, settings, m).await? {
+            if m.kind == "delta" {
+                crate::metrics::metrics().message("reply", "delta_dropped");
+                continue;
+            }
+            let queue = super::replies::client_queue(&settings.topology, m).unwrap_or_default();
+            refused.push(Refused { message: m.clone(), queue, reason });
+        }
     }
-    let confirmed = rest.into_iter().map(|m| publish_one(publisher, settings, m));
-    futures_util::future::join_all(confirmed).await.into_iter().collect()
+    let signed: Vec<std::borrow::Cow<'_, OutMessage>> =
+        rest.into_iter().map(|m| signed(settings, m)).collect();
+    let confirmed = signed.iter().map(|m| publish_one(publisher, settings, m));
+    let results: Result<Vec<Handed>, BrokerError> =
+        futures_util::future::join_all(confirmed).await.into_iter().collect();
+    results.map(|_| refused)
+}
+
+/// `m` with its MAC when it goes to a stage queue (and the process has keys).
+fn signed<'a>(settings: &RuntimeSettings, m: &'a OutMessage) -> std::borrow::Cow<'a, OutMessage> {
+    let Some(keys) = &settings.keys else { return std::borrow::Cow::Borrowed(m) };
+    if !settings.topology.is_inner_stage_queue(&m.routing_key) {
+        return std::borrow::Cow::Borrowed(m);
+    }
+    let mac = keys.sign(&m.kind, &m.routing_key, &m.body);
+    std::borrow::Cow::Owned(m.clone().header(MAC_HEADER, mac))
+}
+
+/// Why `d`, consumed from `queue`, is not to be trusted: a stage queue's message without a MAC
+/// that verifies under `keys`.
+fn unauthenticated(keys: &MessageKeys, queue: &str, d: &Delivery) -> Option<String> {
+    let kind = d.kind.as_deref().unwrap_or_default();
+    match d.headers.get(MAC_HEADER) {
+        None => Some(format!("unauthenticated: no {MAC_HEADER} header")),
+        Some(mac) if keys.verify(kind, queue, &d.body, mac) => None,
+        Some(_) => Some(format!("unauthenticated: {MAC_HEADER} does not verify")),
+    }
 }
 
 async fn publish_one(
     publisher: &Publisher,
     settings: &RuntimeSettings,
     m: &OutMessage,
-) -> Result<(), BrokerError> {
+) -> Result<Handed, BrokerError> {
     let publish = publisher.sessions().publish(publisher, &settings.topology, m);
     // Declarations have no deadline of their own; a broker that stops answering must not hold
     // the message forever.

@@ -1,0 +1,143 @@
+//! Delivers parked replies: replies a client's queue refused (docs/reliability.md, "Client-owned
+//! queues") wait in PostgreSQL, and this loop offers each to its queue again, oldest first per
+//! queue, backing off while the queue keeps refusing. It runs in every process that runs a
+//! stage; PostgreSQL's row claims make the loops of many processes deliver each reply once.
+//! A reply that waited longer than a session queue lives unused is kept in `<prefix>.unrouted`.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::broker::{keep_unrouted, Handed, OutMessage, Publisher, RuntimeSettings};
+use crate::store::{Parked, Store};
+
+/// How often the loop looks for due replies.
+const EVERY: Duration = Duration::from_millis(500);
+/// Queues with waiting replies this process learns of at once (past it, a new reply to one of
+/// the others is offered to its queue first and parked when refused).
+const WAITING_LIMIT: i64 = 100_000;
+/// Replies claimed at once.
+const BATCH: i64 = 64;
+/// How long a reply waits for its queue before it is kept in `<prefix>.unrouted` instead: the
+/// unused lifetime of a session queue under the shipped policy.
+const KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs until `shutdown`.
+pub async fn run(store: Store, settings: RuntimeSettings, shutdown: CancellationToken) {
+    let mut publisher: Option<Publisher> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+        // New replies to a queue with replies waiting park behind them, in every process.
+        match store.parked_queues(WAITING_LIMIT).await {
+            Ok(queues) => crate::broker::set_waiting_queues(queues.into_iter().collect()),
+            Err(error) => debug!(%error, "parked queues not read"),
+        }
+        // Everything due, batch after batch: a queue that came back gets its replies at once.
+        loop {
+            let claimed = match store.claim_parked(BATCH).await {
+                Ok(claimed) if claimed.is_empty() => break,
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    debug!(%error, "parked replies not read");
+                    break;
+                }
+            };
+            let Some(p) = connected(&mut publisher, &settings).await else { break };
+            for parked in claimed {
+                offer(&store, &p, &settings, parked).await;
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+        }
+    }
+    if let Some(p) = publisher {
+        p.close(Duration::from_secs(2)).await;
+    }
+}
+
+/// The loop's publisher, connected again after a loss. `None`: the broker cannot be reached
+/// (the claimed replies are offered again once their claim runs out).
+async fn connected(slot: &mut Option<Publisher>, s: &RuntimeSettings) -> Option<Publisher> {
+    if let Some(p) = slot.as_ref().filter(|p| p.is_connected()) {
+        return Some(p.clone());
+    }
+    let opened = match crate::broker::connect(&s.amqp_url).await {
+        Ok(conn) => Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await,
+        Err(error) => Err(error),
+    };
+    match opened {
+        Ok(p) => {
+            *slot = Some(p.clone());
+            Some(p)
+        }
+        Err(error) => {
+            debug!(%error, "parked replies wait for the broker");
+            None
+        }
+    }
+}
+
+/// Offers one parked reply to its queue again.
+async fn offer(store: &Store, publisher: &Publisher, settings: &RuntimeSettings, p: Parked) {
+    let topology = &settings.topology;
+    let message: OutMessage = match serde_json::from_value(p.message.clone()) {
+        Ok(m) => m,
+        Err(error) => {
+            // Written by this module's writer; unreadable means a newer version wrote it.
+            warn!(id = p.id, queue = %p.queue, %error, "parked reply unreadable, left for a newer worker");
+            let _ = store.park_again(p.id, KEEP).await;
+            return;
+        }
+    };
+    let handed = if p.age > KEEP {
+        keep_unrouted(publisher, topology, &message, "waited a day for its queue").await
+    } else {
+        publisher.deliver_parked(topology, &message).await
+    };
+    let settled = match handed {
+        Ok(Handed::Done) => {
+            info!(queue = %p.queue, message_id = %message.message_id, tries = p.tries + 1, "parked reply delivered");
+            crate::metrics::metrics().message("reply", "parked_delivered");
+            store.unpark(p.id).await
+        }
+        Ok(Handed::Refused(reason)) => {
+            debug!(queue = %p.queue, %reason, "parked reply refused again");
+            store.park_again(p.id, backoff(p.tries)).await
+        }
+        Err(error) => {
+            debug!(queue = %p.queue, %error, "parked reply not offered");
+            store.park_again(p.id, backoff(0)).await
+        }
+    };
+    if let Err(error) = settled {
+        // The claim runs out and the reply is offered again: a copy, dropped by message id.
+        debug!(id = p.id, %error, "parked reply's row not updated");
+    }
+}
+
+/// The wait before the next offer of a reply refused `tries` times before.
+fn backoff(tries: i32) -> Duration {
+    // Capped low: a queue that came back waits at most this long for its replies, and later
+    // replies to it park behind them meanwhile.
+    const STEPS_MS: [u64; 5] = [500, 1_000, 2_000, 5_000, 10_000];
+    let i = usize::try_from(tries).unwrap_or(0).min(STEPS_MS.len() - 1);
+    Duration::from_millis(STEPS_MS[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offers_back_off_to_ten_seconds() {
+        assert_eq!(backoff(0), Duration::from_millis(500));
+        assert_eq!(backoff(3), Duration::from_secs(5));
+        assert_eq!(backoff(99), Duration::from_secs(10));
+        assert_eq!(backoff(-1), Duration::from_millis(500));
+    }
+}

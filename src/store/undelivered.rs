@@ -1,0 +1,156 @@
+//! Replies waiting for their client's queue: parked by the stage whose publish the queue
+//! refused, claimed and offered again by the redelivery loop, oldest first per queue so a
+//! session's replies still arrive in order.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+
+/// Parked replies one queue may hold; past it, a refused reply is not parked (it stays in
+/// PostgreSQL with its turn's record or in `replies`, where `aptix session show` reads it).
+pub const MAX_PARKED_PER_QUEUE: i64 = 1_000;
+
+/// A reply to park.
+#[derive(Debug, Clone)]
+pub struct ParkReply {
+    /// The client's queue that refused it.
+    pub queue: String,
+    /// The session it belongs to, when it names one.
+    pub session: Option<Uuid>,
+    /// The tenant whose queue it is.
+    pub tenant: Option<String>,
+    /// The reply as the broker module publishes it.
+    pub message: serde_json::Value,
+    /// Why the queue did not take it.
+    pub reason: String,
+}
+
+/// A parked reply claimed for one more offer.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    /// Row id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// The reply.
+    pub message: serde_json::Value,
+    /// Offers made before this one.
+    pub tries: i32,
+    /// How long it has waited.
+    pub age: Duration,
+}
+
+/// How long a claimed reply is left to its claimer before another process may offer it.
+const CLAIM: Duration = Duration::from_secs(30);
+
+impl Store {
+    /// Parks `replies`; returns how many were not parked because their queue holds
+    /// [`MAX_PARKED_PER_QUEUE`] already.
+    pub async fn park_replies(&self, replies: &[ParkReply]) -> Result<usize, StoreError> {
+        let mut over = 0;
+        let mut tx = self.pool.begin().await?;
+        for r in replies {
+            let parked = sqlx::query(
+                "INSERT INTO undelivered (queue, session_id, tenant, message, reason)
+                 SELECT $1, $2, $3, $4, $5
+                 WHERE (SELECT count(*) FROM undelivered WHERE queue = $1) < $6",
+            )
+            .bind(&r.queue)
+            .bind(r.session)
+            .bind(&r.tenant)
+            .bind(&r.message)
+            .bind(&r.reason)
+            .bind(MAX_PARKED_PER_QUEUE)
+            .execute(&mut *tx)
+            .await?;
+            if parked.rows_affected() == 0 {
+                over += 1;
+            }
+        }
+        tx.commit().await?;
+        Ok(over)
+    }
+
+    /// Claims up to `limit` due replies, each the oldest of its queue (a later one waits for
+    /// it), for [`CLAIM`].
+    pub async fn claim_parked(&self, limit: i64) -> Result<Vec<Parked>, StoreError> {
+        let rows: Vec<(i64, String, serde_json::Value, i32, f64)> = sqlx::query_as(
+            "UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
+             WHERE u.id IN (
+                 SELECT d.id FROM undelivered d
+                 WHERE d.next_try_at <= now()
+                   AND NOT EXISTS (SELECT 1 FROM undelivered e WHERE e.queue = d.queue AND e.id < d.id)
+                 ORDER BY d.id LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING u.id, u.queue, u.message, u.tries,
+                       extract(epoch FROM now() - u.created_at)::float8",
+        )
+        .bind(limit)
+        .bind(CLAIM.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, queue, message, tries, age)| Parked {
+                id,
+                queue,
+                message,
+                tries,
+                age: Duration::from_secs_f64(age.max(0.0)),
+            })
+            .collect())
+    }
+
+    /// A parked reply was delivered (or kept elsewhere): it is no longer waiting.
+    pub async fn unpark(&self, id: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM undelivered WHERE id = $1").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// A parked reply was refused again: offered next after `after`.
+    pub async fn park_again(&self, id: i64, after: Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE undelivered SET tries = tries + 1,
+                    next_try_at = now() + make_interval(secs => $2) WHERE id = $1",
+        )
+        .bind(id)
+        .bind(after.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Replies parked for `session`, oldest first (the reply messages as stored).
+    pub async fn parked_for_session(
+        &self,
+        session: Uuid,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT message FROM undelivered WHERE session_id = $1 ORDER BY id")
+            .bind(session)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The queues that have replies parked (at most `limit`).
+    pub async fn parked_queues(&self, limit: i64) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT DISTINCT queue FROM undelivered LIMIT $1")
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Replies parked now, in all.
+    pub async fn parked_len(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT count(*) FROM undelivered").fetch_one(&self.pool).await?)
+    }
+}
+
+impl Store {
+    /// The stage-message key the migrations created in this database (`pipeline_secret`).
+    pub async fn message_key(&self) -> Result<String, StoreError> {
+        Ok(sqlx::query_scalar("SELECT value FROM pipeline_secret WHERE name = 'message_key'")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+}

@@ -1,0 +1,127 @@
+//! A reply queue belongs to its client: whatever its arguments, state or node do to a reply
+//! costs the pipeline nothing (docs/reliability.md, "Client-owned queues"). A queue that refuses
+//! every reply (`x-overflow = reject-publish`, `x-max-length = 0`) neither holds the ingress for
+//! other sessions nor stops its own session; its replies wait in PostgreSQL and arrive, in
+//! order, once the queue takes messages again.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{new_session, user_turn, Harness, ReplyMsg};
+use futures_util::StreamExt as _;
+use lapin::options::{BasicAckOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+/// Declares the session's reply queue as a hostile client would: it takes no message at all.
+async fn declare_refusing_queue(h: &Harness, session: &str) -> String {
+    let queue = format!("{}.session.{session}", h.topology.prefix());
+    let mut args = FieldTable::default();
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    let ch = h.conn.create_channel().await.unwrap();
+    let options = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.as_str().into(), options, args).await.unwrap();
+    h.sessions.lock().unwrap().insert(session.parse().unwrap());
+    queue
+}
+
+/// Replaces the refusing queue by a plain one, as the docs say a client declares it, and reads
+/// it until `count` messages arrived or `wait` passed.
+async fn mend_and_read(h: &Harness, queue: &str, count: usize, wait: Duration) -> Vec<ReplyMsg> {
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
+    let options = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.into(), options, FieldTable::default()).await.unwrap();
+    let session = queue.rsplit('.').next().unwrap();
+    let (_ch, mut consumer) = h.consume_replies(session).await;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    while out.len() < count {
+        let Ok(Some(Ok(d))) = tokio::time::timeout_at(deadline, consumer.next()).await else {
+            break;
+        };
+        d.ack(BasicAckOptions::default()).await.unwrap();
+        out.push(common::reply_of(&d));
+    }
+    out
+}
+
+async fn parked(h: &Harness) -> i64 {
+    h.deps.store.parked_len().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_that_refuses_every_refusal_does_not_hold_the_ingress_for_anyone() {
+    let h = Harness::start(1).await;
+    let hostile = new_session();
+    let queue = declare_refusing_queue(&h, &hostile).await;
+    // 64 invalid requests (no TurnId): each is answered with a refusal its queue rejects.
+    for _ in 0..64 {
+        let body = serde_json::json!({ "SessionId": hostile, "Instruction": "x" });
+        h.publish_raw(serde_json::to_vec(&body).unwrap()).await;
+    }
+    let other = new_session();
+    let started = Instant::now();
+    h.submit(&user_turn(&other, "t1", "hello")).await;
+    let replies = h.replies(&other, 1, Duration::from_secs(30)).await;
+    let took = started.elapsed();
+    assert!(replies.iter().any(|r| r.is_final), "the other session got no reply in {took:?}");
+    // Before this containment it took 45 s and more; the bound is the reply's own work plus one
+    // refused offer (5 s at most), with room for a slow machine.
+    assert!(took < Duration::from_secs(15), "the other session waited {took:?}");
+    assert!(parked(&h).await > 0, "the refused refusals are parked in PostgreSQL");
+    assert!(h.dead_letters().await.is_empty(), "a refused reply is no dead letter");
+
+    // Once the queue takes messages, every refusal arrives, each once, in publish order.
+    let refusals = mend_and_read(&h, &queue, 64, Duration::from_secs(60)).await;
+    assert_eq!(refusals.len(), 64, "refusals delivered after the queue was mended");
+    for r in &refusals {
+        assert_eq!(r.headers.get("x-aptix-outcome").map(String::as_str), Some("refused"));
+    }
+    let mut ids: Vec<&str> = refusals.iter().map(|r| r.message_id.as_str()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 64, "no copies");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while parked(&h).await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(parked(&h).await, 0, "nothing is left parked once delivered");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_whose_queue_refuses_its_replies_moves_on_and_gets_them_in_order_later() {
+    let h = Harness::start(1).await;
+    let session = new_session();
+    let queue = declare_refusing_queue(&h, &session).await;
+    for t in ["t1", "t2", "t3"] {
+        h.publish_raw(serde_json::to_vec(&user_turn(&session, t, "hello")).unwrap()).await;
+    }
+    // Every turn runs and completes although no reply can be delivered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut states: Vec<String> = Vec::new();
+    while Instant::now() < deadline {
+        states =
+            sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1::uuid ORDER BY seq")
+                .bind(&session)
+                .fetch_all(h.deps.store.pool())
+                .await
+                .unwrap();
+        if states.len() == 3 && states.iter().all(|s| s == "completed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(states, ["completed"; 3], "the session moved on past its refused replies");
+    assert_eq!(h.records(&session).await.len(), 3, "one record per turn");
+    assert!(h.dead_letters().await.is_empty(), "no message was given up");
+    assert_eq!(h.deps.store.outbox_len().await.unwrap(), 0, "nothing waits in the outbox");
+
+    let replies = mend_and_read(&h, &queue, 3, Duration::from_secs(60)).await;
+    let turns: Vec<&str> = replies.iter().map(|r| r.turn_id.as_str()).collect();
+    assert_eq!(turns, ["t1", "t2", "t3"], "the parked replies arrive once, in order");
+    assert!(replies.iter().all(|r| r.is_final));
+    h.teardown().await;
+}
