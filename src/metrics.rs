@@ -98,6 +98,7 @@ pub struct Metrics {
     dependency_up: Family<DependencyLabel, Gauge>,
     broker_connections: AtomicI64,
     known_models: RwLock<HashSet<String>>,
+    broker_problem: RwLock<Option<String>>,
 }
 
 /// The process-wide metrics.
@@ -186,6 +187,7 @@ impl Metrics {
             cost_micro_usd,
             broker_connections: AtomicI64::new(0),
             known_models: RwLock::new(HashSet::new()),
+            broker_problem: RwLock::new(None),
         }
     }
 
@@ -280,9 +282,25 @@ impl Metrics {
         }
     }
 
-    /// A consumer connected (+1) or lost its connection (-1).
+    /// A consumer connected (+1) or lost its connection (-1). A connection that consumes
+    /// clears any broker problem noted before.
     pub fn broker_connection(&self, delta: i64) {
         self.broker_connections.fetch_add(delta, Ordering::Relaxed);
+        if delta > 0 {
+            self.broker_problem(None);
+        }
+    }
+
+    /// Notes (or clears) why the broker cannot serve this process although it answers (a
+    /// plugin it lacks), for `/readyz`.
+    pub fn broker_problem(&self, problem: Option<String>) {
+        if let Ok(mut note) = self.broker_problem.write() {
+            *note = problem;
+        }
+    }
+
+    fn broker_problem_now(&self) -> Option<String> {
+        self.broker_problem.read().ok().and_then(|p| p.clone())
     }
 
     fn set_up(&self, dependency: &'static str, up: bool) {
@@ -379,7 +397,11 @@ async fn scrape(State(state): State<Arc<HealthState>>) -> String {
 async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
     let (broker, database) = probe(&state).await;
     let status = if broker && database { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, format!("broker: {}\ndatabase: {}\n", up(broker), up(database)))
+    let mut text = format!("broker: {}\ndatabase: {}\n", up(broker), up(database));
+    if let Some(problem) = metrics().broker_problem_now().filter(|_| !broker) {
+        text.push_str(&format!("broker problem: {problem}\n"));
+    }
+    (status, text)
 }
 
 fn up(ok: bool) -> &'static str {

@@ -60,6 +60,10 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
             .context("starting the pipeline")?;
         let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
         let listen = deps.settings.telemetry.metrics_listen.clone();
+        if deps.settings.files_listen_is_wildcard() {
+            let url = deps.settings.files_base_url();
+            tracing::warn!(%listen, %url, "files.base_url is not set and the listener binds every address: file urls name loopback, which only this host reaches");
+        }
         if !listen.is_empty() {
             let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
             let files = Some(crate::files::router(deps.store.clone()));

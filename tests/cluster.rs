@@ -262,12 +262,16 @@ async fn a_killed_broker_node_loses_no_turn() {
         eprintln!("{}", node_log_excerpt(&cluster.dir, timeline::wall(killed_at), 25));
     }
     eprintln!("{}", marks.report(killed_at, &all));
-    let copies: usize =
-        inbox.lock().unwrap().values().flatten().filter(|(_, r)| r.is_final).count();
+    let copies = |side: &[String]| -> usize {
+        let inbox = inbox.lock().unwrap();
+        let finals = side.iter().filter_map(|s| inbox.get(s)).flatten();
+        finals.filter(|(_, r)| r.is_final).count().saturating_sub(side.len() * TURNS)
+    };
     eprintln!(
-        "{} turns answered; longest silence after the kill {gap:?}; {} duplicate reply copies dropped by message_id",
-        all.len(),
-        copies - all.len()
+        "{} turns answered; longest silence after the kill {gap:?}; duplicate final copies dropped by message_id: {} on the survivor's queues, {} on the killed node's",
+        all.len() + doomed.len() * TURNS,
+        copies(&sessions),
+        copies(&doomed),
     );
     for s in &everyone {
         let turns: Vec<String> =

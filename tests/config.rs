@@ -71,6 +71,7 @@ fn layers_validation_and_redaction() {
     // Every validation error names its key.
     assert_eq!(invalid_key("[amqp]\nurl = \"http://x\""), "amqp.url");
     assert_eq!(invalid_key("[database]\nurl = \"mysql://x\""), "database.url");
+    assert_eq!(invalid_key("[pipeline]\nmessage_key = \"short\""), "pipeline.message_key");
     assert_eq!(invalid_key("[pipeline]\nworker_threads = 5000"), "pipeline.worker_threads");
     assert_eq!(invalid_key("default_agent_context = \"nope\""), "default_agent_context");
     assert_eq!(
@@ -161,4 +162,21 @@ fn the_default_boot_prompt_states_the_reasoner_expectations() {
     ] {
         assert!(prompt.contains(expectation), "missing: {expectation}\n{prompt}");
     }
+}
+
+#[test]
+fn file_urls_follow_the_listener_unless_a_base_url_is_set() {
+    // The defaults alone, without the environment the other test changes.
+    let mut s: Settings = toml::from_str(aptix::config::DEFAULTS_TOML).unwrap();
+    s.telemetry.metrics_listen = "127.0.0.1:9555".into();
+    assert_eq!(s.files_base_url(), "http://127.0.0.1:9555");
+    assert!(!s.files_listen_is_wildcard());
+    s.telemetry.metrics_listen = "0.0.0.0:9600".into();
+    assert_eq!(s.files_base_url(), "http://127.0.0.1:9600");
+    assert!(s.files_listen_is_wildcard(), "the workers warn at start");
+    s.telemetry.metrics_listen = "[::]:9600".into();
+    assert_eq!(s.files_base_url(), "http://[::1]:9600");
+    s.files.base_url = Some("https://files.example.com/".into());
+    assert_eq!(s.files_base_url(), "https://files.example.com");
+    assert!(!s.files_listen_is_wildcard());
 }

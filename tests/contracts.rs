@@ -155,3 +155,44 @@ fn failed_invoke_result_has_errors_and_null_result() {
         assert!(serde_json::from_value::<Reply>(v.clone()).is_err(), "accepted {v}");
     }
 }
+
+#[test]
+fn a_failed_reply_names_its_session_and_turn_after_the_envelope() {
+    let turn: aptix::contracts::TurnId = "t-1".parse().unwrap();
+    let reply: Reply = InvokeResult::fail(vec![ApiError::new(ErrorCode::LlmUnavailable, "down")])
+        .about(SID.parse().unwrap(), Some(turn.clone()));
+    let v = serde_json::to_value(&reply).unwrap();
+    assert_eq!(
+        v,
+        json!({"Successful": false, "Result": null,
+               "Errors": [{"Code": "llm.unavailable", "Message": "down"}], "Warnings": [],
+               "SessionId": SID, "TurnId": "t-1"})
+    );
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["Successful", "Result", "Errors", "Warnings", "SessionId", "TurnId"]);
+    let back: Reply = serde_json::from_value(v).unwrap();
+    assert_eq!(back, reply);
+    assert_eq!(back.session_id().map(|s| s.to_string()).as_deref(), Some(SID));
+    assert_eq!(back.turn_id(), Some(&turn));
+
+    // A turn the request did not name validly is left out, not null.
+    let refused: Reply = InvokeResult::fail(vec![ApiError::new(ErrorCode::TurnIdInvalid, "bad")])
+        .about(SID.parse().unwrap(), None);
+    let v = serde_json::to_value(&refused).unwrap();
+    assert_eq!(v["SessionId"], SID);
+    assert!(v.get("TurnId").is_none(), "{v}");
+
+    // Bodies stored before the two properties existed still read; malformed ones do not.
+    let old = json!({"Successful": false, "Result": null, "Warnings": [],
+                     "Errors": [{"Code": "llm.unavailable", "Message": "down"}]});
+    let read: Reply = serde_json::from_value(old).unwrap();
+    assert_eq!((read.session_id(), read.turn_id()), (None, None));
+    for bad in [json!({"SessionId": "not-a-uuid"}), json!({"TurnId": "has space"})] {
+        let mut body = json!({"Successful": false, "Result": null, "Warnings": [],
+                              "Errors": [{"Code": "llm.unavailable", "Message": "down"}]});
+        for (k, x) in bad.as_object().unwrap() {
+            body[k] = x.clone();
+        }
+        assert!(serde_json::from_value::<Reply>(body.clone()).is_err(), "accepted {body}");
+    }
+}

@@ -144,6 +144,12 @@ fn replies_built_by_the_server_pass_the_response_schema() {
         InvokeResult::ok(response(Outcome::ClientToolContinuation(tools))),
         InvokeResult::fail(vec![ApiError::at(ErrorCode::TurnConflict, "TurnId", "used before")]),
         InvokeResult::fail(vec![]),
+        InvokeResult::fail(vec![ApiError::new(ErrorCode::LlmUnavailable, "down")])
+            .about(SessionId::random(), Some("turn-7".parse().unwrap())),
+        InvokeResult::fail(vec![ApiError::new(ErrorCode::SessionUnavailable, "not yours")])
+            .about(SessionId::random(), None),
+        InvokeResult::ok(response(Outcome::Final(FinalOutput::text("named"))))
+            .about(SessionId::random(), Some("turn-7".parse().unwrap())),
     ];
     for reply in replies {
         let body = serde_json::to_value(&reply).unwrap();

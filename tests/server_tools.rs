@@ -70,7 +70,7 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let b = base.clone();
-    let h = Harness::start_with(1, move |s| s.files.base_url = b).await;
+    let h = Harness::start_with(1, move |s| s.files.base_url = Some(b)).await;
     tokio::spawn(aptix::metrics::serve(
         format!("127.0.0.1:{port}"),
         None,

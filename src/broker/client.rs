@@ -116,6 +116,10 @@ pub struct ReplyMessage {
     pub body: Vec<u8>,
     /// Headers as text.
     pub headers: BTreeMap<String, String>,
+    /// The `message_id` property.
+    pub message_id: Option<String>,
+    /// The `correlation_id` property: the request a refusal or re-sent reply answers.
+    pub correlation_id: Option<String>,
     acker: Acker,
 }
 
@@ -145,7 +149,9 @@ impl Replies {
             Err(e) => return Some(Err(e.into())),
         };
         let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
-        Some(Ok(ReplyMessage { body: d.data, headers, acker: d.acker }))
+        let message_id = d.properties.message_id().as_ref().map(|m| m.to_string());
+        let correlation_id = d.properties.correlation_id().as_ref().map(|c| c.to_string());
+        Some(Ok(ReplyMessage { body: d.data, headers, message_id, correlation_id, acker: d.acker }))
     }
 
     /// Stops consuming.

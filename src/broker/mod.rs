@@ -82,6 +82,22 @@ pub enum BrokerError {
     Closed,
 }
 
+impl BrokerError {
+    /// What to do when the broker refused a declaration for a plugin it lacks (the ingress
+    /// partitions' consistent-hash exchange), spelled for an operator; `None` for any other
+    /// error.
+    pub fn missing_plugin(&self) -> Option<String> {
+        let text = self.to_string();
+        text.contains("unknown exchange type 'x-consistent-hash'").then(|| {
+            "the RabbitMQ plugin rabbitmq_consistent_hash_exchange is not enabled, and \
+             amqp.ingress_partitions > 1 needs it: run `rabbitmq-plugins enable \
+             rabbitmq_consistent_hash_exchange` on every node (deploy/rabbitmq/setup.sh does); \
+             until then no request is consumed"
+                .to_owned()
+        })
+    }
+}
+
 /// A received message, detached from the AMQP client.
 #[derive(Debug, Clone)]
 pub struct Delivery {

@@ -105,6 +105,9 @@ pub async fn run_stage(
     reconnecting(stage, &shutdown, || consume(stage, &handler, &settings, &shutdown)).await;
 }
 
+/// How long a worker waits before it looks again for a plugin the broker lacks.
+const MISSING_PLUGIN_WAIT: Duration = Duration::from_secs(10);
+
 /// Runs `connected` (one connection's worth of consuming) again after each broker failure,
 /// until it ends cleanly or `shutdown` fires. The back-off grows from 200 ms to 5 s and starts
 /// over after a connection that lasted a minute.
@@ -124,7 +127,14 @@ pub(super) async fn reconnecting<F, Fut>(
         if began.elapsed() > Duration::from_secs(60) {
             delay = FIRST;
         }
-        warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
+        if let Some(problem) = error.missing_plugin() {
+            // Nothing a reconnect can mend: an operator must enable the plugin.
+            tracing::error!(stage = stage.as_str(), %error, retry_in_ms = MISSING_PLUGIN_WAIT.as_millis() as u64, "{problem}");
+            crate::metrics::metrics().broker_problem(Some(problem));
+            delay = MISSING_PLUGIN_WAIT;
+        } else {
+            warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
+        }
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}

@@ -48,6 +48,35 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Why the broker cannot serve this layout although it answers: a plugin it lacks (the
+    /// consistent-hash exchange, for ingress partitions). Looked for by declaring a throwaway
+    /// exchange of that type on a channel of its own, deleted at once.
+    pub async fn missing_plugin(
+        &self,
+        publisher: &Publisher,
+    ) -> Result<Option<String>, BrokerError> {
+        if self.partitions() <= 1 {
+            return Ok(None);
+        }
+        let ch = publisher.scratch_channel().await?;
+        let probe = format!("{}.plugin-probe.{}", self.prefix(), uuid::Uuid::new_v4().simple());
+        let options =
+            lapin::options::ExchangeDeclareOptions { auto_delete: true, ..Default::default() };
+        let kind = lapin::ExchangeKind::Custom("x-consistent-hash".into());
+        let declared =
+            ch.exchange_declare(probe.as_str().into(), kind, options, Default::default());
+        match declared.await {
+            Ok(()) => {
+                let _ = ch.exchange_delete(probe.as_str().into(), Default::default()).await;
+                let _ = ch.close(200, "probed".into()).await;
+                Ok(None)
+            }
+            Err(e) => Ok(BrokerError::from(e).missing_plugin()),
+        }
+    }
+}
+
 /// Longest a look at the management API may take in all, so an unreachable API cannot hold up
 /// `aptix status` or a console page for a request per queue.
 const ACTIVITY_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);

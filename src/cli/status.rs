@@ -19,8 +19,12 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
             Ok(p) => p,
             Err(code) => return Ok(code),
         };
+        let missing = topology.missing_plugin(&publisher).await?;
         let mut states = topology.queue_states(&publisher).await?;
         let note = activity(&settings, &mut states).await;
+        if let Some(problem) = &missing {
+            eprintln!("error: {problem}");
+        }
         let idle: Vec<&QueueState> =
             states.iter().filter(|q| q.stage.is_some() && q.consumers == 0).collect();
         if json {
@@ -36,7 +40,7 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
                 println!("warning: no consumer on {} (start `aptix worker {stage}`)", q.queue);
             }
         }
-        Ok(if idle.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        Ok(if idle.is_empty() && missing.is_none() { ExitCode::SUCCESS } else { ExitCode::from(1) })
     })
 }
 

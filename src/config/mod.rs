@@ -260,6 +260,37 @@ pub struct PipelineSettings {
     pub message_key_file: Option<std::path::PathBuf>,
 }
 
+impl Settings {
+    /// Where clients reach a worker's file listener, without a trailing `/`: `files.base_url`,
+    /// else `http://` and `telemetry.metrics_listen`, a wildcard host (`0.0.0.0`, `[::]`) read
+    /// as loopback (the workers warn at start that such a URL only serves this host).
+    pub fn files_base_url(&self) -> String {
+        if let Some(base) = &self.files.base_url {
+            return base.trim_end_matches('/').to_owned();
+        }
+        let listen = &self.telemetry.metrics_listen;
+        let (host, port) = listen.rsplit_once(':').unwrap_or((listen.as_str(), "9464"));
+        let host = if self.files_listen_is_wildcard() {
+            if host.starts_with('[') {
+                "[::1]"
+            } else {
+                "127.0.0.1"
+            }
+        } else {
+            host
+        };
+        format!("http://{host}:{port}")
+    }
+
+    /// Whether the file URLs are derived from a listener bound to every address: the URL then
+    /// names loopback, which only clients on the worker's own host can reach.
+    pub fn files_listen_is_wildcard(&self) -> bool {
+        let listen = &self.telemetry.metrics_listen;
+        let host = listen.rsplit_once(':').map_or(listen.as_str(), |(h, _)| h);
+        self.files.base_url.is_none() && matches!(host, "0.0.0.0" | "[::]" | "" | "*")
+    }
+}
+
 impl PipelineSettings {
     /// The configured stage-message keys, the signing one first (empty: none configured).
     pub fn message_keys(&self) -> Result<Vec<Vec<u8>>, ConfigError> {

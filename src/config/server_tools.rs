@@ -78,10 +78,11 @@ impl ServerTool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileSettings {
-    /// Base of the `Url` in a `FileRef`: where clients reach a worker's HTTP listener
-    /// (`telemetry.metrics_listen`), e.g. behind a load balancer.
-    #[serde(default = "default_base_url")]
-    pub base_url: String,
+    /// Base of the `Url` in a `FileRef`: where clients reach a worker's HTTP listener, e.g.
+    /// behind a load balancer. Unset: the listener's own address (`telemetry.metrics_listen`,
+    /// see [`crate::config::Settings::files_base_url`]).
+    #[serde(default)]
+    pub base_url: Option<String>,
     /// How long a produced file is served after it was last written.
     #[serde(default = "default_retention_hours")]
     pub retention_hours: u32,
@@ -93,15 +94,11 @@ pub struct FileSettings {
 impl Default for FileSettings {
     fn default() -> Self {
         FileSettings {
-            base_url: default_base_url(),
+            base_url: None,
             retention_hours: default_retention_hours(),
             max_bytes: default_max_bytes(),
         }
     }
-}
-
-fn default_base_url() -> String {
-    "http://127.0.0.1:9464".into()
 }
 
 fn default_retention_hours() -> u32 {

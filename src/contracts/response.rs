@@ -211,6 +211,11 @@ pub struct UserWarning {
 }
 
 /// The envelope of every reply: success with a result, or failure with errors and no result.
+///
+/// `SessionId` and `TurnId` name the session and turn the reply concerns, so a body read
+/// without its AMQP headers (a log, a stored record) still says which turn it answers; each is
+/// left out when the request named no valid one (issue 41). Bodies written before they existed
+/// read back with both absent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields, try_from = "InvokeShape<T>")]
 #[serde(bound(deserialize = "T: Deserialize<'de>"))]
@@ -219,6 +224,12 @@ pub struct InvokeResult<T> {
     result: Option<T>,
     errors: Vec<ApiError>,
     warnings: Vec<ApiError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<uuid::Uuid>")]
+    session_id: Option<SessionId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    turn_id: Option<TurnId>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -235,6 +246,14 @@ struct InvokeShape<T> {
     /// System-level warnings.
     #[serde(default)]
     warnings: Vec<ApiError>,
+    /// The session the reply concerns; absent only when the request named no valid `SessionId`.
+    #[serde(default)]
+    #[schemars(with = "Option<uuid::Uuid>")]
+    session_id: Option<SessionId>,
+    /// The turn the reply concerns; absent only when the request named no valid `TurnId`.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    turn_id: Option<TurnId>,
 }
 
 impl<T> TryFrom<InvokeShape<T>> for InvokeResult<T> {
@@ -247,6 +266,8 @@ impl<T> TryFrom<InvokeShape<T>> for InvokeResult<T> {
                 result: s.result,
                 errors: s.errors,
                 warnings: s.warnings,
+                session_id: s.session_id,
+                turn_id: s.turn_id,
             }),
             (true, _, _) => Err("a successful InvokeResult has a Result and no Errors"),
             (false, _, _) => Err("a failed InvokeResult has Errors and a null Result"),
@@ -262,6 +283,8 @@ impl<T> InvokeResult<T> {
             result: Some(result),
             errors: Vec::new(),
             warnings: Vec::new(),
+            session_id: None,
+            turn_id: None,
         }
     }
 
@@ -270,12 +293,27 @@ impl<T> InvokeResult<T> {
         if errors.is_empty() {
             errors.push(ApiError::new(super::ErrorCode::Internal, "failed without a stated cause"));
         }
-        InvokeResult { successful: false, result: None, errors, warnings: Vec::new() }
+        InvokeResult {
+            successful: false,
+            result: None,
+            errors,
+            warnings: Vec::new(),
+            session_id: None,
+            turn_id: None,
+        }
     }
 
     /// Adds system-level warnings.
     pub fn with_warnings(mut self, warnings: Vec<ApiError>) -> Self {
         self.warnings.extend(warnings);
+        self
+    }
+
+    /// Names the session and turn the reply concerns (`SessionId`, `TurnId`); a turn of `None`
+    /// (the request named no valid one) is left out of the body.
+    pub fn about(mut self, session: SessionId, turn: Option<TurnId>) -> Self {
+        self.session_id = Some(session);
+        self.turn_id = turn;
         self
     }
 
@@ -297,5 +335,15 @@ impl<T> InvokeResult<T> {
     /// System-level warnings.
     pub fn warnings(&self) -> &[ApiError] {
         &self.warnings
+    }
+
+    /// The session the reply concerns, when known.
+    pub fn session_id(&self) -> Option<SessionId> {
+        self.session_id
+    }
+
+    /// The turn the reply concerns, when known.
+    pub fn turn_id(&self) -> Option<&TurnId> {
+        self.turn_id.as_ref()
     }
 }

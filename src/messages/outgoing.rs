@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::TurnJob;
 use crate::contracts::{
     ApiError, InstanceName, InvokeResult, Outcome, Reply, ReplyAddress, SessionId, TenantName,
+    TurnId,
 };
 
 /// A request as a client published it: bytes not yet parsed, and its `message_id`.
@@ -136,7 +137,9 @@ impl ReplyOut {
         tag: String,
         errors: Vec<ApiError>,
     ) -> Self {
-        let reply: Reply = InvokeResult::fail(errors);
+        // A turn that reached here was checked (`turn_hint`, or a validated request's key).
+        let turn = turn_id.and_then(|t| t.parse::<TurnId>().ok());
+        let reply: Reply = InvokeResult::fail(errors).about(session, turn);
         ReplyOut {
             session,
             turn_id: turn_id.map(str::to_owned),
@@ -154,7 +157,17 @@ impl ReplyOut {
     }
 
     /// A stored step reply sent again, under an id of its own (it answers another submission).
-    pub fn resent(session: SessionId, turn_id: &str, submission: &str, stored: Value) -> Self {
+    /// One stored before replies named their turn gets `SessionId` and `TurnId` added, as the
+    /// server writes them now (after the envelope's other properties).
+    pub fn resent(session: SessionId, turn_id: &str, submission: &str, mut stored: Value) -> Self {
+        if let Some(body) = stored.as_object_mut().filter(|b| b.contains_key("Successful")) {
+            if !body.contains_key("SessionId") {
+                body.insert("SessionId".to_owned(), Value::String(session.to_string()));
+            }
+            if !body.contains_key("TurnId") {
+                body.insert("TurnId".to_owned(), Value::String(turn_id.to_owned()));
+            }
+        }
         ReplyOut {
             session,
             turn_id: Some(turn_id.to_owned()),

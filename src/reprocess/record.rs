@@ -33,12 +33,14 @@ pub(crate) fn answered(
         Outcome::Final(_) => "final",
         Outcome::ClientToolContinuation(_) => "client_tool_continuation",
     };
+    let key = inputs.turn.key();
     let reply: Reply = InvokeResult::ok(AgentExecuteResponse {
-        session_id: inputs.turn.key().session_id,
-        turn_id: inputs.turn.key().turn_id.clone(),
+        session_id: key.session_id,
+        turn_id: key.turn_id.clone(),
         mode_display_name: context.mode_display_name.clone(),
         outcome,
-    });
+    })
+    .about(key.session_id, Some(key.turn_id.clone()));
     let mut record = base(inputs, assembled, kind, reply)?;
     record.provider_response_id = Some(answer.response_id.clone());
     record.response_payload = Some(answer.raw.clone());
@@ -54,7 +56,10 @@ pub(crate) fn failed(
     error: &LlmError,
 ) -> Result<LinkedRecord, serde_json::Error> {
     let errors = vec![ApiError::new(error.code(), error.to_string())];
-    let mut record = base(inputs, assembled, "error", InvokeResult::fail(errors.clone()))?;
+    let key = inputs.turn.key();
+    let reply: Reply =
+        InvokeResult::fail(errors.clone()).about(key.session_id, Some(key.turn_id.clone()));
+    let mut record = base(inputs, assembled, "error", reply)?;
     record.errors = serde_json::to_value(&errors)?;
     record.response_payload = error.raw_response().cloned();
     Ok(link(inputs, step, record))

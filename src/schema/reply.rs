@@ -65,12 +65,15 @@ pub(super) fn schema() -> Schema {
         "Warnings",
         json!({ "type": "array", "items": { "$ref": "#/$defs/ApiError" } }),
     );
+    refine_property(&mut envelope, "SessionId", session_id());
+    refine_property(&mut envelope, "TurnId", turn_id());
     super::from_value(json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "InvokeResult",
         "description": "Every reply on a session's reply queue (`type` = `reply`): an InvokeResult wrapping an \
             AgentExecuteResponse (AGN-033). Successful with a Result and no Errors, or not successful with \
-            Errors and a null Result. See docs/contract.md.",
+            Errors and a null Result. SessionId and TurnId name the turn the reply concerns, and \
+            are absent only when the request named no valid one. See docs/contract.md.",
         "type": "object",
         "properties": envelope,
         "required": ["Successful", "Result", "Errors", "Warnings"],

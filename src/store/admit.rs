@@ -103,8 +103,9 @@ pub(super) fn failure(
     error: ApiError,
     request_payload: Option<RequestBody>,
 ) -> Result<(NewRecord, Outgoing), StoreError> {
-    let reply: Reply = InvokeResult::fail(vec![error.clone()]);
     let key = row.key()?;
+    let reply: Reply =
+        InvokeResult::fail(vec![error.clone()]).about(key.session_id, Some(key.turn_id.clone()));
     let out =
         ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?.to(row.address()?);
     let record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;

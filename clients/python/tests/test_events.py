@@ -64,6 +64,21 @@ def test_refusal_without_turn():
     assert isinstance(r, Refused) and r.turn_id is None
 
 
+def test_a_failed_body_names_its_session_and_turn():
+    named = json.dumps({"Successful": False, "Result": None, "Warnings": [],
+                        "Errors": [{"Code": "llm.unavailable", "Message": "down"}],
+                        "SessionId": S, "TurnId": "t1"}).encode()
+    f = parse_event("reply", f"reply:{S}:t1:step-0", headers("failed", True), named)
+    assert isinstance(f, Failed) and (f.body_session_id, f.body_turn_id) == (S, "t1")
+    # Without headers (lenient mode) the body still says whose turn failed.
+    lenient = parse_event("reply", "r1", {}, named, strict=False)
+    assert isinstance(lenient, Failed) and (lenient.session_id, lenient.turn_id) == (S, "t1")
+    # A body without them (a request naming no valid TurnId, or an older server) reads as before.
+    old = parse_event("reply", f"reply:{S}:-:rejected-{HEX}", headers("refused", True, None, turn="-"),
+                      body(errors=[{"Code": "validation.turn_id_invalid", "Message": "x"}]))
+    assert (old.body_session_id, old.body_turn_id, old.turn_id) == (None, None, None)
+
+
 def test_resent_is_recognised():
     e = parse_event("reply", f"reply:{S}:t1:resent-{HEX}", headers("final", True), body(final_result()))
     assert isinstance(e, Final) and e.resent

@@ -28,3 +28,12 @@ def test_reply_schema(schemas):
                              "Errors": [{"Code": "turn.conflict", "Message": "x"}]})
     with pytest.raises(SchemaError):
         schemas.check_reply({"Successful": True, "Result": {"Kind": "final"}})
+    # A reply names its session and turn; each may be absent, never null or malformed.
+    failed = {"Successful": False, "Result": None, "Warnings": [],
+              "Errors": [{"Code": "llm.unavailable", "Message": "x"}],
+              "SessionId": "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f", "TurnId": "t1"}
+    schemas.check_reply(failed)
+    schemas.check_reply({k: v for k, v in failed.items() if k != "TurnId"})
+    for bad in ({"SessionId": None}, {"SessionId": "not-a-uuid"}, {"TurnId": "t 1"}):
+        with pytest.raises(SchemaError):
+            schemas.check_reply({**failed, **bad})

@@ -91,6 +91,14 @@ export interface ReplyBase extends EventBase {
   warnings: ApiError[];
   /** A stored reply sent again in answer to a duplicate submission. */
   resent: boolean;
+  /**
+   * The body's own `SessionId` (InvokeResult): the session the reply concerns, named in the body
+   * too so that a logged body says which turn it answers. null when the body has none (the
+   * request named no valid SessionId, or a server from before the property).
+   */
+  bodySessionId: string | null;
+  /** The body's own `TurnId` (InvokeResult), like `bodySessionId`. */
+  bodyTurnId: string | null;
 }
 
 /** `client_tool_continuation`: run `calls` in order and submit their results. */
@@ -200,13 +208,19 @@ function parseReply(base: EventBase, body: Json, h: Headers, strict: boolean): R
   } catch {
     // lenient mode: an id outside the grammar is simply not a resend
   }
+  const named = (v: unknown): string | null => (typeof v === "string" && v !== "" ? v : null);
+  const bodyTurnId = named(body.TurnId);
   const reply = {
     ...base,
+    // No header (lenient mode): the body names the turn, as a delta's does.
+    turnId: base.turnId ?? (h[H_TURN_ID] === undefined ? bodyTurnId : null),
     final,
     outcome,
     step: typeof h[H_STEP] === "number" ? (h[H_STEP] as number) : null,
     warnings: ((body.Warnings ?? []) as Json[]).map(apiError),
     resent,
+    bodySessionId: named(body.SessionId),
+    bodyTurnId,
   };
   const result: Json = body.Result ?? {};
   const successful = body.Successful === true;

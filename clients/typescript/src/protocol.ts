@@ -132,8 +132,8 @@ function tenantSegment(tenant: string | null | undefined): string {
 
 /**
  * The session a server message belongs to, as an instance queue tells them apart (§4a): the
- * `x-aptix-session-id` header, else the body's `SessionId` (a delta's, or a reply's
- * `Result.SessionId`); null when the message names none.
+ * `x-aptix-session-id` header, else the body's `SessionId` (a delta's or a reply's own, or a
+ * reply's `Result.SessionId`); null when the message names none.
  */
 export function messageSessionId(headers: Record<string, unknown> | undefined, body: Buffer | string): string | null {
   const h = headers?.[H_SESSION_ID];

@@ -53,6 +53,23 @@ test("failed and refused", () => {
   assert.equal(noTurn.turnId, null);
 });
 
+test("a failed body names its session and turn", () => {
+  const named = Buffer.from(JSON.stringify({
+    Successful: false, Result: null, Warnings: [], Errors: [{ Code: "llm.unavailable", Message: "down" }], SessionId: S, TurnId: "t1",
+  }));
+  const f = parseEvent({ type: "reply", messageId: `reply:${S}:t1:step-0`, headers: headers("failed", true), body: named });
+  assert.equal(f.type, "failed");
+  if (f.type === "delta") return;
+  assert.deepEqual([f.bodySessionId, f.bodyTurnId], [S, "t1"]);
+  // Without headers (lenient mode) the body still says whose turn failed.
+  const lenient = parseEvent({ type: "reply", messageId: "r1", headers: {}, body: named }, false);
+  assert.deepEqual([lenient.type, lenient.sessionId, lenient.turnId], ["failed", S, "t1"]);
+  // A body without them (a request naming no valid TurnId, or an older server) reads as before.
+  const old = parseEvent({ type: "reply", messageId: `reply:${S}:-:rejected-${HEX}`, headers: headers("refused", true, null, "-"), body: err([{ Code: "validation.turn_id_invalid", Message: "x" }]) });
+  if (old.type === "delta") return;
+  assert.deepEqual([old.bodySessionId, old.bodyTurnId, old.turnId], [null, null, null]);
+});
+
 test("resent replies are recognised", () => {
   const e = parseEvent({ type: "reply", messageId: `reply:${S}:t1:resent-${HEX}`, headers: headers("final", true), body: ok(finalResult()) });
   assert.equal(e.type !== "delta" && e.resent, true);

@@ -28,4 +28,16 @@ test("reply schema", () => {
     SchemaError,
   );
   assert.throws(() => schemas.checkReply({ Successful: true, Result: { Kind: "final" } }), SchemaError);
+  // A reply names its session and turn; each may be absent, never null or malformed.
+  const failed = {
+    Successful: false, Result: null, Warnings: [], Errors: [{ Code: "llm.unavailable", Message: "x" }],
+    SessionId: "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f", TurnId: "t1",
+  };
+  schemas.checkReply(failed);
+  const withoutTurn: Record<string, unknown> = { ...failed };
+  delete withoutTurn.TurnId;
+  schemas.checkReply(withoutTurn);
+  for (const bad of [{ SessionId: null }, { SessionId: "not-a-uuid" }, { TurnId: "t 1" }]) {
+    assert.throws(() => schemas.checkReply({ ...failed, ...bad }), SchemaError);
+  }
 });

@@ -74,7 +74,9 @@ impl Persist {
     /// transition and the reply.
     async fn finish(&self, job: &PersistJob) -> Result<Finished, StageError> {
         let (key, step) = (job.job.key.clone(), job.job.step);
-        let e = self.ending(job).await?;
+        let mut e = self.ending(job).await?;
+        // Every ending's body names its turn, a failure's too (issue 41).
+        e.reply = e.reply.map(|r| r.about(key.session_id, Some(key.turn_id.clone())));
         let out = match &e.reply {
             Some(reply) => Some(
                 ReplyOut::step(key.session_id, key.turn_id.as_str(), step, reply)?

@@ -162,7 +162,7 @@ impl Retrieve {
                 .mime_type
                 .filter(|m| valid_mime(m))
                 .unwrap_or_else(|| mime_of(&args.path)),
-            url: format!("{}/files/{}", files.base_url.trim_end_matches('/'), kept.sha256),
+            url: format!("{}/files/{}", self.settings.files_base_url(), kept.sha256),
             size_bytes: kept.size_bytes,
             content_hash: format!("sha256:{}", kept.sha256),
             description: Some(format!("written by write_file as `{}`", args.path)),

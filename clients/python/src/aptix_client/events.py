@@ -125,6 +125,21 @@ class Reply(Event):
         parsed = p.parse_message_id(self.message_id)
         return isinstance(parsed, p.ReplyId) and parsed.submission_tag == "resent"
 
+    @property
+    def body_session_id(self) -> Optional[str]:
+        """The body's own `SessionId` (InvokeResult): the session the reply concerns, named in
+        the body too so that a logged body says which turn it answers. None when the body has
+        none (the request named no valid SessionId, or a server from before the property)."""
+        v = self.body.get("SessionId") if isinstance(self.body, Mapping) else None
+        return v if isinstance(v, str) and v else None
+
+    @property
+    def body_turn_id(self) -> Optional[str]:
+        """The body's own `TurnId` (InvokeResult), like `body_session_id`: None when the request
+        named no valid TurnId or the server predates the property."""
+        v = self.body.get("TurnId") if isinstance(self.body, Mapping) else None
+        return v if isinstance(v, str) and v else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolCalls(Reply):
@@ -225,6 +240,10 @@ def parse_event(
 
 def _parse_reply(common: Dict[str, Any], data: Mapping[str, Any], headers: Mapping[str, Any],
                  strict: bool) -> AnyEvent:
+    body_turn = data.get("TurnId")
+    if common["turn_id"] is None and p.H_TURN_ID not in headers and isinstance(body_turn, str) and body_turn:
+        # No header (lenient mode): the body names the turn, as a delta's does.
+        common = dict(common, turn_id=body_turn)
     outcome = headers.get(p.H_OUTCOME) or _outcome_from_body(data)
     final = headers.get(p.H_FINAL)
     if not isinstance(final, bool):

@@ -130,8 +130,8 @@ def _tenant_segment(tenant: Optional[str]) -> str:
 
 def message_session_id(headers: Optional[Mapping[str, Any]], body: bytes) -> Optional[str]:
     """The session a server message belongs to, as an instance queue tells them apart (§4a):
-    the `x-aptix-session-id` header, else the body's `SessionId` (a delta's, or a reply's
-    `Result.SessionId`). None when the message names none."""
+    the `x-aptix-session-id` header, else the body's `SessionId` (a delta's or a reply's own, or
+    a reply's `Result.SessionId`). None when the message names none."""
     value = (headers or {}).get(H_SESSION_ID)
     if isinstance(value, str) and value:
         return value
