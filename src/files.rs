@@ -1,28 +1,55 @@
-//! `GET /files/<sha256>`: the files server tools produced (`write_file`), served from
-//! PostgreSQL on each worker's HTTP listener until they expire. The URL is the content's
-//! SHA-256, so it names exactly the bytes a `FileRef`'s `ContentHash` promises.
+//! `GET /files/<sha256>?owner=&expires=&sig=`: the files server tools produced (`write_file`),
+//! served from PostgreSQL on each worker's HTTP listener. A `FileRef`'s `Url` is a capability:
+//! signed with the pipeline's keys over the owner (the tenant whose turn wrote it), the content
+//! hash and the expiry, valid until its `ContentExpires`. The bare hash, an expired or altered
+//! URL, or another tenant's file all get the same 404, so the store is no oracle of what exists.
+
+use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tracing::warn;
 
+use crate::config::{file_signature_valid, MessageKeys};
 use crate::store::Store;
 
-/// The route, for the listener that also serves `/metrics`.
-pub fn router(store: Store) -> axum::Router {
-    axum::Router::new().route("/files/{sha256}", get(serve)).with_state(store)
+/// The route, for the listener that also serves `/metrics`. Without keys no URL verifies.
+pub fn router(store: Store, keys: Option<MessageKeys>) -> axum::Router {
+    axum::Router::new().route("/files/{sha256}", get(serve)).with_state(Files { store, keys })
 }
 
-async fn serve(State(store): State<Store>, Path(sha256): Path<String>) -> Response {
+#[derive(Clone)]
+struct Files {
+    store: Store,
+    keys: Option<MessageKeys>,
+}
+
+const NOT_FOUND: &str = "no such file, or the link expired\n";
+
+async fn serve(
+    State(files): State<Files>,
+    Path(sha256): Path<String>,
+    Query(claim): Query<HashMap<String, String>>,
+) -> Response {
     let valid =
         sha256.len() == 64 && sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if !valid {
-        return (StatusCode::NOT_FOUND, "no such file\n").into_response();
-    }
-    match store.file(&sha256).await {
+    let owner = claim.get("owner").map_or("", String::as_str);
+    let expires = claim.get("expires").and_then(|e| e.parse::<i64>().ok());
+    let signed = match (&files.keys, expires, claim.get("sig")) {
+        (Some(keys), Some(exp), Some(sig)) => {
+            exp > chrono::Utc::now().timestamp()
+                && file_signature_valid(keys, owner, &sha256, exp, sig)
+        }
+        _ => false,
+    };
+    let signed = signed.then_some(owner);
+    let Some(owner) = signed.filter(|_| valid) else {
+        return (StatusCode::NOT_FOUND, NOT_FOUND).into_response();
+    };
+    match files.store.file(owner, &sha256).await {
         Ok(Some(content)) => (
             [
                 // The bytes are the model's output: never rendered as a page of this origin.
@@ -34,7 +61,7 @@ async fn serve(State(store): State<Store>, Path(sha256): Path<String>) -> Respon
             Body::from(content),
         )
             .into_response(),
-        Ok(None) => (StatusCode::NOT_FOUND, "no such file, or it expired\n").into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, NOT_FOUND).into_response(),
         Err(error) => {
             warn!(%error, "could not read a stored file");
             (StatusCode::SERVICE_UNAVAILABLE, "the file store is unavailable\n").into_response()

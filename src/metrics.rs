@@ -307,12 +307,43 @@ impl Metrics {
         self.dependency_up.get_or_create(&DependencyLabel { dependency }).set(i64::from(up));
     }
 
-    /// The registry in Prometheus text format.
+    /// The registry in the Prometheus text format (0.0.4), which `/metrics` serves.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        prometheus_text(&out)
     }
+}
+
+/// The OpenMetrics text `prometheus_client` writes, as the Prometheus text format: a counter's
+/// HELP and TYPE name its samples (`x_total`), not its OpenMetrics family (`x`), and there is no
+/// `# EOF`. Served as `text/plain`, the OpenMetrics form left every counter without help text for
+/// Prometheus's own checker (`promtool check metrics`).
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len() + counters.len() * 12);
+    for line in openmetrics.lines().filter(|l| *l != "# EOF") {
+        let meta =
+            ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Ends an in-flight span of a stage.
@@ -389,9 +420,10 @@ async fn probe(state: &HealthState) -> (bool, bool) {
     (broker, database)
 }
 
-async fn scrape(State(state): State<Arc<HealthState>>) -> String {
+async fn scrape(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
     probe(&state).await;
-    metrics().encode()
+    let text = "text/plain; version=0.0.4; charset=utf-8";
+    ([(axum::http::header::CONTENT_TYPE, text)], metrics().encode())
 }
 
 async fn ready(State(state): State<Arc<HealthState>>) -> impl IntoResponse {
@@ -409,5 +441,23 @@ fn up(ok: bool) -> &'static str {
         "up"
     } else {
         "down"
+    }
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::prometheus_text;
+
+    #[test]
+    fn counters_are_described_by_their_sample_names() {
+        let om =
+            "# HELP a_messages Messages.\n# TYPE a_messages counter\na_messages_total{x=\"1\"} 2\n\
+                  # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n# EOF\n";
+        let text = prometheus_text(om);
+        assert_eq!(
+            text,
+            "# HELP a_messages_total Messages.\n# TYPE a_messages_total counter\n\
+             a_messages_total{x=\"1\"} 2\n# HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n"
+        );
     }
 }

@@ -9,8 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::broker::{
-    run_partitioned, run_stage, Handler, LazyPublisher, MessageKeys, RuntimeSettings, StageName,
-    Topology,
+    run_partitioned, run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology,
 };
 use crate::config::Settings;
 use crate::contracts::TenantName;
@@ -126,7 +125,7 @@ pub fn runtime_settings(settings: &Settings, stage: StageName) -> RuntimeSetting
         max_redeliveries: settings.pipeline.max_redeliveries,
         confirm_timeout: Duration::from_millis(settings.pipeline.confirm_timeout_ms),
         max_message_bytes: settings.amqp.max_message_bytes,
-        keys: settings.pipeline.message_keys().ok().and_then(MessageKeys::new),
+        keys: settings.pipeline.keys(),
     }
 }
 

@@ -66,7 +66,7 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
         }
         if !listen.is_empty() {
             let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
-            let files = Some(crate::files::router(deps.store.clone()));
+            let files = Some(crate::files::router(deps.store.clone(), deps.settings.pipeline.keys()));
             tokio::spawn(crate::metrics::serve(listen, Some(database), files, shutdown.clone()));
         }
         pipeline::prepare(&deps, &stages).await.map_err(anyhow::Error::msg)?;

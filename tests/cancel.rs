@@ -122,6 +122,15 @@ async fn a_queued_and_a_streaming_turn_are_cancelled_and_the_next_turn_runs() {
     assert!(!kept.is_empty(), "the record keeps what the model had streamed");
     relayed.extend(deltas.iter().filter_map(|d| d.body["Event"]["Text"].as_str()));
     assert!(kept.starts_with(&relayed), "{kept:?} vs the relayed {relayed:?}");
+    // The aborted call spent tokens no answer reported: charged by estimate (docs/tenancy.md),
+    // from the request body sent and the text streamed; t2, never sent, is charged nothing.
+    assert_eq!(t1_record["response_payload"]["usage_estimated"], true, "{t1_record}");
+    let total = t1_record["usage"]["TotalTokens"].as_u64().unwrap();
+    let streamed_tokens = t1_record["usage"]["OutputTokens"].as_u64().unwrap();
+    assert!(streamed_tokens >= (kept.chars().count() as u64).div_ceil(4), "{t1_record}");
+    assert!(total > streamed_tokens, "the request's input is charged too: {t1_record}");
+    let t2_record = records.iter().find(|r| r["turn_id"] == "t2").unwrap();
+    assert!(t2_record["usage"].is_null(), "{t2_record}");
     h.teardown().await;
 }
 

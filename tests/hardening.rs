@@ -256,7 +256,8 @@ async fn a_stage_message_without_the_pipelines_mac_is_dead_lettered_before_its_s
     let other = aptix::broker::MessageKeys::new(vec![b"not the pipeline's key".to_vec()]).unwrap();
     let mac = aptix::broker::MAC_HEADER;
     h.publisher.publish(&to_retrieve("unsigned")).await.unwrap();
-    let wrong = to_retrieve("wrong-key").header(mac, other.sign("turn", &retrieve, &body));
+    let fields = aptix::broker::stage_mac_fields("turn", &retrieve);
+    let wrong = to_retrieve("wrong-key").header(mac, other.sign(&fields, &body));
     h.publisher.publish(&wrong).await.unwrap();
     h.run(1);
     let mut reasons = Vec::new();
@@ -275,7 +276,7 @@ async fn a_stage_message_without_the_pipelines_mac_is_dead_lettered_before_its_s
     assert_eq!(h.sim.stats().requests, 0, "no forged message reached the model");
     assert_eq!(turn_state(&h, &s, "t1").await, "running", "nothing moved the turn");
     // The same body under the pipeline's key is the pipeline's own.
-    let genuine = to_retrieve("genuine").header(mac, keys.sign("turn", &retrieve, &body));
+    let genuine = to_retrieve("genuine").header(mac, keys.sign(&fields, &body));
     h.publisher.publish(&genuine).await.unwrap();
     let replies = h.replies(&s, 1, WAIT).await;
     assert_eq!(replies.last().unwrap().body["Successful"], true);

@@ -41,6 +41,14 @@ async fn metrics_and_health_follow_the_pipeline() {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
 
+    // Prometheus's own checker accepts what a live worker serves: the text is kept for
+    // `deploy/prometheus/check.sh metrics FILE` (.ci/run), and checked here when promtool is
+    // installed (check.sh installs it).
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("metrics.txt"), &text).unwrap();
+    promtool_accepts(&text);
+
     // A model name from a message (a forged invoke body, a provider's answer) is no label value
     // unless configured: it is counted as `other`, and its text never reaches /metrics.
     let forged = "forged-model\"} 1\naptix_injected_total{x=\"y";
@@ -89,4 +97,24 @@ async fn metrics_and_health_follow_the_pipeline() {
     assert!(text.contains(r#"aptix_dependency_up{dependency="broker"} 0"#), "{text}");
     shutdown.cancel();
     h.teardown().await;
+}
+
+/// Runs `promtool check metrics` on `text` when promtool is installed (CI installs it).
+fn promtool_accepts(text: &str) {
+    use std::io::Write as _;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        assert!(std::env::var_os("CI").is_none(), "promtool is missing in CI");
+        eprintln!("promtool not installed: the metrics text was not checked by it");
+        return;
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check metrics: {said}\n{text}");
 }

@@ -74,7 +74,7 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
     tokio::spawn(aptix::metrics::serve(
         format!("127.0.0.1:{port}"),
         None,
-        Some(aptix::files::router(h.deps.store.clone())),
+        Some(aptix::files::router(h.deps.store.clone(), h.deps.settings.pipeline.keys())),
         h.shutdown.clone(),
     ));
     let s = new_session();
@@ -107,6 +107,31 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
     assert_eq!(&bytes[..], content.as_bytes());
     let missing = reqwest::get(format!("{base}/files/{}", "0".repeat(64))).await.unwrap();
     assert_eq!(missing.status(), 404);
+    // The URL is a capability: the bare hash, an altered owner, expiry or signature, and
+    // another key's signature all get the same 404.
+    let sha = hex::encode(Sha256::digest(&bytes));
+    let (head, query) = url.split_once('?').unwrap();
+    let params: std::collections::HashMap<&str, &str> =
+        query.split('&').filter_map(|kv| kv.split_once('=')).collect();
+    let (owner, expires, sig) = (params["owner"], params["expires"], params["sig"]);
+    let later: i64 = expires.parse::<i64>().unwrap() + 3600;
+    let other = aptix::config::MessageKeys::new(vec![b"someone else's key".to_vec()]).unwrap();
+    let forged = aptix::config::file_url(&base, &other, owner, &sha, later);
+    for bad in [
+        format!("{base}/files/{sha}"),
+        format!("{head}?owner=acme&expires={expires}&sig={sig}"),
+        format!("{head}?owner={owner}&expires={later}&sig={sig}"),
+        format!("{head}?owner={owner}&expires={expires}&sig={}", "0".repeat(64)),
+        forged,
+    ] {
+        let got = reqwest::get(&bad).await.unwrap();
+        assert_eq!(got.status(), 404, "{bad}");
+    }
+    // The same bytes under another owner are another file: never served by this URL's
+    // signature, and a URL signed for that owner finds nothing it did not write.
+    let keys = h.deps.settings.pipeline.keys().unwrap();
+    let theirs = aptix::config::file_url(&base, &keys, "acme", &sha, later);
+    assert_eq!(reqwest::get(&theirs).await.unwrap().status(), 404);
     h.teardown().await;
 }
 

@@ -4,7 +4,8 @@
 #   - deploy/prometheus/prometheus.yml is a valid configuration (it loads alerts.yml);
 #   - deploy/prometheus/alerts.test.yml passes, and it tests every alert of alerts.yml firing;
 #   - deploy/grafana/aptix-dashboard.json is JSON, every panel has a query, and every query
-#     is valid PromQL once the dashboard's variables are filled in.
+#     is valid PromQL once the dashboard's variables are filled in;
+#   - with `metrics FILE`: a live worker's /metrics text passes `promtool check metrics`.
 # Installs promtool (Debian/Ubuntu package `prometheus`) when it is missing. Needs python3.
 #   bash deploy/prometheus/check.sh
 set -euo pipefail
@@ -35,6 +36,15 @@ install_promtool() {
 
 command -v promtool >/dev/null || install_promtool
 promtool --version 2>&1 | head -n1
+
+# `check.sh metrics FILE`: only check a live worker's /metrics text (tests/metrics.rs writes
+# one to tests/out/metrics.txt; .ci/run checks it after the tests).
+if [ "${1:-}" = "metrics" ]; then
+  log "a live worker's /metrics (${2:?a file with the text})"
+  promtool check metrics < "$2"
+  echo "metrics text OK"
+  exit 0
+fi
 
 log "alert rules"
 promtool check rules deploy/prometheus/alerts.yml

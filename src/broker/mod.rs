@@ -7,7 +7,6 @@ mod dead;
 mod declare;
 mod lanes;
 mod layout;
-mod mac;
 pub mod management;
 mod message;
 mod partitioned;
@@ -23,9 +22,20 @@ use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
 
+pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
 pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
-pub use mac::{MessageKeys, MAC_HEADER, MIN_KEY_BYTES};
+/// The header that carries a stage message's MAC (hex): HMAC-SHA256 under the pipeline's keys
+/// over `aptix.stage/v1`, the AMQP type, the stage queue and the body. Every message published to
+/// a stage queue after the ingress carries one, and a stage consumer dead-letters a message
+/// whose MAC does not verify before its stage sees it: a stage-shaped body a client got into a
+/// stage queue (a replayed dead letter, a queue's dead-letter routing) is data, never an
+/// instruction.
+pub const MAC_HEADER: &str = "x-aptix-mac";
+/// What a stage message's MAC is over, before its body.
+pub fn stage_mac_fields<'a>(kind: &'a str, queue: &'a str) -> [&'a str; 3] {
+    ["aptix.stage/v1", kind, queue]
+}
 pub use message::{HeaderValue, OutMessage};
 pub use partitioned::run_partitioned;
 pub use publish::Publisher;

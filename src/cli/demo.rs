@@ -50,7 +50,7 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let listen = settings.telemetry.metrics_listen.clone();
     if !listen.is_empty() {
         // Serves the files that server tools write, where their FileRef URLs point.
-        let files = Some(crate::files::router(deps.store.clone()));
+        let files = Some(crate::files::router(deps.store.clone(), deps.settings.pipeline.keys()));
         tokio::spawn(crate::metrics::serve(listen, None, files, shutdown.clone()));
     }
     let (stages, d, token) = (crate::stages::names(), deps.clone(), shutdown.clone());

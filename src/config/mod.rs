@@ -5,6 +5,7 @@
 mod assemble_policy;
 mod check;
 mod contexts;
+mod keys;
 mod limits;
 mod secret;
 mod server_tools;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use assemble_policy::AssemblePolicy;
 pub use contexts::{AgentContext, ConversationContext, FunctionTool};
+pub use keys::{file_signature, file_signature_valid, file_url, MessageKeys, MIN_KEY_BYTES};
 pub use limits::Limits;
 pub use secret::{percent_decode, redact_url, ConnectionUrl, Secret};
 pub use server_tools::{FileSettings, ServerTool, ServerTools};
@@ -292,6 +294,11 @@ impl Settings {
 }
 
 impl PipelineSettings {
+    /// The configured keys as [`MessageKeys`] (`None`: none configured).
+    pub fn keys(&self) -> Option<MessageKeys> {
+        self.message_keys().ok().and_then(MessageKeys::new)
+    }
+
     /// The configured stage-message keys, the signing one first (empty: none configured).
     pub fn message_keys(&self) -> Result<Vec<Vec<u8>>, ConfigError> {
         let mut keys: Vec<Vec<u8>> = Vec::new();

@@ -169,10 +169,10 @@ impl PersistJob {
                     Outcome::Final(f) => f.primary_output_text.clone(),
                     Outcome::ClientToolContinuation(_) => String::new(),
                 };
-                RoundTrip::Cancelled { streamed, answered: Some(Box::new(a)) }
+                RoundTrip::Cancelled { streamed, answered: Some(Box::new(a)), estimate: None }
             }
             RoundTrip::Failed { .. } => {
-                RoundTrip::Cancelled { streamed: String::new(), answered: None }
+                RoundTrip::Cancelled { streamed: String::new(), answered: None, estimate: None }
             }
             cancelled @ RoundTrip::Cancelled { .. } => cancelled,
         };
@@ -217,6 +217,10 @@ pub enum RoundTrip {
         /// tokens were spent, so they are recorded and charged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         answered: Option<Box<Answer>>,
+        /// An estimate of what an aborted call spent (no answer reported it), recorded and
+        /// charged in its place.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        estimate: Option<crate::contracts::Usage>,
     },
 }
 

@@ -1,5 +1,6 @@
-//! Files that server tools produce, kept by the SHA-256 of their content: written once (a new
-//! write of the same content only extends its expiry), read while they have not expired.
+//! Files that server tools produce, kept per owner (the tenant whose turn wrote them) by the
+//! SHA-256 of their content: written once (the owner's new write of the same content only
+//! extends its expiry), read while they have not expired.
 
 use chrono::{DateTime, Utc};
 
@@ -17,33 +18,41 @@ pub struct KeptFile {
 }
 
 impl Store {
-    /// Keeps `content` until at least `expires_at`.
+    /// Keeps `content` for `owner` (a tenant's name, `""` without tenants) until at least
+    /// `expires_at`.
     pub async fn put_file(
         &self,
+        owner: &str,
         content: &[u8],
         expires_at: DateTime<Utc>,
     ) -> Result<KeptFile, StoreError> {
         let sha256 = crate::assemble::sha256_hex(content);
         let size = i64::try_from(content.len()).unwrap_or(i64::MAX);
         let expires_at: DateTime<Utc> = sqlx::query_scalar(
-            "INSERT INTO files (sha256, content, size_bytes, expires_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (sha256) DO UPDATE SET expires_at = GREATEST(files.expires_at, EXCLUDED.expires_at)
+            "INSERT INTO files (owner, sha256, content, size_bytes, expires_at)
+             VALUES ($5, $1, $2, $3, $4)
+             ON CONFLICT (owner, sha256) DO UPDATE
+                 SET expires_at = GREATEST(files.expires_at, EXCLUDED.expires_at)
              RETURNING expires_at",
         )
         .bind(&sha256)
         .bind(content)
         .bind(size)
         .bind(expires_at)
+        .bind(owner)
         .fetch_one(&self.pool)
         .await?;
         Ok(KeptFile { sha256, size_bytes: content.len() as u64, expires_at })
     }
 
-    /// The content stored under `sha256`, unless it expired or never existed.
-    pub async fn file(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT content FROM files WHERE sha256 = $1 AND expires_at > now()")
-            .bind(sha256)
-            .fetch_optional(&self.pool)
-            .await?)
+    /// The content `owner` stored under `sha256`, unless it expired or never existed.
+    pub async fn file(&self, owner: &str, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT content FROM files WHERE owner = $1 AND sha256 = $2 AND expires_at > now()",
+        )
+        .bind(owner)
+        .bind(sha256)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 }

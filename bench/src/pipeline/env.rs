@@ -351,6 +351,7 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
     let mut queues: Vec<String> = t.stages().iter().map(|s| t.stage_queue(*s)).collect();
     queues.extend(t.ingress_queues());
     queues.push(t.dead());
+    queues.push(t.unrouted());
     queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for q in queues {
         let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;

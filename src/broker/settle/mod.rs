@@ -336,7 +336,7 @@ fn signed<'a>(settings: &RuntimeSettings, m: &'a OutMessage) -> std::borrow::Cow
     if !settings.topology.is_inner_stage_queue(&m.routing_key) {
         return std::borrow::Cow::Borrowed(m);
     }
-    let mac = keys.sign(&m.kind, &m.routing_key, &m.body);
+    let mac = keys.sign(&super::stage_mac_fields(&m.kind, &m.routing_key), &m.body);
     std::borrow::Cow::Owned(m.clone().header(MAC_HEADER, mac))
 }
 
@@ -346,7 +346,7 @@ fn unauthenticated(keys: &MessageKeys, queue: &str, d: &Delivery) -> Option<Stri
     let kind = d.kind.as_deref().unwrap_or_default();
     match d.headers.get(MAC_HEADER) {
         None => Some(format!("unauthenticated: no {MAC_HEADER} header")),
-        Some(mac) if keys.verify(kind, queue, &d.body, mac) => None,
+        Some(mac) if keys.verify(&super::stage_mac_fields(kind, queue), &d.body, mac) => None,
         Some(_) => Some(format!("unauthenticated: {MAC_HEADER} does not verify")),
     }
 }

@@ -38,8 +38,9 @@ pub struct Invoke {
 enum Call {
     /// The provider answered, or failed.
     Done(Result<LlmResponse, LlmError>),
-    /// The turn was cancelled and the call aborted; the text streamed until then.
-    Cancelled(String),
+    /// The turn was cancelled: the text streamed until then, and whether the call had been
+    /// made (and aborted), which spends tokens the provider never reports.
+    Cancelled(String, bool),
 }
 
 impl Invoke {
@@ -82,7 +83,7 @@ impl Stage for Invoke {
         let mut rebuilt = false;
         let started = std::time::Instant::now();
         let mut result = if state.cancelled {
-            Call::Cancelled(String::new())
+            Call::Cancelled(String::new(), false)
         } else {
             self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await
         };
@@ -102,10 +103,11 @@ impl Stage for Invoke {
             result = self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await;
         }
         let round_trip = match result {
-            Call::Cancelled(streamed) => {
-                info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), "turn cancelled; provider call not made or aborted");
-                self.record_call(&assembled.body, Err("cancelled"), None, None);
-                RoundTrip::Cancelled { streamed, answered: None }
+            Call::Cancelled(streamed, called) => {
+                info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), called, "turn cancelled; provider call not made or aborted");
+                let estimate = called.then(|| estimate_usage(assembled.body.as_str(), &streamed));
+                self.record_call(&assembled.body, Err("cancelled"), None, estimate.as_ref());
+                RoundTrip::Cancelled { streamed, answered: None, estimate }
             }
             Call::Done(Ok(response)) => {
                 let took = Some(started.elapsed());
@@ -168,7 +170,7 @@ impl Invoke {
         let Some(sink) = self.deltas.clone().filter(|_| stream) else {
             return tokio::select! {
                 r = llm.create_response(LlmRequest { endpoint, body, deltas: None }) => Call::Done(r),
-                _ = cancel.cancelled() => Call::Cancelled(String::new()),
+                _ = cancel.cancelled() => Call::Cancelled(String::new(), true),
             };
         };
         let (tx, mut rx) = mpsc::channel::<StreamDelta>(256);
@@ -194,7 +196,31 @@ impl Invoke {
         let streamed = forwarder.await.unwrap_or_default();
         match result {
             Some(r) => Call::Done(r),
-            None => Call::Cancelled(streamed),
+            None => Call::Cancelled(streamed, true),
         }
+    }
+}
+
+/// What an aborted call is charged when the provider never reported its usage: one token per
+/// four bytes of the request body and per four characters of the text streamed back, rounded up
+/// (the usual size of a token in English text and code; docs/tenancy.md, "Limits").
+pub fn estimate_usage(body: &str, streamed: &str) -> crate::contracts::Usage {
+    let input_tokens = (body.len() as u64).div_ceil(4);
+    let output_tokens = (streamed.chars().count() as u64).div_ceil(4);
+    crate::contracts::Usage {
+        input_tokens,
+        output_tokens,
+        total_tokens: input_tokens + output_tokens,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod estimate_tests {
+    #[test]
+    fn an_aborted_call_is_charged_by_size() {
+        let u = super::estimate_usage("0123456789", "héllo");
+        assert_eq!((u.input_tokens, u.output_tokens, u.total_tokens), (3, 2, 5));
+        assert_eq!(super::estimate_usage("", "").total_tokens, 0);
     }
 }

@@ -115,13 +115,17 @@ impl Persist {
         match &job.result {
             RoundTrip::Answered(a) => self.answered(job, a).await,
             RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
-            RoundTrip::Cancelled { streamed, answered } => {
+            RoundTrip::Cancelled { streamed, answered, estimate } => {
                 let raw = json!({ "cancelled": true, "streamed_text": streamed,
-                                  "answer": answered.as_ref().map(|a| &a.raw) });
+                                  "answer": answered.as_ref().map(|a| &a.raw),
+                                  "usage_estimated": answered.is_none() && estimate.is_some() });
                 let mut e = failed(vec![cancelled("while it ran")], Some(raw), "cancelled")?;
                 if let Some(a) = answered {
                     e.provider_id = Some(a.response_id.clone());
                     e.usage = a.usage.as_ref().map(serde_json::to_value).transpose()?;
+                } else if let Some(estimate) = estimate {
+                    // An aborted call spent tokens no answer reported: charged by estimate.
+                    e.usage = Some(serde_json::to_value(estimate)?);
                 }
                 Ok(e)
             }

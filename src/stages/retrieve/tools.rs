@@ -54,7 +54,7 @@ impl Retrieve {
             let started = Instant::now();
             let (outcome, file) = match context.server_tools.runs(&call.name) {
                 Some(ServerTool::SearchCode) => self.search_code(&call, &turn, context).await?,
-                Some(ServerTool::WriteFile) => self.write_file(&call).await?,
+                Some(ServerTool::WriteFile) => self.write_file(&call, job.tenant.as_ref()).await?,
                 None => {
                     (Err(format!("`{}` is not a server tool of this context", call.name)), None)
                 }
@@ -136,7 +136,11 @@ impl Retrieve {
         Ok((Ok(json!({ "Chunks": chunks }).to_string()), None))
     }
 
-    async fn write_file(&self, call: &ToolCall) -> Result<Produced, StageError> {
+    async fn write_file(
+        &self,
+        call: &ToolCall,
+        tenant: Option<&crate::contracts::TenantName>,
+    ) -> Result<Produced, StageError> {
         let args: WriteArgs = match serde_json::from_str(&call.arguments_json) {
             Ok(a) => a,
             Err(e) => return Ok((Err(format!("invalid arguments: {e}")), None)),
@@ -154,7 +158,12 @@ impl Retrieve {
             return Ok((Err(why), None));
         }
         let until = chrono::Utc::now() + chrono::Duration::hours(i64::from(files.retention_hours));
-        let kept = self.store.put_file(args.content.as_bytes(), until).await?;
+        // The file is the tenant's: its URL is signed for it alone (`crate::files`).
+        let Some(keys) = self.settings.pipeline.keys() else {
+            return Err(StageError::Permanent("no key to sign file urls with".into()));
+        };
+        let owner = tenant.map(ToString::to_string).unwrap_or_default();
+        let kept = self.store.put_file(&owner, args.content.as_bytes(), until).await?;
         let name = args.path.rsplit(['/', '\\']).next().unwrap_or(&args.path).to_owned();
         let file = FileRef {
             name,
@@ -162,7 +171,13 @@ impl Retrieve {
                 .mime_type
                 .filter(|m| valid_mime(m))
                 .unwrap_or_else(|| mime_of(&args.path)),
-            url: format!("{}/files/{}", self.settings.files_base_url(), kept.sha256),
+            url: crate::config::file_url(
+                &self.settings.files_base_url(),
+                &keys,
+                &owner,
+                &kept.sha256,
+                kept.expires_at.timestamp(),
+            ),
             size_bytes: kept.size_bytes,
             content_hash: format!("sha256:{}", kept.sha256),
             description: Some(format!("written by write_file as `{}`", args.path)),
