@@ -1,6 +1,7 @@
 //! `aptix console` against a live pipeline: a session produced by the pipeline is found,
-//! followed to its turn's timeline and payloads; the queues page lists a dead letter; actions
-//! need the admin token; and, in headless Chromium (clients/console-browser), an operator
+//! followed to its turn's timeline and payloads; the queues page lists a dead letter; every page
+//! needs a sign-in, a tenant's operator sees only its sessions, actions need the admin token;
+//! and, in headless Chromium (clients/console-browser), an operator
 //! replays the dead letter through the page and its turn completes.
 #![allow(clippy::unwrap_used)]
 
@@ -13,6 +14,8 @@ use common::{new_session, user_turn, Harness};
 use serde_json::Value;
 
 const TOKEN: &str = "console-test-token";
+const VIEWER: &str = "console-viewer-token";
+const TENANT: &str = "console-acme-token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
@@ -31,7 +34,7 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         let http = http.clone();
         let url = format!("{base}{path}");
         async move {
-            let r = http.get(url).send().await.unwrap();
+            let r = http.get(url).basic_auth("admin", Some(TOKEN)).send().await.unwrap();
             assert_eq!(r.status(), 200);
             assert!(r.headers()["content-security-policy"]
                 .to_str()
@@ -78,9 +81,21 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         assert!(!rates.is_empty() && rates.iter().all(|r| r.parse::<f64>().is_ok()), "{rates:?}");
     }
 
+    // Every page but /healthz needs a sign-in; a wrong token signs in nobody.
+    for (user, password) in [(None, None), (Some("admin"), Some("wrong"))] {
+        let mut r = http.get(format!("{base}/sessions"));
+        if let Some(user) = user {
+            r = r.basic_auth(user, password);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic"));
+    }
+    assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().status(), 200);
     // Without the right token nothing happens; a console without a token acts for nobody.
     let refused = http
         .post(format!("{base}/dead/replay"))
+        .basic_auth("admin", Some(TOKEN))
         .form(&[("id", dead_id.as_str()), ("token", "wrong")])
         .send()
         .await
@@ -89,10 +104,30 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     let (mut readonly, ro_base) = console(&h, None, false).await;
     let ro = http
         .post(format!("{ro_base}/dead/replay"))
+        .basic_auth("viewer", Some(VIEWER))
         .form(&[("id", dead_id.as_str()), ("token", TOKEN)]);
     assert_eq!(ro.send().await.unwrap().status(), 403);
-    let ro_queues = reqwest::get(format!("{ro_base}/queues")).await.unwrap().text().await.unwrap();
+    let as_viewer =
+        |path: &str| http.get(format!("{ro_base}{path}")).basic_auth("viewer", Some(VIEWER));
+    let ro_queues = as_viewer("/queues").send().await.unwrap().text().await.unwrap();
     assert!(ro_queues.contains("rates and workers need amqp.management_url"), "{ro_queues}");
+    // An operator scoped to a tenant sees nothing of the others: the session (no tenant's) is
+    // not listed, its pages are missing, and the pages about every tenant are not shown.
+    let as_tenant =
+        |path: String| http.get(format!("{ro_base}{path}")).basic_auth("acme", Some(TENANT));
+    let listed = as_tenant(format!("/sessions?q={done}")).send().await.unwrap();
+    assert_eq!(listed.status(), 200);
+    assert!(!listed.text().await.unwrap().contains(&format!("/sessions/{done}")));
+    for path in [
+        format!("/sessions/{done}"),
+        format!("/sessions/{done}/turns/t1"),
+        "/queues".into(),
+        "/actions".into(),
+    ] {
+        assert_eq!(as_tenant(path.clone()).send().await.unwrap().status(), 404, "{path}");
+    }
+    let wrong = http.get(format!("{ro_base}/sessions")).basic_auth("acme", Some(VIEWER));
+    assert_eq!(wrong.send().await.unwrap().status(), 401, "a token signs in its own user only");
     stop(&mut readonly);
 
     match browser() {
@@ -159,13 +194,15 @@ async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running
     if let Some(t) = token {
         cmd.env("APTIX__CONSOLE__ADMIN_TOKEN", t);
     }
+    cmd.env("APTIX__CONSOLE__VIEWER_TOKEN", VIEWER)
+        .env("APTIX__CONSOLE__TENANT_TOKENS__ACME", TENANT);
     if management {
         cmd.env("APTIX__AMQP__MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672");
     }
     let mut child = cmd.spawn().unwrap();
     let base = format!("http://127.0.0.1:{port}");
     for _ in 0..100 {
-        if reqwest::get(format!("{base}/sessions")).await.is_ok() {
+        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
             return (Running(child), base);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,4 +1,5 @@
-// Drives `aptix console` in headless Chromium, as an operator would: opens the sessions page,
+// Drives `aptix console` in headless Chromium, as an operator would: signs in as admin, opens
+// the sessions page,
 // the session and one of its turns, the queues page, then replays one dead letter by typing the
 // admin token into its form and pressing "replay". Prints one JSON line of what it saw.
 //
@@ -23,6 +24,8 @@ const seen = {};
 try {
   const page = await browser.newPage();
   await page.setViewport({ width: 1280, height: 900 });
+  // The console asks for a sign-in (HTTP Basic): the operator signs in as admin.
+  await page.authenticate({ username: 'admin', password: token });
   const visit = async (name, path) => {
     const response = await page.goto(base + path, { waitUntil: 'load' });
     seen[name] = { status: response.status(), title: await page.title() };

@@ -278,6 +278,14 @@ fn console(settings: crate::config::Settings) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let listener = tokio::net::TcpListener::bind(&settings.console.listen).await?;
         println!("console at http://{}/", listener.local_addr()?);
+        let c = &settings.console;
+        let none = c.admin_token.is_none()
+            && c.viewer_token.is_none()
+            && c.tenant_tokens.is_empty()
+            && c.trusted_scope_header.trim().is_empty();
+        if none {
+            eprintln!("warning: no sign-in is configured (console.admin_token, viewer_token, tenant_tokens or trusted_scope_header): every page but /healthz answers 401");
+        }
         let console = crate::console::Console::connect(settings).await?;
         let shutdown = crate::pipeline::shutdown_on_signals();
         crate::console::serve(console, listener, shutdown).await?;

@@ -102,15 +102,30 @@ pub struct Settings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleSettings {
-    /// Where it listens (loopback by default: put it behind your own access control).
+    /// Where it listens (loopback by default).
     pub listen: String,
-    /// Replay and discard need it (typed into each action's form); none: read-only.
+    /// Signs in as `admin` (HTTP Basic): every page, and replay and discard (typed again into
+    /// each action's form).
     pub admin_token: Option<Secret>,
+    /// Signs in as `viewer`: every page, no action.
+    pub viewer_token: Option<Secret>,
+    /// Signs in as the tenant named by the key: only that tenant's sessions and turns.
+    pub tenant_tokens: BTreeMap<String, Secret>,
+    /// A header a trusted reverse proxy sets on every request, naming the signed-in scope: `*`
+    /// (every page, no action) or `tenant:<name>`. Empty: not used. Only safe when the console
+    /// is reachable through that proxy alone.
+    pub trusted_scope_header: String,
 }
 
 impl Default for ConsoleSettings {
     fn default() -> Self {
-        ConsoleSettings { listen: "127.0.0.1:8090".to_owned(), admin_token: None }
+        ConsoleSettings {
+            listen: "127.0.0.1:8090".to_owned(),
+            admin_token: None,
+            viewer_token: None,
+            tenant_tokens: BTreeMap::new(),
+            trusted_scope_header: String::new(),
+        }
     }
 }
 

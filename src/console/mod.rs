@@ -1,14 +1,19 @@
 //! `aptix console`: a web console over the running system, rendered on the server. Sessions and
 //! their turns from PostgreSQL, queues and dead letters from RabbitMQ, and the operator actions
-//! log. Read-only unless started with an admin token; replay and discard then take the token in
-//! the form, so a page of another site cannot act for an operator, and every action is recorded.
+//! log. Every page but `/healthz` needs a sign-in (`auth`); an operator scoped to one tenant
+//! sees that tenant's sessions only. Replay and discard need the admin sign-in and take the
+//! token again in the form, so a page of another site cannot act for an operator, and every
+//! action is recorded.
 
+mod auth;
 mod pages;
 mod turn;
 
+pub use auth::Scope;
+
 use std::sync::Arc;
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Extension, Form, Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -55,9 +60,7 @@ impl Console {
     }
 
     fn token_ok(&self, given: &str) -> bool {
-        self.admin_token
-            .as_ref()
-            .is_some_and(|t| constant_time_eq(t.expose().as_bytes(), given.as_bytes()))
+        self.admin_token.as_ref().is_some_and(|t| auth::same(t.expose(), given))
     }
 }
 
@@ -68,6 +71,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let admin = console.admin();
+    let signing_in = Arc::new(console.settings.console.clone());
     let app = Router::new()
         .route("/", get(|| async { Redirect::to("/sessions") }))
         .route("/sessions", get(sessions))
@@ -77,6 +81,7 @@ pub async fn serve(
         .route("/dead/{action}", post(dead_action))
         .route("/healthz", get(|| async { "ok" }))
         .route("/actions", get(actions))
+        .layer(axum::middleware::from_fn_with_state(signing_in, auth::require))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(Arc::new(console));
     info!(addr = %listener.local_addr()?, admin, "serving the console");
@@ -115,32 +120,60 @@ struct SearchQuery {
     until: String,
 }
 
-async fn sessions(State(c): State<Arc<Console>>, Query(q): Query<SearchQuery>) -> Page {
+/// Pages about every tenant (queues, dead letters, actions) are not a tenant operator's.
+fn everyone(scope: &Scope) -> Result<(), (StatusCode, Markup)> {
+    match scope {
+        Scope::Tenant(_) => Err(not_found("this page is not shown to a tenant's operator")),
+        _ => Ok(()),
+    }
+}
+
+/// A session's view, if `scope` may see it (another tenant's reads as missing).
+async fn visible(
+    c: &Console,
+    scope: &Scope,
+    id: &str,
+) -> Result<crate::store::SessionView, (StatusCode, Markup)> {
+    let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
+    let view = c.store.session_view(&session).await.map_err(failed)?;
+    let view = view.ok_or_else(|| not_found("no such session"))?;
+    match scope.tenant() {
+        Some(t) if view.session["tenant"].as_str() != Some(t) => Err(not_found("no such session")),
+        _ => Ok(view),
+    }
+}
+
+async fn sessions(
+    State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
+    Query(q): Query<SearchQuery>,
+) -> Page {
     let time = |s: &str| chrono::DateTime::parse_from_rfc3339(s.trim()).ok().map(|t| t.to_utc());
     let search = SessionSearch {
         text: q.q.clone(),
         since: time(&q.since),
         until: time(&q.until),
+        tenant: scope.tenant().map(str::to_owned),
         limit: 200,
     };
     let found = c.store.search_sessions(&search).await.map_err(failed)?;
     Ok(pages::sessions(&q.q, &q.since, &q.until, &found))
 }
 
-async fn session(State(c): State<Arc<Console>>, Path(id): Path<String>) -> Page {
-    let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
-    let view = c.store.session_view(&session).await.map_err(failed)?;
-    let view = view.ok_or_else(|| not_found("no such session"))?;
-    Ok(pages::session(&view))
+async fn session(
+    State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Page {
+    Ok(pages::session(&visible(&c, &scope, &id).await?))
 }
 
 async fn turn_page(
     State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
     Path((id, turn_id)): Path<(String, String)>,
 ) -> Page {
-    let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
-    let view = c.store.session_view(&session).await.map_err(failed)?;
-    let view = view.ok_or_else(|| not_found("no such session"))?;
+    let view = visible(&c, &scope, &id).await?;
     let found = turn::Turn::of(&view, &turn_id, &c.settings.telemetry.prices);
     Ok(turn::page(&found.ok_or_else(|| not_found("no such turn"))?))
 }
@@ -151,7 +184,12 @@ struct Notice {
     notice: String,
 }
 
-async fn queues(State(c): State<Arc<Console>>, Query(n): Query<Notice>) -> Page {
+async fn queues(
+    State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
+    Query(n): Query<Notice>,
+) -> Page {
+    everyone(&scope)?;
     let mut states = c.topology.queue_states(&c.publisher).await.map_err(failed)?;
     let rates = match &c.management {
         None => {
@@ -161,7 +199,8 @@ async fn queues(State(c): State<Arc<Console>>, Query(n): Query<Notice>) -> Page 
     };
     let dead = c.topology.dead_letters(&c.publisher, 200).await.map_err(failed)?;
     let missing = rates.err().unwrap_or_default();
-    Ok(pages::queues(&states, &dead, c.admin(), &n.notice, &missing))
+    let admin = c.admin() && scope == Scope::Admin;
+    Ok(pages::queues(&states, &dead, admin, &n.notice, &missing))
 }
 
 #[derive(Debug, Deserialize)]
@@ -172,6 +211,7 @@ struct ActionForm {
 
 async fn dead_action(
     State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
     Path(action): Path<String>,
     Form(form): Form<ActionForm>,
 ) -> Response {
@@ -181,8 +221,8 @@ async fn dead_action(
         "discard" => DeadAction::Discard,
         _ => return not_found("no such action").into_response(),
     };
-    if !c.admin() {
-        let text = "this console is read-only: start it with an admin token to act";
+    if !c.admin() || scope != Scope::Admin {
+        let text = "read-only: sign in as admin (console.admin_token) to act";
         return (StatusCode::FORBIDDEN, pages::message("Read-only", text)).into_response();
     }
     if !c.token_ok(&form.token) {
@@ -202,12 +242,8 @@ async fn dead_action(
     Redirect::to(&format!("/queues?{query}")).into_response()
 }
 
-async fn actions(State(c): State<Arc<Console>>) -> Page {
+async fn actions(State(c): State<Arc<Console>>, Extension(scope): Extension<Scope>) -> Page {
+    everyone(&scope)?;
     let rows = c.store.actions(500).await.map_err(failed)?;
     Ok(pages::actions(&rows))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    // Length is not secret; the content is compared without an early exit.
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -39,6 +39,8 @@ pub struct SessionSearch {
     pub since: Option<DateTime<Utc>>,
     /// Created before.
     pub until: Option<DateTime<Utc>>,
+    /// Only this tenant's sessions (a console scoped to one tenant); `None`: every session.
+    pub tenant: Option<String>,
     /// Most results.
     pub limit: i64,
 }
@@ -60,12 +62,14 @@ impl Store {
                     OR strpos(lower(coalesce(s.workspace_id, '')), lower($1)) > 0)
                AND ($2::timestamptz IS NULL OR s.created_at >= $2)
                AND ($3::timestamptz IS NULL OR s.created_at < $3)
+               AND ($5::text IS NULL OR s.tenant = $5)
              ORDER BY s.created_at DESC LIMIT $4",
         )
         .bind(search.text.trim())
         .bind(search.since)
         .bind(search.until)
         .bind(search.limit.clamp(1, 1000))
+        .bind(search.tenant.as_deref())
         .fetch_all(&self.pool)
         .await?)
     }
