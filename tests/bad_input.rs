@@ -478,13 +478,20 @@ async fn bad_input_corpus_gets_specific_errors_and_spares_valid_turns() {
     let dead_cases: Vec<&Case> =
         cases.iter().filter(|c| matches!(c.expected, Expected::Dead(_))).collect();
     let dead = collect_dead(&h, dead_cases.len(), WAIT).await;
+    // A body that names no session is kept to its first 64 KiB, with its size in a header.
+    const KEPT: usize = 64 * 1024;
     let mut by_body: HashMap<&[u8], &Case> =
-        dead_cases.iter().map(|c| (c.body.as_slice(), *c)).collect();
+        dead_cases.iter().map(|c| (&c.body[..c.body.len().min(KEPT)], *c)).collect();
     assert_eq!(by_body.len(), dead_cases.len(), "two dead-letter cases have the same body");
     for (headers, body) in &dead {
         let reason = headers.get("x-aptix-reason").cloned().unwrap_or_default();
         match by_body.remove(body.as_slice()) {
             Some(case) => {
+                let size = headers.get("x-aptix-body-bytes").map(|s| s.parse::<usize>().unwrap());
+                let expected = (case.body.len() > KEPT).then_some(case.body.len());
+                if size != expected {
+                    failures.push(format!("{}: body size header {size:?}", case.name));
+                }
                 let Expected::Dead(code) = &case.expected else { unreachable!() };
                 if !(reason.contains("no usable SessionId") && reason.contains(code.as_str())) {
                     failures.push(format!(

@@ -26,6 +26,8 @@ use lapin::{BasicProperties, Confirmation, Connection};
 const ADMIN: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const WORKER: &str = "aptix-worker";
 const CLIENT: &str = "aptix-client";
+const MONITOR: &str = "aptix-monitor";
+const CONSOLE: &str = "aptix-console";
 
 /// Runs deploy/rabbitmq/setup.sh once for this test binary.
 fn ensure_users() {
@@ -34,6 +36,7 @@ fn ensure_users() {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
         let out = std::process::Command::new("bash")
             .arg(script)
+            .arg("--dev")
             .output()
             .unwrap_or_else(|e| panic!("running {script}: {e}"));
         assert!(
@@ -49,6 +52,8 @@ fn ensure_users() {
 fn url(user: &str) -> String {
     let (var, default) = match user {
         WORKER => ("APTIX_WORKER_PASSWORD", "aptix-worker-dev"),
+        MONITOR => ("APTIX_MONITOR_PASSWORD", "aptix-monitor-dev"),
+        CONSOLE => ("APTIX_CONSOLE_PASSWORD", "aptix-console-dev"),
         _ => ("APTIX_CLIENT_PASSWORD", "aptix-client-dev"),
     };
     let password = match std::env::var(format!("{var}_FILE")) {
@@ -274,6 +279,48 @@ async fn the_worker_user_may_do_all_of_it() {
         publish(&worker, &topology.replies_exchange(), &session.to_string(), b"{}").await.unwrap();
         consume(&worker, &persist).await.unwrap();
         consume(&worker, &topology.dead()).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_monitor_reads_depths_only_and_the_console_dead_letters_and_replays_only() {
+    with_prefix(|topology, _session| async move {
+        let worker = connect(&url(WORKER)).await.unwrap();
+        topology.declare(&worker.create_channel().await.unwrap()).await.unwrap();
+        let retrieve = topology.stage_queue(StageName::new("retrieve"));
+        let (entry, dead) = (topology.requests_exchange(), topology.dead());
+
+        // KEDA's user: a queue's depth, nothing else.
+        let monitor = connect(&url(MONITOR)).await.unwrap();
+        assert_eq!(depth(&monitor, &retrieve).await, 0, "the monitor reads a depth");
+        assert_refused("monitor consumes a stage queue", consume(&monitor, &retrieve).await);
+        assert_refused("monitor reads dead letters", consume(&monitor, &dead).await);
+        let body = br#"{"SessionId":"x"}"#;
+        assert_refused("monitor publishes a request", publish(&monitor, &entry, "x", body).await);
+        assert_refused(
+            "monitor publishes into a stage queue",
+            publish(&monitor, "", &retrieve, body).await,
+        );
+
+        // The console's user: take dead letters and publish replays; nothing else.
+        let console = connect(&url(CONSOLE)).await.unwrap();
+        consume(&console, &dead).await.expect("the console reads dead letters");
+        assert_refused("console consumes a stage queue", consume(&console, &retrieve).await);
+        let declare = async {
+            let ch = console.create_channel().await?;
+            let options = QueueDeclareOptions { durable: true, ..Default::default() };
+            ch.queue_declare(
+                format!("{}.x", topology.prefix()).as_str().into(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map(|_| ())
+        };
+        assert_refused("console declares a queue", declare.await);
+        publish(&console, "", &retrieve, body).await.expect("a replay into a stage queue");
+        assert_eq!(depth(&worker, &retrieve).await, 1);
     })
     .await;
 }

@@ -485,6 +485,11 @@ fn compose_variables_are_configuration_keys() {
             continue;
         }
         for (k, v) in compose_env(&svc) {
+            // The console reaches the broker as its own, narrower user.
+            if name == "console" && k.starts_with("APTIX__AMQP__") && k.ends_with("URL") {
+                assert!(v.contains("aptix-console:"), "the console's {k}: {v}");
+                continue;
+            }
             if let Some(old) = all.insert(k.clone(), v.clone()) {
                 assert_eq!(old, v, "{k} differs between services ({name})");
             }
@@ -620,7 +625,11 @@ impl K8s {
             }
         }
         for (_, c) in self.containers() {
-            for e in c["env"].as_sequence().into_iter().flatten() {
+            // Entries read from a Secret's key (the console's own broker URL) name a key the
+            // Secret template holds; the workers' values are the ones above.
+            let literal =
+                c["env"].as_sequence().into_iter().flatten().filter(|e| e.get("value").is_some());
+            for e in literal {
                 vars.insert(yaml_str(&e["name"], "env name").to_owned(), scalar(&e["value"]));
             }
         }
@@ -819,13 +828,24 @@ fn trigger_host(k8s: &K8s, trigger: &Yaml, what: &str) -> (String, String) {
     (key.to_owned(), value)
 }
 
-/// A trigger on one queue's depth, read over AMQP with the workers' own broker URL.
+/// A trigger on one queue's depth, read over AMQP as `aptix-monitor` (queue depths only) on the
+/// workers' broker.
 fn assert_queue_trigger(k8s: &K8s, trigger: &Yaml, queue: &str, what: &str) {
     let meta = &trigger["metadata"];
     assert_eq!(meta["queueName"].as_str(), Some(queue), "{what}: the queue it consumes");
     assert_eq!(meta["protocol"].as_str(), Some("amqp"), "{what}");
-    let (key, _) = trigger_host(k8s, trigger, what);
-    assert_eq!(key, "APTIX__AMQP__URL", "{what}: KEDA reads the workers' own broker URL");
+    let (key, url) = trigger_host(k8s, trigger, what);
+    assert_monitor_url(k8s, &key, &url, what);
+}
+
+/// `url` (`key` of the Secret) is the `aptix-monitor` user's, on the workers' broker host.
+fn assert_monitor_url(k8s: &K8s, key: &str, url: &str, what: &str) {
+    let env = k8s.env();
+    let (_, userinfo, host, _, _) = url_parts(url);
+    let (_, _, worker_host, _, _) = url_parts(&env["APTIX__AMQP__URL"]);
+    let user = userinfo.split(':').next().unwrap_or_default();
+    assert_eq!(user, "aptix-monitor", "{what}: KEDA reads depths as the monitor user ({key})");
+    assert_eq!(host, worker_host, "{what}: {key} names the workers' broker");
 }
 
 /// A trigger on the sum of the depths of every ingress partition: KEDA's `http` protocol (the
@@ -867,18 +887,12 @@ fn assert_partition_sum_trigger(k8s: &K8s, topology: &Topology, trigger: &Yaml, 
     let page_size: usize = meta["pageSize"].as_str().map_or(100, |p| p.parse().expect("pageSize"));
     assert!(page_size >= partitions.len(), "{what}: pageSize {page_size} < the partitions");
 
-    // The management API's URL, for the same user, password and broker as the workers' URL.
+    // The management API's URL, as the monitor user on the workers' broker.
     let (key, url) = trigger_host(k8s, trigger, what);
-    let env = k8s.env();
-    let (scheme, userinfo, host, port, path) = url_parts(&url);
-    let (_, worker_userinfo, worker_host, _, _) = url_parts(&env["APTIX__AMQP__URL"]);
+    let (scheme, _, _, port, path) = url_parts(&url);
     assert_eq!(scheme, "http", "{what}: {key} is a management-API URL: {url}");
     assert_eq!(port, 15672, "{what}: {key} names the management port: {url}");
-    assert_eq!(
-        (userinfo, host),
-        (worker_userinfo, worker_host),
-        "{what}: {key} has the user, password and broker of APTIX__AMQP__URL"
-    );
+    assert_monitor_url(k8s, &key, &url, what);
     assert!(matches!(path, "/" | "/%2f" | "/%2F"), "{what}: {key} names the vhost `/`: {url}");
 }
 

@@ -62,7 +62,7 @@ struct Setup {
 
 async fn holding_partition_zero(layout: (u16, QueueType), messages: &[&str]) -> Setup {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
-    let status = std::process::Command::new("bash").arg(script).status().unwrap();
+    let status = std::process::Command::new("bash").arg(script).arg("--dev").status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
     let common::Declared { topology, conn, ingress: queue, .. } =
         common::declared(layout, messages).await;

@@ -25,7 +25,7 @@ fn setup_broker() {
     // Enables the consistent-hash exchange plugin (and the users and policies), as a
     // deployment's set-up does.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
-    let status = std::process::Command::new("bash").arg(script).status().unwrap();
+    let status = std::process::Command::new("bash").arg(script).arg("--dev").status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
 }
 

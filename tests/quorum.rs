@@ -33,7 +33,7 @@ fn queues(prefix: &str) -> HashMap<String, (String, String)> {
 
 fn setup_broker() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rabbitmq/setup.sh");
-    let status = std::process::Command::new("bash").arg(script).status().unwrap();
+    let status = std::process::Command::new("bash").arg(script).arg("--dev").status().unwrap();
     assert!(status.success(), "deploy/rabbitmq/setup.sh failed");
 }
 

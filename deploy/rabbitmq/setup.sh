@@ -1,37 +1,46 @@
 #!/usr/bin/env bash
-# Creates or updates Aptix's two RabbitMQ users, their permissions on the vhost `/` and the queue
+# Creates or updates Aptix's RabbitMQ users, their permissions on the vhost `/` and the queue
 # policies, on the node this machine's `rabbitmqctl` reaches. Idempotent: run it again after a
 # password change or an upgrade. Everything goes in one `rabbitmqctl import_definitions` (each
 # rabbitmqctl call costs about a second).
 #
-#   deploy/rabbitmq/setup.sh [--print] [PREFIX_REGEX]
+#   deploy/rabbitmq/setup.sh [--dev] [--print] [PREFIX_REGEX]
 #
 # PREFIX_REGEX  the queue-name prefix (`amqp.prefix`), as a regular expression. The default,
 #               `[A-Za-z0-9_-]+`, matches every prefix: the local machine's tests (`t-<12 hex>`),
 #               `aptix` and the demo's `aptix-demo`. A deployment passes its own: `setup.sh aptix`.
+# --dev         a development broker: a password not given is its development default
+#               (`<user>-dev`). Without --dev every password must be given, or nothing is done.
 # --print       prints the definitions instead of importing them (passwords shown as ***).
 #
 # Environment:
-#   APTIX_WORKER_PASSWORD  password of `aptix-worker` (the workers' amqp.url); dev default
-#   APTIX_CLIENT_PASSWORD  password of `aptix-client` (the backends); dev default
-#   APTIX_WORKER_PASSWORD_FILE, APTIX_CLIENT_PASSWORD_FILE
-#                          files holding them instead (a mounted Secret follows its updates)
+#   APTIX_DEPLOYMENT       names the users, so that deployments sharing a broker never reset
+#                          each other's: `<deployment>-worker`, ... Default `aptix`.
+#   APTIX_WORKER_PASSWORD  password of `<deployment>-worker` (the workers' amqp.url)
+#   APTIX_CLIENT_PASSWORD  password of `<deployment>-client` (the backends)
+#   APTIX_MONITOR_PASSWORD password of `<deployment>-monitor` (KEDA: queue depths only)
+#   APTIX_CONSOLE_PASSWORD password of `<deployment>-console` (the web console, `aptix dead`)
+#   APTIX_<USER>_PASSWORD_FILE
+#                          a file holding one instead (a mounted Secret follows its updates)
 #   APTIX_RABBITMQ_NODE    node to manage (rabbitmqctl -n), when not the local default
 #   APTIX_SHARED_CLIENT    `no` for a deployment with tenants (docs/tenancy.md): the shared
-#                          `aptix-client` user, which may read every tenant's reply queues, is
-#                          not created, and deleted if it exists; tenants' users come from
-#                          add-tenant.sh
+#                          `<deployment>-client` user, which may read every tenant's reply
+#                          queues, is not created, and deleted if it exists; tenants' users come
+#                          from add-tenant.sh
 #
-# The users (docs/client-protocol.md):
-#   aptix-worker  configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
-#                 stage messages and dead letters through the default exchange, and the delay
-#                 queues dead-letter into it); tag `management`, so that KEDA can sum the
-#                 ingress partitions' depths with its URL through the management API (where it
-#                 may change only what these permissions allow, and administer nothing)
-#   aptix-client  write: ^P\.requests$ (the entry exchange only, not the default exchange, so a
-#                 client cannot publish into a stage queue); configure, read:
-#                 ^P\.(session|instance)\..* (its reply queues: per session, or per backend
-#                 instance)
+# The users (docs/client-protocol.md, docs/deploy.md "RabbitMQ users"), D = the deployment:
+#   D-worker   configure, read: ^P\..*   write: ^P\..* and amq.default (the workers publish
+#              stage messages and dead letters through the default exchange, and the delay
+#              queues dead-letter into it); tag `management` (rates in `aptix status`)
+#   D-client   write: ^P\.requests$ (the entry exchange only, not the default exchange, so a
+#              client cannot publish into a stage queue); configure, read:
+#              ^P\.(session|instance)\..* (its reply queues: per session, or per backend
+#              instance)
+#   D-monitor  no configure, write or read permission: it reads queue depths (a passive
+#              declare over AMQP, or the management API with its tag `management`), which is
+#              all KEDA needs
+#   D-console  read: ^P\.dead$ (looking at dead letters, taking one); write: the entry
+#              exchange and amq.default (a replay); no configure; tag `management` (rates)
 # Plugins (both ship with RabbitMQ): rabbitmq_consistent_hash_exchange, for ingress partitions;
 #   rabbitmq_management, for rates and workers in `aptix status` and the console (and KEDA).
 # Policies (RabbitMQ's convention for bounds and expiry; queues are declared without x-args):
@@ -44,13 +53,17 @@
 # where P is PREFIX_REGEX and the policy names use it when it is a plain name, else `aptix-any`.
 set -euo pipefail
 
-print=false
-if [[ "${1:-}" == "--print" ]]; then
-  print=true
+print=false dev=false
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --print) print=true ;;
+    --dev) dev=true ;;
+    *) echo "usage: $0 [--dev] [--print] [PREFIX_REGEX]" >&2; exit 2 ;;
+  esac
   shift
-fi
+done
 if (($# > 1)); then
-  echo "usage: $0 [--print] [PREFIX_REGEX]" >&2
+  echo "usage: $0 [--dev] [--print] [PREFIX_REGEX]" >&2
   exit 2
 fi
 prefix="${1:-[A-Za-z0-9_-]+}"
@@ -60,18 +73,30 @@ die() {
   exit 1
 }
 
-# The password in $1, or in the file named by $1_FILE (trailing newlines dropped), or $2.
+deployment="${APTIX_DEPLOYMENT:-aptix}"
+[[ "$deployment" =~ ^[A-Za-z0-9_-]+$ ]] || die "APTIX_DEPLOYMENT must be letters, digits, _ or -"
+worker="$deployment-worker" client="$deployment-client"
+monitor="$deployment-monitor" console="$deployment-console"
+
+# The password in $1, or in the file named by $1_FILE (trailing newlines dropped); with --dev
+# (or --print, which shows none) an unset one is the development default $2.
 password() {
   local file_var="${1}_FILE"
   if [[ -n "${!file_var:-}" ]]; then
     [[ -r "${!file_var}" ]] || die "$file_var: cannot read ${!file_var}"
     printf '%s' "$(<"${!file_var}")"
+  elif [[ -n "${!1:-}" ]]; then
+    printf '%s' "${!1}"
+  elif $dev || $print; then
+    printf '%s' "$2"
   else
-    printf '%s' "${!1:-$2}"
+    die "$1 (or $file_var) is not set, and this is no development broker: set it, or pass --dev to use the development password"
   fi
 }
-worker_password="$(password APTIX_WORKER_PASSWORD aptix-worker-dev)"
-client_password="$(password APTIX_CLIENT_PASSWORD aptix-client-dev)"
+worker_password="$(password APTIX_WORKER_PASSWORD "$worker-dev")"
+client_password="$(password APTIX_CLIENT_PASSWORD "$client-dev")"
+monitor_password="$(password APTIX_MONITOR_PASSWORD "$monitor-dev")"
+console_password="$(password APTIX_CONSOLE_PASSWORD "$console-dev")"
 
 # A JSON string literal. Values with control characters are refused before any is used (neither
 # a prefix nor a password needs them, and JSON would need them escaped).
@@ -83,8 +108,7 @@ json() {
 }
 
 [[ -n "$prefix" ]] || die "empty PREFIX_REGEX"
-[[ -n "$worker_password" && -n "$client_password" ]] || die "empty password"
-for value in "$prefix" "$worker_password" "$client_password"; do
+for value in "$prefix" "$worker_password" "$client_password" "$monitor_password" "$console_password"; do
   if [[ "$value" =~ [[:cntrl:]] ]]; then die "control character in PREFIX_REGEX or a password"; fi
 done
 if [[ "$prefix" =~ ^[A-Za-z0-9_-]+$ ]]; then
@@ -97,8 +121,7 @@ p="$prefix"
 [[ "$p" == *"|"* ]] && p="(?:$p)"
 
 if $print; then
-  worker_password="***"
-  client_password="***"
+  worker_password="***" client_password="***" monitor_password="***" console_password="***"
 fi
 
 all="^$p\\..*"
@@ -114,9 +137,9 @@ esac
 client_user="" client_permissions=""
 if $shared_client; then
   client_user=",
-    {\"name\": \"aptix-client\", \"password\": $(json "$client_password"), \"tags\": []}"
+    {\"name\": $(json "$client"), \"password\": $(json "$client_password"), \"tags\": []}"
   client_permissions=",
-    {\"user\": \"aptix-client\", \"vhost\": \"/\", \"configure\": $(json "$replies"),
+    {\"user\": $(json "$client"), \"vhost\": \"/\", \"configure\": $(json "$replies"),
      \"write\": $(json "^$p\\.requests\$"), \"read\": $(json "$replies")}"
 fi
 
@@ -124,11 +147,16 @@ definitions=$(
   cat <<EOF
 {
   "users": [
-    {"name": "aptix-worker", "password": $(json "$worker_password"), "tags": ["management"]}$client_user
+    {"name": $(json "$worker"), "password": $(json "$worker_password"), "tags": ["management"]}$client_user,
+    {"name": $(json "$monitor"), "password": $(json "$monitor_password"), "tags": ["management"]},
+    {"name": $(json "$console"), "password": $(json "$console_password"), "tags": ["management"]}
   ],
   "permissions": [
-    {"user": "aptix-worker", "vhost": "/", "configure": $(json "$all"),
-     "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")}$client_permissions
+    {"user": $(json "$worker"), "vhost": "/", "configure": $(json "$all"),
+     "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")}$client_permissions,
+    {"user": $(json "$monitor"), "vhost": "/", "configure": "^\$", "write": "^\$", "read": "^\$"},
+    {"user": $(json "$console"), "vhost": "/", "configure": "^\$",
+     "write": $(json "^($p\\.requests|amq\\.default)\$"), "read": $(json "^$p\\.dead\$")}
   ],
   "policies": [
     {"vhost": "/", "name": $(json "$name-sessions"), "pattern": $(json "^$p\\.session\\."),
@@ -156,9 +184,9 @@ ctl=(rabbitmqctl -q)
 # From stdin (no file argument): the passwords never appear on a command line or in a file.
 # rabbitmqctl waits for the import to finish, whatever its "asynchronous" message says.
 printf '%s\n' "$definitions" | "${ctl[@]}" import_definitions >/dev/null
-if ! $shared_client && "${ctl[@]}" list_users 2>/dev/null | grep -q '^aptix-client\b'; then
-  "${ctl[@]}" delete_user aptix-client >/dev/null
-  echo "setup.sh: deleted the shared user aptix-client (APTIX_SHARED_CLIENT=no)"
+if ! $shared_client && "${ctl[@]}" list_users 2>/dev/null | grep -q "^$client\b"; then
+  "${ctl[@]}" delete_user "$client" >/dev/null
+  echo "setup.sh: deleted the shared user $client (APTIX_SHARED_CLIENT=no)"
 fi
 # The consistent-hash exchange spreads sessions over ingress partitions
 # (amqp.ingress_partitions > 1). It ships with RabbitMQ. Enabled already (compose's
@@ -173,7 +201,8 @@ for plugin in rabbitmq_consistent_hash_exchange rabbitmq_management; do
     "${plugins[@]}" enable "$plugin" >/dev/null
   fi
 done
-users="aptix-worker and aptix-client"
-$shared_client || users="aptix-worker"
+users="$worker, $client, $monitor and $console"
+$shared_client || users="$worker, $monitor and $console"
+$dev && echo "setup.sh: --dev: passwords not given are the development ones (never on a shared broker)"
 echo "setup.sh: users $users, their permissions on / and the policies" \
   "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugins rabbitmq_consistent_hash_exchange and rabbitmq_management enabled"

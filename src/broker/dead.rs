@@ -216,6 +216,7 @@ fn is_runtime_mark(key: &str) -> bool {
             | "x-aptix-original-queue"
             | "x-aptix-original-type"
             | "x-aptix-user-id"
+            | "x-aptix-body-bytes"
             | "x-aptix-kind"
             | "x-delivery-count"
     ) || key.starts_with("x-first-death")

@@ -16,6 +16,8 @@ use super::*;
 
 const WORKER: &str = "aptix-worker";
 const CLIENT: &str = "aptix-client";
+const MONITOR: &str = "aptix-monitor";
+const CONSOLE: &str = "aptix-console";
 const SETUP: &str = "deploy/rabbitmq/setup.sh";
 /// The plugin behind the ingress partitions' consistent-hash exchange.
 const HASH_PLUGIN: &str = "rabbitmq_consistent_hash_exchange";
@@ -23,10 +25,10 @@ const HASH_PLUGIN: &str = "rabbitmq_consistent_hash_exchange";
 /// The tags of each user: `aptix-worker` may use the management API (KEDA sums the ingress
 /// partitions' depths through it with the workers' URL), nobody administers anything.
 fn expected_tags(user: &str) -> Json {
-    if user == WORKER {
-        json!(["management"])
-    } else {
+    if user == CLIENT {
         json!([])
+    } else {
+        json!(["management"])
     }
 }
 
@@ -46,6 +48,11 @@ fn expected_permissions(p: &str) -> Json {
          "read": all},
         {"user": CLIENT, "vhost": "/", "configure": session, "write": format!("^{p}\\.requests$"),
          "read": session},
+        // Queue depths only (KEDA): no permission at all.
+        {"user": MONITOR, "vhost": "/", "configure": "^$", "write": "^$", "read": "^$"},
+        // The console: take dead letters, publish replays; declare nothing.
+        {"user": CONSOLE, "vhost": "/", "configure": "^$",
+         "write": format!("^({p}\\.requests|amq\\.default)$"), "read": format!("^{p}\\.dead$")},
     ])
 }
 
@@ -165,7 +172,7 @@ fn rabbitmq_definitions_separate_workers_from_clients() {
     // them.
     let users = defs["users"].as_array().expect("users");
     let names: Vec<&str> = users.iter().map(|u| u["name"].as_str().unwrap()).collect();
-    assert_eq!(names, [WORKER, CLIENT]);
+    assert_eq!(names, [WORKER, CLIENT, MONITOR, CONSOLE]);
     for user in users {
         assert_eq!(user["password_hash"], "", "{user}: no password in the repository");
         assert!(user.get("password").is_none(), "{user}: no password in the repository");
@@ -198,7 +205,7 @@ fn setup_script_writes_the_shipped_definitions() {
     assert_eq!(printed["policies"], defs["policies"]);
     let users = printed["users"].as_array().unwrap();
     let names: Vec<&str> = users.iter().map(|u| u["name"].as_str().unwrap()).collect();
-    assert_eq!(names, [WORKER, CLIENT]);
+    assert_eq!(names, [WORKER, CLIENT, MONITOR, CONSOLE]);
     for user in users {
         assert_eq!(user["password"], "***", "{user}: --print masks passwords");
         assert_eq!(user["tags"], expected_tags(user["name"].as_str().unwrap()), "{user}");
@@ -234,7 +241,29 @@ fn setup_script_reads_passwords_from_files_and_refuses_what_it_cannot_use() {
     let (ok, err) = run(&[("APTIX_WORKER_PASSWORD", "tab\there")]);
     assert!(!ok && err.contains("control character"), "{err}");
     let (ok, err) = run(&[("APTIX_WORKER_PASSWORD", "")]);
-    assert!(ok, "an empty variable means the dev default: {err}");
+    assert!(ok, "--print shows no password: {err}");
+    // Importing without the passwords, and without --dev, is refused before anything is done.
+    let out = Command::new("bash")
+        .arg(root().join(SETUP))
+        .arg("aptix")
+        .env_remove("APTIX_WORKER_PASSWORD")
+        .env_remove("APTIX_WORKER_PASSWORD_FILE")
+        .env("APTIX_RABBITMQ_NODE", "nobody@nowhere")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--dev"), "{err}");
+    // Users are named after the deployment, so two deployments never reset each other's.
+    let other = Command::new("bash")
+        .arg(root().join(SETUP))
+        .args(["--print", "shop"])
+        .env("APTIX_DEPLOYMENT", "shop")
+        .output()
+        .unwrap();
+    let printed: Json = serde_json::from_slice(&other.stdout).unwrap();
+    let names: Vec<&str> =
+        printed["users"].as_array().unwrap().iter().map(|u| u["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["shop-worker", "shop-client", "shop-monitor", "shop-console"]);
 }
 
 /// The `key = value` settings of a rabbitmq.conf text.
@@ -355,13 +384,18 @@ fn compose_wires_the_broker_configuration_and_the_worker_user() {
         assert!(env.values().all(|v| !v.contains("guest")), "{name} uses guest");
         let Some(url) = env.get("APTIX__AMQP__URL") else { continue };
         let (user, password) = amqp_credentials(url);
-        assert_eq!(user, WORKER, "{name}");
-        assert_eq!(
-            password, setup_env["APTIX_WORKER_PASSWORD"],
-            "{name}: the password setup.sh sets"
-        );
+        // The console has a user of its own (dead letters and replays only).
+        let (expected, var) = if name == "console" {
+            (CONSOLE, "APTIX_CONSOLE_PASSWORD")
+        } else {
+            (WORKER, "APTIX_WORKER_PASSWORD")
+        };
+        assert_eq!(user, expected, "{name}");
+        assert_eq!(password, setup_env[var], "{name}: the password setup.sh sets");
         let command = string_list(&setup["command"], "command");
-        assert_eq!(command, ["bash", "/etc/aptix/setup.sh", env["APTIX__AMQP__PREFIX"].as_str()]);
+        // Compose is a development set-up: setup.sh runs with --dev.
+        let prefix = env["APTIX__AMQP__PREFIX"].as_str();
+        assert_eq!(command, ["bash", "/etc/aptix/setup.sh", "--dev", prefix]);
     }
     for stage in aptix::stages::names() {
         let svc = &services[stage.as_str()];

@@ -9,6 +9,9 @@ use tracing::{error, warn};
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage};
 
+/// How much of a dead letter's body is kept when the body names no session (64 KiB).
+pub(super) const UNROUTABLE_BODY_KEPT: usize = 64 * 1024;
+
 impl Settler<'_> {
     /// A message whose consumers died `count` times: given up as poison.
     pub(super) async fn poison(&self, d: Delivery, count: u32) -> Result<Settled, BrokerError> {
@@ -54,8 +57,18 @@ impl Settler<'_> {
 
     fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
         let id = d.message_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut msg =
-            OutMessage::to_queue(self.settings.topology.dead(), "dead", id, d.body.to_vec());
+        let ingress = self.settings.topology.is_ingress(self.stage);
+        // A client's message that names no session can never be replayed (nothing says where
+        // it goes): its head is evidence enough, and a flood of large ones cannot push every
+        // other dead letter out of the bounded queue.
+        let unroutable = ingress && d.hint.session.is_none();
+        let kept = if unroutable { d.body.len().min(UNROUTABLE_BODY_KEPT) } else { d.body.len() };
+        let mut msg = OutMessage::to_queue(
+            self.settings.topology.dead(),
+            "dead",
+            id,
+            d.body[..kept].to_vec(),
+        );
         // The broker's death records of the hops before (a delay queue's expiry) are not this
         // death: the letter is described from what the pipeline writes below.
         msg.headers = d
@@ -69,9 +82,11 @@ impl Settler<'_> {
         if let Some(user) = &d.user_id {
             msg = msg.header("x-aptix-user-id", user.as_str());
         }
+        if kept < d.body.len() {
+            msg = msg.header("x-aptix-body-bytes", d.body.len() as u64);
+        }
         // A replay must send it as what it was (a cancel is told from a request by its type);
         // a client's request may have none.
-        let ingress = self.settings.topology.is_ingress(self.stage);
         let kind = d.kind.as_deref().filter(|k| !k.is_empty());
         let kind = kind.unwrap_or(if ingress { "request" } else { "turn" });
         msg = msg.header("x-aptix-original-type", kind);
