@@ -225,6 +225,7 @@ impl Harness {
         let ch = self.conn.create_channel().await.unwrap();
         let sessions: Vec<SessionId> = self.sessions.lock().unwrap().drain().collect();
         delete_topology(&ch, &self.topology, &sessions).await;
+        delete_leftovers(&self.conn, self.topology.prefix()).await;
         self.deps.store.close().await;
         let url = self
             .settings
@@ -401,6 +402,22 @@ pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions:
     exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     for e in exchanges {
         let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
+    }
+}
+
+/// Deletes every queue of `prefix` the broker still has (tenants' reply queues, queues a test
+/// declared as a client would), as RabbitMQ's management API lists them: a test leaves the
+/// broker as it found it. Without the API (a broker without the plugin) nothing more is done.
+pub async fn delete_leftovers(conn: &lapin::Connection, prefix: &str) {
+    let api = "http://guest:guest@127.0.0.1:15672/api/queues/%2f?columns=name";
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let Ok(listed) = client.get(api).send().await else { return };
+    let Ok(queues) = listed.json::<Vec<Value>>().await else { return };
+    let ours = format!("{prefix}.");
+    for q in queues.iter().filter_map(|q| q["name"].as_str()).filter(|n| n.starts_with(&ours)) {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch.queue_delete(q.into(), QueueDeleteOptions::default()).await;
+        }
     }
 }
 
