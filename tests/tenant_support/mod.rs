@@ -98,6 +98,53 @@ impl TenantClient {
         assert!(confirm.is_ack(), "request not confirmed: {confirm:?}");
     }
 
+    /// Publishes `body` under `session` (routing key) with `props`, confirmed.
+    async fn publish_bytes(&self, session: &str, body: &[u8], props: BasicProperties) {
+        let props = props
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_message_id(uuid::Uuid::new_v4().to_string().into())
+            .with_user_id(self.user.as_str().into());
+        let exchange = format!("{}.requests", self.prefix);
+        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+        let publish =
+            self.ch.basic_publish(exchange.as_str().into(), session.into(), options, body, props);
+        let confirm = publish.await.unwrap().await.unwrap();
+        assert!(confirm.is_ack(), "not confirmed: {confirm:?}");
+    }
+
+    /// A body that names no session (routing key `-`).
+    pub async fn publish_raw(&self, body: &[u8]) {
+        self.publish_bytes("-", body, BasicProperties::default()).await;
+    }
+
+    /// `turn.cancel` of `turn` (client protocol §7a).
+    pub async fn cancel(&self, session: &str, turn: &str) {
+        let body =
+            serde_json::to_vec(&serde_json::json!({"SessionId": session, "TurnId": turn})).unwrap();
+        let props = BasicProperties::default().with_type("turn.cancel".into());
+        self.publish_bytes(session, &body, props).await;
+    }
+
+    /// A request carrying the headers the broker and the pipeline write on dead letters and
+    /// stage messages, naming a stage queue.
+    pub async fn publish_forged(&self, request: &Value) {
+        let session = request["SessionId"].as_str().unwrap_or("-").to_owned();
+        let retrieve = format!("{}.retrieve", self.prefix);
+        let mut headers = FieldTable::default();
+        for (k, v) in [
+            ("x-first-death-queue", retrieve.as_str()),
+            ("x-first-death-reason", "rejected"),
+            ("x-aptix-original-queue", retrieve.as_str()),
+            ("x-aptix-stage", "retrieve"),
+            ("x-aptix-mac", "00"),
+        ] {
+            headers.insert(k.into(), lapin::types::AMQPValue::LongString(v.into()));
+        }
+        let body = serde_json::to_vec(request).unwrap();
+        self.publish_bytes(&session, &body, BasicProperties::default().with_headers(headers)).await;
+    }
+
     /// Declares the session's queue and publishes, as the docs say.
     pub async fn submit(&self, request: &Value) {
         let session = request["SessionId"].as_str().unwrap().to_owned();
