@@ -27,8 +27,7 @@ use aptix::broker::{connect, Publisher};
 use aptix::config::{ConnectionUrl, QueueType};
 use aptix::sim::Latency;
 use common::{new_session, user_turn, Harness, ReplyMsg};
-use futures_util::StreamExt as _;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+use lapin::options::BasicConsumeOptions;
 use lapin::types::FieldTable;
 use timeline::{longest_silence, node_log_excerpt, Timeline};
 
@@ -104,21 +103,8 @@ async fn read_replies(h: &Harness, sessions: &[String], inbox: Inbox) {
         let options = BasicConsumeOptions::default();
         let consume =
             ch.basic_consume(queue.as_str().into(), "".into(), options, FieldTable::default());
-        let mut consumer = consume.await.unwrap();
-        let (inbox, session) = (inbox.clone(), s.clone());
-        tokio::spawn(async move {
-            let _keep = ch;
-            while let Some(Ok(d)) = consumer.next().await {
-                d.ack(BasicAckOptions::default()).await.unwrap();
-                let reply = common::reply_of(&d);
-                inbox
-                    .lock()
-                    .unwrap()
-                    .entry(session.clone())
-                    .or_default()
-                    .push((Instant::now(), reply));
-            }
-        });
+        let consumer = consume.await.unwrap();
+        backend::collect(ch, consumer, s.clone(), inbox.clone());
     }
 }
 

@@ -192,22 +192,17 @@ impl SessionQueues {
         Ok(true)
     }
 
-    /// Offers a reply or delta to its client's queue (any other message is simply published).
-    /// `Err` only for what the pipeline owns: its connection, `<prefix>.unrouted`, or a message
-    /// larger than the broker accepts.
+    /// Offers a reply or delta to its client's queue (any other message is simply published);
+    /// one to a queue with replies waiting is refused at once, to park behind them. `Err` only
+    /// for what the pipeline owns: its connection, `<prefix>.unrouted`, or a message larger than
+    /// the broker accepts.
     pub async fn publish(
         &self,
         publisher: &Publisher,
         topology: &Topology,
         m: &OutMessage,
     ) -> Result<Handed, BrokerError> {
-        let Some(target) = Target::of(topology, m) else {
-            return publisher.publish(m).await.map(|()| Handed::Done);
-        };
-        if refused_lately(&target.queue) {
-            return Ok(Handed::Refused("behind a reply waiting for this queue".into()));
-        }
-        self.offer(publisher, topology, &target, m).await
+        self.hand(publisher, topology, m, true).await
     }
 
     /// Offers a parked reply to its queue again (`crate::redeliver`), whatever refused lately.
@@ -217,9 +212,22 @@ impl SessionQueues {
         topology: &Topology,
         m: &OutMessage,
     ) -> Result<Handed, BrokerError> {
+        self.hand(publisher, topology, m, false).await
+    }
+
+    async fn hand(
+        &self,
+        publisher: &Publisher,
+        topology: &Topology,
+        m: &OutMessage,
+        behind_waiting: bool,
+    ) -> Result<Handed, BrokerError> {
         let Some(target) = Target::of(topology, m) else {
             return publisher.publish(m).await.map(|()| Handed::Done);
         };
+        if behind_waiting && refused_lately(&target.queue) {
+            return Ok(Handed::Refused("behind a reply waiting for this queue".into()));
+        }
         self.offer(publisher, topology, &target, m).await
     }
 

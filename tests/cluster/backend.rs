@@ -62,21 +62,21 @@ async fn consume_all(
         let options = BasicConsumeOptions::default();
         let consume =
             ch.basic_consume(queue.as_str().into(), "".into(), options, FieldTable::default());
-        let mut consumer = consume.await.map_err(|e| e.to_string())?;
-        let (inbox, session) = (inbox.clone(), s.clone());
-        tokio::spawn(async move {
-            let _keep = ch;
-            while let Some(Ok(d)) = consumer.next().await {
-                let _ = d.ack(BasicAckOptions::default()).await;
-                let reply = crate::common::reply_of(&d);
-                inbox
-                    .lock()
-                    .unwrap()
-                    .entry(session.clone())
-                    .or_default()
-                    .push((Instant::now(), reply));
-            }
-        });
+        let consumer = consume.await.map_err(|e| e.to_string())?;
+        collect(ch, consumer, s.clone(), inbox.clone());
     }
     Ok(conn)
+}
+
+/// Acks each message `consumer` delivers and notes it in `inbox` under `session`, until the
+/// channel (kept open meanwhile) ends.
+pub fn collect(ch: lapin::Channel, mut consumer: lapin::Consumer, session: String, inbox: Inbox) {
+    tokio::spawn(async move {
+        let _keep = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            let _ = d.ack(BasicAckOptions::default()).await;
+            let reply = crate::common::reply_of(&d);
+            inbox.lock().unwrap().entry(session.clone()).or_default().push((Instant::now(), reply));
+        }
+    });
 }

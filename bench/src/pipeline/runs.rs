@@ -354,7 +354,7 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
                 id,
                 msg.delivery.data.clone(),
             );
-            for key in ["x-aptix-session-id", "x-aptix-turn-id", "traceparent"] {
+            for key in ["x-aptix-session-id", "x-aptix-turn-id", "traceparent", "x-aptix-mac"] {
                 if let Some(value) = aptix::broker::header_text(props.headers().as_ref(), key) {
                     again = again.header(key, value);
                 }
