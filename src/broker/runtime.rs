@@ -70,7 +70,10 @@ pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerE
 }
 
 async fn connect_node(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let url = with_default(url, "heartbeat", "10");
+    // A connection to a node that died is sometimes noticed only by its missed heartbeats (two
+    // intervals): at 10 s, validate held a killed node's partitions 20 s (docs/reliability.md,
+    // "Losing a broker node"). 5 s is RabbitMQ's lowest recommended value.
+    let url = with_default(url, "heartbeat", "5");
     // lapin keeps 32 frames of `frame_max` per direction for every connection, zero-filled: 8 MiB
     // at RabbitMQ's 128 KiB, half the pipeline's heap under load; a usual stage message fits in
     // one 32 KiB frame, and larger ones are split, as AMQP allows.
