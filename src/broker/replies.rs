@@ -202,17 +202,19 @@ impl SessionQueues {
         topology: &Topology,
         m: &OutMessage,
     ) -> Result<Handed, BrokerError> {
-        self.hand(publisher, topology, m, true).await
+        self.hand(publisher, topology, m, false).await
     }
 
     /// Offers a parked reply to its queue again (`crate::redeliver`), whatever refused lately.
+    /// Its queue existed when it refused the reply, so a queue missing now (the client
+    /// replacing it) keeps the reply parked rather than sending it to `<prefix>.unrouted`.
     pub async fn deliver_parked(
         &self,
         publisher: &Publisher,
         topology: &Topology,
         m: &OutMessage,
     ) -> Result<Handed, BrokerError> {
-        self.hand(publisher, topology, m, false).await
+        self.hand(publisher, topology, m, true).await
     }
 
     async fn hand(
@@ -220,15 +222,15 @@ impl SessionQueues {
         publisher: &Publisher,
         topology: &Topology,
         m: &OutMessage,
-        behind_waiting: bool,
+        parked: bool,
     ) -> Result<Handed, BrokerError> {
         let Some(target) = Target::of(topology, m) else {
             return publisher.publish(m).await.map(|()| Handed::Done);
         };
-        if behind_waiting && refused_lately(&target.queue) {
+        if !parked && refused_lately(&target.queue) {
             return Ok(Handed::Refused("behind a reply waiting for this queue".into()));
         }
-        self.offer(publisher, topology, &target, m).await
+        self.offer(publisher, topology, &target, m, parked).await
     }
 
     async fn offer(
@@ -237,21 +239,26 @@ impl SessionQueues {
         topology: &Topology,
         target: &Target,
         m: &OutMessage,
+        parked: bool,
     ) -> Result<Handed, BrokerError> {
         let tried =
             tokio::time::timeout(CLIENT_WAIT, self.try_offer(publisher, topology, target, m));
-        let error = match tried.await {
+        // `Ok(())`: the queue does not exist and may not be created here.
+        let missing = match tried.await {
             Ok(Ok(true)) => {
                 mark_refusing(&target.queue, false);
                 return Ok(Handed::Done);
             }
-            Ok(Ok(false)) => return keep_unrouted(publisher, topology, m, "no such queue").await,
+            Ok(Ok(false)) => Ok(()),
             Ok(Err(e @ BrokerError::TooLarge { .. })) => return Err(e),
-            Ok(Err(BrokerError::Unroutable { .. })) if !target.create => {
-                return keep_unrouted(publisher, topology, m, "no such queue").await
-            }
-            Ok(Err(e)) => e,
-            Err(_) => BrokerError::ConfirmTimeout,
+            Ok(Err(BrokerError::Unroutable { .. })) if !target.create => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(BrokerError::ConfirmTimeout),
+        };
+        let error = match missing {
+            Ok(()) if parked => return Ok(Handed::Refused("its queue does not exist now".into())),
+            Ok(()) => return keep_unrouted(publisher, topology, m, "no such queue").await,
+            Err(e) => e,
         };
         // A lost connection is the pipeline's, not the client's: the caller retries as usual.
         if !publisher.is_connected() {
