@@ -125,3 +125,31 @@ async fn a_session_whose_queue_refuses_its_replies_moves_on_and_gets_them_in_ord
     assert!(replies.iter().all(|r| r.is_final));
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_replies_are_bounded_per_queue_and_per_tenant() {
+    let h = Harness::start(0).await;
+    let store = &h.deps.store;
+    // A tenant at its bound, over 20 queues of 500; another with one queue at its own bound.
+    sqlx::query(
+        "INSERT INTO undelivered (queue, tenant, message, reason)
+         SELECT 'q' || (i % 20), 'greedy', '{}'::jsonb, 'test' FROM generate_series(1, $1) AS i
+         UNION ALL SELECT 'full', 'other', '{}'::jsonb, 'test' FROM generate_series(1, $2)",
+    )
+    .bind(aptix::store::MAX_PARKED_PER_TENANT)
+    .bind(aptix::store::MAX_PARKED_PER_QUEUE)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let reply = |queue: &str, tenant: &str| aptix::store::ParkReply {
+        queue: queue.into(),
+        session: None,
+        tenant: Some(tenant.into()),
+        message: serde_json::json!({}),
+        reason: "test".into(),
+    };
+    assert_eq!(store.park_replies(&[reply("q-new", "greedy")]).await.unwrap(), 1, "tenant bound");
+    assert_eq!(store.park_replies(&[reply("full", "other")]).await.unwrap(), 1, "queue bound");
+    assert_eq!(store.park_replies(&[reply("fresh", "other")]).await.unwrap(), 0, "room elsewhere");
+    h.teardown().await;
+}

@@ -43,7 +43,7 @@ pub use sessions::{CallState, SessionOwner, SessionView};
 pub use tenants::{Gate, Limit};
 pub use texts::KnownTexts;
 pub use turns::{TurnRow, TurnState};
-pub use undelivered::{ParkReply, Parked, MAX_PARKED_PER_QUEUE};
+pub use undelivered::{ParkReply, Parked, MAX_PARKED_PER_QUEUE, MAX_PARKED_PER_TENANT};
 
 /// Embedded migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

@@ -11,6 +11,9 @@ use super::{Store, StoreError};
 /// Parked replies one queue may hold; past it, a refused reply is not parked (it stays in
 /// PostgreSQL with its turn's record or in `replies`, where `aptix session show` reads it).
 pub const MAX_PARKED_PER_QUEUE: i64 = 1_000;
+/// Parked replies one tenant's queues may hold together (all of a single-tenant deployment's),
+/// so that a tenant with many refusing queues cannot make the table grow without bound.
+pub const MAX_PARKED_PER_TENANT: i64 = 10_000;
 
 /// A reply to park.
 #[derive(Debug, Clone)]
@@ -47,7 +50,7 @@ const CLAIM: Duration = Duration::from_secs(30);
 
 impl Store {
     /// Parks `replies`; returns how many were not parked because their queue holds
-    /// [`MAX_PARKED_PER_QUEUE`] already.
+    /// [`MAX_PARKED_PER_QUEUE`] already, or their tenant [`MAX_PARKED_PER_TENANT`].
     pub async fn park_replies(&self, replies: &[ParkReply]) -> Result<usize, StoreError> {
         let mut over = 0;
         let mut tx = self.pool.begin().await?;
@@ -55,7 +58,8 @@ impl Store {
             let parked = sqlx::query(
                 "INSERT INTO undelivered (queue, session_id, tenant, message, reason)
                  SELECT $1, $2, $3, $4, $5
-                 WHERE (SELECT count(*) FROM undelivered WHERE queue = $1) < $6",
+                 WHERE (SELECT count(*) FROM undelivered WHERE queue = $1) < $6
+                   AND (SELECT count(*) FROM undelivered WHERE tenant IS NOT DISTINCT FROM $3) < $7",
             )
             .bind(&r.queue)
             .bind(r.session)
@@ -63,6 +67,7 @@ impl Store {
             .bind(&r.message)
             .bind(&r.reason)
             .bind(MAX_PARKED_PER_QUEUE)
+            .bind(MAX_PARKED_PER_TENANT)
             .execute(&mut *tx)
             .await?;
             if parked.rows_affected() == 0 {
