@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::broker::{keep_unrouted, Handed, OutMessage, Publisher, RuntimeSettings};
+use crate::broker::{keep_unrouted, Handed, LazyPublisher, OutMessage, Publisher, RuntimeSettings};
 use crate::store::{Parked, Store};
 
 /// How often the loop looks for due replies.
@@ -25,7 +25,7 @@ const KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs until `shutdown`.
 pub async fn run(store: Store, settings: RuntimeSettings, shutdown: CancellationToken) {
-    let mut publisher: Option<Publisher> = None;
+    let publisher = LazyPublisher::new(settings.clone());
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -46,7 +46,14 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
                     break;
                 }
             };
-            let Some(p) = connected(&mut publisher, &settings).await else { break };
+            // Unreachable, the claimed replies are offered again once their claim runs out.
+            let p = match publisher.publisher().await {
+                Ok(p) => p,
+                Err(error) => {
+                    debug!(%error, "parked replies wait for the broker");
+                    break;
+                }
+            };
             for parked in claimed {
                 offer(&store, &p, &settings, parked).await;
             }
@@ -55,37 +62,13 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
             }
         }
     }
-    if let Some(p) = publisher {
-        p.close(Duration::from_secs(2)).await;
-    }
-}
-
-/// The loop's publisher, connected again after a loss. `None`: the broker cannot be reached
-/// (the claimed replies are offered again once their claim runs out).
-async fn connected(slot: &mut Option<Publisher>, s: &RuntimeSettings) -> Option<Publisher> {
-    if let Some(p) = slot.as_ref().filter(|p| p.is_connected()) {
-        return Some(p.clone());
-    }
-    let opened = match crate::broker::connect(&s.amqp_url).await {
-        Ok(conn) => Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await,
-        Err(error) => Err(error),
-    };
-    match opened {
-        Ok(p) => {
-            *slot = Some(p.clone());
-            Some(p)
-        }
-        Err(error) => {
-            debug!(%error, "parked replies wait for the broker");
-            None
-        }
-    }
+    publisher.close(Duration::from_secs(2)).await;
 }
 
 /// Offers one parked reply to its queue again.
 async fn offer(store: &Store, publisher: &Publisher, settings: &RuntimeSettings, p: Parked) {
     let topology = &settings.topology;
-    let message: OutMessage = match serde_json::from_value(p.message.clone()) {
+    let message: OutMessage = match serde_json::from_value(p.message) {
         Ok(m) => m,
         Err(error) => {
             // Written by this module's writer; unreadable means a newer version wrote it.

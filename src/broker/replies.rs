@@ -335,24 +335,34 @@ impl LazyPublisher {
     /// slow queue of one turn never delays another turn's deltas. A delta its client's queue
     /// refused is dropped; a reply it refused is kept in `<prefix>.unrouted`.
     pub async fn publish(&self, message: OutMessage) -> Result<(), BrokerError> {
-        let publisher = {
-            let mut guard = self.publisher.lock().await;
-            if let Some(p) = guard.as_ref().filter(|p| p.is_connected()) {
-                p.clone()
-            } else {
-                let conn = super::connect(&self.settings.amqp_url).await?;
-                let s = &self.settings;
-                let p = Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?;
-                if let Some(old) = guard.replace(p.clone()) {
-                    tokio::spawn(async move { old.close(Duration::from_secs(2)).await });
-                }
-                p
-            }
-        };
+        let publisher = self.publisher().await?;
         let refused = super::publish_all(&publisher, &self.settings, &[message]).await?;
         for r in refused {
             keep_unrouted(&publisher, &self.settings.topology, &r.message, &r.reason).await?;
         }
         Ok(())
+    }
+
+    /// The publisher, connected (again, after a loss) on first use; the lock is held only
+    /// while connecting, never while publishing.
+    pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
+        let mut guard = self.publisher.lock().await;
+        if let Some(p) = guard.as_ref().filter(|p| p.is_connected()) {
+            return Ok(p.clone());
+        }
+        let conn = super::connect(&self.settings.amqp_url).await?;
+        let s = &self.settings;
+        let p = Publisher::open_with(conn, s.max_message_bytes, s.confirm_timeout).await?;
+        if let Some(old) = guard.replace(p.clone()) {
+            tokio::spawn(async move { old.close(Duration::from_secs(2)).await });
+        }
+        Ok(p)
+    }
+
+    /// Closes the connection, if one was opened (waiting for the broker at most `limit`).
+    pub async fn close(&self, limit: Duration) {
+        if let Some(p) = self.publisher.lock().await.take() {
+            p.close(limit).await;
+        }
     }
 }
