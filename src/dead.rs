@@ -6,6 +6,7 @@ use serde_json::json;
 pub use crate::broker::DeadSettled as Settled;
 use crate::broker::{DeadAction, DeadLetter, Publisher, Topology};
 use crate::config::Settings;
+use crate::contracts::TenantName;
 use crate::store::Store;
 
 /// The `operator_actions` outcome of `settled`.
@@ -15,6 +16,16 @@ fn outcome(settled: &Settled) -> &'static str {
         Settled::NotFound => "not_found",
         Settled::Refused(_) => "refused",
     }
+}
+
+/// Every dead-letter queue of the deployment: the shared one and each configured tenant's.
+pub fn queues(settings: &Settings) -> Vec<String> {
+    crate::pipeline::topology(settings).dead_queues(&tenants(settings))
+}
+
+/// The configured tenants' names.
+pub fn tenants(settings: &Settings) -> Vec<TenantName> {
+    settings.tenants.keys().filter_map(|t| t.parse().ok()).collect()
 }
 
 /// Replays or discards the dead letter `id` as `actor`, and records it.
@@ -36,7 +47,8 @@ pub async fn settle(
         DeadAction::Replay => replayable(settings, &topology, letter),
         DeadAction::Discard => Ok(()),
     };
-    let settled = match topology.settle_dead(publisher, id, action, check).await {
+    let settled = match topology.settle_dead(publisher, &queues(settings), id, action, check).await
+    {
         Ok(settled) => settled,
         Err(e) => {
             let detail = json!({ "error": e.to_string() });

@@ -228,6 +228,200 @@ async fn a_publisher_of_no_tenant_is_dead_lettered() {
     stop(t).await;
 }
 
+/// `rabbitmqctl` with `args`, which must succeed.
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl").arg("-q").args(args).output().unwrap();
+    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Each tenant's dead letters and unrouted replies are kept in queues of its own, so a flood
+/// of one tenant's evicts only its own; a message no tenant is known for goes to the shared
+/// queue. `ta`'s queue gets a bound of 5 (instead of setup.sh's 10,000) so 20 fill it.
+#[tokio::test]
+async fn a_tenants_flood_of_dead_letters_evicts_only_its_own() {
+    let t = start(1, TenantLimits::default()).await;
+    let topology = t.h.topology.clone();
+    let (ta, tb) = ("ta".parse().unwrap(), "tb".parse().unwrap());
+    let policy = format!("{}-test-dead-ta", topology.prefix());
+    let pattern = format!("^{}$", topology.dead_of(Some(&ta)).replace('.', "\\."));
+    let bound = r#"{"max-length": 5, "overflow": "drop-head"}"#;
+    rabbitmqctl(&[
+        "set_policy",
+        "--priority",
+        "10",
+        "--apply-to",
+        "queues",
+        &policy,
+        &pattern,
+        bound,
+    ]);
+    t.b.publish_raw(b"{\"not\": \"a request of tb\"}").await;
+    t.a.publish_as(&json!({"not": "anyone's"}), None).await;
+    for i in 0..20 {
+        t.a.publish_raw(format!("{{\"flood\": {i}}}").as_bytes()).await;
+    }
+    // A refusal for a session whose queue nobody declared: kept in ta's unrouted queue.
+    let s = new_session();
+    t.a.publish_as(&json!({"SessionId": s, "TurnId": "x"}), Some(&t.a.user)).await;
+    // Validate handles messages that name no session concurrently, so the flood's letters may
+    // land in any order: wait until every queue has what it should, then for stragglers.
+    let expected = [
+        (topology.dead_of(Some(&ta)), 5),
+        (topology.dead_of(Some(&tb)), 1),
+        (topology.dead(), 1),
+        (topology.unrouted_of(Some(&ta)), 1),
+        (topology.requests(), 0),
+    ];
+    for _ in 0..200 {
+        let mut counts = Vec::new();
+        for (queue, _) in &expected {
+            counts.push(t.h.peek_count(queue).await);
+        }
+        if expected.iter().zip(&counts).all(|((_, want), got)| want == got) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let own = t.h.take_all(&topology.dead_of(Some(&ta))).await;
+    let unrouted = t.h.take_all(&topology.unrouted_of(Some(&ta))).await;
+    assert_eq!(own.len(), 5, "ta's own queue keeps 5 of its 20");
+    for (headers, body) in &own {
+        assert!(body.starts_with(b"{\"flood\": "), "only ta's flood: {body:?}");
+        assert_eq!(headers["x-aptix-user-id"], t.a.user);
+    }
+    let theirs = t.h.take_all(&topology.dead_of(Some(&tb))).await;
+    assert_eq!(theirs.len(), 1, "tb's dead letter survived ta's flood");
+    assert_eq!(theirs[0].1, b"{\"not\": \"a request of tb\"}");
+    assert_eq!(theirs[0].0["x-aptix-user-id"], t.b.user);
+    let shared = t.h.take_all(&topology.dead()).await;
+    assert_eq!(shared.len(), 1, "only the message of no tenant is in the shared queue: {shared:?}");
+    assert!(shared[0].0["x-aptix-reason"].contains("request.tenant_unknown"));
+    assert_eq!(unrouted.len(), 1, "the refusal is kept in ta's unrouted queue");
+    assert_eq!(unrouted[0].0["x-aptix-unrouted-routing-key"], format!("ta.{s}"));
+    assert!(t.h.take_all(&topology.unrouted_of(Some(&tb))).await.is_empty());
+    rabbitmqctl(&["clear_policy", &policy]);
+    stop(t).await;
+}
+
+/// Stored refusals are bounded per tenant: a tenant at its quota that is refused again loses
+/// its own oldest refusal, and another tenant's stay.
+#[tokio::test]
+async fn stored_refusals_are_bounded_per_tenant() {
+    let h = Harness::start(0).await;
+    let (store, max) = (&h.deps.store, aptix::store::MAX_STORED_REFUSALS_PER_TENANT);
+    // `greedy` at its quota (the oldest first), `other` with a handful.
+    sqlx::query(
+        "INSERT INTO replies (message_id, session_id, turn_id, outcome, body, tenant, created_at)
+         SELECT 'g' || i, gen_random_uuid(), NULL, 'refused', '{}'::jsonb, 'greedy',
+                now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, $1) AS i
+         UNION ALL SELECT 'o' || i, gen_random_uuid(), NULL, 'refused', '{}'::jsonb, 'other',
+                now() - interval '2 hours' FROM generate_series(1, 5) AS i",
+    )
+    .bind(max)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let counted = "INSERT INTO reply_counts VALUES ('greedy', $1), ('other', 5)";
+    sqlx::query(counted).bind(max).execute(store.pool()).await.unwrap();
+    let session: aptix::contracts::SessionId = new_session().parse().unwrap();
+    let body = json!({"Errors": []});
+    let (greedy, other) = ("greedy".parse().unwrap(), "other".parse().unwrap());
+    let refusal = |id: &'static str, tenant| aptix::store::StoredReply {
+        message_id: id,
+        session: &session,
+        turn_id: None,
+        outcome: aptix::messages::ReplyOutcome::Refused,
+        body: &body,
+        tenant: Some(tenant),
+    };
+    store.save_reply(&refusal("g-new", &greedy)).await.unwrap();
+    store.save_reply(&refusal("g-new", &greedy)).await.unwrap(); // a copy stores nothing
+    store.save_reply(&refusal("o-new", &other)).await.unwrap();
+    let of = |tenant: &str| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM replies WHERE tenant = $1")
+            .bind(tenant.to_owned())
+            .fetch_one(store.pool())
+    };
+    assert_eq!(of("greedy").await.unwrap(), max, "greedy stays at its quota");
+    assert_eq!(of("other").await.unwrap(), 6, "other keeps all of its own");
+    let oldest_left: bool =
+        sqlx::query_scalar("SELECT exists(SELECT 1 FROM replies WHERE message_id = 'g1')")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(!oldest_left, "greedy's oldest went");
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT tenant, n FROM reply_counts ORDER BY tenant")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(counts, [("greedy".to_owned(), max), ("other".to_owned(), 6)]);
+    h.teardown().await;
+}
+
+/// Tokens are reserved before the call (docs/tenancy.md §7): three workers of every stage, four
+/// publishers, 16 turns at once (every fourth streamed and cancelled at once), and what the
+/// window is charged stays within `tokens_per_minute` plus one reservation. Without reserving,
+/// every turn would be admitted before the first is charged, and the 16 would spend far more.
+#[tokio::test]
+async fn concurrent_turns_cannot_overshoot_the_token_budget() {
+    const LIMIT: u64 = 3_000;
+    let t = start(3, TenantLimits { tokens_per_minute: LIMIT, ..Default::default() }).await;
+    t.h.sim.set_latency(Latency { fixed_ms: 300, ..Default::default() });
+    let instruction = "spend ".repeat(400);
+    // What one such turn costs, from the other tenant (a budget of its own).
+    let probe = new_session();
+    t.b.submit(&user_turn(&probe, "t1", &instruction)).await;
+    let got = t.b.read(&t.b.queue(&probe), 1, WAIT).await;
+    let one_turn = got[0].body["Result"]["Usage"]["TotalTokens"].as_i64().expect("usage");
+    let sessions: Vec<String> = (0..16).map(|_| new_session()).collect();
+    let sends = sessions.chunks(4).map(|chunk| {
+        let instruction = &instruction;
+        let a = &t.a;
+        async move {
+            for (i, s) in chunk.iter().enumerate() {
+                let mut turn = user_turn(s, "t1", instruction);
+                turn["Stream"] = json!(i == 0);
+                a.submit(&turn).await;
+                if i == 0 {
+                    a.cancel(s, "t1").await;
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let mut outcomes = BTreeMap::<String, usize>::new();
+    for s in &sessions {
+        let got = t.a.read(&t.a.queue(s), 1, Duration::from_secs(60)).await;
+        let last = got.last().expect("every turn gets an answer");
+        assert!(last.is_final, "{last:?}");
+        let outcome = match last.headers["x-aptix-outcome"].as_str() {
+            "final" => "final".to_owned(),
+            _ => codes(last).join(","),
+        };
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    let (charged, largest): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(max(tokens), 0)::bigint
+         FROM tenant_tokens WHERE tenant = 'ta'",
+    )
+    .fetch_one(t.h.deps.store.pool())
+    .await
+    .unwrap();
+    // One reservation: at least MIN_TOKEN_RESERVE, at least one such turn.
+    let reserve = aptix::store::MIN_TOKEN_RESERVE.max(largest).max(one_turn);
+    let limit = i64::try_from(LIMIT).unwrap();
+    let report = format!("charged {charged}, largest {largest}, one turn {one_turn}, {outcomes:?}");
+    eprintln!("{report}");
+    assert!(charged <= limit + reserve, "the window overshot: {report}");
+    assert!(outcomes.get("limit.tokens_per_minute").is_some_and(|n| *n > 0), "{report}");
+    // The test can fail: had all 16 run, as they would without reserving, they would have
+    // spent more than the bound (the cancelled ones aside).
+    assert!(12 * one_turn > limit + reserve, "turns too small to tell: {report}");
+    stop(t).await;
+}
+
 /// The largest number of turns of tenant `ta` that were in flight at once, from the stored
 /// turns: each counts from `from` (its admission or its start) to its end.
 async fn peak(h: &Harness, from: &str) -> i64 {

@@ -39,7 +39,7 @@
 #   D-monitor  no configure, write or read permission: it reads queue depths (a passive
 #              declare over AMQP, or the management API with its tag `management`), which is
 #              all KEDA needs
-#   D-console  read: ^P\.dead$ (looking at dead letters, taking one); write: the entry
+#   D-console  read: ^P\.dead(\.<tenant>)?$ (looking at dead letters, taking one); write: the entry
 #              exchange and amq.default (a replay); no configure; tag `management` (rates)
 # Plugins (both ship with RabbitMQ): rabbitmq_consistent_hash_exchange, for ingress partitions;
 #   rabbitmq_management, for rates and workers in `aptix status` and the console (and KEDA).
@@ -50,6 +50,10 @@
 #                               PostgreSQL)
 #   P-dead      ^P\.dead$       max-length 100000, max-length-bytes 1 GiB, message-ttl 14 days
 #   P-unrouted  ^P\.unrouted$   the same bounds as P-dead
+#   P-dead-tenant, P-unrouted-tenant  ^P\.(dead|unrouted)\.<tenant>$  a tenant's own (made by its
+#                               first message): max-length 10000, max-length-bytes 256 MiB,
+#                               message-ttl 14 days, oldest dropped first, so a tenant's flood
+#                               evicts only its own
 # where P is PREFIX_REGEX and the policy names use it when it is a plain name, else `aptix-any`.
 set -euo pipefail
 
@@ -127,6 +131,8 @@ fi
 all="^$p\\..*"
 replies="^$p\\.(session|instance)\\..*"
 bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000}'
+# One tenant's dead letters or unrouted replies: its own queue, so its flood evicts only its own.
+per_tenant='{"max-length":10000,"max-length-bytes":268435456,"message-ttl":1209600000}'
 
 shared_client=true
 case "${APTIX_SHARED_CLIENT:-yes}" in
@@ -156,7 +162,7 @@ definitions=$(
      "write": $(json "^($p\\..*|amq\\.default)\$"), "read": $(json "$all")}$client_permissions,
     {"user": $(json "$monitor"), "vhost": "/", "configure": "^\$", "write": "^\$", "read": "^\$"},
     {"user": $(json "$console"), "vhost": "/", "configure": "^\$",
-     "write": $(json "^($p\\.requests|amq\\.default)\$"), "read": $(json "^$p\\.dead\$")}
+     "write": $(json "^($p\\.requests|amq\\.default)\$"), "read": $(json "^$p\\.dead(\\.[a-z0-9_-]+)?\$")}
   ],
   "policies": [
     {"vhost": "/", "name": $(json "$name-sessions"), "pattern": $(json "^$p\\.session\\."),
@@ -168,7 +174,11 @@ definitions=$(
     {"vhost": "/", "name": $(json "$name-dead"), "pattern": $(json "^$p\\.dead\$"),
      "apply-to": "queues", "priority": 0, "definition": $bounded},
     {"vhost": "/", "name": $(json "$name-unrouted"), "pattern": $(json "^$p\\.unrouted\$"),
-     "apply-to": "queues", "priority": 0, "definition": $bounded}
+     "apply-to": "queues", "priority": 0, "definition": $bounded},
+    {"vhost": "/", "name": $(json "$name-dead-tenant"), "pattern": $(json "^$p\\.dead\\.[a-z0-9_-]+\$"),
+     "apply-to": "queues", "priority": 0, "definition": $per_tenant},
+    {"vhost": "/", "name": $(json "$name-unrouted-tenant"), "pattern": $(json "^$p\\.unrouted\\.[a-z0-9_-]+\$"),
+     "apply-to": "queues", "priority": 0, "definition": $per_tenant}
   ]
 }
 EOF
@@ -205,4 +215,4 @@ users="$worker, $client, $monitor and $console"
 $shared_client || users="$worker, $monitor and $console"
 $dev && echo "setup.sh: --dev: passwords not given are the development ones (never on a shared broker)"
 echo "setup.sh: users $users, their permissions on / and the policies" \
-  "$name-sessions, $name-instances, $name-dead, $name-unrouted are in place (prefix $prefix); plugins rabbitmq_consistent_hash_exchange and rabbitmq_management enabled"
+  "$name-sessions, $name-instances, $name-dead, $name-unrouted, $name-dead-tenant, $name-unrouted-tenant are in place (prefix $prefix); plugins rabbitmq_consistent_hash_exchange and rabbitmq_management enabled"

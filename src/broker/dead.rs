@@ -38,6 +38,8 @@ pub struct DeadLetter {
     pub session_id: Option<String>,
     /// The turn it belongs to, when known.
     pub turn_id: Option<String>,
+    /// The dead-letter queue it is in (the shared one, or its tenant's).
+    pub queue: String,
     /// Every text header.
     pub headers: BTreeMap<String, String>,
     /// The body, as published.
@@ -46,7 +48,7 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    fn of(message: &lapin::message::BasicGetMessage) -> Self {
+    fn of(message: &lapin::message::BasicGetMessage, queue: &str) -> Self {
         let d = &message.delivery;
         let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
         let text = |k: &str| headers.get(k).cloned();
@@ -68,6 +70,7 @@ impl DeadLetter {
             session_id: text("x-aptix-session-id").or(session),
             turn_id: text("x-aptix-turn-id").or(turn),
             body: d.data.clone(),
+            queue: queue.to_owned(),
             headers,
         }
     }
@@ -114,55 +117,72 @@ pub enum DeadAction {
 }
 
 impl Topology {
-    /// Up to `limit` dead letters, oldest first, left in the queue.
+    /// Up to `limit` dead letters of `queues` (see [`Topology::dead_queues`]), each queue's
+    /// oldest first, left in their queues. A queue that does not exist has none.
     pub async fn dead_letters(
         &self,
         publisher: &Publisher,
+        queues: &[String],
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
-        let ch = publisher.scratch_channel().await?;
         let mut out = Vec::new();
-        while out.len() < limit.min(MAX_LOOK) {
-            match get(&ch, &self.dead()).await? {
-                Some(m) => out.push(DeadLetter::of(&m)),
-                None => break,
+        for queue in queues {
+            // One channel per queue: reading a queue that does not exist closes its channel.
+            let ch = publisher.scratch_channel().await?;
+            while out.len() < limit.min(MAX_LOOK) {
+                match get(&ch, queue).await {
+                    Ok(Some(m)) => out.push(DeadLetter::of(&m, queue)),
+                    Ok(None) => break,
+                    Err(e) if is_missing(&e) => break,
+                    Err(e) => return Err(e),
+                }
             }
+            let _ = ch.close(200, "looked".into()).await;
         }
-        let _ = ch.close(200, "looked".into()).await;
         Ok(out)
     }
 
-    /// Replays or discards the dead letter `id`. `check` may refuse the action (its reason)
-    /// before anything is published or removed.
+    /// Replays or discards the dead letter `id`, looked for in `queues`. `check` may refuse
+    /// the action (its reason) before anything is published or removed.
     pub async fn settle_dead(
         &self,
         publisher: &Publisher,
+        queues: &[String],
         id: &str,
         action: DeadAction,
         check: impl FnOnce(&DeadLetter) -> Result<(), String>,
     ) -> Result<Settled, BrokerError> {
-        let ch = publisher.scratch_channel().await?;
-        let result = self.settle_on(&ch, publisher, id, action, check).await;
-        // Everything read and not acked goes back to the head of the queue, in order.
-        let _ = ch.close(200, "settled".into()).await;
-        result
+        let mut check = Some(check);
+        for queue in queues {
+            let ch = publisher.scratch_channel().await?;
+            let result = self.settle_on(&ch, queue, publisher, id, action, &mut check).await;
+            // Everything read and not acked goes back to the head of the queue, in order.
+            let _ = ch.close(200, "settled".into()).await;
+            match result {
+                Ok(Settled::NotFound) => continue,
+                Err(e) if is_missing(&e) => continue,
+                other => return other,
+            }
+        }
+        Ok(Settled::NotFound)
     }
 
-    async fn settle_on(
+    async fn settle_on<F: FnOnce(&DeadLetter) -> Result<(), String>>(
         &self,
         ch: &Channel,
+        queue: &str,
         publisher: &Publisher,
         id: &str,
         action: DeadAction,
-        check: impl FnOnce(&DeadLetter) -> Result<(), String>,
+        check: &mut Option<F>,
     ) -> Result<Settled, BrokerError> {
         for _ in 0..MAX_LOOK {
-            let Some(m) = get(ch, &self.dead()).await? else { return Ok(Settled::NotFound) };
-            let letter = DeadLetter::of(&m);
+            let Some(m) = get(ch, queue).await? else { return Ok(Settled::NotFound) };
+            let letter = DeadLetter::of(&m, queue);
             if letter.id != id {
                 continue;
             }
-            if let Err(reason) = check(&letter) {
+            if let Some(Err(reason)) = check.take().map(|check| check(&letter)) {
                 return Ok(Settled::Refused(reason));
             }
             if action == DeadAction::Replay {
@@ -221,6 +241,12 @@ fn is_runtime_mark(key: &str) -> bool {
             | "x-delivery-count"
     ) || key.starts_with("x-first-death")
         || key.starts_with("x-last-death")
+}
+
+/// Whether `e` says the queue does not exist (a tenant's dead-letter queue before its first
+/// letter).
+fn is_missing(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::Amqp(e) if super::layout::is_not_found(e))
 }
 
 async fn get(

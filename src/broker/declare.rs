@@ -102,6 +102,12 @@ impl Topology {
         bind_queue(ch, &name, &name, "").await
     }
 
+    /// Declares `name` as a queue where messages end for an operator (a tenant's dead-letter or
+    /// unrouted queue, made on its first message).
+    pub async fn declare_sink(&self, ch: &Channel, name: &str) -> Result<(), lapin::Error> {
+        self.queue(ch, name, Role::Sink).await
+    }
+
     async fn queue(&self, ch: &Channel, name: &str, role: Role) -> Result<(), lapin::Error> {
         durable_queue(ch, name, self.arguments(role)).await
     }

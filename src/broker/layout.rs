@@ -102,6 +102,7 @@ pub(super) async fn passive_counts(
     }
 }
 
-fn is_not_found(e: &lapin::Error) -> bool {
+/// Whether the broker said the queue (or exchange) does not exist.
+pub(super) fn is_not_found(e: &lapin::Error) -> bool {
     e.to_string().contains("NOT_FOUND") || e.to_string().contains("404")
 }

@@ -204,6 +204,13 @@ pub trait Handler: Send + Sync + 'static {
         TurnHint::default()
     }
 
+    /// The tenant whose dead-letter queue keeps `delivery` when it is given up (`None`: the
+    /// shared one). Asked only of messages that passed the pipeline's checks.
+    fn tenant(&self, delivery: &Delivery) -> Option<crate::contracts::TenantName> {
+        let _ = delivery;
+        None
+    }
+
     /// Deliveries with the same key are handled one at a time, in delivery order (deliveries
     /// without a key, or with different keys, run concurrently).
     fn ordering_key(&self, delivery: &Delivery) -> Option<String> {

@@ -162,6 +162,26 @@ impl Publisher {
         }
     }
 
+    /// Publishes `msg` to a queue where messages end for an operator (`msg.routing_key` on the
+    /// default exchange), declaring the queue first when it does not exist yet: a tenant's
+    /// dead-letter and unrouted queues are made by their first message.
+    pub async fn publish_to_sink(
+        &self,
+        topology: &super::Topology,
+        msg: &OutMessage,
+    ) -> Result<(), BrokerError> {
+        match self.publish(msg).await {
+            Err(BrokerError::Unroutable { .. }) => {
+                let ch = self.scratch_channel().await?;
+                let declared = topology.declare_sink(&ch, &msg.routing_key).await;
+                let _ = ch.close(200, "declared".into()).await;
+                declared?;
+                self.publish(msg).await
+            }
+            other => other,
+        }
+    }
+
     /// Publishes several messages, waiting for all confirms (concurrently, not one by one).
     pub async fn publish_all(&self, msgs: &[OutMessage]) -> Result<(), BrokerError> {
         let results = futures_util::future::join_all(msgs.iter().map(|m| self.publish(m))).await;

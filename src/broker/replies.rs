@@ -298,7 +298,8 @@ impl SessionQueues {
     }
 }
 
-/// Keeps `m` in `<prefix>.unrouted` with where it was going and why (`reason`).
+/// Keeps `m` in its tenant's unrouted queue (`<prefix>.unrouted.<tenant>`, made by its first
+/// reply; `<prefix>.unrouted` without tenants) with where it was going and why (`reason`).
 pub async fn keep_unrouted(
     publisher: &Publisher,
     topology: &Topology,
@@ -308,12 +309,12 @@ pub async fn keep_unrouted(
     tracing::warn!(routing_key = %m.routing_key, message_id = %m.message_id, reason, "reply unroutable, kept in the unrouted queue");
     let mut kept = m.clone();
     kept.exchange = String::new();
-    kept.routing_key = topology.unrouted();
+    kept.routing_key = topology.unrouted_of(m.tenant.as_ref());
     (kept.session, kept.instance) = (None, None);
     kept.headers.insert("x-aptix-unrouted-exchange".into(), m.exchange.clone().into());
     kept.headers.insert("x-aptix-unrouted-routing-key".into(), m.routing_key.clone().into());
     kept.headers.insert("x-aptix-unrouted-reason".into(), reason.into());
-    publisher.publish(&kept).await.map(|()| Handed::Done)
+    publisher.publish_to_sink(topology, &kept).await.map(|()| Handed::Done)
 }
 
 /// Publishes messages that no delivery's settling carries (stream deltas during an LLM call) on

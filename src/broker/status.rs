@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::{BrokerError, Publisher, Topology};
+use crate::contracts::TenantName;
 
 /// One queue as the broker reports it.
 #[derive(Debug, Clone, Serialize)]
@@ -24,10 +25,12 @@ pub struct QueueState {
 }
 
 impl Topology {
-    /// Every ingress partition, every stage queue, the dead letters and unrouted replies.
+    /// Every ingress partition, every stage queue, the dead letters and unrouted replies, and
+    /// those of each of `tenants` that has any queue of them yet (made by its first message).
     pub async fn queue_states(
         &self,
         publisher: &Publisher,
+        tenants: &[TenantName],
     ) -> Result<Vec<QueueState>, BrokerError> {
         let ingress = self.stages().first().map(|s| s.as_str());
         let mut named: Vec<(String, Option<&'static str>)> =
@@ -43,6 +46,23 @@ impl Topology {
             let (ready, consumers) = counts.unwrap_or_default();
             let exists = counts.is_some();
             out.push(QueueState { queue, stage, exists, ready, consumers, activity: None });
+        }
+        for tenant in tenants {
+            for queue in [self.dead_of(Some(tenant)), self.unrouted_of(Some(tenant))] {
+                if let Some((ready, consumers)) =
+                    super::layout::passive_counts(publisher, &queue).await?
+                {
+                    let exists = true;
+                    out.push(QueueState {
+                        queue,
+                        stage: None,
+                        exists,
+                        ready,
+                        consumers,
+                        activity: None,
+                    });
+                }
+            }
         }
         Ok(out)
     }

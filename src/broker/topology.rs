@@ -169,6 +169,15 @@ impl Topology {
         format!("{}.unrouted", self.prefix)
     }
 
+    /// Where `tenant`'s unrouted replies are kept: a queue of its own (`P.unrouted.<tenant>`),
+    /// so its bound evicts only that tenant's; [`Topology::unrouted`] without a tenant.
+    pub fn unrouted_of(&self, tenant: Option<&TenantName>) -> String {
+        match tenant {
+            Some(t) => format!("{}.unrouted.{t}", self.prefix),
+            None => self.unrouted(),
+        }
+    }
+
     /// Whether `queue` is the queue of a stage after the ingress: the queues whose messages only
     /// the pipeline writes, and which therefore carry a MAC (`mac`).
     pub fn is_inner_stage_queue(&self, queue: &str) -> bool {
@@ -230,9 +239,29 @@ impl Topology {
         }
     }
 
-    /// Dead-letter queue.
+    /// Dead-letter queue of messages no tenant is known for (a publisher in no tenant, a
+    /// message that is not the pipeline's own, the broker's own dead-lettering).
     pub fn dead(&self) -> String {
         format!("{}.dead", self.prefix)
+    }
+
+    /// Where `tenant`'s dead letters are kept: a queue of its own (`P.dead.<tenant>`), so a
+    /// flood of one tenant's evicts only its own (the queue's bound is a policy's);
+    /// [`Topology::dead`] without a tenant.
+    pub fn dead_of(&self, tenant: Option<&TenantName>) -> String {
+        match tenant {
+            Some(t) => format!("{}.dead.{t}", self.prefix),
+            None => self.dead(),
+        }
+    }
+
+    /// The dead-letter queues an operator looks at for `tenants`: the shared one first.
+    pub fn dead_queues<'a>(
+        &self,
+        tenants: impl IntoIterator<Item = &'a TenantName>,
+    ) -> Vec<String> {
+        let own = tenants.into_iter().map(|t| self.dead_of(Some(t)));
+        std::iter::once(self.dead()).chain(own).collect()
     }
 
     /// Fanout exchange of a retry delay tier.

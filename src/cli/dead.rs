@@ -59,12 +59,20 @@ pub fn run(settings: Settings, command: DeadCommand) -> anyhow::Result<ExitCode>
         let topology = crate::pipeline::topology(&settings);
         let code = match command {
             DeadCommand::List { limit, json } => {
-                let letters = topology.dead_letters(&publisher, limit).await?;
+                let letters = topology
+                    .dead_letters(&publisher, &crate::dead::queues(&settings), limit)
+                    .await?;
                 print_list(&letters, json)?;
                 ExitCode::SUCCESS
             }
             DeadCommand::Show { id } => {
-                let letters = topology.dead_letters(&publisher, crate::broker::MAX_LOOK).await?;
+                let letters = topology
+                    .dead_letters(
+                        &publisher,
+                        &crate::dead::queues(&settings),
+                        crate::broker::MAX_LOOK,
+                    )
+                    .await?;
                 match letters.iter().find(|l| l.id == id) {
                     Some(letter) => {
                         print_one(letter)?;

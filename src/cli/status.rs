@@ -20,7 +20,8 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
             Err(code) => return Ok(code),
         };
         let missing = topology.missing_plugin(&publisher).await?;
-        let mut states = topology.queue_states(&publisher).await?;
+        let mut states =
+            topology.queue_states(&publisher, &crate::dead::tenants(&settings)).await?;
         let note = activity(&settings, &mut states).await;
         if let Some(problem) = &missing {
             eprintln!("error: {problem}");

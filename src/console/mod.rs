@@ -190,14 +190,22 @@ async fn queues(
     Query(n): Query<Notice>,
 ) -> Page {
     everyone(&scope)?;
-    let mut states = c.topology.queue_states(&c.publisher).await.map_err(failed)?;
+    let mut states = c
+        .topology
+        .queue_states(&c.publisher, &crate::dead::tenants(&c.settings))
+        .await
+        .map_err(failed)?;
     let rates = match &c.management {
         None => {
             Err("rates and workers need amqp.management_url (RabbitMQ's management API)".into())
         }
         Some(api) => with_activity(&mut states, api).await.map_err(|e| format!("rates: {e}")),
     };
-    let dead = c.topology.dead_letters(&c.publisher, 200).await.map_err(failed)?;
+    let dead = c
+        .topology
+        .dead_letters(&c.publisher, &crate::dead::queues(&c.settings), 200)
+        .await
+        .map_err(failed)?;
     let missing = rates.err().unwrap_or_default();
     let admin = c.admin() && scope == Scope::Admin;
     Ok(pages::queues(&states, &dead, admin, &n.notice, &missing))

@@ -19,7 +19,7 @@ pub use runner::{message_fingerprint, Ledger, Runner};
 pub use crate::broker::TurnHint;
 
 use crate::broker::Delivery;
-use crate::contracts::{ApiError, ErrorCode};
+use crate::contracts::{ApiError, ErrorCode, TenantName};
 use crate::messages::{Hop, Message, Outgoing, PersistJob, Submission};
 
 /// One step of the pipeline: a typed input message in, a typed output message out.
@@ -61,6 +61,12 @@ pub trait Stage: Send + Sync + 'static {
     /// admission lets only one turn per session run at a time.
     const ORDERED: bool = false;
 
+    /// The tenant whose dead-letter queue keeps `input` when it is given up. By default the
+    /// one the input names.
+    fn tenant(&self, input: &Self::In) -> Option<TenantName> {
+        input.tenant()
+    }
+
     /// The turn a body names when its headers do not say (client submissions): read once per
     /// delivery, for ordering, logs and traces.
     fn hint(body: &[u8]) -> TurnHint {
@@ -81,6 +87,12 @@ pub trait Inbound: Sized + Send + Sync + 'static {
 
     /// The round trip this input becomes when its turn fails with `errors`.
     fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob>;
+
+    /// The tenant the input belongs to, when it says (a client's submission does not: its
+    /// stage knows from the publisher).
+    fn tenant(&self) -> Option<TenantName> {
+        None
+    }
 }
 
 impl<M: Message> Inbound for M {
@@ -94,6 +106,10 @@ impl<M: Message> Inbound for M {
 
     fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
         Message::fail(self, errors)
+    }
+
+    fn tenant(&self) -> Option<TenantName> {
+        self.turn().tenant.clone()
     }
 }
 

@@ -145,6 +145,11 @@ impl<S: Stage> Handler for Runner<S> {
         S::hint(body)
     }
 
+    fn tenant(&self, delivery: &Delivery) -> Option<crate::contracts::TenantName> {
+        let input = S::In::decode(delivery).ok()?;
+        self.stage.tenant(&input)
+    }
+
     fn ordering_key(&self, delivery: &Delivery) -> Option<String> {
         if S::ORDERED {
             delivery.hint.session.clone()

@@ -172,7 +172,7 @@ impl Store {
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
             // Refused turns count from admission: this one will start whatever happens.
-            if let Some(limit) = refused_by(&mut tx, gate.as_ref()).await? {
+            if let Some(limit) = refused_by(&mut tx, gate.as_ref(), request).await? {
                 return Ok(Admission::Limited(limit));
             }
             insert_turn(&mut tx, &new, TurnState::Queued).await?;
@@ -208,7 +208,8 @@ impl Store {
                 tx.commit().await?;
                 return Ok(Admission::Accepted { outbox, queued: !runs, new_session: created });
             }
-            if let Err(limit) = tenants::room(&mut tx, gate, 1).await? {
+            let estimate = tenants::request_estimate(gate, request);
+            if let Err(limit) = tenants::room(&mut tx, gate, 1, estimate).await? {
                 return Ok(Admission::Limited(limit));
             }
         }
@@ -224,10 +225,12 @@ impl Store {
 async fn refused_by(
     conn: &mut PgConnection,
     gate: Option<&Gate>,
+    request: &serde_json::Value,
 ) -> Result<Option<Limit>, StoreError> {
     match gate {
         Some(g) if g.limits.over_limit == OverLimit::Refuse => {
-            Ok(tenants::room(conn, g, 1).await?.err())
+            let estimate = tenants::request_estimate(g, request);
+            Ok(tenants::room(conn, g, 1, estimate).await?.err())
         }
         _ => Ok(None),
     }

@@ -1,31 +1,13 @@
-//! Ending admitted turns from outside their stages, and the replies that answer a submission
-//! rather than a turn's step.
+//! Ending admitted turns from outside their stages.
 
-use serde_json::Value;
 use sqlx::PgConnection;
-use uuid::Uuid;
 
 use super::admit::failure;
 use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
 use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::contracts::{ApiError, ErrorCode, SessionId, TurnKey};
-
-/// A reply that answers one submission (a refusal), as sent.
-#[derive(Debug, Clone)]
-pub struct StoredReply<'a> {
-    /// The reply's `message_id`.
-    pub message_id: &'a str,
-    /// The session it was sent to.
-    pub session: &'a SessionId,
-    /// The turn it names, if the request named a valid one.
-    pub turn_id: Option<&'a str>,
-    /// `refused`, `failed`, ...
-    pub outcome: crate::messages::ReplyOutcome,
-    /// The body as sent.
-    pub body: &'a Value,
-}
+use crate::contracts::{ApiError, ErrorCode, TurnKey};
 
 impl Store {
     /// Fails the turn that the submission with `fingerprint` admitted, when the message that
@@ -98,31 +80,5 @@ impl Store {
             messages.extend(starts(&dispatch_next(&mut *tx, session, gate.as_ref()).await?)?);
         }
         outbox::insert(&mut *tx, session, turn, messages).await
-    }
-
-    /// Keeps a refusal as it was sent; sending the same message again stores nothing new.
-    pub async fn save_reply(&self, reply: &StoredReply<'_>) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO replies (message_id, session_id, turn_id, outcome, body) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (message_id) DO NOTHING",
-        )
-        .bind(reply.message_id)
-        .bind(reply.session.as_uuid())
-        .bind(reply.turn_id)
-        .bind(reply.outcome.as_str())
-        .bind(reply.body)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// The refusals sent to a session, oldest first.
-    pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT to_jsonb(r) FROM replies r WHERE session_id = $1 ORDER BY created_at, message_id",
-        )
-        .bind(session)
-        .fetch_all(&self.pool)
-        .await?)
     }
 }

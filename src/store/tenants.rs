@@ -82,11 +82,13 @@ pub(super) async fn session_allowed(
 }
 
 /// How many more turns may start now (refuse mode: be admitted), up to `want` (the lock is
-/// held); the first limit in the way when none may.
+/// held); the first limit in the way when none may. `estimate`: the tokens the turn asking
+/// will at least use, from its request (0 when unknown).
 pub(super) async fn room(
     conn: &mut PgConnection,
     gate: &Gate,
     want: i64,
+    estimate: i64,
 ) -> Result<Result<i64, Limit>, StoreError> {
     let (l, tenant) = (&gate.limits, &gate.tenant);
     // Refused turns are counted from their admission (a turn queued behind its session will
@@ -116,16 +118,63 @@ pub(super) async fn room(
         room = room.min(left);
     }
     if l.tokens_per_minute > 0 {
-        let sql = format!(
-            "SELECT COALESCE(sum(tokens), 0)::bigint FROM tenant_tokens
-             WHERE tenant = $1 AND at > clock_timestamp() - {WINDOW}"
-        );
-        let used = count(conn, &sql, tenant).await?;
-        if used >= i64::try_from(l.tokens_per_minute).unwrap_or(i64::MAX) {
+        let limit = i64::try_from(l.tokens_per_minute).unwrap_or(i64::MAX);
+        let budget = token_budget(conn, gate, estimate).await?;
+        let left = limit.saturating_sub(budget.used).saturating_sub(budget.reserved);
+        if left <= 0 {
             return Ok(Err(Limit::TokensPerMinute(l.tokens_per_minute)));
         }
+        // Each turn started now reserves its share of what is left.
+        room = room.min((left + budget.reserve - 1) / budget.reserve);
     }
     Ok(Ok(room))
+}
+
+/// Least a turn in flight reserves of `tokens_per_minute` until its round trip is charged.
+pub const MIN_TOKEN_RESERVE: i64 = 1_000;
+
+/// A tenant's tokens of the last minute: charged, and reserved by its turns in flight.
+struct TokenBudget {
+    /// Charged by round trips recorded in the last 60 s.
+    used: i64,
+    /// What one turn in flight reserves: the most of [`MIN_TOKEN_RESERVE`], the tenant's
+    /// largest round trip of the last two minutes and the asking turn's own estimate.
+    reserve: i64,
+    /// `reserve` for each of its turns admitted and not yet waiting for tool results (their
+    /// calls are to come or running, uncharged).
+    reserved: i64,
+}
+
+/// Reads the tenant's token budget (the lock is held). Reserving closes the gap between a
+/// turn's admission and the charge of its round trip: without it, every turn admitted while
+/// the first ones run sees the minute's budget untouched (docs/tenancy.md §7).
+async fn token_budget(
+    conn: &mut PgConnection,
+    gate: &Gate,
+    estimate: i64,
+) -> Result<TokenBudget, StoreError> {
+    let in_call = if gate.queues() { "('running')" } else { "('queued', 'running')" };
+    let sql = format!(
+        "SELECT COALESCE(sum(tokens) FILTER (WHERE at > clock_timestamp() - {WINDOW}), 0)::bigint,
+                greatest($2, COALESCE(max(tokens), 0))::bigint,
+                (SELECT count(*) FROM turns WHERE tenant = $1 AND state IN {in_call})
+         FROM tenant_tokens WHERE tenant = $1"
+    );
+    let (used, reserve, in_flight): (i64, i64, i64) = sqlx::query_as(&sql)
+        .bind(gate.tenant.as_str())
+        .bind(MIN_TOKEN_RESERVE.max(estimate))
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(TokenBudget { used, reserve, reserved: reserve.saturating_mul(in_flight) })
+}
+
+/// The tokens a turn will at least use, from its request: its JSON's length over 4 (the usual
+/// characters per token), before anything is retrieved or answered.
+pub(super) fn request_estimate(gate: &Gate, request: &serde_json::Value) -> i64 {
+    if gate.limits.tokens_per_minute == 0 {
+        return 0;
+    }
+    serde_json::to_vec(request).map_or(0, |b| i64::try_from(b.len() / 4).unwrap_or(i64::MAX))
 }
 
 /// Starts the tenant's held turns, oldest first, while its limits allow (the lock is held).
@@ -134,7 +183,7 @@ pub(super) async fn start_held(
     conn: &mut PgConnection,
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
-    let Ok(n) = room(conn, gate, 1000).await? else { return Ok(Vec::new()) };
+    let Ok(n) = room(conn, gate, 1000, 0).await? else { return Ok(Vec::new()) };
     let sql = format!(
         "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
          WHERE (session_id, turn_id) IN (

@@ -197,18 +197,40 @@ impl Harness {
         out
     }
 
-    /// Messages in the dead-letter queue, with their headers.
+    /// Messages in the dead-letter queues (the shared one, then each tenant's), with their
+    /// headers, taken.
     pub async fn dead_letters(&self) -> Vec<(HashMap<String, String>, Vec<u8>)> {
-        let ch = self.conn.create_channel().await.unwrap();
         let mut out = Vec::new();
-        while let Some(m) = ch
-            .basic_get(self.topology.dead().as_str().into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            out.push((headers(&m.delivery), m.delivery.data.clone()));
+        for queue in aptix::dead::queues(&self.settings) {
+            out.extend(self.take_all(&queue).await);
         }
         out
+    }
+
+    /// Every message of `queue`, taken, with its headers; none when it does not exist.
+    pub async fn take_all(&self, queue: &str) -> Vec<(HashMap<String, String>, Vec<u8>)> {
+        // A queue that does not exist closes the channel it was asked on.
+        let ch = self.conn.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            match ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await {
+                Ok(Some(m)) => out.push((headers(&m.delivery), m.delivery.data.clone())),
+                Ok(None) => break,
+                Err(e) if e.to_string().contains("NOT_FOUND") => break,
+                Err(e) => panic!("basic.get {queue}: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Messages ready in `queue` (0 when it does not exist), read with a passive declare.
+    pub async fn peek_count(&self, queue: &str) -> u32 {
+        let ch = self.conn.create_channel().await.unwrap();
+        let options = lapin::options::QueueDeclareOptions { passive: true, ..Default::default() };
+        match ch.queue_declare(queue.into(), options, Default::default()).await {
+            Ok(q) => q.message_count(),
+            Err(_) => 0,
+        }
     }
 
     /// The records of a session, oldest first, as the store reads them (`aptix session show`):

@@ -52,7 +52,7 @@ fn expected_permissions(p: &str) -> Json {
         {"user": MONITOR, "vhost": "/", "configure": "^$", "write": "^$", "read": "^$"},
         // The console: take dead letters, publish replays; declare nothing.
         {"user": CONSOLE, "vhost": "/", "configure": "^$",
-         "write": format!("^({p}\\.requests|amq\\.default)$"), "read": format!("^{p}\\.dead$")},
+         "write": format!("^({p}\\.requests|amq\\.default)$"), "read": format!("^{p}\\.dead(\\.[a-z0-9_-]+)?$")},
     ])
 }
 
@@ -66,6 +66,10 @@ fn expected_policies(p: &str, name: &str) -> Json {
     let instances = json!({"expires": 86_400_000, "max-length": 100_000, "overflow": "drop-head"});
     let bounded = json!({"max-length": 100_000, "max-length-bytes": 1u64 << 30,
                          "message-ttl": 14u64 * 24 * 3600 * 1000});
+    // One tenant's own dead letters and unrouted replies: 10,000 messages, 256 MiB, 14 days,
+    // so its flood evicts only its own.
+    let per_tenant = json!({"max-length": 10_000, "max-length-bytes": 256u64 << 20,
+                            "message-ttl": 14u64 * 24 * 3600 * 1000});
     let policy = |suffix: &str, pattern: String, definition: &Json| {
         json!({"vhost": "/", "name": format!("{name}-{suffix}"), "pattern": pattern,
                "apply-to": "queues", "priority": 0, "definition": definition})
@@ -75,6 +79,8 @@ fn expected_policies(p: &str, name: &str) -> Json {
         policy("instances", format!("^{p}\\.instance\\."), &instances),
         policy("dead", format!("^{p}\\.dead$"), &bounded),
         policy("unrouted", format!("^{p}\\.unrouted$"), &bounded),
+        policy("dead-tenant", format!("^{p}\\.dead\\.[a-z0-9_-]+$"), &per_tenant),
+        policy("unrouted-tenant", format!("^{p}\\.unrouted\\.[a-z0-9_-]+$"), &per_tenant),
     ])
 }
 

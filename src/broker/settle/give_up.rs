@@ -8,6 +8,7 @@ use tracing::{error, warn};
 
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage};
+use crate::contracts::TenantName;
 
 /// How much of a dead letter's body is kept when the body names no session (64 KiB).
 pub(super) const UNROUTABLE_BODY_KEPT: usize = 64 * 1024;
@@ -26,11 +27,11 @@ impl Settler<'_> {
         self.dead_letter_with(&d, &reason, messages).await
     }
 
-    /// Publishes `messages` and the dead letter of `d`; an ordered message's are held in place
-    /// until they go (see `forward`), as running its handler again could only give it up again.
-    /// Messages the broker can never take (too large) are dropped with an error log rather than
-    /// retried forever: the dead letter, the original body the broker already accepted once,
-    /// still goes.
+    /// Publishes `messages`, then the dead letter of `d` to its tenant's dead-letter queue
+    /// (made by its first letter). An ordered message's messages are held in place until they
+    /// go (see `forward`), as running its handler again could only give it up again. Messages
+    /// the broker can never take (too large) are dropped with an error log rather than retried
+    /// forever: the dead letter, the original body the broker already accepted once, still goes.
     pub(super) async fn dead_letter_with(
         &self,
         d: &Delivery,
@@ -38,21 +39,27 @@ impl Settler<'_> {
         messages: Vec<OutMessage>,
     ) -> Result<(), BrokerError> {
         let dead = self.dead_letter(d, reason);
-        let ordered = self.handler.ordering_key(d).is_some();
-        let publish = |messages: Vec<OutMessage>| async move {
-            if ordered {
-                self.publish_held(&messages, Duration::MAX).await
-            } else {
-                self.publish(&messages).await
-            }
+        let published = if self.handler.ordering_key(d).is_some() {
+            self.publish_held(&messages, Duration::MAX).await
+        } else {
+            self.publish(&messages).await
         };
-        match publish([messages, vec![dead.clone()]].concat()).await {
+        match published {
             Err(error @ BrokerError::TooLarge { .. }) => {
                 error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
-                publish(vec![dead]).await
             }
-            other => other,
+            other => other?,
         }
+        self.publisher.publish_to_sink(&self.settings.topology, &dead).await
+    }
+
+    /// The tenant whose dead-letter queue keeps `d`: only a message the pipeline can vouch for
+    /// is filed under the tenant it names; anything else goes to the shared queue.
+    fn tenant_of(&self, d: &Delivery) -> Option<TenantName> {
+        if self.untrusted(d).is_some() {
+            return None;
+        }
+        self.handler.tenant(d)
     }
 
     fn dead_letter(&self, d: &Delivery, reason: &str) -> OutMessage {
@@ -63,8 +70,9 @@ impl Settler<'_> {
         // other dead letter out of the bounded queue.
         let unroutable = ingress && d.hint.session.is_none();
         let kept = if unroutable { d.body.len().min(UNROUTABLE_BODY_KEPT) } else { d.body.len() };
+        let tenant = self.tenant_of(d);
         let mut msg = OutMessage::to_queue(
-            self.settings.topology.dead(),
+            self.settings.topology.dead_of(tenant.as_ref()),
             "dead",
             id,
             d.body[..kept].to_vec(),

@@ -47,6 +47,10 @@ impl Stage for Admit {
     type In = Submission;
     type Out = TurnJob;
 
+    fn tenant(&self, s: &Submission) -> Option<TenantName> {
+        scope::caller_of(&self.settings, s.user_id.as_deref()).ok().flatten().map(|(name, _)| name)
+    }
+
     async fn run(&self, s: Submission) -> Result<Output<TurnJob>, StageError> {
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
@@ -164,6 +168,7 @@ impl Admit {
                 turn_id: r.turn_id.as_deref(),
                 outcome: r.outcome,
                 body: &r.body,
+                tenant: to.tenant.as_ref(),
             };
             self.store
                 .save_reply(&stored)

@@ -1,0 +1,90 @@
+//! The replies that answer a submission rather than a turn's step (refusals), kept as sent, at
+//! most [`MAX_STORED_REFUSALS_PER_TENANT`] per tenant: over it, that tenant's oldest go, so a
+//! tenant's flood of refused requests can neither grow the table without bound nor evict
+//! another tenant's.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::contracts::{SessionId, TenantName};
+
+/// Most refusals kept per tenant (a single-tenant deployment's together).
+pub const MAX_STORED_REFUSALS_PER_TENANT: i64 = 100_000;
+
+/// A reply that answers one submission (a refusal), as sent.
+#[derive(Debug, Clone)]
+pub struct StoredReply<'a> {
+    /// The reply's `message_id`.
+    pub message_id: &'a str,
+    /// The session it was sent to.
+    pub session: &'a SessionId,
+    /// The turn it names, if the request named a valid one.
+    pub turn_id: Option<&'a str>,
+    /// `refused`, `failed`, ...
+    pub outcome: crate::messages::ReplyOutcome,
+    /// The body as sent.
+    pub body: &'a Value,
+    /// The tenant it was sent to (none in a single-tenant deployment).
+    pub tenant: Option<&'a TenantName>,
+}
+
+impl Store {
+    /// Keeps a refusal as it was sent; sending the same message again stores nothing new. When
+    /// its tenant then has more than [`MAX_STORED_REFUSALS_PER_TENANT`], its oldest goes.
+    pub async fn save_reply(&self, reply: &StoredReply<'_>) -> Result<(), StoreError> {
+        let tenant = reply.tenant.map_or("", TenantName::as_str);
+        // The count is a row per tenant, bumped in the statement that stores, so checking the
+        // quota never counts the table.
+        let stored: Option<i64> = sqlx::query_scalar(
+            "WITH kept AS (
+                 INSERT INTO replies (message_id, session_id, turn_id, outcome, body, tenant)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (message_id) DO NOTHING RETURNING 1)
+             INSERT INTO reply_counts (tenant, n) SELECT $6, 1 FROM kept
+             ON CONFLICT (tenant) DO UPDATE SET n = reply_counts.n + 1
+             RETURNING n",
+        )
+        .bind(reply.message_id)
+        .bind(reply.session.as_uuid())
+        .bind(reply.turn_id)
+        .bind(reply.outcome.as_str())
+        .bind(reply.body)
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await?;
+        if stored.is_some_and(|n| n > MAX_STORED_REFUSALS_PER_TENANT) {
+            self.evict_refusals(tenant).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes `tenant`'s oldest refusals down to its quota.
+    async fn evict_refusals(&self, tenant: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH over AS (
+                 SELECT greatest(n - $2, 0) AS n FROM reply_counts WHERE tenant = $1 FOR UPDATE),
+             gone AS (
+                 DELETE FROM replies WHERE message_id IN (
+                     SELECT message_id FROM replies WHERE tenant = $1
+                     ORDER BY created_at, message_id LIMIT coalesce((SELECT n FROM over), 0))
+                 RETURNING 1)
+             UPDATE reply_counts SET n = n - (SELECT count(*) FROM gone) WHERE tenant = $1",
+        )
+        .bind(tenant)
+        .bind(MAX_STORED_REFUSALS_PER_TENANT)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The refusals sent to a session, oldest first.
+    pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT to_jsonb(r) FROM replies r WHERE session_id = $1 ORDER BY created_at, message_id",
+        )
+        .bind(session)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
