@@ -590,7 +590,7 @@ export class Instance {
     if (unread.length > 0) this.waiting.set(s.sessionId, [...unread, ...(this.waiting.get(s.sessionId) ?? [])]);
   }
 
-  /** Deletes the instance queue (later replies for it go to `<prefix>.unrouted` and stay in PostgreSQL). */
+  /** Deletes the instance queue (later replies for it go to `<prefix>.unrouted` (with tenants, `<prefix>.unrouted.<tenant>`) and stay in PostgreSQL). */
   async deleteQueue(): Promise<void> {
     await this.channel.deleteQueue(this.queue);
   }

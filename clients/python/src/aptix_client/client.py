@@ -481,7 +481,7 @@ class Instance:
 
     def delete_queue(self) -> None:
         """Deletes the instance queue (replies published for it afterwards go to
-        `<prefix>.unrouted` and stay in PostgreSQL)."""
+        `<prefix>.unrouted` (with tenants, `<prefix>.unrouted.<tenant>`) and stay in PostgreSQL)."""
         self.channel.queue_delete(self.queue)
 
     def close(self) -> None:
