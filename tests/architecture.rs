@@ -76,6 +76,35 @@ fn sources() -> Vec<PathBuf> {
     files
 }
 
+/// The modules `lib.rs` declares.
+fn declared_modules() -> BTreeSet<String> {
+    code(Path::new("src/lib.rs"))
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ").or_else(|| l.trim().strip_prefix("mod ")))
+        .filter_map(|rest| rest.strip_suffix(';'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every module is in the map of `docs/architecture.md` with a line on what it owns, and the
+/// map names no module that is gone.
+#[test]
+fn the_module_map_lists_every_module() {
+    let doc = std::fs::read_to_string("docs/architecture.md").unwrap();
+    let map = doc.split("<!-- map:begin -->").nth(1).unwrap().split("<!-- map:end -->").next();
+    let mut mapped = BTreeSet::new();
+    for row in map.unwrap().lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert!(cells.len() >= 3 && cells[2].len() > 10, "a line on what it owns: {row}");
+        mapped.insert(cells[1].trim_matches('`').to_owned());
+    }
+    let declared = declared_modules();
+    assert!(declared.len() >= 20, "lib.rs read: {declared:?}");
+    let missing: Vec<_> = declared.difference(&mapped).collect();
+    let gone: Vec<_> = mapped.difference(&declared).collect();
+    assert!(missing.is_empty() && gone.is_empty(), "missing {missing:?}, gone {gone:?}");
+}
+
 #[test]
 fn modules_only_use_lower_layers() {
     let layers = layers();

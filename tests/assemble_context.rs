@@ -5,7 +5,7 @@
 // Helpers outside #[test] functions unwrap too: a failed fixture should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-mod assemble_support;
+use crate::assemble_support;
 
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};

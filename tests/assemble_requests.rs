@@ -6,7 +6,7 @@
 // Helpers outside #[test] functions unwrap too: a failed fixture should fail the test loudly.
 #![allow(clippy::unwrap_used)]
 
-mod assemble_support;
+use crate::assemble_support;
 
 use aptix::assemble::{
     assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ChainStatus, ProviderAnswer,

@@ -10,7 +10,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

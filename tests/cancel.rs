@@ -5,7 +5,7 @@
 //! Cancels that change nothing get a specific refusal, or nothing when repeated.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -15,15 +15,15 @@
 //!   and answered with an error, while other sessions' turns run at their usual latency.
 //!
 //! Restarting RabbitMQ and PostgreSQL disturbs everyone on the machine: run `chaos_full` under
-//! the shared lock (`flock /tmp/aptix-heavy.lock cargo test --test chaos -- --ignored
-//! --nocapture chaos_full`); before each restart it also waits until no other test binary runs.
+//! the shared lock (`flock /tmp/aptix-heavy.lock cargo test --test testsuite -- --ignored
+//! --nocapture chaos::chaos_full`); before each restart it also waits until no other test binary runs.
 //! Sizes can be changed with `APTIX_CHAOS_*` variables (`Plan::with_env`); the report is
 //! printed and, with `APTIX_CHAOS_REPORT=path`, written as JSON.
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

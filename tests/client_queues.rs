@@ -5,7 +5,7 @@
 //! order, once the queue takes messages again.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -8,14 +8,14 @@
 //! `MAX_SILENCE`, and the other backend's once its node is back.
 //!
 //! Ignored by plain `cargo test` (it needs about a minute and three extra Erlang nodes);
-//! `.ci/run` runs it: `cargo test --test cluster -- --ignored`.
+//! `.ci/run` runs it: `cargo test --test testsuite -- --ignored cluster::`.
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
 #[path = "cluster/backend.rs"]
 mod backend;
-mod common;
+use crate::common;
 #[path = "cluster/timeline.rs"]
 mod timeline;
 

@@ -5,7 +5,7 @@
 //! replays the dead letter through the page and its turn completes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! order; two replays of one dead letter at once publish it once; every action is recorded.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! stored data is corrupt, and when a step is offered for a turn that is not running it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! message is given up, and a persist step offered for a turn that is not running at that step.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

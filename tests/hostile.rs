@@ -7,11 +7,11 @@
 //! and a dead letter of `tb` must survive the flood.
 //!
 //! Ignored by plain `cargo test` (two phases of `APTIX_SOAK_SECS`, default 300 s each):
-//! `cargo test --test hostile -- --ignored --nocapture`.
+//! `cargo test --test testsuite -- --ignored --nocapture hostile::`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-mod tenant_support;
+use crate::common;
+use crate::tenant_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

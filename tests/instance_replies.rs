@@ -4,7 +4,7 @@
 //! `reply_to` naming anything else is refused on the session's queue.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

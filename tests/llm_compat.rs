@@ -6,7 +6,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod sim_support;
+use crate::sim_support;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,7 +1,7 @@
 //! The outbox sweep's delete stays an index lookup as the table fills with dead rows. Prepared
 //! once per connection, it kept the generic plan PostgreSQL made while the table was nearly
 //! empty, a sequential scan, and read every page of dead rows on each later delete (278 pages
-//! a delete a minute into a fresh database at the ceiling; docs/benchmarks.md, "Ninth pass").
+//! a delete a minute into a fresh database at the ceiling; docs/bench/history.md, "Ninth pass").
 //! The table's own scan counter tells which plan ran, read after the deleting connection has
 //! reported its statistics.
 #![allow(clippy::unwrap_used)]

@@ -7,7 +7,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

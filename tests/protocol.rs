@@ -5,7 +5,7 @@
 //! is kept in `<prefix>.unrouted`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

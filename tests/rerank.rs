@@ -3,7 +3,7 @@
 //! PostgreSQL, the embedded store, the simulator) and its work reaches the client.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! every RagScope operator, repo restriction, top-k / budget / dedup, idempotent re-indexing and
 //! reopening the shard (Edge does not replay its WAL, so this also checks the flushes).
 
-mod retrieve_support;
+use crate::retrieve_support;
 
 use retrieve_support as s;
 

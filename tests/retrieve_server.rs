@@ -2,7 +2,7 @@
 //! `QDRANT_URL` is set (e.g. `http://127.0.0.1:6334`, with `QDRANT_API_KEY` if needed); CI has no
 //! server, so there each test returns at once. Every run uses fresh collections.
 
-mod retrieve_support;
+use crate::retrieve_support;
 
 use retrieve_support as s;
 

@@ -2,7 +2,7 @@
 //! file of `tests/schema_corpus/<schema>/valid/` passes its schema and each of `invalid/` fails
 //! it; valid requests are accepted by the server's own validation and valid replies and deltas
 //! are read by the Rust types; replies and deltas built by the server pass. Regenerate the
-//! committed schemas with `APTIX_BLESS=1 cargo test --test schemas`.
+//! committed schemas with `APTIX_BLESS=1 cargo test --test testsuite -- schemas::`.
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
@@ -57,7 +57,7 @@ fn committed_schemas_are_current() {
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             committed == expected,
-            "{} is stale: run APTIX_BLESS=1 cargo test --test schemas",
+            "{} is stale: run APTIX_BLESS=1 cargo test --test testsuite -- schemas::",
             path.display()
         );
     }

@@ -5,7 +5,7 @@
 //! server's go to the model together. Every round trip is its own record.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! retention after its last turn, extended by each new one; `aptix session show` shows both.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

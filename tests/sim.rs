@@ -5,7 +5,7 @@
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod sim_support;
+use crate::sim_support;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};

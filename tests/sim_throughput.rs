@@ -1,12 +1,12 @@
 //! A one-off throughput measurement of the simulator (loopback, bounded request count). Ignored by
 //! default because it measures rather than checks; run it with
-//! `CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test --test sim_throughput -- --ignored --nocapture`
+//! `CARGO_PROFILE_DEV_OPT_LEVEL=2 cargo test --test testsuite -- --ignored --nocapture sim_throughput::`
 //! (optimises this crate only; dependencies are already optimised in the dev profile).
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
 
-mod sim_support;
+use crate::sim_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

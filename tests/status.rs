@@ -2,7 +2,7 @@
 //! consumers and depth, the dead letters, and an exit code a script can use.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! stored as a bare round trip (before versioning) is used instead of calling the provider again.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

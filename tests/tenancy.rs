@@ -5,8 +5,8 @@
 //! workers and concurrent publishers; a tenant's key reaches only its own endpoint.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-mod tenant_support;
+use crate::common;
+use crate::tenant_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

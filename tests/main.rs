@@ -1,0 +1,63 @@
+//! The integration tests as one binary (cargo's own `tests/testsuite` pattern): one link for
+//! all of them instead of one per file, the shared support compiled once, each area a module
+//! (`cargo test --test testsuite -- tenancy::` runs one). Four files that change or measure the
+//! process itself (environment variables, the process-wide metrics, the global trace subscriber)
+//! stay binaries of their own: `config`, `metrics`, `otlp` and `work_per_turn`.
+#![allow(clippy::unwrap_used)]
+
+mod assemble_support;
+mod common;
+mod retrieve_support;
+mod sim_support;
+mod tenant_support;
+
+mod admission_race;
+mod architecture;
+mod assemble_context;
+mod assemble_requests;
+mod bad_input;
+mod broker_permissions;
+mod cancel;
+mod chaos;
+mod cli;
+mod client_queues;
+mod cluster;
+mod console;
+mod contracts;
+mod dead;
+mod demo;
+mod deploy;
+mod error_classes;
+mod fuzz_validate;
+mod hardening;
+mod hostile;
+mod index_tree;
+mod instance_replies;
+mod llm;
+mod llm_compat;
+mod ordered_retry;
+mod outbox_sweep;
+mod partition_handover;
+mod partitions;
+mod pipeline;
+mod pipeline_kill;
+mod protocol;
+mod publisher;
+mod quorum;
+mod readme;
+mod reprocess;
+mod rerank;
+mod retrieve_embedded;
+mod retrieve_eval;
+mod retrieve_lock;
+mod retrieve_server;
+mod schemas;
+mod server_tools;
+mod session_model;
+mod sim;
+mod sim_throughput;
+mod status;
+mod stored_formats;
+mod streaming;
+mod tenancy;
+mod validation;
