@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::state::StoredFile;
+use super::stored_file::StoredFile;
 use crate::chunk::Chunk;
 use crate::config::AssemblePolicy;
 

@@ -27,6 +27,7 @@ mod record;
 mod rehydrate;
 mod state;
 mod stored;
+mod stored_file;
 mod tools;
 mod user_turn;
 

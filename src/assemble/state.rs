@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::history::History;
 use super::record::{ChainReason, TurnKind};
+pub use super::stored_file::StoredFile;
 use crate::chunk::Chunk;
 use crate::config::AssemblePolicy;
 use crate::contracts::ToolCall;
@@ -92,19 +93,6 @@ pub struct OpenTurn {
     pub instruction: Option<String>,
     /// The calls the client must answer, in order.
     pub pending_calls: Vec<ToolCall>,
-}
-
-/// An active file as stored for rehydration: its latest sent version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredFile {
-    /// Workspace-relative path.
-    pub path: String,
-    /// SHA-256 (hex) of `text`.
-    pub sha256: String,
-    /// Language tag for the fence.
-    pub language: String,
-    /// The contents.
-    pub text: String,
 }
 
 /// What the provider answered, as far as session state is concerned.

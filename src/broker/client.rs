@@ -10,8 +10,9 @@ use lapin::types::FieldTable;
 use lapin::Acker;
 use lapin::{Channel, Connection, Consumer};
 
-use super::runtime::headers_of;
+use super::delivery::headers_of;
 use super::{connect, BrokerError, Publisher, Topology};
+use crate::contracts::headers;
 use crate::contracts::{SessionId, TenantName};
 
 /// A connection that publishes requests and reads session replies.
@@ -131,7 +132,7 @@ impl ReplyMessage {
 
     /// Whether it is a reply (not a stream delta).
     pub fn is_reply(&self) -> bool {
-        self.header("x-aptix-kind") == Some("reply")
+        self.header(headers::KIND) == Some("reply")
     }
 
     /// Removes it from the queue.

@@ -13,8 +13,9 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::Channel;
 use serde::Serialize;
 
-use super::runtime::headers_of;
+use super::delivery::headers_of;
 use super::{BrokerError, OutMessage, Publisher, Topology};
+use crate::contracts::headers;
 
 /// Most messages one look reads (each is held until the look ends).
 pub const MAX_LOOK: usize = 10_000;
@@ -60,15 +61,15 @@ impl DeadLetter {
         let kind = d.properties.kind().as_ref().map(|k| k.to_string()).filter(|k| k != "dead");
         DeadLetter {
             id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
-            reason: ours("x-aptix-reason")
+            reason: ours(headers::REASON)
                 .or_else(|| text("x-first-death-reason").map(|r| format!("broker: {r}")))
                 .unwrap_or_else(|| "unknown".to_owned()),
-            stage: ours("x-aptix-stage"),
-            original_queue: ours("x-aptix-original-queue").or_else(|| text("x-first-death-queue")),
-            original_type: ours("x-aptix-original-type").or(kind),
-            user: ours("x-aptix-user-id"),
-            session_id: text("x-aptix-session-id").or(session),
-            turn_id: text("x-aptix-turn-id").or(turn),
+            stage: ours(headers::STAGE),
+            original_queue: ours(headers::ORIGINAL_QUEUE).or_else(|| text("x-first-death-queue")),
+            original_type: ours(headers::ORIGINAL_TYPE).or(kind),
+            user: ours(headers::USER_ID),
+            session_id: text(headers::SESSION_ID).or(session),
+            turn_id: text(headers::TURN_ID).or(turn),
             body: d.data.clone(),
             queue: queue.to_owned(),
             headers,
@@ -219,7 +220,7 @@ impl Topology {
             .filter(|(k, _)| !is_runtime_mark(k))
             .map(|(k, v)| (k.clone(), v.as_str().into()))
             .collect();
-        msg.header("x-aptix-replayed", "true")
+        msg.header(headers::REPLAYED, "true")
     }
 }
 
@@ -228,16 +229,16 @@ impl Topology {
 fn is_runtime_mark(key: &str) -> bool {
     matches!(
         key,
-        "x-aptix-attempt"
-            | "x-aptix-redeliveries"
-            | "x-aptix-last-error"
-            | "x-aptix-reason"
-            | "x-aptix-stage"
-            | "x-aptix-original-queue"
-            | "x-aptix-original-type"
-            | "x-aptix-user-id"
-            | "x-aptix-body-bytes"
-            | "x-aptix-kind"
+        headers::ATTEMPT
+            | headers::REDELIVERIES
+            | headers::LAST_ERROR
+            | headers::REASON
+            | headers::STAGE
+            | headers::ORIGINAL_QUEUE
+            | headers::ORIGINAL_TYPE
+            | headers::USER_ID
+            | headers::BODY_BYTES
+            | headers::KIND
             | "x-delivery-count"
     ) || key.starts_with("x-first-death")
         || key.starts_with("x-last-death")

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::runtime::detach;
+use super::delivery::detach;
 use super::settle::Settler;
 use super::{Delivery, Handler, Publisher, RuntimeSettings, StageName};
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::contracts::headers;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
 
@@ -168,7 +169,7 @@ impl OutMessage {
             Some(HeaderValue::Str(s)) => Some(s.as_str()),
             _ => None,
         };
-        Some((text("x-aptix-session-id")?, text("x-aptix-turn-id")?))
+        Some((text(headers::SESSION_ID)?, text(headers::TURN_ID)?))
     }
 
     pub(crate) fn properties(&self) -> BasicProperties {
@@ -176,7 +177,7 @@ impl OutMessage {
         for (k, v) in &self.headers {
             table.insert(ShortString::from(k.as_str()), v.amqp());
         }
-        table.insert("x-aptix-kind".into(), AMQPValue::LongString(self.kind.as_str().into()));
+        table.insert(headers::KIND.into(), AMQPValue::LongString(self.kind.as_str().into()));
         let props = BasicProperties::default()
             .with_content_type("application/json".into())
             .with_delivery_mode(2)

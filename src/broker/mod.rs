@@ -5,6 +5,7 @@
 pub mod client;
 mod dead;
 mod declare;
+mod delivery;
 mod lanes;
 mod layout;
 pub mod management;
@@ -13,6 +14,7 @@ mod partitioned;
 mod publish;
 mod replies;
 mod runtime;
+mod settings;
 mod settle;
 mod status;
 mod topology;
@@ -20,6 +22,7 @@ pub mod trace;
 
 use std::collections::BTreeMap;
 
+use crate::contracts::headers;
 use futures_util::future::BoxFuture;
 
 pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
@@ -31,18 +34,20 @@ pub use declare::QUORUM_DELIVERY_LIMIT;
 /// whose MAC does not verify before its stage sees it: a stage-shaped body a client got into a
 /// stage queue (a replayed dead letter, a queue's dead-letter routing) is data, never an
 /// instruction.
-pub const MAC_HEADER: &str = "x-aptix-mac";
+pub const MAC_HEADER: &str = headers::MAC;
 /// What a stage message's MAC is over, before its body.
 pub fn stage_mac_fields<'a>(kind: &'a str, queue: &'a str) -> [&'a str; 3] {
     ["aptix.stage/v1", kind, queue]
 }
+pub use delivery::header_text;
 pub use message::{HeaderValue, OutMessage};
 pub use partitioned::run_partitioned;
 pub use publish::Publisher;
 pub use replies::{
     client_queue, keep_unrouted, set_waiting_queues, Handed, LazyPublisher, Refused, SessionQueues,
 };
-pub use runtime::{connect, header_text, process_one, run_stage, RuntimeSettings};
+pub use runtime::{connect, process_one, run_stage};
+pub use settings::RuntimeSettings;
 pub use settle::publish_all;
 pub use status::{with_activity, QueueState};
 pub use topology::{retry_tier_ms, StageName, Topology, RETRY_TIERS_MS};

@@ -20,6 +20,7 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
 use super::{BrokerError, OutMessage, Publisher, Topology};
+use crate::contracts::headers;
 
 /// How long a declared-and-bound reply queue is trusted without declaring it again. Far below
 /// any sensible queue expiry; a queue deleted meanwhile is caught by the mandatory flag.
@@ -311,9 +312,9 @@ pub async fn keep_unrouted(
     kept.exchange = String::new();
     kept.routing_key = topology.unrouted_of(m.tenant.as_ref());
     (kept.session, kept.instance) = (None, None);
-    kept.headers.insert("x-aptix-unrouted-exchange".into(), m.exchange.clone().into());
-    kept.headers.insert("x-aptix-unrouted-routing-key".into(), m.routing_key.clone().into());
-    kept.headers.insert("x-aptix-unrouted-reason".into(), reason.into());
+    kept.headers.insert(headers::UNROUTED_EXCHANGE.into(), m.exchange.clone().into());
+    kept.headers.insert(headers::UNROUTED_ROUTING_KEY.into(), m.routing_key.clone().into());
+    kept.headers.insert(headers::UNROUTED_REASON.into(), reason.into());
     publisher.publish_to_sink(topology, &kept).await.map(|()| Handed::Done)
 }
 

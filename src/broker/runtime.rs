@@ -1,44 +1,22 @@
 //! The consume loop shared by every stage: reconnect with backoff, bounded concurrency, per-key
 //! ordered lanes, graceful shutdown. What happens to each message is `settle`'s business.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use lapin::options::{BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
+pub use super::settings::RuntimeSettings;
 use super::settle::Settler;
-use super::{BrokerError, Delivery, Handler, Publisher, StageName, Topology, TurnHint};
-
-/// How a stage consumes.
-#[derive(Debug, Clone)]
-pub struct RuntimeSettings {
-    /// Broker URL.
-    pub amqp_url: String,
-    /// Names.
-    pub topology: Topology,
-    /// Unacked deliveries held at once, which is also the number handled concurrently.
-    pub prefetch: u16,
-    /// Attempts (first try included) before a transient failure becomes a failed turn.
-    pub max_attempts: u32,
-    /// Redeliveries after consumer crashes before a message counts as poison.
-    pub max_redeliveries: u32,
-    /// Longest wait for a publish confirm.
-    pub confirm_timeout: Duration,
-    /// Largest message the broker accepts (its `max_message_size`); bigger ones are never sent.
-    pub max_message_bytes: usize,
-    /// The keys that sign the messages published to stage queues and verify those consumed
-    /// from them (`mac`). `None` only where a test drives a stage alone: nothing is signed or
-    /// checked.
-    pub keys: Option<super::MessageKeys>,
-}
+use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
 /// nodes are tried in turn from a random one, so a fleet spreads over the cluster and a node that
@@ -300,67 +278,4 @@ pub async fn process_one(
     settler.settle(d, &acker).await;
     let _ = channel.close(200, "done".into()).await;
     Ok(true)
-}
-
-pub(super) fn detach(
-    d: &lapin::message::Delivery,
-    ingress: bool,
-    handler: &dyn Handler,
-) -> Delivery {
-    let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
-    if ingress {
-        // Ingress messages come from clients: the runtime's own counters and marks, and the
-        // broker's death records (which a dead letter is described and replayed from), are not
-        // theirs to set. Dropped here, they reach no retry, dead letter or replay.
-        headers.retain(|k, _| !is_pipeline_header(k));
-    }
-    let attempt = headers.get("x-aptix-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
-    let hint = match (headers.get("x-aptix-session-id"), headers.get("x-aptix-turn-id")) {
-        (Some(s), Some(t)) => TurnHint { session: Some(s.clone()), turn: Some(t.clone()) },
-        _ => handler.hint(&d.data),
-    };
-    Delivery {
-        hint,
-        body: bytes::Bytes::from(d.data.clone()),
-        message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
-        reply_to: d.properties.reply_to().as_ref().map(|m| m.to_string()),
-        user_id: d.properties.user_id().as_ref().map(|m| m.to_string()),
-        kind: d.properties.kind().as_ref().map(|m| m.to_string()),
-        redelivered: d.redelivered,
-        attempt,
-        headers,
-    }
-}
-
-/// Whether a header is the pipeline's or the broker's to set, never a client's.
-pub fn is_pipeline_header(key: &str) -> bool {
-    key.starts_with("x-aptix-")
-        || key == "x-death"
-        || key.starts_with("x-first-death-")
-        || key.starts_with("x-last-death-")
-}
-
-/// One header of a received message as text (booleans and integers spelled out), for the
-/// command-line clients that read reply queues.
-pub fn header_text(table: Option<&FieldTable>, key: &str) -> Option<String> {
-    table.and_then(|t| headers_of(t).remove(key))
-}
-
-pub(super) fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
-    table
-        .inner()
-        .iter()
-        .filter_map(|(k, v)| {
-            let s = match v {
-                AMQPValue::LongString(s) => s.to_string(),
-                AMQPValue::ShortString(s) => s.to_string(),
-                AMQPValue::LongLongInt(i) => i.to_string(),
-                AMQPValue::LongInt(i) => i.to_string(),
-                AMQPValue::ShortInt(i) => i.to_string(),
-                AMQPValue::Boolean(b) => b.to_string(),
-                _ => return None,
-            };
-            Some((k.to_string(), s))
-        })
-        .collect()
 }

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{Delivery, OutMessage};
+use crate::contracts::headers;
 
 /// The trace id (32 hex digits) for a turn without a client-supplied one.
 pub fn derived_trace_id(session: &str, turn: &str) -> String {
@@ -46,7 +47,7 @@ fn parse_flags(traceparent: &str) -> Option<&str> {
 }
 
 fn turn_of(headers: &std::collections::BTreeMap<String, String>) -> Option<(&str, &str)> {
-    Some((headers.get("x-aptix-session-id")?.as_str(), headers.get("x-aptix-turn-id")?.as_str()))
+    Some((headers.get(headers::SESSION_ID)?.as_str(), headers.get(headers::TURN_ID)?.as_str()))
 }
 
 /// The trace id a delivery belongs to.

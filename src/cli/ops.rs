@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::broker::client::SessionClient;
 use crate::config::Settings;
+use crate::contracts::headers;
 use crate::contracts::{SessionId, TenantName};
 use crate::pipeline;
 use crate::store::Store;
@@ -232,20 +233,20 @@ fn verdict(
         };
     }
     let header = |key: &str| headers.get(key).map(String::as_str);
-    if submission.turn.is_none() || header("x-aptix-turn-id") != submission.turn.as_deref() {
+    if submission.turn.is_none() || header(headers::TURN_ID) != submission.turn.as_deref() {
         return Verdict::Skip;
     }
-    let Some(step) = header("x-aptix-step").and_then(|s| s.parse::<i64>().ok()) else {
+    let Some(step) = header(headers::STEP).and_then(|s| s.parse::<i64>().ok()) else {
         return Verdict::Skip;
     };
     if floor.is_some_and(|floor| step <= floor) {
         return Verdict::Skip;
     }
-    match header("x-aptix-kind") {
+    match header(headers::KIND) {
         Some("delta") => Verdict::Progress,
         Some("reply") => match &submission.results {
             Some(results)
-                if header("x-aptix-outcome") == Some("client_tool_continuation")
+                if header(headers::OUTCOME) == Some("client_tool_continuation")
                     && asks_for(body, results) =>
             {
                 Verdict::Continued(step)
@@ -302,13 +303,13 @@ mod tests {
         outcome: Option<&str>,
     ) -> BTreeMap<String, String> {
         let mut h = BTreeMap::new();
-        h.insert("x-aptix-turn-id".to_owned(), turn.to_owned());
-        h.insert("x-aptix-kind".to_owned(), kind.to_owned());
+        h.insert(headers::TURN_ID.to_owned(), turn.to_owned());
+        h.insert(headers::KIND.to_owned(), kind.to_owned());
         if let Some(step) = step {
-            h.insert("x-aptix-step".to_owned(), step.to_string());
+            h.insert(headers::STEP.to_owned(), step.to_string());
         }
         if let Some(outcome) = outcome {
-            h.insert("x-aptix-outcome".to_owned(), outcome.to_owned());
+            h.insert(headers::OUTCOME.to_owned(), outcome.to_owned());
         }
         h
     }

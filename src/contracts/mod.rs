@@ -3,6 +3,7 @@
 
 pub mod delta;
 pub mod error;
+pub mod headers;
 pub mod ids;
 pub mod request;
 pub mod response;

@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::contracts::headers;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// The header that carries the hops so far.
-pub const HOPS_HEADER: &str = "x-aptix-hops";
+pub const HOPS_HEADER: &str = headers::HOPS;
 /// Version of the stored form (`{"v": 1, "hops": [...]}`).
 pub const HOPS_VERSION: u32 = 1;
 /// Hops kept at most: a turn's round trip has five, retries included far fewer than this.

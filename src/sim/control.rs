@@ -97,58 +97,6 @@ impl TryFrom<ControlWire> for Control {
     }
 }
 
-/// [`Fault`] as read from JSON: the same kinds and fields, every variant a struct.
-#[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub(super) enum FaultWire {
-    RateLimit {
-        #[serde(default)]
-        retry_after_ms: Option<u64>,
-        #[serde(default)]
-        retry_after_secs: Option<u64>,
-    },
-    InsufficientQuota {},
-    ServerError {},
-    Status {
-        status: u16,
-    },
-    Hang {},
-    Disconnect {},
-    StreamCut {
-        after_events: usize,
-    },
-    StreamStall {
-        after_events: usize,
-    },
-}
-
-impl TryFrom<FaultWire> for Fault {
-    type Error = String;
-
-    fn try_from(w: FaultWire) -> Result<Self, Self::Error> {
-        Ok(match w {
-            FaultWire::RateLimit { retry_after_ms, retry_after_secs } => {
-                Fault::RateLimit { retry_after_ms, retry_after_secs }
-            }
-            FaultWire::InsufficientQuota {} => Fault::InsufficientQuota,
-            FaultWire::ServerError {} => Fault::ServerError,
-            FaultWire::Status { status } => {
-                // What an HTTP status line can carry; anything else would silently become a 500.
-                if !(100..=599).contains(&status) {
-                    return Err(format!(
-                        "`status` must be an HTTP status between 100 and 599, got {status}"
-                    ));
-                }
-                Fault::Status { status }
-            }
-            FaultWire::Hang {} => Fault::Hang,
-            FaultWire::Disconnect {} => Fault::Disconnect,
-            FaultWire::StreamCut { after_events } => Fault::StreamCut { after_events },
-            FaultWire::StreamStall { after_events } => Fault::StreamStall { after_events },
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

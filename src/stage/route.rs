@@ -6,6 +6,7 @@ use tracing::warn;
 
 use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
+use crate::contracts::headers;
 use crate::contracts::{ReplyAddress, TurnKey};
 use crate::llm::StreamDelta;
 use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
@@ -61,8 +62,8 @@ impl Route {
         let id = format!("{stage}:{}:{}:{step}", key.session_id, key.turn_id);
         let body = encode(m).map_err(|e| format!("unencodable {}: {e}", M::KIND))?;
         Ok(OutMessage::to_queue(self.topology.stage_queue(stage), "turn", id, body)
-            .header("x-aptix-session-id", key.session_id.to_string())
-            .header("x-aptix-turn-id", key.turn_id.to_string()))
+            .header(headers::SESSION_ID, key.session_id.to_string())
+            .header(headers::TURN_ID, key.turn_id.to_string()))
     }
 
     /// A reply for its session's reply queue.
@@ -71,20 +72,20 @@ impl Route {
         let body = serde_json::to_vec(&r.body).unwrap_or_default();
         let turn = r.turn_id.as_deref().unwrap_or("-");
         let mut msg = OutMessage::to_queue(r.session.to_string(), "reply", r.message_id(), body)
-            .header("x-aptix-session-id", r.session.to_string())
-            .header("x-aptix-turn-id", turn)
-            .header("x-aptix-final", r.outcome.ends_turn())
-            .header("x-aptix-outcome", r.outcome.as_str());
+            .header(headers::SESSION_ID, r.session.to_string())
+            .header(headers::TURN_ID, turn)
+            .header(headers::FINAL, r.outcome.ends_turn())
+            .header(headers::OUTCOME, r.outcome.as_str());
         if let Some(step) = r.step {
-            msg = msg.header("x-aptix-step", i64::from(step));
+            msg = msg.header(headers::STEP, i64::from(step));
         }
         // AGN-033 fixes the reply body, so the session's name and expiry travel as headers.
         if let Some(name) = &r.session_name {
-            msg = msg.header("x-aptix-session-name", name.as_str());
+            msg = msg.header(headers::SESSION_NAME, name.as_str());
         }
         if let Some(expires) = r.session_expires {
             let at = expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-            msg = msg.header("x-aptix-session-expires", at);
+            msg = msg.header(headers::SESSION_EXPIRES, at);
         }
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(r.session);
@@ -98,7 +99,7 @@ impl Route {
 fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
     let headers: std::collections::BTreeMap<String, HeaderValue> =
         serde_json::from_value(l.headers).map_err(|e| format!("legacy outbox headers: {e}"))?;
-    let session = headers.get("x-aptix-session-id").and_then(|s| s.as_text().parse().ok());
+    let session = headers.get(headers::SESSION_ID).and_then(|s| s.as_text().parse().ok());
     let mut msg = OutMessage::to_queue(l.routing_key, &l.kind, l.message_id, l.body);
     msg.exchange = l.exchange;
     msg.headers = headers;
@@ -173,10 +174,10 @@ pub fn delta_message(
         id,
         serde_json::to_vec(&body).unwrap_or_default(),
     )
-    .header("x-aptix-session-id", key.session_id.to_string())
-    .header("x-aptix-turn-id", key.turn_id.to_string())
-    .header("x-aptix-step", i64::from(step))
-    .header("x-aptix-seq", delta.seq);
+    .header(headers::SESSION_ID, key.session_id.to_string())
+    .header(headers::TURN_ID, key.turn_id.to_string())
+    .header(headers::STEP, i64::from(step))
+    .header(headers::SEQ, delta.seq);
     msg.exchange = topology.replies_exchange();
     msg.session = Some(key.session_id);
     msg

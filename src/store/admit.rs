@@ -9,6 +9,7 @@ use super::new_record::NewRecord;
 use super::new_turn::{insert_turn, start_turn, start_turn_if_clear, NewTurn};
 use super::outbox::{self, PendingOutbox};
 use super::session_lock::open_session;
+pub use super::session_lock::SessionMeta;
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
 use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
@@ -21,25 +22,6 @@ use crate::messages::{Outgoing, ReplyOut};
 /// How long after it was written an unpublished reply is left to its persist worker before a new
 /// turn of the session publishes it itself: longer than a reconnect and a redelivery take.
 const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Session columns a user turn may set (on the session's first turn; fixed after that).
-#[derive(Debug, Clone, Default)]
-pub struct SessionMeta {
-    /// The tenant the session belongs to.
-    pub tenant: Option<TenantName>,
-    /// Its AgentContext, resolved (the tenant's default when the request named none).
-    pub agent_context_id: Option<String>,
-    /// Its ConversationContext, resolved likewise.
-    pub conversation_context_id: Option<String>,
-    /// Workspace hint.
-    pub workspace_id: Option<String>,
-    /// Repository hint.
-    pub repo: Option<String>,
-    /// Display name (from the first turn's instruction).
-    pub name: Option<String>,
-    /// When the session expires if no other turn comes.
-    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
 
 /// The result of admitting a user turn.
 #[derive(Debug)]

@@ -21,6 +21,7 @@ mod sweep;
 mod tenants;
 mod texts;
 mod tool_refs;
+mod turn_row;
 mod turns;
 mod undelivered;
 

@@ -4,10 +4,28 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::admit::SessionMeta;
 use super::sessions::SessionOwner;
 use super::StoreError;
 use crate::contracts::TenantName;
+
+/// Session columns a user turn may set (on the session's first turn; fixed after that).
+#[derive(Debug, Clone, Default)]
+pub struct SessionMeta {
+    /// The tenant the session belongs to.
+    pub tenant: Option<TenantName>,
+    /// Its AgentContext, resolved (the tenant's default when the request named none).
+    pub agent_context_id: Option<String>,
+    /// Its ConversationContext, resolved likewise.
+    pub conversation_context_id: Option<String>,
+    /// Workspace hint.
+    pub workspace_id: Option<String>,
+    /// Repository hint.
+    pub repo: Option<String>,
+    /// Display name (from the first turn's instruction).
+    pub name: Option<String>,
+    /// When the session expires if no other turn comes.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
 
 /// A locked session row.
 #[derive(sqlx::FromRow)]

@@ -8,7 +8,7 @@
 use sqlx::PgConnection;
 
 use super::outbox::{self, PendingOutbox};
-use super::turns::{TurnRow, TURN_COLUMNS};
+use super::turn_row::{TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::config::{OverLimit, TenantLimits};
 use crate::contracts::TenantName;

@@ -8,6 +8,7 @@ use tracing::{error, warn};
 
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage};
+use crate::contracts::headers;
 use crate::contracts::TenantName;
 
 /// How much of a dead letter's body is kept when the body names no session (64 KiB).
@@ -85,21 +86,21 @@ impl Settler<'_> {
             .filter(|(k, _)| !k.starts_with("x-first-death-") && !k.starts_with("x-last-death-"))
             .map(|(k, v)| (k.clone(), v.as_str().into()))
             .collect();
-        msg.headers.remove("x-aptix-kind");
+        msg.headers.remove(headers::KIND);
         // The copy is the worker's publish: keep who published the original (its tenant).
         if let Some(user) = &d.user_id {
-            msg = msg.header("x-aptix-user-id", user.as_str());
+            msg = msg.header(headers::USER_ID, user.as_str());
         }
         if kept < d.body.len() {
-            msg = msg.header("x-aptix-body-bytes", d.body.len() as u64);
+            msg = msg.header(headers::BODY_BYTES, d.body.len() as u64);
         }
         // A replay must send it as what it was (a cancel is told from a request by its type);
         // a client's request may have none.
         let kind = d.kind.as_deref().filter(|k| !k.is_empty());
         let kind = kind.unwrap_or(if ingress { "request" } else { "turn" });
-        msg = msg.header("x-aptix-original-type", kind);
-        msg.header("x-aptix-reason", reason)
-            .header("x-aptix-stage", self.stage.as_str())
-            .header("x-aptix-original-queue", self.queue())
+        msg = msg.header(headers::ORIGINAL_TYPE, kind);
+        msg.header(headers::REASON, reason)
+            .header(headers::STAGE, self.stage.as_str())
+            .header(headers::ORIGINAL_QUEUE, self.queue())
     }
 }

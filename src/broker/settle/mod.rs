@@ -20,11 +20,12 @@ mod forward;
 mod give_up;
 
 use super::replies::{keep_unrouted, Handed, Refused};
-use super::runtime::RuntimeSettings;
+use super::settings::RuntimeSettings;
 use super::{
     BrokerError, Delivery, Disposition, Handler, MessageKeys, OutMessage, Publisher, StageName,
     MAC_HEADER,
 };
+use crate::contracts::headers;
 
 /// Everything settling needs besides the delivery.
 pub(super) struct Settler<'a> {
@@ -215,13 +216,13 @@ impl Settler<'_> {
         // An unreadable count (not one of ours) counts as spent; a count never wraps to 0.
         let seen = d
             .headers
-            .get("x-aptix-redeliveries")
+            .get(headers::REDELIVERIES)
             .map_or(0, |c| c.parse::<u32>().unwrap_or(u32::MAX));
         let count = seen.saturating_add(1);
         if count > self.settings.max_redeliveries {
             return self.poison(d, count).await;
         }
-        let copy = copy_of(d, &self.queue(), "x-aptix-redeliveries", count);
+        let copy = copy_of(d, &self.queue(), headers::REDELIVERIES, count);
         self.publish(&[copy]).await?;
         Ok(Settled::Done("requeued"))
     }
@@ -232,9 +233,9 @@ impl Settler<'_> {
             return Ok(Settled::Done("dead_lettered"));
         };
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
-        let mut copy = copy_of(d, &self.queue(), "x-aptix-attempt", next);
+        let mut copy = copy_of(d, &self.queue(), headers::ATTEMPT, next);
         copy.exchange = self.settings.topology.delay_exchange(tier);
-        copy.headers.insert("x-aptix-last-error".into(), reason.into());
+        copy.headers.insert(headers::LAST_ERROR.into(), reason.into());
         self.publish(&[copy]).await?;
         Ok(Settled::Done("retried"))
     }
@@ -296,7 +297,7 @@ fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
     );
     copy.headers = d.headers.into_iter().map(|(k, v)| (k, v.into())).collect();
     copy.headers.insert(counter.into(), value.into());
-    copy.headers.remove("x-aptix-kind");
+    copy.headers.remove(headers::KIND);
     copy
 }
 

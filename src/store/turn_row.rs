@@ -1,0 +1,181 @@
+//! Turn rows and their states: what `turns` holds, and reading a row back into the message that
+//! starts it. Its own file so that the turn dispatch (`turns`) and the tenants' limits
+//! (`tenants`), which use each other's rows, do not use each other.
+
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::FromRow;
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::contracts::{InstanceName, ReplyAddress, SessionId, TenantName, TurnKey};
+use crate::messages::TurnJob;
+
+/// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnState {
+    /// Waits behind the session's active turn.
+    Queued,
+    /// Holds the session and moves through the stages.
+    Running,
+    /// Holds the session until the client sends tool results.
+    AwaitingToolResults,
+    /// Ended with a final answer.
+    Completed,
+    /// Ended with an error reply.
+    Failed,
+}
+
+impl TurnState {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Queued => "queued",
+            TurnState::Running => "running",
+            TurnState::AwaitingToolResults => "awaiting_tool_results",
+            TurnState::Completed => "completed",
+            TurnState::Failed => "failed",
+        }
+    }
+
+    /// Whether the turn has ended.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TurnState::Completed | TurnState::Failed)
+    }
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for TurnState {
+    type Error = StoreError;
+    fn try_from(s: String) -> Result<Self, StoreError> {
+        serde_json::from_value(serde_json::Value::String(s)).map_err(StoreError::Corrupt)
+    }
+}
+
+/// A row of `turns`.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct TurnRow {
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Arrival order within the session.
+    pub seq: i64,
+    /// Where the turn stands.
+    #[sqlx(try_from = "String")]
+    pub state: TurnState,
+    /// Fingerprint of the admitted request.
+    pub fingerprint: String,
+    /// The validated request (wire form).
+    pub request: Value,
+    /// Round trips done.
+    pub step: i32,
+    /// Tool calls the client must answer, while awaiting.
+    pub pending_tool_calls: Option<Value>,
+    /// Warnings owed to the turn's final response.
+    pub pending_warnings: Option<Value>,
+    /// The last reply sent for this turn, in rows written before it was read from the turn's
+    /// latest record instead ([`finished_reply`]); NULL since.
+    pub last_reply: Option<Value>,
+    /// The continuation that resumed the turn, if any.
+    pub continuation: Option<Value>,
+    /// Its fingerprint.
+    pub continuation_fingerprint: Option<String>,
+    /// The backend instance that receives the current round trip's replies, if one was named.
+    pub reply_to: Option<String>,
+    /// Its session's tenant, if tenants are configured.
+    pub tenant: Option<String>,
+    /// When a client's cancel of it was admitted.
+    pub cancel_requested_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Server tool calls to run before its next provider call.
+    pub server_calls: Option<Value>,
+    /// Its server tool executions so far.
+    pub server_executions: Option<Value>,
+}
+
+fn parsed<T: std::str::FromStr<Err = String>>(text: Option<&str>) -> Result<Option<T>, StoreError> {
+    text.map(str::parse)
+        .transpose()
+        .map_err(|e: String| StoreError::Corrupt(serde::de::Error::custom(e)))
+}
+
+impl TurnRow {
+    /// The turn's key.
+    pub fn key(&self) -> Result<TurnKey, StoreError> {
+        let turn_id = self.turn_id.parse().map_err(|(_, e)| {
+            StoreError::Corrupt(serde::de::Error::custom(format!("stored TurnId: {e}")))
+        })?;
+        Ok(TurnKey { session_id: SessionId::new(self.session_id), turn_id })
+    }
+
+    /// The backend instance its replies go to (checked: the column is written from a checked
+    /// name).
+    pub fn reply_to(&self) -> Result<Option<InstanceName>, StoreError> {
+        parsed(self.reply_to.as_deref())
+    }
+
+    /// Its session's tenant (checked: written from a configured name).
+    pub fn tenant(&self) -> Result<Option<TenantName>, StoreError> {
+        parsed(self.tenant.as_deref())
+    }
+
+    /// Where its current round trip's replies go.
+    pub fn address(&self) -> Result<ReplyAddress, StoreError> {
+        Ok(ReplyAddress { tenant: self.tenant()?, instance: self.reply_to()? })
+    }
+
+    /// The message that starts (or resumes) this turn at its current step. The request is read
+    /// back from PostgreSQL, so it is checked here, once, as it leaves the store.
+    pub fn start_job(&self) -> Result<TurnJob, StoreError> {
+        let decode = |v: &Value| {
+            crate::rules::from_stored(v)
+                .map_err(|e| StoreError::Corrupt(serde::de::Error::custom(e)))
+        };
+        Ok(TurnJob {
+            key: self.key()?,
+            step: self.step,
+            turn: decode(&self.request)?,
+            continuation: self.continuation.as_ref().map(decode).transpose()?,
+            pending_tool_calls: self
+                .pending_tool_calls
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+            admitted_at: chrono::Utc::now(),
+            carried_warnings: self
+                .pending_warnings
+                .clone()
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+            reply_to: self.reply_to()?,
+            tenant: self.tenant()?,
+            server_calls: list(&self.server_calls)?,
+            executed: list(&self.server_executions)?,
+        })
+    }
+}
+
+/// A stored JSON list (absent: empty).
+fn list<T: serde::de::DeserializeOwned>(v: &Option<Value>) -> Result<Vec<T>, StoreError> {
+    Ok(v.clone().map(serde_json::from_value).transpose()?.unwrap_or_default())
+}
+
+/// The columns a [`TurnRow`] is read from, as a literal for statements built with `concat!`.
+macro_rules! turn_columns {
+    () => {
+        "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, \
+         pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, \
+         cancel_requested_at, server_calls, server_executions"
+    };
+}
+pub(super) use turn_columns;
+
+pub(super) const TURN_COLUMNS: &str = turn_columns!();
