@@ -12,8 +12,7 @@ use lapin::{Channel, Connection, Consumer};
 
 use super::delivery::headers_of;
 use super::{connect, BrokerError, Publisher, Topology};
-use crate::contracts::headers;
-use crate::contracts::{SessionId, TenantName};
+use crate::contracts::{headers, SessionId, TenantName};
 
 /// A connection that publishes requests and reads session replies.
 #[derive(Debug)]

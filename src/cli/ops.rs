@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use crate::broker::client::SessionClient;
 use crate::config::Settings;
-use crate::contracts::headers;
-use crate::contracts::{SessionId, TenantName};
+use crate::contracts::{headers, SessionId, TenantName};
 use crate::pipeline;
 use crate::store::Store;
 use crate::worker::block_on;

@@ -6,8 +6,7 @@ use tracing::warn;
 
 use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
-use crate::contracts::headers;
-use crate::contracts::{ReplyAddress, TurnKey};
+use crate::contracts::{headers, ReplyAddress, TurnKey};
 use crate::llm::StreamDelta;
 use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
 

@@ -8,8 +8,7 @@ use tracing::{error, warn};
 
 use super::{Settled, Settler};
 use crate::broker::{BrokerError, Delivery, OutMessage};
-use crate::contracts::headers;
-use crate::contracts::TenantName;
+use crate::contracts::{headers, TenantName};
 
 /// How much of a dead letter's body is kept when the body names no session (64 KiB).
 pub(super) const UNROUTABLE_BODY_KEPT: usize = 64 * 1024;
