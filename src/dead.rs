@@ -6,7 +6,6 @@ use serde_json::json;
 pub use crate::broker::DeadSettled as Settled;
 use crate::broker::{DeadAction, DeadLetter, Publisher, Topology};
 use crate::config::Settings;
-use crate::contracts::TenantName;
 use crate::store::Store;
 
 /// The `operator_actions` outcome of `settled`.
@@ -20,12 +19,7 @@ fn outcome(settled: &Settled) -> &'static str {
 
 /// Every dead-letter queue of the deployment: the shared one and each configured tenant's.
 pub fn queues(settings: &Settings) -> Vec<String> {
-    crate::pipeline::topology(settings).dead_queues(&tenants(settings))
-}
-
-/// The configured tenants' names.
-pub fn tenants(settings: &Settings) -> Vec<TenantName> {
-    settings.tenants.keys().filter_map(|t| t.parse().ok()).collect()
+    crate::pipeline::topology(settings).dead_queues(&settings.tenant_names())
 }
 
 /// Replays or discards the dead letter `id` as `actor`, and records it.

@@ -12,7 +12,6 @@ use crate::broker::{
     run_partitioned, run_stage, Handler, LazyPublisher, RuntimeSettings, StageName, Topology,
 };
 use crate::config::Settings;
-use crate::contracts::TenantName;
 use crate::llm::{HttpLlmClient, LlmClient};
 use crate::retrieve::Retrieval;
 use crate::stage::{BrokerDeltas, Chain, DeltaSink};
@@ -45,7 +44,7 @@ pub fn topology(settings: &Settings) -> Topology {
 
 /// Each configured tenant's limits.
 pub fn gates(settings: &Settings) -> Vec<Gate> {
-    let names = settings.tenants.keys().filter_map(|n| n.parse::<TenantName>().ok());
+    let names = settings.tenant_names().into_iter();
     names.map(|t| Gate { limits: settings.limits_of(Some(&t)), tenant: t }).collect()
 }
 

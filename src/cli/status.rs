@@ -20,8 +20,7 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
             Err(code) => return Ok(code),
         };
         let missing = topology.missing_plugin(&publisher).await?;
-        let mut states =
-            topology.queue_states(&publisher, &crate::dead::tenants(&settings)).await?;
+        let mut states = topology.queue_states(&publisher, &settings.tenant_names()).await?;
         let note = activity(&settings, &mut states).await;
         if let Some(problem) = &missing {
             eprintln!("error: {problem}");

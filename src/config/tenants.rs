@@ -114,6 +114,11 @@ impl Settings {
         !self.tenants.is_empty()
     }
 
+    /// The configured tenants' names (checked at start-up, so none is dropped here).
+    pub fn tenant_names(&self) -> Vec<TenantName> {
+        self.tenants.keys().filter_map(|n| n.parse().ok()).collect()
+    }
+
     /// The tenant of a submission's broker-checked `user_id`.
     pub fn publisher(&self, user_id: Option<&str>) -> Publisher<'_> {
         if self.tenants.is_empty() {

@@ -190,11 +190,8 @@ async fn queues(
     Query(n): Query<Notice>,
 ) -> Page {
     everyone(&scope)?;
-    let mut states = c
-        .topology
-        .queue_states(&c.publisher, &crate::dead::tenants(&c.settings))
-        .await
-        .map_err(failed)?;
+    let mut states =
+        c.topology.queue_states(&c.publisher, &c.settings.tenant_names()).await.map_err(failed)?;
     let rates = match &c.management {
         None => {
             Err("rates and workers need amqp.management_url (RabbitMQ's management API)".into())
