@@ -27,11 +27,12 @@ impl Settler<'_> {
         self.dead_letter_with(&d, &reason, messages).await
     }
 
-    /// Publishes `messages`, then the dead letter of `d` to its tenant's dead-letter queue
-    /// (made by its first letter). An ordered message's messages are held in place until they
+    /// Publishes the dead letter of `d` to its tenant's dead-letter queue (made by its first
+    /// letter), then `messages`: by the time a client reads its error reply, the letter an
+    /// operator looks for is there. An ordered message's messages are held in place until they
     /// go (see `forward`), as running its handler again could only give it up again. Messages
     /// the broker can never take (too large) are dropped with an error log rather than retried
-    /// forever: the dead letter, the original body the broker already accepted once, still goes.
+    /// forever: the dead letter, the original body the broker already accepted once, went.
     pub(super) async fn dead_letter_with(
         &self,
         d: &Delivery,
@@ -39,6 +40,7 @@ impl Settler<'_> {
         messages: Vec<OutMessage>,
     ) -> Result<(), BrokerError> {
         let dead = self.dead_letter(d, reason);
+        self.publisher.publish_to_sink(&self.settings.topology, &dead).await?;
         let published = if self.handler.ordering_key(d).is_some() {
             self.publish_held(&messages, Duration::MAX).await
         } else {
@@ -46,11 +48,11 @@ impl Settler<'_> {
         };
         match published {
             Err(error @ BrokerError::TooLarge { .. }) => {
-                error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettering alone");
+                error!(stage = self.stage.as_str(), %error, %reason, "fallback messages undeliverable, dead-lettered alone");
+                Ok(())
             }
-            other => other?,
+            other => other,
         }
-        self.publisher.publish_to_sink(&self.settings.topology, &dead).await
     }
 
     /// The tenant whose dead-letter queue keeps `d`: only a message the pipeline can vouch for
