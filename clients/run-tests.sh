@@ -86,7 +86,7 @@ write_tenant_config() {
   cat <<EOF
 [tenants.$tenant_a]
 users = ["$tenant_user_a"]
-agent_contexts = ["default"]
+agent_contexts = ["default", "${tenant_a}_alt"]
 conversation_contexts = ["default", "$other_context"]
 
 [tenants.$tenant_b]
@@ -96,6 +96,10 @@ conversation_contexts = ["default", "$other_context"]
 
 [agent_contexts.$tenant_b]
 collection = "aptix_$tenant_b"
+
+# A second agent context of A's: a later turn naming it gets session.context_fixed.
+[agent_contexts.${tenant_a}_alt]
+collection = "aptix_${tenant_a}_alt"
 
 EOF
   awk '
@@ -195,6 +199,7 @@ if [[ -n "$tenant_mode" ]]; then
   export APTIX_TEST_TENANTS=1 APTIX_TEST_TENANT_A="$tenant_a" APTIX_TEST_TENANT_B="$tenant_b"
   export APTIX_TEST_TENANT_A_URL="$tenant_url_a" APTIX_TEST_TENANT_B_URL="$tenant_url_b"
   export APTIX_TEST_OTHER_CONVERSATION_CONTEXT="$other_context"
+  export APTIX_TEST_OTHER_AGENT_CONTEXT="${tenant_a}_alt"
 fi
 
 export APTIX_TEST_PREFIX="$prefix" APTIX_TEST_SIM_URL="$sim_url" APTIX_TEST_AMQP_URL="$client_url" APTIX_TEST_BIN="$aptix"

@@ -18,6 +18,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::store::StoreError;
+
 /// How often a member announces itself and recomputes its share.
 pub const BEAT: Duration = Duration::from_secs(1);
 
@@ -28,15 +30,15 @@ pub const LIVE_FOR: Duration = Duration::from_secs(4);
 #[async_trait::async_trait]
 pub trait Roster: Send + Sync + 'static {
     /// Marks `member` alive; returns the live members, sorted.
-    async fn beat(&self, group: &str, member: &str) -> Result<Vec<String>, String>;
+    async fn beat(&self, group: &str, member: &str) -> Result<Vec<String>, StoreError>;
     /// Leaves the group.
     async fn leave(&self, group: &str, member: &str);
 }
 
 #[async_trait::async_trait]
 impl Roster for crate::store::Store {
-    async fn beat(&self, group: &str, member: &str) -> Result<Vec<String>, String> {
-        self.heartbeat(group, member, LIVE_FOR).await.map_err(|e| e.to_string())
+    async fn beat(&self, group: &str, member: &str) -> Result<Vec<String>, StoreError> {
+        self.heartbeat(group, member, LIVE_FOR).await
     }
 
     async fn leave(&self, group: &str, member: &str) {

@@ -39,7 +39,7 @@ pub async fn settle(
     let topology = crate::pipeline::topology(settings);
     let check = |letter: &DeadLetter| match action {
         DeadAction::Replay => replayable(settings, &topology, letter),
-        DeadAction::Discard => Ok(()),
+        DeadAction::Discard => Ok::<(), NotReplayable>(()),
     };
     let settled = match topology.settle_dead(publisher, &queues(settings), id, action, check).await
     {
@@ -63,26 +63,45 @@ pub async fn settle(
 }
 
 /// Whether a replay can send `letter` where it came from as it was first sent.
-fn replayable(settings: &Settings, topology: &Topology, letter: &DeadLetter) -> Result<(), String> {
+fn replayable(
+    settings: &Settings,
+    topology: &Topology,
+    letter: &DeadLetter,
+) -> Result<(), NotReplayable> {
     let Some(queue) = &letter.original_queue else {
-        return Err("the dead letter names no original queue".to_owned());
+        return Err(NotReplayable::NoQueue);
     };
     let ingress = topology.is_ingress_queue(queue);
     // Only the pipeline's own queues: a letter's description may come from the broker's death
     // records, which a client can pre-set on what it publishes.
     if !ingress && !topology.is_inner_stage_queue(queue) {
-        return Err(format!("`{queue}` is not a queue of this pipeline's stages"));
+        return Err(NotReplayable::Foreign(queue.clone()));
     }
     if ingress && letter.session_id.is_none() {
-        return Err("the request names no SessionId, so it cannot be routed again".to_owned());
+        return Err(NotReplayable::NoSession);
     }
     // The broker sets `user_id` to the publisher's own login only; a replay would lose the
     // tenant and be refused at admission, so the tenant resubmits it (`aptix dead show`).
     if ingress && !settings.tenants.is_empty() {
-        return Err(format!(
-            "a tenant's request is admitted under its publisher's login (here `{}`); the tenant must resubmit it",
-            letter.user.as_deref().unwrap_or("unknown")
-        ));
+        let login = letter.user.as_deref().unwrap_or("unknown").to_owned();
+        return Err(NotReplayable::TenantRequest(login));
     }
     Ok(())
+}
+
+/// Why a dead letter cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+enum NotReplayable {
+    /// It says nowhere where it came from.
+    #[error("the dead letter names no original queue")]
+    NoQueue,
+    /// It names a queue that is not a stage of this pipeline.
+    #[error("`{0}` is not a queue of this pipeline's stages")]
+    Foreign(String),
+    /// A request without a session cannot be routed.
+    #[error("the request names no SessionId, so it cannot be routed again")]
+    NoSession,
+    /// A tenant's request would lose its tenant.
+    #[error("a tenant's request is admitted under its publisher's login (here `{0}`); the tenant must resubmit it")]
+    TenantRequest(String),
 }

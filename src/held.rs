@@ -63,9 +63,9 @@ pub async fn run(
 async fn publish(deps: &Deps, route: &Route, publisher: &LazyPublisher, out: PendingOutbox) {
     debug!(turns = out.ids.len(), "starting held turns");
     for m in out.messages {
-        let published = match route.outgoing(m) {
-            Ok(msg) => publisher.publish(msg).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+        let published: Result<_, crate::broker::BoxError> = match route.outgoing(m) {
+            Ok(msg) => publisher.publish(msg).await.map_err(Into::into),
+            Err(e) => Err(e.into()),
         };
         if let Err(error) = published {
             warn!(%error, "a held turn's start was not published; it is tried again later");

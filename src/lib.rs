@@ -26,6 +26,7 @@ pub mod dead;
 pub mod files;
 pub mod held;
 pub mod index;
+pub mod lifecycle;
 pub mod llm;
 pub mod messages;
 pub mod metrics;

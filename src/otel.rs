@@ -31,7 +31,7 @@ static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 /// Builds the exporting tracer provider for `export` and returns its tracer. Only the first
 /// call in a process keeps its provider (the global subscriber is set once, too).
-pub fn tracer(export: &Export) -> Result<Tracer, String> {
+pub fn tracer(export: &Export) -> Result<Tracer, ExportError> {
     if let Some(provider) = PROVIDER.get() {
         return Ok(provider.tracer("aptix"));
     }
@@ -41,14 +41,27 @@ pub fn tracer(export: &Export) -> Result<Tracer, String> {
         .with_endpoint(export.endpoint.as_str())
         .with_timeout(Duration::from_secs(5))
         .with_http_client(Http::new()?)
-        .build()
-        .map_err(|e| format!("the OTLP exporter: {e}"))?;
+        .build()?;
     let resource = Resource::builder().with_service_name(export.service.clone()).build();
     let provider =
         SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("aptix");
     let _ = PROVIDER.set(provider);
     Ok(tracer)
+}
+
+/// Why trace export cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The exporter refused its settings.
+    #[error("the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// The HTTP client could not be built.
+    #[error("the OTLP HTTP client: {0}")]
+    Client(reqwest::Error),
+    /// Building it panicked.
+    #[error("the OTLP HTTP client could not be built")]
+    ClientPanicked,
 }
 
 /// Whether spans are exported (callers skip work that only export needs).
@@ -73,7 +86,7 @@ pub async fn flush() {
 struct Http(reqwest::blocking::Client);
 
 impl Http {
-    fn new() -> Result<Http, String> {
+    fn new() -> Result<Http, ExportError> {
         // reqwest's blocking client owns a runtime, which must not be built inside another.
         std::thread::spawn(|| {
             reqwest::blocking::Client::builder()
@@ -81,10 +94,10 @@ impl Http {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .map(Http)
-                .map_err(|e| format!("the OTLP HTTP client: {e}"))
+                .map_err(ExportError::Client)
         })
         .join()
-        .map_err(|_| "the OTLP HTTP client could not be built".to_owned())?
+        .map_err(|_| ExportError::ClientPanicked)?
     }
 }
 

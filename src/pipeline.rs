@@ -135,13 +135,23 @@ pub fn handler(deps: &Deps, name: StageName) -> Option<Arc<dyn Handler>> {
 
 /// Checks that each of `stages` can run in this process ([`crate::stage::Stage::prepare`]);
 /// the error names the stage and why.
-pub async fn prepare(deps: &Deps, stages: &[StageName]) -> Result<(), String> {
+pub async fn prepare(deps: &Deps, stages: &[StageName]) -> Result<(), CannotStart> {
     for &stage in stages {
         if let Some(handler) = handler(deps, stage) {
-            handler.prepare().await.map_err(|e| format!("the {stage} stage cannot start: {e}"))?;
+            handler.prepare().await.map_err(|reason| CannotStart { stage, reason })?;
         }
     }
     Ok(())
+}
+
+/// A stage that cannot run in this process ([`prepare`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the {stage} stage cannot start: {reason}")]
+pub struct CannotStart {
+    /// The stage.
+    pub stage: StageName,
+    /// Why.
+    pub reason: crate::broker::BoxError,
 }
 
 /// Runs `copies` consumers of each of `stages` of the pipeline until `shutdown` fires, then

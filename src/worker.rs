@@ -69,7 +69,7 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
             let files = Some(crate::files::router(deps.store.clone(), deps.settings.pipeline.keys()));
             tokio::spawn(crate::metrics::serve(listen, Some(database), files, shutdown.clone()));
         }
-        pipeline::prepare(&deps, &stages).await.map_err(anyhow::Error::msg)?;
+        pipeline::prepare(&deps, &stages).await?;
         pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;
         crate::otel::flush().await;
         Ok(ExitCode::SUCCESS)

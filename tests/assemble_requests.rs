@@ -300,6 +300,68 @@ fn follow_up_sends_only_new_chunks() {
     assert!(!a.record.solution_context_sent, "unchanged solution context is not resent");
 }
 
+/// The ConversationContext of the DDR example's second mode.
+fn refinement() -> ConversationContext {
+    ConversationContext {
+        mode: "DDR_REFINEMENT".into(),
+        mode_display_name: "DDR refinement".into(),
+        system_prompt: "You refine an existing DDR. Change only what the user asks.".into(),
+        ..context()
+    }
+}
+
+#[test]
+fn a_mode_change_on_a_live_chain_sends_the_new_boot_prompt_once() {
+    let mut s = after_first_turn();
+    s.context = refinement();
+    let turn = user_turn(json!({"TurnId": "turn-2", "Instruction": "Tighten the retry section."}));
+    let at = t0() + TimeDelta::hours(1);
+    let a = s.user(&turn, &[], at);
+    golden("mode-change", &a);
+    let body = a.body.to_value();
+    assert_eq!(body["previous_response_id"], "resp_001", "the chain goes on");
+    let input = body["input"].as_array().unwrap();
+    assert_eq!(input.len(), 2, "{body}");
+    assert_eq!(input[0]["role"], "developer");
+    assert!(texts(&input[0])[0].contains("You refine an existing DDR."), "{body}");
+    assert!(texts(&input[1])[0].starts_with("[MODE: DDR_REFINEMENT]"), "{body}");
+    assert_eq!(a.record.mode_changed_to.as_deref(), Some("DDR_REFINEMENT"));
+    // Once the chain follows it, the same mode's next turn sends no prompt again.
+    s.final_answer(&a, at, "Tightened.");
+    let turn = user_turn(json!({"TurnId": "turn-3", "Instruction": "And the summary."}));
+    let again = s.user(&turn, &[], at + TimeDelta::minutes(1));
+    let body = again.body.to_value();
+    assert_eq!(body["input"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(again.record.mode_changed_to, None);
+    // Back to the first mode: its prompt again, as a developer message.
+    s.final_answer(&again, at, "Done.");
+    s.context = context();
+    let turn = user_turn(json!({"TurnId": "turn-4", "Instruction": "New DDR for refunds."}));
+    let back = s.user(&turn, &[], at + TimeDelta::minutes(2));
+    write_request_body("mode-change-back", &back.body.to_value());
+    check_invariants("mode-change-back", &back.body.to_value());
+    let body = back.body.to_value();
+    assert_eq!(body["input"][0]["role"], "developer", "{body}");
+    assert!(texts(&body["input"][0])[0].contains("Aptix Reasoner"), "{body}");
+    assert_eq!(back.record.mode_changed_to.as_deref(), Some("DDR_CREATION"));
+}
+
+#[test]
+fn a_new_chain_after_a_mode_change_starts_with_that_modes_system_prompt() {
+    let mut s = after_first_turn();
+    s.context = refinement();
+    let turn = user_turn(json!({"TurnId": "turn-2", "Instruction": "Tighten the retry section."}));
+    // The chain expired: a rehydrated one starts with the new mode's prompt as its system message.
+    let a = s.user(&turn, &[], t0() + TimeDelta::days(40));
+    let body = a.body.to_value();
+    assert!(body.get("previous_response_id").is_none());
+    assert_eq!(body["input"][0]["role"], "system");
+    assert!(texts(&body["input"][0])[0].contains("You refine an existing DDR."), "{body}");
+    assert!(body["input"].as_array().unwrap().iter().all(|i| i["role"] != "developer"), "{body}");
+    assert_eq!(a.record.mode_changed_to, None);
+    write_request_body("mode-change-new-chain", &body);
+}
+
 #[test]
 fn follow_up_sends_changed_files_only() {
     let mut s = Session::new();

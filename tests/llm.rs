@@ -514,6 +514,6 @@ fn own_endpoints_never_get_the_global_key_and_key_files_rotate() {
     std::fs::write(&file, "sk-two").unwrap();
     assert_eq!(key(&from_file).expose(), "sk-two");
     std::fs::remove_file(&file).unwrap();
-    let e = Endpoint::resolve(&s, Some(&from_file)).unwrap_err();
+    let e = Endpoint::resolve(&s, Some(&from_file)).unwrap_err().to_string();
     assert!(e.contains(&file.display().to_string()) && !e.contains("sk-"), "{e}");
 }

@@ -35,6 +35,7 @@ mod index_tree;
 mod instance_replies;
 mod llm;
 mod llm_compat;
+mod modes;
 mod ordered_retry;
 mod outbox_sweep;
 mod partition_handover;

@@ -77,7 +77,10 @@ impl Handler for Recording {
         Some("one-session".to_owned())
     }
 
-    fn count_redelivery(&self, _: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+    fn count_redelivery(
+        &self,
+        _: &Delivery,
+    ) -> BoxFuture<'_, Result<Option<u32>, aptix::broker::BoxError>> {
         let count = self.redeliveries.fetch_add(1, Ordering::SeqCst) + 1;
         Box::pin(async move { Ok(Some(count)) })
     }

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use aptix::contracts::UserWarning;
-use aptix::messages::AssembleJob;
+use aptix::messages::RetrievedTurn;
 use aptix::stage::{Chain, Output, Stage, StageError};
 use aptix::stages::{admit, assemble, invoke, persist, retrieve, Deps};
 use common::{new_session, user_turn, Harness};
@@ -25,16 +25,16 @@ impl Rerank {
 
 impl Stage for Rerank {
     const NAME: &'static str = "rerank";
-    type In = AssembleJob;
-    type Out = AssembleJob;
+    type In = RetrievedTurn;
+    type Out = RetrievedTurn;
 
-    async fn run(&self, mut job: AssembleJob) -> Result<Output<AssembleJob>, StageError> {
+    async fn run(&self, mut job: RetrievedTurn) -> Result<Output<RetrievedTurn>, StageError> {
         job.chunks.sort_by(|a, b| (&a.path, a.start_line).cmp(&(&b.path, b.start_line)));
         job.warnings.push(UserWarning {
             code: "rerank.applied".into(),
             message: format!("{} chunks reordered by path", job.chunks.len()),
         });
-        Ok(Output::next(job))
+        Ok(Output::Next(job))
     }
 }
 

@@ -19,7 +19,7 @@ use tenant_support::{codes, create_user, delete_user, TenantClient};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Two tenants: `ta` (users `<prefix>-a`) with the `default` agent context, `tb` with `bctx`
+/// Two tenants: `ta` (users `<prefix>-a`) with the `default` agent context (and `a2`), `tb` with `bctx`
 /// (its own collection and endpoint key); both may use the `default` conversation context, `ta`
 /// also `other`.
 fn tenants(s: &mut Settings, limits: TenantLimits) {
@@ -31,6 +31,8 @@ fn tenants(s: &mut Settings, limits: TenantLimits) {
     }))
     .unwrap();
     s.agent_contexts.insert("bctx".into(), b);
+    let a2: AgentContext = serde_json::from_value(json!({ "collection": "a2col" })).unwrap();
+    s.agent_contexts.insert("a2".into(), a2);
     let tenant = |user: String, agents: &[&str], convs: &[&str]| Tenant {
         users: vec![user],
         agent_contexts: agents.iter().map(|a| a.to_string()).collect(),
@@ -38,7 +40,7 @@ fn tenants(s: &mut Settings, limits: TenantLimits) {
         limits: Default::default(),
     };
     s.tenants = BTreeMap::from([
-        ("ta".into(), tenant(format!("{prefix}-a"), &["default"], &["default", "other"])),
+        ("ta".into(), tenant(format!("{prefix}-a"), &["default", "a2"], &["default", "other"])),
         ("tb".into(), tenant(format!("{prefix}-b"), &["bctx"], &["default"])),
     ]);
     s.tenant_limits = limits;
@@ -112,12 +114,17 @@ async fn a_tenant_reaches_only_its_own_sessions_contexts_and_queues() {
     let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
     assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
 
-    // A session's contexts are fixed at creation.
-    let mut switch = user_turn(&s, "t3", "same session, other profile");
+    // A session's AgentContext is fixed at creation; its mode (ConversationContext) is the turn's.
+    let mut elsewhere = user_turn(&s, "t3", "same session, other endpoint");
+    elsewhere["AgentContextId"] = json!("a2");
+    t.a.submit(&elsewhere).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(codes(&got[0]), ["session.context_fixed"]);
+    let mut switch = user_turn(&s, "t4", "same session, other profile");
     switch["ConversationContextId"] = json!("other");
     t.a.submit(&switch).await;
     let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
-    assert_eq!(codes(&got[0]), ["session.context_fixed"]);
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
     // A later turn that names no context uses the session's, not the tenant's default.
     let s4 = new_session();
     let mut first_other = user_turn(&s4, "t1", "in the other profile");

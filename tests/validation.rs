@@ -755,7 +755,7 @@ fn inner_messages_are_trusted_and_stored_requests_are_checked_again() {
     let shapeless = json!({"SessionId": SID, "TurnId": "t", "RagScope": [{"Key": "k", "Operator": "~", "Values": ["v"]}]});
     assert!(serde_json::from_value::<ValidatedRequest>(shapeless).is_err());
     // Requests read back from PostgreSQL go through the rules again.
-    let err = aptix::rules::from_stored(&bad).unwrap_err();
+    let err = aptix::rules::from_stored(&bad).unwrap_err().to_string();
     assert!(err.contains("validation.path_traversal"), "{err}");
     // What the pipeline writes reads back unchanged, images included.
     let good = user(

@@ -77,6 +77,7 @@ pub(crate) fn assemble_tool_continuation(
         rehydration: (plan.record().status == ChainStatus::Rehydrated)
             .then(|| rehydration.record.clone()),
         user_warnings: rehydration.warning.iter().cloned().collect(),
+        mode_changed_to: None,
     };
     let update = StateUpdate {
         turn_id,
@@ -91,6 +92,7 @@ pub(crate) fn assemble_tool_continuation(
         skipped_paths: Vec::new(),
         latched_solution_context: None,
         solution_context_sent_sha256: solution_sha,
+        boot_prompt_sha256: continuing.is_none().then(|| sha256_hex(&context.system_prompt)),
     };
     Ok(Assembled { body: RequestBody::new(&body), record, update })
 }

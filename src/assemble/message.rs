@@ -49,6 +49,13 @@ pub(crate) fn system_message(prompt: &str) -> Value {
     json!({ "role": "system", "content": [text_part(prompt)] })
 }
 
+/// The developer message that switches a continued chain to another mode: the new
+/// ConversationContext's boot prompt, which the chain follows from this call on.
+pub(crate) fn mode_change_message(mode: &str, prompt: &str) -> Value {
+    let text = format!("[MODE CHANGE: {mode}]\nFrom this message on, follow these instructions instead of the earlier system instructions:\n\n{prompt}");
+    json!({ "role": "developer", "content": [text_part(text)] })
+}
+
 /// A user message from text parts.
 pub(crate) fn user_message_of(parts: Vec<Value>) -> Value {
     json!({ "role": "user", "content": parts })

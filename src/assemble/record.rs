@@ -54,6 +54,10 @@ pub struct SentRecord {
     /// Warnings for the turn's final response.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user_warnings: Vec<UserWarning>,
+    /// The mode the turn ran in, when it differs from the one the continued chain followed: the
+    /// request carried the new ConversationContext's boot prompt as a developer message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_changed_to: Option<String>,
 }
 
 /// Which AGN-034 scenario produced the request.

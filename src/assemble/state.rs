@@ -59,6 +59,11 @@ pub struct ChainState {
     /// SHA-256 of the solution context sent in this chain, if it was sent.
     #[serde(default)]
     pub solution_context_sha256: Option<String>,
+    /// SHA-256 of the boot prompt the chain follows: its first call's system message, or the
+    /// developer message of the last mode change (absent in chains stored before modes could
+    /// change: they follow their latest turn's mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_prompt_sha256: Option<String>,
 }
 
 impl ChainState {
@@ -150,6 +155,20 @@ pub struct StateUpdate {
     pub latched_solution_context: Option<String>,
     /// SHA-256 of the solution context sent, if it was sent.
     pub solution_context_sent_sha256: Option<String>,
+    /// SHA-256 of the boot prompt the request sent (a new chain's, or a mode change's), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_prompt_sha256: Option<String>,
+}
+
+/// A stored session state this build cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum UnusableState {
+    /// Not a session state's JSON.
+    #[error("session state: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Written by a newer build.
+    #[error("session state has unknown version {0}")]
+    Version(u16),
 }
 
 impl SessionState {
@@ -158,14 +177,28 @@ impl SessionState {
 
     /// The state as `sessions.state` holds it (`{}` for a new session). Unreadable JSON or a
     /// version this build does not know is an error, never an empty state.
-    pub fn from_stored(stored: serde_json::Value) -> Result<SessionState, String> {
+    pub fn from_stored(stored: serde_json::Value) -> Result<SessionState, UnusableState> {
         crate::metrics::metrics().json("parse", "session_state");
-        let state: SessionState =
-            serde_json::from_value(stored).map_err(|e| format!("session state: {e}"))?;
+        let state: SessionState = serde_json::from_value(stored)?;
         if state.version > Self::VERSION {
-            return Err(format!("session state has unknown version {}", state.version));
+            return Err(UnusableState::Version(state.version));
         }
         Ok(state)
+    }
+
+    /// Whether a continued chain follows another boot prompt than `prompt_sha256` (the mode's
+    /// own): the one it recorded, or, for a chain stored before modes could change, its latest
+    /// turn's mode against `mode`.
+    pub fn follows_other_prompt(&self, prompt_sha256: &str, mode: &str) -> bool {
+        let Some(chain) = &self.chain else { return false };
+        match &chain.boot_prompt_sha256 {
+            Some(sha) => sha != prompt_sha256,
+            None => {
+                let open = self.open_turn.as_ref().map(|t| t.mode.as_str());
+                let last = open.or(self.history.transcript.last().map(|t| t.mode.as_str()));
+                last.is_some_and(|m| m != mode)
+            }
+        }
     }
 
     /// The state as stored, with the current version.
@@ -192,8 +225,12 @@ impl SessionState {
                 chunk_ids: Vec::new(),
                 files: Vec::new(),
                 solution_context_sha256: None,
+                boot_prompt_sha256: None,
             },
         };
+        if let Some(sha) = &update.boot_prompt_sha256 {
+            chain.boot_prompt_sha256 = Some(sha.clone());
+        }
         chain.previous_response_id.clone_from(&answer.response_id);
         chain.responded_at = answer.created_at;
         let sent_ids =

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use super::body::{envelope, ToolChoice};
 use super::chain::{plan_chain, split_chunks, ChainPlan};
 use super::files::{select_files, sent_file, skip_warning, FileSelection};
-use super::message::{system_message, user_message, UserContent};
+use super::message::{mode_change_message, system_message, user_message, UserContent};
 use super::record::{ChainStatus, SentChunk, SentRecord, SentToolOutput, TurnKind};
 use super::rehydrate::{rehydrate, Rehydration};
 use super::state::{ChainState, StateUpdate};
@@ -46,6 +46,15 @@ pub(crate) fn assemble_user_turn(
 
     let (mut items, mut rehydration, tool_outputs) =
         opening_items(input, turn, &plan, &send_chunks);
+    // A chain started now carries this mode's boot prompt; a continued one that follows another
+    // mode's gets this one as a developer message, and follows it from then on.
+    let prompt_sha = sha256_hex(&context.system_prompt);
+    let mode_changed =
+        continuing.is_some() && state.follows_other_prompt(&prompt_sha, &context.mode);
+    if mode_changed {
+        items.push(mode_change_message(&context.mode, &context.system_prompt));
+    }
+    let sent_prompt = (continuing.is_none() || mode_changed).then_some(prompt_sha);
     items.push(user_message(&UserContent {
         mode: &context.mode,
         instruction: turn.instruction(),
@@ -88,6 +97,7 @@ pub(crate) fn assemble_user_turn(
         rehydration: (plan.record().status == ChainStatus::Rehydrated)
             .then(|| rehydration.record.clone()),
         user_warnings,
+        mode_changed_to: mode_changed.then(|| context.mode.clone()),
     };
     let update = StateUpdate {
         turn_id: record.turn_id.clone(),
@@ -102,6 +112,7 @@ pub(crate) fn assemble_user_turn(
         skipped_paths: files.skipped.into_iter().map(|f| f.path).collect(),
         latched_solution_context: turn.solution_context().map(str::to_owned),
         solution_context_sent_sha256: solution.map(|(_, sha)| sha),
+        boot_prompt_sha256: sent_prompt,
     };
     Assembled { body: RequestBody::new(&body), record, update }
 }

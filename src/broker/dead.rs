@@ -145,13 +145,13 @@ impl Topology {
 
     /// Replays or discards the dead letter `id`, looked for in `queues`. `check` may refuse
     /// the action (its reason) before anything is published or removed.
-    pub async fn settle_dead(
+    pub async fn settle_dead<E: std::fmt::Display>(
         &self,
         publisher: &Publisher,
         queues: &[String],
         id: &str,
         action: DeadAction,
-        check: impl FnOnce(&DeadLetter) -> Result<(), String>,
+        check: impl FnOnce(&DeadLetter) -> Result<(), E>,
     ) -> Result<Settled, BrokerError> {
         let mut check = Some(check);
         for queue in queues {
@@ -168,7 +168,7 @@ impl Topology {
         Ok(Settled::NotFound)
     }
 
-    async fn settle_on<F: FnOnce(&DeadLetter) -> Result<(), String>>(
+    async fn settle_on<E: std::fmt::Display, F: FnOnce(&DeadLetter) -> Result<(), E>>(
         &self,
         ch: &Channel,
         queue: &str,
@@ -184,7 +184,7 @@ impl Topology {
                 continue;
             }
             if let Some(Err(reason)) = check.take().map(|check| check(&letter)) {
-                return Ok(Settled::Refused(reason));
+                return Ok(Settled::Refused(reason.to_string()));
             }
             if action == DeadAction::Replay {
                 publisher.publish(&self.replay_of(&letter)).await?;

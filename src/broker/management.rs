@@ -47,8 +47,9 @@ pub fn worker_name(stage: &str) -> String {
 impl Management {
     /// A client of the API at `url` (`http://user:password@host:15672`) for the vhost of
     /// `amqp_url` (the first node's, for a cluster).
-    pub fn new(url: &str, amqp_url: &str) -> Result<Management, String> {
-        let mut base = reqwest::Url::parse(url).map_err(|e| format!("amqp.management_url: {e}"))?;
+    pub fn new(url: &str, amqp_url: &str) -> Result<Management, ManagementError> {
+        let mut base =
+            reqwest::Url::parse(url).map_err(|e| ManagementError::Url("amqp.management_url", e))?;
         // The user part of a URL: `+` is itself, not a space.
         let user = percent_decode(base.username(), false);
         let password = base.password().map(|p| Secret::new(percent_decode(p, false)));
@@ -60,7 +61,7 @@ impl Management {
             base.set_path(&path);
         }
         let first = amqp_url.split(',').next().unwrap_or_default().trim();
-        let amqp = reqwest::Url::parse(first).map_err(|e| format!("amqp.url: {e}"))?;
+        let amqp = reqwest::Url::parse(first).map_err(|e| ManagementError::Url("amqp.url", e))?;
         let vhost = match amqp.path().trim_start_matches('/') {
             "" => "%2F".to_owned(),
             v => v.to_owned(),
@@ -70,12 +71,12 @@ impl Management {
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5))
             .build()
-            .map_err(|e| format!("management HTTP client: {e}"))?;
+            .map_err(ManagementError::Client)?;
         Ok(Management { http, base, user, password, vhost })
     }
 
     /// The client `amqp` configures: none when `amqp.management_url` is empty.
-    pub fn configured(amqp: &AmqpSettings) -> Result<Option<Management>, String> {
+    pub fn configured(amqp: &AmqpSettings) -> Result<Option<Management>, ManagementError> {
         match amqp.management_url.expose() {
             "" => Ok(None),
             url => Management::new(url, amqp.url.expose()).map(Some),
@@ -85,7 +86,7 @@ impl Management {
     /// The traffic and consumers of `queue`; `None` when the queue does not exist. Workers are
     /// named by the broker's connection names here; [`Management::connection_name`] tells
     /// what each connection called itself.
-    pub async fn activity(&self, queue: &str) -> Result<Option<Activity>, String> {
+    pub async fn activity(&self, queue: &str) -> Result<Option<Activity>, ManagementError> {
         let path = format!("api/queues/{}/{}", self.vhost, encode(queue));
         let Some(q) = self.get::<QueueJson>(&path).await? else { return Ok(None) };
         let stats = q.message_stats.unwrap_or_default();
@@ -106,7 +107,7 @@ impl Management {
 impl Management {
     /// The name the connection `internal` (as the broker names it, `peer -> node`) gave
     /// itself, or `internal` when it gave none.
-    pub async fn connection_name(&self, internal: &str) -> Result<String, String> {
+    pub async fn connection_name(&self, internal: &str) -> Result<String, ManagementError> {
         let path = format!("api/connections/{}", encode(internal));
         let Some(c) = self.get::<ConnectionJson>(&path).await? else {
             return Ok(internal.to_owned()); // closed meanwhile
@@ -116,24 +117,49 @@ impl Management {
     }
 
     /// GETs `path` under the API; `None` on 404.
-    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<Option<T>, String> {
-        let url = self.base.join(path).map_err(|e| e.to_string())?;
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Option<T>, ManagementError> {
+        let url = self.base.join(path).map_err(|e| ManagementError::Url("a management path", e))?;
         let response = self
             .http
             .get(url)
             .basic_auth(&self.user, self.password.as_ref().map(Secret::expose))
             .send()
             .await
-            .map_err(|e| format!("management API: {}", e.without_url()))?;
+            .map_err(|e| ManagementError::Client(e.without_url()))?;
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if !status.is_success() {
-            return Err(format!("management API answered {status} for /{path}"));
+            return Err(ManagementError::Status { status, path: path.to_owned() });
         }
-        response.json().await.map(Some).map_err(|e| format!("management API: {e}"))
+        response.json().await.map(Some).map_err(ManagementError::Client)
     }
+}
+
+/// Why the management API could not be asked, or what it answered instead.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagementError {
+    /// A configured URL does not parse.
+    #[error("{0}: {1}")]
+    Url(&'static str, url::ParseError),
+    /// The HTTP client failed (connection, timeout, a body that is not the expected JSON).
+    #[error("management API: {0}")]
+    Client(reqwest::Error),
+    /// It did not answer in time.
+    #[error("no answer within {} s", .0.as_secs())]
+    Timeout(Duration),
+    /// It answered with an error status.
+    #[error("management API answered {status} for /{path}")]
+    Status {
+        /// The status.
+        status: reqwest::StatusCode,
+        /// The path asked.
+        path: String,
+    },
 }
 
 /// A queue name as one path segment (`%2F` for `/`, and so on).

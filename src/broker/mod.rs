@@ -26,6 +26,10 @@ use crate::contracts::headers;
 use futures_util::future::BoxFuture;
 
 pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
+
+/// An error of a [`Handler`], whatever its type: the runtime logs it and decides by the call
+/// that failed, never by its text.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
 /// The header that carries a stage message's MAC (hex): HMAC-SHA256 under the pipeline's keys
@@ -198,7 +202,7 @@ pub trait Handler: Send + Sync + 'static {
     fn exhausted(&self, delivery: Delivery, reason: String) -> BoxFuture<'_, Vec<OutMessage>>;
 
     /// Checked once before the stage consumes in this process; `Err` stops the start.
-    fn prepare(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn prepare(&self) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -227,7 +231,10 @@ pub trait Handler: Send + Sync + 'static {
     /// message whose consumer died and returns the total. Such a message is handled in place
     /// (re-publishing it would put it behind later messages of its key), so the runtime cannot
     /// count in a header. `Ok(None)` means not counted; `Err` means try again later.
-    fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+    fn count_redelivery(
+        &self,
+        delivery: &Delivery,
+    ) -> BoxFuture<'_, Result<Option<u32>, BoxError>> {
         let _ = delivery;
         Box::pin(async { Ok(None) })
     }
@@ -235,9 +242,9 @@ pub trait Handler: Send + Sync + 'static {
     /// Keeps replies their client's queue refused in durable storage, to be offered to their
     /// queue again later (`crate::redeliver`). `Err`: not kept (the runtime keeps them in
     /// `<prefix>.unrouted` instead).
-    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), String>> {
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), BoxError>> {
         let _ = refused;
-        Box::pin(async { Err("this handler parks nothing".to_owned()) })
+        Box::pin(async { Err("this handler parks nothing".into()) })
     }
 
     /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.

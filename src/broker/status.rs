@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::management::ManagementError;
 use super::{BrokerError, Publisher, Topology};
 use crate::contracts::TenantName;
 
@@ -106,7 +107,7 @@ const ACTIVITY_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 pub async fn with_activity(
     states: &mut [QueueState],
     api: &super::management::Management,
-) -> Result<(), String> {
+) -> Result<(), ManagementError> {
     let look = async {
         let mut names = std::collections::HashMap::new();
         for q in states.iter_mut().filter(|q| q.exists) {
@@ -122,7 +123,7 @@ pub async fn with_activity(
     };
     match tokio::time::timeout(ACTIVITY_BUDGET, look).await {
         Ok(result) => result,
-        Err(_) => Err(format!("no answer within {} s", ACTIVITY_BUDGET.as_secs())),
+        Err(_) => Err(ManagementError::Timeout(ACTIVITY_BUDGET)),
     }
 }
 
@@ -132,7 +133,7 @@ async fn name_workers(
     api: &super::management::Management,
     workers: &mut [String],
     names: &mut std::collections::HashMap<String, String>,
-) -> Result<(), String> {
+) -> Result<(), ManagementError> {
     for w in workers.iter_mut() {
         if !names.contains_key(w.as_str()) {
             let own = api.connection_name(w).await?;

@@ -121,7 +121,7 @@ impl Settings {
 
     fn validate_contexts(&self) -> Result<(), ConfigError> {
         for id in self.conversation_contexts.keys().chain(self.agent_contexts.keys()) {
-            id.parse::<ContextId>().map_err(|m| ConfigError::invalid(id.clone(), m))?;
+            id.parse::<ContextId>().map_err(|m| ConfigError::invalid(id.clone(), m.to_string()))?;
         }
         for (id, ctx) in &self.conversation_contexts {
             ctx.check(&format!("conversation_contexts.{id}"))?;

@@ -172,7 +172,7 @@ impl Settings {
         for (name, t) in &self.tenants {
             let key = |field: &str| format!("tenants.{name}.{field}");
             name.parse::<TenantName>()
-                .map_err(|m| ConfigError::invalid(format!("tenants.{name}"), m))?;
+                .map_err(|m| ConfigError::invalid(format!("tenants.{name}"), m.to_string()))?;
             if t.users.is_empty() || t.users.iter().any(|u| u.is_empty()) {
                 return Err(ConfigError::invalid(key("users"), "name at least one RabbitMQ user"));
             }

@@ -51,7 +51,7 @@ impl Console {
         let topology = crate::pipeline::topology(&settings);
         let token = settings.console.admin_token.clone();
         let admin_token = token.filter(|t| !t.expose().is_empty());
-        let management = Management::configured(&settings.amqp).map_err(anyhow::Error::msg)?;
+        let management = Management::configured(&settings.amqp)?;
         Ok(Console { settings, store, publisher, topology, admin_token, management })
     }
 

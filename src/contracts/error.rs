@@ -89,7 +89,7 @@ error_codes! {
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
     SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn arrived while the session waits for tool results";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";
-    SessionContextFixed => "session.context_fixed", "a later turn names another `AgentContextId` or `ConversationContextId` than the session was created with";
+    SessionContextFixed => "session.context_fixed", "a later turn names another `AgentContextId` than the session was created with (the `ConversationContextId` may change per turn)";
     LimitTurnsInFlight => "limit.turns_in_flight", "the tenant has as many turns in flight as `turns_in_flight` allows";
     LimitTurnsPerMinute => "limit.turns_per_minute", "the tenant reached `turns_per_minute` in the last 60 seconds";
     LimitSessionsPerMinute => "limit.sessions_per_minute", "the tenant created `sessions_per_minute` sessions in the last 60 seconds";

@@ -126,14 +126,12 @@ impl fmt::Display for ContextId {
 }
 
 impl FromStr for ContextId {
-    type Err = String;
+    type Err = InvalidName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.is_empty() || s.len() > 64 || !s.chars().all(is_id_char) {
-            return Err(format!(
-                "`{}` is not a context id: use 1-64 letters, digits, `.`, `_`, `:` or `-`",
-                clip(s)
-            ));
+            let rule = "1-64 letters, digits, `.`, `_`, `:` or `-`";
+            return Err(InvalidName { value: clip(s), what: "a context id", rule });
         }
         Ok(ContextId(s.to_owned()))
     }
@@ -166,15 +164,13 @@ impl fmt::Display for InstanceName {
 }
 
 impl FromStr for InstanceName {
-    type Err = String;
+    type Err = InvalidName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if s.is_empty() || s.len() > 64 || !s.chars().all(ok) {
-            return Err(format!(
-                "`{}` is not an instance name: use 1-64 letters, digits, `.`, `_` or `-`",
-                clip(s)
-            ));
+            let rule = "1-64 letters, digits, `.`, `_` or `-`";
+            return Err(InvalidName { value: clip(s), what: "an instance name", rule });
         }
         Ok(InstanceName(s.to_owned()))
     }
@@ -206,17 +202,16 @@ impl fmt::Display for TenantName {
 }
 
 impl FromStr for TenantName {
-    type Err = String;
+    type Err = InvalidName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-');
         let first_ok =
             s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
         if !first_ok || s.len() > 32 || !s.chars().all(ok) {
-            return Err(format!(
-                "`{}` is not a tenant name: use 1-32 lowercase letters, digits, `_` or `-`, starting with a letter or digit",
-                clip(s)
-            ));
+            let rule =
+                "1-32 lowercase letters, digits, `_` or `-`, starting with a letter or digit";
+            return Err(InvalidName { value: clip(s), what: "a tenant name", rule });
         }
         Ok(TenantName(s.to_owned()))
     }
@@ -340,4 +335,16 @@ pub(crate) fn clip(s: &str) -> String {
         None => s.escape_debug().to_string(),
         Some((end, _)) => format!("{}…", s[..end].escape_debug()),
     }
+}
+
+/// A name that breaks its type's rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}` is not {what}: use {rule}")]
+pub struct InvalidName {
+    /// The name (clipped).
+    pub value: String,
+    /// What it was read as.
+    pub what: &'static str,
+    /// The rule it breaks.
+    pub rule: &'static str,
 }

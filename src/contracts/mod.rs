@@ -14,7 +14,9 @@ mod wire;
 
 pub use delta::ReplyDelta;
 pub use error::{ApiError, ErrorCode};
-pub use ids::{ContextId, InstanceName, RelativePath, ReplyAddress, SessionId, TenantName, TurnId};
+pub use ids::{
+    ContextId, InstanceName, InvalidName, RelativePath, ReplyAddress, SessionId, TenantName, TurnId,
+};
 pub use request::AgentExecuteRequest;
 pub use response::{
     AgentExecuteResponse, FileRef, FinalOutput, InvokeResult, Outcome, ToolCall,

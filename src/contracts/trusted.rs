@@ -17,16 +17,50 @@ use super::validated::{
     ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 
+/// A wire request that no validated request could have been written as.
+#[derive(Debug, thiserror::Error)]
+pub enum NotTrusted {
+    /// A field a validated request always has is missing, or holds what it never holds.
+    #[error("{0}")]
+    Missing(&'static str),
+    /// An id that does not parse.
+    #[error("{0}")]
+    Id(String),
+    /// Binary contents that are not base64.
+    #[error(transparent)]
+    Base64(#[from] base64::DecodeError),
+}
+
+impl From<&'static str> for NotTrusted {
+    fn from(what: &'static str) -> Self {
+        NotTrusted::Missing(what)
+    }
+}
+
+impl From<super::ids::InvalidName> for NotTrusted {
+    fn from(why: super::ids::InvalidName) -> Self {
+        NotTrusted::Id(why.to_string())
+    }
+}
+
 impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
-    type Error = String;
+    type Error = NotTrusted;
 
     /// Trusted: `w` was written from a validated request. A shape that cannot come from one
     /// (a missing id, an unknown operator) is reported; nothing else is checked.
-    fn try_from(w: AgentExecuteRequest) -> Result<Self, String> {
-        let session_id =
-            w.session_id.as_deref().ok_or("no SessionId")?.parse().map_err(|(_, m)| m)?;
-        let turn_id =
-            w.turn_id.as_deref().ok_or("no TurnId")?.parse().map_err(|(_, m): (_, String)| m)?;
+    fn try_from(w: AgentExecuteRequest) -> Result<Self, NotTrusted> {
+        let session_id = w
+            .session_id
+            .as_deref()
+            .ok_or("no SessionId")?
+            .parse()
+            .map_err(|(_, m)| NotTrusted::Id(m))?;
+        let turn_id = w
+            .turn_id
+            .as_deref()
+            .ok_or("no TurnId")?
+            .parse()
+            .map_err(|(_, m): (_, String)| NotTrusted::Id(m))?;
         let key = TurnKey { session_id, turn_id };
         if let Some(results) = w.tool_results {
             let results = results.into_iter().map(tool_result).collect::<Result<_, _>>()?;
@@ -71,11 +105,11 @@ impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
     }
 }
 
-fn tool_result(r: ToolResultWire) -> Result<ToolResult, String> {
+fn tool_result(r: ToolResultWire) -> Result<ToolResult, NotTrusted> {
     let outcome = match (r.result_json, r.error_message) {
         (Some(json), None) => ToolOutcome::ResultJson(json),
         (None, Some(message)) => ToolOutcome::ErrorMessage(message),
-        _ => return Err("a tool result without exactly one outcome".into()),
+        _ => return Err(NotTrusted::Missing("a tool result without exactly one outcome")),
     };
     Ok(ToolResult {
         tool_call_id: r.tool_call_id.ok_or("a tool result without ToolCallId")?,
@@ -85,20 +119,18 @@ fn tool_result(r: ToolResultWire) -> Result<ToolResult, String> {
     })
 }
 
-fn artifact(a: InputArtifactWire) -> Result<InputArtifact, String> {
+fn artifact(a: InputArtifactWire) -> Result<InputArtifact, NotTrusted> {
     let contents = a.contents.ok_or("an artifact without Contents")?;
     let contents = match a.encoding.as_deref() {
-        Some("base64") => ArtifactContents::Binary(
-            base64::engine::general_purpose::STANDARD
-                .decode(contents)
-                .map_err(|e| e.to_string())?,
-        ),
+        Some("base64") => {
+            ArtifactContents::Binary(base64::engine::general_purpose::STANDARD.decode(contents)?)
+        }
         _ => ArtifactContents::Text(contents),
     };
     let origin = match a.origin.as_deref() {
         Some("ide") => Origin::Ide,
         Some("user") => Origin::User,
-        _ => return Err("an artifact without a known Origin".into()),
+        _ => return Err(NotTrusted::Missing("an artifact without a known Origin")),
     };
     Ok(InputArtifact {
         path: RelativePath::trusted(a.relative_path.ok_or("an artifact without RelativePath")?),
@@ -110,7 +142,7 @@ fn artifact(a: InputArtifactWire) -> Result<InputArtifact, String> {
     })
 }
 
-fn image(i: ClipboardImageWire) -> Result<ClipboardImage, String> {
+fn image(i: ClipboardImageWire) -> Result<ClipboardImage, NotTrusted> {
     let data_base64 = i.data_base64.ok_or("an image without DataBase64")?;
     // The decoded size from the text alone: validated base64 has no whitespace.
     let padding = data_base64.bytes().rev().take_while(|b| *b == b'=').count();

@@ -57,7 +57,10 @@ impl Endpoint {
     /// with its own base URL gets only its own key (none if it has none): another endpoint
     /// never receives the global key. A key file is read here, at each call, so a replaced file
     /// takes effect at once; an unreadable one is an error naming the path, never the key.
-    pub fn resolve(settings: &LlmSettings, agent: Option<&AgentContext>) -> Result<Self, String> {
+    pub fn resolve(
+        settings: &LlmSettings,
+        agent: Option<&AgentContext>,
+    ) -> Result<Self, KeyFileError> {
         let own_url = agent.and_then(|a| a.llm_base_url.as_ref());
         let base_url = own_url.unwrap_or(&settings.base_url).expose().to_owned();
         let own_key = match agent.and_then(|a| a.llm_api_key_file.as_ref()) {
@@ -149,12 +152,31 @@ pub trait LlmClient: Send + Sync + fmt::Debug {
 }
 
 /// A key from a mounted secret file: its content without the trailing newline.
-fn read_key(path: &std::path::Path) -> Result<Secret, String> {
+fn read_key(path: &std::path::Path) -> Result<Secret, KeyFileError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("the LLM key file {} is unreadable: {e}", path.display()))?;
+        .map_err(|source| KeyFileError::Unreadable { path: path.to_owned(), source })?;
     let key = text.trim_end_matches(['\n', '\r']);
     if key.is_empty() {
-        return Err(format!("the LLM key file {} is empty", path.display()));
+        return Err(KeyFileError::Empty { path: path.to_owned() });
     }
     Ok(Secret::new(key))
+}
+
+/// An AgentContext's LLM key file that cannot be used (the error names the path, never a key).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    /// It cannot be read.
+    #[error("the LLM key file {} is unreadable: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It holds no key.
+    #[error("the LLM key file {} is empty", path.display())]
+    Empty {
+        /// The file.
+        path: std::path::PathBuf,
+    },
 }

@@ -15,7 +15,7 @@ pub(crate) struct SseDecoder {
 
 impl SseDecoder {
     /// Adds a chunk and returns the data of every event it completes, in order.
-    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, String> {
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, std::str::Utf8Error> {
         self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
         let mut start = 0;
@@ -23,8 +23,7 @@ impl SseDecoder {
             let end = start + pos;
             let line = &self.buf[start..end];
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let line =
-                std::str::from_utf8(line).map_err(|e| format!("stream line is not UTF-8: {e}"))?;
+            let line = std::str::from_utf8(line)?;
             if line.is_empty() {
                 if self.has_data {
                     events.push(std::mem::take(&mut self.data));

@@ -66,8 +66,9 @@ pub(crate) async fn read(
             Ok(Some(Err(e))) => return Err(acc.broken(RetryCause::Transport(transport_error(&e)))),
             Ok(Some(Ok(chunk))) => chunk,
         };
-        let events =
-            decoder.push(&chunk).map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e)))?;
+        let events = decoder.push(&chunk).map_err(|e| {
+            AttemptError::Fatal(LlmError::InvalidResponse(format!("stream line is not UTF-8: {e}")))
+        })?;
         for data in events {
             let event: Value = serde_json::from_str(&data).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(

@@ -1,5 +1,5 @@
-//! The turn as it travels: the admitted turn ([`TurnJob`]), with its chunks ([`AssembleJob`]),
-//! with its `/responses` body ([`InvokeJob`]), and how its round trip ended ([`PersistJob`]).
+//! The turn as it travels: the admitted turn ([`AdmittedTurn`]), with its chunks ([`RetrievedTurn`]),
+//! with its `/responses` body ([`AssembledTurn`]), and how its round trip ended ([`EndedRoundTrip`]).
 //!
 //! Requests travel whole: they were validated once and fit in a message, and re-reading them
 //! from PostgreSQL at every hop would cost more than carrying them.
@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::DecodeError;
 use crate::assemble::{
     assemble, AssembleInput, AssemblePolicy, Assembled, SessionState, StoredState, TurnInput,
 };
@@ -21,7 +22,7 @@ use crate::llm::RequestBody;
 
 /// One round trip of a turn: the user turn, and the continuation that resumed it, if any.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TurnJob {
+pub struct AdmittedTurn {
     /// The turn.
     pub key: TurnKey,
     /// Which round trip: 0 for the user turn, +1 per tool continuation.
@@ -56,7 +57,7 @@ pub struct TurnJob {
     pub executed: Vec<super::ServerExecution>,
 }
 
-impl TurnJob {
+impl AdmittedTurn {
     /// Where this round trip's replies go.
     pub fn address(&self) -> ReplyAddress {
         ReplyAddress { tenant: self.tenant.clone(), instance: self.reply_to.clone() }
@@ -73,7 +74,7 @@ impl TurnJob {
     }
 }
 
-impl TurnJob {
+impl AdmittedTurn {
     /// Builds this round trip's `/responses` request from the session's `state` (used by the
     /// assemble stage, and by invoke to rebuild a chain the provider lost).
     pub fn assemble(
@@ -99,9 +100,10 @@ impl TurnJob {
 
 /// The turn with what retrieval found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AssembleJob {
-    /// The turn.
-    pub job: TurnJob,
+pub struct RetrievedTurn {
+    /// The turn (`job` on the wire, as queued messages and saved answers have it).
+    #[serde(rename = "job")]
+    pub admitted: AdmittedTurn,
     /// Chunks, best first.
     pub chunks: Vec<Chunk>,
     /// Warnings for the final response (ignored scope keys, retrieval unavailable).
@@ -112,9 +114,10 @@ pub struct AssembleJob {
 /// chain is rebuilt from what `assembled` kept ([`Assembled::retrieved_chunks`]); the `chunks`
 /// of messages queued by earlier builds are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct InvokeJob {
-    /// The turn.
-    pub job: TurnJob,
+pub struct AssembledTurn {
+    /// The turn (`job` on the wire, as queued messages and saved answers have it).
+    #[serde(rename = "job")]
+    pub admitted: AdmittedTurn,
     /// Warnings so far.
     pub warnings: Vec<UserWarning>,
     /// The request body and the record of what it sends.
@@ -127,9 +130,10 @@ pub struct InvokeJob {
 
 /// How a round trip ended, for the persist stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PersistJob {
-    /// The turn.
-    pub job: TurnJob,
+pub struct EndedRoundTrip {
+    /// The turn (`job` on the wire, as queued messages and saved answers have it).
+    #[serde(rename = "job")]
+    pub admitted: AdmittedTurn,
     /// What was sent, when a request was built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assembled: Option<Assembled>,
@@ -147,11 +151,11 @@ pub struct PersistJob {
     pub hops: Vec<super::Hop>,
 }
 
-impl PersistJob {
+impl EndedRoundTrip {
     /// A round trip that ends the turn with `errors`.
-    pub fn failed(job: TurnJob, errors: Vec<ApiError>) -> Self {
-        PersistJob {
-            job,
+    pub fn failed(job: AdmittedTurn, errors: Vec<ApiError>) -> Self {
+        EndedRoundTrip {
+            admitted: job,
             assembled: None,
             warnings: Vec::new(),
             result: RoundTrip::Failed { errors, raw: None },
@@ -261,7 +265,7 @@ impl From<crate::llm::LlmResponse> for Answer {
 }
 
 /// A provider answer kept at rest (`llm_results`), versioned: rows written before versioning
-/// hold a bare [`PersistJob`] and still read.
+/// hold a bare [`EndedRoundTrip`] and still read.
 ///
 /// From version 2 on, the `/responses` body is left out (`null`) unless invoke rebuilt it: the
 /// invoke message that a redelivery brings back carries it, and the record keeps it
@@ -276,10 +280,10 @@ pub enum SavedRoundTrip {
         /// Format version: 1 (with the body) or 2 (the body only when rebuilt).
         v: u16,
         /// The round trip.
-        job: PersistJob,
+        job: EndedRoundTrip,
     },
-    /// A bare `PersistJob`, as written before versioning.
-    Legacy(PersistJob),
+    /// A bare `EndedRoundTrip`, as written before versioning.
+    Legacy(EndedRoundTrip),
 }
 
 impl SavedRoundTrip {
@@ -288,11 +292,11 @@ impl SavedRoundTrip {
 
     /// `job`, in the current format: without its body unless `rebuilt` (the body is not the one
     /// the invoke message carries).
-    pub fn encode(job: &mut PersistJob, rebuilt: bool) -> Result<Value, serde_json::Error> {
+    pub fn encode(job: &mut EndedRoundTrip, rebuilt: bool) -> Result<Value, serde_json::Error> {
         #[derive(Serialize)]
         struct Current<'a> {
             v: u16,
-            job: &'a PersistJob,
+            job: &'a EndedRoundTrip,
         }
         crate::metrics::metrics().json("serialize", "saved_answer");
         let body = match job.assembled.as_mut() {
@@ -310,27 +314,27 @@ impl SavedRoundTrip {
 
     /// A saved answer as stored, in any format this build reads; a body left out is `null`
     /// (see [`SavedRoundTrip::with_body`]).
-    pub fn read(stored: Value) -> Result<PersistJob, String> {
+    pub fn read(stored: Value) -> Result<EndedRoundTrip, DecodeError> {
         /// The versioned form, read without the enum: an untagged enum buffers what it reads,
         /// and the body inside (text, not a tree) reads only from `serde_json`'s own types.
         #[derive(Deserialize)]
         struct Versioned {
             v: u16,
-            job: PersistJob,
+            job: EndedRoundTrip,
         }
         crate::metrics::metrics().json("parse", "saved_answer");
         let saved = if stored.get("v").is_some() {
-            let Versioned { v, job } = serde_json::from_value(stored).map_err(|e| e.to_string())?;
+            let Versioned { v, job } = serde_json::from_value(stored)?;
             SavedRoundTrip::Current { v, job }
         } else {
-            SavedRoundTrip::Legacy(serde_json::from_value(stored).map_err(|e| e.to_string())?)
+            SavedRoundTrip::Legacy(serde_json::from_value(stored)?)
         };
         saved.into_job()
     }
 
     /// `job` with the body it was saved without: `sent`, the invoke message's own; and the
     /// session state that message carries.
-    pub fn with_body(mut job: PersistJob, sent: InvokeJob) -> PersistJob {
+    pub fn with_body(mut job: EndedRoundTrip, sent: AssembledTurn) -> EndedRoundTrip {
         if let Some(a) = job.assembled.as_mut().filter(|a| a.body.is_null()) {
             a.body = sent.assembled.body;
         }
@@ -339,13 +343,13 @@ impl SavedRoundTrip {
     }
 
     /// The round trip, if this build reads its version.
-    pub fn into_job(self) -> Result<PersistJob, String> {
+    pub fn into_job(self) -> Result<EndedRoundTrip, DecodeError> {
         match self {
             SavedRoundTrip::Current { v: 1 | Self::VERSION, job } | SavedRoundTrip::Legacy(job) => {
                 Ok(job)
             }
             SavedRoundTrip::Current { v, .. } => {
-                Err(format!("saved answer has unknown version {v}"))
+                Err(DecodeError::Version { what: "saved answer", version: v })
             }
         }
     }

@@ -3,9 +3,9 @@
 //! rejects kinds it does not expect, so a rolling upgrade can never feed it a shape it misreads.
 //!
 //! Edges (named by the artifact, not by who consumes it): backends → `requests` (raw
-//! `AgentExecuteRequest` JSON, [`Submission`]) → an admitted turn ([`TurnJob`]) → with its chunks
-//! ([`AssembleJob`]) → with its `/responses` body ([`InvokeJob`]) → how the round trip ended
-//! ([`PersistJob`]) → the session's reply queue ([`Outgoing::Reply`]).
+//! `AgentExecuteRequest` JSON, [`Submission`]) → an admitted turn ([`AdmittedTurn`]) → with its chunks
+//! ([`RetrievedTurn`]) → with its `/responses` body ([`AssembledTurn`]) → how the round trip ended
+//! ([`EndedRoundTrip`]) → the session's reply queue ([`Outgoing::Reply`]).
 //!
 //! Inner messages are written only by Aptix and were validated when their request entered, so
 //! they are decoded as they are: nothing is validated twice.
@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 pub use hops::Hop;
 pub use jobs::{
-    with_owed_warnings, Answer, AssembleJob, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip,
-    TurnJob,
+    with_owed_warnings, AdmittedTurn, Answer, AssembledTurn, EndedRoundTrip, RetrievedTurn,
+    RoundTrip, SavedRoundTrip,
 };
 pub use outgoing::{LegacyMessage, Outgoing, ReplyOut, ReplyOutcome, Submission, RESENT};
 pub use tools::{server_rounds, ServerExecution};
@@ -34,12 +34,12 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     const KIND: &'static str;
 
     /// The turn the message belongs to.
-    fn turn(&self) -> &TurnJob;
+    fn turn(&self) -> &AdmittedTurn;
 
     /// The round trip this message becomes when its turn fails with `errors` (sent to the last
     /// stage, which records it and replies). `None` when there is nothing left to fail.
-    fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
-        Some(PersistJob::failed(self.turn().clone(), errors))
+    fn fail(self, errors: Vec<ApiError>) -> Option<EndedRoundTrip> {
+        Some(EndedRoundTrip::failed(self.turn().clone(), errors))
     }
 
     /// Takes the turn's path so far, this delivery's own hop last ([`hops`]); only the last
@@ -49,31 +49,31 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     }
 }
 
-impl Message for TurnJob {
+impl Message for AdmittedTurn {
     const KIND: &'static str = "turn.retrieve/v1";
-    fn turn(&self) -> &TurnJob {
+    fn turn(&self) -> &AdmittedTurn {
         self
     }
 }
 
-impl Message for AssembleJob {
+impl Message for RetrievedTurn {
     const KIND: &'static str = "turn.assemble/v1";
-    fn turn(&self) -> &TurnJob {
-        &self.job
+    fn turn(&self) -> &AdmittedTurn {
+        &self.admitted
     }
 }
 
-impl Message for InvokeJob {
+impl Message for AssembledTurn {
     const KIND: &'static str = "turn.invoke/v1";
-    fn turn(&self) -> &TurnJob {
-        &self.job
+    fn turn(&self) -> &AdmittedTurn {
+        &self.admitted
     }
 }
 
-impl Message for PersistJob {
+impl Message for EndedRoundTrip {
     const KIND: &'static str = "turn.persist/v1";
-    fn turn(&self) -> &TurnJob {
-        &self.job
+    fn turn(&self) -> &AdmittedTurn {
+        &self.admitted
     }
 
     fn take_hops(&mut self, path: Vec<Hop>) {
@@ -82,9 +82,9 @@ impl Message for PersistJob {
 
     /// Failing a round trip again replaces its result; a failure that could not even be
     /// recorded is an operator's to look at, not another message's.
-    fn fail(mut self, errors: Vec<ApiError>) -> Option<PersistJob> {
+    fn fail(mut self, errors: Vec<ApiError>) -> Option<EndedRoundTrip> {
         if matches!(self.result, RoundTrip::Failed { .. }) && self.assembled.is_none() {
-            let (session, turn) = (&self.job.key.session_id, &self.job.key.turn_id);
+            let (session, turn) = (&self.admitted.key.session_id, &self.admitted.key.turn_id);
             tracing::error!(%session, %turn, ?errors, "could not record a failed turn");
             return None;
         }
@@ -101,7 +101,7 @@ pub enum Done {}
 
 impl Message for Done {
     const KIND: &'static str = "done";
-    fn turn(&self) -> &TurnJob {
+    fn turn(&self) -> &AdmittedTurn {
         match *self {}
     }
 }
@@ -132,16 +132,40 @@ pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
 /// `M` is read from the bytes directly, ignoring `Kind`: a flattened field would make serde
 /// buffer the whole message as a tree first, and the `/responses` body could not stay text.
 /// [`encode`] writes `Kind` first, so its messages need no second look for it.
-pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, String> {
+pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
     crate::metrics::metrics().json("parse", M::KIND);
     if !starts_with_kind(bytes, M::KIND) {
-        let tagged: KindOf<'_> =
-            serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))?;
+        let tagged: KindOf<'_> = serde_json::from_slice(bytes)?;
         if tagged.kind != M::KIND {
-            return Err(format!("a `{}` message where `{}` was expected", tagged.kind, M::KIND));
+            let found = tagged.kind.into_owned();
+            return Err(DecodeError::Kind { found, expected: M::KIND });
         }
     }
-    serde_json::from_slice(bytes).map_err(|e| format!("undecodable: {e}"))
+    Ok(serde_json::from_slice(bytes)?)
+}
+
+/// Why bytes (or a stored value) are not a message this build reads.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON of the message's shape.
+    #[error("undecodable: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Another kind of message.
+    #[error("a `{found}` message where `{expected}` was expected")]
+    Kind {
+        /// Its `Kind`.
+        found: String,
+        /// The kind asked for.
+        expected: &'static str,
+    },
+    /// A stored form from a version this build does not read.
+    #[error("{what} has unknown version {version}")]
+    Version {
+        /// What was stored.
+        what: &'static str,
+        /// Its version.
+        version: u16,
+    },
 }
 
 /// Whether `bytes` open with `{"Kind":"<kind>",`, as [`encode`] writes them.
@@ -165,7 +189,7 @@ mod tests {
 
     impl Message for Probe {
         const KIND: &'static str = "probe/v1";
-        fn turn(&self) -> &TurnJob {
+        fn turn(&self) -> &AdmittedTurn {
             unreachable!("a probe carries no turn")
         }
     }
@@ -181,9 +205,9 @@ mod tests {
         assert_eq!(decode::<Probe>(later.as_bytes()).unwrap().n, 8);
         let other = br#"{"Kind":"turn.persist/v1","n":1,"body":{}}"#;
         let e = decode::<Probe>(other).unwrap_err();
-        assert!(e.contains("`turn.persist/v1` message where `probe/v1`"), "{e}");
+        assert!(e.to_string().contains("`turn.persist/v1` message where `probe/v1`"), "{e}");
         let prefixed = br#"{"Kind":"probe/v1x","n":1,"body":{}}"#;
-        assert!(decode::<Probe>(prefixed).unwrap_err().contains("`probe/v1x`"));
-        assert!(decode::<Probe>(br#"{"n":1,"body":{}}"#).unwrap_err().contains("Kind"));
+        assert!(decode::<Probe>(prefixed).unwrap_err().to_string().contains("`probe/v1x`"));
+        assert!(decode::<Probe>(br#"{"n":1,"body":{}}"#).unwrap_err().to_string().contains("Kind"));
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::TurnJob;
+use super::AdmittedTurn;
 use crate::contracts::{
     ApiError, InstanceName, InvokeResult, Outcome, Reply, ReplyAddress, SessionId, TenantName,
     TurnId,
@@ -36,7 +36,7 @@ pub const RESENT: &str = "resent-";
 pub enum Outgoing {
     /// Start (or resume) a turn at the pipeline's first stage after admission.
     #[serde(rename = "outgoing.start/v1")]
-    Start(TurnJob),
+    Start(AdmittedTurn),
     /// A reply for the session's reply queue.
     #[serde(rename = "outgoing.reply/v1")]
     Reply(ReplyOut),

@@ -29,6 +29,7 @@ mod record;
 mod report;
 mod select;
 mod turn;
+mod why;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -184,7 +185,7 @@ impl Reprocessor {
         let inputs =
             match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
                 Ok(inputs) => inputs,
-                Err(why) => return Ok((Prepared::Unavailable(why), count)),
+                Err(why) => return Ok((Prepared::Unavailable(why.to_string()), count)),
             };
         let context = rebuild::context_for(
             &self.settings,
@@ -195,7 +196,9 @@ impl Reprocessor {
         let endpoint = turn::endpoint_for(&self.settings, &inputs.turn);
         let (context, endpoint) = match (context, endpoint) {
             (Ok(c), Ok(e)) => (c, e),
-            (Err(why), _) | (_, Err(why)) => return Ok((Prepared::Unavailable(why), count)),
+            (Err(why), _) | (_, Err(why)) => {
+                return Ok((Prepared::Unavailable(why.to_string()), count))
+            }
         };
         let replayer =
             Replayer { llm: &*self.llm, endpoint, context, policy: &self.settings.assemble };
@@ -281,7 +284,7 @@ impl Reprocessor {
         }
         let records = match replayer.replay(&inputs).await {
             Ok(records) => records,
-            Err(why) => return (Outcome::Failed(why), count),
+            Err(why) => return (Outcome::Failed(why.to_string()), count),
         };
         match self.store.insert_reprocessed(&opts.run, &records).await {
             // Another copy of the run wrote this turn first.

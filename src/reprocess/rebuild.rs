@@ -2,7 +2,7 @@
 //! session:
 //!
 //! - The turn, its retrieved chunks (with text) and its retrieval warnings come from the invoke
-//!   stage's saved round trip (`llm_results`, a `PersistJob`): the validated request, and the
+//!   stage's saved round trip (`llm_results`, a `EndedRoundTrip`): the validated request, and the
 //!   assembled `StateUpdate`, which holds the text of every chunk the turn sent. Chunks the
 //!   turn's chain already held were not resent; their text is taken from the session history.
 //! - The session as it was just before the turn is replayed from the same saved round trips of
@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::why::Unreplayable;
 use crate::assemble::{
     assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ProviderAnswer,
     SessionState, TurnInput,
@@ -29,7 +30,7 @@ use crate::config::{ConversationContext, Settings};
 use crate::contracts::{
     Outcome, ToolCall, ToolContinuation, ToolResult, UserTurn, ValidatedRequest,
 };
-use crate::messages::{Answer, PersistJob, RoundTrip, SavedRoundTrip};
+use crate::messages::{Answer, EndedRoundTrip, RoundTrip, SavedRoundTrip};
 use crate::store::{OriginalStep, Store, StoreError};
 
 /// One original record of the turn and its saved round trip, if there is one.
@@ -38,7 +39,7 @@ pub(crate) struct StepInput {
     /// The original record.
     pub original: OriginalStep,
     /// The saved round trip; `None` when the step never reached the model.
-    pub job: Option<PersistJob>,
+    pub job: Option<EndedRoundTrip>,
     /// Why a saved round trip could not be read, if it could not.
     pub unreadable: Option<String>,
 }
@@ -83,19 +84,19 @@ pub(crate) async fn load(
     policy: &AssemblePolicy,
     session: Uuid,
     steps: Vec<StepInput>,
-) -> Result<Result<TurnInputs, String>, StoreError> {
+) -> Result<Result<TurnInputs, Unreplayable>, StoreError> {
     let Some(first) = steps.first().filter(|s| s.original.step == 0) else {
-        return Ok(Err("the turn has no first round trip".into()));
+        return Ok(Err(Unreplayable::NoFirstStep));
     };
     if let Some(e) = &first.unreadable {
-        return Ok(Err(format!("the saved round trip is unreadable: {e}")));
+        return Ok(Err(Unreplayable::Unreadable(e.clone())));
     }
     let Some(job) = &first.job else {
-        return Ok(Err("the turn never reached the model (no saved request)".into()));
+        return Ok(Err(Unreplayable::NeverCalled));
     };
-    let (ValidatedRequest::UserTurn(turn), Some(assembled)) = (&job.job.turn, &job.assembled)
+    let (ValidatedRequest::UserTurn(turn), Some(assembled)) = (&job.admitted.turn, &job.assembled)
     else {
-        return Ok(Err("the saved round trip has no assembled user turn".into()));
+        return Ok(Err(Unreplayable::NoUserTurn));
     };
     let earlier = store.saved_steps_before(session, first.original.seq, 0).await?;
     let mut state = replay_state(&earlier, policy);
@@ -147,14 +148,14 @@ pub(crate) fn context_for(
     turn: &UserTurn,
     override_id: Option<&str>,
     model: Option<&str>,
-) -> Result<ConversationContext, String> {
+) -> Result<ConversationContext, Unreplayable> {
     let found = match override_id {
         Some(id) => settings.conversation_contexts.get(id),
         None => settings.conversation_context(turn.conversation_context_id()),
     };
     let mut context = found.cloned().ok_or_else(|| {
         let id = override_id.or(turn.conversation_context_id().map(|c| c.as_str()));
-        format!("the conversation context `{}` is not configured", id.unwrap_or("(default)"))
+        Unreplayable::UnknownConversationContext(id.unwrap_or("(default)").to_owned())
     })?;
     if let Some(model) = model {
         model.clone_into(&mut context.model);
@@ -168,10 +169,9 @@ pub(crate) fn user_request(
     context: &ConversationContext,
     policy: &AssemblePolicy,
     now: DateTime<Utc>,
-) -> Result<Assembled, String> {
+) -> Result<Assembled, Unreplayable> {
     let turn = TurnInput::User { turn: &inputs.turn, chunks: &inputs.chunks };
-    let assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })
-        .map_err(|e| e.to_string())?;
+    let assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })?;
     Ok(never_streaming(assembled))
 }
 
@@ -179,23 +179,22 @@ pub(crate) fn user_request(
 /// sent for step `original`, or why the step cannot be replayed.
 pub(crate) fn continuation_request(
     state: &SessionState,
-    original: &PersistJob,
+    original: &EndedRoundTrip,
     calls: &[ToolCall],
     context: &ConversationContext,
     policy: &AssemblePolicy,
     now: DateTime<Utc>,
-) -> Result<Assembled, String> {
-    let Some(ValidatedRequest::ToolContinuation(sent)) = &original.job.continuation else {
-        return Err("the original step has no saved tool results".into());
+) -> Result<Assembled, Unreplayable> {
+    let Some(ValidatedRequest::ToolContinuation(sent)) = &original.admitted.continuation else {
+        return Err(Unreplayable::NoToolResults);
     };
-    let asked = &original.job.pending_tool_calls;
+    let asked = &original.admitted.pending_tool_calls;
     let names = |c: &[ToolCall]| c.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
     if names(asked) != names(calls) {
-        return Err(format!(
-            "the new answer calls [{}] where the original called [{}]",
-            names(calls).join(", "),
-            names(asked).join(", ")
-        ));
+        return Err(Unreplayable::OtherCalls {
+            new: names(calls).join(", "),
+            original: names(asked).join(", "),
+        });
     }
     let results: Vec<ToolResult> = sent
         .results()
@@ -208,8 +207,7 @@ pub(crate) fn continuation_request(
     let continuation = ToolContinuation { key: sent.key().clone(), results };
     let turn =
         TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
-    let assembled =
-        assemble(AssembleInput { state, context, policy, now, turn }).map_err(|e| e.to_string())?;
+    let assembled = assemble(AssembleInput { state, context, policy, now, turn })?;
     Ok(never_streaming(assembled))
 }
 

@@ -67,7 +67,7 @@ pub fn parse_turn_list(text: &str) -> Result<Vec<(SessionId, TurnId)>, Reprocess
         }
         let bad = |message: String| ReprocessError::TurnList { line: n, message };
         let (session, turn) = if line.starts_with('{') {
-            json_pair(line).map_err(bad)?
+            json_pair(line).map_err(|e| bad(e.to_string()))?
         } else {
             let fields: Vec<&str> = line
                 .split(|c: char| c.is_whitespace() || c == ',')
@@ -93,20 +93,20 @@ pub fn parse_turn_list(text: &str) -> Result<Vec<(SessionId, TurnId)>, Reprocess
 }
 
 /// `{"SessionId": …, "TurnId": …}` (snake_case keys are accepted too).
-fn json_pair(line: &str) -> Result<(String, String), String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("not a JSON object: {e}"))?;
-    let field = |names: [&str; 2]| {
+fn json_pair(line: &str) -> Result<(String, String), PairError> {
+    let v: Value = serde_json::from_str(line)?;
+    let field = |names: [&'static str; 2]| {
         names
             .iter()
             .find_map(|k| v.get(*k).and_then(Value::as_str))
             .map(str::to_owned)
-            .ok_or_else(|| format!("`{}` is missing or not a string", names[0]))
+            .ok_or(PairError::Missing(names[0]))
     };
     Ok((field(["SessionId", "session_id"])?, field(["TurnId", "turn_id"])?))
 }
 
 /// Reads an RFC 3339 time (`2025-01-31T12:00:00Z`) or a date (`2025-01-31`, midnight UTC).
-pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+pub fn parse_time(text: &str) -> Result<DateTime<Utc>, BadTime> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
@@ -114,12 +114,24 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
         .ok()
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .map(|t| t.and_utc())
-        .ok_or_else(|| {
-            format!(
-                "`{text}` is not an RFC 3339 time (2025-01-31T12:00:00Z) or a date (2025-01-31)"
-            )
-        })
+        .ok_or_else(|| BadTime(text.to_owned()))
 }
+
+/// A JSON line of a turn list that is not a session and turn pair.
+#[derive(Debug, thiserror::Error)]
+enum PairError {
+    /// Not JSON.
+    #[error("not a JSON object: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A field is missing.
+    #[error("`{0}` is missing or not a string")]
+    Missing(&'static str),
+}
+
+/// A time option that is neither an RFC 3339 time nor a date.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not an RFC 3339 time (2025-01-31T12:00:00Z) or a date (2025-01-31)")]
+pub struct BadTime(String);
 
 #[cfg(test)]
 mod tests {

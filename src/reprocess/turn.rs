@@ -8,6 +8,7 @@ use tracing::debug;
 
 use super::rebuild::{continuation_request, provider_answer, user_request, TurnInputs};
 use super::record::{answered, failed, step_warnings};
+use super::why::Unreplayable;
 use crate::assemble::AssemblePolicy;
 use crate::config::{ConversationContext, Settings};
 use crate::contracts::{Outcome, ToolCall, UserTurn};
@@ -28,12 +29,12 @@ pub(crate) struct Replayer<'a> {
 }
 
 /// The endpoint serving a turn, as the invoke stage resolves it.
-pub(crate) fn endpoint_for(settings: &Settings, turn: &UserTurn) -> Result<Endpoint, String> {
+pub(crate) fn endpoint_for(settings: &Settings, turn: &UserTurn) -> Result<Endpoint, Unreplayable> {
     let agent = settings.agent_context(turn.agent_context_id()).ok_or_else(|| {
         let id = turn.agent_context_id().map_or("(default)", |c| c.as_str());
-        format!("the agent context `{id}` is not configured")
+        Unreplayable::UnknownAgentContext(id.to_owned())
     })?;
-    Endpoint::resolve(&settings.llm, Some(agent))
+    Ok(Endpoint::resolve(&settings.llm, Some(agent))?)
 }
 
 /// Whether an LLM error is the model's answer to this request (recorded, like the pipeline does)
@@ -44,7 +45,10 @@ fn is_model_outcome(e: &LlmError) -> bool {
 
 impl Replayer<'_> {
     /// Runs the turn; the records to write, or why the turn failed.
-    pub(crate) async fn replay(&self, inputs: &TurnInputs) -> Result<Vec<LinkedRecord>, String> {
+    pub(crate) async fn replay(
+        &self,
+        inputs: &TurnInputs,
+    ) -> Result<Vec<LinkedRecord>, Unreplayable> {
         let mut state = inputs.state.clone();
         let mut records = Vec::new();
         let mut calls: Option<Vec<ToolCall>> = None;
@@ -86,13 +90,13 @@ impl Replayer<'_> {
                     }
                     owed.extend(step_warnings(step, &assembled));
                     let record = answered(inputs, step, &assembled, &answer, &self.context, &owed);
-                    records.push(record.map_err(|e| e.to_string())?);
+                    records.push(record?);
                 }
                 Err(e) if is_model_outcome(&e) => {
-                    records.push(failed(inputs, step, &assembled, &e).map_err(|e| e.to_string())?);
+                    records.push(failed(inputs, step, &assembled, &e)?);
                     break;
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(records)

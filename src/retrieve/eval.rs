@@ -56,19 +56,39 @@ pub struct EvalReport {
 }
 
 /// Parses a JSONL query set; errors name the line.
-pub fn parse_queries(text: &str) -> Result<Vec<EvalQuery>, String> {
+pub fn parse_queries(text: &str) -> Result<Vec<EvalQuery>, BadQuery> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, l)| {
+            let line = i + 1;
             let q: EvalQuery =
-                serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1))?;
+                serde_json::from_str(l).map_err(|e| BadQuery::Json { line, source: e })?;
             if q.expected_paths.is_empty() {
-                return Err(format!("line {}: expected_paths is empty", i + 1));
+                return Err(BadQuery::NoExpectedPaths { line });
             }
             Ok(q)
         })
         .collect()
+}
+
+/// A line of a query set that is not a query.
+#[derive(Debug, thiserror::Error)]
+pub enum BadQuery {
+    /// Not a query's JSON.
+    #[error("line {line}: {source}")]
+    Json {
+        /// 1-based.
+        line: usize,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A query that could never be scored.
+    #[error("line {line}: expected_paths is empty")]
+    NoExpectedPaths {
+        /// 1-based.
+        line: usize,
+    },
 }
 
 /// Scores one query's returned paths against its expected paths.
@@ -135,6 +155,6 @@ mod tests {
         let ok = parse_queries("# c\n\n{\"query\":\"q\",\"expected_paths\":[\"a\"]}\n").unwrap();
         assert_eq!(ok.len(), 1);
         let err = parse_queries("{\"query\":\"q\",\"expected_paths\":[]}").unwrap_err();
-        assert!(err.starts_with("line 1"), "{err}");
+        assert!(err.to_string().starts_with("line 1"), "{err}");
     }
 }

@@ -261,12 +261,26 @@ fn compact_base64(data: String) -> String {
     }
 }
 
-fn decode_base64(compact: String) -> Result<Vec<u8>, String> {
-    base64::engine::general_purpose::STANDARD.decode(compact.as_bytes()).map_err(|e| e.to_string())
+fn decode_base64(compact: String) -> Result<Vec<u8>, base64::DecodeError> {
+    base64::engine::general_purpose::STANDARD.decode(compact.as_bytes())
+}
+
+/// Why compact base64 does not decode.
+#[derive(Debug, thiserror::Error)]
+enum Base64Error {
+    /// `=` in the middle.
+    #[error("padding `=` before the end")]
+    EarlyPadding,
+    /// Not base64 (offsets from the start of the data).
+    #[error(transparent)]
+    Decode(#[from] base64::DecodeError),
+    /// The piece buffer was too small (a bug here, never the data's).
+    #[error(transparent)]
+    Buffer(#[from] base64::DecodeSliceError),
 }
 
 /// The decoded size of compact base64, checked in pieces so no copy of the image is made.
-fn decode_base64_len(compact: &str) -> Result<usize, String> {
+fn decode_base64_len(compact: &str) -> Result<usize, Base64Error> {
     // A multiple of 4 characters decodes on its own; padding is only allowed in the last piece.
     const PIECE: usize = 16 * 1024;
     let engine = base64::engine::general_purpose::STANDARD;
@@ -276,7 +290,7 @@ fn decode_base64_len(compact: &str) -> Result<usize, String> {
     for (n, piece) in bytes.chunks(PIECE).enumerate() {
         let last = (n + 1) * PIECE >= bytes.len();
         if !last && piece.contains(&b'=') {
-            return Err("padding `=` before the end".into());
+            return Err(Base64Error::EarlyPadding);
         }
         total += engine.decode_slice(piece, &mut buf).map_err(|e| offset_error(e, n * PIECE))?;
     }
@@ -284,17 +298,17 @@ fn decode_base64_len(compact: &str) -> Result<usize, String> {
 }
 
 /// A decode error of one piece, with offsets counted from the start of the data.
-fn offset_error(e: base64::DecodeSliceError, start: usize) -> String {
+fn offset_error(e: base64::DecodeSliceError, start: usize) -> Base64Error {
     use base64::{DecodeError, DecodeSliceError};
     let e = match e {
         DecodeSliceError::DecodeError(e) => e,
-        DecodeSliceError::OutputSliceTooSmall => return e.to_string(),
+        DecodeSliceError::OutputSliceTooSmall => return e.into(),
     };
-    match e {
+    let shifted = match e {
         DecodeError::InvalidByte(at, b) => DecodeError::InvalidByte(start + at, b),
         DecodeError::InvalidLastSymbol(at, b) => DecodeError::InvalidLastSymbol(start + at, b),
         DecodeError::InvalidLength(n) => DecodeError::InvalidLength(start + n),
         other => other,
-    }
-    .to_string()
+    };
+    shifted.into()
 }

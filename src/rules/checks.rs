@@ -163,7 +163,7 @@ fn context_id(e: &mut Errors, field: &str, raw: Option<String>) -> Option<Option
         None => Some(None),
         Some(Ok(id)) => Some(Some(id)),
         Some(Err(msg)) => {
-            e.at(ErrorCode::ContextIdInvalid, field, msg);
+            e.at(ErrorCode::ContextIdInvalid, field, msg.to_string());
             None
         }
     }

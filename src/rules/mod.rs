@@ -52,10 +52,21 @@ pub fn validate_bytes(bytes: &[u8], limits: &Limits) -> Result<ValidatedRequest,
 
 /// A request read back from PostgreSQL, checked again at that boundary (the structural rules:
 /// a row edited by hand or written by another version must not reach a stage unchecked).
-pub fn from_stored(value: &serde_json::Value) -> Result<ValidatedRequest, String> {
+pub fn from_stored(value: &serde_json::Value) -> Result<ValidatedRequest, StoredRequestError> {
     crate::metrics::metrics().json("parse", "request_stored");
-    let wire = AgentExecuteRequest::deserialize(value).map_err(|e| e.to_string())?;
-    validate_wire(wire, &Limits::structural_only()).map_err(|e| e.to_string())
+    let wire = AgentExecuteRequest::deserialize(value)?;
+    Ok(validate_wire(wire, &Limits::structural_only())?)
+}
+
+/// A stored request that is no longer a valid one.
+#[derive(Debug, thiserror::Error)]
+pub enum StoredRequestError {
+    /// Not a request's shape.
+    #[error(transparent)]
+    Shape(#[from] serde_json::Error),
+    /// It breaks the rules.
+    #[error(transparent)]
+    Rules(#[from] ValidationErrors),
 }
 
 /// Applies the AGN-034 rules to an already-parsed request.

@@ -275,7 +275,8 @@ async fn control(State(st): State<Shared>, raw: Bytes) -> Response {
             command.apply(&st);
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(message) => {
+        Err(e) => {
+            let message = format!("invalid control command: {e}");
             ApiFailure::invalid(message, None, Some("invalid_control_command")).into_response()
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{Ledger, Route, Runner, Stage};
 use crate::broker::{Handler, StageName, Topology};
-use crate::messages::{Done, PersistJob, Submission};
+use crate::messages::{Done, EndedRoundTrip, Submission};
 
 /// What a process offers the stages it builds.
 pub trait Context {
@@ -104,9 +104,12 @@ impl<C: Context + 'static, Last> Builder<C, Last> {
     }
 }
 
-impl<C: Context + 'static> Builder<C, PersistJob> {
+impl<C: Context + 'static> Builder<C, EndedRoundTrip> {
     /// Ends the chain with the stage that ends round trips (records and replies).
-    pub fn finish<S: Stage<In = PersistJob, Out = Done>>(mut self, build: fn(&C) -> S) -> Chain<C> {
+    pub fn finish<S: Stage<In = EndedRoundTrip, Out = Done>>(
+        mut self,
+        build: fn(&C) -> S,
+    ) -> Chain<C> {
         self.links.push(link(build));
         Chain { links: self.links }
     }

@@ -5,6 +5,7 @@
 //! A stage never names its successor and never sees the broker: it turns its input message into
 //! its output message, and the chain decides where that goes.
 
+mod cause;
 mod chain;
 mod route;
 mod runner;
@@ -12,15 +13,17 @@ mod trip;
 
 use std::future::Future;
 
+pub use cause::{Cause, StageError};
 pub use chain::{Builder, Chain, Context};
-pub use route::{delta_message, BrokerDeltas, DeltaSink, Route};
+pub use route::{delta_message, BrokerDeltas, DeltaSink, Route, RouteError};
 pub use runner::{message_fingerprint, Ledger, Runner};
 
 pub use crate::broker::TurnHint;
 
 use crate::broker::Delivery;
 use crate::contracts::{ApiError, ErrorCode, TenantName};
-use crate::messages::{Hop, Message, Outgoing, PersistJob, Submission};
+use crate::messages::{DecodeError, EndedRoundTrip, Hop, Message, Outgoing, Submission};
+use crate::store::PendingOutbox;
 
 /// One step of the pipeline: a typed input message in, a typed output message out.
 pub trait Stage: Send + Sync + 'static {
@@ -46,13 +49,13 @@ pub trait Stage: Send + Sync + 'static {
         input: Self::In,
         error: ApiError,
     ) -> impl Future<Output = Result<Output<Self::Out>, StageError>> + Send {
-        async move { Ok(Output::finish(input.fail(vec![error]))) }
+        async move { Ok(Output::Finish(input.fail(vec![error]))) }
     }
 
     /// Checked once when a process starts the stage, before it consumes: a resource that can
     /// never work in this process (an embedded store another process holds) stops the start
     /// with the reason, instead of failing every message later.
-    fn prepare(&self) -> impl Future<Output = Result<(), String>> + Send {
+    fn prepare(&self) -> impl Future<Output = Result<(), Cause>> + Send {
         async { Ok(()) }
     }
 
@@ -78,7 +81,7 @@ pub trait Stage: Send + Sync + 'static {
 /// A stage input, as decoded from a delivery.
 pub trait Inbound: Sized + Send + Sync + 'static {
     /// Decodes a delivery; `Err` says why it never can be.
-    fn decode(delivery: &Delivery) -> Result<Self, String>;
+    fn decode(delivery: &Delivery) -> Result<Self, DecodeError>;
 
     /// Takes the turn's path so far, this delivery's hop last (see `messages::hops`).
     fn take_hops(&mut self, path: Vec<Hop>) {
@@ -86,7 +89,7 @@ pub trait Inbound: Sized + Send + Sync + 'static {
     }
 
     /// The round trip this input becomes when its turn fails with `errors`.
-    fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob>;
+    fn fail(self, errors: Vec<ApiError>) -> Option<EndedRoundTrip>;
 
     /// The tenant the input belongs to, when it says (a client's submission does not: its
     /// stage knows from the publisher).
@@ -96,7 +99,7 @@ pub trait Inbound: Sized + Send + Sync + 'static {
 }
 
 impl<M: Message> Inbound for M {
-    fn decode(delivery: &Delivery) -> Result<Self, String> {
+    fn decode(delivery: &Delivery) -> Result<Self, DecodeError> {
         crate::messages::decode(&delivery.body)
     }
 
@@ -104,7 +107,7 @@ impl<M: Message> Inbound for M {
         Message::take_hops(self, path);
     }
 
-    fn fail(self, errors: Vec<ApiError>) -> Option<PersistJob> {
+    fn fail(self, errors: Vec<ApiError>) -> Option<EndedRoundTrip> {
         Message::fail(self, errors)
     }
 
@@ -114,7 +117,7 @@ impl<M: Message> Inbound for M {
 }
 
 impl Inbound for Submission {
-    fn decode(delivery: &Delivery) -> Result<Self, String> {
+    fn decode(delivery: &Delivery) -> Result<Self, DecodeError> {
         Ok(Submission {
             body: delivery.body.clone(),
             message_id: delivery.message_id.clone(),
@@ -126,84 +129,22 @@ impl Inbound for Submission {
     }
 
     /// A submission has no turn of its own to fail; the ingress stage gives up on its own.
-    fn fail(self, _errors: Vec<ApiError>) -> Option<PersistJob> {
+    fn fail(self, _errors: Vec<ApiError>) -> Option<EndedRoundTrip> {
         None
     }
 }
 
-/// What a stage hands on.
+/// What a stage did with its input.
 #[derive(Debug)]
-pub struct Output<M> {
-    /// For the next stage.
-    pub next: Option<M>,
-    /// A round trip that ends now, for the last stage (a failed turn).
-    pub finish: Option<PersistJob>,
-    /// Messages already committed (outbox rows, `outbox_ids`) or answering a submission.
-    pub messages: Vec<Outgoing>,
-    /// Outbox rows of `messages`, deleted once they are published.
-    pub outbox_ids: Vec<i64>,
-}
-
-impl<M> Output<M> {
-    /// Hands `message` to the next stage.
-    pub fn next(message: M) -> Self {
-        Output { next: Some(message), finish: None, messages: Vec::new(), outbox_ids: Vec::new() }
-    }
-
-    /// Ends the round trip now with `job` (or nothing, when there is nothing left to end).
-    pub fn finish(job: Option<PersistJob>) -> Self {
-        Output { next: None, finish: job, messages: Vec::new(), outbox_ids: Vec::new() }
-    }
-
-    /// Publishes `messages` that are in no outbox (a refusal, a stored reply sent again).
-    pub fn publish(messages: Vec<Outgoing>) -> Self {
-        Output { next: None, finish: None, messages, outbox_ids: Vec::new() }
-    }
-
-    /// Publishes committed outbox rows, then deletes them.
-    pub fn committed(outbox_ids: Vec<i64>, messages: Vec<Outgoing>) -> Self {
-        Output { next: None, finish: None, messages, outbox_ids }
-    }
-}
-
-/// Why a stage could not produce its output, classified by what happens to the message.
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    /// A dependency is unavailable: the message is retried later, and when attempts run out
-    /// the turn fails with the stage's [`Stage::EXHAUSTED`] code.
-    #[error("transient: {0}")]
-    Transient(String),
-    /// An expected, short wait (the session's previous reply is still being published): retried
-    /// like [`StageError::Transient`], but routine under load, so not worth an operator's look.
-    #[error("waiting: {0}")]
-    Wait(String),
-    /// The turn ends with these client-visible errors (recorded and replied by the last stage).
-    #[error("turn failed: {}", .0.iter().map(|e| e.message.as_str()).collect::<Vec<_>>().join("; "))]
-    Fail(Vec<ApiError>),
-    /// The message can never be handled (corrupt data, a permanent database error): it is
-    /// dead-lettered with the reason now and its turn fails with an error reply.
-    #[error("permanent: {0}")]
-    Permanent(String),
-    /// The message must not be acted on (a step for a turn that is not running at that step):
-    /// dead-lettered with the reason, nothing else; the turn is not this message's to end.
-    #[error("refused: {0}")]
-    Refused(String),
-}
-
-impl StageError {
-    /// Stored data that can never be used (corrupt, or from an unknown version).
-    pub fn unusable(what: impl std::fmt::Display) -> Self {
-        StageError::Permanent(format!("unusable data: {what}"))
-    }
-
-    /// A turn that fails with one error.
-    pub fn fail(error: ApiError) -> Self {
-        StageError::Fail(vec![error])
-    }
-}
-
-impl From<serde_json::Error> for StageError {
-    fn from(e: serde_json::Error) -> Self {
-        StageError::Permanent(format!("unusable data: {e}"))
-    }
+pub enum Output<M> {
+    /// Hands the message to the next stage.
+    Next(M),
+    /// Ends the round trip now: the last stage records it and replies (a failed turn); `None`
+    /// when there is nothing left to end.
+    Finish(Option<EndedRoundTrip>),
+    /// Publishes messages that are in no outbox (a refusal, a stored reply sent again).
+    Publish(Vec<Outgoing>),
+    /// Publishes messages the stage's transaction committed to the outbox, then deletes their
+    /// rows.
+    Committed(PendingOutbox),
 }

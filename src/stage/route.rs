@@ -8,7 +8,10 @@ use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
 use crate::contracts::{headers, ReplyAddress, TurnKey};
 use crate::llm::StreamDelta;
-use crate::messages::{encode, LegacyMessage, Message, Outgoing, PersistJob, ReplyOut, TurnJob};
+use crate::messages::{
+    encode, AdmittedTurn, EndedRoundTrip, LegacyMessage, Message, Outgoing, ReplyOut,
+};
+use crate::store::PendingOutbox;
 
 /// Where one stage's outputs go, from its place in the chain.
 #[derive(Debug, Clone)]
@@ -27,39 +30,37 @@ pub struct Route {
 
 impl Route {
     /// The broker messages of `output`.
-    pub fn messages<M: Message>(&self, output: Output<M>) -> Result<Vec<OutMessage>, String> {
-        let mut out = Vec::with_capacity(output.messages.len() + 1);
-        if let Some(m) = &output.next {
-            let next = self.next.ok_or_else(|| format!("{} is the last stage", self.stage))?;
-            out.push(self.to_stage(next, m)?);
+    pub fn messages<M: Message>(&self, output: Output<M>) -> Result<Vec<OutMessage>, RouteError> {
+        match output {
+            Output::Next(m) => {
+                let next = self.next.ok_or(RouteError::LastStage(self.stage))?;
+                Ok(vec![self.to_stage(next, &m)?])
+            }
+            Output::Finish(job) => job.iter().map(|j| self.to_stage(self.finisher, j)).collect(),
+            Output::Publish(messages) | Output::Committed(PendingOutbox { messages, .. }) => {
+                messages.into_iter().map(|m| self.outgoing(m)).collect()
+            }
         }
-        if let Some(job) = &output.finish {
-            out.push(self.to_stage(self.finisher, job)?);
-        }
-        for m in output.messages {
-            out.push(self.outgoing(m)?);
-        }
-        Ok(out)
     }
 
     /// `job` ending its round trip now, for the last stage.
-    pub fn finish(&self, job: &PersistJob) -> Result<OutMessage, String> {
+    pub fn finish(&self, job: &EndedRoundTrip) -> Result<OutMessage, RouteError> {
         self.to_stage(self.finisher, job)
     }
 
     /// The broker message of one outbox message.
-    pub fn outgoing(&self, m: Outgoing) -> Result<OutMessage, String> {
+    pub fn outgoing(&self, m: Outgoing) -> Result<OutMessage, RouteError> {
         match m {
-            Outgoing::Start(job) => self.to_stage::<TurnJob>(self.start, &job),
+            Outgoing::Start(job) => self.to_stage::<AdmittedTurn>(self.start, &job),
             Outgoing::Reply(r) => Ok(self.reply(r)),
             Outgoing::Legacy(l) => legacy(l),
         }
     }
 
-    fn to_stage<M: Message>(&self, stage: StageName, m: &M) -> Result<OutMessage, String> {
+    fn to_stage<M: Message>(&self, stage: StageName, m: &M) -> Result<OutMessage, RouteError> {
         let (key, step) = (&m.turn().key, m.turn().step);
         let id = format!("{stage}:{}:{}:{step}", key.session_id, key.turn_id);
-        let body = encode(m).map_err(|e| format!("unencodable {}: {e}", M::KIND))?;
+        let body = encode(m).map_err(|source| RouteError::Unencodable { kind: M::KIND, source })?;
         Ok(OutMessage::to_queue(self.topology.stage_queue(stage), "turn", id, body)
             .header(headers::SESSION_ID, key.session_id.to_string())
             .header(headers::TURN_ID, key.turn_id.to_string()))
@@ -95,15 +96,34 @@ impl Route {
     }
 }
 
-fn legacy(l: LegacyMessage) -> Result<OutMessage, String> {
+fn legacy(l: LegacyMessage) -> Result<OutMessage, RouteError> {
     let headers: std::collections::BTreeMap<String, HeaderValue> =
-        serde_json::from_value(l.headers).map_err(|e| format!("legacy outbox headers: {e}"))?;
+        serde_json::from_value(l.headers).map_err(RouteError::LegacyHeaders)?;
     let session = headers.get(headers::SESSION_ID).and_then(|s| s.as_text().parse().ok());
     let mut msg = OutMessage::to_queue(l.routing_key, &l.kind, l.message_id, l.body);
     msg.exchange = l.exchange;
     msg.headers = headers;
     msg.session = if l.declare_session { session } else { None };
     Ok(msg)
+}
+
+/// Why a stage's output has no broker message.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// A stage handed a message on, but it is the last of the chain.
+    #[error("{0} is the last stage")]
+    LastStage(StageName),
+    /// A message could not be encoded.
+    #[error("unencodable {kind}: {source}")]
+    Unencodable {
+        /// Its kind.
+        kind: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// An outbox row in the layout before `payload` holds unreadable headers.
+    #[error("legacy outbox headers: {0}")]
+    LegacyHeaders(serde_json::Error),
 }
 
 /// Where stream deltas of a call go while it runs.

@@ -9,9 +9,9 @@ use tracing::{debug, warn};
 
 use super::trip::Trip;
 use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
-use crate::broker::{Delivery, Disposition, Handler, OutMessage, Refused, UNDELIVERABLE};
+use crate::broker::{BoxError, Delivery, Disposition, Handler, OutMessage, Refused, UNDELIVERABLE};
 use crate::contracts::{ApiError, ErrorCode};
-use crate::store::ParkReply;
+use crate::store::{ParkReply, StoreError};
 
 /// Tries to delete published outbox rows (about a minute of a database outage).
 const DELETE_ATTEMPTS: u32 = 15;
@@ -20,11 +20,11 @@ const DELETE_ATTEMPTS: u32 = 15;
 /// knowing the store.
 pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// Deletes outbox rows whose messages were confirmed.
-    fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), String>>;
+    fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), StoreError>>;
     /// Counts, durably, one more delivery of the message named `key`; returns the total.
-    fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, String>>;
+    fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, StoreError>>;
     /// Parks replies their client's queue refused, to be delivered later.
-    fn park(&self, replies: Vec<ParkReply>) -> BoxFuture<'_, Result<(), String>>;
+    fn park(&self, replies: Vec<ParkReply>) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
 /// A stage as the broker runtime sees it.
@@ -45,7 +45,7 @@ impl<S: Stage> Runner<S> {
         let trip = Trip::start(S::NAME, &d);
         let mut input = match S::In::decode(&d) {
             Ok(i) => i,
-            Err(reason) => return Disposition::DeadLetter { reason, messages: vec![] },
+            Err(e) => return Disposition::DeadLetter { reason: e.to_string(), messages: vec![] },
         };
         input.take_hops(trip.path());
         match self.stage.run(input).await {
@@ -55,42 +55,47 @@ impl<S: Stage> Runner<S> {
     }
 
     fn forward(&self, output: Output<S::Out>, trip: &Trip) -> Disposition {
-        let outbox_ids = output.outbox_ids.clone();
+        let outbox_ids = match &output {
+            Output::Committed(pending) => pending.ids.clone(),
+            _ => Vec::new(),
+        };
         match self.route.messages(output) {
             Ok(mut messages) => {
                 messages.iter_mut().for_each(|m| trip.stamp(m));
                 Disposition::Forward { messages, outbox_ids }
             }
-            Err(reason) => Disposition::DeadLetter { reason, messages: vec![] },
+            Err(e) => Disposition::DeadLetter { reason: e.to_string(), messages: vec![] },
         }
     }
 
     async fn failed(&self, d: &Delivery, error: StageError, trip: &Trip) -> Disposition {
         let stage = S::NAME;
         match error {
-            StageError::Wait(reason) => {
-                debug!(stage, %reason, "waiting, retrying later");
-                Disposition::Retry { reason }
+            StageError::Wait(cause) => {
+                debug!(stage, reason = %cause, "waiting, retrying later");
+                Disposition::Retry { reason: cause.to_string() }
             }
-            StageError::Transient(reason) => {
-                warn!(stage, %reason, "transient failure");
-                Disposition::Retry { reason }
+            StageError::Transient(cause) => {
+                warn!(stage, reason = %cause, "transient failure");
+                Disposition::Retry { reason: cause.to_string() }
             }
             StageError::Fail(errors) => {
                 // The input decoded a moment ago; it decodes again.
                 let job = S::In::decode(d).ok().and_then(|i| i.fail(errors));
-                self.forward(Output::finish(job), trip)
+                self.forward(Output::Finish(job), trip)
             }
-            StageError::Permanent(reason) => {
-                warn!(stage, %reason, "permanent failure, failing the turn");
+            StageError::Permanent(cause) => {
+                warn!(stage, reason = %cause, "permanent failure, failing the turn");
                 let error = ApiError::new(
-                    ErrorCode::Internal,
+                    cause.code().unwrap_or(ErrorCode::Internal),
                     format!("the {stage} stage could not use this turn's data; an operator has the details"),
                 );
                 let messages = self.give_up(d, error).await;
-                Disposition::DeadLetter { reason, messages }
+                Disposition::DeadLetter { reason: cause.to_string(), messages }
             }
-            StageError::Refused(reason) => Disposition::DeadLetter { reason, messages: vec![] },
+            StageError::Refused(cause) => {
+                Disposition::DeadLetter { reason: cause.to_string(), messages: vec![] }
+            }
         }
     }
 
@@ -137,8 +142,8 @@ impl<S: Stage> Handler for Runner<S> {
         })
     }
 
-    fn prepare(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(self.stage.prepare())
+    fn prepare(&self) -> BoxFuture<'_, Result<(), BoxError>> {
+        Box::pin(async move { Ok(self.stage.prepare().await?) })
     }
 
     fn hint(&self, body: &[u8]) -> TurnHint {
@@ -158,15 +163,18 @@ impl<S: Stage> Handler for Runner<S> {
         }
     }
 
-    fn count_redelivery(&self, delivery: &Delivery) -> BoxFuture<'_, Result<Option<u32>, String>> {
+    fn count_redelivery(
+        &self,
+        delivery: &Delivery,
+    ) -> BoxFuture<'_, Result<Option<u32>, BoxError>> {
         let key = message_fingerprint(delivery.message_id.as_deref(), &delivery.body);
-        Box::pin(async move { self.ledger.count_redelivery(key).await.map(Some) })
+        Box::pin(async move { Ok(Some(self.ledger.count_redelivery(key).await?)) })
     }
 
-    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), String>> {
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(async move {
             let replies = refused.iter().map(park_reply).collect::<Result<Vec<_>, _>>()?;
-            self.ledger.park(replies).await
+            Ok(self.ledger.park(replies).await?)
         })
     }
 
@@ -207,8 +215,8 @@ pub fn message_fingerprint(message_id: Option<&str>, body: &[u8]) -> String {
 }
 
 /// A refused reply as its parked row holds it.
-pub fn park_reply(r: &Refused) -> Result<ParkReply, String> {
-    let message = serde_json::to_value(&r.message).map_err(|e| format!("reply to park: {e}"))?;
+pub fn park_reply(r: &Refused) -> Result<ParkReply, serde_json::Error> {
+    let message = serde_json::to_value(&r.message)?;
     Ok(ParkReply {
         queue: r.queue.clone(),
         session: r.message.session.map(|s| s.as_uuid()),

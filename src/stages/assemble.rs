@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::Deps;
 use crate::assemble::SessionState;
 use crate::config::Settings;
-use crate::messages::{AssembleJob, InvokeJob};
+use crate::messages::{AssembledTurn, RetrievedTurn};
 use crate::stage::{Output, Stage, StageError};
 use crate::store::Store;
 
@@ -26,26 +26,26 @@ impl Assemble {
 
 impl Stage for Assemble {
     const NAME: &'static str = "assemble";
-    type In = AssembleJob;
-    type Out = InvokeJob;
+    type In = RetrievedTurn;
+    type Out = AssembledTurn;
 
-    async fn run(&self, job: AssembleJob) -> Result<Output<InvokeJob>, StageError> {
+    async fn run(&self, job: RetrievedTurn) -> Result<Output<AssembledTurn>, StageError> {
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
         let (stored, session_state) =
-            self.store.session_state_to_carry(&job.job.key.session_id).await?;
+            self.store.session_state_to_carry(&job.admitted.key.session_id).await?;
         let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
         let context = super::conversation_context(
             &self.settings,
-            job.job.user_turn().map_err(StageError::fail)?,
+            job.admitted.user_turn().map_err(StageError::fail)?,
         );
         let context = context.map_err(StageError::fail)?;
         let assembled = job
-            .job
+            .admitted
             .assemble(&job.chunks, &state, context, &self.settings.assemble)
             .map_err(StageError::fail)?;
-        Ok(Output::next(InvokeJob {
-            job: job.job,
+        Ok(Output::Next(AssembledTurn {
+            admitted: job.admitted,
             warnings: job.warnings,
             assembled,
             session_state,

@@ -17,7 +17,7 @@ use crate::config::{AgentContext, ConversationContext, Settings};
 use crate::contracts::{ApiError, ErrorCode, UserTurn};
 use crate::llm::LlmClient;
 use crate::retrieve::Retrieval;
-use crate::stage::{Chain, Context, DeltaSink, Ledger, StageError};
+use crate::stage::{Chain, Context, DeltaSink, Ledger};
 use crate::store::{Store, StoreError};
 
 /// The registry: every stage of the pipeline, in order. A stage added here (and given its
@@ -65,19 +65,17 @@ impl Context for Deps {
 }
 
 impl Ledger for Store {
-    fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { Store::delete_outbox(self, &ids).await.map_err(|e| e.to_string()) })
+    fn delete_outbox(&self, ids: Vec<i64>) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { Store::delete_outbox(self, &ids).await })
     }
 
-    fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, String>> {
-        Box::pin(
-            async move { Store::count_redelivery(self, &key).await.map_err(|e| e.to_string()) },
-        )
+    fn count_redelivery(&self, key: String) -> BoxFuture<'_, Result<u32, StoreError>> {
+        Box::pin(async move { Store::count_redelivery(self, &key).await })
     }
 
-    fn park(&self, replies: Vec<crate::store::ParkReply>) -> BoxFuture<'_, Result<(), String>> {
+    fn park(&self, replies: Vec<crate::store::ParkReply>) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let over = self.park_replies(&replies).await.map_err(|e| e.to_string())?;
+            let over = self.park_replies(&replies).await?;
             if over > 0 {
                 tracing::warn!(
                     replies = over,
@@ -87,19 +85,6 @@ impl Ledger for Store {
             }
             Ok(())
         })
-    }
-}
-
-impl From<StoreError> for StageError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotRunning { .. } => StageError::Refused(e.to_string()),
-            StoreError::ReplyInFlight | StoreError::AdmittedMeanwhile { .. } => {
-                StageError::Wait(e.to_string())
-            }
-            e if e.is_transient() => StageError::Transient(e.to_string()),
-            e => StageError::Permanent(e.to_string()),
-        }
     }
 }
 

@@ -8,14 +8,15 @@ use uuid::Uuid;
 use super::new_record::NewRecord;
 use super::new_turn::{insert_turn, start_turn, start_turn_if_clear, NewTurn};
 use super::outbox::{self, PendingOutbox};
-use super::session_lock::open_session;
 pub use super::session_lock::SessionMeta;
+use super::session_lock::{open_session, set_mode};
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
 use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::config::OverLimit;
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
+use crate::lifecycle::Event;
 use crate::llm::RequestBody;
 use crate::messages::{Outgoing, ReplyOut};
 
@@ -62,12 +63,13 @@ pub enum Admission {
     Limited(Limit),
 }
 
-/// Whether a session created with `stored` contexts serves a turn that assumed `meta`'s (a
-/// session from before contexts were fixed has none, and serves any).
+/// Whether a session with `stored` contexts serves a turn that assumed `meta`'s: the same
+/// AgentContext, and the session's current mode unless the turn named its own (a session from
+/// before contexts were fixed has none, and serves any).
 fn contexts_match(stored: &SessionOwner, meta: &SessionMeta) -> bool {
     let same = |s: &Option<String>, m: &Option<String>| s.is_none() || s == m;
     same(&stored.agent_context_id, &meta.agent_context_id)
-        && same(&stored.conversation_context_id, &meta.conversation_context_id)
+        && (meta.mode_named || same(&stored.conversation_context_id, &meta.conversation_context_id))
 }
 
 pub(super) async fn turn_row(
@@ -131,6 +133,10 @@ impl Store {
             return Ok(outcome);
         }
         let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
+        let mode = meta.conversation_context_id.as_ref();
+        if !created && mode.is_some() && locked.owner.conversation_context_id.as_ref() != mode {
+            set_mode(&mut tx, session, mode.map_or("", String::as_str)).await?;
+        }
         if let Some(gate) = &gate {
             tenants::lock(&mut tx, &gate.tenant).await?;
             if let (true, Err(limit)) = (created, tenants::session_allowed(&mut tx, gate).await?) {
@@ -157,7 +163,8 @@ impl Store {
             if let Some(limit) = refused_by(&mut tx, gate.as_ref(), request).await? {
                 return Ok(Admission::Limited(limit));
             }
-            insert_turn(&mut tx, &new, TurnState::Queued).await?;
+            // Its tenant's room is decided when it becomes the session's next turn.
+            insert_turn(&mut tx, &new, Event::Admitted { busy: true, room: true }).await?;
             let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             tx.commit().await?;
             return Ok(queued(outbox));
@@ -181,7 +188,7 @@ impl Store {
             if gate.limits.over_limit == OverLimit::Queue {
                 // The session's head, held; the tenant's held turns then start oldest first
                 // while there is room, so a newcomer never overtakes an older held turn.
-                insert_turn(&mut tx, &new, TurnState::Queued).await?;
+                insert_turn(&mut tx, &new, Event::Admitted { busy: false, room: false }).await?;
                 let rows = tenants::start_held(&mut tx, gate).await?;
                 let runs = rows.iter().any(|r| r.session_id == session && r.turn_id == turn);
                 let started = tenants::start_messages(&mut tx, &rows).await?;

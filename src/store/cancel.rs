@@ -8,6 +8,7 @@ use super::outbox::PendingOutbox;
 use super::turns::TurnState;
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TenantName, TurnKey};
+use crate::lifecycle::{transition, Event, Phase};
 
 /// What a cancel did.
 #[derive(Debug)]
@@ -68,9 +69,10 @@ impl Store {
             tx.commit().await?;
             return Ok(CancelAdmission::AlreadyCancelled { outbox });
         }
-        let outcome = match row.state {
-            state if state.is_finished() => CancelAdmission::Finished { state },
-            TurnState::Running => {
+        let active = active.as_deref() == Some(turn);
+        let outcome = match transition(Some(row.phase(active)), Event::Cancel) {
+            Err(_) => CancelAdmission::Finished { state: row.state },
+            Ok(Phase::Running { .. }) => {
                 sqlx::query(
                     "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
                      WHERE session_id = $1 AND turn_id = $2",
@@ -81,8 +83,7 @@ impl Store {
                 .await?;
                 CancelAdmission::Requested
             }
-            _ => {
-                let active = active.as_deref() == Some(turn);
+            Ok(_) => {
                 let error = cancelled("before it ran to its end");
                 let outbox = self.end_turn(&mut tx, &row, active, owner.as_deref(), error).await?;
                 CancelAdmission::Ended { outbox }

@@ -8,6 +8,7 @@ use super::outbox::{self, PendingOutbox};
 use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TurnKey};
+use crate::lifecycle::{transition, Event};
 
 impl Store {
     /// Fails the turn that the submission with `fingerprint` admitted, when the message that
@@ -58,6 +59,8 @@ impl Store {
     ) -> Result<PendingOutbox, StoreError> {
         let (session, turn) = (row.session_id, row.turn_id.as_str());
         let cancelled = error.code == ErrorCode::TurnCancelled;
+        let event = if cancelled { Event::Cancel } else { Event::GivenUp };
+        let to = transition(Some(row.phase(active)), event)?;
         let (mut record, reply) = failure(row, error, None)?;
         if cancelled {
             record.kind = "cancelled".into();
@@ -65,14 +68,16 @@ impl Store {
         let mut messages = vec![reply];
         insert_record(&mut *tx, &self.texts, (session, turn, row.step), &record).await?;
         sqlx::query(
-            "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
-                 cancel_requested_at = CASE WHEN $3 THEN clock_timestamp() ELSE cancel_requested_at END,
+            "UPDATE turns SET state = $4, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
+                 cancel_requested_at = CASE WHEN $3
+                     THEN COALESCE(cancel_requested_at, clock_timestamp()) END,
                  updated_at = now()
              WHERE session_id = $1 AND turn_id = $2",
         )
         .bind(session)
         .bind(turn)
-        .bind(cancelled)
+        .bind(to.cancel_marked())
+        .bind(to.column().as_str())
         .execute(&mut *tx)
         .await?;
         if active {

@@ -97,6 +97,9 @@ pub enum StoreError {
     /// A statement run for several callers at once failed (see `sweep`).
     #[error(transparent)]
     Shared(std::sync::Arc<StoreError>),
+    /// A write the turn's life does not allow (`lifecycle::transition` refused it).
+    #[error("turn transition refused: {0}")]
+    Transition(#[from] crate::lifecycle::Refused),
 }
 
 impl StoreError {
@@ -106,9 +109,10 @@ impl StoreError {
             StoreError::Db(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
                 sqlx_transient(e)
             }
-            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::NotRunning { .. } => {
-                false
-            }
+            StoreError::Migrate(_)
+            | StoreError::Corrupt(_)
+            | StoreError::NotRunning { .. }
+            | StoreError::Transition(_) => false,
             StoreError::ReplyInFlight
             | StoreError::AdmittedMeanwhile { .. }
             | StoreError::Changed { .. } => true,

@@ -53,6 +53,8 @@ pub struct NewRecord {
     pub reply: Value,
     /// The round trip's path through the stages (`messages::hops`, stored form).
     pub stage_timings: Option<Value>,
+    /// The ConversationContext (mode) the turn ran in.
+    pub conversation_context_id: Option<String>,
 }
 
 impl NewRecord {
@@ -88,6 +90,8 @@ impl NewRecord {
             rag_scope: list(turn.map(|t| serde_json::to_value(t.rag_scope())).transpose()?),
             reply,
             stage_timings: None,
+            conversation_context_id: turn
+                .and_then(|t| t.conversation_context_id().map(|c| c.as_str().to_owned())),
         })
     }
 
@@ -113,7 +117,7 @@ impl NewRecord {
 }
 
 /// The CTEs that write a record: `texts` (the texts it references, new ones only) and
-/// `recorded` (its row), with parameters `$1` to `$23` as [`PreparedRecord::bind`] binds them.
+/// `recorded` (its row), with parameters `$1` to `$24` as [`PreparedRecord::bind`] binds them.
 /// A statement that writes more along with the record appends its own CTEs and parameters; its
 /// `guard` (a WHERE clause, or empty) decides whether the two CTEs write at all.
 macro_rules! record_ctes {
@@ -128,9 +132,10 @@ macro_rules! record_ctes {
                  INSERT INTO response_records (id, session_id, turn_id, step, kind,
                      provider_response_id, chain, request_payload, response_payload,
                      retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
-                     workspace_id, repo, language, rag_scope, reply, stage_timings)
+                     workspace_id, repo, language, rag_scope, reply, stage_timings,
+                     conversation_context_id)
                  SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
-                     $23 ",
+                     $23, $24 ",
             $guard,
             ")"
         )
@@ -169,7 +174,7 @@ impl<'r> PreparedRecord<'r> {
         Ok(PreparedRecord { record: r, key, packed, response, texts })
     }
 
-    /// Binds [`record_ctes`]'s parameters, `$1` to `$23`, in order.
+    /// Binds [`record_ctes`]'s parameters, `$1` to `$24`, in order.
     pub(super) fn bind<'q, O>(
         &'q self,
         q: QueryAs<'q, Postgres, O, PgArguments>,
@@ -201,6 +206,7 @@ impl<'r> PreparedRecord<'r> {
             .bind(&self.texts.keys)
             .bind(&self.texts.bodies)
             .bind(&r.stage_timings)
+            .bind(&r.conversation_context_id)
     }
 }
 

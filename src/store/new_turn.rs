@@ -11,6 +11,7 @@ use super::outbox::{self, PendingOutbox};
 use super::turns::{turn_columns, TurnRow, TurnState};
 use super::StoreError;
 use crate::contracts::{InstanceName, TenantName};
+use crate::lifecycle::{transition, Event, Phase};
 use crate::messages::Outgoing;
 
 /// A turn to insert.
@@ -60,12 +61,12 @@ macro_rules! turn_insert {
 fn bind_turn<'q, O>(
     q: QueryAs<'q, Postgres, O, PgArguments>,
     t: &'q NewTurn<'_>,
-    state: TurnState,
+    phase: Phase,
 ) -> QueryAs<'q, Postgres, O, PgArguments> {
     q.bind(t.session)
         .bind(t.turn)
         .bind(t.seq)
-        .bind(state.as_str())
+        .bind(phase.column().as_str())
         .bind(t.fingerprint)
         .bind(t.request)
         .bind(t.reply_to.map(InstanceName::as_str))
@@ -73,12 +74,14 @@ fn bind_turn<'q, O>(
         .bind(t.expires_at)
 }
 
-/// Inserts the turn in `state` and counts it on its session (the first one holds the session).
+/// Inserts the turn in the phase its admission (`admitted`, an [`Event::Admitted`]) puts it in,
+/// and counts it on its session (the first one holds the session).
 pub(super) async fn insert_turn(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
-    state: TurnState,
+    admitted: Event,
 ) -> Result<TurnRow, StoreError> {
+    let phase = transition(None, admitted)?;
     let sql = concat!(
         "WITH ",
         counted_cte!("true"),
@@ -87,7 +90,7 @@ pub(super) async fn insert_turn(
         " RETURNING ",
         turn_columns!()
     );
-    let row = bind_turn(sqlx::query_as(sql), t, state).fetch_one(&mut *conn).await;
+    let row = bind_turn(sqlx::query_as(sql), t, phase).fetch_one(&mut *conn).await;
     row.map_err(|e| admitted_meanwhile(e, t.turn))
 }
 
@@ -134,8 +137,9 @@ async fn start_with(
     t: &NewTurn<'_>,
     sql: &'static str,
 ) -> Result<Option<PendingOutbox>, StoreError> {
+    let runs = transition(None, Event::Admitted { busy: false, room: true })?;
     let start = Outgoing::Start(t.running_row().start_job()?);
-    let id: Option<(i64,)> = bind_turn(sqlx::query_as(sql), t, TurnState::Running)
+    let id: Option<(i64,)> = bind_turn(sqlx::query_as(sql), t, runs)
         .bind(outbox::payload(&start)?)
         .fetch_optional(&mut *conn)
         .await

@@ -11,6 +11,7 @@ use super::texts::pack;
 use super::turns::{next_queued, start_next, starts, turn_columns, TurnRow, TurnState};
 use super::{KnownTexts, Store, StoreError};
 use crate::contracts::TurnKey;
+use crate::lifecycle::{transition, Event, Phase, StepEnd};
 use crate::messages::{Outgoing, ReplyOut};
 
 /// How a round trip leaves its turn.
@@ -217,27 +218,27 @@ struct Moved {
 /// moves was running, never queued, whichever version of it the subquery reads.
 const WRITE_STEP: &str = concat!(
     "WITH moved AS (
-         UPDATE turns SET state = $24, step = $25, pending_tool_calls = $26, last_reply = NULL,
-             pending_warnings = $27, server_calls = $28,
-             server_executions = COALESCE($30, server_executions),
-             continuation = CASE WHEN $29 THEN NULL ELSE continuation END, updated_at = now()
+         UPDATE turns SET state = $25, step = $26, pending_tool_calls = $27, last_reply = NULL,
+             pending_warnings = $28, server_calls = $29,
+             server_executions = COALESCE($31, server_executions),
+             continuation = CASE WHEN $30 THEN NULL ELSE continuation END, updated_at = now()
          WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
-             AND (cancel_requested_at IS NULL OR $34::boolean)
+             AND (cancel_requested_at IS NULL OR $35::boolean)
          RETURNING ",
     turn_columns!(),
     "), ",
     record_ctes!("WHERE EXISTS (SELECT 1 FROM moved)"),
     ",
      handed AS (
-         UPDATE sessions SET updated_at = now(), state = COALESCE($31::jsonb, state),
-             active_turn_id = CASE WHEN $32::boolean THEN ",
+         UPDATE sessions SET updated_at = now(), state = COALESCE($32::jsonb, state),
+             active_turn_id = CASE WHEN $33::boolean THEN ",
     next_queued!("$2"),
     " ELSE active_turn_id END
-         WHERE id = $2 AND ($32 OR $31 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
+         WHERE id = $2 AND ($33 OR $32 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
          RETURNING active_turn_id),
      replied AS (
          INSERT INTO outbox (session_id, turn_id, payload)
-         SELECT $2, $3, $33::jsonb WHERE $33 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
+         SELECT $2, $3, $34::jsonb WHERE $34 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
          RETURNING id)
      SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
          (SELECT id FROM replied) AS reply_id
@@ -253,22 +254,27 @@ async fn write_step(
     reply: Option<&Outgoing>,
 ) -> Result<Option<Moved>, StoreError> {
     let null = Value::Null;
-    let (to, pending, warnings, server_calls, executed) = match &f.outcome {
-        StepOutcome::Completed => (TurnState::Completed, &null, &null, &null, None),
-        StepOutcome::Failed => (TurnState::Failed, &null, &null, &null, None),
+    let (end, pending, warnings, server_calls, executed) = match &f.outcome {
+        StepOutcome::Completed => (StepEnd::Final, &null, &null, &null, None),
+        StepOutcome::Failed => (StepEnd::Error, &null, &null, &null, None),
         StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
-            (TurnState::AwaitingToolResults, pending, warnings, server_calls, Some(executed))
+            (StepEnd::ClientTools, pending, warnings, server_calls, Some(executed))
         }
         StepOutcome::ServerTools { server_calls, executed, warnings } => {
-            (TurnState::Running, &null, warnings, server_calls, Some(executed))
+            (StepEnd::ServerTools, &null, warnings, server_calls, Some(executed))
         }
     };
+    // Decided for the phase the statement's guard requires: running this step, cancelling
+    // exactly when this ending is the cancel.
+    let from = Phase::Running { step: f.step, cancelling: f.cancelled };
+    let end = if f.cancelled { StepEnd::Cancelled } else { end };
+    let to = transition(Some(from), Event::StepEnded(end))?;
     let runs_on = matches!(f.outcome, StepOutcome::ServerTools { .. });
     let some = |v: &Value| (!v.is_null()).then(|| v.clone());
     let reply = reply.map(outbox::payload).transpose()?;
     Ok(record
         .bind(sqlx::query_as(WRITE_STEP))
-        .bind(to.as_str())
+        .bind(to.column().as_str())
         .bind(f.step + 1)
         .bind(some(pending))
         .bind(some(warnings))
@@ -276,7 +282,7 @@ async fn write_step(
         .bind(runs_on)
         .bind(executed.and_then(some))
         .bind(state)
-        .bind(to.is_finished())
+        .bind(to.has_ended())
         .bind(reply)
         .bind(f.cancelled)
         .fetch_optional(&mut *conn)

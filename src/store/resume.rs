@@ -15,6 +15,7 @@ use super::{Store, StoreError};
 use crate::contracts::{
     ApiError, ErrorCode, InstanceName, TenantName, ToolCall, ToolContinuation, TurnKey,
 };
+use crate::lifecycle::{transition, Event};
 use crate::llm::RequestBody;
 use crate::messages::Outgoing;
 
@@ -150,9 +151,10 @@ async fn abort(
     let (session, turn) = (row.session_id, row.turn_id.as_str());
     let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)))?;
     let mut messages = vec![reply];
+    let to = transition(Some(row.phase(true)), Event::ToolResults { matching: false })?;
     insert_record(tx, cache, (session, turn, row.step), &record).await?;
     sqlx::query(
-        "UPDATE turns SET state = 'failed', step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
+        "UPDATE turns SET state = $6, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
              continuation = $3, continuation_fingerprint = $4, reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
     )
@@ -161,6 +163,7 @@ async fn abort(
     .bind(submitted.wire)
     .bind(submitted.fingerprint)
     .bind(&row.reply_to)
+    .bind(to.column().as_str())
     .execute(&mut *tx)
     .await?;
     messages.extend(starts(&dispatch_next(tx, session, submitted.gate.as_ref()).await?)?);
@@ -173,8 +176,9 @@ async fn resume(
     mut row: TurnRow,
     submitted: &Submitted<'_>,
 ) -> Result<PendingOutbox, StoreError> {
+    let to = transition(Some(row.phase(true)), Event::ToolResults { matching: true })?;
     sqlx::query(
-        "UPDATE turns SET state = 'running', continuation = $3, continuation_fingerprint = $4,
+        "UPDATE turns SET state = $6, continuation = $3, continuation_fingerprint = $4,
              reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
     )
@@ -183,9 +187,10 @@ async fn resume(
     .bind(submitted.wire)
     .bind(submitted.fingerprint)
     .bind(&row.reply_to)
+    .bind(to.column().as_str())
     .execute(&mut *tx)
     .await?;
-    row.state = TurnState::Running;
+    row.state = to.column();
     row.continuation = Some(submitted.wire.clone());
     let start = vec![Outgoing::Start(row.start_job()?)];
     outbox::insert(tx, row.session_id, &row.turn_id, start).await

@@ -8,15 +8,19 @@ use super::sessions::SessionOwner;
 use super::StoreError;
 use crate::contracts::TenantName;
 
-/// Session columns a user turn may set (on the session's first turn; fixed after that).
+/// Session columns a user turn sets: all of them on the session's first turn; after that only
+/// the ConversationContext, when the turn names another one (the session's current mode).
 #[derive(Debug, Clone, Default)]
 pub struct SessionMeta {
     /// The tenant the session belongs to.
     pub tenant: Option<TenantName>,
     /// Its AgentContext, resolved (the tenant's default when the request named none).
     pub agent_context_id: Option<String>,
-    /// Its ConversationContext, resolved likewise.
+    /// The turn's ConversationContext (its mode), resolved likewise.
     pub conversation_context_id: Option<String>,
+    /// Whether the turn named its ConversationContext: then it becomes the session's current
+    /// one; otherwise the turn must use the session's current one.
+    pub mode_named: bool,
     /// Workspace hint.
     pub workspace_id: Option<String>,
     /// Repository hint.
@@ -71,6 +75,20 @@ pub(super) async fn open_session(
     let created = create_session(conn, session, meta).await?;
     let locked = lock_session(conn, session, turn).await?.ok_or(sqlx::Error::RowNotFound)?;
     Ok((locked, created))
+}
+
+/// Makes `mode` the session's current ConversationContext (a turn that names none uses it).
+pub(super) async fn set_mode(
+    conn: &mut PgConnection,
+    session: Uuid,
+    mode: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE sessions SET conversation_context_id = $2 WHERE id = $1")
+        .bind(session)
+        .bind(mode)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Creates the session if it is new; whether it was.

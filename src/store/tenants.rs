@@ -12,6 +12,7 @@ use super::turn_row::{TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::config::{OverLimit, TenantLimits};
 use crate::contracts::TenantName;
+use crate::lifecycle::{transition, Event, Phase};
 use crate::messages::Outgoing;
 
 /// The window of the per-minute limits.
@@ -184,8 +185,10 @@ pub(super) async fn start_held(
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
     let Ok(n) = room(conn, gate, 1000, 0).await? else { return Ok(Vec::new()) };
+    // The turns it picks are held: queued, and their session's active turn.
+    let to = transition(Some(Phase::Held), Event::RoomFreed)?;
     let sql = format!(
-        "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
+        "UPDATE turns SET state = $3, started_at = clock_timestamp(), updated_at = now()
          WHERE (session_id, turn_id) IN (
              SELECT t.session_id, t.turn_id FROM turns t
              JOIN sessions s ON s.id = t.session_id AND s.active_turn_id = t.turn_id
@@ -193,8 +196,12 @@ pub(super) async fn start_held(
              ORDER BY t.created_at LIMIT $2)
          RETURNING {TURN_COLUMNS}"
     );
-    let mut rows: Vec<TurnRow> =
-        sqlx::query_as(&sql).bind(gate.tenant.as_str()).bind(n).fetch_all(&mut *conn).await?;
+    let mut rows: Vec<TurnRow> = sqlx::query_as(&sql)
+        .bind(gate.tenant.as_str())
+        .bind(n)
+        .bind(to.column().as_str())
+        .fetch_all(&mut *conn)
+        .await?;
     rows.sort_by_key(|r| r.seq);
     Ok(rows)
 }

@@ -8,48 +8,10 @@ use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::contracts::{InstanceName, ReplyAddress, SessionId, TenantName, TurnKey};
-use crate::messages::TurnJob;
-
-/// Where a turn stands (the `turns.state` column; its CHECK constraint allows only these).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TurnState {
-    /// Waits behind the session's active turn.
-    Queued,
-    /// Holds the session and moves through the stages.
-    Running,
-    /// Holds the session until the client sends tool results.
-    AwaitingToolResults,
-    /// Ended with a final answer.
-    Completed,
-    /// Ended with an error reply.
-    Failed,
-}
-
-impl TurnState {
-    /// The column value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TurnState::Queued => "queued",
-            TurnState::Running => "running",
-            TurnState::AwaitingToolResults => "awaiting_tool_results",
-            TurnState::Completed => "completed",
-            TurnState::Failed => "failed",
-        }
-    }
-
-    /// Whether the turn has ended.
-    pub fn is_finished(self) -> bool {
-        matches!(self, TurnState::Completed | TurnState::Failed)
-    }
-}
-
-impl std::fmt::Display for TurnState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::contracts::{InstanceName, InvalidName, ReplyAddress, SessionId, TenantName, TurnKey};
+use crate::lifecycle::Phase;
+pub use crate::lifecycle::TurnState;
+use crate::messages::AdmittedTurn;
 
 impl TryFrom<String> for TurnState {
     type Error = StoreError;
@@ -99,13 +61,20 @@ pub struct TurnRow {
     pub server_executions: Option<Value>,
 }
 
-fn parsed<T: std::str::FromStr<Err = String>>(text: Option<&str>) -> Result<Option<T>, StoreError> {
+fn parsed<T: std::str::FromStr<Err = InvalidName>>(
+    text: Option<&str>,
+) -> Result<Option<T>, StoreError> {
     text.map(str::parse)
         .transpose()
-        .map_err(|e: String| StoreError::Corrupt(serde::de::Error::custom(e)))
+        .map_err(|e: InvalidName| StoreError::Corrupt(serde::de::Error::custom(e)))
 }
 
 impl TurnRow {
+    /// The phase of the turn's life it is in (`active`: it is its session's active turn).
+    pub fn phase(&self, active: bool) -> Phase {
+        Phase::stored(self.state, active, self.step, self.cancel_requested_at.is_some())
+    }
+
     /// The turn's key.
     pub fn key(&self) -> Result<TurnKey, StoreError> {
         let turn_id = self.turn_id.parse().map_err(|(_, e)| {
@@ -132,12 +101,12 @@ impl TurnRow {
 
     /// The message that starts (or resumes) this turn at its current step. The request is read
     /// back from PostgreSQL, so it is checked here, once, as it leaves the store.
-    pub fn start_job(&self) -> Result<TurnJob, StoreError> {
+    pub fn start_job(&self) -> Result<AdmittedTurn, StoreError> {
         let decode = |v: &Value| {
             crate::rules::from_stored(v)
                 .map_err(|e| StoreError::Corrupt(serde::de::Error::custom(e)))
         };
-        Ok(TurnJob {
+        Ok(AdmittedTurn {
             key: self.key()?,
             step: self.step,
             turn: decode(&self.request)?,

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::tenants::Gate;
 use super::{Store, StoreError};
 use crate::contracts::TurnKey;
+use crate::lifecycle::{transition, Event, Phase};
 use crate::messages::Outgoing;
 
 pub(super) use super::turn_row::{turn_columns, TURN_COLUMNS};
@@ -60,11 +61,13 @@ pub(super) async fn start_next(
         return super::tenants::start_held(conn, gate).await;
     }
     let Some(next) = next else { return Ok(Vec::new()) };
+    let to = transition(Some(Phase::Queued), Event::Dispatched { room: true })?;
     let sql = format!(
-        "UPDATE turns SET state = 'running', started_at = clock_timestamp(), updated_at = now()
+        "UPDATE turns SET state = $3, started_at = clock_timestamp(), updated_at = now()
          WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
     );
-    Ok(vec![sqlx::query_as(&sql).bind(session).bind(next).fetch_one(&mut *conn).await?])
+    let q = sqlx::query_as(&sql).bind(session).bind(next).bind(to.column().as_str());
+    Ok(vec![q.fetch_one(&mut *conn).await?])
 }
 
 /// The start messages of turns that `dispatch_next` started.

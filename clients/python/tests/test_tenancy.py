@@ -5,8 +5,9 @@ A turn of A ends on A's own queue `<prefix>.session.<A>.<SessionId>`; B, naming 
 (a user turn, a duplicate of A's turn, tool results for A's waiting turn), is refused with
 `session.unavailable` on B's own queue `<prefix>.session.<B>.<SessionId>` while A's queue gets
 nothing; B can neither declare nor consume A's queues (403) nor publish as A's user (406); a
-later turn of a session naming another ConversationContextId than the session was created with
-is refused with `session.context_fixed`; a tenant's instance queue is `<prefix>.instance.<A>.<I>`.
+session changes its ConversationContextId (its mode) per turn, while a later turn naming another
+AgentContextId is refused with `session.context_fixed`; a tenant's instance queue is
+`<prefix>.instance.<A>.<I>`.
 
 Skipped unless `APTIX_TEST_TENANTS` is set. `CLIENTS_TENANTS=1 clients/run-tests.sh PATH/TO/aptix`
 configures the tenants and sets `APTIX_TEST_TENANT_A_URL` / `APTIX_TEST_TENANT_B_URL` (their
@@ -174,21 +175,25 @@ def test_another_tenant_can_neither_reach_the_queues_nor_publish_as_its_user(a, 
         s.next_event(1.0)
 
 
-def test_a_session_keeps_the_conversation_context_it_was_created_with(a, tenants):
+def test_a_session_changes_its_mode_per_turn_and_keeps_its_agent_context(a, tenants):
     other = tenants.other_context
-    fresh = a.open_session()  # the other context is allowed to A: a session may start in it
-    assert isinstance(fresh.run_turn("t1", "in the other context", ConversationContextId=other, timeout=WAIT),
-                      Final)
-
     s = a.open_session()
     first = s.run_turn("t1", "first", ConversationContextId=FIRST_CONTEXT, timeout=WAIT)
     assert isinstance(first, Final), first
-    sub = s.submit_turn("t2", "second", ConversationContextId=other)
-    reply = assert_refused(s.next_event(WAIT, "t2"), CODE_CONTEXT_FIXED, sub.message_id, s.session_id)
-    assert reply.turn_id == "t2"
-    # A refusal changes nothing: the session goes on in the context it was created with.
-    third = s.run_turn("t3", "third", ConversationContextId=FIRST_CONTEXT, timeout=WAIT)
-    assert isinstance(third, Final) and third.message_id == f"reply:{s.session_id}:t3:step-0", third
+    # The mode is the turn's: another ConversationContext of the tenant's, then none (the
+    # session's current one), then back.
+    for n, fields in enumerate([{"ConversationContextId": other}, {}, {"ConversationContextId": FIRST_CONTEXT}], 2):
+        turn = s.run_turn(f"t{n}", f"turn {n}", timeout=WAIT, **fields)
+        assert isinstance(turn, Final) and turn.message_id == f"reply:{s.session_id}:t{n}:step-0", turn
+    # The AgentContext (endpoint, key, collection) is the session's for good.
+    # Another of the tenant's own agent contexts (one it may not use is simply unknown).
+    other_agent = os.environ.get("APTIX_TEST_OTHER_AGENT_CONTEXT", "alt")
+    sub = s.submit_turn("t5", "elsewhere", AgentContextId=other_agent)
+    reply = assert_refused(s.next_event(WAIT, "t5"), CODE_CONTEXT_FIXED, sub.message_id, s.session_id)
+    assert reply.turn_id == "t5"
+    # A refusal changes nothing: the session goes on.
+    sixth = s.run_turn("t6", "sixth", timeout=WAIT)
+    assert isinstance(sixth, Final) and sixth.message_id == f"reply:{s.session_id}:t6:step-0", sixth
 
 
 def test_a_tenant_instance_queue(tenants, schemas):

@@ -5,8 +5,9 @@
 // (a user turn, a duplicate of A's turn, tool results for A's waiting turn), is refused with
 // `session.unavailable` on B's own queue `<prefix>.session.<B>.<SessionId>` while A's queue gets
 // nothing; B can neither declare nor consume A's queues (403) nor publish as A's user (406); a
-// later turn of a session naming another ConversationContextId than the session was created with
-// is refused with `session.context_fixed`; a tenant's instance queue is `<prefix>.instance.<A>.<I>`.
+// session changes its ConversationContextId (its mode) per turn, while a later turn naming another
+// AgentContextId is refused with `session.context_fixed`; a tenant's instance queue is
+// `<prefix>.instance.<A>.<I>`.
 //
 // Skipped unless APTIX_TEST_TENANTS is set. `CLIENTS_TENANTS=1 clients/run-tests.sh PATH/TO/aptix`
 // configures the tenants and sets APTIX_TEST_TENANT_A_URL / APTIX_TEST_TENANT_B_URL (their broker
@@ -170,21 +171,29 @@ describe("real pipeline: tenants", { skip: ENABLED ? false : "no tenants: run CL
     await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
   });
 
-  test("a session keeps the conversation context it was created with", async () => {
-    const fresh = await a.openSession(); // the other context is allowed to A: a session may start in it
-    const inOther = await fresh.runTurn("t1", "in the other context", { ...WAIT, fields: { ConversationContextId: OTHER_CONTEXT } });
-    assert.equal(inOther.type, "final", JSON.stringify(inOther.body));
-
+  test("a session changes its mode per turn and keeps its agent context", async () => {
     const s = await a.openSession();
     const first = await s.runTurn("t1", "first", { ...WAIT, fields: { ConversationContextId: FIRST_CONTEXT } });
     assert.equal(first.type, "final", JSON.stringify(first.body));
-    const sub = await s.submitTurn("t2", "second", { fields: { ConversationContextId: OTHER_CONTEXT } });
-    const r = assertRefused(await s.nextEvent({ ...WAIT, turnId: "t2" }), CODE_CONTEXT_FIXED, sub.messageId, s.sessionId);
-    assert.equal(r.turnId, "t2");
-    // A refusal changes nothing: the session goes on in the context it was created with.
-    const third = await s.runTurn("t3", "third", { ...WAIT, fields: { ConversationContextId: FIRST_CONTEXT } });
-    assert.equal(third.type, "final", JSON.stringify(third.body));
-    assert.equal(third.messageId, `reply:${s.sessionId}:t3:step-0`);
+    // The mode is the turn's: another ConversationContext of the tenant's, then none (the
+    // session's current one), then back.
+    const modes: Record<string, unknown>[] = [{ ConversationContextId: OTHER_CONTEXT }, {}, { ConversationContextId: FIRST_CONTEXT }];
+    for (const [i, fields] of modes.entries()) {
+      const n = i + 2;
+      const turn = await s.runTurn(`t${n}`, `turn ${n}`, { ...WAIT, fields });
+      assert.equal(turn.type, "final", JSON.stringify(turn.body));
+      assert.equal(turn.messageId, `reply:${s.sessionId}:t${n}:step-0`);
+    }
+    // The AgentContext (endpoint, key, collection) is the session's for good.
+    // Another of the tenant's own agent contexts (one it may not use is simply unknown).
+    const otherAgent = process.env.APTIX_TEST_OTHER_AGENT_CONTEXT || "alt";
+    const sub = await s.submitTurn("t5", "elsewhere", { fields: { AgentContextId: otherAgent } });
+    const r = assertRefused(await s.nextEvent({ ...WAIT, turnId: "t5" }), CODE_CONTEXT_FIXED, sub.messageId, s.sessionId);
+    assert.equal(r.turnId, "t5");
+    // A refusal changes nothing: the session goes on.
+    const sixth = await s.runTurn("t6", "sixth", WAIT);
+    assert.equal(sixth.type, "final", JSON.stringify(sixth.body));
+    assert.equal(sixth.messageId, `reply:${s.sessionId}:t6:step-0`);
   });
 
   test("a tenant's instance queue", async () => {

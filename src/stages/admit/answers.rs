@@ -4,18 +4,18 @@
 use tracing::debug;
 
 use crate::contracts::{ApiError, ErrorCode, SessionId, ValidatedRequest};
-use crate::messages::{Outgoing, ReplyOut, TurnJob, RESENT};
+use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, RESENT};
 use crate::rules::turn_hint;
-use crate::stage::{Output, StageError};
+use crate::stage::{Cause, Output, StageError};
 use crate::store::Limit;
 
 /// A redelivered submission (its consumer stopped before acknowledging it) whose turn already
 /// finished is answered by that turn's own step replies: the stored reply is not sent again
 /// under a new id, which the client could not tell from a second answer. A client's own resend
 /// arrives as a new delivery and still gets the stored reply.
-pub(super) fn without_resent(mut output: Output<TurnJob>) -> Output<TurnJob> {
-    if output.outbox_ids.is_empty() {
-        output.messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.tag.starts_with(RESENT)));
+pub(super) fn without_resent(mut output: Output<AdmittedTurn>) -> Output<AdmittedTurn> {
+    if let Output::Publish(messages) = &mut output {
+        messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.tag.starts_with(RESENT)));
     }
     output
 }
@@ -25,17 +25,17 @@ pub(super) fn reject(
     body: &[u8],
     submission: &str,
     errors: Vec<ApiError>,
-) -> Result<Output<TurnJob>, StageError> {
+) -> Result<Output<AdmittedTurn>, StageError> {
     match turn_hint(body) {
         (Some(session), turn) => {
             debug!(%session, turn = turn.as_deref().unwrap_or("-"), errors = errors.len(), "request rejected");
             let tag = format!("rejected-{submission}");
-            Ok(Output::publish(vec![refusal(session, turn.as_deref(), tag, errors)]))
+            Ok(Output::Publish(vec![refusal(session, turn.as_deref(), tag, errors)]))
         }
         // Nobody to answer: keep the message and the reason for an operator.
         (None, _) => {
             let first = errors.first().map_or_else(String::new, ToString::to_string);
-            Err(StageError::Refused(format!("no usable SessionId; {first}")))
+            Err(StageError::Refused(Cause::NoSession(first)))
         }
     }
 }

@@ -9,7 +9,7 @@ use super::answers::{refusal, reject, unavailable};
 use super::scope::Caller;
 use super::Admit;
 use crate::contracts::{ApiError, ErrorCode};
-use crate::messages::TurnJob;
+use crate::messages::AdmittedTurn;
 use crate::rules::cancel_bytes;
 use crate::stage::{Output, StageError};
 use crate::store::CancelAdmission;
@@ -20,7 +20,7 @@ impl Admit {
         body: &[u8],
         submission: &str,
         caller: Caller<'_>,
-    ) -> Result<Output<TurnJob>, StageError> {
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         let key = match cancel_bytes(body, &self.settings.limits) {
             Ok(key) => key,
             Err(errors) => return reject(body, submission, errors.0),
@@ -28,22 +28,20 @@ impl Admit {
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let refuse = |tag: &str, error: ApiError| {
             let tag = format!("{tag}-{submission}");
-            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
+            Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
         };
         let at = |code, message: String| ApiError::at(code, "TurnId", message);
         match self.store.cancel_turn(&key, caller.name).await? {
             CancelAdmission::Ended { outbox } => {
                 info!(%session, turn = turn_id, "turn cancelled before it ran to its end");
-                Ok(Output::committed(outbox.ids, outbox.messages))
+                Ok(Output::Committed(outbox))
             }
             CancelAdmission::Requested => {
                 info!(%session, turn = turn_id, "cancel of a running turn admitted");
-                Ok(Output::publish(vec![]))
+                Ok(Output::Publish(vec![]))
             }
             // A redelivered cancel publishes what the first delivery committed, if it did not.
-            CancelAdmission::AlreadyCancelled { outbox } => {
-                Ok(Output::committed(outbox.ids, outbox.messages))
-            }
+            CancelAdmission::AlreadyCancelled { outbox } => Ok(Output::Committed(outbox)),
             CancelAdmission::NotFound => refuse(
                 "rejected-cancel",
                 at(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session")),

@@ -13,9 +13,9 @@ use crate::contracts::{
     ApiError, ErrorCode, ReplyAddress, SessionId, TenantName, ToolContinuation, TurnKey, UserTurn,
     ValidatedRequest,
 };
-use crate::messages::{Outgoing, ReplyOut, Submission, TurnJob};
+use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
 use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE};
-use crate::stage::{message_fingerprint, Output, Stage, StageError, TurnHint};
+use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
 
 mod answers;
@@ -45,19 +45,19 @@ impl Admit {
 impl Stage for Admit {
     const NAME: &'static str = "validate";
     type In = Submission;
-    type Out = TurnJob;
+    type Out = AdmittedTurn;
 
     fn tenant(&self, s: &Submission) -> Option<TenantName> {
         scope::caller_of(&self.settings, s.user_id.as_deref()).ok().flatten().map(|(name, _)| name)
     }
 
-    async fn run(&self, s: Submission) -> Result<Output<TurnJob>, StageError> {
+    async fn run(&self, s: Submission) -> Result<Output<AdmittedTurn>, StageError> {
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
         // Nobody to answer: no reply queue of an unknown publisher may be written to.
         let found = scope::caller_of(&self.settings, s.user_id.as_deref())
-            .map_err(|why| StageError::Refused(format!("request.tenant_unknown: {why}")))?;
+            .map_err(|why| StageError::Refused(Cause::UnknownPublisher(why.to_string())))?;
         let caller = Caller::of(&found);
         let prefix = &self.settings.amqp.prefix;
         let to = match scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body) {
@@ -80,7 +80,11 @@ impl Stage for Admit {
     /// The submission can never be handled (retries spent, poison, unusable data): the turn it
     /// admitted, if any, fails (record, reply, the session's next turn); otherwise the client
     /// is told, if there is one to tell.
-    async fn give_up(&self, s: Submission, error: ApiError) -> Result<Output<TurnJob>, StageError> {
+    async fn give_up(
+        &self,
+        s: Submission,
+        error: ApiError,
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
         tracing::error!(reason = %error.message, submission, "giving up an ingress message");
         let error = ApiError::new(
@@ -88,7 +92,7 @@ impl Stage for Admit {
             "the request could not be processed; an operator has the details".to_owned(),
         );
         let (session, turn) = turn_hint(&s.body);
-        let Some(session) = session else { return Ok(Output::publish(vec![])) };
+        let Some(session) = session else { return Ok(Output::Publish(vec![])) };
         let parsed = turn.as_deref().and_then(|t| t.parse().ok());
         if let (Some(turn_id), Ok(request)) =
             (parsed, validate_bytes(&s.body, &self.settings.limits))
@@ -97,19 +101,19 @@ impl Stage for Admit {
             let failed =
                 self.store.fail_admitted(&key, &request.fingerprint(), error.clone()).await;
             if let Ok(Some(outbox)) = failed {
-                return Ok(Output::committed(outbox.ids, outbox.messages));
+                return Ok(Output::Committed(outbox));
             }
         }
         let tag = format!("exhausted-{submission}");
         let Ok(found) = scope::caller_of(&self.settings, s.user_id.as_deref()) else {
-            return Ok(Output::publish(vec![]));
+            return Ok(Output::Publish(vec![]));
         };
         let caller = Caller::of(&found);
         let prefix = &self.settings.amqp.prefix;
         let instance = scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body);
         let reply = ReplyOut::refusal(session, turn.as_deref(), tag, vec![error]);
         let to = scope::address(caller, instance.ok().flatten());
-        Ok(Output::publish(vec![Outgoing::Reply(reply.to(to))]))
+        Ok(Output::Publish(vec![Outgoing::Reply(reply.to(to))]))
     }
 
     const ORDERED: bool = true;
@@ -128,7 +132,7 @@ impl Admit {
         submission: &str,
         caller: Caller<'_>,
         to: &ReplyAddress,
-    ) -> Result<Output<TurnJob>, StageError> {
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         match validate_bytes(body, &self.settings.limits) {
             Ok(request) => match &request {
                 ValidatedRequest::UserTurn(t) => {
@@ -149,12 +153,10 @@ impl Admit {
         &self,
         message_id: Option<&str>,
         to: &ReplyAddress,
-        mut output: Output<TurnJob>,
-    ) -> Result<Output<TurnJob>, StageError> {
-        if !output.outbox_ids.is_empty() {
-            return Ok(output);
-        }
-        for m in &mut output.messages {
+        mut output: Output<AdmittedTurn>,
+    ) -> Result<Output<AdmittedTurn>, StageError> {
+        let Output::Publish(messages) = &mut output else { return Ok(output) };
+        for m in messages {
             let Outgoing::Reply(r) = m else { continue };
             r.correlation_id = message_id.map(str::to_owned);
             (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
@@ -170,10 +172,7 @@ impl Admit {
                 body: &r.body,
                 tenant: to.tenant.as_ref(),
             };
-            self.store
-                .save_reply(&stored)
-                .await
-                .map_err(|e| StageError::Transient(format!("could not store a refusal: {e}")))?;
+            self.store.save_reply(&stored).await.map_err(StageError::transient)?;
         }
         Ok(output)
     }
@@ -194,12 +193,12 @@ impl Admit {
         submission: &str,
         caller: Caller<'_>,
         to: &ReplyAddress,
-    ) -> Result<Output<TurnJob>, StageError> {
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         let key = turn.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let refuse = |what: &str, errors| {
             let tag = format!("{what}-{submission}");
-            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
+            Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
         // What the session was created with, once the admission found it differs from what the
         // request resolves to (its owner is checked there, under the session's lock, first).
@@ -218,6 +217,7 @@ impl Admit {
                 tenant: caller.name.cloned(),
                 agent_context_id: Some(agent),
                 conversation_context_id: Some(conversation),
+                mode_named: turn.conversation_context_id().is_some(),
                 workspace_id: turn.workspace_id().map(str::to_owned),
                 repo: turn.repo().map(str::to_owned),
                 name: turn.instruction().and_then(session_name),
@@ -235,7 +235,7 @@ impl Admit {
                 other => return self.admitted(other, session, turn_id, submission),
             }
         }
-        Err(StageError::Transient("the session kept changing under admission".into()))
+        Err(StageError::Transient(Cause::Contended))
     }
 
     /// The output for a user turn's admission.
@@ -245,22 +245,22 @@ impl Admit {
         session: SessionId,
         turn_id: &str,
         submission: &str,
-    ) -> Result<Output<TurnJob>, StageError> {
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         let refuse = |what: &str, errors| {
             let tag = format!("{what}-{submission}");
-            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
+            Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
         match admission {
             Admission::Accepted { outbox, queued, new_session } => {
                 info!(%session, turn = turn_id, queued, new_session, "turn admitted");
-                Ok(Output::committed(outbox.ids, outbox.messages))
+                Ok(Output::Committed(outbox))
             }
             Admission::InFlight { outbox } => {
                 info!(%session, turn = turn_id, "duplicate of a turn in flight");
-                Ok(Output::committed(outbox.ids, outbox.messages))
+                Ok(Output::Committed(outbox))
             }
             Admission::Finished { reply } => {
-                Ok(Output::publish(vec![Outgoing::Reply(ReplyOut::resent(session, turn_id, submission, reply))]))
+                Ok(Output::Publish(vec![Outgoing::Reply(ReplyOut::resent(session, turn_id, submission, reply))]))
             }
             Admission::Conflict => refuse(
                 "conflict",
@@ -293,7 +293,7 @@ impl Admit {
         c: &ToolContinuation,
         submission: &str,
         to: &ReplyAddress,
-    ) -> Result<Output<TurnJob>, StageError> {
+    ) -> Result<Output<AdmittedTurn>, StageError> {
         let key = c.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let (wire, fingerprint) = (stored_form(request)?, fingerprint(request));
@@ -305,22 +305,20 @@ impl Admit {
         let refuse = |code: ErrorCode, message: String| {
             let tag = format!("rejected-continuation-{submission}");
             let errors = vec![ApiError::at(code, "TurnId", message)];
-            Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, errors)]))
+            Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, errors)]))
         };
         match admission {
             ContinuationAdmission::Accepted { outbox }
             | ContinuationAdmission::InFlight { outbox }
-            | ContinuationAdmission::Aborted { outbox } => {
-                Ok(Output::committed(outbox.ids, outbox.messages))
-            }
+            | ContinuationAdmission::Aborted { outbox } => Ok(Output::Committed(outbox)),
             ContinuationAdmission::Finished { reply } => {
-                Ok(Output::publish(vec![Outgoing::Reply(ReplyOut::resent(
+                Ok(Output::Publish(vec![Outgoing::Reply(ReplyOut::resent(
                     session, turn_id, submission, reply,
                 ))]))
             }
             ContinuationAdmission::Unavailable => {
                 let tag = format!("unavailable-{submission}");
-                Ok(Output::publish(vec![refusal(session, Some(turn_id), tag, vec![unavailable()])]))
+                Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, vec![unavailable()])]))
             }
             ContinuationAdmission::NotFound => {
                 refuse(ErrorCode::TurnNotFound, format!("no turn `{turn_id}` in this session"))

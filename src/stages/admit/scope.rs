@@ -4,7 +4,7 @@
 
 use crate::config::{Publisher, Settings, Tenant};
 use crate::contracts::{
-    ApiError, ContextId, ErrorCode, InstanceName, ReplyAddress, TenantName, UserTurn,
+    ApiError, ContextId, ErrorCode, InstanceName, InvalidName, ReplyAddress, TenantName, UserTurn,
 };
 use crate::rules::turn_hint;
 use crate::store::SessionOwner;
@@ -30,15 +30,26 @@ impl<'a> Caller<'a> {
 pub(super) fn caller_of<'a>(
     settings: &'a Settings,
     user_id: Option<&str>,
-) -> Result<Option<(TenantName, &'a Tenant)>, String> {
+) -> Result<Option<(TenantName, &'a Tenant)>, UnknownPublisher> {
     match settings.publisher(user_id) {
         Publisher::SingleTenant => Ok(None),
         Publisher::Tenant(name, tenant) => Ok(Some((name, tenant))),
         Publisher::Unknown => Err(match user_id {
-            None => "the message has no user_id property, so its tenant is unknown".to_owned(),
-            Some(u) => format!("user `{}` belongs to no configured tenant", clip(u)),
+            None => UnknownPublisher::NoUserId,
+            Some(u) => UnknownPublisher::NotATenant(clip(u)),
         }),
     }
+}
+
+/// Why a publisher is no configured tenant's.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UnknownPublisher {
+    /// The message names no user.
+    #[error("the message has no user_id property, so its tenant is unknown")]
+    NoUserId,
+    /// The user is no tenant's.
+    #[error("user `{0}` belongs to no configured tenant")]
+    NotATenant(String),
 }
 
 fn clip(s: &str) -> String {
@@ -63,7 +74,7 @@ pub(super) fn reply_target(
                 "reply_to: an instance queue of this publisher is `{prefix}.instance.{scope}<name>`"
             )));
         };
-        return name.parse().map(Some).map_err(|e: String| invalid(format!("reply_to: {e}")));
+        return name.parse().map(Some).map_err(|e: InvalidName| invalid(format!("reply_to: {e}")));
     }
     let session = turn_hint(body).0.map(|s| format!("{prefix}.session.{scope}{s}"));
     if session.as_deref() == Some(queue) {
@@ -80,9 +91,11 @@ pub(super) fn address(caller: Caller<'_>, instance: Option<InstanceName>) -> Rep
     ReplyAddress { tenant: caller.name.cloned(), instance }
 }
 
-/// The contexts a turn of `caller` uses: those the session was created with, else the ones it
-/// names (or its tenant's defaults), checked to exist and to be the caller's. A context of
-/// another tenant gets the same answer as one that does not exist.
+/// The contexts a turn of `caller` uses, checked to exist and to be the caller's (a context of
+/// another tenant gets the same answer as one that does not exist). The AgentContext is the
+/// one the session was created with (endpoint, key and collection stay the session's); the
+/// ConversationContext (the mode) is the one the turn names, else the session's current one,
+/// else the tenant's default.
 pub(super) fn contexts(
     settings: &Settings,
     caller: Caller<'_>,
@@ -92,16 +105,16 @@ pub(super) fn contexts(
     let stored = |f: fn(&SessionOwner) -> &Option<String>| session.and_then(|s| f(s).clone());
     let agent = stored(|s| &s.agent_context_id)
         .unwrap_or_else(|| settings.agent_context_id_for(caller.tenant, turn.agent_context_id()));
-    let conversation = stored(|s| &s.conversation_context_id).unwrap_or_else(|| {
-        settings.conversation_context_id_for(caller.tenant, turn.conversation_context_id())
-    });
+    let named_mode = turn.conversation_context_id();
+    let conversation = match (named_mode, stored(|s| &s.conversation_context_id)) {
+        (None, Some(current)) => current,
+        (named, _) => settings.conversation_context_id_for(caller.tenant, named),
+    };
     let named = |id: Option<&ContextId>, fixed: &str| id.is_some_and(|c| c.as_str() != fixed);
-    if named(turn.agent_context_id(), &agent)
-        || named(turn.conversation_context_id(), &conversation)
-    {
+    if named(turn.agent_context_id(), &agent) {
         return Err(vec![ApiError::new(
             ErrorCode::SessionContextFixed,
-            format!("this session uses AgentContextId `{agent}` and ConversationContextId `{conversation}`; a later turn may name those or none"),
+            format!("this session uses AgentContextId `{agent}`; a later turn may name it or none (the ConversationContextId may change per turn)"),
         )]);
     }
     let mut errors = Vec::new();
@@ -144,11 +157,11 @@ mod tests {
 
     const BODY: &[u8] = br#"{"SessionId":"9b1d1c1e-7c1a-4c47-9a55-6f1c2a8b3d4e"}"#;
 
-    fn target(tenant: Option<&str>, reply_to: &str) -> Result<Option<String>, String> {
+    fn target(tenant: Option<&str>, reply_to: &str) -> Result<Option<String>, &'static str> {
         let tenant: Option<TenantName> = tenant.map(|t| t.parse().unwrap());
         reply_target("p", tenant.as_ref(), Some(reply_to), BODY)
             .map(|i| i.map(|n| n.to_string()))
-            .map_err(|e| e.code.as_str().to_owned())
+            .map_err(|e| e.code.as_str())
     }
 
     #[test]
@@ -156,7 +169,7 @@ mod tests {
         let sid = "9b1d1c1e-7c1a-4c47-9a55-6f1c2a8b3d4e";
         assert_eq!(target(Some("a"), "p.instance.a.web-1"), Ok(Some("web-1".into())));
         assert_eq!(target(Some("a"), &format!("p.session.a.{sid}")), Ok(None));
-        let refused = Err("request.reply_to_invalid".to_owned());
+        let refused = Err("request.reply_to_invalid");
         assert_eq!(target(Some("b"), "p.instance.a.web-1"), refused);
         assert_eq!(target(Some("b"), &format!("p.session.a.{sid}")), refused);
         assert_eq!(target(Some("a"), &format!("p.session.{sid}")), refused);

@@ -16,7 +16,9 @@ use crate::contracts::{ApiError, ErrorCode};
 use crate::llm::{
     DeltaEvent, Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, RequestBody, StreamDelta,
 };
-use crate::messages::{Answer, InvokeJob, PersistJob, RoundTrip, SavedRoundTrip, TurnJob};
+use crate::messages::{
+    AdmittedTurn, Answer, AssembledTurn, EndedRoundTrip, RoundTrip, SavedRoundTrip,
+};
 use crate::stage::{DeltaSink, Output, Stage, StageError};
 use crate::store::Store;
 
@@ -59,11 +61,11 @@ impl Invoke {
 impl Stage for Invoke {
     const NAME: &'static str = "invoke";
     const EXHAUSTED: ErrorCode = ErrorCode::LlmUnavailable;
-    type In = InvokeJob;
-    type Out = PersistJob;
+    type In = AssembledTurn;
+    type Out = EndedRoundTrip;
 
-    async fn run(&self, job: InvokeJob) -> Result<Output<PersistJob>, StageError> {
-        let (key, step) = (job.job.key.clone(), job.job.step);
+    async fn run(&self, job: AssembledTurn) -> Result<Output<EndedRoundTrip>, StageError> {
+        let (key, step) = (job.admitted.key.clone(), job.admitted.step);
         let watched = self.cancels.watch(&key);
         let state = self.store.call_state(&key, step).await?;
         if let Some(saved) = state.saved {
@@ -72,12 +74,12 @@ impl Stage for Invoke {
                 .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
             let persist = SavedRoundTrip::with_body(persist, job);
             info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
-            return Ok(Output::next(persist));
+            return Ok(Output::Next(persist));
         }
-        let turn = job.job.user_turn().map_err(StageError::fail)?;
+        let turn = job.admitted.user_turn().map_err(StageError::fail)?;
         let agent = super::agent_context(&self.settings, turn).ok();
         let endpoint =
-            Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::Transient)?;
+            Endpoint::resolve(&self.settings.llm, agent).map_err(StageError::transient)?;
         let stream = turn.stream();
         let mut assembled = job.assembled;
         let mut rebuilt = false;
@@ -85,7 +87,7 @@ impl Stage for Invoke {
         let mut result = if state.cancelled {
             Call::Cancelled(String::new(), false)
         } else {
-            self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await
+            self.call(&endpoint, &assembled.body, &job.admitted, stream, &watched.token).await
         };
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
@@ -96,11 +98,12 @@ impl Stage for Invoke {
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
             let chunks = assembled.retrieved_chunks(&state);
             assembled = job
-                .job
+                .admitted
                 .assemble(&chunks, &state.force_new_chain(), context, &self.settings.assemble)
                 .map_err(StageError::fail)?;
             rebuilt = true;
-            result = self.call(&endpoint, &assembled.body, &job.job, stream, &watched.token).await;
+            result =
+                self.call(&endpoint, &assembled.body, &job.admitted, stream, &watched.token).await;
         }
         let round_trip = match result {
             Call::Cancelled(streamed, called) => {
@@ -118,7 +121,7 @@ impl Stage for Invoke {
                 let took = Some(started.elapsed());
                 self.record_call(&assembled.body, Err(e.code().as_str()), took, None);
                 if e.is_transient() {
-                    return Err(StageError::Transient(e.to_string()));
+                    return Err(StageError::transient(e));
                 }
                 RoundTrip::Failed {
                     errors: vec![ApiError::new(e.code(), e.to_string())],
@@ -126,8 +129,8 @@ impl Stage for Invoke {
                 }
             }
         };
-        let mut persist = PersistJob {
-            job: job.job,
+        let mut persist = EndedRoundTrip {
+            admitted: job.admitted,
             assembled: Some(assembled),
             warnings: job.warnings,
             result: round_trip,
@@ -136,7 +139,7 @@ impl Stage for Invoke {
         };
         let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;
         self.store.save_llm_result(&key, step, saved).await?;
-        Ok(Output::next(persist))
+        Ok(Output::Next(persist))
     }
 }
 
@@ -162,7 +165,7 @@ impl Invoke {
         &self,
         endpoint: &Endpoint,
         body: &RequestBody,
-        job: &TurnJob,
+        job: &AdmittedTurn,
         stream: bool,
         cancel: &CancellationToken,
     ) -> Call {

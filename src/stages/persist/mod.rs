@@ -12,7 +12,7 @@ use crate::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
 };
 use crate::messages::hops;
-use crate::messages::{with_owed_warnings, Answer, Done, PersistJob, ReplyOut, RoundTrip};
+use crate::messages::{with_owed_warnings, Answer, Done, EndedRoundTrip, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
 use crate::store::{cancelled, FinishStep, Finished, KnownTexts, NewRecord, StepOutcome, Store};
 
@@ -51,10 +51,10 @@ struct Ending {
 
 impl Stage for Persist {
     const NAME: &'static str = "persist";
-    type In = PersistJob;
+    type In = EndedRoundTrip;
     type Out = Done;
 
-    async fn run(&self, job: PersistJob) -> Result<Output<Done>, StageError> {
+    async fn run(&self, job: EndedRoundTrip) -> Result<Output<Done>, StageError> {
         let pending = match self.finish(&job).await? {
             Finished::Done(pending) => pending,
             // The client's cancel came while the round trip ran: it ends as cancelled instead.
@@ -65,22 +65,22 @@ impl Stage for Persist {
                 }
             },
         };
-        Ok(Output::committed(pending.ids, pending.messages))
+        Ok(Output::Committed(pending))
     }
 }
 
 impl Persist {
     /// Writes the record (with the round trip's path), the session's state, the turn's
     /// transition and the reply.
-    async fn finish(&self, job: &PersistJob) -> Result<Finished, StageError> {
-        let (key, step) = (job.job.key.clone(), job.job.step);
+    async fn finish(&self, job: &EndedRoundTrip) -> Result<Finished, StageError> {
+        let (key, step) = (job.admitted.key.clone(), job.admitted.step);
         let mut e = self.ending(job).await?;
         // Every ending's body names its turn, a failure's too (issue 41).
         e.reply = e.reply.map(|r| r.about(key.session_id, Some(key.turn_id.clone())));
         let out = match &e.reply {
             Some(reply) => Some(
                 ReplyOut::step(key.session_id, key.turn_id.as_str(), step, reply)?
-                    .to(job.job.address()),
+                    .to(job.admitted.address()),
             ),
             None => None,
         };
@@ -92,7 +92,7 @@ impl Persist {
             (None, _) => json!({}),
         };
         let mut record =
-            NewRecord::base(job.job.user_turn().ok(), job.assembled.as_ref(), e.kind, sent)?;
+            NewRecord::base(job.admitted.user_turn().ok(), job.assembled.as_ref(), e.kind, sent)?;
         record.provider_response_id = e.provider_id;
         record.response_payload = e.raw;
         record.usage = e.usage;
@@ -111,7 +111,7 @@ impl Persist {
         Ok(self.store.finish_step(finish).await?)
     }
 
-    async fn ending(&self, job: &PersistJob) -> Result<Ending, StageError> {
+    async fn ending(&self, job: &EndedRoundTrip) -> Result<Ending, StageError> {
         match &job.result {
             RoundTrip::Answered(a) => self.answered(job, a).await,
             RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
@@ -133,19 +133,19 @@ impl Persist {
     }
 
     /// A provider's answer: final, calls for the client, or server tools to run first.
-    async fn answered(&self, job: &PersistJob, a: &Answer) -> Result<Ending, StageError> {
-        let key = &job.job.key;
+    async fn answered(&self, job: &EndedRoundTrip, a: &Answer) -> Result<Ending, StageError> {
+        let key = &job.admitted.key;
         let owed = owed_warnings(job);
         let outcome = with_owed_warnings(a.outcome.clone(), &owed);
         // The chain holds every call of the answer, the server's too.
         let (session_state, known_texts) =
             self.new_state(job, &a.response_id, a.created_at, &outcome).await?.unzip();
-        let turn = job.job.user_turn().map_err(StageError::fail)?;
+        let turn = job.admitted.user_turn().map_err(StageError::fail)?;
         let tools = super::conversation_context(&self.settings, turn)
             .map(|c| c.server_tools.clone())
             .unwrap_or_default();
-        let executed = serde_json::to_value(&job.job.executed)?;
-        let (outcome, step_outcome, kind) = match route(outcome, &tools, &job.job.executed) {
+        let executed = serde_json::to_value(&job.admitted.executed)?;
+        let (outcome, step_outcome, kind) = match route(outcome, &tools, &job.admitted.executed) {
             Routed::Final(o) => (Some(o), StepOutcome::Completed, "final"),
             Routed::Client { outcome, server } => {
                 let Outcome::ClientToolContinuation(c) = &outcome else {
@@ -204,13 +204,13 @@ impl Persist {
 
     async fn new_state(
         &self,
-        job: &PersistJob,
+        job: &EndedRoundTrip,
         response_id: &str,
         created_at: chrono::DateTime<chrono::Utc>,
         outcome: &Outcome,
     ) -> Result<Option<(Value, KnownTexts)>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
-        let session = &job.job.key.session_id;
+        let session = &job.admitted.key.session_id;
         let carried = job.session_state.as_ref();
         let (raw, known) = self.store.session_state_and_texts(session, carried).await?;
         // Corrupt state must not silently become an empty one: the turn fails instead.
@@ -228,8 +228,8 @@ impl Persist {
         Ok(Some((next.to_stored()?, known)))
     }
 
-    fn mode_display_name(&self, job: &PersistJob) -> String {
-        job.job
+    fn mode_display_name(&self, job: &EndedRoundTrip) -> String {
+        job.admitted
             .user_turn()
             .ok()
             .and_then(|t| super::conversation_context(&self.settings, t).ok())
@@ -259,13 +259,13 @@ fn failed(
 
 /// Warnings of this round trip and the turn's earlier ones (AGN-033: warnings are final-only,
 /// so a tool continuation carries them forward to the turn's final response).
-fn owed_warnings(job: &PersistJob) -> Vec<UserWarning> {
+fn owed_warnings(job: &EndedRoundTrip) -> Vec<UserWarning> {
     let assembled = job.assembled.iter().flat_map(|a| a.record.user_warnings.iter());
     job.warnings.iter().chain(assembled).cloned().collect()
 }
 
 /// The round trip's path as stored: its last hop is this stage's own, handed on now.
-fn path(job: &PersistJob) -> Value {
+fn path(job: &EndedRoundTrip) -> Value {
     let mut path = job.hops.clone();
     if let Some(own) = path.last_mut() {
         own.sent_ms = hops::now_ms();

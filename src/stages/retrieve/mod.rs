@@ -9,9 +9,9 @@ use tracing::warn;
 use super::Deps;
 use crate::config::Settings;
 use crate::contracts::{ArtifactContents, UserTurn, UserWarning};
-use crate::messages::{AssembleJob, TurnJob};
+use crate::messages::{AdmittedTurn, RetrievedTurn};
 use crate::retrieve::{Retrieval, SearchRequest};
-use crate::stage::{Output, Stage, StageError};
+use crate::stage::{Cause, Output, Stage, StageError};
 use crate::store::Store;
 
 /// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
@@ -40,28 +40,28 @@ impl Retrieve {
 
 impl Stage for Retrieve {
     const NAME: &'static str = "retrieve";
-    type In = TurnJob;
-    type Out = AssembleJob;
+    type In = AdmittedTurn;
+    type Out = RetrievedTurn;
 
     /// Opens every configured collection of the embedded store, so that a second process on
     /// the same directory stops at start, naming the fix (one retrieve process, or a server).
-    async fn prepare(&self) -> Result<(), String> {
+    async fn prepare(&self) -> Result<(), Cause> {
         if self.settings.vector.url.is_some() {
             return Ok(());
         }
         for agent in self.settings.agent_contexts.values() {
-            self.retrieval.store(&agent.collection).await.map_err(|e| e.to_string())?;
+            self.retrieval.store(&agent.collection).await?;
         }
         Ok(())
     }
 
-    async fn run(&self, job: TurnJob) -> Result<Output<AssembleJob>, StageError> {
+    async fn run(&self, job: AdmittedTurn) -> Result<Output<RetrievedTurn>, StageError> {
         let job =
             if job.server_calls.is_empty() { job } else { self.run_server_tools(job).await? };
         let turn = job.user_turn().map_err(StageError::fail)?;
         if job.continuation.is_some() {
             let warnings = job.carried_warnings.clone();
-            return Ok(Output::next(AssembleJob { job, chunks: vec![], warnings }));
+            return Ok(Output::Next(RetrievedTurn { admitted: job, chunks: vec![], warnings }));
         }
         let (context, agent) = match (
             super::conversation_context(&self.settings, turn),
@@ -81,7 +81,7 @@ impl Stage for Retrieve {
         };
         let (chunks, warnings) = match self.retrieval.search(request).await {
             Ok(found) => (found.chunks, found.warnings),
-            Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
+            Err(e) if e.is_retryable() => return Err(StageError::transient(e)),
             Err(e) => {
                 warn!(session = %job.key.session_id, turn = %job.key.turn_id, error = %e, "retrieval failed; continuing without context");
                 let warning = UserWarning {
@@ -92,7 +92,7 @@ impl Stage for Retrieve {
                 (Vec::new(), vec![warning])
             }
         };
-        Ok(Output::next(AssembleJob { job, chunks, warnings }))
+        Ok(Output::Next(RetrievedTurn { admitted: job, chunks, warnings }))
     }
 }
 

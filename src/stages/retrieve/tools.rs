@@ -14,9 +14,9 @@ use crate::contracts::{
     FileRef, ScopeCondition, ScopeOperator, ToolCall, ToolContinuation, ToolOutcome, ToolResult,
     UserTurn, ValidatedRequest,
 };
-use crate::messages::{ServerExecution, TurnJob};
+use crate::messages::{AdmittedTurn, ServerExecution};
 use crate::retrieve::SearchRequest;
-use crate::stage::StageError;
+use crate::stage::{Cause, StageError};
 
 /// `search_code`'s arguments.
 #[derive(Deserialize)]
@@ -40,11 +40,39 @@ struct WriteArgs {
 }
 
 /// What one execution produced: the tool's JSON or why it failed, and a file.
-type Produced = (Result<String, String>, Option<FileRef>);
+type Produced = (Result<String, ToolFailure>, Option<FileRef>);
+
+/// Why a server tool call failed: told to the model as the call's error message.
+#[derive(Debug, thiserror::Error)]
+enum ToolFailure {
+    /// The context does not run this tool.
+    #[error("`{0}` is not a server tool of this context")]
+    NotServerTool(String),
+    /// The arguments are not the tool's.
+    #[error("invalid arguments: {0}")]
+    Arguments(#[from] serde_json::Error),
+    /// Retrieval failed for good.
+    #[error("the search failed: {0}")]
+    Search(crate::retrieve::RetrieveError),
+    /// The path to write is not a workspace-relative file name.
+    #[error("`path` {0}")]
+    Path(&'static str),
+    /// The content is over the size limit.
+    #[error("the content is {bytes} bytes; at most {max} may be written")]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+}
 
 impl Retrieve {
     /// Runs the turn's server calls; their results join its continuation.
-    pub(super) async fn run_server_tools(&self, mut job: TurnJob) -> Result<TurnJob, StageError> {
+    pub(super) async fn run_server_tools(
+        &self,
+        mut job: AdmittedTurn,
+    ) -> Result<AdmittedTurn, StageError> {
         let turn = job.user_turn().map_err(StageError::fail)?.clone();
         let context =
             super::super::conversation_context(&self.settings, &turn).map_err(StageError::fail)?;
@@ -55,13 +83,11 @@ impl Retrieve {
             let (outcome, file) = match context.server_tools.runs(&call.name) {
                 Some(ServerTool::SearchCode) => self.search_code(&call, &turn, context).await?,
                 Some(ServerTool::WriteFile) => self.write_file(&call, job.tenant.as_ref()).await?,
-                None => {
-                    (Err(format!("`{}` is not a server tool of this context", call.name)), None)
-                }
+                None => (Err(ToolFailure::NotServerTool(call.name.clone())), None),
             };
             let outcome = match outcome {
                 Ok(json) => ToolOutcome::ResultJson(json),
-                Err(message) => ToolOutcome::ErrorMessage(message),
+                Err(failure) => ToolOutcome::ErrorMessage(failure.to_string()),
             };
             let execution_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let result = ToolResult {
@@ -99,7 +125,7 @@ impl Retrieve {
     ) -> Result<Produced, StageError> {
         let args: SearchArgs = match serde_json::from_str(&call.arguments_json) {
             Ok(a) => a,
-            Err(e) => return Ok((Err(format!("invalid arguments: {e}")), None)),
+            Err(e) => return Ok((Err(e.into()), None)),
         };
         let agent = super::super::agent_context(&self.settings, turn).map_err(StageError::fail)?;
         let mut scope: Vec<ScopeCondition> = turn.rag_scope().to_vec();
@@ -122,8 +148,8 @@ impl Retrieve {
         };
         let found = match self.retrieval.search(request).await {
             Ok(found) => found.chunks,
-            Err(e) if e.is_retryable() => return Err(StageError::Transient(e.to_string())),
-            Err(e) => return Ok((Err(format!("the search failed: {e}")), None)),
+            Err(e) if e.is_retryable() => return Err(StageError::transient(e)),
+            Err(e) => return Ok((Err(ToolFailure::Search(e)), None)),
         };
         let chunks: Vec<_> = found
             .iter()
@@ -143,24 +169,22 @@ impl Retrieve {
     ) -> Result<Produced, StageError> {
         let args: WriteArgs = match serde_json::from_str(&call.arguments_json) {
             Ok(a) => a,
-            Err(e) => return Ok((Err(format!("invalid arguments: {e}")), None)),
+            Err(e) => return Ok((Err(e.into()), None)),
         };
         let files = &self.settings.files;
         if let Err(why) = check_path(&args.path) {
             return Ok((Err(why), None));
         }
         if args.content.len() > files.max_bytes {
-            let why = format!(
-                "the content is {} bytes; at most {} may be written",
-                args.content.len(),
-                files.max_bytes
-            );
+            let why = ToolFailure::TooLarge { bytes: args.content.len(), max: files.max_bytes };
             return Ok((Err(why), None));
         }
         let until = chrono::Utc::now() + chrono::Duration::hours(i64::from(files.retention_hours));
         // The file is the tenant's: its URL is signed for it alone (`crate::files`).
         let Some(keys) = self.settings.pipeline.keys() else {
-            return Err(StageError::Permanent("no key to sign file urls with".into()));
+            return Err(StageError::Permanent(Cause::Unconfigured(
+                "no key to sign file urls with",
+            )));
         };
         let owner = tenant.map(ToString::to_string).unwrap_or_default();
         let kept = self.store.put_file(&owner, args.content.as_bytes(), until).await?;
@@ -192,8 +216,8 @@ impl Retrieve {
 }
 
 /// A workspace-relative path a file may be written as: its name is what a client saves it as.
-fn check_path(path: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("`path` {why}"));
+fn check_path(path: &str) -> Result<(), ToolFailure> {
+    let bad = |why: &'static str| Err(ToolFailure::Path(why));
     if path.trim().is_empty() || path.len() > 512 {
         return bad("must be 1-512 characters");
     }
