@@ -2,6 +2,8 @@
 //! next-turn dispatch in one transaction.
 
 use serde_json::Value;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -245,6 +247,94 @@ const WRITE_STEP: &str = concat!(
      FROM moved"
 );
 
+/// [`WRITE_STEP`]'s own parameters, `$25` to `$35`, after the record's (`$1` to `$24`,
+/// [`PreparedRecord::bind`]): named here, bound in one place, in order.
+struct StepParams<'a> {
+    /// `$25`: the state the turn moves to, as `lifecycle::transition` decided.
+    state: &'static str,
+    /// `$26`: round trips done after this one.
+    step: i32,
+    /// `$27`: the client calls the turn now waits for.
+    pending: Option<Value>,
+    /// `$28`: warnings owed to the turn's final response.
+    warnings: Option<Value>,
+    /// `$29`: server calls to run before the next provider call.
+    server_calls: Option<Value>,
+    /// `$30`: the turn runs on without a reply (its continuation is spent).
+    runs_on: bool,
+    /// `$31`: the turn's server executions so far (NULL: unchanged).
+    executed: Option<Value>,
+    /// `$32`: the session's new state (NULL: unchanged).
+    session_state: Option<&'a Value>,
+    /// `$33`: the turn ended: the session passes to its next queued turn.
+    ended: bool,
+    /// `$34`: the reply's outbox payload, if the round trip sends one.
+    reply: Option<Value>,
+    /// `$35`: this ending is the cancel (the cancel mark does not refuse it).
+    cancelled: bool,
+}
+
+impl<'a> StepParams<'a> {
+    /// What finishing `f` writes besides its record.
+    fn of(
+        f: &FinishStep,
+        session_state: Option<&'a Value>,
+        reply: Option<&Outgoing>,
+    ) -> Result<StepParams<'a>, StoreError> {
+        let some = |v: &Value| (!v.is_null()).then(|| v.clone());
+        let (end, pending, warnings, server_calls, executed) = match &f.outcome {
+            StepOutcome::Completed => (StepEnd::Final, None, None, None, None),
+            StepOutcome::Failed => (StepEnd::Error, None, None, None, None),
+            StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
+                let (p, w, s) = (some(pending), some(warnings), some(server_calls));
+                (StepEnd::ClientTools, p, w, s, some(executed))
+            }
+            StepOutcome::ServerTools { server_calls, executed, warnings } => {
+                let (w, s) = (some(warnings), some(server_calls));
+                (StepEnd::ServerTools, None, w, s, some(executed))
+            }
+        };
+        // Decided for the phase the statement's guard requires: running this step, cancelling
+        // exactly when this ending is the cancel.
+        let from = Phase::Running { step: f.step, cancelling: f.cancelled };
+        let end = if f.cancelled { StepEnd::Cancelled } else { end };
+        let to = transition(Some(from), Event::StepEnded(end))?;
+        Ok(StepParams {
+            state: to.column().as_str(),
+            step: f.step + 1,
+            pending,
+            warnings,
+            server_calls,
+            runs_on: matches!(f.outcome, StepOutcome::ServerTools { .. }),
+            executed,
+            session_state,
+            ended: to.has_ended(),
+            reply: reply.map(outbox::payload).transpose()?,
+            cancelled: f.cancelled,
+        })
+    }
+
+    fn bind<'q, O>(
+        self,
+        q: QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> QueryAs<'q, Postgres, O, PgArguments>
+    where
+        'a: 'q,
+    {
+        q.bind(self.state)
+            .bind(self.step)
+            .bind(self.pending)
+            .bind(self.warnings)
+            .bind(self.server_calls)
+            .bind(self.runs_on)
+            .bind(self.executed)
+            .bind(self.session_state)
+            .bind(self.ended)
+            .bind(self.reply)
+            .bind(self.cancelled)
+    }
+}
+
 /// Writes a round trip's ending ([`WRITE_STEP`]); `None` when its turn was not running the step.
 async fn write_step(
     conn: &mut PgConnection,
@@ -253,38 +343,6 @@ async fn write_step(
     state: Option<&Value>,
     reply: Option<&Outgoing>,
 ) -> Result<Option<Moved>, StoreError> {
-    let null = Value::Null;
-    let (end, pending, warnings, server_calls, executed) = match &f.outcome {
-        StepOutcome::Completed => (StepEnd::Final, &null, &null, &null, None),
-        StepOutcome::Failed => (StepEnd::Error, &null, &null, &null, None),
-        StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
-            (StepEnd::ClientTools, pending, warnings, server_calls, Some(executed))
-        }
-        StepOutcome::ServerTools { server_calls, executed, warnings } => {
-            (StepEnd::ServerTools, &null, warnings, server_calls, Some(executed))
-        }
-    };
-    // Decided for the phase the statement's guard requires: running this step, cancelling
-    // exactly when this ending is the cancel.
-    let from = Phase::Running { step: f.step, cancelling: f.cancelled };
-    let end = if f.cancelled { StepEnd::Cancelled } else { end };
-    let to = transition(Some(from), Event::StepEnded(end))?;
-    let runs_on = matches!(f.outcome, StepOutcome::ServerTools { .. });
-    let some = |v: &Value| (!v.is_null()).then(|| v.clone());
-    let reply = reply.map(outbox::payload).transpose()?;
-    Ok(record
-        .bind(sqlx::query_as(WRITE_STEP))
-        .bind(to.column().as_str())
-        .bind(f.step + 1)
-        .bind(some(pending))
-        .bind(some(warnings))
-        .bind(some(server_calls))
-        .bind(runs_on)
-        .bind(executed.and_then(some))
-        .bind(state)
-        .bind(to.has_ended())
-        .bind(reply)
-        .bind(f.cancelled)
-        .fetch_optional(&mut *conn)
-        .await?)
+    let step = StepParams::of(f, state, reply)?;
+    Ok(step.bind(record.bind(sqlx::query_as(WRITE_STEP))).fetch_optional(&mut *conn).await?)
 }
