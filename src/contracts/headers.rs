@@ -23,6 +23,12 @@ pub const OUTCOME: &str = "x-aptix-outcome";
 pub const SESSION_NAME: &str = "x-aptix-session-name";
 /// When the session expires, on its replies (RFC 3339).
 pub const SESSION_EXPIRES: &str = "x-aptix-session-expires";
+/// The client protocol's version, on every reply and delta ([`PROTOCOL_VERSION`]).
+pub const PROTOCOL: &str = "x-aptix-protocol";
+
+/// The version of docs/client-protocol.md the server speaks: 2 since a turn may change the
+/// session's mode (§7c); 1 before. Raised only when a client could see a difference.
+pub const PROTOCOL_VERSION: i64 = 2;
 
 /// The stage MAC of a message between stages (HMAC-SHA256; `config::keys`).
 pub const MAC: &str = "x-aptix-mac";

@@ -75,7 +75,8 @@ impl Route {
             .header(headers::SESSION_ID, r.session.to_string())
             .header(headers::TURN_ID, turn)
             .header(headers::FINAL, r.outcome.ends_turn())
-            .header(headers::OUTCOME, r.outcome.as_str());
+            .header(headers::OUTCOME, r.outcome.as_str())
+            .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
         if let Some(step) = r.step {
             msg = msg.header(headers::STEP, i64::from(step));
         }
@@ -196,7 +197,8 @@ pub fn delta_message(
     .header(headers::SESSION_ID, key.session_id.to_string())
     .header(headers::TURN_ID, key.turn_id.to_string())
     .header(headers::STEP, i64::from(step))
-    .header(headers::SEQ, delta.seq);
+    .header(headers::SEQ, delta.seq)
+    .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
     msg.exchange = topology.replies_exchange();
     msg.session = Some(key.session_id);
     msg

@@ -24,7 +24,7 @@ import pika.exceptions
 
 from aptix_client import (CODE_REPLY_TO_INVALID, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
                           CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, Client, Delta, EventTimeout, Failed, Final,
-                          Refused, ToolCalls, ToolResult, session_queue)
+                          H_PROTOCOL, PROTOCOL_VERSION, Refused, ToolCalls, ToolResult, session_queue)
 from conftest import queue_exists
 
 WAIT = 90.0
@@ -251,6 +251,7 @@ def test_instance_10_sessions_x_3_turns_on_one_queue(instances, pipeline):
         assert [e.turn_id for e in got] == ["t0", "t1", "t2"], f"order in {s.session_id}"
         for i, e in enumerate(got):
             assert e.session_id == s.session_id and e.headers["x-aptix-session-id"] == s.session_id
+            assert e.headers[H_PROTOCOL] == PROTOCOL_VERSION, "the server speaks the version this client is for"
             assert e.message_id == f"reply:{s.session_id}:t{i}:step-0"
             assert f"instruction: instance question {i} of {s.session_id}" in e.text.splitlines(), e.text
             assert f"chain_depth: {i + 1}" in e.text, "turns of a session ran one at a time, in order"

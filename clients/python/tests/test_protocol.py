@@ -133,6 +133,7 @@ def test_good_headers_pass():
     ({"x-aptix-step": True}, "x-aptix-step"),                # a boolean is not an integer
     ({"x-aptix-outcome": None}, "x-aptix-outcome"),
     ({"x-aptix-outcome": "done"}, "x-aptix-outcome"),
+    ({"x-aptix-protocol": "2"}, "x-aptix-protocol"),         # a string, not an AMQP integer
     ({"x-aptix-kind": "delta"}, "differs"),
     ({"x-aptix-session-id": "5f0c6f7e-8a1b-4c2d-9e3f-000000000000"}, "another session"),
 ])

@@ -12,6 +12,9 @@ export const H_FINAL = "x-aptix-final";
 export const H_STEP = "x-aptix-step";
 export const H_SEQ = "x-aptix-seq";
 export const H_OUTCOME = "x-aptix-outcome";
+export const H_PROTOCOL = "x-aptix-protocol";
+/** The version of docs/client-protocol.md this client is written for (§1a); servers since version 2 send theirs in H_PROTOCOL. */
+export const PROTOCOL_VERSION = 2;
 export const H_TRACEPARENT = "traceparent";
 
 export type Outcome = "final" | "client_tool_continuation" | "failed" | "refused";
@@ -259,6 +262,7 @@ export function checkReplyHeaders(kind: string | undefined, messageId: string | 
     if (!OUTCOMES.includes(h[H_OUTCOME] as Outcome)) problems.push(`${H_OUTCOME} is ${JSON.stringify(h[H_OUTCOME])}`);
     if (H_STEP in h && !isInt(h[H_STEP])) problems.push(`${H_STEP} is ${JSON.stringify(h[H_STEP])}, not an integer`);
   }
+  if (H_PROTOCOL in h && !isInt(h[H_PROTOCOL])) problems.push(`${H_PROTOCOL} is ${JSON.stringify(h[H_PROTOCOL])}, not an integer`);
   if (kind === "delta") {
     for (const name of [H_STEP, H_SEQ]) {
       if (!isInt(h[name])) problems.push(`${name} is ${JSON.stringify(h[name])}, not an integer`);

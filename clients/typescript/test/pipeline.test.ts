@@ -26,6 +26,8 @@ import {
   Delta,
   Failed,
   Final,
+  H_PROTOCOL,
+  PROTOCOL_VERSION,
   Refused,
   Reply,
   Schemas,
@@ -276,6 +278,7 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
         finals.forEach((f, i) => {
           assert.equal(f.sessionId, s.sessionId);
           assert.equal(f.headers["x-aptix-session-id"], s.sessionId);
+          assert.equal(f.headers[H_PROTOCOL], PROTOCOL_VERSION, "the server speaks the version this client is for");
           assert.equal(f.messageId, `reply:${s.sessionId}:t${i}:step-0`);
           assert.ok(f.text.split("\n").includes(`instruction: instance question ${i} of ${s.sessionId}`), f.text);
           assert.ok(f.text.includes(`chain_depth: ${i + 1}`), "turns of a session ran one at a time, in order");

@@ -19,6 +19,10 @@ H_FINAL = "x-aptix-final"
 H_STEP = "x-aptix-step"
 H_SEQ = "x-aptix-seq"
 H_OUTCOME = "x-aptix-outcome"
+H_PROTOCOL = "x-aptix-protocol"
+# The version of docs/client-protocol.md this client is written for (§1a); servers since version
+# 2 send theirs in H_PROTOCOL on every reply and delta.
+PROTOCOL_VERSION = 2
 H_TRACEPARENT = "traceparent"
 
 KIND_REPLY = "reply"
@@ -243,6 +247,8 @@ def check_reply_headers(kind: str, message_id: Optional[str], headers: Mapping[s
             problems.append(f"{H_OUTCOME} is {headers.get(H_OUTCOME)!r}")
         if H_STEP in headers and not _is_int(headers[H_STEP]):
             problems.append(f"{H_STEP} is {headers[H_STEP]!r}, not an integer")
+    if H_PROTOCOL in headers and not _is_int(headers[H_PROTOCOL]):
+        problems.append(f"{H_PROTOCOL} is {headers[H_PROTOCOL]!r}, not an integer")
     if kind == KIND_DELTA:
         for name in (H_STEP, H_SEQ):
             if not _is_int(headers.get(name)):
