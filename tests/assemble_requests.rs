@@ -61,6 +61,7 @@ fn context() -> ConversationContext {
         temperature: Some(0.2),
         top_k: 8,
         chunk_budget_chars: 24_000,
+        follow_up: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ mod dead;
 mod demo;
 mod deploy;
 mod error_classes;
+mod follow_up;
 mod fuzz_validate;
 mod hardening;
 mod hostile;

@@ -71,3 +71,33 @@ async fn a_session_changes_mode_per_turn_and_the_chain_hears_of_it_once() {
     assert_eq!(got, want);
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_turn_changes_no_mode() {
+    let mut h = Harness::start_with(0, |s| {
+        let mut refine = s.conversation_contexts[&s.default_conversation_context].clone();
+        refine.mode = "DDR_REFINEMENT".into();
+        s.conversation_contexts.insert("refine".into(), refine);
+    })
+    .await;
+    h.run(1);
+    let s = new_session();
+    // t1 waits for tool results; t2, naming another mode meanwhile, is refused.
+    h.submit(&user_turn(&s, "t1", "@call(run_tests) what is in the sample repo?")).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(got.last().unwrap().headers["x-aptix-outcome"], "client_tool_continuation");
+    let mut t2 = user_turn(&s, "t2", "switch modes");
+    t2["ConversationContextId"] = json!("refine");
+    h.submit(&t2).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    let code = &got.last().unwrap().body["Errors"][0]["Code"];
+    assert_eq!(code, "session.awaiting_tool_results", "{got:?}");
+    let mode: Option<String> =
+        sqlx::query_scalar("SELECT conversation_context_id FROM sessions WHERE id = $1::uuid")
+            .bind(&s)
+            .fetch_one(h.deps.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(mode.as_deref(), Some(h.settings.default_conversation_context.as_str()));
+    h.teardown().await;
+}

@@ -36,6 +36,24 @@ pub struct ConversationContext {
     /// Upper bound on the characters of retrieved chunk text per turn.
     #[serde(default = "default_chunk_budget")]
     pub chunk_budget_chars: usize,
+    /// What a new user turn of this mode does when its session is busy with another turn.
+    #[serde(default)]
+    pub follow_up: FollowUp,
+}
+
+/// What a user turn does when its session's active turn has not ended (docs/client-protocol.md
+/// §11, "Follow-ups").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowUp {
+    /// It waits behind the active turn (and any queued before it).
+    #[default]
+    Enqueue,
+    /// It is refused with `session.busy`; nothing is stored against the active turn.
+    Reject,
+    /// The active turn is cancelled as `turn.cancel` would, keeping what it streamed, and this
+    /// turn waits for it to end (behind any queued before it).
+    Interrupt,
 }
 
 fn default_top_k() -> usize {

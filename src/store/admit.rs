@@ -14,7 +14,7 @@ use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
 use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
-use crate::config::OverLimit;
+use crate::config::{FollowUp, OverLimit};
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
 use crate::lifecycle::Event;
 use crate::llm::RequestBody;
@@ -50,6 +50,12 @@ pub enum Admission {
     },
     /// The pair was used with different content.
     Conflict,
+    /// The session is busy with another turn and the turn's mode rejects follow-ups
+    /// (`FollowUp::Reject`): nothing written.
+    Busy {
+        /// The session's active turn.
+        turn_id: String,
+    },
     /// The session waits for tool results of another turn.
     AwaitingToolResults {
         /// The waiting turn.
@@ -155,8 +161,14 @@ impl Store {
         };
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
         if let Some(active) = locked.active_turn_id {
-            if state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults) {
-                tx.commit().await?;
+            let follow_up = meta.follow_up;
+            if follow_up == FollowUp::Reject {
+                return Ok(Admission::Busy { turn_id: active });
+            }
+            let waiting =
+                state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults);
+            // Refused: nothing is committed, so a mode the turn named is not the session's.
+            if waiting && follow_up != FollowUp::Interrupt {
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
             // Refused turns count from admission: this one will start whatever happens.
@@ -165,7 +177,12 @@ impl Store {
             }
             // Its tenant's room is decided when it becomes the session's next turn.
             insert_turn(&mut tx, &new, Event::Admitted { busy: true, room: true }).await?;
-            let outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
+            let mut outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
+            if follow_up == FollowUp::Interrupt {
+                let ended = self.interrupt(&mut tx, session, &active, meta).await?;
+                outbox.ids.extend(ended.ids);
+                outbox.messages.extend(ended.messages);
+            }
             tx.commit().await?;
             return Ok(queued(outbox));
         }

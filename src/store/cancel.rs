@@ -93,6 +93,41 @@ impl Store {
         Ok(outcome)
     }
 
+    /// Cancels the session's `active` turn for a follow-up turn of a mode that interrupts
+    /// (`FollowUp::Interrupt`), under the session's lock the admission holds: a running turn
+    /// is marked (it ends as cancelled at its next stage boundary, keeping what it streamed);
+    /// one in no stage ends now, and its record, reply and the session's next turn are
+    /// returned. A turn already cancelling, or ended, is left as it is.
+    pub(super) async fn interrupt(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        session: uuid::Uuid,
+        active: &str,
+        meta: &super::session_lock::SessionMeta,
+    ) -> Result<PendingOutbox, StoreError> {
+        let Some(row) = turn_row(&mut *tx, session, active).await? else {
+            return Ok(PendingOutbox::default());
+        };
+        match transition(Some(row.phase(true)), Event::Cancel) {
+            Err(_) => Ok(PendingOutbox::default()),
+            Ok(Phase::Running { .. }) => {
+                sqlx::query(
+                    "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
+                     WHERE session_id = $1 AND turn_id = $2",
+                )
+                .bind(session)
+                .bind(active)
+                .execute(&mut *tx)
+                .await?;
+                Ok(PendingOutbox::default())
+            }
+            Ok(_) => {
+                let tenant = meta.tenant.as_ref().map(TenantName::as_str);
+                self.end_turn(tx, &row, true, tenant, cancelled("by a follow-up turn")).await
+            }
+        }
+    }
+
     /// The running turns among `keys` whose cancel was admitted (an invoke worker asks for the
     /// calls it holds).
     pub async fn cancel_requested(&self, keys: &[TurnKey]) -> Result<Vec<TurnKey>, StoreError> {

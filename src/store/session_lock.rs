@@ -29,6 +29,8 @@ pub struct SessionMeta {
     pub name: Option<String>,
     /// When the session expires if no other turn comes.
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// What the turn does if the session is busy with another.
+    pub follow_up: crate::config::FollowUp,
 }
 
 /// A locked session row.

@@ -31,6 +31,7 @@ export const SUBMISSION_TAGS = [
   "unavailable",
   "limited",
   "rejected-cancel",
+  "rejected-busy",
 ] as const;
 export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 
@@ -68,6 +69,7 @@ export const CODE_SESSION_UNAVAILABLE = "session.unavailable";
  * session was created with.
  */
 export const CODE_CONTEXT_FIXED = "session.context_fixed";
+export const CODE_SESSION_BUSY = "session.busy";
 /** Tenant mode: the tenant is over one of its limits and its configuration says refuse. */
 export const LIMIT_CODES = [
   "limit.turns_in_flight",

@@ -213,11 +213,14 @@ impl Admit {
             let Some(fixed) = scope::with_contexts(turn, &agent, &conversation) else {
                 return Err(StageError::unusable("a configured context id is not a ContextId"));
             };
+            let contexts = &self.settings.conversation_contexts;
+            let follow_up = contexts.get(&conversation).map(|c| c.follow_up).unwrap_or_default();
             let meta = SessionMeta {
                 tenant: caller.name.cloned(),
                 agent_context_id: Some(agent),
                 conversation_context_id: Some(conversation),
                 mode_named: turn.conversation_context_id().is_some(),
+                follow_up,
                 workspace_id: turn.workspace_id().map(str::to_owned),
                 repo: turn.repo().map(str::to_owned),
                 name: turn.instruction().and_then(session_name),
@@ -268,6 +271,13 @@ impl Admit {
                     ErrorCode::TurnConflict,
                     "TurnId",
                     format!("TurnId `{turn_id}` was already used in this session with different content"),
+                )],
+            ),
+            Admission::Busy { turn_id: running } => refuse(
+                "rejected-busy",
+                vec![ApiError::new(
+                    ErrorCode::SessionBusy,
+                    format!("the session is busy with turn `{running}` and this mode rejects follow-ups; submit again once it ended"),
                 )],
             ),
             Admission::AwaitingToolResults { turn_id: waiting } => refuse(

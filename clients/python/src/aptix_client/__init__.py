@@ -37,6 +37,7 @@ from .protocol import (
     CANCEL_TYPE,
     CODE_CONTEXT_FIXED,
     CODE_REPLY_TO_INVALID,
+    CODE_SESSION_BUSY,
     CODE_SESSION_UNAVAILABLE,
     CODE_TOOL_RESULTS_TURN_CANCELLED,
     CODE_TURN_CANCELLED,
@@ -59,7 +60,7 @@ from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
     "AnyEvent", "ApiError", "CANCEL_TYPE", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID",
-    "CODE_SESSION_UNAVAILABLE", "CODE_TOOL_RESULTS_TURN_CANCELLED", "CODE_TURN_CANCELLED",
+    "CODE_SESSION_BUSY", "CODE_SESSION_UNAVAILABLE", "CODE_TOOL_RESULTS_TURN_CANCELLED", "CODE_TURN_CANCELLED",
     "CODE_TURN_FINISHED", "CODE_TURN_NOT_FOUND",
     "Client", "ConnectionLost", "DEFAULT_URL", "Delta", "DeltaId",
     "ErrorReply", "Event", "EventTimeout", "Failed", "Final", "H_PROTOCOL", "Instance", "LIMIT_CODES",

@@ -45,6 +45,7 @@ SUBMISSION_TAGS = (
     "unavailable",
     "limited",
     "rejected-cancel",
+    "rejected-busy",
 )
 
 NO_TURN = "-"
@@ -72,6 +73,7 @@ CODE_SESSION_UNAVAILABLE = "session.unavailable"
 #: Tenant mode: a later turn names another AgentContextId or ConversationContextId than the
 #: session was created with.
 CODE_CONTEXT_FIXED = "session.context_fixed"
+CODE_SESSION_BUSY = "session.busy"
 #: Tenant mode: the tenant is over one of its limits and its configuration says refuse.
 LIMIT_CODES = (
     "limit.turns_in_flight",
