@@ -38,6 +38,23 @@ pub enum CancelAdmission {
     Unavailable,
 }
 
+/// Marks a running turn cancelled: it ends as cancelled at its next stage boundary.
+async fn mark_cancel(
+    conn: &mut sqlx::PgConnection,
+    session: uuid::Uuid,
+    turn: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
+         WHERE session_id = $1 AND turn_id = $2",
+    )
+    .bind(session)
+    .bind(turn)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// The error a cancelled turn ends with.
 pub fn cancelled(by: &str) -> ApiError {
     ApiError::new(ErrorCode::TurnCancelled, format!("the turn was cancelled {by}"))
@@ -73,14 +90,7 @@ impl Store {
         let outcome = match transition(Some(row.phase(active)), Event::Cancel) {
             Err(_) => CancelAdmission::Finished { state: row.state },
             Ok(Phase::Running { .. }) => {
-                sqlx::query(
-                    "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
-                     WHERE session_id = $1 AND turn_id = $2",
-                )
-                .bind(session)
-                .bind(turn)
-                .execute(&mut *tx)
-                .await?;
+                mark_cancel(&mut tx, session, turn).await?;
                 CancelAdmission::Requested
             }
             Ok(_) => {
@@ -111,14 +121,7 @@ impl Store {
         match transition(Some(row.phase(true)), Event::Cancel) {
             Err(_) => Ok(PendingOutbox::default()),
             Ok(Phase::Running { .. }) => {
-                sqlx::query(
-                    "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
-                     WHERE session_id = $1 AND turn_id = $2",
-                )
-                .bind(session)
-                .bind(active)
-                .execute(&mut *tx)
-                .await?;
+                mark_cancel(tx, session, active).await?;
                 Ok(PendingOutbox::default())
             }
             Ok(_) => {
