@@ -180,8 +180,7 @@ impl Store {
             let mut outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             if follow_up == FollowUp::Interrupt {
                 let ended = self.interrupt(&mut tx, session, &active, meta).await?;
-                outbox.ids.extend(ended.ids);
-                outbox.messages.extend(ended.messages);
+                outbox.append(ended);
             }
             tx.commit().await?;
             return Ok(queued(outbox));
@@ -209,8 +208,7 @@ impl Store {
                 let rows = tenants::start_held(&mut tx, gate).await?;
                 let runs = rows.iter().any(|r| r.session_id == session && r.turn_id == turn);
                 let started = tenants::start_messages(&mut tx, &rows).await?;
-                outbox.ids.extend(started.ids);
-                outbox.messages.extend(started.messages);
+                outbox.append(started);
                 tx.commit().await?;
                 return Ok(Admission::Accepted { outbox, queued: !runs, new_session: created });
             }
@@ -220,8 +218,7 @@ impl Store {
             }
         }
         let started = start_turn(&mut tx, &new).await?;
-        outbox.ids.extend(started.ids);
-        outbox.messages.extend(started.messages);
+        outbox.append(started);
         tx.commit().await?;
         Ok(Admission::Accepted { outbox, queued: false, new_session: created })
     }

@@ -29,6 +29,12 @@ impl PendingOutbox {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
+
+    /// Adds `other`'s rows after these, in order.
+    pub(super) fn append(&mut self, other: PendingOutbox) {
+        self.ids.extend(other.ids);
+        self.messages.extend(other.messages);
+    }
 }
 
 /// A session's name and expiry, as its step replies carry them.

@@ -119,8 +119,7 @@ impl Store {
             _ => starts(&start_next(&mut tx, session, gate.as_ref(), moved.next_turn).await?)?,
         };
         let started = outbox::insert(&mut tx, session, turn, starts).await?;
-        out.ids.extend(started.ids);
-        out.messages.extend(started.messages);
+        out.append(started);
         tx.commit().await?;
         self.texts.keep(&record.texts);
         Ok(Finished::Done(out))

@@ -215,8 +215,7 @@ pub(super) async fn start_messages(
     for row in rows {
         let start = vec![Outgoing::Start(row.start_job()?)];
         let one = outbox::insert(conn, row.session_id, &row.turn_id, start).await?;
-        out.ids.extend(one.ids);
-        out.messages.extend(one.messages);
+        out.append(one);
     }
     Ok(out)
 }
@@ -266,8 +265,7 @@ impl Store {
             let rows = start_held(&mut tx, gate).await?;
             let one = start_messages(&mut tx, &rows).await?;
             tx.commit().await?;
-            out.ids.extend(one.ids);
-            out.messages.extend(one.messages);
+            out.append(one);
         }
         Ok(out)
     }
