@@ -196,9 +196,10 @@ async fn stored_responses_chain_and_can_be_forgotten() {
     assert_eq!(r2["previous_response_id"], id1);
     let context = r1["usage"]["input_tokens"].as_u64().unwrap()
         + r1["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(r2["usage"]["input_tokens"].as_u64().unwrap() > context, "the chain is billed again");
     assert_eq!(
-        r2["usage"]["input_tokens_details"]["cached_tokens"], context,
-        "the chain is billed again, as cached"
+        r2["usage"]["input_tokens_details"]["cached_tokens"], 0,
+        "a prompt under 1,024 tokens is not cached"
     );
 
     let fetched: Value =
@@ -455,4 +456,28 @@ fn the_sim_command_serves_until_stopped() {
     child.wait().unwrap();
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "response");
+}
+
+/// The prompt cache as the provider's guide describes it: a chained call finds the prompt of the
+/// call before it, in 128-token steps, once that prompt reaches 1,024 tokens.
+#[tokio::test]
+async fn a_long_chain_is_served_from_the_prompt_cache() {
+    let sim = start_sim(None).await;
+    let base = sim.base_url();
+    let long = format!("first {}", "lorem ipsum dolor sit amet ".repeat(300));
+    let mut first = first_turn(&long, false);
+    first["prompt_cache_key"] = json!("aptix-test-session");
+    let (status, r1) = post(&base, &first).await;
+    assert_eq!(status, 200, "{r1}");
+    assert_eq!(r1["usage"]["input_tokens_details"]["cached_tokens"], 0, "nothing held yet");
+    let prompt = r1["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(prompt >= 1024, "{prompt}");
+    let mut next = next_turn(r1["id"].as_str().unwrap(), "second", false);
+    next["prompt_cache_key"] = json!("aptix-test-session");
+    let (status, r2) = post(&base, &next).await;
+    assert_eq!(status, 200, "{r2}");
+    assert_eq!(r2["usage"]["input_tokens_details"]["cached_tokens"], prompt / 128 * 128);
+    let stats = sim.stats();
+    assert_eq!(stats.cached_tokens, prompt / 128 * 128);
+    assert!(stats.input_tokens > prompt + stats.cached_tokens, "{stats:?}");
 }

@@ -63,6 +63,9 @@ pub enum BenchCommand {
     /// One tenant's flood (10x its limit) against another's steady load: the second's latency
     /// and throughput with and without it.
     Fairness(pipeline::fairness::FairnessArgs),
+    /// The share of input tokens the provider's prompt cache serves, with a `prompt_cache_key`
+    /// per session and without one.
+    Cache(pipeline::cache::CacheArgs),
     /// The four pipeline benchmarks (ceiling, overhead, inflight, scaling) with their defaults.
     All(pipeline::AllArgs),
 }
@@ -97,6 +100,7 @@ pub fn run(command: BenchCommand, settings: &Settings) -> anyhow::Result<ExitCod
         BenchCommand::Scaling(args) => pipeline::run(pipeline::Which::Scaling(args), settings),
         BenchCommand::Growth(args) => pipeline::run(pipeline::Which::Growth(args), settings),
         BenchCommand::Fairness(args) => pipeline::run_fairness(args, settings),
+        BenchCommand::Cache(args) => pipeline::run_cache(args, settings),
         BenchCommand::All(args) => pipeline::run(pipeline::Which::All(args), settings),
     }
 }

@@ -1,4 +1,5 @@
-//! Pipeline benchmarks: `aptix-bench ceiling | overhead | inflight | scaling | growth | all`.
+//! Pipeline benchmarks: `aptix-bench ceiling | overhead | inflight | scaling | growth | all`,
+//! and `fairness` and `cache` on their own.
 //!
 //! Every measured run gets a fresh environment (random queue prefix, new database, simulator,
 //! embedded vector store; see `env`), drives turns by publishing real `AgentExecuteRequest`
@@ -7,6 +8,7 @@
 //! range of every figure; `--smoke` shrinks every size so CI runs each in seconds.
 
 mod args;
+pub mod cache;
 mod driver;
 mod env;
 pub mod fairness;
@@ -55,6 +57,13 @@ pub enum Which {
 pub fn run_fairness(args: fairness::FairnessArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let all_ok = runtime.block_on(fairness::run(args, settings))?;
+    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Runs `aptix-bench cache` on its own runtime; exit 1 when a turn failed.
+pub fn run_cache(args: cache::CacheArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let all_ok = runtime.block_on(cache::run(args, settings))?;
     Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 

@@ -1,11 +1,12 @@
 //! The `/responses` request envelope (AGN-003 as corrected by DESIGN.md §5): `model`,
 //! `previous_response_id` when continuing, `input`, and on every call the context's `tools`,
-//! `tool_choice` and `temperature` (the live API does not carry them along a chain), `store:
-//! true` (chaining needs stored responses) and `stream`.
+//! `tool_choice` and `temperature` (the live API does not carry them along a chain), the
+//! `prompt_cache_key`, `store: true` (chaining needs stored responses) and `stream`.
 
 use serde_json::{json, Map, Number, Value};
 
-use crate::config::ConversationContext;
+use crate::config::{AssemblePolicy, ConversationContext, PromptCacheKey};
+use crate::contracts::SessionId;
 
 /// Whether a configured `tool_choice` is enforced on this call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,18 +18,37 @@ pub(crate) enum ToolChoice {
     Relax,
 }
 
+/// What a call adds to its context's settings.
+pub(crate) struct Call<'a> {
+    /// The response this call chains onto.
+    pub previous_response_id: Option<&'a str>,
+    /// Whether the call streams.
+    pub stream: bool,
+    /// Whether a forced tool applies.
+    pub choice: ToolChoice,
+    /// The provider's cache routing key ([`prompt_cache_key`]).
+    pub prompt_cache_key: Option<String>,
+}
+
+/// The `prompt_cache_key` of `session`'s calls: a digest, not the id itself, so the provider
+/// learns nothing it could join with other data (its guide asks for no identifying data there),
+/// 32 characters (the API caps the key at 64).
+pub(crate) fn prompt_cache_key(policy: &AssemblePolicy, session: &SessionId) -> Option<String> {
+    match policy.prompt_cache_key {
+        PromptCacheKey::Session => {
+            let digest = super::user_turn::sha256_hex(format!("aptix-session:{session}"));
+            Some(format!("aptix-{}", &digest[..26]))
+        }
+        PromptCacheKey::Off => None,
+    }
+}
+
 /// Builds the request body. Fields are inserted in a fixed order so bodies are stable for
 /// golden files and logs.
-pub(crate) fn envelope(
-    context: &ConversationContext,
-    previous_response_id: Option<&str>,
-    input: Vec<Value>,
-    stream: bool,
-    choice: ToolChoice,
-) -> Value {
+pub(crate) fn envelope(context: &ConversationContext, call: Call<'_>, input: Vec<Value>) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(context.model));
-    if let Some(id) = previous_response_id {
+    if let Some(id) = call.previous_response_id {
         body.insert("previous_response_id".into(), json!(id));
     }
     body.insert("input".into(), Value::Array(input));
@@ -38,7 +58,7 @@ pub(crate) fn envelope(
     if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
-    match (&context.tool_choice, choice) {
+    match (&context.tool_choice, call.choice) {
         (Some(name), ToolChoice::Enforce) => {
             body.insert("tool_choice".into(), json!({ "type": "function", "name": name }));
         }
@@ -50,8 +70,11 @@ pub(crate) fn envelope(
     if let Some(t) = context.temperature.and_then(temperature) {
         body.insert("temperature".into(), t);
     }
+    if let Some(key) = call.prompt_cache_key {
+        body.insert("prompt_cache_key".into(), json!(key));
+    }
     body.insert("store".into(), json!(true));
-    body.insert("stream".into(), json!(stream));
+    body.insert("stream".into(), json!(call.stream));
     Value::Object(body)
 }
 
@@ -76,14 +99,37 @@ mod tests {
         let settings = crate::config::Settings::load(None).expect("defaults");
         let mut context = settings.conversation_context(None).expect("default context").clone();
         context.tool_choice = Some("read_file".into());
-        let forced = envelope(&context, None, vec![], false, ToolChoice::Enforce);
+        let call = |previous, choice| Call {
+            previous_response_id: previous,
+            stream: false,
+            choice,
+            prompt_cache_key: None,
+        };
+        let forced = envelope(&context, call(None, ToolChoice::Enforce), vec![]);
         assert_eq!(forced["tool_choice"], json!({"type": "function", "name": "read_file"}));
-        let relaxed = envelope(&context, Some("resp_1"), vec![], false, ToolChoice::Relax);
+        let relaxed = envelope(&context, call(Some("resp_1"), ToolChoice::Relax), vec![]);
         assert_eq!(relaxed["tool_choice"], "auto");
         assert_eq!(relaxed["tools"], forced["tools"], "tools are still sent on every call");
         context.tool_choice = None;
-        assert!(envelope(&context, None, vec![], false, ToolChoice::Relax)
+        assert!(envelope(&context, call(None, ToolChoice::Relax), vec![])
             .get("tool_choice")
             .is_none());
+        assert!(forced.get("prompt_cache_key").is_none(), "no key, no field");
+    }
+
+    #[test]
+    fn a_session_has_one_opaque_cache_key() {
+        let mut policy = AssemblePolicy::default();
+        let (a, b): (SessionId, SessionId) = (
+            "5f0c6f7e-8d1a-4b6e-9c3d-1a2b3c4d5e6f".parse().expect("id"),
+            "6f0c6f7e-8d1a-4b6e-9c3d-1a2b3c4d5e6f".parse().expect("id"),
+        );
+        let key = prompt_cache_key(&policy, &a).expect("a key by default");
+        assert_eq!(prompt_cache_key(&policy, &a).as_deref(), Some(key.as_str()), "stable");
+        assert_ne!(prompt_cache_key(&policy, &b).as_deref(), Some(key.as_str()));
+        assert!(!key.contains(&a.to_string()[..8]), "the id itself is not sent: {key}");
+        assert!(key.len() <= 64, "the API's limit");
+        policy.prompt_cache_key = PromptCacheKey::Off;
+        assert_eq!(prompt_cache_key(&policy, &a), None);
     }
 }

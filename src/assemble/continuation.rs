@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::body::{envelope, ToolChoice};
+use super::body::{envelope, prompt_cache_key, Call, ToolChoice};
 use super::chain::plan_chain;
 use super::message::{
     instruction_block, solution_context_text, system_message, text_part, user_message_of,
@@ -60,7 +60,13 @@ pub(crate) fn assemble_tool_continuation(
     items.extend(outputs.into_iter().map(|(item, _)| item));
 
     let previous = continuing.map(|c| c.previous_response_id.as_str());
-    let body = envelope(context, previous, items, stream, ToolChoice::Relax);
+    let call = Call {
+        previous_response_id: previous,
+        stream,
+        choice: ToolChoice::Relax,
+        prompt_cache_key: prompt_cache_key(policy, &continuation.key().session_id),
+    };
+    let body = envelope(context, call, items);
     let record = SentRecord {
         turn_id: turn_id.clone(),
         kind: TurnKind::ToolContinuation,

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::body::{envelope, ToolChoice};
+use super::body::{envelope, prompt_cache_key, Call, ToolChoice};
 use super::chain::{plan_chain, split_chunks, ChainPlan};
 use super::files::{select_files, sent_file, skip_warning, FileSelection};
 use super::message::{mode_change_message, system_message, user_message, UserContent};
@@ -66,7 +66,13 @@ pub(crate) fn assemble_user_turn(
     }));
 
     let previous = continuing.map(|c| c.previous_response_id.as_str());
-    let body = envelope(context, previous, items, turn.stream(), ToolChoice::Enforce);
+    let call = Call {
+        previous_response_id: previous,
+        stream: turn.stream(),
+        choice: ToolChoice::Enforce,
+        prompt_cache_key: prompt_cache_key(policy, &turn.key().session_id),
+    };
+    let body = envelope(context, call, items);
     let mut user_warnings: Vec<_> = files.skipped.iter().map(skip_warning).collect();
     user_warnings.extend(rehydration.warning.take());
     let new_chain = continuing.is_none();

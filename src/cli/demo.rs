@@ -58,7 +58,9 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let client = Client::connect(&settings).await?;
     let session = SessionId::random();
     println!("== session {session}\n");
-    let ok = conversation(&client, &session).await;
+    let tally = Tally::default();
+    let ok = conversation(&client, &session, &tally).await;
+    tally.print(settings.assemble.prompt_cache_key);
     shutdown.cancel();
     let _ = running.await;
     show_stored(&deps.store, &session).await?;
@@ -199,7 +201,35 @@ impl Client {
     }
 }
 
-async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bool> {
+/// Input tokens of the conversation's calls and how many of them the provider's cache served.
+#[derive(Default)]
+struct Tally(std::sync::Mutex<(u64, u64)>);
+
+impl Tally {
+    fn add(&self, reply: &Value) {
+        let usage = &reply["Result"]["Usage"];
+        let n = |k: &str| usage[k].as_u64().unwrap_or(0);
+        if let Ok(mut t) = self.0.lock() {
+            t.0 += n("InputTokens");
+            t.1 += n("CachedInputTokens");
+        }
+    }
+
+    fn print(&self, key: crate::config::PromptCacheKey) {
+        let (input, cached) = self.0.lock().map(|t| *t).unwrap_or_default();
+        let share = if input == 0 { 0.0 } else { cached as f64 * 100.0 / input as f64 };
+        let key = serde_json::to_value(key).unwrap_or_default();
+        println!(
+            "== prompt cache: {cached} of {input} input tokens were cached ({share:.0} %), [assemble] prompt_cache_key = {key}\n"
+        );
+    }
+}
+
+async fn conversation(
+    client: &Client,
+    session: &SessionId,
+    tally: &Tally,
+) -> anyhow::Result<bool> {
     let s = session.to_string();
     let mut ok = true;
     let steps = [
@@ -216,6 +246,7 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
     ];
     for request in steps {
         let reply = client.turn(session, request.clone()).await?;
+        tally.add(&reply);
         ok &= reply["Successful"] == true;
         ok &= fetch_files(&reply["Result"]["Files"]).await;
         if reply["Result"]["Kind"] == "client_tool_continuation" {
@@ -226,12 +257,16 @@ async fn conversation(client: &Client, session: &SessionId) -> anyhow::Result<bo
             );
             let continuation =
                 json!({"SessionId": s, "TurnId": request["TurnId"], "ToolResults": results});
-            ok &= client.turn(session, continuation).await?["Successful"] == true;
+            let reply = client.turn(session, continuation).await?;
+            tally.add(&reply);
+            ok &= reply["Successful"] == true;
         }
     }
     let streamed = json!({"SessionId": s, "TurnId": "turn-5", "Stream": true,
         "Instruction": "Summarise this conversation in a few sentences, streaming the answer."});
-    ok &= client.turn(session, streamed).await?["Successful"] == true;
+    let reply = client.turn(session, streamed).await?;
+    tally.add(&reply);
+    ok &= reply["Successful"] == true;
     Ok(ok)
 }
 

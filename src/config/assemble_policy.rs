@@ -22,6 +22,22 @@ pub struct AssemblePolicy {
     pub rehydrate_chunk_chars: usize,
     /// Characters of earlier active files (latest versions) a new chain is rehydrated with.
     pub rehydrate_file_chars: usize,
+    /// What the request's `prompt_cache_key` is: the provider routes a request to a cache
+    /// machine by its prompt's first tokens and this key.
+    pub prompt_cache_key: PromptCacheKey,
+}
+
+/// The `prompt_cache_key` a `/responses` request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptCacheKey {
+    /// One key per session (a digest of its `SessionId`): the session's calls, which share
+    /// their chain as a prefix, land on the machine that holds it, while sessions that share only
+    /// a boot prompt no longer crowd one machine (docs/benchmarks.md, "Prompt caching").
+    #[default]
+    Session,
+    /// No key: the provider routes by the prompt's first tokens alone.
+    Off,
 }
 
 impl Default for AssemblePolicy {
@@ -32,6 +48,7 @@ impl Default for AssemblePolicy {
             rehydrate_transcript_chars: 32_000,
             rehydrate_chunk_chars: 48_000,
             rehydrate_file_chars: 300_000,
+            prompt_cache_key: PromptCacheKey::Session,
         }
     }
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use assemble_policy::AssemblePolicy;
+pub use assemble_policy::{AssemblePolicy, PromptCacheKey};
 pub use contexts::{AgentContext, ConversationContext, FollowUp, FunctionTool};
 pub use keys::{file_signature, file_signature_valid, file_url, MessageKeys, MIN_KEY_BYTES};
 pub use limits::Limits;

@@ -8,6 +8,7 @@
 //! does for the DESIGN.md §5 rules; answers deterministically, steered by directives in the
 //! instruction (see the `script` module and the README); and injects latency and faults on demand.
 
+mod cache;
 mod control;
 mod directives;
 mod errors;

@@ -159,7 +159,8 @@ pub(crate) fn reply(
     let system_messages = prev.map_or(0, |p| p.system_messages) + s.system_messages;
     let reasoning = if body.get("reasoning").is_some_and(|r| !r.is_null()) { 64 } else { 0 };
     let mut tokens = Tokens {
-        cached: prev.map_or(0, |p| p.context_tokens),
+        // The prompt cache (`cache`) decides what of the input was cached.
+        cached: 0,
         input: prev.map_or(0, |p| p.context_tokens) + (raw_len as u64).div_ceil(4),
         output: reasoning,
         reasoning,

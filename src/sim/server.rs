@@ -20,6 +20,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
 use serde_json::Value;
 
+use super::cache::Lookup;
 use super::errors::ApiFailure;
 use super::faults::Fault;
 use super::state::{SimState, Stored};
@@ -98,7 +99,20 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
     if let Err(e) = request_rules::tool_outputs(&body, prev.as_deref()) {
         return fail(&st, e);
     }
-    let reply = script::reply(&body, raw.len(), prev.as_deref(), &|prefix| st.id(prefix));
+    let mut reply = script::reply(&body, raw.len(), prev.as_deref(), &|prefix| st.id(prefix));
+    let (opening, opening_tokens) = match prev.as_deref() {
+        Some(p) => (p.opening, p.opening_tokens),
+        None => opening_of(&body),
+    };
+    let previous = body.get("previous_response_id").and_then(Value::as_str);
+    let (cached, machine) = st.cache.lookup(&Lookup {
+        opening,
+        opening_tokens,
+        previous: previous.zip(prev.as_deref()).map(|(id, p)| (id, p.prompt_tokens)),
+        key: body.get("prompt_cache_key").and_then(Value::as_str),
+    });
+    reply.tokens.cached = cached.min(reply.tokens.input);
+    st.count_tokens(&reply.tokens);
     let id = st.id("resp");
     let created_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -125,7 +139,11 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
             depth: reply.depth,
             context_tokens: reply.tokens.input + reply.tokens.output,
             system_messages: reply.system_messages,
+            prompt_tokens: reply.tokens.input,
+            opening,
+            opening_tokens,
         };
+        st.cache.hold(machine, &id);
         st.put(id, stored);
     }
     let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
@@ -152,6 +170,16 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
             }
         }
     }
+}
+
+/// A new chain's opening (its first input item, where the boot prompt is): what the provider
+/// routes by, and its tokens.
+fn opening_of(body: &Value) -> (u64, u64) {
+    let first = body.pointer("/input/0").map(Value::to_string).unwrap_or_default();
+    let tools = body.get("tools").map(Value::to_string).unwrap_or_default();
+    // Tools precede the input in the prompt the model sees, so they are part of the opening.
+    let tokens = ((tools.len() + first.len()) as u64).div_ceil(4);
+    (super::cache::hash(&(tools, first)), tokens)
 }
 
 fn sse_response(body: Body) -> Response {

@@ -11,7 +11,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use super::cache::PromptCache;
 use super::faults::{FaultPlan, LatencyCell};
+use super::script::Tokens;
 use super::SimConfig;
 
 /// A stored response and what the next turn of its chain needs to know.
@@ -23,10 +25,16 @@ pub(crate) struct Stored {
     pub pending_calls: Vec<String>,
     /// Responses in the chain up to and including this one.
     pub depth: u32,
-    /// Tokens the chain carries into the next turn (billed again as input, reported as cached).
+    /// Tokens the chain carries into the next turn (billed again as input).
     pub context_tokens: u64,
     /// System/developer messages sent in the chain so far.
     pub system_messages: u64,
+    /// Tokens of the prompt that produced it: what a cache machine holds of it.
+    pub prompt_tokens: u64,
+    /// The chain's opening (tools and first message), hashed: what the provider routes by.
+    pub opening: u64,
+    /// Tokens of that opening.
+    pub opening_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +74,10 @@ pub struct SimStats {
     pub stored: u64,
     /// Paced streams (`per_event_ms` > 0) their client closed before the last event.
     pub streams_abandoned: u64,
+    /// Input tokens of every response produced.
+    pub input_tokens: u64,
+    /// Of those, tokens the prompt cache served (`input_tokens_details.cached_tokens`).
+    pub cached_tokens: u64,
 }
 
 /// Everything the handlers share.
@@ -88,6 +100,9 @@ pub(crate) struct SimState {
     pub errors: AtomicU64,
     pub faults_injected: AtomicU64,
     pub streams_abandoned: AtomicU64,
+    pub cache: PromptCache,
+    input_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
 }
 
 impl SimState {
@@ -113,6 +128,9 @@ impl SimState {
             errors: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
             streams_abandoned: AtomicU64::new(0),
+            cache: PromptCache::default(),
+            input_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
         }
     }
 
@@ -120,6 +138,12 @@ impl SimState {
     pub(crate) fn id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}_{:08x}{n:010x}", self.nonce)
+    }
+
+    /// Adds a response's input and cached tokens to the totals.
+    pub(crate) fn count_tokens(&self, tokens: &Tokens) {
+        self.input_tokens.fetch_add(tokens.input, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(tokens.cached, Ordering::Relaxed);
     }
 
     /// Records a request body; returns its sequence number.
@@ -174,6 +198,8 @@ impl SimState {
             faults: self.faults_injected.load(Ordering::Relaxed),
             stored,
             streams_abandoned: self.streams_abandoned.load(Ordering::Relaxed),
+            input_tokens: self.input_tokens.load(Ordering::Relaxed),
+            cached_tokens: self.cached_tokens.load(Ordering::Relaxed),
         }
     }
 

@@ -32,6 +32,17 @@ pub struct TurnSample {
     pub end: Option<Instant>,
     /// Whether the reply was `Successful`.
     pub ok: bool,
+    /// The reply's `Usage`: input tokens, and those the provider's cache served.
+    pub tokens: Tokens,
+}
+
+/// Input tokens of a turn, and how many of them were cached.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tokens {
+    /// `Usage.InputTokens`.
+    pub input: u64,
+    /// `Usage.CachedInputTokens`.
+    pub cached: u64,
 }
 
 impl TurnSample {
@@ -50,6 +61,8 @@ pub struct ReplyInfo {
     pub ok: bool,
     /// Body size.
     pub bytes: usize,
+    /// Its `Usage`.
+    pub tokens: Tokens,
 }
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<ReplyInfo>>>>;
@@ -77,6 +90,31 @@ impl std::fmt::Debug for Driver {
 struct Outcome {
     #[serde(rename = "Successful", default)]
     successful: bool,
+    #[serde(rename = "Result", default)]
+    result: Option<OutcomeResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct OutcomeResult {
+    #[serde(rename = "Usage", default)]
+    usage: Option<OutcomeUsage>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct OutcomeUsage {
+    input_tokens: u64,
+    cached_input_tokens: u64,
+}
+
+impl Outcome {
+    fn tokens(&self) -> Tokens {
+        let usage = self.result.as_ref().and_then(|r| r.usage.as_ref());
+        usage.map_or_else(Tokens::default, |u| Tokens {
+            input: u.input_tokens,
+            cached: u.cached_input_tokens,
+        })
+    }
 }
 
 impl Driver {
@@ -129,11 +167,12 @@ impl Driver {
                             continue;
                         }
                         let Some(turn) = header("x-aptix-turn-id") else { continue };
-                        let ok =
-                            serde_json::from_slice::<Outcome>(&d.data).is_ok_and(|o| o.successful);
+                        let outcome = serde_json::from_slice::<Outcome>(&d.data).ok();
+                        let ok = outcome.as_ref().is_some_and(|o| o.successful);
+                        let tokens = outcome.as_ref().map(Outcome::tokens).unwrap_or_default();
                         let waiter = waiters.lock().ok().and_then(|mut w| w.remove(&turn));
                         if let Some(tx) = waiter {
-                            let _ = tx.send(ReplyInfo { at, ok, bytes: d.data.len() });
+                            let _ = tx.send(ReplyInfo { at, ok, bytes: d.data.len(), tokens });
                         }
                     }
                 }));
@@ -215,6 +254,7 @@ impl Driver {
             start,
             end: reply.map(|r| r.at),
             ok: reply.is_some_and(|r| r.ok),
+            tokens: reply.map(|r| r.tokens).unwrap_or_default(),
         }
     }
 
