@@ -62,6 +62,7 @@ fn context() -> ConversationContext {
         top_k: 8,
         chunk_budget_chars: 24_000,
         follow_up: Default::default(),
+        follow_up_allowed: vec![aptix::config::FollowUp::Enqueue],
     }
 }
 

@@ -1,7 +1,8 @@
 //! What a user turn does when its session is busy, by its mode's `follow_up`
 //! (docs/client-protocol.md §11, "Follow-ups"): `interrupt` cancels the running turn (which
 //! ends as cancelled, keeping what it streamed) and runs next; `reject` is refused with
-//! `session.busy`, and the running turn goes on untouched.
+//! `session.busy`, and the running turn goes on untouched. A request's `FollowUp` chooses among
+//! the policies its mode's `follow_up_allowed` lists; another is refused and nothing is stored.
 
 use std::time::Duration;
 
@@ -33,7 +34,10 @@ async fn a_follow_up_interrupts_or_is_rejected_as_its_mode_says() {
         let default = s.default_conversation_context.clone();
         let mut strict = s.conversation_contexts[&default].clone();
         strict.follow_up = FollowUp::Reject;
-        s.conversation_contexts.insert("strict".into(), strict);
+        s.conversation_contexts.insert("strict".into(), strict.clone());
+        strict.follow_up = FollowUp::Enqueue;
+        strict.follow_up_allowed = vec![FollowUp::Reject];
+        s.conversation_contexts.insert("narrow".into(), strict);
         s.conversation_contexts.get_mut(&default).unwrap().follow_up = FollowUp::Interrupt;
     })
     .await;
@@ -75,5 +79,35 @@ async fn a_follow_up_interrupts_or_is_rejected_as_its_mode_says() {
         .await
         .unwrap();
     assert_eq!(stored, 1, "nothing stored for the rejected turn");
+
+    // Per request, within what the mode allows: `narrow` enqueues by default and lets a request
+    // choose only `reject`.
+    let s = new_session();
+    let in_narrow = |turn: &str, text: &str, follow_up: Option<&str>| {
+        let mut t = user_turn(&s, turn, text);
+        t["ConversationContextId"] = json!("narrow");
+        if let Some(f) = follow_up {
+            t["FollowUp"] = json!(f);
+        }
+        t
+    };
+    h.submit(&in_narrow("t1", "a short answer", None)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.submit(&in_narrow("t2", "stop it", Some("interrupt"))).await;
+    h.submit(&in_narrow("t3", "are you done?", Some("reject"))).await;
+    h.submit(&in_narrow("t4", "then this", None)).await;
+    let got = h.replies(&s, 4, WAIT).await;
+    assert_eq!(
+        ends(&got),
+        [
+            ("t2".into(), "refused/context.follow_up_not_allowed".into()),
+            ("t3".into(), "refused/session.busy".into()),
+            ("t1".into(), "final/-".into()),
+            ("t4".into(), "final/-".into()),
+        ],
+        "{got:?}"
+    );
+    let tag = |turn: &str| got.iter().find(|r| r.turn_id == turn).map(|r| r.message_id.clone());
+    assert!(tag("t2").is_some_and(|id| id.contains(":t2:rejected-follow-up-")), "{got:?}");
     h.teardown().await;
 }

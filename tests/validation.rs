@@ -469,6 +469,12 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
             ErrorCode::ContextIdInvalid,
             Some("AgentContextId"),
         ),
+        (
+            "unknown follow-up policy",
+            b(user(json!({"FollowUp": "steer-later"}))),
+            ErrorCode::FollowUpInvalid,
+            Some("FollowUp"),
+        ),
     ]
 }
 

@@ -4,6 +4,7 @@
 //! `prompt_cache_key`, `store: true` (chaining needs stored responses) and `stream`.
 
 use serde_json::{json, Map, Number, Value};
+use sha2::{Digest as _, Sha256};
 
 use crate::config::{AssemblePolicy, ConversationContext, PromptCacheKey};
 use crate::contracts::SessionId;
@@ -36,8 +37,8 @@ pub(crate) struct Call<'a> {
 pub(crate) fn prompt_cache_key(policy: &AssemblePolicy, session: &SessionId) -> Option<String> {
     match policy.prompt_cache_key {
         PromptCacheKey::Session => {
-            let digest = super::user_turn::sha256_hex(format!("aptix-session:{session}"));
-            Some(format!("aptix-{}", &digest[..26]))
+            let digest = Sha256::digest(format!("aptix-session:{session}"));
+            Some(format!("aptix-{}", &hex::encode(digest)[..26]))
         }
         PromptCacheKey::Off => None,
     }

@@ -225,11 +225,7 @@ impl Tally {
     }
 }
 
-async fn conversation(
-    client: &Client,
-    session: &SessionId,
-    tally: &Tally,
-) -> anyhow::Result<bool> {
+async fn conversation(client: &Client, session: &SessionId, tally: &Tally) -> anyhow::Result<bool> {
     let s = session.to_string();
     let mut ok = true;
     let steps = [

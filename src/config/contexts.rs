@@ -39,21 +39,17 @@ pub struct ConversationContext {
     /// What a new user turn of this mode does when its session is busy with another turn.
     #[serde(default)]
     pub follow_up: FollowUp,
+    /// The policies a request may choose instead with its `FollowUp` field (all by default);
+    /// any other is refused with `context.follow_up_not_allowed`.
+    #[serde(default = "every_follow_up")]
+    pub follow_up_allowed: Vec<FollowUp>,
 }
 
-/// What a user turn does when its session's active turn has not ended (docs/client-protocol.md
-/// §11, "Follow-ups").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FollowUp {
-    /// It waits behind the active turn (and any queued before it).
-    #[default]
-    Enqueue,
-    /// It is refused with `session.busy`; nothing is stored against the active turn.
-    Reject,
-    /// The active turn is cancelled as `turn.cancel` would, keeping what it streamed, and this
-    /// turn waits for it to end (behind any queued before it).
-    Interrupt,
+pub use crate::contracts::FollowUp;
+
+/// Every policy: what a request may choose unless its context narrows it.
+fn every_follow_up() -> Vec<FollowUp> {
+    vec![FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt]
 }
 
 fn default_top_k() -> usize {

@@ -23,8 +23,8 @@ pub use response::{
     ToolContinuationOutput, ToolOutcome, ToolResult, Usage, UserWarning,
 };
 pub use validated::{
-    ArtifactContents, ClipboardImage, InputArtifact, Origin, ScopeCondition, ScopeOperator,
-    ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+    ArtifactContents, ClipboardImage, FollowUp, InputArtifact, Origin, ScopeCondition,
+    ScopeOperator, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 
 /// The reply every client receives.

@@ -52,6 +52,10 @@ pub struct AgentExecuteRequest {
     /// Selects a server-configured ConversationContext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation_context_id: Option<String>,
+    /// What this user turn does if its session is busy: `enqueue`, `reject` or `interrupt`,
+    /// among those its ConversationContext allows; absent: the context's own `follow_up`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up: Option<String>,
     /// Results of the tool calls the previous reply asked for (Tool Continuation Submission only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_results: Option<Vec<ToolResultWire>>,
@@ -72,6 +76,7 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "Stream",
     "AgentContextId",
     "ConversationContextId",
+    "FollowUp",
     "ToolResults",
 ];
 

@@ -101,6 +101,11 @@ impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
             stream: w.stream.unwrap_or(false),
             agent_context_id: context(w.agent_context_id)?,
             conversation_context_id: context(w.conversation_context_id)?,
+            follow_up: w
+                .follow_up
+                .map(|f| f.parse())
+                .transpose()
+                .map_err(|()| "a FollowUp it does not know")?,
         }))
     }
 }
@@ -222,6 +227,7 @@ fn user_turn_to_wire(t: UserTurn) -> AgentExecuteRequest {
         stream: t.stream.then_some(true),
         agent_context_id: t.agent_context_id.map(|c| c.as_str().to_owned()),
         conversation_context_id: t.conversation_context_id.map(|c| c.as_str().to_owned()),
+        follow_up: t.follow_up.map(|f| f.as_str().to_owned()),
         tool_results: None,
     }
 }

@@ -69,6 +69,43 @@ impl std::io::Write for HashWriter {
     }
 }
 
+/// What a user turn does when its session's active turn has not ended (docs/client-protocol.md
+/// §11, "Follow-ups"): its ConversationContext's `follow_up`, or the request's `FollowUp` where
+/// the context allows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowUp {
+    /// It waits behind the active turn (and any queued before it).
+    #[default]
+    Enqueue,
+    /// It is refused with `session.busy`; nothing is stored against the active turn.
+    Reject,
+    /// The active turn is cancelled as `turn.cancel` would, keeping what it streamed, and this
+    /// turn waits for it to end (behind any queued before it).
+    Interrupt,
+}
+
+impl FollowUp {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FollowUp::Enqueue => "enqueue",
+            FollowUp::Reject => "reject",
+            FollowUp::Interrupt => "interrupt",
+        }
+    }
+}
+
+impl std::str::FromStr for FollowUp {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        [FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt]
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or(())
+    }
+}
+
 /// A validated User Turn Request: at least one of instruction, artifacts or images.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UserTurn {
@@ -84,6 +121,7 @@ pub struct UserTurn {
     pub(crate) stream: bool,
     pub(crate) agent_context_id: Option<ContextId>,
     pub(crate) conversation_context_id: Option<ContextId>,
+    pub(crate) follow_up: Option<FollowUp>,
 }
 
 impl UserTurn {
@@ -134,6 +172,10 @@ impl UserTurn {
     /// The requested ConversationContext, if any.
     pub fn conversation_context_id(&self) -> Option<&ContextId> {
         self.conversation_context_id.as_ref()
+    }
+    /// The follow-up policy the request chose, if any.
+    pub fn follow_up(&self) -> Option<FollowUp> {
+        self.follow_up
     }
 }
 

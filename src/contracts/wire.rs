@@ -37,6 +37,7 @@ impl Serialize for ValidatedRequest {
                 stream: t.stream.then_some(true),
                 agent_context_id: t.agent_context_id.as_ref().map(|c| c.as_str()),
                 conversation_context_id: t.conversation_context_id.as_ref().map(|c| c.as_str()),
+                follow_up: t.follow_up.map(super::FollowUp::as_str),
                 tool_results: None,
             }
             .serialize(s),
@@ -79,6 +80,8 @@ struct Request<'a> {
     agent_context_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conversation_context_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    follow_up: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_results: Option<List<'a, ToolResult>>,
 }

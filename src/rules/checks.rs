@@ -12,7 +12,7 @@ use crate::contracts::validated::{
     UserTurn,
 };
 use crate::contracts::{
-    AgentExecuteRequest, ContextId, ErrorCode, SessionId, TurnId, ValidatedRequest,
+    AgentExecuteRequest, ContextId, ErrorCode, FollowUp, SessionId, TurnId, ValidatedRequest,
 };
 
 /// Applies every rule to `w`, recording failures in `e`; the validated request when `e` ends up
@@ -71,6 +71,7 @@ struct UserTurnParts {
     rest: AgentExecuteRequest,
     agent_context_id: Option<ContextId>,
     conversation_context_id: Option<ContextId>,
+    follow_up: Option<FollowUp>,
 }
 
 impl UserTurnParts {
@@ -89,6 +90,7 @@ impl UserTurnParts {
             stream: r.stream.unwrap_or(false),
             agent_context_id: self.agent_context_id,
             conversation_context_id: self.conversation_context_id,
+            follow_up: self.follow_up,
         }
     }
 }
@@ -147,6 +149,7 @@ fn user_turn_parts(
     let agent_context_id = context_id(e, "AgentContextId", w.agent_context_id.take());
     let conversation_context_id =
         context_id(e, "ConversationContextId", w.conversation_context_id.take());
+    let follow_up = follow_up(e, w.follow_up.take());
     Some(UserTurnParts {
         instruction,
         artifacts: artifacts?,
@@ -155,7 +158,24 @@ fn user_turn_parts(
         rest: w,
         agent_context_id: agent_context_id?,
         conversation_context_id: conversation_context_id?,
+        follow_up: follow_up?,
     })
+}
+
+fn follow_up(e: &mut Errors, raw: Option<String>) -> Option<Option<FollowUp>> {
+    match raw.map(|s| s.parse::<FollowUp>().map_err(|()| s)) {
+        None => Some(None),
+        Some(Ok(f)) => Some(Some(f)),
+        Some(Err(s)) => {
+            let shown: String = s.chars().take(40).collect();
+            e.at(
+                ErrorCode::FollowUpInvalid,
+                "FollowUp",
+                format!("`{shown}` is not a follow-up policy: use enqueue, reject or interrupt"),
+            );
+            None
+        }
+    }
 }
 
 fn context_id(e: &mut Errors, field: &str, raw: Option<String>) -> Option<Option<ContextId>> {

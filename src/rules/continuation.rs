@@ -27,6 +27,7 @@ pub(super) fn continuation(
         ("Stream", w.stream.is_some()),
         ("AgentContextId", w.agent_context_id.is_some()),
         ("ConversationContextId", w.conversation_context_id.is_some()),
+        ("FollowUp", w.follow_up.is_some()),
     ];
     for (field, _) in present.iter().filter(|(_, p)| *p) {
         e.at(

@@ -103,8 +103,7 @@ impl PromptCache {
         if held.len() >= PER_MACHINE {
             held.retain(|_, used| now.duration_since(*used) <= IDLE);
             if held.len() >= PER_MACHINE {
-                if let Some(oldest) = held.iter().min_by_key(|(_, t)| **t).map(|(p, _)| p.clone())
-                {
+                if let Some(oldest) = held.iter().min_by_key(|(_, t)| **t).map(|(p, _)| p.clone()) {
                     held.remove(&oldest);
                 }
             }

@@ -112,7 +112,7 @@ async fn create(State(st): State<Shared>, headers: HeaderMap, raw: Bytes) -> Res
         key: body.get("prompt_cache_key").and_then(Value::as_str),
     });
     reply.tokens.cached = cached.min(reply.tokens.input);
-    st.count_tokens(&reply.tokens);
+    st.count_tokens(reply.tokens.input, reply.tokens.cached);
     let id = st.id("resp");
     let created_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

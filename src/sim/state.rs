@@ -13,7 +13,6 @@ use tokio::sync::watch;
 
 use super::cache::PromptCache;
 use super::faults::{FaultPlan, LatencyCell};
-use super::script::Tokens;
 use super::SimConfig;
 
 /// A stored response and what the next turn of its chain needs to know.
@@ -140,10 +139,10 @@ impl SimState {
         format!("{prefix}_{:08x}{n:010x}", self.nonce)
     }
 
-    /// Adds a response's input and cached tokens to the totals.
-    pub(crate) fn count_tokens(&self, tokens: &Tokens) {
-        self.input_tokens.fetch_add(tokens.input, Ordering::Relaxed);
-        self.cached_tokens.fetch_add(tokens.cached, Ordering::Relaxed);
+    /// Adds a response's input tokens, and those the cache served, to the totals.
+    pub(crate) fn count_tokens(&self, input: u64, cached: u64) {
+        self.input_tokens.fetch_add(input, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(cached, Ordering::Relaxed);
     }
 
     /// Records a request body; returns its sequence number.

@@ -85,7 +85,13 @@ pub async fn run(args: CacheArgs, settings: &Settings) -> anyhow::Result<bool> {
     );
     println!(
         "  {:<18} {:>6} {:>6} {:>12} {:>12} {:>9} {:>16}",
-        "prompt_cache_key", "turns", "ok", "input tok", "cached tok", "cached %", "after 1st turn %"
+        "prompt_cache_key",
+        "turns",
+        "ok",
+        "input tok",
+        "cached tok",
+        "cached %",
+        "after 1st turn %"
     );
     for a in &arms {
         let key = serde_json::to_value(a.key)?;
@@ -144,7 +150,8 @@ fn figures(key: PromptCacheKey, samples: &[TurnSample], turns: usize) -> Arm {
     };
     let (input, cached) = sum(&mut samples.iter());
     // Samples are in session order, `turns` per session: the first of each has nothing to hit.
-    let later = sum(&mut samples.iter().enumerate().filter(|(i, _)| i % turns != 0).map(|(_, s)| s));
+    let later =
+        sum(&mut samples.iter().enumerate().filter(|(i, _)| i % turns != 0).map(|(_, s)| s));
     Arm {
         key,
         turns: samples.len(),

@@ -22,7 +22,7 @@ import pytest
 import pika
 import pika.exceptions
 
-from aptix_client import (CODE_REPLY_TO_INVALID, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
+from aptix_client import (CODE_REPLY_TO_INVALID, CODE_SESSION_BUSY, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
                           CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, Client, Delta, EventTimeout, Failed, Final,
                           H_PROTOCOL, PROTOCOL_VERSION, Refused, ToolCalls, ToolResult, session_queue)
 from conftest import queue_exists
@@ -450,3 +450,36 @@ def test_cancel_a_turn_waiting_for_tool_results(client):
 
     # The session is free again: the next turn runs.
     assert isinstance(s.run_turn("t2", "after the cancel", timeout=WAIT), Final)
+
+
+def test_a_follow_up_chooses_its_policy_per_request(client, slow_stream):
+    """§11 "Follow-ups": the default context lets a request choose any policy with `FollowUp`."""
+    s = client.open_session()
+    sid = s.session_id
+    long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail " * 30
+    s.submit_turn("t1", long, stream=True)
+    while True:  # t1 runs and streams
+        delta = s.next_event(WAIT, "t1")
+        assert isinstance(delta, Delta), delta
+        if delta.text:
+            break
+
+    s.submit_turn("t2", "refused while t1 runs", FollowUp="reject")
+    busy = s.next_event(WAIT, "t2")
+    assert isinstance(busy, Refused) and busy.code == CODE_SESSION_BUSY, busy
+    assert busy.message_id.startswith(f"reply:{sid}:t2:rejected-busy-"), busy.message_id
+    # The request schema lists the three; the server refuses another on its own, too.
+    s.submit({"SessionId": sid, "TurnId": "t3", "Instruction": "a policy nobody knows", "FollowUp": "soon"},
+             validate=False)
+    invalid = s.next_event(WAIT, "t3")
+    assert isinstance(invalid, Refused) and invalid.code == "validation.follow_up_invalid", invalid
+    assert invalid.reply_id.submission_tag == "rejected", invalid.message_id
+
+    s.submit_turn("t4", "stop that and answer this", FollowUp="interrupt")
+    rest = list(s.turn_events("t1", WAIT))
+    assert isinstance(rest[-1], Failed) and rest[-1].code == CODE_TURN_CANCELLED, rest[-1]
+    t4 = list(s.turn_events("t4", WAIT))
+    assert len(t4) == 1 and isinstance(t4[0], Final), t4
+    assert "instruction: stop that and answer this" in t4[0].text.splitlines(), t4[0].text
+    # t2 was refused, not stored: the same TurnId runs now that the session is idle.
+    assert isinstance(s.run_turn("t2", "refused while t1 runs", timeout=WAIT), Final)

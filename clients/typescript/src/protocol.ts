@@ -32,6 +32,7 @@ export const SUBMISSION_TAGS = [
   "limited",
   "rejected-cancel",
   "rejected-busy",
+  "rejected-follow-up",
 ] as const;
 export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 
@@ -69,7 +70,10 @@ export const CODE_SESSION_UNAVAILABLE = "session.unavailable";
  * session was created with.
  */
 export const CODE_CONTEXT_FIXED = "session.context_fixed";
+/** The session is busy and the turn rejects follow-ups (its `FollowUp` or its mode's policy, §11). */
 export const CODE_SESSION_BUSY = "session.busy";
+/** The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11). */
+export const CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed";
 /** Tenant mode: the tenant is over one of its limits and its configuration says refuse. */
 export const LIMIT_CODES = [
   "limit.turns_in_flight",

@@ -18,6 +18,7 @@ import { queueExists } from "./stand-in";
 import {
   AptixEvent,
   CODE_REPLY_TO_INVALID,
+  CODE_SESSION_BUSY,
   CODE_TOOL_RESULTS_TURN_CANCELLED,
   CODE_TURN_CANCELLED,
   CODE_TURN_FINISHED,
@@ -31,6 +32,7 @@ import {
   Refused,
   Reply,
   Schemas,
+  Session,
   ToolResult,
   findSchemasDir,
   sessionQueue,
@@ -394,6 +396,21 @@ describe("real pipeline: replies per instance (§4a)", { skip: ready ? false : "
   });
 });
 
+/**
+ * Submits `turnId` with a long streamed answer, then `meanwhile()`, and returns once the turn
+ * streams text: with the simulator's 100 ms between events it streams for about 4 s more.
+ */
+async function streamingTurn(s: Session, turnId: string, meanwhile: () => Promise<void>): Promise<void> {
+  const long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail ".repeat(30);
+  await s.submitTurn(turnId, long, { stream: true });
+  await meanwhile();
+  for (;;) {
+    const d = await s.nextEvent({ ...WAIT, turnId });
+    assert.equal(d.type, "delta", JSON.stringify(d.body));
+    if (d.type === "delta" && d.text !== "") return;
+  }
+}
+
 describe("real pipeline: cancelling a turn (§7a)", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {
   let client: Client;
   before(async () => {
@@ -409,16 +426,11 @@ describe("real pipeline: cancelling a turn (§7a)", { skip: ready ? false : "no 
     try {
       const s = await client.openSession();
       const sid = s.sessionId;
-      const long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail ".repeat(30);
-      await s.submitTurn("t1", long, { stream: true });
-      await s.submitTurn("t2", "queued, then cancelled");
-      await s.submitTurn("t3", "runs after both");
-      for (;;) {
-        // t1 runs and streams; t2 and t3 wait behind it
-        const d = await s.nextEvent({ ...WAIT, turnId: "t1" });
-        assert.equal(d.type, "delta", JSON.stringify(d.body));
-        if (d.type === "delta" && d.text !== "") break;
-      }
+      // t1 runs and streams; t2 and t3 wait behind it
+      await streamingTurn(s, "t1", async () => {
+        await s.submitTurn("t2", "queued, then cancelled");
+        await s.submitTurn("t3", "runs after both");
+      });
 
       const c2 = await s.cancelTurn("t2");
       assert.equal(c2.type, "turn.cancel");
@@ -479,5 +491,34 @@ describe("real pipeline: cancelling a turn (§7a)", { skip: ready ? false : "no 
 
     // The session is free again: the next turn runs.
     asFinal(await s.runTurn("t2", "after the cancel", WAIT));
+  });
+
+  test("a follow-up chooses its policy per request (§11)", async () => {
+    await simControl({ command: "set_latency", latency: { per_event_ms: 100 } });
+    try {
+      const s = await client.openSession();
+      const sid = s.sessionId;
+      await streamingTurn(s, "t1", async () => {});
+
+      await s.submitTurn("t2", "refused while t1 runs", { fields: { FollowUp: "reject" } });
+      const busy = asRefused(await s.nextEvent({ ...WAIT, turnId: "t2" }));
+      assert.equal(busy.code, CODE_SESSION_BUSY);
+      assert.ok(busy.messageId.startsWith(`reply:${sid}:t2:rejected-busy-`), busy.messageId);
+      // The request schema lists the three; the server refuses another on its own, too.
+      await s.submit({ SessionId: sid, TurnId: "t3", Instruction: "a policy nobody knows", FollowUp: "soon" }, { validate: false });
+      const invalid = asRefused(await s.nextEvent({ ...WAIT, turnId: "t3" }));
+      assert.equal(invalid.code, "validation.follow_up_invalid");
+
+      await s.submitTurn("t4", "stop that and answer this", { fields: { FollowUp: "interrupt" } });
+      const rest = await collect(s.turnEvents("t1", WAIT));
+      assert.equal(asFailed(rest[rest.length - 1]).code, CODE_TURN_CANCELLED);
+      const t4 = await collect(s.turnEvents("t4", WAIT));
+      assert.equal(t4.length, 1);
+      assert.ok(asFinal(t4[0]).text.split("\n").includes("instruction: stop that and answer this"));
+      // t2 was refused, not stored: the same TurnId runs now that the session is idle.
+      asFinal(await s.runTurn("t2", "refused while t1 runs", WAIT));
+    } finally {
+      await simControl({ command: "set_latency", latency: {} });
+    }
   });
 });

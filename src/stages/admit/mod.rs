@@ -213,8 +213,10 @@ impl Admit {
             let Some(fixed) = scope::with_contexts(turn, &agent, &conversation) else {
                 return Err(StageError::unusable("a configured context id is not a ContextId"));
             };
-            let contexts = &self.settings.conversation_contexts;
-            let follow_up = contexts.get(&conversation).map(|c| c.follow_up).unwrap_or_default();
+            let follow_up = match scope::follow_up(&self.settings, &conversation, turn) {
+                Ok(f) => f,
+                Err(errors) => return refuse("rejected-follow-up", errors),
+            };
             let meta = SessionMeta {
                 tenant: caller.name.cloned(),
                 agent_context_id: Some(agent),

@@ -4,7 +4,8 @@
 
 use crate::config::{Publisher, Settings, Tenant};
 use crate::contracts::{
-    ApiError, ContextId, ErrorCode, InstanceName, InvalidName, ReplyAddress, TenantName, UserTurn,
+    ApiError, ContextId, ErrorCode, FollowUp, InstanceName, InvalidName, ReplyAddress, TenantName,
+    UserTurn,
 };
 use crate::rules::turn_hint;
 use crate::store::SessionOwner;
@@ -140,6 +141,36 @@ pub(super) fn contexts(
         Ok((agent, conversation))
     } else {
         Err(errors)
+    }
+}
+
+/// The follow-up policy of `turn` in `conversation`: the request's `FollowUp` where the context
+/// allows it, else the context's own.
+pub(super) fn follow_up(
+    settings: &Settings,
+    conversation: &str,
+    turn: &UserTurn,
+) -> Result<FollowUp, Vec<ApiError>> {
+    let context = settings.conversation_contexts.get(conversation);
+    let own = context.map(|c| c.follow_up).unwrap_or_default();
+    match turn.follow_up() {
+        None => Ok(own),
+        Some(chosen) if context.is_some_and(|c| c.follow_up_allowed.contains(&chosen)) => {
+            Ok(chosen)
+        }
+        Some(chosen) => {
+            let allowed = context.map(|c| c.follow_up_allowed.as_slice()).unwrap_or_default();
+            let allowed: Vec<&str> = allowed.iter().map(|f| f.as_str()).collect();
+            Err(vec![ApiError::at(
+                ErrorCode::FollowUpNotAllowed,
+                "FollowUp",
+                format!(
+                    "conversation context `{conversation}` does not let a request choose `{}` (it allows: {})",
+                    chosen.as_str(),
+                    if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
+                ),
+            )])
+        }
     }
 }
 

@@ -46,6 +46,7 @@ SUBMISSION_TAGS = (
     "limited",
     "rejected-cancel",
     "rejected-busy",
+    "rejected-follow-up",
 )
 
 NO_TURN = "-"
@@ -73,7 +74,10 @@ CODE_SESSION_UNAVAILABLE = "session.unavailable"
 #: Tenant mode: a later turn names another AgentContextId or ConversationContextId than the
 #: session was created with.
 CODE_CONTEXT_FIXED = "session.context_fixed"
+#: The session is busy and the turn rejects follow-ups (its `FollowUp` or its mode's policy, §11).
 CODE_SESSION_BUSY = "session.busy"
+#: The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11).
+CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed"
 #: Tenant mode: the tenant is over one of its limits and its configuration says refuse.
 LIMIT_CODES = (
     "limit.turns_in_flight",
