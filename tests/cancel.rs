@@ -15,14 +15,6 @@ use futures_util::StreamExt as _;
 use lapin::options::BasicAckOptions;
 use serde_json::json;
 
-/// Publishes a cancel the documented way.
-async fn cancel(h: &Harness, s: &str, t: &str) {
-    let body = serde_json::to_vec(&json!({"SessionId": s, "TurnId": t})).unwrap();
-    let mut msg = h.topology.request(s, uuid::Uuid::new_v4().to_string(), body);
-    msg.kind = "turn.cancel".into();
-    h.publisher.publish(&msg).await.unwrap();
-}
-
 /// Reads one session's reply queue message by message.
 struct Reader {
     _ch: lapin::Channel,
@@ -85,7 +77,7 @@ async fn a_queued_and_a_streaming_turn_are_cancelled_and_the_next_turn_runs() {
         relayed.extend(delta.body["Event"]["Text"].as_str());
     }
 
-    cancel(&h, &s, "t2").await;
+    h.cancel(&s, "t2").await;
     let until_t2 = reader.until_reply("t2", Duration::from_secs(20)).await;
     // t1 goes on streaming meanwhile: its deltas read here are part of what was relayed.
     let t1_meanwhile = until_t2.iter().filter(|m| m.turn_id == "t1");
@@ -96,7 +88,7 @@ async fn a_queued_and_a_streaming_turn_are_cancelled_and_the_next_turn_runs() {
     assert_eq!(t2.message_id, format!("reply:{s}:t2:step-0"));
 
     let asked = Instant::now();
-    cancel(&h, &s, "t1").await;
+    h.cancel(&s, "t1").await;
     let streamed = reader.until_reply("t1", Duration::from_secs(20)).await;
     let took = asked.elapsed();
     let (reply, deltas) = streamed.split_last().unwrap();
@@ -144,7 +136,7 @@ async fn a_turn_awaiting_tool_results_is_cancelled_and_later_cancels_change_noth
     let call = &asked.last().unwrap().body["Result"]["ToolCalls"][0];
     assert!(call["ToolCallId"].is_string(), "{asked:?}");
 
-    cancel(&h, &s, "t1").await;
+    h.cancel(&s, "t1").await;
     let ended = reader.until_reply("t1", Duration::from_secs(20)).await;
     let ended = ended.last().unwrap();
     assert_eq!(code(ended), "turn.cancelled");
@@ -159,8 +151,8 @@ async fn a_turn_awaiting_tool_results_is_cancelled_and_later_cancels_change_noth
     assert_eq!(late.last().unwrap().headers["x-aptix-outcome"], "refused");
 
     // A second cancel adds nothing; the next message is the answer to an unknown turn's.
-    cancel(&h, &s, "t1").await;
-    cancel(&h, &s, "nope").await;
+    h.cancel(&s, "t1").await;
+    h.cancel(&s, "nope").await;
     let unknown = reader.next(Duration::from_secs(20)).await.unwrap();
     assert_eq!((unknown.turn_id.as_str(), code(&unknown)), ("nope", "turn.not_found"));
     assert!(unknown.message_id.contains(":nope:rejected-cancel-"), "{}", unknown.message_id);
@@ -168,7 +160,7 @@ async fn a_turn_awaiting_tool_results_is_cancelled_and_later_cancels_change_noth
     h.submit(&user_turn(&s, "t2", "the session is free again")).await;
     let t2 = reader.until_reply("t2", Duration::from_secs(30)).await;
     assert_eq!(t2.last().unwrap().body["Successful"], true);
-    cancel(&h, &s, "t2").await;
+    h.cancel(&s, "t2").await;
     let finished = reader.next(Duration::from_secs(20)).await.unwrap();
     assert_eq!(code(&finished), "turn.finished");
 
@@ -194,7 +186,7 @@ async fn a_turn_cancelled_between_stages_never_calls_the_provider() {
     let admit = admit_only(&h);
     h.submit(&user_turn(&s, "t1", "cancelled before it reaches the provider")).await;
     wait_state(&h, &s, "t1", "running").await;
-    cancel(&h, &s, "t1").await;
+    h.cancel(&s, "t1").await;
     let wait = Instant::now();
     while !cancel_requested(&h, &s, "t1").await {
         assert!(wait.elapsed() < Duration::from_secs(30), "the cancel was never admitted");

@@ -99,5 +99,20 @@ async fn a_refused_turn_changes_no_mode() {
             .await
             .unwrap();
     assert_eq!(mode.as_deref(), Some(h.settings.default_conversation_context.as_str()));
+    // A turn that ends without an answer (here cancelled) keeps its mode in its record too.
+    h.cancel(&s, "t1").await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(got.last().unwrap().body["Errors"][0]["Code"], "turn.cancelled", "{got:?}");
+    let recorded: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT kind, conversation_context_id FROM response_records
+         WHERE session_id = $1::uuid AND turn_id = 't1' ORDER BY step",
+    )
+    .bind(&s)
+    .fetch_all(h.deps.store.pool())
+    .await
+    .unwrap();
+    let default_id = Some(h.settings.default_conversation_context.clone());
+    let cancelled = recorded.iter().find(|(kind, _)| kind == "cancelled");
+    assert_eq!(cancelled.map(|(_, m)| m.clone()), Some(default_id), "{recorded:?}");
     h.teardown().await;
 }

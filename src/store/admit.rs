@@ -98,7 +98,9 @@ pub(super) fn failure(
         InvokeResult::fail(vec![error.clone()]).about(key.session_id, Some(key.turn_id.clone()));
     let out =
         ReplyOut::step(key.session_id, key.turn_id.as_str(), row.step, &reply)?.to(row.address()?);
-    let record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
+    let mut record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
+    // A failed turn's record says which mode it ran in, as a completed one's does.
+    record.conversation_context_id = row.conversation_context_id();
     Ok((record, Outgoing::Reply(out)))
 }
 

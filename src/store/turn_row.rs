@@ -94,6 +94,12 @@ impl TurnRow {
         parsed(self.tenant.as_deref())
     }
 
+    /// The ConversationContext (mode) it runs in: admission writes it into the stored request.
+    pub fn conversation_context_id(&self) -> Option<String> {
+        let id = self.request.get("ConversationContextId").and_then(Value::as_str);
+        id.map(str::to_owned)
+    }
+
     /// Where its current round trip's replies go.
     pub fn address(&self) -> Result<ReplyAddress, StoreError> {
         Ok(ReplyAddress { tenant: self.tenant()?, instance: self.reply_to()? })

@@ -154,6 +154,14 @@ impl Harness {
 
     /// Declares the session's reply queue as a client does (durable, no arguments; the server
     /// binds it), then publishes the request.
+    /// Publishes a cancel of turn `t` of session `s` the documented way (`type` = `turn.cancel`).
+    pub async fn cancel(&self, s: &str, t: &str) {
+        let body = serde_json::to_vec(&serde_json::json!({"SessionId": s, "TurnId": t})).unwrap();
+        let mut msg = self.topology.request(s, uuid::Uuid::new_v4().to_string(), body);
+        msg.kind = "turn.cancel".into();
+        self.publisher.publish(&msg).await.unwrap();
+    }
+
     pub async fn submit(&self, request: &Value) {
         if let Some(s) = request
             .get("SessionId")
