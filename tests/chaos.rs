@@ -72,6 +72,9 @@ struct Plan {
     stream_share: f64,
     /// Share of turns the client cancels (`turn.cancel`) right after submitting them.
     cancel_share: f64,
+    /// Share of a session's later turns sent with `FollowUp`, `interrupt` or `reject` (half
+    /// each): an interrupt may cancel any earlier turn of its session; a reject may be refused.
+    follow_up_share: f64,
     /// LLM faults injected by the simulator.
     llm_faults: bool,
     /// How long the pipeline may take to finish everything after the load.
@@ -93,6 +96,7 @@ impl Plan {
             copies: 2,
             stream_share: 0.25,
             cancel_share: 0.1,
+            follow_up_share: 0.1,
             llm_faults: true,
             drain_limit_s: 300,
             seed: rand::random(),
@@ -113,6 +117,7 @@ impl Plan {
             copies: 1,
             stream_share: 0.25,
             cancel_share: 0.2,
+            follow_up_share: 0.25,
             llm_faults: true,
             drain_limit_s: 60,
             seed: rand::random(),
@@ -134,6 +139,7 @@ impl Plan {
         var("APTIX_CHAOS_POSTGRES_RESTARTS", &mut self.postgres_restarts);
         var("APTIX_CHAOS_COPIES", &mut self.copies);
         var("APTIX_CHAOS_SEED", &mut self.seed);
+        var("APTIX_CHAOS_FOLLOW_UP_SHARE", &mut self.follow_up_share);
         self
     }
 }
@@ -661,6 +667,10 @@ struct Sent {
     stream: bool,
     /// The client cancelled it: it ends as `turn.cancelled`, or as usual when it ended first.
     cancelled: bool,
+    /// Its `FollowUp`, when it has one.
+    follow_up: Option<&'static str>,
+    /// A later turn of its session interrupts: it may end as `turn.cancelled`.
+    interruptible: bool,
     confirmed_at: DateTime<Utc>,
     attempts: usize,
 }
@@ -714,6 +724,22 @@ async fn generate(
         if stream {
             body["Stream"] = json!(true);
         }
+        let follow_up = (t > 0 && rng.random_bool(plan.follow_up_share)).then(|| {
+            if rng.random_bool(0.5) {
+                "interrupt"
+            } else {
+                "reject"
+            }
+        });
+        if let Some(policy) = follow_up {
+            body["FollowUp"] = json!(policy);
+        }
+        if follow_up == Some("interrupt") {
+            // Whichever earlier turn is active when this one is admitted is cancelled.
+            sent.iter_mut().filter(|x: &&mut Sent| x.session == session).for_each(|x| {
+                x.interruptible = true;
+            });
+        }
         let msg = OutMessage::to_queue(
             h.topology.requests(),
             "request",
@@ -734,7 +760,17 @@ async fn generate(
             msg.kind = "turn.cancel".into();
             client.publish(&h.topology, &session, &msg).await;
         }
-        sent.push(Sent { session, turn, instruction, stream, cancelled, confirmed_at, attempts });
+        sent.push(Sent {
+            session,
+            turn,
+            instruction,
+            stream,
+            cancelled,
+            follow_up,
+            interruptible: false,
+            confirmed_at,
+            attempts,
+        });
         progress.store(i + 1, Ordering::SeqCst);
     }
     if let Some((conn, _)) = client.link.take() {
@@ -770,7 +806,11 @@ fn work_queues(topology: &Topology) -> Vec<String> {
 
 /// Waits until every accepted turn is finished, the outbox is empty and the work queues have
 /// stayed empty for a while. Returns how long that took, or `None` at the limit.
-async fn drain(h: &Harness, accepted: usize, limit: Duration) -> Option<Duration> {
+async fn drain(
+    h: &Harness,
+    admitted: std::ops::RangeInclusive<usize>,
+    limit: Duration,
+) -> Option<Duration> {
     let start = Instant::now();
     let queues = work_queues(&h.topology);
     let mut quiet = 0;
@@ -790,9 +830,10 @@ async fn drain(h: &Harness, accepted: usize, limit: Duration) -> Option<Duration
             }
             Err(_) => None,
         };
-        let done = counts == Some((accepted as i64, accepted as i64))
-            && outbox == Some(0)
-            && depth == Some(0);
+        let all_ended = counts.is_some_and(|(all, ended)| {
+            all == ended && usize::try_from(all).is_ok_and(|n| admitted.contains(&n))
+        });
+        let done = all_ended && outbox == Some(0) && depth == Some(0);
         if start.elapsed() + Duration::from_secs(1) >= limit {
             eprintln!("chaos: not drained: turns (all, ended) {counts:?}, outbox {outbox:?}, work queues {depth:?}");
         }
@@ -880,6 +921,14 @@ struct Reconciliation {
     crossed_replies: usize,
     stream_deltas: usize,
     cancelled_by_client: usize,
+    /// Turns sent with `FollowUp = "interrupt"` / `"reject"`.
+    interrupting_turns: usize,
+    rejecting_turns: usize,
+    /// Of those that reject, refused with `session.busy` (no record, one refusal).
+    refused_busy: usize,
+    /// Turns refused with `session.busy` that have a record all the same, or that did not ask
+    /// to be refused.
+    busy_violations: usize,
     /// Cancels refused because their turn had already ended.
     cancels_too_late: usize,
     successful: usize,
@@ -922,6 +971,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         accepted_turns: sent.len(),
         streamed_turns: sent.iter().filter(|s| s.stream).count(),
         cancelled_by_client: sent.iter().filter(|s| s.cancelled).count(),
+        interrupting_turns: sent.iter().filter(|s| s.follow_up == Some("interrupt")).count(),
+        rejecting_turns: sent.iter().filter(|s| s.follow_up == Some("reject")).count(),
         client_publish_retries: sent.iter().map(|s| s.attempts - 1).sum(),
         client_reconnects: reconnects.saturating_sub(1),
         ..Default::default()
@@ -989,10 +1040,28 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             finals_of.entry((s.to_string(), g.turn.clone())).or_default().push(g);
         }
     }
+    let busy = |key: &(String, String)| {
+        let first = finals_of.get(key).and_then(|f| f.first());
+        first.is_some_and(|f| codes(&f.body).iter().any(|c| c == "session.busy"))
+    };
     let mut latencies = Vec::new();
     for s in sent {
         let key = (s.session.to_string(), s.turn.clone());
         let recs = records_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        if busy(&key) {
+            // Refused, as it asked to be when its session was busy: nothing stored, one refusal.
+            r.refused_busy += 1;
+            let replies = finals_of.get(&key).map_or(0, Vec::len);
+            if s.follow_up != Some("reject") || !recs.is_empty() || replies > 1 {
+                r.busy_violations += 1;
+                let what = format!("{} records, {replies} replies", recs.len());
+                r.examples.push(format!(
+                    "{}/{} refused busy ({what}), asked {:?}",
+                    key.0, key.1, s.follow_up
+                ));
+            }
+            continue;
+        }
         match recs.len() {
             0 => {
                 r.lost_records += 1;
@@ -1046,7 +1115,7 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
                 if code == "internal.error" {
                     r.unspecific_errors += 1;
                 }
-                if code == "turn.cancelled" && !s.cancelled {
+                if code == "turn.cancelled" && !s.cancelled && !s.interruptible {
                     r.examples.push(format!("{}/{} cancelled unasked", key.0, key.1));
                     r.unspecific_errors += 1;
                 }
@@ -1063,8 +1132,12 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     // successful turn one deeper than the one before), and reply arrival (informational).
     for s in &sessions {
         let sid = s.to_string();
-        let submitted: Vec<&str> =
-            sent.iter().filter(|x| x.session == *s).map(|x| x.turn.as_str()).collect();
+        // A turn refused as busy was never admitted.
+        let submitted: Vec<&str> = sent
+            .iter()
+            .filter(|x| x.session == *s && !busy(&(sid.clone(), x.turn.clone())))
+            .map(|x| x.turn.as_str())
+            .collect();
         let admitted: Vec<&str> =
             turns.iter().filter(|t| t.0 == sid).map(|t| t.1.as_str()).collect();
         if admitted != submitted {
@@ -1234,7 +1307,10 @@ async fn chaos(plan: Plan) -> Report {
     chaos_over.store(true, Ordering::SeqCst);
     let mut fleet = killer.await.unwrap();
     eprintln!("chaos: {} kills; draining", fleet.report.kills_total);
-    let drained = drain(&h, sent.len(), Duration::from_secs(plan.drain_limit_s)).await;
+    // A turn that rejects follow-ups may be refused and never stored.
+    let may_refuse = sent.iter().filter(|s| s.follow_up == Some("reject")).count();
+    let admitted = sent.len() - may_refuse..=sent.len();
+    let drained = drain(&h, admitted, Duration::from_secs(plan.drain_limit_s)).await;
     fleet.reap(&windows);
     fleet.stop().await;
 
@@ -1297,6 +1373,7 @@ fn assert_sound(report: &Report) {
         (r.reply_record_mismatches, "replies that differ from their records"),
         (r.crossed_replies, "replies that answer another turn"),
         (r.unspecific_errors, "internal.error replies"),
+        (r.busy_violations, "session.busy refusals not asked for, recorded or repeated"),
         (r.sessions_admitted_out_of_order, "sessions admitted out of order"),
         (r.sessions_run_out_of_order, "sessions that ran out of order"),
         (r.sessions_with_broken_chain, "sessions with a broken chain"),
