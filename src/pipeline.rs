@@ -67,7 +67,9 @@ pub async fn build_deps(
     crate::metrics::metrics().allow_configured_models(&settings);
     let topology = topology(&settings);
     let publisher = LazyPublisher::new(runtime_settings(&settings, StageName::new("deltas")));
-    let deltas: Arc<dyn DeltaSink> = Arc::new(BrokerDeltas::new(publisher, topology.clone()));
+    let window = settings.pipeline.stream_events_per_turn;
+    let deltas: Arc<dyn DeltaSink> =
+        Arc::new(BrokerDeltas::new(publisher, topology.clone(), store.clone(), window));
     Ok(Deps {
         retrieval: Retrieval::from_settings(&settings)?,
         store,

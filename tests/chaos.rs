@@ -1045,6 +1045,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         first.is_some_and(|f| codes(&f.body).iter().any(|c| c == "session.busy"))
     };
     let mut latencies = Vec::new();
+    // Turns each session's interrupts cancelled: at most one per interrupting turn.
+    let mut interrupted: HashMap<SessionId, usize> = HashMap::new();
     for s in sent {
         let key = (s.session.to_string(), s.turn.clone());
         let recs = records_of.get(&key).map(Vec::as_slice).unwrap_or_default();
@@ -1115,12 +1117,25 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
                 if code == "internal.error" {
                     r.unspecific_errors += 1;
                 }
+                if code == "turn.cancelled" && !s.cancelled {
+                    *interrupted.entry(s.session).or_default() += 1;
+                }
                 if code == "turn.cancelled" && !s.cancelled && !s.interruptible {
                     r.examples.push(format!("{}/{} cancelled unasked", key.0, key.1));
                     r.unspecific_errors += 1;
                 }
                 *r.errors_by_code.entry(code).or_default() += 1;
             }
+        }
+    }
+    for (session, n) in interrupted {
+        let interrupts = sent
+            .iter()
+            .filter(|x| x.session == session && x.follow_up == Some("interrupt"))
+            .count();
+        if n > interrupts {
+            r.unspecific_errors += 1;
+            r.examples.push(format!("{session}: {n} turns cancelled by {interrupts} interrupts"));
         }
     }
     latencies.sort_by(f64::total_cmp);

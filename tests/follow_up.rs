@@ -38,7 +38,11 @@ async fn a_follow_up_interrupts_or_is_rejected_as_its_mode_says() {
         strict.follow_up = FollowUp::Enqueue;
         strict.follow_up_allowed = vec![FollowUp::Reject];
         s.conversation_contexts.insert("narrow".into(), strict);
-        s.conversation_contexts.get_mut(&default).unwrap().follow_up = FollowUp::Interrupt;
+        let own = s.conversation_contexts.get_mut(&default).unwrap();
+        own.follow_up = FollowUp::Interrupt;
+        // A request may choose nothing in the default mode: a turn that names no mode in a
+        // session of another mode is judged by that mode's list, not this one.
+        own.follow_up_allowed = vec![];
     })
     .await;
     h.run(1);
@@ -109,5 +113,29 @@ async fn a_follow_up_interrupts_or_is_rejected_as_its_mode_says() {
     );
     let tag = |turn: &str| got.iter().find(|r| r.turn_id == turn).map(|r| r.message_id.clone());
     assert!(tag("t2").is_some_and(|id| id.contains(":t2:rejected-follow-up-")), "{got:?}");
+
+    // The session's mode decides for a turn that names none; and a turn that waits for the
+    // client's tool results makes a rejecting follow-up `awaiting`, not `busy`.
+    let s = new_session();
+    let mut t1 = user_turn(&s, "t1", "@call(run_tests) what is in the sample repo?");
+    t1["ConversationContextId"] = json!("strict");
+    h.sim.set_latency(Latency::default());
+    h.submit(&t1).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(got.last().unwrap().headers["x-aptix-outcome"], "client_tool_continuation");
+    let mut t2 = user_turn(&s, "t2", "are you done?");
+    t2["FollowUp"] = json!("reject");
+    h.submit(&t2).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(ends(&got), [("t2".into(), "refused/session.awaiting_tool_results".into())]);
+    let mut t3 = user_turn(&s, "t3", "never mind");
+    t3["FollowUp"] = json!("interrupt");
+    h.submit(&t3).await;
+    let got = h.replies(&s, 2, WAIT).await;
+    assert_eq!(
+        ends(&got),
+        [("t1".into(), "failed/turn.cancelled".into()), ("t3".into(), "final/-".into())],
+        "strict allows a request's interrupt; the default mode would not: {got:?}"
+    );
     h.teardown().await;
 }

@@ -49,6 +49,7 @@ mod quorum;
 mod readme;
 mod reprocess;
 mod rerank;
+mod resume;
 mod retrieve_embedded;
 mod retrieve_eval;
 mod retrieve_lock;

@@ -8,6 +8,19 @@ use serde::{Deserialize, Serialize};
 
 use super::ids::{SessionId, TurnId};
 
+/// Events of one step a turn's event sequence can number (`x-aptix-event-seq`).
+pub const EVENTS_PER_STEP: i64 = 1_000_000;
+
+/// The place of an event in its turn (`x-aptix-event-seq`, docs/client-protocol.md §9a): delta
+/// `seq` of step `step` is `step × 1,000,000 + seq`; the reply that ends the step (`seq` `None`)
+/// comes after every delta of it, at `step × 1,000,000 + 999,999`. Increasing through the turn,
+/// with gaps.
+pub fn event_seq(step: i32, seq: Option<u64>) -> i64 {
+    let last = EVENTS_PER_STEP - 1;
+    let within = seq.map_or(last, |s| i64::try_from(s).unwrap_or(last).min(last - 1));
+    i64::from(step) * EVENTS_PER_STEP + within
+}
+
 /// One delta as published to `<prefix>.session.<SessionId>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]

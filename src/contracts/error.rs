@@ -90,7 +90,7 @@ error_codes! {
     TurnCancelled => "turn.cancelled", "the turn was cancelled (`turn.cancel`) before it ended; the reply keeps what the model had streamed";
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
     SessionBusy => "session.busy", "the session is busy with another turn and the turn rejects follow-ups (its `FollowUp`, or its ConversationContext's `follow_up = \"reject\"`); nothing was stored";
-    SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn arrived while the session waits for tool results";
+    SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn that does not interrupt arrived while the session waits for tool results";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";
     SessionContextFixed => "session.context_fixed", "a later turn names another `AgentContextId` than the session was created with (the `ConversationContextId` may change per turn)";
     LimitTurnsInFlight => "limit.turns_in_flight", "the tenant has as many turns in flight as `turns_in_flight` allows";

@@ -15,6 +15,8 @@ pub const KIND: &str = "x-aptix-kind";
 pub const STEP: &str = "x-aptix-step";
 /// A delta's sequence number within its round trip.
 pub const SEQ: &str = "x-aptix-seq";
+/// The event's place in its turn, across steps (deltas and step replies; §9a).
+pub const EVENT_SEQ: &str = "x-aptix-event-seq";
 /// Whether a reply ends its turn.
 pub const FINAL: &str = "x-aptix-final";
 /// A reply's outcome (`final`, `refused`, ...).

@@ -13,6 +13,7 @@ pub mod validated;
 mod wire;
 
 pub use delta::ReplyDelta;
+pub use delta::{event_seq, EVENTS_PER_STEP};
 pub use error::{ApiError, ErrorCode};
 pub use ids::{
     ContextId, InstanceName, InvalidName, RelativePath, ReplyAddress, SessionId, TenantName, TurnId,

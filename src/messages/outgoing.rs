@@ -40,6 +40,12 @@ pub enum Outgoing {
     /// A reply for the session's reply queue.
     #[serde(rename = "outgoing.reply/v1")]
     Reply(ReplyOut),
+    /// A kept stream delta sent again to a client resuming its turn's stream (§9a).
+    #[serde(rename = "outgoing.replayed_delta/v1")]
+    ReplayedDelta(Replay),
+    /// The end of what a resume sends again (§9a).
+    #[serde(rename = "outgoing.resumed/v1")]
+    Resumed(Replay),
     /// An outbox row written before rows were typed: an AMQP message as it was built then.
     #[serde(skip)]
     Legacy(LegacyMessage),
@@ -101,6 +107,50 @@ pub struct ReplyOut {
     pub session_expires: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// What a resume (`turn.resume`, §9a) sends: a kept delta again, or the notice that ends the
+/// replay. Answers one submission; never kept in the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Replay {
+    /// The turn.
+    pub key: crate::contracts::TurnKey,
+    /// A delta's step and place in it; for the notice, the step and `None`.
+    pub step: i32,
+    /// A delta's `Seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// The body: the delta as it was published, or the notice.
+    pub body: Value,
+    /// The notice's id tag (`resumed-<submission>`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tag: String,
+    /// The backend instance whose queue receives it instead of the session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<InstanceName>,
+    /// The tenant whose reply queues receive it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<TenantName>,
+}
+
+impl ReplyOut {
+    /// Step `step`'s reply sent again, as it was first sent (same id), to a resuming client.
+    pub fn replayed(session: SessionId, turn_id: &str, step: i32, stored: Value) -> Self {
+        ReplyOut {
+            session,
+            turn_id: Some(turn_id.to_owned()),
+            tag: format!("step-{step}"),
+            step: Some(step),
+            outcome: ReplyOutcome::of_stored(&stored),
+            body: stored,
+            create_queue: true,
+            correlation_id: None,
+            reply_to: None,
+            tenant: None,
+            session_name: None,
+            session_expires: None,
+        }
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -147,6 +197,29 @@ impl ReplyOut {
             step: None,
             outcome: ReplyOutcome::Refused,
             body: serde_json::to_value(&reply).unwrap_or(Value::Null),
+            create_queue: false,
+            correlation_id: None,
+            reply_to: None,
+            tenant: None,
+            session_name: None,
+            session_expires: None,
+        }
+    }
+
+    /// A refusal sent before, sent again as it was (same id), for a redelivered submission.
+    pub fn refused_again(
+        session: SessionId,
+        turn_id: Option<String>,
+        tag: String,
+        body: Value,
+    ) -> Self {
+        ReplyOut {
+            session,
+            turn_id,
+            tag,
+            step: None,
+            outcome: ReplyOutcome::Refused,
+            body,
             create_queue: false,
             correlation_id: None,
             reply_to: None,

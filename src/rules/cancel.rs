@@ -1,5 +1,6 @@
-//! The body of a cancel (`type` = `turn.cancel`): `{"SessionId": "…", "TurnId": "…"}` and
-//! nothing else. Bounded like a request: the size first, then one parse of a small object.
+//! The bodies of a cancel (`type` = `turn.cancel`: `{"SessionId": "…", "TurnId": "…"}`) and of
+//! a resume (`type` = `turn.resume`: the same and an optional `AfterSeq`), and nothing else.
+//! Bounded like a request: the size first, then one parse of a small object.
 
 use serde_json::{Map, Value};
 
@@ -9,42 +10,89 @@ use crate::contracts::{ApiError, ErrorCode, TurnKey};
 /// The AMQP `type` that marks a message on the request entry point as a cancel.
 pub const CANCEL_TYPE: &str = "turn.cancel";
 
+/// The AMQP `type` that marks a message on the request entry point as a resume (§9a).
+pub const RESUME_TYPE: &str = "turn.resume";
+
+/// A resume: the turn, and the `x-aptix-event-seq` after which its events are wanted (all of
+/// them when absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// The turn.
+    pub key: TurnKey,
+    /// The last event the client has.
+    pub after: Option<i64>,
+}
+
 /// Reads a cancel body into the turn it names, or every reason it names none.
 pub fn cancel_bytes(bytes: &[u8], limits: &Limits) -> Result<TurnKey, ValidationErrors> {
+    let fields = object_of(bytes, limits, "cancel")?;
+    key_of(&fields, "cancel", &[]).map_err(ValidationErrors)
+}
+
+/// Reads a resume body, or every reason it is not one.
+pub fn resume_bytes(bytes: &[u8], limits: &Limits) -> Result<Resume, ValidationErrors> {
+    let fields = object_of(bytes, limits, "resume")?;
+    let after = match fields.get("AfterSeq") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().and_then(|n| i64::try_from(n).ok()).map(Some).ok_or_else(|| {
+            ApiError::at(
+                ErrorCode::RequestInvalidType,
+                "AfterSeq",
+                "AfterSeq must be an integer from 0 (an x-aptix-event-seq you received)",
+            )
+        }),
+    };
+    match (key_of(&fields, "resume", &["AfterSeq"]), after) {
+        (Ok(key), Ok(after)) => Ok(Resume { key, after }),
+        (k, a) => Err(ValidationErrors(k.err().into_iter().flatten().chain(a.err()).collect())),
+    }
+}
+
+fn object_of(
+    bytes: &[u8],
+    limits: &Limits,
+    what: &str,
+) -> Result<Map<String, Value>, ValidationErrors> {
     let fail = |code, message: String| Err(ValidationErrors(vec![ApiError::new(code, message)]));
     if bytes.len() > limits.max_request_bytes {
         let max = limits.max_request_bytes;
         return fail(
             ErrorCode::RequestTooLarge,
-            format!("the cancel is {} bytes; the limit is {max}", bytes.len()),
+            format!("the {what} is {} bytes; the limit is {max}", bytes.len()),
         );
     }
     let Ok(text) = std::str::from_utf8(bytes) else {
-        return fail(ErrorCode::RequestInvalidUtf8, "the cancel is not valid UTF-8".into());
+        return fail(ErrorCode::RequestInvalidUtf8, format!("the {what} is not valid UTF-8"));
     };
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
-            return fail(ErrorCode::RequestInvalidJson, format!("the cancel is not JSON: {e}"))
+            return fail(ErrorCode::RequestInvalidJson, format!("the {what} is not JSON: {e}"))
         }
     };
     let Value::Object(fields) = value else {
-        return fail(ErrorCode::RequestNotObject, "the cancel is not a JSON object".into());
+        return fail(ErrorCode::RequestNotObject, format!("the {what} is not a JSON object"));
     };
-    key_of(&fields).map_err(ValidationErrors)
+    Ok(fields)
 }
 
-fn key_of(fields: &Map<String, Value>) -> Result<TurnKey, Vec<ApiError>> {
+fn key_of(
+    fields: &Map<String, Value>,
+    what: &str,
+    more: &[&str],
+) -> Result<TurnKey, Vec<ApiError>> {
+    let known = |k: &str| matches!(k, "SessionId" | "TurnId") || more.contains(&k);
     let mut errors: Vec<ApiError> = fields
         .keys()
-        .filter(|k| !matches!(k.as_str(), "SessionId" | "TurnId"))
+        .filter(|k| !known(k))
         .take(8)
         .map(|k| {
             let shown: String = k.chars().take(64).collect();
+            let also: String = more.iter().map(|m| format!(", `{m}`")).collect();
             ApiError::at(
                 ErrorCode::RequestUnknownField,
                 &shown,
-                format!("`{shown}` is not a field of a cancel (only `SessionId` and `TurnId`)"),
+                format!("`{shown}` is not a field of a {what} (only `SessionId`, `TurnId`{also})"),
             )
         })
         .collect();
@@ -92,6 +140,33 @@ mod tests {
         let key = cancel_bytes(body.as_bytes(), &limits()).unwrap();
         assert_eq!(key.turn_id.as_str(), "t-1");
         assert_eq!(key.session_id.to_string(), "0b3f7c9e-1111-4222-8333-444455556666");
+    }
+
+    #[test]
+    fn a_resume_names_a_turn_and_maybe_a_cursor() {
+        let body = r#"{"SessionId":"0b3f7c9e-1111-4222-8333-444455556666","TurnId":"t-1"}"#;
+        assert_eq!(resume_bytes(body.as_bytes(), &limits()).unwrap().after, None);
+        let body = r#"{"SessionId":"0b3f7c9e-1111-4222-8333-444455556666","TurnId":"t-1","AfterSeq":1000003}"#;
+        assert_eq!(resume_bytes(body.as_bytes(), &limits()).unwrap().after, Some(1_000_003));
+        let codes = |b: &str| -> Vec<&'static str> {
+            resume_bytes(b.as_bytes(), &limits())
+                .unwrap_err()
+                .0
+                .iter()
+                .map(|e| e.code.as_str())
+                .collect()
+        };
+        assert_eq!(
+            codes(
+                r#"{"SessionId":"0b3f7c9e-1111-4222-8333-444455556666","TurnId":"t","AfterSeq":-1}"#
+            ),
+            ["request.invalid_type"]
+        );
+        assert_eq!(codes(r#"{"TurnId":"t","AfterSeq":"3","X":1}"#).len(), 3);
+        // A cancel takes no cursor.
+        let cancel =
+            r#"{"SessionId":"0b3f7c9e-1111-4222-8333-444455556666","TurnId":"t","AfterSeq":3}"#;
+        assert!(cancel_bytes(cancel.as_bytes(), &limits()).is_err());
     }
 
     #[test]

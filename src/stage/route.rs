@@ -6,12 +6,12 @@ use tracing::warn;
 
 use super::Output;
 use crate::broker::{HeaderValue, LazyPublisher, OutMessage, StageName, Topology};
-use crate::contracts::{headers, ReplyAddress, TurnKey};
+use crate::contracts::{event_seq, headers, ReplyAddress, TurnKey};
 use crate::llm::StreamDelta;
 use crate::messages::{
-    encode, AdmittedTurn, EndedRoundTrip, LegacyMessage, Message, Outgoing, ReplyOut,
+    encode, AdmittedTurn, EndedRoundTrip, LegacyMessage, Message, Outgoing, Replay, ReplyOut,
 };
-use crate::store::PendingOutbox;
+use crate::store::{PendingOutbox, Store};
 
 /// Where one stage's outputs go, from its place in the chain.
 #[derive(Debug, Clone)]
@@ -53,6 +53,8 @@ impl Route {
         match m {
             Outgoing::Start(job) => self.to_stage::<AdmittedTurn>(self.start, &job),
             Outgoing::Reply(r) => Ok(self.reply(r)),
+            Outgoing::ReplayedDelta(d) => Ok(self.replayed_delta(d)),
+            Outgoing::Resumed(n) => Ok(self.resumed(n)),
             Outgoing::Legacy(l) => legacy(l),
         }
     }
@@ -64,6 +66,28 @@ impl Route {
         Ok(OutMessage::to_queue(self.topology.stage_queue(stage), "turn", id, body)
             .header(headers::SESSION_ID, key.session_id.to_string())
             .header(headers::TURN_ID, key.turn_id.to_string()))
+    }
+
+    /// A kept delta, sent again exactly as it was published (same id, body and headers).
+    fn replayed_delta(&self, d: Replay) -> OutMessage {
+        let to = ReplyAddress { tenant: d.tenant, instance: d.reply_to };
+        let body = serde_json::to_vec(&d.body).unwrap_or_default();
+        delta_envelope(&self.topology, &d.key, d.step, d.seq.unwrap_or_default(), body).to(&to)
+    }
+
+    /// The notice that ends a resume's replay (`type` = `resumed`).
+    fn resumed(&self, n: Replay) -> OutMessage {
+        let to = ReplyAddress { tenant: n.tenant, instance: n.reply_to };
+        let (key, body) = (&n.key, serde_json::to_vec(&n.body).unwrap_or_default());
+        let id = format!("resumed:{}:{}:{}", key.session_id, key.turn_id, n.tag);
+        let mut msg = OutMessage::to_queue(key.session_id.to_string(), RESUMED, id, body)
+            .header(headers::SESSION_ID, key.session_id.to_string())
+            .header(headers::TURN_ID, key.turn_id.to_string())
+            .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
+        msg.exchange = self.topology.replies_exchange();
+        msg.session = Some(key.session_id);
+        msg.create_queue = false;
+        msg.to(&to)
     }
 
     /// A reply for its session's reply queue.
@@ -79,6 +103,9 @@ impl Route {
             .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
         if let Some(step) = r.step {
             msg = msg.header(headers::STEP, i64::from(step));
+            if r.tag == format!("step-{step}") {
+                msg = msg.header(headers::EVENT_SEQ, event_seq(step, None));
+            }
         }
         // AGN-033 fixes the reply body, so the session's name and expiry travel as headers.
         if let Some(name) = &r.session_name {
@@ -140,17 +167,20 @@ pub trait DeltaSink: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, ()>;
 }
 
-/// Stream deltas to the session's reply queue, on a broker connection of their own.
+/// Stream deltas to the session's reply queue, on a broker connection of their own, each kept
+/// in PostgreSQL first (up to a window per turn) so a client can resume the stream.
 #[derive(Debug)]
 pub struct BrokerDeltas {
     publisher: LazyPublisher,
     topology: Topology,
+    keep: Option<(Store, u32)>,
 }
 
 impl BrokerDeltas {
-    /// Deltas published with `publisher`, named by `topology`.
-    pub fn new(publisher: LazyPublisher, topology: Topology) -> Self {
-        BrokerDeltas { publisher, topology }
+    /// Deltas published with `publisher`, named by `topology`, the first `window` of each turn
+    /// kept in `store` (none when `window` is 0).
+    pub fn new(publisher: LazyPublisher, topology: Topology, store: Store, window: u32) -> Self {
+        BrokerDeltas { publisher, topology, keep: (window > 0).then_some((store, window)) }
     }
 }
 
@@ -164,6 +194,13 @@ impl DeltaSink for BrokerDeltas {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let message = delta_message(&self.topology, key, step, delta).to(to);
+            if let Some((store, window)) = &self.keep {
+                // Kept before it is published: a resume finds every delta a client can miss.
+                let kept = store.keep_delta(key, step, delta.seq, &message.body, *window).await;
+                if let Err(error) = kept {
+                    warn!(%error, "stream delta not kept for resuming");
+                }
+            }
             if let Err(error) = self.publisher.publish(message).await {
                 warn!(%error, "stream delta not published");
             }
@@ -187,18 +224,28 @@ pub fn delta_message(
         "Seq": delta.seq,
         "Event": delta.event,
     });
-    let id = format!("delta:{}:{}:{step}:{}", key.session_id, key.turn_id, delta.seq);
-    let mut msg = OutMessage::to_queue(
-        key.session_id.to_string(),
-        "delta",
-        id,
-        serde_json::to_vec(&body).unwrap_or_default(),
-    )
-    .header(headers::SESSION_ID, key.session_id.to_string())
-    .header(headers::TURN_ID, key.turn_id.to_string())
-    .header(headers::STEP, i64::from(step))
-    .header(headers::SEQ, delta.seq)
-    .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
+    delta_envelope(topology, key, step, delta.seq, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The `type` of the notice that ends a resume's replay.
+pub const RESUMED: &str = "resumed";
+
+/// Delta `seq` of `step` of a turn, with its body encoded, as the session's reply queue gets it.
+fn delta_envelope(
+    topology: &Topology,
+    key: &TurnKey,
+    step: i32,
+    seq: u64,
+    body: Vec<u8>,
+) -> OutMessage {
+    let id = format!("delta:{}:{}:{step}:{seq}", key.session_id, key.turn_id);
+    let mut msg = OutMessage::to_queue(key.session_id.to_string(), "delta", id, body)
+        .header(headers::SESSION_ID, key.session_id.to_string())
+        .header(headers::TURN_ID, key.turn_id.to_string())
+        .header(headers::STEP, i64::from(step))
+        .header(headers::SEQ, seq)
+        .header(headers::EVENT_SEQ, event_seq(step, Some(seq)))
+        .header(headers::PROTOCOL, headers::PROTOCOL_VERSION);
     msg.exchange = topology.replies_exchange();
     msg.session = Some(key.session_id);
     msg

@@ -56,6 +56,8 @@ pub enum Admission {
         /// The session's active turn.
         turn_id: String,
     },
+    /// The turn chose a `FollowUp` its mode does not allow: nothing written.
+    FollowUpNotAllowed,
     /// The session waits for tool results of another turn.
     AwaitingToolResults {
         /// The waiting turn.
@@ -140,6 +142,9 @@ impl Store {
             tx.commit().await?;
             return Ok(outcome);
         }
+        if meta.follow_up_refused {
+            return Ok(Admission::FollowUpNotAllowed);
+        }
         let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
         let mode = meta.conversation_context_id.as_ref();
         if !created && mode.is_some() && locked.owner.conversation_context_id.as_ref() != mode {
@@ -164,14 +169,16 @@ impl Store {
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
         if let Some(active) = locked.active_turn_id {
             let follow_up = meta.follow_up;
-            if follow_up == FollowUp::Reject {
-                return Ok(Admission::Busy { turn_id: active });
-            }
             let waiting =
                 state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults);
-            // Refused: nothing is committed, so a mode the turn named is not the session's.
+            // Refused: nothing is committed, so a mode the turn named is not the session's. A
+            // turn that waits for the client's tool results ends only when they come: `busy`
+            // would tell the client to wait for something that waits for the client.
             if waiting && follow_up != FollowUp::Interrupt {
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
+            }
+            if follow_up == FollowUp::Reject {
+                return Ok(Admission::Busy { turn_id: active });
             }
             // Refused turns count from admission: this one will start whatever happens.
             if let Some(limit) = refused_by(&mut tx, gate.as_ref(), request).await? {

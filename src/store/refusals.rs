@@ -78,6 +78,23 @@ impl Store {
         Ok(())
     }
 
+    /// The refusal sent to `session` for submission `submission` (its fingerprint ends the
+    /// reply's id), if one was: `(message_id, turn_id, body)`.
+    pub async fn refusal_of(
+        &self,
+        session: Uuid,
+        submission: &str,
+    ) -> Result<Option<(String, Option<String>, Value)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT message_id, turn_id, body FROM replies
+             WHERE session_id = $1 AND outcome = 'refused' AND message_id LIKE '%-' || $2 LIMIT 1",
+        )
+        .bind(session)
+        .bind(submission)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The refusals sent to a session, oldest first.
     pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
         Ok(sqlx::query_scalar(

@@ -31,6 +31,9 @@ pub struct SessionMeta {
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// What the turn does if the session is busy with another.
     pub follow_up: crate::config::FollowUp,
+    /// The turn chose a `FollowUp` its mode does not allow: refused once it is known to be a new
+    /// turn in that mode (a copy of an admitted one is answered as such first).
+    pub follow_up_refused: bool,
 }
 
 /// A locked session row.

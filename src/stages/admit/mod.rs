@@ -14,13 +14,14 @@ use crate::contracts::{
     ValidatedRequest,
 };
 use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
-use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE};
+use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
 
 mod answers;
 mod cancel;
 mod reply_wait;
+mod resume;
 mod scope;
 
 pub use answers::session_name;
@@ -68,8 +69,16 @@ impl Stage for Admit {
                 return self.keep_refusals(s.message_id.as_deref(), &to, output).await;
             }
         };
-        let output = if s.kind.as_deref() == Some(CANCEL_TYPE) {
+        // A submission refused before a crash is refused again as it was, not decided anew: the
+        // session may be free now, and the client already holds the refusal.
+        let again =
+            if s.redelivered { self.refused_before(&s.body, &submission).await? } else { None };
+        let output = if let Some(refusal) = again {
+            Output::Publish(vec![Outgoing::Reply(refusal)])
+        } else if s.kind.as_deref() == Some(CANCEL_TYPE) {
             self.cancel(&s.body, &submission, caller).await?
+        } else if s.kind.as_deref() == Some(RESUME_TYPE) {
+            self.resume(&s.body, &submission, caller, &to).await?
         } else {
             self.request(&s.body, &submission, caller, &to).await?
         };
@@ -158,6 +167,10 @@ impl Admit {
         let Output::Publish(messages) = &mut output else { return Ok(output) };
         for m in messages {
             let Outgoing::Reply(r) = m else { continue };
+            if r.step.is_some() {
+                // A step's reply sent again to a resuming client (§9a): stored with its record.
+                continue;
+            }
             r.correlation_id = message_id.map(str::to_owned);
             (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
             if self.foreign(&r.session, to).await? {
@@ -175,6 +188,20 @@ impl Admit {
             self.store.save_reply(&stored).await.map_err(StageError::transient)?;
         }
         Ok(output)
+    }
+
+    /// The refusal stored for this submission, if it was refused.
+    async fn refused_before(
+        &self,
+        body: &[u8],
+        submission: &str,
+    ) -> Result<Option<ReplyOut>, StageError> {
+        let (Some(session), _) = turn_hint(body) else { return Ok(None) };
+        let found = self.store.refusal_of(session.as_uuid(), submission).await?;
+        let Some((message_id, turn_id, body)) = found else { return Ok(None) };
+        let prefix = format!("reply:{session}:{}:", turn_id.as_deref().unwrap_or("-"));
+        let Some(tag) = message_id.strip_prefix(&prefix) else { return Ok(None) };
+        Ok(Some(ReplyOut::refused_again(session, turn_id, tag.to_owned(), body)))
     }
 
     /// Whether `session` exists and belongs to a tenant other than the one replied to.
@@ -213,16 +240,19 @@ impl Admit {
             let Some(fixed) = scope::with_contexts(turn, &agent, &conversation) else {
                 return Err(StageError::unusable("a configured context id is not a ContextId"));
             };
-            let follow_up = match scope::follow_up(&self.settings, &conversation, turn) {
-                Ok(f) => f,
-                Err(errors) => return refuse("rejected-follow-up", errors),
-            };
+            // Refused by the admission once it knows the turn is new and its mode is this one.
+            let (follow_up, follow_up_refusal) =
+                match scope::follow_up(&self.settings, &conversation, turn) {
+                    Ok(f) => (f, None),
+                    Err(errors) => (crate::contracts::FollowUp::default(), Some(errors)),
+                };
             let meta = SessionMeta {
                 tenant: caller.name.cloned(),
                 agent_context_id: Some(agent),
                 conversation_context_id: Some(conversation),
                 mode_named: turn.conversation_context_id().is_some(),
                 follow_up,
+                follow_up_refused: follow_up_refusal.is_some(),
                 workspace_id: turn.workspace_id().map(str::to_owned),
                 repo: turn.repo().map(str::to_owned),
                 name: turn.instruction().and_then(session_name),
@@ -234,10 +264,13 @@ impl Admit {
                 self.store.admit_user_turn(key, &fingerprint, &wire, &meta, instance)
             })
             .await?;
-            match admission {
+            match (admission, follow_up_refusal) {
                 // The session holds other contexts: decide again on those.
-                Admission::ContextsDiffer(stored) => owner = Some(stored),
-                other => return self.admitted(other, session, turn_id, submission),
+                (Admission::ContextsDiffer(stored), _) => owner = Some(stored),
+                (Admission::FollowUpNotAllowed, Some(errors)) => {
+                    return refuse("rejected-follow-up", errors)
+                }
+                (other, _) => return self.admitted(other, session, turn_id, submission),
             }
         }
         Err(StageError::Transient(Cause::Contended))
@@ -267,6 +300,9 @@ impl Admit {
             Admission::Finished { reply } => {
                 Ok(Output::Publish(vec![Outgoing::Reply(ReplyOut::resent(session, turn_id, submission, reply))]))
             }
+            Admission::FollowUpNotAllowed => {
+                Err(StageError::unusable("a follow-up refused without its reason"))
+            }
             Admission::Conflict => refuse(
                 "conflict",
                 vec![ApiError::at(
@@ -279,7 +315,7 @@ impl Admit {
                 "rejected-busy",
                 vec![ApiError::new(
                     ErrorCode::SessionBusy,
-                    format!("the session is busy with turn `{running}` and this mode rejects follow-ups; submit again once it ended"),
+                    format!("the session is busy with turn `{running}` and this turn rejects follow-ups; submit it again, under a new message_id, once that turn ended"),
                 )],
             ),
             Admission::AwaitingToolResults { turn_id: waiting } => refuse(

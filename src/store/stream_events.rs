@@ -1,0 +1,147 @@
+//! Stream deltas kept for `turn.resume` (docs/client-protocol.md §9a), and what a resume sends
+//! again: a turn's kept deltas and its stored step replies after a cursor. A delta is written
+//! here before it is published, and a step reply is committed with its record before it is, so
+//! every event a client could have missed is found here by the time it asks.
+
+use serde_json::Value;
+
+use super::{Store, StoreError};
+use crate::contracts::{event_seq, TenantName, TurnKey};
+
+/// One event a resume sends again.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replayed {
+    /// A kept delta, its body as it was published.
+    Delta {
+        /// Its step.
+        step: i32,
+        /// Its place within the step.
+        seq: u64,
+        /// The body.
+        body: Value,
+    },
+    /// The reply that ended a step, as stored with the step's record.
+    Reply {
+        /// The step it ended.
+        step: i32,
+        /// The body.
+        body: Value,
+    },
+}
+
+impl Replayed {
+    /// Its place in the turn (`x-aptix-event-seq`).
+    pub fn event_seq(&self) -> i64 {
+        match self {
+            Replayed::Delta { step, seq, .. } => event_seq(*step, Some(*seq)),
+            Replayed::Reply { step, .. } => event_seq(*step, None),
+        }
+    }
+}
+
+/// What a resume of a turn finds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResumeFound {
+    /// No such turn in the session (or no such session).
+    NotFound,
+    /// The session belongs to another tenant.
+    Unavailable,
+    /// The turn's events after the cursor, in order, and whether it has ended.
+    Events {
+        /// The events.
+        events: Vec<Replayed>,
+        /// Whether its last reply ended it (nothing live comes after these).
+        ended: bool,
+    },
+}
+
+impl Store {
+    /// Keeps delta `seq` of `step` of a turn, unless the turn already has `window` kept. The
+    /// first delta of a turn drops the other turns' of its session: a session keeps its latest
+    /// streamed turn's.
+    pub async fn keep_delta(
+        &self,
+        key: &TurnKey,
+        step: i32,
+        seq: u64,
+        body: &[u8],
+        window: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH gone AS (
+                 DELETE FROM stream_events WHERE session_id = $1 AND turn_id <> $2 AND $5
+             )
+             INSERT INTO stream_events (session_id, turn_id, event_seq, body)
+             SELECT $1, $2, $3, $4
+             WHERE (SELECT count(*) FROM stream_events WHERE session_id = $1 AND turn_id = $2) < $6
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(key.session_id.as_uuid())
+        .bind(key.turn_id.as_str())
+        .bind(event_seq(step, Some(seq)))
+        .bind(body)
+        .bind(step == 0 && seq == 0)
+        .bind(i64::from(window))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The events of turn `key` after `after` (all with `None`), for a client of `tenant`.
+    pub async fn resume_events(
+        &self,
+        key: &TurnKey,
+        tenant: Option<&TenantName>,
+        after: Option<i64>,
+    ) -> Result<ResumeFound, StoreError> {
+        let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
+        let owner: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT s.tenant, t.state FROM sessions s
+             LEFT JOIN turns t ON t.session_id = s.id AND t.turn_id = $2
+             WHERE s.id = $1",
+        )
+        .bind(session)
+        .bind(turn)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((owner, state)) = owner else { return Ok(ResumeFound::NotFound) };
+        if owner.as_deref() != tenant.map(TenantName::as_str) {
+            return Ok(ResumeFound::Unavailable);
+        }
+        let Some(state) = state else { return Ok(ResumeFound::NotFound) };
+        let after = after.unwrap_or(-1);
+        let deltas: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT event_seq, body FROM stream_events
+             WHERE session_id = $1 AND turn_id = $2 AND event_seq > $3 ORDER BY event_seq",
+        )
+        .bind(session)
+        .bind(turn)
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
+        let replies: Vec<(i32, Value)> = sqlx::query_as(
+            "SELECT step, reply FROM response_records
+             WHERE session_id = $1 AND turn_id = $2 AND reprocess_of IS NULL
+               AND reply ? 'Successful'
+             ORDER BY step",
+        )
+        .bind(session)
+        .bind(turn)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut events: Vec<Replayed> = deltas
+            .into_iter()
+            .filter_map(|(n, body)| {
+                let body: Value = serde_json::from_slice(&body).ok()?;
+                let step = i32::try_from(n / crate::contracts::EVENTS_PER_STEP).ok()?;
+                let seq = body.get("Seq").and_then(Value::as_u64)?;
+                Some(Replayed::Delta { step, seq, body })
+            })
+            .chain(replies.into_iter().map(|(step, body)| Replayed::Reply { step, body }))
+            .filter(|e| e.event_seq() > after)
+            .collect();
+        events.sort_by_key(Replayed::event_seq);
+        let ended = matches!(state.as_str(), "completed" | "failed");
+        Ok(ResumeFound::Events { events, ended })
+    }
+}

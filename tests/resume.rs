@@ -1,0 +1,113 @@
+//! Resuming a turn's stream (docs/client-protocol.md §9a): every delta and step reply carries
+//! `x-aptix-event-seq`; a `turn.resume` after a cursor sends again, as they were first sent, the
+//! turn's events after it (kept deltas, then step replies), then a `resumed` notice, while the
+//! live events go on. A client that drops what it already has by `message_id` sees every event
+//! once, in order.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use lapin::options::BasicAckOptions;
+use serde_json::json;
+
+use crate::common::{new_session, reply_of, user_turn, Harness, ReplyMsg};
+use aptix::sim::Latency;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Publishes a resume the documented way (`type` = `turn.resume`).
+async fn resume(h: &Harness, s: &str, t: &str, after: Option<i64>) {
+    let mut body = json!({"SessionId": s, "TurnId": t});
+    if let Some(after) = after {
+        body["AfterSeq"] = json!(after);
+    }
+    let body = serde_json::to_vec(&body).unwrap();
+    let mut msg = h.topology.request(s, uuid::Uuid::new_v4().to_string(), body);
+    msg.kind = "turn.resume".into();
+    h.publisher.publish(&msg).await.unwrap();
+}
+
+fn seq(m: &ReplyMsg) -> i64 {
+    m.headers.get("x-aptix-event-seq").and_then(|v| v.parse().ok()).unwrap_or(-1)
+}
+
+/// Reads the session's queue until `done` holds for what was read.
+async fn read_until(h: &Harness, s: &str, done: impl Fn(&[ReplyMsg]) -> bool) -> Vec<ReplyMsg> {
+    let (ch, mut consumer) = h.consume_replies(s).await;
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(&out) {
+        let Ok(Some(Ok(d))) = tokio::time::timeout_at(deadline, consumer.next()).await else {
+            break;
+        };
+        d.ack(BasicAckOptions::default()).await.unwrap();
+        out.push(reply_of(&d));
+    }
+    let _ = ch.close(200, "done".into()).await;
+    out
+}
+
+fn kind(m: &ReplyMsg) -> &str {
+    m.headers.get("x-aptix-kind").map_or("", String::as_str)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_resumes_after_a_cursor_every_event_once_in_order() {
+    let mut h = Harness::start(0).await;
+    h.run(1);
+    h.sim.set_latency(Latency { fixed_ms: 0, jitter_ms: 0, per_event_ms: 40 });
+    let s = new_session();
+    let words = "explain send_invoice_email and every retry path in detail ";
+    let mut t1 = user_turn(&s, "t1", &format!("Stream a long answer. {}", words.repeat(12)));
+    t1["Stream"] = json!(true);
+    h.submit(&t1).await;
+    // The client reads four deltas, then its process dies and its queue with it: what is
+    // published meanwhile is lost. A new process declares the queue again and resumes.
+    let first = read_until(&h, &s, |got| got.len() >= 4).await;
+    assert!(first.iter().all(|m| kind(m) == "delta"), "{first:?}");
+    let cursor = seq(&first[3]);
+    assert_eq!(cursor, 3, "delta 3 of step 0");
+    let queue = format!("{}.session.{s}", h.topology.prefix());
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.queue_delete(queue.as_str().into(), Default::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.topology.declare_client_queue(&ch, &s.parse().unwrap()).await.unwrap();
+
+    resume(&h, &s, "t1", Some(cursor)).await;
+    let rest = read_until(&h, &s, |got| {
+        got.iter().any(|m| kind(m) == "resumed") && got.iter().any(|m| kind(m) == "reply")
+    })
+    .await;
+    let notice = rest.iter().find(|m| kind(m) == "resumed").unwrap();
+    assert_eq!(notice.body["AfterSeq"], cursor);
+    assert_eq!(notice.message_id.split(':').take(3).collect::<Vec<_>>(), ["resumed", &s, "t1"]);
+    // What the client holds, each message id once, by event sequence.
+    let mut held: BTreeMap<i64, String> = BTreeMap::new();
+    for m in first.iter().chain(&rest).filter(|m| kind(m) != "resumed") {
+        let id = held.entry(seq(m)).or_insert_with(|| m.message_id.clone());
+        assert_eq!(*id, m.message_id, "one id per event sequence");
+    }
+    let deltas: Vec<i64> = held.keys().copied().filter(|n| *n < 999_999).collect();
+    assert_eq!(deltas, (0..deltas.len() as i64).collect::<Vec<_>>(), "no delta missing");
+    assert_eq!(held.keys().last(), Some(&999_999), "the step's reply comes last");
+
+    // After the end: the same cursor gets the kept deltas and the reply again, then the notice.
+    resume(&h, &s, "t1", Some(cursor)).await;
+    let again = read_until(&h, &s, |got| got.iter().any(|m| kind(m) == "resumed")).await;
+    let order: Vec<i64> = again.iter().filter(|m| kind(m) != "resumed").map(seq).collect();
+    let want: Vec<i64> = held.keys().copied().filter(|n| *n > cursor).collect();
+    assert_eq!(order, want, "every event after the cursor, in order");
+    let reply = again.iter().find(|m| kind(m) == "reply").unwrap();
+    assert_eq!(reply.message_id, format!("reply:{s}:t1:step-0"), "sent as first sent");
+    let notice = again.last().unwrap();
+    assert_eq!((kind(notice), &notice.body["Ended"]), ("resumed", &json!(true)));
+    assert_eq!(notice.body["UpToSeq"], 999_999);
+
+    // A turn the session does not have is refused.
+    resume(&h, &s, "nope", None).await;
+    let refused = read_until(&h, &s, |got| !got.is_empty()).await;
+    assert_eq!(refused[0].body["Errors"][0]["Code"], "turn.not_found", "{refused:?}");
+    assert!(refused[0].message_id.contains(":nope:rejected-resume-"), "{refused:?}");
+    h.teardown().await;
+}
