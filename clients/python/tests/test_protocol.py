@@ -82,7 +82,7 @@ def test_step_replies_and_turn_ids_with_colons():
 
 
 TAGS = ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent",
-        "exhausted", "unavailable", "limited", "rejected-cancel", "rejected-busy", "rejected-follow-up"]
+        "exhausted", "unavailable", "limited", "rejected-cancel", "rejected-busy", "rejected-follow-up", "rejected-resume"]
 
 
 def test_the_submission_tags_of_the_grammar():

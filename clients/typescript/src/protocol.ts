@@ -33,6 +33,7 @@ export const SUBMISSION_TAGS = [
   "rejected-cancel",
   "rejected-busy",
   "rejected-follow-up",
+  "rejected-resume",
 ] as const;
 export type SubmissionTag = (typeof SUBMISSION_TAGS)[number];
 

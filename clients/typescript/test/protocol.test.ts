@@ -96,7 +96,7 @@ test("step replies, turn ids with colons", () => {
   assert.equal((parseMessageId(`reply:${S}:a:b.c:step-12`) as { turnId: string }).turnId, "a:b.c");
 });
 
-const TAGS = ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted", "unavailable", "limited", "rejected-cancel", "rejected-busy", "rejected-follow-up"];
+const TAGS = ["rejected", "rejected-context", "rejected-awaiting", "rejected-continuation", "conflict", "resent", "exhausted", "unavailable", "limited", "rejected-cancel", "rejected-busy", "rejected-follow-up", "rejected-resume"];
 
 test("the submission tags of the grammar", () => {
   assert.deepEqual([...SUBMISSION_TAGS].sort(), [...TAGS].sort());

@@ -47,6 +47,7 @@ SUBMISSION_TAGS = (
     "rejected-cancel",
     "rejected-busy",
     "rejected-follow-up",
+    "rejected-resume",
 )
 
 NO_TURN = "-"
