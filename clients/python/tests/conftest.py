@@ -5,7 +5,9 @@ The real-pipeline tests need `APTIX_TEST_PREFIX` (the pipeline's queue prefix) a
 Without them those tests are skipped, unless `APTIX_TEST_REQUIRE_PIPELINE=1` makes that an error.
 """
 
+import json
 import os
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -48,6 +50,15 @@ class Pipeline:
         self.prefix = prefix
         self.sim_url = sim_url.rstrip("/")
         self.amqp_url = amqp_url
+
+
+def sim_control(pipeline: Pipeline, command: dict) -> None:
+    """`POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md)."""
+    req = urllib.request.Request(f"{pipeline.sim_url.removesuffix('/v1')}/_sim/control",
+                                 data=json.dumps(command).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 204, r.status
 
 
 @pytest.fixture(scope="session")

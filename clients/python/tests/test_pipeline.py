@@ -25,7 +25,7 @@ import pika.exceptions
 from aptix_client import (CODE_REPLY_TO_INVALID, CODE_SESSION_BUSY, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
                           CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, Client, Delta, EventTimeout, Failed, Final,
                           H_PROTOCOL, PROTOCOL_VERSION, Refused, ToolCalls, ToolResult, session_queue)
-from conftest import queue_exists
+from conftest import queue_exists, sim_control
 
 WAIT = 90.0
 
@@ -355,15 +355,6 @@ def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):
 
 
 # --- cancelling a turn (docs/client-protocol.md §7a) --------------------------------------------
-
-
-def sim_control(pipeline, command: dict) -> None:
-    """`POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md)."""
-    req = urllib.request.Request(f"{pipeline.sim_url.removesuffix('/v1')}/_sim/control",
-                                 data=json.dumps(command).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 204, r.status
 
 
 @pytest.fixture

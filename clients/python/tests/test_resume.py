@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 
 import pika
-import pytest
+
+from conftest import sim_control
 
 WAIT = 90.0
-
-
-def sim_control(pipeline, command: dict) -> None:
-    req = urllib.request.Request(f"{pipeline.sim_url.removesuffix('/v1')}/_sim/control",
-                                 data=json.dumps(command).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 204, r.status
 
 
 class Backend:

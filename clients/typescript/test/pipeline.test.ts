@@ -13,6 +13,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import * as amqp from "amqplib";
+import { simControl } from "./support";
 import { queueExists } from "./stand-in";
 
 import {
@@ -74,16 +75,6 @@ function asFailed(e: AptixEvent | undefined): Failed {
 function asRefused(e: AptixEvent | undefined): Refused {
   assert.equal(e?.type, "refused", JSON.stringify(e?.body));
   return e as Refused;
-}
-
-/** `POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md). */
-async function simControl(command: unknown): Promise<void> {
-  const res = await fetch(`${SIM!.replace(/\/v1\/?$/, "")}/_sim/control`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(command),
-  });
-  assert.equal(res.status, 204, await res.text());
 }
 
 describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-tests.sh" }, () => {

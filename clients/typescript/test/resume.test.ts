@@ -8,6 +8,7 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
+import { simControl } from "./support";
 
 const PREFIX = process.env.APTIX_TEST_PREFIX;
 const SIM = process.env.APTIX_TEST_SIM_URL;
@@ -15,15 +16,6 @@ const URL = process.env.APTIX_TEST_AMQP_URL ?? "amqp://guest:guest@127.0.0.1:567
 const ready = Boolean(PREFIX && SIM);
 
 type Msg = { type: string; id: string; headers: Record<string, unknown>; body: any };
-
-async function simControl(command: unknown): Promise<void> {
-  const res = await fetch(`${SIM!.replace(/\/v1\/?$/, "")}/_sim/control`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(command),
-  });
-  assert.equal(res.status, 204, await res.text());
-}
 
 /** One backend process: §4 steps 1-3 for one session. */
 class Backend {
