@@ -104,6 +104,26 @@ async fn a_stream_resumes_after_a_cursor_every_event_once_in_order() {
     assert_eq!((kind(notice), &notice.body["Ended"]), ("resumed", &json!(true)));
     assert_eq!(notice.body["UpToSeq"], 999_999);
 
+    // Publishing a running turn's request again attaches to it: everything from the start.
+    let mut t2 = user_turn(&s, "t2", &format!("Stream it again. {}", words.repeat(12)));
+    t2["Stream"] = json!(true);
+    h.submit(&t2).await;
+    let early = read_until(&h, &s, |got| got.len() >= 2).await;
+    assert!(early.iter().all(|m| kind(m) == "delta" && m.turn_id == "t2"), "{early:?}");
+    h.submit(&t2).await;
+    let attached = read_until(&h, &s, |got| {
+        got.iter().any(|m| kind(m) == "resumed") && got.iter().any(|m| kind(m) == "reply")
+    })
+    .await;
+    let notice = attached.iter().find(|m| kind(m) == "resumed").unwrap();
+    assert_eq!(notice.body["AfterSeq"], serde_json::Value::Null, "{notice:?}");
+    let ids: std::collections::BTreeSet<i64> =
+        attached.iter().map(seq).filter(|n| *n >= 0).collect();
+    assert!(ids.contains(&0) && ids.contains(&1), "the deltas read before come again: {ids:?}");
+    let replies: std::collections::BTreeSet<&str> =
+        attached.iter().filter(|m| kind(m) == "reply").map(|m| m.message_id.as_str()).collect();
+    assert_eq!(replies.len(), 1, "admitted once: one reply (copies share its id)");
+
     // A turn the session does not have is refused.
     resume(&h, &s, "nope", None).await;
     let refused = read_until(&h, &s, |got| !got.is_empty()).await;

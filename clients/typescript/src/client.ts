@@ -38,6 +38,7 @@ import {
   CONTENT_TYPE,
   H_SESSION_ID,
   H_TRACEPARENT,
+  KIND_RESUMED,
   ProtocolError,
   checkTenantName,
   instanceQueue,
@@ -829,7 +830,9 @@ export class Session {
   deliver(msg: ConsumeMessage, ch: ConfirmChannel = this.ch): void {
     const p = msg.properties;
     const id = p.messageId ? String(p.messageId) : "";
-    if (id && this.seen.has(id)) {
+    if ((id && this.seen.has(id)) || p.type === KIND_RESUMED) {
+      // A resumed notice comes after a request published again (§9a): what it ends is
+      // deduplicated here like any copy.
       this.duplicatesDropped++;
       ackOn(ch, this.ch, msg);
       return;

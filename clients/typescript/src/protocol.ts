@@ -72,6 +72,12 @@ export const CODE_SESSION_UNAVAILABLE = "session.unavailable";
  */
 export const CODE_CONTEXT_FIXED = "session.context_fixed";
 /** The session is busy and the turn rejects follow-ups (its `FollowUp` or its mode's policy, §11). */
+/**
+ * The `type` of the notice that ends what a `turn.resume`, or a running turn's request published
+ * again, sends again (§9a). This client does not resume by itself yet: it drops these.
+ */
+export const KIND_RESUMED = "resumed";
+
 export const CODE_SESSION_BUSY = "session.busy";
 /** The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11). */
 export const CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed";

@@ -16,7 +16,9 @@ use crate::contracts::{
 use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
 use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
-use crate::store::{Admission, ContinuationAdmission, SessionMeta, Store, StoredReply};
+use crate::store::{
+    Admission, ContinuationAdmission, ResumeFound, SessionMeta, Store, StoredReply,
+};
 
 mod answers;
 mod cancel;
@@ -26,6 +28,7 @@ mod scope;
 
 pub use answers::session_name;
 use answers::{fingerprint, over_limit, refusal, reject, stored_form, unavailable, without_resent};
+use resume::replay;
 
 use scope::Caller;
 
@@ -80,7 +83,9 @@ impl Stage for Admit {
         } else if s.kind.as_deref() == Some(RESUME_TYPE) {
             self.resume(&s.body, &submission, caller, &to).await?
         } else {
-            self.request(&s.body, &submission, caller, &to).await?
+            // A client's own re-submission of a running turn attaches to its stream (§9a); a
+            // redelivered copy only publishes what its first delivery left unpublished.
+            self.request(&s.body, &submission, caller, &to, !s.redelivered).await?
         };
         let output = if s.redelivered { without_resent(output) } else { output };
         self.keep_refusals(s.message_id.as_deref(), &to, output).await
@@ -141,11 +146,12 @@ impl Admit {
         submission: &str,
         caller: Caller<'_>,
         to: &ReplyAddress,
+        attach: bool,
     ) -> Result<Output<AdmittedTurn>, StageError> {
         match validate_bytes(body, &self.settings.limits) {
             Ok(request) => match &request {
                 ValidatedRequest::UserTurn(t) => {
-                    self.user_turn(&request, t, submission, caller, to).await
+                    self.user_turn(&request, t, submission, caller, to, attach).await
                 }
                 ValidatedRequest::ToolContinuation(c) => {
                     self.continuation(&request, c, submission, to).await
@@ -220,6 +226,7 @@ impl Admit {
         submission: &str,
         caller: Caller<'_>,
         to: &ReplyAddress,
+        attach: bool,
     ) -> Result<Output<AdmittedTurn>, StageError> {
         let key = turn.key();
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
@@ -269,6 +276,16 @@ impl Admit {
                 (Admission::ContextsDiffer(stored), _) => owner = Some(stored),
                 (Admission::FollowUpNotAllowed, Some(errors)) => {
                     return refuse("rejected-follow-up", errors)
+                }
+                (Admission::InFlight { mut outbox }, _) if attach => {
+                    info!(%session, turn = turn_id, "re-submission of a turn in flight: attached");
+                    let caller_tenant = caller.name;
+                    let found = self.store.resume_events(key, caller_tenant, None).await?;
+                    if let ResumeFound::Events { events, ended } = found {
+                        let tag = format!("resumed-{submission}");
+                        outbox.messages.extend(replay(key, to, events, None, ended, tag));
+                    }
+                    return Ok(Output::Committed(outbox));
                 }
                 (other, _) => return self.admitted(other, session, turn_id, submission),
             }

@@ -9,7 +9,7 @@ use tracing::info;
 use super::answers::{refusal, reject, unavailable};
 use super::scope::Caller;
 use super::Admit;
-use crate::contracts::{ApiError, ErrorCode, ReplyAddress};
+use crate::contracts::{ApiError, ErrorCode, ReplyAddress, TurnKey};
 use crate::messages::{AdmittedTurn, Outgoing, Replay, ReplyOut};
 use crate::rules::resume_bytes;
 use crate::stage::{Output, StageError};
@@ -49,34 +49,49 @@ impl Admit {
                 return Ok(Output::Publish(vec![out]));
             }
         };
-        let up_to = events.last().map(Replayed::event_seq).or(resume.after);
-        let replay = |step, seq, body, tag: String| Replay {
-            key: key.clone(),
-            step,
-            seq,
-            body,
-            tag,
-            reply_to: to.instance.clone(),
-            tenant: to.tenant.clone(),
-        };
         let count = events.len();
-        let mut out: Vec<Outgoing> = events
-            .into_iter()
-            .map(|e| match e {
-                Replayed::Delta { step, seq, body } => {
-                    Outgoing::ReplayedDelta(replay(step, Some(seq), body, String::new()))
-                }
-                Replayed::Reply { step, body } => {
-                    Outgoing::Reply(ReplyOut::replayed(session, turn_id, step, body).to(to.clone()))
-                }
-            })
-            .collect();
-        let notice = json!({
-            "Resumed": true, "SessionId": session, "TurnId": key.turn_id,
-            "AfterSeq": resume.after, "UpToSeq": up_to, "Ended": ended,
-        });
-        out.push(Outgoing::Resumed(replay(0, None, notice, format!("resumed-{submission}"))));
+        let tag = format!("resumed-{submission}");
+        let out = replay(&key, to, events, resume.after, ended, tag);
         info!(%session, turn = turn_id, events = count, ended, "turn stream resumed");
         Ok(Output::Publish(out))
     }
+}
+
+/// What a resume after `after` sends to `to`: `events` as first sent, then the `resumed` notice.
+pub(super) fn replay(
+    key: &TurnKey,
+    to: &ReplyAddress,
+    events: Vec<Replayed>,
+    after: Option<i64>,
+    ended: bool,
+    tag: String,
+) -> Vec<Outgoing> {
+    let up_to = events.last().map(Replayed::event_seq).or(after);
+    let replay = |step, seq, body, tag: String| Replay {
+        key: key.clone(),
+        step,
+        seq,
+        body,
+        tag,
+        reply_to: to.instance.clone(),
+        tenant: to.tenant.clone(),
+    };
+    let (session, turn_id) = (key.session_id, key.turn_id.as_str());
+    let mut out: Vec<Outgoing> = events
+        .into_iter()
+        .map(|e| match e {
+            Replayed::Delta { step, seq, body } => {
+                Outgoing::ReplayedDelta(replay(step, Some(seq), body, String::new()))
+            }
+            Replayed::Reply { step, body } => {
+                Outgoing::Reply(ReplyOut::replayed(session, turn_id, step, body).to(to.clone()))
+            }
+        })
+        .collect();
+    let notice = json!({
+        "Resumed": true, "SessionId": session, "TurnId": key.turn_id,
+        "AfterSeq": after, "UpToSeq": up_to, "Ended": ended,
+    });
+    out.push(Outgoing::Resumed(replay(0, None, notice, tag)));
+    out
 }

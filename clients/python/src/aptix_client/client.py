@@ -720,7 +720,9 @@ class Session:
         """Takes one message of this session: drops a copy, parses and checks it, queues it."""
         mid = delivery.props.message_id or ""
         props, body = delivery.props, delivery.body
-        if mid and mid in self.seen:
+        if (mid and mid in self.seen) or props.type == p.KIND_RESUMED:
+            # A resumed notice comes after a request published again (§9a): what it ends is
+            # deduplicated here like any copy.
             self.duplicates_dropped += 1
             _ack(delivery, self._ch)
             return

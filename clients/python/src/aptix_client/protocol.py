@@ -27,6 +27,9 @@ H_TRACEPARENT = "traceparent"
 
 KIND_REPLY = "reply"
 KIND_DELTA = "delta"
+#: The notice that ends what a `turn.resume`, or a running turn's request published again, sends
+#: again (§9a). This client does not resume by itself yet: it drops these.
+KIND_RESUMED = "resumed"
 
 OUTCOME_FINAL = "final"
 OUTCOME_CONTINUATION = "client_tool_continuation"
