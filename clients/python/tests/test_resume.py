@@ -101,3 +101,35 @@ def test_a_resume_of_an_unknown_turn_is_refused(pipeline):
     assert got[0][3]["Errors"][0]["Code"] == "turn.not_found", got
     assert f":nope:rejected-resume-" in got[0][1], got
     b.close()
+
+
+def test_the_official_client_resumes_a_stream_after_a_reconnect(pipeline, schemas):
+    """The official client, its connection lost mid-stream and its queue deleted meanwhile:
+    after reconnecting it resumes the turn by itself, and the application reads every delta
+    once, in order, then the reply."""
+    from aptix_client import Client, Delta, Final
+
+    sim_control(pipeline, {"command": "set_latency", "latency": {"per_event_ms": 40}})
+    try:
+        with Client(pipeline.amqp_url, pipeline.prefix, schemas=schemas, strict=True) as client:
+            s = client.open_session()
+            long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail " * 12
+            s.submit_turn("t1", long, stream=True)
+            got = [s.next_event(WAIT, "t1") for _ in range(3)]
+            assert all(isinstance(e, Delta) for e in got), got
+            # The connection goes, and the queue with what it held; the stream goes on.
+            admin = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
+            admin.channel().queue_delete(s.queue)
+            admin.close()
+            client._conn.close()
+            time.sleep(0.6)
+            rest = list(s.turn_events("t1", WAIT))
+            assert isinstance(rest[-1], Final), rest[-1]
+            assert s.resumes == 1
+            deltas = [e for e in got + rest[:-1]]
+            numbers = [e.headers["x-aptix-event-seq"] for e in deltas]
+            assert numbers == list(range(len(numbers))), numbers
+            text = "".join(e.event.get("Text", "") for e in deltas if e.event.get("Type") == "OutputText")
+            assert text == rest[-1].text
+    finally:
+        sim_control(pipeline, {"command": "set_latency", "latency": {}})

@@ -341,6 +341,12 @@ class Client:
         self.close()
 
 
+def _event_seq(event: Any) -> Optional[int]:
+    """An event's `x-aptix-event-seq`, when it has one."""
+    n = (getattr(event, "headers", None) or {}).get(p.H_EVENT_SEQ)
+    return n if isinstance(n, int) else None
+
+
 def _load_schemas(schemas: Any) -> Optional[Schemas]:
     if isinstance(schemas, Schemas):
         return schemas
@@ -515,6 +521,12 @@ class Session:
         self.duplicates_dropped = 0
         # The calls each turn waits for (from its latest ToolCalls), to order results by.
         self._pending_calls: Dict[str, List[str]] = {}
+        # Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet).
+        self._streaming: Dict[str, int] = {}
+        # Turns being resumed (§9a): the cursor sent, and their events held until the notice.
+        self._resuming: Dict[str, Tuple[int, List[_Item]]] = {}
+        #: How many times this session resumed a turn's stream by itself after a reconnect.
+        self.resumes = 0
         if instance is not None:
             #: The queue this session's messages arrive on.
             self.queue = instance.queue
@@ -552,6 +564,12 @@ class Session:
         self._inbox = deque(it for it in self._inbox
                             if not (isinstance(it.item, Exception) and it.delivery.channel is old))
         self._open_channel()
+        # What was published while the queue was gone (its node down, deleted) is not in it:
+        # streamed turns still running are resumed from the last event handed out.
+        for turn_id, last in list(self._streaming.items()):
+            if turn_id not in self._resuming:
+                self.resume_turn(turn_id, after=last if last >= 0 else None)
+                self.resumes += 1
 
     @property
     def instance(self) -> Optional[Instance]:
@@ -578,6 +596,8 @@ class Session:
         if stream is not None:
             body["Stream"] = stream
         body.update(fields)
+        if stream and self._instance is None:
+            self._streaming.setdefault(turn_id, -1)
         return self.submit(body, message_id=message_id, traceparent=traceparent)
 
     def submit_tool_results(
@@ -663,6 +683,17 @@ class Session:
         return self.submit(body, message_id=message_id, traceparent=traceparent, validate=False,
                            kind=p.CANCEL_TYPE)
 
+    def resume_turn(self, turn_id: str, *, after: Optional[int] = None) -> Submission:
+        """Publishes a resume of turn `turn_id`'s stream (protocol §9a) after event `after` (an
+        `x-aptix-event-seq`; everything when None). The turn's events are then held until the
+        server's `resumed` notice and handed out in event order, each once. The client does this
+        by itself after a reconnect for every streamed turn not yet over."""
+        body: Dict[str, Any] = {"SessionId": self.session_id, "TurnId": turn_id}
+        if after is not None:
+            body["AfterSeq"] = after
+        self._resuming[turn_id] = (-1 if after is None else after, [])
+        return self.submit(body, validate=False, kind=p.RESUME_TYPE)
+
     def _publish(self, exchange: str, raw: bytes, props: pika.BasicProperties, mid: str) -> int:
         """Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a
         nacking or closed channel is replaced by a fresh one), a confirm lost with the connection
@@ -720,9 +751,10 @@ class Session:
         """Takes one message of this session: drops a copy, parses and checks it, queues it."""
         mid = delivery.props.message_id or ""
         props, body = delivery.props, delivery.body
-        if (mid and mid in self.seen) or props.type == p.KIND_RESUMED:
-            # A resumed notice comes after a request published again (§9a): what it ends is
-            # deduplicated here like any copy.
+        if props.type == p.KIND_RESUMED:
+            self._resumed(delivery)
+            return
+        if mid and mid in self.seen:
             self.duplicates_dropped += 1
             _ack(delivery, self._ch)
             return
@@ -748,7 +780,46 @@ class Session:
             self._pending_calls.pop(event.turn_id, None)
         if self.client.wire_log:
             self.client.wire_log("in", _wire_in(self.queue, props, event.body))
-        self._inbox.append(_Item(delivery, event))
+        held = self._resuming.get(event.turn_id or "")
+        if held is not None and getattr(event, "outcome", None) != p.OUTCOME_REFUSED:
+            held[1].append(_Item(delivery, event))
+            return
+        if held is not None:
+            # The resume itself was refused (an unknown turn): no notice comes.
+            self._release(event.turn_id or "")
+        self._hand_out(_Item(delivery, event))
+
+    def _hand_out(self, item: "_Item") -> None:
+        """Queues an event for the application, noting how far its turn's stream got."""
+        event = item.item
+        turn = getattr(event, "turn_id", None)
+        if turn in self._streaming:
+            n = _event_seq(event)
+            if n is not None:
+                self._streaming[turn] = max(self._streaming[turn], n)
+            if getattr(event, "final", False):
+                del self._streaming[turn]
+        self._inbox.append(item)
+
+    def _resumed(self, delivery: "_Delivery") -> None:
+        """A `resumed` notice (§9a): the turn's held events go out in event order, after the
+        cursor, each once; a notice this session did not ask for ends nothing."""
+        _ack(delivery, self._ch)
+        try:
+            turn = json.loads(delivery.body).get("TurnId")
+        except ValueError:
+            return
+        self._release(turn)
+
+    def _release(self, turn: str) -> None:
+        """Hands out a resumed turn's held events: in event order, after the cursor."""
+        after, held = self._resuming.pop(turn, (None, []))
+        for item in sorted(held, key=lambda it: _event_seq(it.item) or 0):
+            n = _event_seq(item.item)
+            if after is not None and n is not None and n <= after:
+                _ack(item.delivery, self._ch)
+                continue
+            self._hand_out(item)
 
     def _ack_handled(self) -> None:
         while self._handled:

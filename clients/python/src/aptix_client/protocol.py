@@ -18,6 +18,8 @@ H_KIND = "x-aptix-kind"
 H_FINAL = "x-aptix-final"
 H_STEP = "x-aptix-step"
 H_SEQ = "x-aptix-seq"
+#: An event's place in its turn, across steps (deltas and step replies; §9a).
+H_EVENT_SEQ = "x-aptix-event-seq"
 H_OUTCOME = "x-aptix-outcome"
 H_PROTOCOL = "x-aptix-protocol"
 # The version of docs/client-protocol.md this client is written for (§1a); servers since version
@@ -28,7 +30,7 @@ H_TRACEPARENT = "traceparent"
 KIND_REPLY = "reply"
 KIND_DELTA = "delta"
 #: The notice that ends what a `turn.resume`, or a running turn's request published again, sends
-#: again (§9a). This client does not resume by itself yet: it drops these.
+#: again (§9a).
 KIND_RESUMED = "resumed"
 
 OUTCOME_FINAL = "final"
@@ -58,6 +60,8 @@ NO_TURN = "-"
 #: The AMQP `type` property of a cancel (§7a): body exactly `{"SessionId", "TurnId"}`, published
 #: like a request. Server messages carry `reply`, `delta` or `dead` there instead.
 CANCEL_TYPE = "turn.cancel"
+#: The AMQP `type` of a resume of a turn's stream (§9a).
+RESUME_TYPE = "turn.resume"
 
 #: A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a).
 CODE_TURN_CANCELLED = "turn.cancelled"
