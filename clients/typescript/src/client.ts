@@ -37,8 +37,10 @@ import {
   CANCEL_TYPE,
   CONTENT_TYPE,
   H_SESSION_ID,
+  H_EVENT_SEQ,
   H_TRACEPARENT,
   KIND_RESUMED,
+  RESUME_TYPE,
   ProtocolError,
   checkTenantName,
   instanceQueue,
@@ -447,6 +449,22 @@ function loadSchemas(s: ClientOptions["schemas"]): Schemas | null {
 /** A message taken, with the channel that delivered it (its tag means nothing on another). */
 type Item = { msg: ConsumeMessage; ch: ConfirmChannel; event?: AptixEvent; error?: Error };
 
+/** An event's `x-aptix-event-seq`, when it has one. */
+function eventSeq(e: AptixEvent): number | undefined {
+  const n = e.headers?.[H_EVENT_SEQ];
+  return typeof n === "number" ? n : undefined;
+}
+
+/** The turn a `resumed` notice names. */
+function resumedTurn(content: Buffer): string | undefined {
+  try {
+    const turn = JSON.parse(content.toString()).TurnId;
+    return typeof turn === "string" ? turn : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Acks a message on the channel that delivered it, when that channel is still the current one.
  * Otherwise (connection lost, channel replaced) the broker delivers it again and the copy is
@@ -631,6 +649,12 @@ export class Session {
   private failure: Error | null = null;
   /** The calls each turn waits for (from its latest tool_calls), to order results by. */
   readonly pendingCalls = new Map<string, string[]>();
+  /** Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet). */
+  private readonly streaming = new Map<string, number>();
+  /** Turns being resumed (§9a): the cursor sent, and their events held until the notice. */
+  private readonly resuming = new Map<string, { after: number; held: Item[] }>();
+  /** How many times this session resumed a turn's stream by itself after a reconnect. */
+  resumes = 0;
 
   constructor(
     readonly client: Client,
@@ -687,6 +711,13 @@ export class Session {
     old.close().catch(() => undefined);
     this.inbox = this.inbox.filter((it) => !(it.error && it.ch === old));
     await this.start();
+    // What was published while the queue was gone (its node down, deleted) is not in it:
+    // streamed turns still running are resumed from the last event handed out.
+    for (const [turnId, last] of this.streaming) {
+      if (this.resuming.has(turnId)) continue;
+      this.resumes++;
+      await this.resumeTurn(turnId, last >= 0 ? last : undefined);
+    }
   }
 
   /** @internal the channel failed or closed: waiting calls reject. */
@@ -704,6 +735,7 @@ export class Session {
     const body: Json = { SessionId: this.sessionId, TurnId: turnId };
     if (instruction !== undefined) body.Instruction = instruction;
     if (opts.stream !== undefined) body.Stream = opts.stream;
+    if (opts.stream && !this.instance && !this.streaming.has(turnId)) this.streaming.set(turnId, -1);
     Object.assign(body, opts.fields ?? {});
     return this.submit(body, opts);
   }
@@ -782,6 +814,19 @@ export class Session {
   }
 
   /**
+   * Publishes a resume of turn `turnId`'s stream (protocol §9a) after event `after` (an
+   * `x-aptix-event-seq`; everything when undefined). The turn's events are then held until the
+   * server's `resumed` notice and handed out in event order, each once. The client does this by
+   * itself after a reconnect for every streamed turn not yet over.
+   */
+  resumeTurn(turnId: string, after?: number): Promise<Submission> {
+    const body: Json = { SessionId: this.sessionId, TurnId: turnId };
+    if (after !== undefined) body.AfterSeq = after;
+    this.resuming.set(turnId, { after: after ?? -1, held: [] });
+    return this.submit(body, { validate: false, type: RESUME_TYPE });
+  }
+
+  /**
    * Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a nacking
    * or closed channel is replaced by a fresh one), a confirm lost with the connection is sent
    * again after reconnecting. Resolves to the attempts; PublishError after the last.
@@ -830,9 +875,13 @@ export class Session {
   deliver(msg: ConsumeMessage, ch: ConfirmChannel = this.ch): void {
     const p = msg.properties;
     const id = p.messageId ? String(p.messageId) : "";
-    if ((id && this.seen.has(id)) || p.type === KIND_RESUMED) {
-      // A resumed notice comes after a request published again (§9a): what it ends is
-      // deduplicated here like any copy.
+    if (p.type === KIND_RESUMED) {
+      ackOn(ch, this.ch, msg);
+      this.release(resumedTurn(msg.content));
+      this.notify();
+      return;
+    }
+    if (id && this.seen.has(id)) {
       this.duplicatesDropped++;
       ackOn(ch, this.ch, msg);
       return;
@@ -854,11 +903,44 @@ export class Session {
       if (event.type === "tool_calls" && event.turnId) this.pendingCalls.set(event.turnId, event.calls.map((c) => c.toolCallId));
       else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
-      this.inbox.push({ msg, ch, event });
+      const resuming = event.turnId ? this.resuming.get(event.turnId) : undefined;
+      if (resuming && event.type !== "refused") {
+        resuming.held.push({ msg, ch, event });
+        return;
+      }
+      // A refused resume (an unknown turn) gets no notice: what it held goes out now.
+      if (resuming && event.turnId) this.release(event.turnId);
+      this.handOut({ msg, ch, event });
     } catch (e) {
       this.inbox.push({ msg, ch, error: e as Error });
     }
     this.notify();
+  }
+
+  /** Queues an event for the application, noting how far its turn's stream got. */
+  private handOut(item: Item): void {
+    const e = item.event;
+    const turn = e?.turnId;
+    if (e && turn && this.streaming.has(turn)) {
+      const n = eventSeq(e);
+      if (n !== undefined) this.streaming.set(turn, Math.max(this.streaming.get(turn)!, n));
+      if ("final" in e && e.final) this.streaming.delete(turn);
+    }
+    this.inbox.push(item);
+  }
+
+  /** Hands out a resumed turn's held events: in event order, after the cursor, each once. */
+  private release(turn: string | undefined): void {
+    if (turn === undefined) return;
+    const r = this.resuming.get(turn);
+    if (!r) return;
+    this.resuming.delete(turn);
+    r.held.sort((a, b) => (eventSeq(a.event!) ?? 0) - (eventSeq(b.event!) ?? 0));
+    for (const it of r.held) {
+      const n = eventSeq(it.event!);
+      if (n !== undefined && n <= r.after) ackOn(it.ch, this.ch, it.msg);
+      else this.handOut(it);
+    }
   }
 
   private notify(): void {

@@ -11,6 +11,8 @@ export const H_KIND = "x-aptix-kind";
 export const H_FINAL = "x-aptix-final";
 export const H_STEP = "x-aptix-step";
 export const H_SEQ = "x-aptix-seq";
+/** An event's place in its turn, across steps (deltas and step replies; §9a). */
+export const H_EVENT_SEQ = "x-aptix-event-seq";
 export const H_OUTCOME = "x-aptix-outcome";
 export const H_PROTOCOL = "x-aptix-protocol";
 /** The version of docs/client-protocol.md this client is written for (§1a); servers since version 2 send theirs in H_PROTOCOL. */
@@ -45,6 +47,8 @@ export const NO_TURN = "-";
  * like a request. Server messages carry `reply`, `delta` or `dead` there instead.
  */
 export const CANCEL_TYPE = "turn.cancel";
+/** The AMQP `type` of a resume of a turn's stream (§9a). */
+export const RESUME_TYPE = "turn.resume";
 
 /** A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a). */
 export const CODE_TURN_CANCELLED = "turn.cancelled";
@@ -74,7 +78,7 @@ export const CODE_CONTEXT_FIXED = "session.context_fixed";
 /** The session is busy and the turn rejects follow-ups (its `FollowUp` or its mode's policy, §11). */
 /**
  * The `type` of the notice that ends what a `turn.resume`, or a running turn's request published
- * again, sends again (§9a). This client does not resume by itself yet: it drops these.
+ * again, sends again (§9a).
  */
 export const KIND_RESUMED = "resumed";
 

@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 import { simControl } from "./support";
+import { Client, Delta, Final, Schemas, findSchemasDir } from "../src";
 
 const PREFIX = process.env.APTIX_TEST_PREFIX;
 const SIM = process.env.APTIX_TEST_SIM_URL;
@@ -101,6 +102,37 @@ describe("resuming a stream (§9a)", { skip: ready ? false : "no pipeline: run c
       assert.equal(text(seen) + text(handled), reply.body.Result.PrimaryOutputText);
       await second.close();
     } finally {
+      await simControl({ command: "set_latency", latency: {} });
+    }
+  });
+
+  test("the official client resumes a stream by itself after a reconnect", async () => {
+    await simControl({ command: "set_latency", latency: { per_event_ms: 40 } });
+    const client = await Client.connect({ url: URL, prefix: PREFIX, schemas: new Schemas(findSchemasDir(__dirname)!), strict: true });
+    try {
+      const s = await client.openSession();
+      const long = "Stream a long answer. " + "explain send_invoice_email and every retry path in detail ".repeat(12);
+      await s.submitTurn("t1", long, { stream: true });
+      const got = [];
+      for (let i = 0; i < 3; i++) got.push(await s.nextEvent({ timeoutMs: 90_000, turnId: "t1" }));
+      assert.ok(got.every((e) => e.type === "delta"));
+      // The connection goes, and the queue with what it held; the stream goes on.
+      const admin = await amqp.connect(URL);
+      const ch = await admin.createChannel();
+      await ch.deleteQueue(s.queue);
+      await admin.close();
+      await client.conn.close();
+      const rest = [];
+      for await (const e of s.turnEvents("t1", { timeoutMs: 90_000 })) rest.push(e);
+      const final = rest[rest.length - 1] as Final;
+      assert.equal(final.type, "final");
+      assert.equal(s.resumes, 1);
+      const deltas = [...got, ...rest.slice(0, -1)] as Delta[];
+      const numbers = deltas.map((d) => Number(d.headers["x-aptix-event-seq"]));
+      assert.deepEqual(numbers, numbers.map((_, i) => i), "every delta once, in order");
+      assert.equal(deltas.map((d) => d.text).join(""), final.text);
+    } finally {
+      await client.close();
       await simControl({ command: "set_latency", latency: {} });
     }
   });
