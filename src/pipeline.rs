@@ -67,7 +67,7 @@ pub async fn build_deps(
     crate::metrics::metrics().allow_configured_models(&settings);
     let topology = topology(&settings);
     let publisher = LazyPublisher::new(runtime_settings(&settings, StageName::new("deltas")));
-    let window = settings.pipeline.stream_events_per_turn;
+    let window = settings.pipeline.stream_events_per_step;
     let deltas: Arc<dyn DeltaSink> =
         Arc::new(BrokerDeltas::new(publisher, topology.clone(), store.clone(), window));
     Ok(Deps {

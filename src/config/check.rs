@@ -56,6 +56,13 @@ impl Settings {
                 "at most 32 with quorum queues (their delivery limit, 64, is the backstop)",
             ));
         }
+        if self.pipeline.stream_events_per_step > 999_998 {
+            // A step's reply has event sequence 999,999 after its deltas (§9a).
+            return Err(ConfigError::invalid(
+                "pipeline.stream_events_per_step",
+                "at most 999998 (a step's reply comes at 999999)",
+            ));
+        }
         let db = self.database.url.expose();
         if !(db.starts_with("postgres://") || db.starts_with("postgresql://")) {
             return Err(ConfigError::invalid(

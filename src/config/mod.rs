@@ -275,9 +275,9 @@ pub struct PipelineSettings {
     /// A file holding the keys instead, one a line, the signing key first (a mounted secret).
     #[serde(default)]
     pub message_key_file: Option<std::path::PathBuf>,
-    /// Stream deltas of a turn kept in PostgreSQL for `turn.resume` (client protocol §9a);
-    /// later ones are published but not kept; 0 keeps none.
-    pub stream_events_per_turn: u32,
+    /// Stream deltas of each step kept in PostgreSQL for `turn.resume` (client protocol §9a);
+    /// later ones are published but not kept; 0 keeps none. At most 999,998.
+    pub stream_events_per_step: u32,
 }
 
 impl Settings {

@@ -129,6 +129,9 @@ pub struct Replay {
     /// The tenant whose reply queues receive it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<TenantName>,
+    /// The notice's `correlation_id`: the `message_id` of the submission it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
 }
 
 impl ReplyOut {
@@ -141,7 +144,7 @@ impl ReplyOut {
             step: Some(step),
             outcome: ReplyOutcome::of_stored(&stored),
             body: stored,
-            create_queue: true,
+            create_queue: false,
             correlation_id: None,
             reply_to: None,
             tenant: None,

@@ -72,7 +72,11 @@ impl Route {
     fn replayed_delta(&self, d: Replay) -> OutMessage {
         let to = ReplyAddress { tenant: d.tenant, instance: d.reply_to };
         let body = serde_json::to_vec(&d.body).unwrap_or_default();
-        delta_envelope(&self.topology, &d.key, d.step, d.seq.unwrap_or_default(), body).to(&to)
+        let mut msg =
+            delta_envelope(&self.topology, &d.key, d.step, d.seq.unwrap_or_default(), body);
+        // Sent again only to a queue the client declared (§9a): never one nobody reads.
+        msg.create_queue = false;
+        msg.to(&to)
     }
 
     /// The notice that ends a resume's replay (`type` = `resumed`).
@@ -87,6 +91,7 @@ impl Route {
         msg.exchange = self.topology.replies_exchange();
         msg.session = Some(key.session_id);
         msg.create_queue = false;
+        msg.correlation_id = n.correlation_id;
         msg.to(&to)
     }
 
@@ -177,7 +182,7 @@ pub struct BrokerDeltas {
 }
 
 impl BrokerDeltas {
-    /// Deltas published with `publisher`, named by `topology`, the first `window` of each turn
+    /// Deltas published with `publisher`, named by `topology`, the first `window` of each step
     /// kept in `store` (none when `window` is 0).
     pub fn new(publisher: LazyPublisher, topology: Topology, store: Store, window: u32) -> Self {
         BrokerDeltas { publisher, topology, keep: (window > 0).then_some((store, window)) }
@@ -194,11 +199,18 @@ impl DeltaSink for BrokerDeltas {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let message = delta_message(&self.topology, key, step, delta).to(to);
-            if let Some((store, window)) = &self.keep {
-                // Kept before it is published: a resume finds every delta a client can miss.
-                let kept = store.keep_delta(key, step, delta.seq, &message.body, *window).await;
-                if let Err(error) = kept {
-                    warn!(%error, "stream delta not kept for resuming");
+            if let Some((store, window)) =
+                self.keep.as_ref().filter(|(_, w)| delta.seq < u64::from(*w))
+            {
+                // Kept before it is published: a resume finds every kept delta a client can
+                // miss. A slow database delays the stream at most this long per delta.
+                let keep = store.keep_delta(key, step, delta.seq, &message.body);
+                match tokio::time::timeout(KEEP_TIMEOUT, keep).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => warn!(%error, window, "stream delta not kept for resuming"),
+                    Err(_) => {
+                        warn!(window, "stream delta not kept for resuming: the database is slow")
+                    }
                 }
             }
             if let Err(error) = self.publisher.publish(message).await {
@@ -226,6 +238,9 @@ pub fn delta_message(
     });
     delta_envelope(topology, key, step, delta.seq, serde_json::to_vec(&body).unwrap_or_default())
 }
+
+/// Longest wait for a delta to be kept before it is published without.
+const KEEP_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The `type` of the notice that ends a resume's replay.
 pub const RESUMED: &str = "resumed";

@@ -56,32 +56,31 @@ pub enum ResumeFound {
 }
 
 impl Store {
-    /// Keeps delta `seq` of `step` of a turn, unless the turn already has `window` kept. The
-    /// first delta of a turn drops the other turns' of its session: a session keeps its latest
-    /// streamed turn's.
+    /// Keeps delta `seq` of `step` of a turn (the caller keeps only a step's first ones). A
+    /// step's first delta drops what its session kept of other turns (a session keeps its latest
+    /// streamed turn's) and of this step and later ones (a call retried streams the step again
+    /// from 0: the kept deltas are the last call's).
     pub async fn keep_delta(
         &self,
         key: &TurnKey,
         step: i32,
         seq: u64,
         body: &[u8],
-        window: u32,
     ) -> Result<(), StoreError> {
         sqlx::query(
             "WITH gone AS (
-                 DELETE FROM stream_events WHERE session_id = $1 AND turn_id <> $2 AND $5
+                 DELETE FROM stream_events
+                 WHERE $5 AND session_id = $1 AND (turn_id <> $2 OR event_seq >= $3)
              )
              INSERT INTO stream_events (session_id, turn_id, event_seq, body)
-             SELECT $1, $2, $3, $4
-             WHERE (SELECT count(*) FROM stream_events WHERE session_id = $1 AND turn_id = $2) < $6
-             ON CONFLICT DO NOTHING",
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (session_id, turn_id, event_seq) DO UPDATE SET body = EXCLUDED.body",
         )
         .bind(key.session_id.as_uuid())
         .bind(key.turn_id.as_str())
         .bind(event_seq(step, Some(seq)))
         .bind(body)
-        .bind(step == 0 && seq == 0)
-        .bind(i64::from(window))
+        .bind(seq == 0)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -95,6 +94,11 @@ impl Store {
         after: Option<i64>,
     ) -> Result<ResumeFound, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
+        // One snapshot: the turn's state, its deltas and its replies as of one moment.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
         let owner: Option<(Option<String>, Option<String>)> = sqlx::query_as(
             "SELECT s.tenant, t.state FROM sessions s
              LEFT JOIN turns t ON t.session_id = s.id AND t.turn_id = $2
@@ -102,7 +106,7 @@ impl Store {
         )
         .bind(session)
         .bind(turn)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
         let Some((owner, state)) = owner else { return Ok(ResumeFound::NotFound) };
         if owner.as_deref() != tenant.map(TenantName::as_str) {
@@ -117,7 +121,7 @@ impl Store {
         .bind(session)
         .bind(turn)
         .bind(after)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
         let replies: Vec<(i32, Value)> = sqlx::query_as(
             "SELECT step, reply FROM response_records
@@ -127,8 +131,9 @@ impl Store {
         )
         .bind(session)
         .bind(turn)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         let mut events: Vec<Replayed> = deltas
             .into_iter()
             .filter_map(|(n, body)| {

@@ -652,7 +652,7 @@ export class Session {
   /** Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet). */
   private readonly streaming = new Map<string, number>();
   /** Turns being resumed (§9a): the cursor sent, and their events held until the notice. */
-  private readonly resuming = new Map<string, { after: number; held: Item[] }>();
+  private readonly resuming = new Map<string, { after: number; held: Item[]; messageId: string }>();
   /** How many times this session resumed a turn's stream by itself after a reconnect. */
   resumes = 0;
 
@@ -822,8 +822,13 @@ export class Session {
   resumeTurn(turnId: string, after?: number): Promise<Submission> {
     const body: Json = { SessionId: this.sessionId, TurnId: turnId };
     if (after !== undefined) body.AfterSeq = after;
-    this.resuming.set(turnId, { after: after ?? -1, held: [] });
-    return this.submit(body, { validate: false, type: RESUME_TYPE });
+    // The notice (or a refusal) names this message_id as its correlation_id.
+    const messageId = randomUUID();
+    this.resuming.set(turnId, { after: after ?? -1, held: [], messageId });
+    return this.submit(body, { messageId, validate: false, type: RESUME_TYPE }).catch((e: unknown) => {
+      this.release(turnId);
+      throw e;
+    });
   }
 
   /**
@@ -877,7 +882,9 @@ export class Session {
     const id = p.messageId ? String(p.messageId) : "";
     if (p.type === KIND_RESUMED) {
       ackOn(ch, this.ch, msg);
-      this.release(resumedTurn(msg.content));
+      const turn = resumedTurn(msg.content);
+      // Another resume's notice (an attach, another process's) ends nothing of this one.
+      if (turn !== undefined && this.resuming.get(turn)?.messageId === p.correlationId) this.release(turn);
       this.notify();
       return;
     }
@@ -904,12 +911,13 @@ export class Session {
       else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
       const resuming = event.turnId ? this.resuming.get(event.turnId) : undefined;
-      if (resuming && event.type !== "refused") {
+      if (resuming && event.correlationId === resuming.messageId) {
+        // The resume itself was refused (an unknown turn): no notice comes.
+        this.release(event.turnId ?? undefined);
+      } else if (resuming) {
         resuming.held.push({ msg, ch, event });
         return;
       }
-      // A refused resume (an unknown turn) gets no notice: what it held goes out now.
-      if (resuming && event.turnId) this.release(event.turnId);
       this.handOut({ msg, ch, event });
     } catch (e) {
       this.inbox.push({ msg, ch, error: e as Error });

@@ -28,7 +28,7 @@ mod scope;
 
 pub use answers::session_name;
 use answers::{fingerprint, over_limit, refusal, reject, stored_form, unavailable, without_resent};
-use resume::replay;
+use resume::{correlate_notices, replay};
 
 use scope::Caller;
 
@@ -87,7 +87,8 @@ impl Stage for Admit {
             // redelivered copy only publishes what its first delivery left unpublished.
             self.request(&s.body, &submission, caller, &to, !s.redelivered).await?
         };
-        let output = if s.redelivered { without_resent(output) } else { output };
+        let mut output = if s.redelivered { without_resent(output) } else { output };
+        correlate_notices(&mut output, s.message_id.as_deref());
         self.keep_refusals(s.message_id.as_deref(), &to, output).await
     }
 

@@ -75,6 +75,7 @@ pub(super) fn replay(
         tag,
         reply_to: to.instance.clone(),
         tenant: to.tenant.clone(),
+        correlation_id: None,
     };
     let (session, turn_id) = (key.session_id, key.turn_id.as_str());
     let mut out: Vec<Outgoing> = events
@@ -94,4 +95,19 @@ pub(super) fn replay(
     });
     out.push(Outgoing::Resumed(replay(0, None, notice, tag)));
     out
+}
+
+/// Names the submission a `resumed` notice answers (its `correlation_id`), so a client tells its
+/// own resume's notice from another's.
+pub(super) fn correlate_notices(output: &mut Output<AdmittedTurn>, message_id: Option<&str>) {
+    let messages = match output {
+        Output::Publish(m) => m,
+        Output::Committed(outbox) => &mut outbox.messages,
+        _ => return,
+    };
+    for m in messages {
+        if let Outgoing::Resumed(n) = m {
+            n.correlation_id = message_id.map(str::to_owned);
+        }
+    }
 }

@@ -523,8 +523,9 @@ class Session:
         self._pending_calls: Dict[str, List[str]] = {}
         # Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet).
         self._streaming: Dict[str, int] = {}
-        # Turns being resumed (§9a): the cursor sent, and their events held until the notice.
-        self._resuming: Dict[str, Tuple[int, List[_Item]]] = {}
+        # Turns being resumed (§9a): the cursor sent, their events held until the notice, and
+        # the resume's message_id, which the notice (or a refusal) names as its correlation_id.
+        self._resuming: Dict[str, Tuple[int, List[_Item], str]] = {}
         #: How many times this session resumed a turn's stream by itself after a reconnect.
         self.resumes = 0
         if instance is not None:
@@ -691,8 +692,13 @@ class Session:
         body: Dict[str, Any] = {"SessionId": self.session_id, "TurnId": turn_id}
         if after is not None:
             body["AfterSeq"] = after
-        self._resuming[turn_id] = (-1 if after is None else after, [])
-        return self.submit(body, validate=False, kind=p.RESUME_TYPE)
+        mid = str(uuid.uuid4())
+        self._resuming[turn_id] = (-1 if after is None else after, [], mid)
+        try:
+            return self.submit(body, message_id=mid, validate=False, kind=p.RESUME_TYPE)
+        except BaseException:
+            self._release(turn_id)
+            raise
 
     def _publish(self, exchange: str, raw: bytes, props: pika.BasicProperties, mid: str) -> int:
         """Publishes until the broker confirms (§4 step 4): a return or a nack is sent again (a
@@ -781,12 +787,12 @@ class Session:
         if self.client.wire_log:
             self.client.wire_log("in", _wire_in(self.queue, props, event.body))
         held = self._resuming.get(event.turn_id or "")
-        if held is not None and getattr(event, "outcome", None) != p.OUTCOME_REFUSED:
-            held[1].append(_Item(delivery, event))
-            return
-        if held is not None:
+        if held is not None and getattr(event, "correlation_id", None) == held[2]:
             # The resume itself was refused (an unknown turn): no notice comes.
             self._release(event.turn_id or "")
+        elif held is not None:
+            held[1].append(_Item(delivery, event))
+            return
         self._hand_out(_Item(delivery, event))
 
     def _hand_out(self, item: "_Item") -> None:
@@ -809,11 +815,14 @@ class Session:
             turn = json.loads(delivery.body).get("TurnId")
         except ValueError:
             return
-        self._release(turn)
+        held = self._resuming.get(turn)
+        # Another resume's notice (an attach, another process's) ends nothing of this one.
+        if held is not None and delivery.props.correlation_id == held[2]:
+            self._release(turn)
 
     def _release(self, turn: str) -> None:
         """Hands out a resumed turn's held events: in event order, after the cursor."""
-        after, held = self._resuming.pop(turn, (None, []))
+        after, held, _ = self._resuming.pop(turn, (None, [], ""))
         for item in sorted(held, key=lambda it: _event_seq(it.item) or 0):
             n = _event_seq(item.item)
             if after is not None and n is not None and n <= after:
