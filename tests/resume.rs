@@ -100,6 +100,7 @@ async fn a_stream_resumes_after_a_cursor_every_event_once_in_order() {
     assert_eq!(order, want, "every event after the cursor, in order");
     let reply = again.iter().find(|m| kind(m) == "reply").unwrap();
     assert_eq!(reply.message_id, format!("reply:{s}:t1:step-0"), "sent as first sent");
+    assert!(reply.headers.contains_key("x-aptix-session-name"), "{:?}", reply.headers);
     let notice = again.last().unwrap();
     assert_eq!((kind(notice), &notice.body["Ended"]), ("resumed", &json!(true)));
     assert_eq!(notice.body["UpToSeq"], 999_999);

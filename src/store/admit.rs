@@ -146,9 +146,11 @@ impl Store {
             return Ok(Admission::FollowUpNotAllowed);
         }
         let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
-        let mode = meta.conversation_context_id.as_ref();
-        if !created && mode.is_some() && locked.owner.conversation_context_id.as_ref() != mode {
-            set_mode(&mut tx, session, mode.map_or("", String::as_str)).await?;
+        let current = locked.owner.conversation_context_id.as_ref();
+        if let Some(mode) = meta.conversation_context_id.as_ref().filter(|m| Some(*m) != current) {
+            if !created {
+                set_mode(&mut tx, session, mode).await?;
+            }
         }
         if let Some(gate) = &gate {
             tenants::lock(&mut tx, &gate.tenant).await?;

@@ -3,6 +3,7 @@
 //! here before it is published, and a step reply is committed with its record before it is, so
 //! every event a client could have missed is found here by the time it asks.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::{Store, StoreError};
@@ -52,6 +53,10 @@ pub enum ResumeFound {
         events: Vec<Replayed>,
         /// Whether its last reply ended it (nothing live comes after these).
         ended: bool,
+        /// The session's name and expiry, which step replies carry as headers.
+        name: Option<String>,
+        /// When the session expires.
+        expires: Option<chrono::DateTime<chrono::Utc>>,
     },
 }
 
@@ -99,8 +104,9 @@ impl Store {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        let owner: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-            "SELECT s.tenant, t.state FROM sessions s
+        type Found = (Option<String>, Option<String>, Option<String>, Option<DateTime<Utc>>);
+        let owner: Option<Found> = sqlx::query_as(
+            "SELECT s.tenant, t.state, s.name, s.expires_at FROM sessions s
              LEFT JOIN turns t ON t.session_id = s.id AND t.turn_id = $2
              WHERE s.id = $1",
         )
@@ -108,7 +114,9 @@ impl Store {
         .bind(turn)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((owner, state)) = owner else { return Ok(ResumeFound::NotFound) };
+        let Some((owner, state, name, expires)) = owner else {
+            return Ok(ResumeFound::NotFound);
+        };
         if owner.as_deref() != tenant.map(TenantName::as_str) {
             return Ok(ResumeFound::Unavailable);
         }
@@ -147,6 +155,6 @@ impl Store {
             .collect();
         events.sort_by_key(Replayed::event_seq);
         let ended = matches!(state.as_str(), "completed" | "failed");
-        Ok(ResumeFound::Events { events, ended })
+        Ok(ResumeFound::Events { events, ended, name, expires })
     }
 }

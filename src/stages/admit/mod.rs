@@ -28,7 +28,7 @@ mod scope;
 
 pub use answers::session_name;
 use answers::{fingerprint, over_limit, refusal, reject, stored_form, unavailable, without_resent};
-use resume::{correlate_notices, replay};
+use resume::{correlate_notices, replay, with_model};
 
 use scope::Caller;
 
@@ -282,9 +282,11 @@ impl Admit {
                     info!(%session, turn = turn_id, "re-submission of a turn in flight: attached");
                     let caller_tenant = caller.name;
                     let found = self.store.resume_events(key, caller_tenant, None).await?;
-                    if let ResumeFound::Events { events, ended } = found {
+                    if let ResumeFound::Events { events, ended, name, expires } = found {
                         let tag = format!("resumed-{submission}");
-                        outbox.messages.extend(replay(key, to, events, None, ended, tag));
+                        let mut again = replay(key, to, events, None, ended, tag);
+                        with_model(&mut again, &(name, expires));
+                        outbox.messages.extend(again);
                     }
                     return Ok(Output::Committed(outbox));
                 }

@@ -30,8 +30,10 @@ impl Admit {
         let key = resume.key;
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let found = self.store.resume_events(&key, caller.name, resume.after).await?;
-        let (events, ended) = match found {
-            ResumeFound::Events { events, ended } => (events, ended),
+        let (events, ended, model) = match found {
+            ResumeFound::Events { events, ended, name, expires } => {
+                (events, ended, (name, expires))
+            }
             ResumeFound::NotFound => {
                 let message = format!("no turn `{turn_id}` in this session");
                 let error = ApiError::at(ErrorCode::TurnNotFound, "TurnId", message);
@@ -51,7 +53,8 @@ impl Admit {
         };
         let count = events.len();
         let tag = format!("resumed-{submission}");
-        let out = replay(&key, to, events, resume.after, ended, tag);
+        let mut out = replay(&key, to, events, resume.after, ended, tag);
+        with_model(&mut out, &model);
         info!(%session, turn = turn_id, events = count, ended, "turn stream resumed");
         Ok(Output::Publish(out))
     }
@@ -108,6 +111,18 @@ pub(super) fn correlate_notices(output: &mut Output<AdmittedTurn>, message_id: O
     for m in messages {
         if let Outgoing::Resumed(n) = m {
             n.correlation_id = message_id.map(str::to_owned);
+        }
+    }
+}
+
+/// Step replies sent again carry the session's name and expiry, as when first sent.
+pub(super) fn with_model(
+    messages: &mut [Outgoing],
+    (name, expires): &(Option<String>, Option<chrono::DateTime<chrono::Utc>>),
+) {
+    for m in messages {
+        if let Outgoing::Reply(r) = m {
+            (r.session_name, r.session_expires) = (name.clone(), *expires);
         }
     }
 }
