@@ -7,11 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
-use lapin::options::BasicAckOptions;
 use serde_json::json;
 
-use crate::common::{new_session, reply_of, user_turn, Harness, ReplyMsg};
+use crate::common::{new_session, user_turn, Harness, ReplyMsg};
 use aptix::sim::Latency;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -34,18 +32,7 @@ fn seq(m: &ReplyMsg) -> i64 {
 
 /// Reads the session's queue until `done` holds for what was read.
 async fn read_until(h: &Harness, s: &str, done: impl Fn(&[ReplyMsg]) -> bool) -> Vec<ReplyMsg> {
-    let (ch, mut consumer) = h.consume_replies(s).await;
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done(&out) {
-        let Ok(Some(Ok(d))) = tokio::time::timeout_at(deadline, consumer.next()).await else {
-            break;
-        };
-        d.ack(BasicAckOptions::default()).await.unwrap();
-        out.push(reply_of(&d));
-    }
-    let _ = ch.close(200, "done".into()).await;
-    out
+    h.read_until(s, WAIT, done).await
 }
 
 fn kind(m: &ReplyMsg) -> &str {

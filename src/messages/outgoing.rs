@@ -41,10 +41,10 @@ pub enum Outgoing {
     #[serde(rename = "outgoing.reply/v1")]
     Reply(ReplyOut),
     /// A kept stream delta sent again to a client resuming its turn's stream (§9a).
-    #[serde(rename = "outgoing.replayed_delta/v1")]
+    #[serde(skip)]
     ReplayedDelta(Replay),
     /// The end of what a resume sends again (§9a).
-    #[serde(rename = "outgoing.resumed/v1")]
+    #[serde(skip)]
     Resumed(Replay),
     /// An outbox row written before rows were typed: an AMQP message as it was built then.
     #[serde(skip)]
@@ -108,42 +108,45 @@ pub struct ReplyOut {
 }
 
 /// What a resume (`turn.resume`, §9a) sends: a kept delta again, or the notice that ends the
-/// replay. Answers one submission; never kept in the outbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// replay. Answers one submission; never kept in the outbox (its variants are not serialized).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Replay {
     /// The turn.
     pub key: crate::contracts::TurnKey,
     /// A delta's step and place in it; for the notice, the step and `None`.
     pub step: i32,
     /// A delta's `Seq`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
     /// The body: the delta as it was published, or the notice.
     pub body: Value,
     /// The notice's id tag (`resumed-<submission>`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub tag: String,
-    /// The backend instance whose queue receives it instead of the session's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply_to: Option<InstanceName>,
-    /// The tenant whose reply queues receive it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<TenantName>,
+    /// The queue that receives it: the resume's reply queue.
+    pub to: ReplyAddress,
     /// The notice's `correlation_id`: the `message_id` of the submission it answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 impl ReplyOut {
-    /// Step `step`'s reply sent again, as it was first sent (same id), to a resuming client.
-    pub fn replayed(session: SessionId, turn_id: &str, step: i32, stored: Value) -> Self {
+    /// A reply of `session` about `turn_id` with `body` and no other property: what the
+    /// constructors below start from.
+    fn bare(
+        session: SessionId,
+        turn_id: Option<String>,
+        outcome: ReplyOutcome,
+        body: Value,
+    ) -> Self {
         ReplyOut {
             session,
-            turn_id: Some(turn_id.to_owned()),
-            tag: format!("step-{step}"),
-            step: Some(step),
-            outcome: ReplyOutcome::of_stored(&stored),
-            body: stored,
+            turn_id,
+            tag: String::new(),
+            step: None,
+            outcome,
+            body,
             create_queue: false,
             correlation_id: None,
             reply_to: None,
@@ -152,13 +155,7 @@ impl ReplyOut {
             session_expires: None,
         }
     }
-}
 
-fn yes() -> bool {
-    true
-}
-
-impl ReplyOut {
     /// The reply that ends round trip `step` of a turn.
     pub fn step(
         session: SessionId,
@@ -167,20 +164,24 @@ impl ReplyOut {
         reply: &Reply,
     ) -> Result<Self, serde_json::Error> {
         crate::metrics::metrics().json("serialize", "reply");
+        let (turn, outcome) = (Some(turn_id.to_owned()), ReplyOutcome::of(reply, true));
         Ok(ReplyOut {
-            session,
-            turn_id: Some(turn_id.to_owned()),
             tag: format!("step-{step}"),
             step: Some(step),
-            outcome: ReplyOutcome::of(reply, true),
-            body: serde_json::to_value(reply)?,
             create_queue: true,
-            correlation_id: None,
-            reply_to: None,
-            tenant: None,
-            session_name: None,
-            session_expires: None,
+            ..ReplyOut::bare(session, turn, outcome, serde_json::to_value(reply)?)
         })
+    }
+
+    /// Step `step`'s reply sent again, as it was first sent (same id), to a resuming client;
+    /// only to a queue that exists.
+    pub fn replayed(session: SessionId, turn_id: &str, step: i32, stored: Value) -> Self {
+        let outcome = ReplyOutcome::of_stored(&stored);
+        ReplyOut {
+            tag: format!("step-{step}"),
+            step: Some(step),
+            ..ReplyOut::bare(session, Some(turn_id.to_owned()), outcome, stored)
+        }
     }
 
     /// A refusal of a submission: creates nothing (the session may not exist).
@@ -193,20 +194,8 @@ impl ReplyOut {
         // A turn that reached here was checked (`turn_hint`, or a validated request's key).
         let turn = turn_id.and_then(|t| t.parse::<TurnId>().ok());
         let reply: Reply = InvokeResult::fail(errors).about(session, turn);
-        ReplyOut {
-            session,
-            turn_id: turn_id.map(str::to_owned),
-            tag,
-            step: None,
-            outcome: ReplyOutcome::Refused,
-            body: serde_json::to_value(&reply).unwrap_or(Value::Null),
-            create_queue: false,
-            correlation_id: None,
-            reply_to: None,
-            tenant: None,
-            session_name: None,
-            session_expires: None,
-        }
+        let body = serde_json::to_value(&reply).unwrap_or(Value::Null);
+        ReplyOut::refused_again(session, turn_id.map(str::to_owned), tag, body)
     }
 
     /// A refusal sent before, sent again as it was (same id), for a redelivered submission.
@@ -216,20 +205,7 @@ impl ReplyOut {
         tag: String,
         body: Value,
     ) -> Self {
-        ReplyOut {
-            session,
-            turn_id,
-            tag,
-            step: None,
-            outcome: ReplyOutcome::Refused,
-            body,
-            create_queue: false,
-            correlation_id: None,
-            reply_to: None,
-            tenant: None,
-            session_name: None,
-            session_expires: None,
-        }
+        ReplyOut { tag, ..ReplyOut::bare(session, turn_id, ReplyOutcome::Refused, body) }
     }
 
     /// A stored step reply sent again, under an id of its own (it answers another submission).
@@ -244,19 +220,11 @@ impl ReplyOut {
                 body.insert("TurnId".to_owned(), Value::String(turn_id.to_owned()));
             }
         }
+        let outcome = ReplyOutcome::of_stored(&stored);
         ReplyOut {
-            session,
-            turn_id: Some(turn_id.to_owned()),
             tag: format!("{RESENT}{submission}"),
-            step: None,
-            outcome: ReplyOutcome::of_stored(&stored),
-            body: stored,
             create_queue: true,
-            correlation_id: None,
-            reply_to: None,
-            tenant: None,
-            session_name: None,
-            session_expires: None,
+            ..ReplyOut::bare(session, Some(turn_id.to_owned()), outcome, stored)
         }
     }
 

@@ -70,18 +70,16 @@ impl Route {
 
     /// A kept delta, sent again exactly as it was published (same id, body and headers).
     fn replayed_delta(&self, d: Replay) -> OutMessage {
-        let to = ReplyAddress { tenant: d.tenant, instance: d.reply_to };
         let body = serde_json::to_vec(&d.body).unwrap_or_default();
         let mut msg =
             delta_envelope(&self.topology, &d.key, d.step, d.seq.unwrap_or_default(), body);
         // Sent again only to a queue the client declared (§9a): never one nobody reads.
         msg.create_queue = false;
-        msg.to(&to)
+        msg.to(&d.to)
     }
 
     /// The notice that ends a resume's replay (`type` = `resumed`).
     fn resumed(&self, n: Replay) -> OutMessage {
-        let to = ReplyAddress { tenant: n.tenant, instance: n.reply_to };
         let (key, body) = (&n.key, serde_json::to_vec(&n.body).unwrap_or_default());
         let id = format!("resumed:{}:{}:{}", key.session_id, key.turn_id, n.tag);
         let mut msg = OutMessage::to_queue(key.session_id.to_string(), RESUMED, id, body)
@@ -92,7 +90,7 @@ impl Route {
         msg.session = Some(key.session_id);
         msg.create_queue = false;
         msg.correlation_id = n.correlation_id;
-        msg.to(&to)
+        msg.to(&n.to)
     }
 
     /// A reply for its session's reply queue.

@@ -192,10 +192,22 @@ impl Harness {
 
     /// Reads the session's reply queue until `finals` final replies arrived (or the timeout).
     pub async fn replies(&self, session: &str, finals: usize, timeout: Duration) -> Vec<ReplyMsg> {
+        let enough = |got: &[ReplyMsg]| got.iter().filter(|r| r.is_final).count() >= finals;
+        self.read_until(session, timeout, enough).await
+    }
+
+    /// Reads (and acks) the session's reply queue until `done` holds for what was read, or the
+    /// timeout.
+    pub async fn read_until(
+        &self,
+        session: &str,
+        timeout: Duration,
+        done: impl Fn(&[ReplyMsg]) -> bool,
+    ) -> Vec<ReplyMsg> {
         let (ch, mut consumer) = self.consume_replies(session).await;
         let mut out = Vec::new();
         let deadline = tokio::time::Instant::now() + timeout;
-        while out.iter().filter(|r: &&ReplyMsg| r.is_final).count() < finals {
+        while !done(&out) {
             let next = tokio::time::timeout_at(deadline, consumer.next()).await;
             let Ok(Some(Ok(d))) = next else { break };
             d.ack(BasicAckOptions::default()).await.unwrap();

@@ -76,8 +76,7 @@ pub(super) fn replay(
         seq,
         body,
         tag,
-        reply_to: to.instance.clone(),
-        tenant: to.tenant.clone(),
+        to: to.clone(),
         correlation_id: None,
     };
     let (session, turn_id) = (key.session_id, key.turn_id.as_str());
