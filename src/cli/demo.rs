@@ -58,8 +58,8 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let client = Client::connect(&settings).await?;
     let session = SessionId::random();
     println!("== session {session}\n");
-    let tally = Tally::default();
-    let ok = conversation(&client, &session, &tally).await;
+    let mut tally = Tally::default();
+    let ok = conversation(&client, &session, &mut tally).await;
     tally.print(settings.assemble.prompt_cache_key);
     shutdown.cancel();
     let _ = running.await;
@@ -203,20 +203,21 @@ impl Client {
 
 /// Input tokens of the conversation's calls and how many of them the provider's cache served.
 #[derive(Default)]
-struct Tally(std::sync::Mutex<(u64, u64)>);
+struct Tally {
+    input: u64,
+    cached: u64,
+}
 
 impl Tally {
-    fn add(&self, reply: &Value) {
+    fn add(&mut self, reply: &Value) {
         let usage = &reply["Result"]["Usage"];
         let n = |k: &str| usage[k].as_u64().unwrap_or(0);
-        if let Ok(mut t) = self.0.lock() {
-            t.0 += n("InputTokens");
-            t.1 += n("CachedInputTokens");
-        }
+        self.input += n("InputTokens");
+        self.cached += n("CachedInputTokens");
     }
 
     fn print(&self, key: crate::config::PromptCacheKey) {
-        let (input, cached) = self.0.lock().map(|t| *t).unwrap_or_default();
+        let (input, cached) = (self.input, self.cached);
         let share = if input == 0 { 0.0 } else { cached as f64 * 100.0 / input as f64 };
         let key = serde_json::to_value(key).unwrap_or_default();
         println!(
@@ -225,7 +226,11 @@ impl Tally {
     }
 }
 
-async fn conversation(client: &Client, session: &SessionId, tally: &Tally) -> anyhow::Result<bool> {
+async fn conversation(
+    client: &Client,
+    session: &SessionId,
+    tally: &mut Tally,
+) -> anyhow::Result<bool> {
     let s = session.to_string();
     let mut ok = true;
     let steps = [

@@ -127,6 +127,11 @@ pub struct Replay {
     pub correlation_id: Option<String>,
 }
 
+/// What a reply's `message_id` starts with (client protocol §6).
+fn id_prefix(session: &SessionId, turn_id: Option<&str>) -> String {
+    format!("reply:{session}:{}:", turn_id.unwrap_or("-"))
+}
+
 fn yes() -> bool {
     true
 }
@@ -242,7 +247,17 @@ impl ReplyOut {
 
     /// Its `message_id`: the same for every copy of the same logical reply.
     pub fn message_id(&self) -> String {
-        format!("reply:{}:{}:{}", self.session, self.turn_id.as_deref().unwrap_or("-"), self.tag)
+        format!("{}{}", id_prefix(&self.session, self.turn_id.as_deref()), self.tag)
+    }
+
+    /// The tag of `message_id`, a reply of `session` about `turn_id` (what [`Self::message_id`]
+    /// put after the turn).
+    pub fn tag_of<'a>(
+        session: &SessionId,
+        turn_id: Option<&str>,
+        message_id: &'a str,
+    ) -> Option<&'a str> {
+        message_id.strip_prefix(&id_prefix(session, turn_id))
     }
 }
 

@@ -43,7 +43,7 @@ pub use refusals::{StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
 pub use reprocess::{LinkedRecord, OriginalStep, ReprocessedPair, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
 pub use sessions::{CallState, SessionOwner, SessionView};
-pub use stream_events::{Replayed, ResumeFound};
+pub use stream_events::{Replayed, Resumable, ResumeFound};
 pub use tenants::{Gate, Limit, MIN_TOKEN_RESERVE};
 pub use texts::KnownTexts;
 pub use turns::{TurnRow, TurnState};

@@ -47,17 +47,21 @@ pub enum ResumeFound {
     NotFound,
     /// The session belongs to another tenant.
     Unavailable,
-    /// The turn's events after the cursor, in order, and whether it has ended.
-    Events {
-        /// The events.
-        events: Vec<Replayed>,
-        /// Whether its last reply ended it (nothing live comes after these).
-        ended: bool,
-        /// The session's name and expiry, which step replies carry as headers.
-        name: Option<String>,
-        /// When the session expires.
-        expires: Option<chrono::DateTime<chrono::Utc>>,
-    },
+    /// The turn's events after the cursor.
+    Events(Resumable),
+}
+
+/// A turn's events after a cursor, as one snapshot read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumable {
+    /// The events, in order.
+    pub events: Vec<Replayed>,
+    /// Whether its last reply ended it (nothing live comes after these).
+    pub ended: bool,
+    /// The session's name, which step replies carry as a header.
+    pub name: Option<String>,
+    /// When the session expires, likewise.
+    pub expires: Option<DateTime<Utc>>,
 }
 
 impl Store {
@@ -155,6 +159,6 @@ impl Store {
             .collect();
         events.sort_by_key(Replayed::event_seq);
         let ended = matches!(state.as_str(), "completed" | "failed");
-        Ok(ResumeFound::Events { events, ended, name, expires })
+        Ok(ResumeFound::Events(Resumable { events, ended, name, expires }))
     }
 }

@@ -28,7 +28,7 @@ mod scope;
 
 pub use answers::session_name;
 use answers::{fingerprint, over_limit, refusal, reject, stored_form, unavailable, without_resent};
-use resume::{correlate_notices, replay, with_model};
+use resume::{correlate_notices, replay};
 
 use scope::Caller;
 
@@ -206,9 +206,10 @@ impl Admit {
         let (Some(session), _) = turn_hint(body) else { return Ok(None) };
         let found = self.store.refusal_of(session.as_uuid(), submission).await?;
         let Some((message_id, turn_id, body)) = found else { return Ok(None) };
-        let prefix = format!("reply:{session}:{}:", turn_id.as_deref().unwrap_or("-"));
-        let Some(tag) = message_id.strip_prefix(&prefix) else { return Ok(None) };
-        Ok(Some(ReplyOut::refused_again(session, turn_id, tag.to_owned(), body)))
+        let Some(tag) = ReplyOut::tag_of(&session, turn_id.as_deref(), &message_id) else {
+            return Ok(None);
+        };
+        Ok(Some(ReplyOut::refused_again(session, turn_id.clone(), tag.to_owned(), body)))
     }
 
     /// Whether `session` exists and belongs to a tenant other than the one replied to.
@@ -280,13 +281,9 @@ impl Admit {
                 }
                 (Admission::InFlight { mut outbox }, _) if attach => {
                     info!(%session, turn = turn_id, "re-submission of a turn in flight: attached");
-                    let caller_tenant = caller.name;
-                    let found = self.store.resume_events(key, caller_tenant, None).await?;
-                    if let ResumeFound::Events { events, ended, name, expires } = found {
-                        let tag = format!("resumed-{submission}");
-                        let mut again = replay(key, to, events, None, ended, tag);
-                        with_model(&mut again, &(name, expires));
-                        outbox.messages.extend(again);
+                    let found = self.store.resume_events(key, caller.name, None).await?;
+                    if let ResumeFound::Events(found) = found {
+                        outbox.messages.extend(replay(key, to, found, None, submission));
                     }
                     return Ok(Output::Committed(outbox));
                 }

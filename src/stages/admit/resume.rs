@@ -13,7 +13,7 @@ use crate::contracts::{ApiError, ErrorCode, ReplyAddress, TurnKey};
 use crate::messages::{AdmittedTurn, Outgoing, Replay, ReplyOut};
 use crate::rules::resume_bytes;
 use crate::stage::{Output, StageError};
-use crate::store::{Replayed, ResumeFound};
+use crate::store::{Replayed, Resumable, ResumeFound};
 
 impl Admit {
     pub(super) async fn resume(
@@ -30,45 +30,35 @@ impl Admit {
         let key = resume.key;
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
         let found = self.store.resume_events(&key, caller.name, resume.after).await?;
-        let (events, ended, model) = match found {
-            ResumeFound::Events { events, ended, name, expires } => {
-                (events, ended, (name, expires))
+        let refused = |tag: String, error| {
+            Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
+        };
+        match found {
+            ResumeFound::Events(found) => {
+                let (count, ended) = (found.events.len(), found.ended);
+                info!(%session, turn = turn_id, events = count, ended, "turn stream resumed");
+                Ok(Output::Publish(replay(&key, to, found, resume.after, submission)))
             }
             ResumeFound::NotFound => {
                 let message = format!("no turn `{turn_id}` in this session");
                 let error = ApiError::at(ErrorCode::TurnNotFound, "TurnId", message);
-                let tag = format!("rejected-resume-{submission}");
-                return Ok(Output::Publish(vec![refusal(
-                    session,
-                    Some(turn_id),
-                    tag,
-                    vec![error],
-                )]));
+                refused(format!("rejected-resume-{submission}"), error)
             }
-            ResumeFound::Unavailable => {
-                let tag = format!("unavailable-{submission}");
-                let out = refusal(session, Some(turn_id), tag, vec![unavailable()]);
-                return Ok(Output::Publish(vec![out]));
-            }
-        };
-        let count = events.len();
-        let tag = format!("resumed-{submission}");
-        let mut out = replay(&key, to, events, resume.after, ended, tag);
-        with_model(&mut out, &model);
-        info!(%session, turn = turn_id, events = count, ended, "turn stream resumed");
-        Ok(Output::Publish(out))
+            ResumeFound::Unavailable => refused(format!("unavailable-{submission}"), unavailable()),
+        }
     }
 }
 
-/// What a resume after `after` sends to `to`: `events` as first sent, then the `resumed` notice.
+/// What a resume of submission `submission` after `after` sends to `to`: the events found as
+/// first sent (step replies with the session's name and expiry), then the `resumed` notice.
 pub(super) fn replay(
     key: &TurnKey,
     to: &ReplyAddress,
-    events: Vec<Replayed>,
+    found: Resumable,
     after: Option<i64>,
-    ended: bool,
-    tag: String,
+    submission: &str,
 ) -> Vec<Outgoing> {
+    let Resumable { events, ended, name, expires } = found;
     let up_to = events.last().map(Replayed::event_seq).or(after);
     let replay = |step, seq, body, tag: String| Replay {
         key: key.clone(),
@@ -87,7 +77,9 @@ pub(super) fn replay(
                 Outgoing::ReplayedDelta(replay(step, Some(seq), body, String::new()))
             }
             Replayed::Reply { step, body } => {
-                Outgoing::Reply(ReplyOut::replayed(session, turn_id, step, body).to(to.clone()))
+                let mut r = ReplyOut::replayed(session, turn_id, step, body).to(to.clone());
+                (r.session_name, r.session_expires) = (name.clone(), expires);
+                Outgoing::Reply(r)
             }
         })
         .collect();
@@ -95,7 +87,7 @@ pub(super) fn replay(
         "Resumed": true, "SessionId": session, "TurnId": key.turn_id,
         "AfterSeq": after, "UpToSeq": up_to, "Ended": ended,
     });
-    out.push(Outgoing::Resumed(replay(0, None, notice, tag)));
+    out.push(Outgoing::Resumed(replay(0, None, notice, format!("resumed-{submission}"))));
     out
 }
 
@@ -110,18 +102,6 @@ pub(super) fn correlate_notices(output: &mut Output<AdmittedTurn>, message_id: O
     for m in messages {
         if let Outgoing::Resumed(n) = m {
             n.correlation_id = message_id.map(str::to_owned);
-        }
-    }
-}
-
-/// Step replies sent again carry the session's name and expiry, as when first sent.
-pub(super) fn with_model(
-    messages: &mut [Outgoing],
-    (name, expires): &(Option<String>, Option<chrono::DateTime<chrono::Utc>>),
-) {
-    for m in messages {
-        if let Outgoing::Reply(r) = m {
-            (r.session_name, r.session_expires) = (name.clone(), *expires);
         }
     }
 }
