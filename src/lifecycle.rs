@@ -28,6 +28,9 @@ pub enum Phase {
         /// Round trips done.
         step: i32,
     },
+    /// A follow-up that steers: a round trip of the turn it steers took its input in, and it
+    /// ends when that turn ends, as that turn does.
+    Steered,
     /// Ended with a final answer.
     Completed,
     /// Ended with an error reply.
@@ -65,6 +68,21 @@ pub enum Event {
     Cancel,
     /// A message of the turn can never be handled (poison, retries spent): the turn fails.
     GivenUp,
+    /// A round trip of the running turn this queued follow-up steers took its input in.
+    Steered,
+    /// The turn a steered follow-up steers ended, in this phase.
+    HostEnded(HostEnd),
+}
+
+/// How the turn a steered follow-up steers ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HostEnd {
+    /// With a final answer.
+    Completed,
+    /// With an error reply.
+    Failed,
+    /// By its client's cancel.
+    Cancelled,
 }
 
 /// How a round trip ended.
@@ -137,6 +155,14 @@ pub fn transition(from: Option<Phase>, event: Event) -> Result<Phase, Refused> {
         (P::Queued | P::Held | P::Running { .. } | P::AwaitingTools { .. }, E::GivenUp) => {
             Ok(P::Failed)
         }
+        // Only a turn waiting behind the running one steers it; once in, it cannot be taken out
+        // (nor cancelled alone: the model has read it) and ends with the turn it steered.
+        (P::Queued, E::Steered) => Ok(P::Steered),
+        (P::Steered, E::HostEnded(end)) => Ok(match end {
+            HostEnd::Completed => P::Completed,
+            HostEnd::Failed => P::Failed,
+            HostEnd::Cancelled => P::Cancelled,
+        }),
         _ => refused,
     }
 }
@@ -177,6 +203,7 @@ impl fmt::Display for Phase {
                 write!(f, "running step {step}, cancelling")
             }
             Phase::AwaitingTools { step } => write!(f, "awaiting tool results for step {step}"),
+            Phase::Steered => f.write_str("steered"),
             Phase::Completed => f.write_str("completed"),
             Phase::Failed => f.write_str("failed"),
             Phase::Cancelled => f.write_str("cancelled"),
@@ -204,6 +231,8 @@ impl fmt::Display for Event {
             }
             Event::Cancel => f.write_str("cancel"),
             Event::GivenUp => f.write_str("given up"),
+            Event::Steered => f.write_str("taken in by the turn it steers"),
+            Event::HostEnded(end) => write!(f, "the turn it steers ended: {end:?}"),
         }
     }
 }
@@ -218,8 +247,14 @@ pub fn phases() -> Vec<Option<Phase>> {
         }
     }
     all.extend(
-        [Phase::AwaitingTools { step: 1 }, Phase::Completed, Phase::Failed, Phase::Cancelled]
-            .map(Some),
+        [
+            Phase::AwaitingTools { step: 1 },
+            Phase::Steered,
+            Phase::Completed,
+            Phase::Failed,
+            Phase::Cancelled,
+        ]
+        .map(Some),
     );
     all
 }
@@ -252,7 +287,9 @@ pub fn events() -> Vec<Event> {
         Event::ToolResults { matching: false },
         Event::Cancel,
         Event::GivenUp,
+        Event::Steered,
     ]);
+    all.extend([HostEnd::Completed, HostEnd::Failed, HostEnd::Cancelled].map(Event::HostEnded));
     all
 }
 

@@ -14,7 +14,7 @@ use aptix::assemble::{
 };
 use aptix::chunk::Chunk;
 use aptix::config::{ConversationContext, FunctionTool};
-use aptix::contracts::{ErrorCode, ToolCall, ToolContinuation, UserTurn, ValidatedRequest};
+use aptix::contracts::{ErrorCode, Steer, ToolCall, ToolContinuation, UserTurn, ValidatedRequest};
 use aptix::rules::{validate_bytes, Limits};
 use assemble_support::{assert_golden, pretty, write_request_body};
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
@@ -166,7 +166,17 @@ impl Session {
     }
 
     fn tools(&self, c: &ToolContinuation, pending: &[ToolCall], now: DateTime<Utc>) -> Assembled {
-        let turn = TurnInput::ToolContinuation { continuation: c, pending, stream: false };
+        self.steered(c, pending, &[], now)
+    }
+
+    fn steered(
+        &self,
+        c: &ToolContinuation,
+        pending: &[ToolCall],
+        steers: &[Steer],
+        now: DateTime<Utc>,
+    ) -> Assembled {
+        let turn = TurnInput::ToolContinuation { continuation: c, pending, stream: false, steers };
         let input = AssembleInput {
             state: &self.state,
             context: &self.context,
@@ -433,6 +443,28 @@ fn results() -> ToolContinuation {
     ]}))
 }
 
+/// Follow-ups that steer the turn follow its tool results, each a user message in the turn's
+/// mode, in the order given; the record names them.
+#[test]
+fn steering_follow_ups_follow_the_tool_results() {
+    let s = awaiting_tools();
+    let steers = [
+        Steer { turn_id: "turn-2".into(), instruction: "Also check the retry path.".into() },
+        Steer { turn_id: "turn-3".into(), instruction: "And keep it short.".into() },
+    ];
+    let a = s.steered(&results(), &calls(), &steers, t0() + TimeDelta::seconds(30));
+    golden("tool-continuation-steered", &a);
+    let body = a.body.to_value();
+    let input = body["input"].as_array().unwrap();
+    let kinds: Vec<&str> =
+        input.iter().map(|i| i["type"].as_str().or(i["role"].as_str()).unwrap()).collect();
+    assert_eq!(kinds, ["function_call_output", "function_call_output", "user", "user"]);
+    let text = |i: usize| input[i]["content"][0]["text"].as_str().unwrap().to_owned();
+    assert!(text(2).starts_with("[MODE: DDR_CREATION]") && text(2).ends_with("retry path."));
+    assert!(text(3).ends_with("And keep it short."), "{}", text(3));
+    assert_eq!(a.record.steered_by, ["turn-2", "turn-3"]);
+}
+
 #[test]
 fn tool_continuation_answers_in_call_order() {
     let s = awaiting_tools();
@@ -462,8 +494,12 @@ fn tool_results_that_do_not_match_are_a_mismatch() {
     ]}));
     for c in [&reversed, &short] {
         assert!(aptix::assemble::check_tool_results(&calls(), c).is_err());
-        let turn =
-            TurnInput::ToolContinuation { continuation: c, pending: &calls(), stream: false };
+        let turn = TurnInput::ToolContinuation {
+            continuation: c,
+            pending: &calls(),
+            stream: false,
+            steers: &[],
+        };
         let input = AssembleInput {
             state: &s.state,
             context: &s.context,

@@ -72,9 +72,13 @@ struct Plan {
     stream_share: f64,
     /// Share of turns the client cancels (`turn.cancel`) right after submitting them.
     cancel_share: f64,
-    /// Share of a session's later turns sent with `FollowUp`, `interrupt` or `reject` (half
-    /// each): an interrupt may cancel any earlier turn of its session; a reject may be refused.
+    /// Share of a session's later turns sent with `FollowUp`, `interrupt`, `reject` or `steer`
+    /// (a third each): an interrupt may cancel any earlier turn of its session; a reject may be
+    /// refused; a steer may be taken in by the turn running when it comes.
     follow_up_share: f64,
+    /// Share of turns that have the model call `write_file` first (a server round trip, where
+    /// a steer is taken in), each writing a file named after the turn.
+    write_share: f64,
     /// LLM faults injected by the simulator.
     llm_faults: bool,
     /// How long the pipeline may take to finish everything after the load.
@@ -97,6 +101,7 @@ impl Plan {
             stream_share: 0.25,
             cancel_share: 0.1,
             follow_up_share: 0.1,
+            write_share: 0.2,
             llm_faults: true,
             drain_limit_s: 300,
             seed: rand::random(),
@@ -118,6 +123,7 @@ impl Plan {
             stream_share: 0.25,
             cancel_share: 0.2,
             follow_up_share: 0.25,
+            write_share: 0.3,
             llm_faults: true,
             drain_limit_s: 60,
             seed: rand::random(),
@@ -140,6 +146,7 @@ impl Plan {
         var("APTIX_CHAOS_COPIES", &mut self.copies);
         var("APTIX_CHAOS_SEED", &mut self.seed);
         var("APTIX_CHAOS_FOLLOW_UP_SHARE", &mut self.follow_up_share);
+        var("APTIX_CHAOS_WRITE_SHARE", &mut self.write_share);
         self
     }
 }
@@ -671,6 +678,8 @@ struct Sent {
     follow_up: Option<&'static str>,
     /// A later turn of its session interrupts: it may end as `turn.cancelled`.
     interruptible: bool,
+    /// The file its model call of `write_file` writes, when it makes one.
+    writes: Option<String>,
     confirmed_at: DateTime<Utc>,
     attempts: usize,
 }
@@ -718,19 +727,19 @@ async fn generate(
         }
         let session = sessions[s];
         let turn = format!("t{t:02}");
-        let instruction = format!("chaos {s}/{t}: what does send_invoice_email do?");
+        let writes = rng.random_bool(plan.write_share).then(|| format!("chaos/{s}-{t}.md"));
+        let mut instruction = format!("chaos {s}/{t}: what does send_invoice_email do?");
+        if let Some(path) = &writes {
+            let args = json!({"path": path, "content": instruction.clone()});
+            instruction = format!("{instruction} @call(write_file, {args})");
+        }
         let stream = rng.random_bool(plan.stream_share);
         let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": instruction});
         if stream {
             body["Stream"] = json!(true);
         }
-        let follow_up = (t > 0 && rng.random_bool(plan.follow_up_share)).then(|| {
-            if rng.random_bool(0.5) {
-                "interrupt"
-            } else {
-                "reject"
-            }
-        });
+        let follow_up = (t > 0 && rng.random_bool(plan.follow_up_share))
+            .then(|| ["interrupt", "reject", "steer"][rng.random_range(0..3)]);
         if let Some(policy) = follow_up {
             body["FollowUp"] = json!(policy);
         }
@@ -768,6 +777,7 @@ async fn generate(
             cancelled,
             follow_up,
             interruptible: false,
+            writes,
             confirmed_at,
             attempts,
         });
@@ -876,6 +886,13 @@ async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
     out
 }
 
+/// The turn a steered follow-up's reply names in its `turn.steered` warning.
+fn steered_into(reply: &Value) -> Option<String> {
+    let warnings = reply["Warnings"].as_array()?;
+    let w = warnings.iter().find(|w| w["Code"] == "turn.steered")?;
+    w["Message"].as_str()?.split('`').nth(1).map(str::to_owned)
+}
+
 fn codes(reply: &Value) -> Vec<String> {
     reply["Errors"]
         .as_array()
@@ -919,6 +936,12 @@ struct Reconciliation {
     reply_record_mismatches: usize,
     /// Final replies that answer another turn's instruction.
     crossed_replies: usize,
+    /// Turns sent with `FollowUp = "steer"`, and of those, taken in by the turn they steered
+    /// (their reply that turn's ending, with `turn.steered`).
+    steering_turns: usize,
+    steered_turns: usize,
+    /// Steered turns whose reply is not the ending of the turn it names.
+    steered_mismatches: usize,
     stream_deltas: usize,
     cancelled_by_client: usize,
     /// Turns sent with `FollowUp = "interrupt"` / `"reject"`.
@@ -973,6 +996,7 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         cancelled_by_client: sent.iter().filter(|s| s.cancelled).count(),
         interrupting_turns: sent.iter().filter(|s| s.follow_up == Some("interrupt")).count(),
         rejecting_turns: sent.iter().filter(|s| s.follow_up == Some("reject")).count(),
+        steering_turns: sent.iter().filter(|s| s.follow_up == Some("steer")).count(),
         client_publish_retries: sent.iter().map(|s| s.attempts - 1).sum(),
         client_reconnects: reconnects.saturating_sub(1),
         ..Default::default()
@@ -1064,12 +1088,14 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             }
             continue;
         }
+        // One record per round trip: a turn that wrote a file has two.
+        let steps: HashSet<i32> = recs.iter().map(|rec| rec.2).collect();
         match recs.len() {
             0 => {
                 r.lost_records += 1;
                 r.examples.push(format!("no record for {}/{}", key.0, key.1));
             }
-            1 => r.turns_with_one_record += 1,
+            n if n == steps.len() => r.turns_with_one_record += 1,
             _ => r.duplicated_records += 1,
         }
         if let Some(rec) = recs.first() {
@@ -1098,16 +1124,37 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             }
         }
         let reply = &finals[0].body;
-        if let Some(rec) = recs.first() {
+        if let Some(rec) = recs.iter().max_by_key(|rec| rec.2) {
             if rec.3 != *reply {
                 r.reply_record_mismatches += 1;
                 r.examples.push(format!("reply differs from the record for {}/{}", key.0, key.1));
             }
         }
+        if let Some(host) = steered_into(reply) {
+            // Its reply is its host's ending, told about it: the same answer or errors.
+            r.steered_turns += 1;
+            let ending = finals_of.get(&(key.0.clone(), host.clone())).and_then(|f| f.last());
+            let same = ending.is_some_and(|e| {
+                e.body["Result"]["PrimaryOutputText"] == reply["Result"]["PrimaryOutputText"]
+                    && codes(&e.body) == codes(reply)
+            });
+            if !same || s.follow_up != Some("steer") {
+                r.steered_mismatches += 1;
+                r.examples.push(format!("{}/{} steered {host}: not its ending", key.0, key.1));
+            }
+            for code in codes(reply) {
+                *r.errors_by_code.entry(code).or_default() += 1;
+            }
+            r.successful += usize::from(reply["Successful"] == true);
+            continue;
+        }
         if reply["Successful"] == true {
             r.successful += 1;
             let text = reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default();
-            if !text.contains(&s.instruction) {
+            // A turn that wrote a file answers after its server round trip (or a steer it took
+            // in): the file it wrote names it.
+            let wrote = s.writes.as_ref().is_some_and(|p| reply["Result"].to_string().contains(p));
+            if !text.contains(&s.instruction) && !wrote {
                 r.crossed_replies += 1;
                 r.examples
                     .push(format!("reply of {}/{} does not answer it: {text:.200}", key.0, key.1));
@@ -1159,10 +1206,15 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             r.sessions_admitted_out_of_order += 1;
             r.order_examples.push(format!("{sid}: admitted {admitted:?}, submitted {submitted:?}"));
         }
-        // A queued turn cancelled ends at once, ahead of the turns before it.
+        // A queued turn cancelled ends at once, ahead of the turns before it; a steered one
+        // ends with the turn it steered, ahead of the turns queued before it.
+        let first_final =
+            |t: &str| finals_of.get(&(sid.clone(), t.to_owned())).and_then(|f| f.first());
+        let steered = |t: &str| first_final(t).is_some_and(|f| steered_into(&f.body).is_some());
         let ended_early = |t: &str| {
-            let f = finals_of.get(&(sid.clone(), t.to_owned())).and_then(|f| f.first());
-            f.is_some_and(|f| codes(&f.body).iter().any(|c| c == "turn.cancelled"))
+            steered(t)
+                || first_final(t)
+                    .is_some_and(|f| codes(&f.body).iter().any(|c| c == "turn.cancelled"))
         };
         let ran: Vec<&str> = records
             .iter()
@@ -1175,19 +1227,20 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             r.order_examples
                 .push(format!("{sid}: records in order {ran:?}, submitted {submitted:?}"));
         }
+        // A turn that wrote a file made two calls on the chain when it succeeded, and one or two
+        // when it failed: where a session has one, each successful turn is deeper, by at least
+        // one; otherwise by exactly one.
+        let exact = !sent.iter().any(|x| x.session == *s && x.writes.is_some());
         let mut depth = 0;
         let mut depths = Vec::new();
         let mut broken = false;
-        for t in &submitted {
-            let Some(f) = finals_of.get(&(sid.clone(), (*t).to_owned())).and_then(|f| f.first())
-            else {
-                continue;
-            };
+        for t in submitted.iter().filter(|t| !steered(t)) {
+            let Some(f) = first_final(t) else { continue };
             if f.body["Successful"] == true {
-                depth += 1;
                 let got = chain_depth(&f.body);
                 depths.push(got);
-                broken |= got != Some(depth);
+                broken |= if exact { got != Some(depth + 1) } else { got <= Some(depth) };
+                depth = got.unwrap_or(depth + 1);
             }
         }
         if broken {
@@ -1387,6 +1440,10 @@ fn assert_sound(report: &Report) {
         (r.resent_without_resubmission, "extra replies to single submissions"),
         (r.reply_record_mismatches, "replies that differ from their records"),
         (r.crossed_replies, "replies that answer another turn"),
+        (
+            r.steered_mismatches,
+            "steered turns whose reply is not the ending of the turn they steered",
+        ),
         (r.unspecific_errors, "internal.error replies"),
         (r.busy_violations, "session.busy refusals not asked for, recorded or repeated"),
         (r.sessions_admitted_out_of_order, "sessions admitted out of order"),

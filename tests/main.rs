@@ -60,6 +60,7 @@ mod session_model;
 mod sim;
 mod sim_throughput;
 mod status;
+mod steer;
 mod stored_formats;
 mod streaming;
 mod tenancy;

@@ -475,6 +475,12 @@ fn cases() -> Vec<(&'static str, Vec<u8>, ErrorCode, Option<&'static str>)> {
             ErrorCode::FollowUpInvalid,
             Some("FollowUp"),
         ),
+        (
+            "a steer with more than an instruction",
+            b(user(json!({"FollowUp": "steer", "SolutionContextText": "the whole design"}))),
+            ErrorCode::FollowUpInvalid,
+            Some("FollowUp"),
+        ),
     ]
 }
 

@@ -2,6 +2,7 @@
 //! pending calls, on the chain that asked for them. When that chain is gone (expired, or the
 //! provider lost it) the new chain is rehydrated, the open turn's instruction restated and the
 //! calls replayed before their outputs, so the model still sees which call each output answers.
+//! Follow-ups that steer the turn follow the outputs, each as a user message of its own.
 
 use std::collections::HashSet;
 
@@ -18,16 +19,24 @@ use super::state::StateUpdate;
 use super::tools::{call_item, check_tool_results, result_items};
 use super::user_turn::sha256_hex;
 use super::{AssembleError, AssembleInput, Assembled};
-use crate::contracts::{ToolCall, ToolContinuation};
+use crate::contracts::{Steer, ToolCall, ToolContinuation};
 use crate::llm::RequestBody;
+
+/// One round trip after the first: the results it answers the pending calls with, and the
+/// follow-ups that steer it.
+pub(crate) struct Round<'a> {
+    pub(crate) continuation: &'a ToolContinuation,
+    pub(crate) pending: &'a [ToolCall],
+    pub(crate) stream: bool,
+    pub(crate) steers: &'a [Steer],
+}
 
 /// Builds the request answering `pending` with `continuation`'s results.
 pub(crate) fn assemble_tool_continuation(
     input: &AssembleInput<'_>,
-    continuation: &ToolContinuation,
-    pending: &[ToolCall],
-    stream: bool,
+    round: &Round<'_>,
 ) -> Result<Assembled, AssembleError> {
+    let Round { continuation, pending, stream, steers } = *round;
     check_tool_results(pending, continuation)?;
     let (state, context, policy) = (input.state, input.context, input.policy);
     let turn_id = continuation.key().turn_id.to_string();
@@ -58,6 +67,13 @@ pub(crate) fn assemble_tool_continuation(
     let outputs = result_items(pending, continuation.results());
     let tool_outputs = outputs.iter().map(|(_, record)| record.clone()).collect();
     items.extend(outputs.into_iter().map(|(item, _)| item));
+    // Within the turn's mode: a steer adds to the turn, it does not change how it runs.
+    for steer in steers {
+        items.push(user_message_of(vec![text_part(instruction_block(
+            mode,
+            Some(&steer.instruction),
+        ))]));
+    }
 
     let previous = continuing.map(|c| c.previous_response_id.as_str());
     let call = Call {
@@ -84,6 +100,7 @@ pub(crate) fn assemble_tool_continuation(
             .then(|| rehydration.record.clone()),
         user_warnings: rehydration.warning.iter().cloned().collect(),
         mode_changed_to: None,
+        steered_by: steers.iter().map(|s| s.turn_id.clone()).collect(),
     };
     let update = StateUpdate {
         turn_id,

@@ -53,7 +53,7 @@ pub(crate) use user_turn::sha256_hex;
 
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
-use crate::contracts::{ApiError, ErrorCode, ToolCall, ToolContinuation, UserTurn};
+use crate::contracts::{ApiError, ErrorCode, Steer, ToolCall, ToolContinuation, UserTurn};
 
 /// Everything one request is assembled from.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +88,8 @@ pub enum TurnInput<'a> {
         pending: &'a [ToolCall],
         /// The turn's streaming preference (a continuation carries none of its own).
         stream: bool,
+        /// Follow-ups that steer the turn: their instructions follow the results.
+        steers: &'a [Steer],
     },
 }
 
@@ -147,8 +149,9 @@ impl AssembleError {
 pub fn assemble(input: AssembleInput<'_>) -> Result<Assembled, AssembleError> {
     match input.turn {
         TurnInput::User { turn, chunks } => Ok(user_turn::assemble_user_turn(&input, turn, chunks)),
-        TurnInput::ToolContinuation { continuation, pending, stream } => {
-            continuation::assemble_tool_continuation(&input, continuation, pending, stream)
+        TurnInput::ToolContinuation { continuation, pending, stream, steers } => {
+            let call = continuation::Round { continuation, pending, stream, steers };
+            continuation::assemble_tool_continuation(&input, &call)
         }
     }
 }

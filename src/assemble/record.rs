@@ -58,6 +58,10 @@ pub struct SentRecord {
     /// request carried the new ConversationContext's boot prompt as a developer message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_changed_to: Option<String>,
+    /// Follow-ups that steer the turn whose instructions the request added, as user messages
+    /// after the tool results, in the order they were admitted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steered_by: Vec<String>,
 }
 
 /// Which AGN-034 scenario produced the request.

@@ -103,6 +103,7 @@ pub(crate) fn assemble_user_turn(
         rehydration: (plan.record().status == ChainStatus::Rehydrated)
             .then(|| rehydration.record.clone()),
         user_warnings,
+        steered_by: Vec::new(),
         mode_changed_to: mode_changed.then(|| context.mode.clone()),
     };
     let update = StateUpdate {

@@ -49,7 +49,7 @@ pub use crate::contracts::FollowUp;
 
 /// Every policy: what a request may choose unless its context narrows it.
 fn every_follow_up() -> Vec<FollowUp> {
-    vec![FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt]
+    vec![FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt, FollowUp::Steer]
 }
 
 fn default_top_k() -> usize {

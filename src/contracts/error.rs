@@ -79,7 +79,7 @@ error_codes! {
     RagScopeOperatorInvalid => "validation.rag_scope_operator_invalid", "a `RagScope` operator is not `==`, `!=`, `contains` or `does_not_contain`";
     RagScopeValuesEmpty => "validation.rag_scope_values_empty", "a `RagScope` condition has no values";
     ContextIdInvalid => "validation.context_id_invalid", "`AgentContextId` / `ConversationContextId` is empty or malformed";
-    FollowUpInvalid => "validation.follow_up_invalid", "`FollowUp` is not `enqueue`, `reject` or `interrupt`";
+    FollowUpInvalid => "validation.follow_up_invalid", "`FollowUp` is not `enqueue`, `reject`, `interrupt` or `steer`, or it is `steer` on a turn that carries more than an `Instruction`";
     LimitExceeded => "validation.limit_exceeded", "a size or count limit was exceeded; the message names the limit";
     UnknownAgentContext => "context.unknown_agent_context", "`AgentContextId` names no configured agent context";
     UnknownConversationContext => "context.unknown_conversation_context", "`ConversationContextId` names no configured conversation context";
@@ -87,10 +87,11 @@ error_codes! {
     TurnConflict => "turn.conflict", "the `(SessionId, TurnId)` pair was already used with different content";
     TurnNotFound => "turn.not_found", "a tool continuation or a cancel names a turn that does not exist in this session";
     TurnFinished => "turn.finished", "a cancel names a turn that already ended; nothing changed";
+    TurnSteered => "turn.steered", "a warning on the reply of a follow-up that steered another turn (`FollowUp: steer`): its instruction was added to that turn, and the reply is that turn's ending";
     TurnCancelled => "turn.cancelled", "the turn was cancelled (`turn.cancel`) before it ended; the reply keeps what the model had streamed";
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
     SessionBusy => "session.busy", "the session is busy with another turn and the turn rejects follow-ups (its `FollowUp`, or its ConversationContext's `follow_up = \"reject\"`); nothing was stored";
-    SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn that does not interrupt arrived while the session waits for tool results";
+    SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn that neither interrupts nor steers arrived while the session waits for tool results";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";
     SessionContextFixed => "session.context_fixed", "a later turn names another `AgentContextId` than the session was created with (the `ConversationContextId` may change per turn)";
     LimitTurnsInFlight => "limit.turns_in_flight", "the tenant has as many turns in flight as `turns_in_flight` allows";

@@ -25,7 +25,7 @@ pub use response::{
 };
 pub use validated::{
     ArtifactContents, ClipboardImage, FollowUp, InputArtifact, Origin, ScopeCondition,
-    ScopeOperator, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
+    ScopeOperator, Steer, ToolContinuation, TurnKey, UserTurn, ValidatedRequest,
 };
 
 /// The reply every client receives.

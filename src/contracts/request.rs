@@ -52,7 +52,7 @@ pub struct AgentExecuteRequest {
     /// Selects a server-configured ConversationContext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation_context_id: Option<String>,
-    /// What this user turn does if its session is busy: `enqueue`, `reject` or `interrupt`,
+    /// What this user turn does if its session is busy: `enqueue`, `reject`, `interrupt` or `steer`,
     /// among those its ConversationContext allows; absent: the context's own `follow_up`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow_up: Option<String>,

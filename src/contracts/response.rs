@@ -275,6 +275,22 @@ impl<T> TryFrom<InvokeShape<T>> for InvokeResult<T> {
     }
 }
 
+impl InvokeResult<AgentExecuteResponse> {
+    /// This ending told to `turn`, a follow-up that steered the turn it ends: about that turn,
+    /// without the usage (the tokens were the steered turn's), with `warning` saying so.
+    pub fn retold(mut self, turn: TurnId, warning: ApiError) -> Self {
+        if let Some(r) = &mut self.result {
+            r.turn_id = turn.clone();
+            if let Outcome::Final(f) = &mut r.outcome {
+                f.usage = None;
+            }
+        }
+        self.turn_id = Some(turn);
+        self.warnings.push(warning);
+        self
+    }
+}
+
 impl<T> InvokeResult<T> {
     /// A successful result.
     pub fn ok(result: T) -> Self {

@@ -83,6 +83,11 @@ pub enum FollowUp {
     /// The active turn is cancelled as `turn.cancel` would, keeping what it streamed, and this
     /// turn waits for it to end (behind any queued before it).
     Interrupt,
+    /// Its instruction is added to the active turn at that turn's next round trip (after tool
+    /// results, before the next model call), and it ends with that turn; when that turn ends
+    /// first, it runs as an enqueued turn. Only a turn that carries nothing but an instruction
+    /// steers.
+    Steer,
 }
 
 impl FollowUp {
@@ -92,6 +97,7 @@ impl FollowUp {
             FollowUp::Enqueue => "enqueue",
             FollowUp::Reject => "reject",
             FollowUp::Interrupt => "interrupt",
+            FollowUp::Steer => "steer",
         }
     }
 }
@@ -99,11 +105,21 @@ impl FollowUp {
 impl std::str::FromStr for FollowUp {
     type Err = ();
     fn from_str(s: &str) -> Result<Self, ()> {
-        [FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt]
+        [FollowUp::Enqueue, FollowUp::Reject, FollowUp::Interrupt, FollowUp::Steer]
             .into_iter()
             .find(|f| f.as_str() == s)
             .ok_or(())
     }
+}
+
+/// A follow-up's instruction added to the running turn it steers (`FollowUp::Steer`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Steer {
+    /// The follow-up turn.
+    pub turn_id: String,
+    /// Its instruction, as validated when it was admitted.
+    pub instruction: String,
 }
 
 /// A validated User Turn Request: at least one of instruction, artifacts or images.
@@ -132,6 +148,15 @@ impl UserTurn {
     /// The instruction, if any (never empty or whitespace-only).
     pub fn instruction(&self) -> Option<&str> {
         self.instruction.as_deref()
+    }
+    /// Whether the turn carries an instruction and nothing its own retrieval or assembly would
+    /// use (files, images, scope, solution context): only such a turn can steer another.
+    pub fn only_instruction(&self) -> bool {
+        self.instruction.is_some()
+            && self.artifacts.is_empty()
+            && self.images.is_empty()
+            && self.rag_scope.is_empty()
+            && self.solution_context.is_none()
     }
     /// The files supplied with the turn, paths unique.
     pub fn artifacts(&self) -> &[InputArtifact] {

@@ -14,6 +14,8 @@ pub enum TurnState {
     Running,
     /// Holds the session until the client sends tool results.
     AwaitingToolResults,
+    /// A follow-up a running turn took in: ends when that turn ends.
+    Steered,
     /// Ended with a final answer.
     Completed,
     /// Ended with an error reply.
@@ -27,6 +29,7 @@ impl TurnState {
             TurnState::Queued => "queued",
             TurnState::Running => "running",
             TurnState::AwaitingToolResults => "awaiting_tool_results",
+            TurnState::Steered => "steered",
             TurnState::Completed => "completed",
             TurnState::Failed => "failed",
         }
@@ -51,6 +54,7 @@ impl Phase {
             Phase::Queued | Phase::Held => TurnState::Queued,
             Phase::Running { .. } => TurnState::Running,
             Phase::AwaitingTools { .. } => TurnState::AwaitingToolResults,
+            Phase::Steered => TurnState::Steered,
             Phase::Completed => TurnState::Completed,
             Phase::Failed | Phase::Cancelled => TurnState::Failed,
         }
@@ -64,6 +68,7 @@ impl Phase {
             TurnState::Queued => Phase::Queued,
             TurnState::Running => Phase::Running { step, cancelling: cancel_marked },
             TurnState::AwaitingToolResults => Phase::AwaitingTools { step },
+            TurnState::Steered => Phase::Steered,
             TurnState::Completed => Phase::Completed,
             TurnState::Failed if cancel_marked => Phase::Cancelled,
             TurnState::Failed => Phase::Failed,

@@ -1,7 +1,7 @@
 //! The turn's life as a table: every allowed transition written out by hand, every other pair
 //! of (phase, event) refused, and the stored form read back into the same phase.
 
-use super::{events, phases, table, transition, Event, Phase, StepEnd};
+use super::{events, phases, table, transition, Event, HostEnd, Phase, StepEnd};
 
 fn running(step: i32) -> Phase {
     Phase::Running { step, cancelling: false }
@@ -25,6 +25,10 @@ fn allowed() -> Vec<(Option<Phase>, Event, Phase)> {
         (Some(P::Queued), E::Dispatched { room: false }, P::Held),
         (Some(P::Queued), E::Cancel, P::Cancelled),
         (Some(P::Queued), E::GivenUp, P::Failed),
+        (Some(P::Queued), E::Steered, P::Steered),
+        (Some(P::Steered), E::HostEnded(HostEnd::Completed), P::Completed),
+        (Some(P::Steered), E::HostEnded(HostEnd::Failed), P::Failed),
+        (Some(P::Steered), E::HostEnded(HostEnd::Cancelled), P::Cancelled),
         (Some(P::Held), E::RoomFreed, running(0)),
         (Some(P::Held), E::Cancel, P::Cancelled),
         (Some(P::Held), E::GivenUp, P::Failed),

@@ -15,8 +15,8 @@ use crate::assemble::{
 use crate::chunk::Chunk;
 use crate::config::ConversationContext;
 use crate::contracts::{
-    ApiError, ErrorCode, InstanceName, Outcome, ReplyAddress, TenantName, ToolCall, TurnKey, Usage,
-    UserTurn, UserWarning, ValidatedRequest,
+    ApiError, ErrorCode, InstanceName, Outcome, ReplyAddress, Steer, TenantName, ToolCall, TurnKey,
+    Usage, UserTurn, UserWarning, ValidatedRequest,
 };
 use crate::llm::RequestBody;
 
@@ -55,6 +55,10 @@ pub struct AdmittedTurn {
     /// Every server tool execution of this turn so far.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub executed: Vec<super::ServerExecution>,
+    /// Follow-ups that steer this turn whose instructions this round trip's request adds after
+    /// the tool results (read by assemble; a continuation only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steers: Vec<Steer>,
 }
 
 impl AdmittedTurn {
@@ -90,6 +94,7 @@ impl AdmittedTurn {
                 continuation: c,
                 pending: &self.pending_tool_calls,
                 stream: turn.stream(),
+                steers: &self.steers,
             },
             _ => TurnInput::User { turn, chunks },
         };

@@ -179,6 +179,11 @@ impl Reprocessor {
         let Some(first) = steps.first() else {
             return Ok((Prepared::Unavailable("no original records".into()), 0));
         };
+        if first.original.kind == "steered" {
+            // Its instruction was part of another turn's call, which replays it.
+            let why = "it steered another turn, whose replay carries its instruction";
+            return Ok((Prepared::Unavailable(why.into()), count));
+        }
         if self.store.reprocess_done(first.original.id, &opts.run).await? {
             return Ok((Prepared::AlreadyDone, count));
         }

@@ -205,8 +205,13 @@ pub(crate) fn continuation_request(
         })
         .collect();
     let continuation = ToolContinuation { key: sent.key().clone(), results };
-    let turn =
-        TurnInput::ToolContinuation { continuation: &continuation, pending: calls, stream: false };
+    let turn = TurnInput::ToolContinuation {
+        continuation: &continuation,
+        pending: calls,
+        stream: false,
+        // The follow-ups the original call took in, as it carried them.
+        steers: &original.admitted.steers,
+    };
     let assembled = assemble(AssembleInput { state, context, policy, now, turn })?;
     Ok(never_streaming(assembled))
 }

@@ -150,6 +150,23 @@ fn user_turn_parts(
     let conversation_context_id =
         context_id(e, "ConversationContextId", w.conversation_context_id.take());
     let follow_up = follow_up(e, w.follow_up.take());
+    let extras = [
+        ("InputArtifacts", artifacts.as_ref().is_some_and(|a| !a.is_empty())),
+        ("ClipboardImages", images.as_ref().is_some_and(|i| !i.is_empty())),
+        ("RagScope", rag_scope.as_ref().is_some_and(|r| !r.is_empty())),
+        ("SolutionContextText", w.solution_context_text.is_some()),
+    ];
+    if let (Some(Some(FollowUp::Steer)), Some((field, _))) =
+        (follow_up, extras.iter().find(|(_, present)| *present))
+    {
+        // Steering adds text to a running model call; what only a turn's own retrieval and
+        // assembly use would be dropped, so it is refused instead.
+        e.at(
+            ErrorCode::FollowUpInvalid,
+            "FollowUp",
+            format!("a turn that steers carries only an Instruction, not {field}"),
+        );
+    }
     Some(UserTurnParts {
         instruction,
         artifacts: artifacts?,
@@ -171,7 +188,9 @@ fn follow_up(e: &mut Errors, raw: Option<String>) -> Option<Option<FollowUp>> {
             e.at(
                 ErrorCode::FollowUpInvalid,
                 "FollowUp",
-                format!("`{shown}` is not a follow-up policy: use enqueue, reject or interrupt"),
+                format!(
+                    "`{shown}` is not a follow-up policy: use enqueue, reject, interrupt or steer"
+                ),
             );
             None
         }

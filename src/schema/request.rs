@@ -100,7 +100,10 @@ fn top_level(props: &mut Map<String, Value>, l: &Limits) {
         ("Stream", json!({ "type": "boolean", "default": false })),
         ("AgentContextId", context_id.clone()),
         ("ConversationContextId", context_id),
-        ("FollowUp", json!({ "type": "string", "enum": ["enqueue", "reject", "interrupt"] })),
+        (
+            "FollowUp",
+            json!({ "type": "string", "enum": ["enqueue", "reject", "interrupt", "steer"] }),
+        ),
         ("ToolResults", {
             let mut results = array_of("ToolResult", l.max_tool_results);
             results["minItems"] = json!(1);

@@ -1,5 +1,6 @@
 //! Assemble: the turn and its chunks in; the `/responses` body and the record of what it sends
-//! out. The work is the pure `crate::assemble`; this stage loads the session state for it.
+//! out. The work is the pure `crate::assemble`; this stage loads the session state for it, and
+//! the follow-ups waiting to steer the turn.
 
 use std::sync::Arc;
 
@@ -29,7 +30,13 @@ impl Stage for Assemble {
     type In = RetrievedTurn;
     type Out = AssembledTurn;
 
-    async fn run(&self, job: RetrievedTurn) -> Result<Output<AssembledTurn>, StageError> {
+    async fn run(&self, mut job: RetrievedTurn) -> Result<Output<AssembledTurn>, StageError> {
+        // A round trip after tool results is where follow-ups that steer the turn join it.
+        if job.admitted.continuation.is_some() {
+            let key = &job.admitted.key;
+            job.admitted.steers =
+                self.store.steers_for(&key.session_id, key.turn_id.as_str()).await?;
+        }
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
         let (stored, session_state) =

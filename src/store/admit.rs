@@ -176,7 +176,8 @@ impl Store {
             // Refused: nothing is committed, so a mode the turn named is not the session's. A
             // turn that waits for the client's tool results ends only when they come: `busy`
             // would tell the client to wait for something that waits for the client.
-            if waiting && follow_up != FollowUp::Interrupt {
+            // A steer is for exactly such a turn: it joins the call the results start.
+            if waiting && !matches!(follow_up, FollowUp::Interrupt | FollowUp::Steer) {
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
             if follow_up == FollowUp::Reject {
@@ -188,6 +189,9 @@ impl Store {
             }
             // Its tenant's room is decided when it becomes the session's next turn.
             insert_turn(&mut tx, &new, Event::Admitted { busy: true, room: true }).await?;
+            if follow_up == FollowUp::Steer {
+                super::steer::aim(&mut tx, session, turn, &active).await?;
+            }
             let mut outbox = outbox::insert(&mut tx, session, turn, Vec::new()).await?;
             if follow_up == FollowUp::Interrupt {
                 let ended = self.interrupt(&mut tx, session, &active, meta).await?;

@@ -9,6 +9,7 @@ use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TurnKey};
 use crate::lifecycle::{transition, Event};
+use crate::messages::Outgoing;
 
 impl Store {
     /// Fails the turn that the submission with `fingerprint` admitted, when the message that
@@ -65,7 +66,6 @@ impl Store {
         if cancelled {
             record.kind = "cancelled".into();
         }
-        let mut messages = vec![reply];
         insert_record(&mut *tx, &self.texts, (session, turn, row.step), &record).await?;
         sqlx::query(
             "UPDATE turns SET state = $4, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
@@ -80,10 +80,23 @@ impl Store {
         .bind(to.column().as_str())
         .execute(&mut *tx)
         .await?;
+        // The turn's reply, then those of the follow-ups it took in, then the next turn's start.
+        let body = match (super::steer::host_end(to), &reply) {
+            (Some(end), Outgoing::Reply(r)) => Some((end, r.body.clone())),
+            _ => None,
+        };
+        let mut out = outbox::insert(&mut *tx, session, turn, vec![reply]).await?;
+        if let Some((end, body)) = body {
+            out.append(
+                super::steer::end_taken_in(&mut *tx, &self.texts, session, turn, &body, end)
+                    .await?,
+            );
+        }
         if active {
             let gate = self.gate(tenant);
-            messages.extend(starts(&dispatch_next(&mut *tx, session, gate.as_ref()).await?)?);
+            let next = starts(&dispatch_next(&mut *tx, session, gate.as_ref()).await?)?;
+            out.append(outbox::insert(&mut *tx, session, turn, next).await?);
         }
-        outbox::insert(&mut *tx, session, turn, messages).await
+        Ok(out)
     }
 }

@@ -17,6 +17,7 @@ mod reprocess;
 mod resume;
 mod session_lock;
 mod sessions;
+mod steer;
 mod stream_events;
 mod sweep;
 mod tenants;

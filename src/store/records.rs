@@ -65,6 +65,9 @@ pub struct FinishStep {
     pub reply: Option<ReplyOut>,
     /// Whether it ends the turn as cancelled (its client's cancel was admitted).
     pub cancelled: bool,
+    /// The follow-ups that steer the turn whose instructions this round trip sent, taken in
+    /// when it ends with the model's answer.
+    pub steers: Vec<String>,
 }
 
 /// What finishing a round trip did.
@@ -99,8 +102,15 @@ impl Store {
             record.texts.absorb(texts);
             packed
         });
+        let answered = !f.cancelled && !matches!(f.outcome, StepOutcome::Failed);
+        let steers = if answered { &f.steers[..] } else { &[] };
+        let taken = super::steer::take_in(&mut tx, session, turn, f.step, steers).await?;
         let written = write_step(&mut tx, &record, &f, state.as_ref(), reply.first()).await?;
         let Some(moved) = written else {
+            if taken > 0 {
+                // Both check the same under the session's lock: not reached.
+                return Err(StoreError::Changed { turn: turn.to_owned(), step: f.step });
+            }
             return unwritten(tx, session, turn, f.step, f.cancelled).await;
         };
         let gate = self.gate(tenant.as_deref());
@@ -112,6 +122,14 @@ impl Store {
         if let (Some(id), Some(m)) = (moved.reply_id, reply.pop()) {
             out.ids.push(id);
             out.messages.push(m);
+        }
+        if let (Some(end), Some(Outgoing::Reply(last))) =
+            (super::steer::host_end(moved.row.phase(false)), out.messages.last())
+        {
+            let body = last.body.clone();
+            let steered =
+                super::steer::end_taken_in(&mut tx, &self.texts, session, turn, &body, end).await?;
+            out.append(steered);
         }
         let starts = match moved.row.state {
             TurnState::Running => vec![Outgoing::Start(moved.row.start_job()?)],

@@ -150,7 +150,6 @@ async fn abort(
 ) -> Result<PendingOutbox, StoreError> {
     let (session, turn) = (row.session_id, row.turn_id.as_str());
     let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)))?;
-    let mut messages = vec![reply];
     let to = transition(Some(row.phase(true)), Event::ToolResults { matching: false })?;
     insert_record(tx, cache, (session, turn, row.step), &record).await?;
     sqlx::query(
@@ -166,8 +165,19 @@ async fn abort(
     .bind(to.column().as_str())
     .execute(&mut *tx)
     .await?;
-    messages.extend(starts(&dispatch_next(tx, session, submitted.gate.as_ref()).await?)?);
-    outbox::insert(tx, session, turn, messages).await
+    // Its reply, then those of follow-ups an earlier round trip took in, then the next turn.
+    let body = match &reply {
+        Outgoing::Reply(r) => Some(r.body.clone()),
+        _ => None,
+    };
+    let mut out = outbox::insert(tx, session, turn, vec![reply]).await?;
+    if let Some(body) = body {
+        let failed = super::steer::HostEnd::Failed;
+        out.append(super::steer::end_taken_in(tx, cache, session, turn, &body, failed).await?);
+    }
+    let next = starts(&dispatch_next(tx, session, submitted.gate.as_ref()).await?)?;
+    out.append(outbox::insert(tx, session, turn, next).await?);
+    Ok(out)
 }
 
 /// Resumes the turn at its next step.

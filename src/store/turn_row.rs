@@ -134,6 +134,7 @@ impl TurnRow {
             tenant: self.tenant()?,
             server_calls: list(&self.server_calls)?,
             executed: list(&self.server_executions)?,
+            steers: Vec::new(),
         })
     }
 }

@@ -23,6 +23,7 @@ import pika
 import pika.exceptions
 
 from aptix_client import (CODE_REPLY_TO_INVALID, CODE_SESSION_BUSY, CODE_TOOL_RESULTS_TURN_CANCELLED, CODE_TURN_CANCELLED,
+                          CODE_TURN_STEERED,
                           CODE_TURN_FINISHED, CODE_TURN_NOT_FOUND, Client, Delta, EventTimeout, Failed, Final,
                           H_PROTOCOL, PROTOCOL_VERSION, Refused, ToolCalls, ToolResult, session_queue)
 from conftest import queue_exists, sim_control
@@ -474,3 +475,33 @@ def test_a_follow_up_chooses_its_policy_per_request(client, slow_stream):
     assert "instruction: stop that and answer this" in t4[0].text.splitlines(), t4[0].text
     # t2 was refused, not stored: the same TurnId runs now that the session is idle.
     assert isinstance(s.run_turn("t2", "refused while t1 runs", timeout=WAIT), Final)
+
+
+def test_a_follow_up_steers_the_turn_waiting_for_tool_results(client):
+    """§11 "Follow-ups", `steer`: sent while t1 waits for tool results, t2 joins the call those
+    results start, and its one reply is t1's ending told about t2, with a `turn.steered` warning."""
+    s = client.open_session()
+    sid = s.session_id
+    s.submit_turn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})')
+    calls = s.next_event(WAIT, "t1")
+    assert isinstance(calls, ToolCalls), calls
+
+    s.submit_turn("t2", "also name the first function", FollowUp="steer")
+    s.submit_tool_results("t1", [ToolResult.ok(c, {"contents": "fn main() {}"}, 3) for c in calls.calls])
+    t1 = s.next_event(WAIT, "t1")
+    assert isinstance(t1, Final) and not t1.steered, t1
+    # The model read t2's instruction last: the simulator answers the newest one.
+    assert "instruction: also name the first function" in t1.text.splitlines(), t1.text
+    t2 = s.next_event(WAIT, "t2")
+    assert isinstance(t2, Final) and t2.steered, t2
+    assert [w.code for w in t2.warnings] == [CODE_TURN_STEERED], t2.warnings
+    assert (t2.message_id, t2.text, t2.usage) == (f"reply:{sid}:t2:step-0", t1.text, None)
+
+    # A steer with a file is refused; with no turn running, a steer simply runs.
+    s.submit({"SessionId": sid, "TurnId": "t3", "Instruction": "this file", "FollowUp": "steer",
+              "InputArtifacts": [{"RelativePath": "src/a.rs", "FileName": "a.rs", "Contents": "fn a() {}",
+                                  "Origin": "ide"}]})
+    refused = s.next_event(WAIT, "t3")
+    assert isinstance(refused, Refused) and refused.code == "validation.follow_up_invalid", refused
+    t4 = s.run_turn("t4", "now this", timeout=WAIT, FollowUp="steer")
+    assert isinstance(t4, Final) and not t4.steered, t4

@@ -5,6 +5,7 @@
  */
 
 import {
+  CODE_TURN_STEERED,
   H_FINAL,
   H_OUTCOME,
   H_SEQ,
@@ -91,6 +92,8 @@ export interface ReplyBase extends EventBase {
   warnings: ApiError[];
   /** A stored reply sent again in answer to a duplicate submission. */
   resent: boolean;
+  /** The reply of a follow-up that steered another turn (§11, `steer`): that turn's ending. */
+  steered: boolean;
   /**
    * The body's own `SessionId` (InvokeResult): the session the reply concerns, named in the body
    * too so that a logged body says which turn it answers. null when the body has none (the
@@ -210,6 +213,7 @@ function parseReply(base: EventBase, body: Json, h: Headers, strict: boolean): R
   }
   const named = (v: unknown): string | null => (typeof v === "string" && v !== "" ? v : null);
   const bodyTurnId = named(body.TurnId);
+  const warnings = ((body.Warnings ?? []) as Json[]).map(apiError);
   const reply = {
     ...base,
     // No header (lenient mode): the body names the turn, as a delta's does.
@@ -217,8 +221,9 @@ function parseReply(base: EventBase, body: Json, h: Headers, strict: boolean): R
     final,
     outcome,
     step: typeof h[H_STEP] === "number" ? (h[H_STEP] as number) : null,
-    warnings: ((body.Warnings ?? []) as Json[]).map(apiError),
+    warnings,
     resent,
+    steered: warnings.some((w) => w.code === CODE_TURN_STEERED),
     bodySessionId: named(body.SessionId),
     bodyTurnId,
   };

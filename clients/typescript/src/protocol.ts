@@ -52,6 +52,11 @@ export const RESUME_TYPE = "turn.resume";
 
 /** A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a). */
 export const CODE_TURN_CANCELLED = "turn.cancelled";
+/**
+ * A warning (`warnings`) on the reply of a follow-up that steered another turn (`FollowUp:
+ * "steer"`, §11): the reply is that turn's ending, told about this one.
+ */
+export const CODE_TURN_STEERED = "turn.steered";
 /** A cancel refused (`rejected-cancel-…`) because its turn had already ended (§7a). */
 export const CODE_TURN_FINISHED = "turn.finished";
 /**

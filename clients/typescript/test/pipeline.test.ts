@@ -23,6 +23,7 @@ import {
   CODE_TOOL_RESULTS_TURN_CANCELLED,
   CODE_TURN_CANCELLED,
   CODE_TURN_FINISHED,
+  CODE_TURN_STEERED,
   CODE_TURN_NOT_FOUND,
   Client,
   Delta,
@@ -482,6 +483,36 @@ describe("real pipeline: cancelling a turn (§7a)", { skip: ready ? false : "no 
 
     // The session is free again: the next turn runs.
     asFinal(await s.runTurn("t2", "after the cancel", WAIT));
+  });
+
+  test("a follow-up steers the turn waiting for tool results (§11, steer)", async () => {
+    const s = await client.openSession();
+    const sid = s.sessionId;
+    await s.submitTurn("t1", 'Read it @call(read_file, {"path":"src/lib.rs"})');
+    const calls = await s.nextEvent({ ...WAIT, turnId: "t1" });
+    assert.equal(calls.type, "tool_calls", JSON.stringify(calls.body));
+    if (calls.type !== "tool_calls") return;
+
+    await s.submitTurn("t2", "also name the first function", { fields: { FollowUp: "steer" } });
+    await s.submitToolResults("t1", calls.calls.map((c) => ToolResult.ok(c, { contents: "fn main() {}" }, 3)));
+    const t1 = asFinal(await s.nextEvent({ ...WAIT, turnId: "t1" }));
+    assert.equal(t1.steered, false);
+    // The model read t2's instruction last: the simulator answers the newest one.
+    assert.ok(t1.text.split("\n").includes("instruction: also name the first function"), t1.text);
+    const t2 = asFinal(await s.nextEvent({ ...WAIT, turnId: "t2" }));
+    assert.equal(t2.steered, true);
+    assert.deepEqual(t2.warnings.map((w) => w.code), [CODE_TURN_STEERED]);
+    assert.deepEqual([t2.messageId, t2.text, t2.result.Usage], [`reply:${sid}:t2:step-0`, t1.text, undefined]);
+
+    // A steer with a file is refused; with no turn running, a steer simply runs.
+    await s.submit({
+      SessionId: sid, TurnId: "t3", Instruction: "this file", FollowUp: "steer",
+      InputArtifacts: [{ RelativePath: "src/a.rs", FileName: "a.rs", Contents: "fn a() {}", Origin: "ide" }],
+    });
+    const refused = asRefused(await s.nextEvent({ ...WAIT, turnId: "t3" }));
+    assert.equal(refused.code, "validation.follow_up_invalid");
+    const t4 = asFinal(await s.runTurn("t4", "now this", { ...WAIT, fields: { FollowUp: "steer" } }));
+    assert.equal(t4.steered, false);
   });
 
   test("a follow-up chooses its policy per request (§11)", async () => {

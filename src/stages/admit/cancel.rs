@@ -12,7 +12,7 @@ use crate::contracts::{ApiError, ErrorCode};
 use crate::messages::AdmittedTurn;
 use crate::rules::cancel_bytes;
 use crate::stage::{Output, StageError};
-use crate::store::CancelAdmission;
+use crate::store::{CancelAdmission, TurnState};
 
 impl Admit {
     pub(super) async fn cancel(
@@ -50,7 +50,13 @@ impl Admit {
                 "rejected-cancel",
                 at(
                     ErrorCode::TurnFinished,
-                    format!("turn `{turn_id}` already ended ({state}); nothing was cancelled"),
+                    match state {
+                        // Its instruction is in the other turn's model call: cancel that one.
+                        TurnState::Steered => format!(
+                            "turn `{turn_id}` steered the session's running turn, and ends with it; cancel that turn instead"
+                        ),
+                        _ => format!("turn `{turn_id}` already ended ({state}); nothing was cancelled"),
+                    },
                 ),
             ),
             CancelAdmission::Unavailable => refuse("unavailable", unavailable()),

@@ -152,7 +152,12 @@ pub(super) fn follow_up(
     turn: &UserTurn,
 ) -> Result<FollowUp, Vec<ApiError>> {
     let context = settings.conversation_contexts.get(conversation);
-    let own = context.map(|c| c.follow_up).unwrap_or_default();
+    // A context that steers by default enqueues what cannot steer (a request that asks to
+    // steer with more than an instruction was refused at validation).
+    let own = match context.map(|c| c.follow_up).unwrap_or_default() {
+        FollowUp::Steer if !turn.only_instruction() => FollowUp::Enqueue,
+        own => own,
+    };
     match turn.follow_up() {
         None => Ok(own),
         Some(chosen) if context.is_some_and(|c| c.follow_up_allowed.contains(&chosen)) => {

@@ -107,6 +107,7 @@ impl Persist {
             outcome: e.outcome,
             reply: out,
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
+            steers: job.assembled.as_ref().map(|a| a.record.steered_by.clone()).unwrap_or_default(),
         };
         Ok(self.store.finish_step(finish).await?)
     }

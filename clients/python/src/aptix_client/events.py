@@ -120,6 +120,12 @@ class Reply(Event):
         return parsed
 
     @property
+    def steered(self) -> bool:
+        """True for the reply of a follow-up that steered another turn (§11, `steer`): the
+        ending of the turn it steered, told about this one."""
+        return any(w.code == p.CODE_TURN_STEERED for w in self.warnings)
+
+    @property
     def resent(self) -> bool:
         """True for a stored reply sent again in answer to a duplicate submission."""
         parsed = p.parse_message_id(self.message_id)

@@ -65,6 +65,9 @@ RESUME_TYPE = "turn.resume"
 
 #: A cancelled turn's own step reply (outcome `failed`, final): the turn was cancelled (§7a).
 CODE_TURN_CANCELLED = "turn.cancelled"
+#: A warning (`Warnings`) on the reply of a follow-up that steered another turn (`FollowUp:
+#: "steer"`, §11): the reply is that turn's ending, told about this one.
+CODE_TURN_STEERED = "turn.steered"
 #: A cancel refused (`rejected-cancel-…`) because its turn had already ended (§7a).
 CODE_TURN_FINISHED = "turn.finished"
 #: A cancel (`rejected-cancel-…`) or a continuation (`rejected-continuation-…`) refused because

@@ -1,0 +1,171 @@
+//! Follow-ups that steer (`FollowUp::Steer`, docs/client-protocol.md §11): one admitted while its
+//! session's turn is active waits as a queued turn aimed at that turn (`turns.steers`); the
+//! assemble stage of the active turn's next round trip reads the instructions waiting for it;
+//! the round trip that sent them, once its answer is persisted, takes them in (`steered`); when
+//! the steered turn ends, each one it took in ends the same way, with that ending as its reply.
+//! One that was never taken in is an ordinary queued turn and runs when its turn comes.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::new_record::{insert_record, NewRecord};
+use super::outbox::{self, PendingOutbox};
+use super::texts::TextCache;
+use super::turns::{TurnRow, TURN_COLUMNS};
+use super::{Store, StoreError};
+use crate::contracts::{ApiError, ErrorCode, Reply, SessionId, Steer};
+pub(super) use crate::lifecycle::HostEnd;
+use crate::lifecycle::{transition, Event, Phase};
+use crate::messages::{Outgoing, ReplyOut};
+
+/// Follow-ups one model call takes in at most; more wait for the next round trip (or run as
+/// turns of their own), so a flood of them cannot grow one request without bound.
+pub const STEERS_PER_CALL: i64 = 8;
+
+/// Aims the queued turn `turn` at the session's active turn `active`.
+pub(super) async fn aim(
+    conn: &mut PgConnection,
+    session: Uuid,
+    turn: &str,
+    active: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE turns SET steers = $3 WHERE session_id = $1 AND turn_id = $2")
+        .bind(session)
+        .bind(turn)
+        .bind(active)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Takes in the follow-ups `steers` that round trip `step` of `host` sent to the model, as the
+/// answer to it is persisted: only while `host` still runs that step with no cancel admitted
+/// (the caller's step write checks the same under the same lock), and only those still queued
+/// for it. Returns how many it took in.
+pub(super) async fn take_in(
+    conn: &mut PgConnection,
+    session: Uuid,
+    host: &str,
+    step: i32,
+    steers: &[String],
+) -> Result<u64, StoreError> {
+    if steers.is_empty() {
+        return Ok(0);
+    }
+    let to = transition(Some(Phase::Queued), Event::Steered)?;
+    let done = sqlx::query(
+        "UPDATE turns SET state = $5, updated_at = now()
+         WHERE session_id = $1 AND turn_id = ANY($4) AND steers = $2 AND state = 'queued'
+           AND EXISTS (SELECT 1 FROM turns h WHERE h.session_id = $1 AND h.turn_id = $2
+                       AND h.state = 'running' AND h.step = $3
+                       AND h.cancel_requested_at IS NULL)",
+    )
+    .bind(session)
+    .bind(host)
+    .bind(step)
+    .bind(steers)
+    .bind(to.column().as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Ends every follow-up `host` took in, as `host` ended (`end`, with `reply`, its last reply's
+/// body): each gets a record and, as its reply, that ending about itself, with a `turn.steered`
+/// warning. Their messages are in the returned outbox rows, after whatever the caller wrote.
+pub(super) async fn end_taken_in(
+    conn: &mut PgConnection,
+    texts: &TextCache,
+    session: Uuid,
+    host: &str,
+    reply: &Value,
+    end: HostEnd,
+) -> Result<PendingOutbox, StoreError> {
+    let sql = format!(
+        "SELECT {TURN_COLUMNS} FROM turns
+         WHERE session_id = $1 AND steers = $2 AND state = 'steered' ORDER BY seq"
+    );
+    let rows: Vec<TurnRow> =
+        sqlx::query_as(&sql).bind(session).bind(host).fetch_all(&mut *conn).await?;
+    let mut out = PendingOutbox::default();
+    if rows.is_empty() {
+        return Ok(out);
+    }
+    let ending: Reply = serde_json::from_value(reply.clone())?;
+    let to = transition(Some(Phase::Steered), Event::HostEnded(end))?;
+    for row in rows {
+        let key = row.key()?;
+        let warning = ApiError::new(
+            ErrorCode::TurnSteered,
+            format!("this turn's instruction was added to turn `{host}`; this is how it ended"),
+        );
+        let told = ending.clone().retold(key.turn_id.clone(), warning);
+        let msg = ReplyOut::step(SessionId::new(session), key.turn_id.as_str(), 0, &told)?
+            .to(row.address()?);
+        let record = NewRecord {
+            kind: "steered".into(),
+            chain: serde_json::json!({}),
+            retrieved_chunks: serde_json::json!([]),
+            active_files: serde_json::json!([]),
+            skipped_files: serde_json::json!([]),
+            rag_scope: serde_json::json!([]),
+            errors: serde_json::to_value(told.errors())?,
+            instruction: row.request.get("Instruction").and_then(Value::as_str).map(Into::into),
+            conversation_context_id: row.conversation_context_id(),
+            reply: msg.body.clone(),
+            ..NewRecord::default()
+        };
+        insert_record(&mut *conn, texts, (session, &row.turn_id, row.step), &record).await?;
+        sqlx::query(
+            "UPDATE turns SET state = $3, step = step + 1, updated_at = now(),
+                 cancel_requested_at = CASE WHEN $4 THEN clock_timestamp() END
+             WHERE session_id = $1 AND turn_id = $2",
+        )
+        .bind(session)
+        .bind(&row.turn_id)
+        .bind(to.column().as_str())
+        .bind(to.cancel_marked())
+        .execute(&mut *conn)
+        .await?;
+        out.append(
+            outbox::insert(&mut *conn, session, &row.turn_id, vec![Outgoing::Reply(msg)]).await?,
+        );
+    }
+    Ok(out)
+}
+
+/// How a turn that ended in `phase` ends the follow-ups it took in (`None`: it has not ended).
+pub(super) fn host_end(phase: Phase) -> Option<HostEnd> {
+    match phase {
+        Phase::Completed => Some(HostEnd::Completed),
+        Phase::Failed => Some(HostEnd::Failed),
+        Phase::Cancelled => Some(HostEnd::Cancelled),
+        _ => None,
+    }
+}
+
+impl Store {
+    /// The instructions of follow-ups waiting to steer the session's turn `host`, oldest first,
+    /// at most [`STEERS_PER_CALL`].
+    pub async fn steers_for(
+        &self,
+        session: &SessionId,
+        host: &str,
+    ) -> Result<Vec<Steer>, StoreError> {
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT turn_id, request->>'Instruction' FROM turns
+             WHERE session_id = $1 AND steers = $2 AND state = 'queued' ORDER BY seq LIMIT $3",
+        )
+        .bind(session.as_uuid())
+        .bind(host)
+        .bind(STEERS_PER_CALL)
+        .fetch_all(&self.pool)
+        .await?;
+        // Admission let only a turn with an instruction steer; one without is left to run.
+        Ok(rows
+            .into_iter()
+            .filter_map(|(turn_id, i)| i.map(|instruction| Steer { turn_id, instruction }))
+            .collect())
+    }
+}
