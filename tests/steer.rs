@@ -179,3 +179,34 @@ async fn a_steer_taken_in_ends_as_its_turn_does_when_that_turn_is_cancelled() {
     assert_eq!((state.as_str(), kinds), ("failed", vec!["steered".to_owned()]));
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_steer_in_another_mode_waits_as_a_turn_of_its_own() {
+    let h = Harness::start_with(1, |s| {
+        let default = s.default_conversation_context.clone();
+        let other = s.conversation_contexts[&default].clone();
+        s.conversation_contexts.insert("other".into(), other);
+    })
+    .await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "Read the file @call(read_file)")).await;
+    let asked = h.replies(&s, 1, WAIT).await;
+    // Not a steer of t1 (it runs in another mode): an enqueued turn, refused while t1 waits.
+    let mut t2 = steer(&s, "t2", "in the other mode");
+    t2["ConversationContextId"] = json!("other");
+    h.submit(&t2).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(ends(&got)[0].1, "refused/session.awaiting_tool_results", "{got:?}");
+    // The refused steer left the session's mode as it was: t1's results run in t1's mode.
+    h.submit(&results_for(&s, "t1", asked.last().unwrap())).await;
+    let got = h.replies(&s, 1, WAIT).await;
+    assert_eq!(ends(&got), [("t1".into(), "final/-".into(), "-".into())]);
+    let mode: Option<String> =
+        sqlx::query_scalar("SELECT conversation_context_id FROM sessions WHERE id = $1::uuid")
+            .bind(&s)
+            .fetch_one(h.deps.store.pool())
+            .await
+            .unwrap();
+    assert_ne!(mode.as_deref(), Some("other"));
+    h.teardown().await;
+}

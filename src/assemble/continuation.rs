@@ -106,7 +106,10 @@ pub(crate) fn assemble_tool_continuation(
         turn_id,
         kind: TurnKind::ToolContinuation,
         mode: mode.to_owned(),
-        instruction: None,
+        // What steered the turn joins its instruction, for the transcript a new chain replays.
+        instruction: (!steers.is_empty()).then(|| {
+            steers.iter().map(|s| s.instruction.as_str()).collect::<Vec<_>>().join("\n\n")
+        }),
         new_chain: continuing.is_none(),
         chunks: Vec::new(),
         rehydrated_chunk_ids: rehydration.chunk_ids(),

@@ -273,7 +273,16 @@ impl SessionState {
         policy: &AssemblePolicy,
     ) {
         let mut turn = match (update.kind, self.open_turn.take()) {
-            (TurnKind::ToolContinuation, Some(open)) if open.turn_id == update.turn_id => open,
+            (TurnKind::ToolContinuation, Some(mut open)) if open.turn_id == update.turn_id => {
+                // A continuation's instruction is what follow-ups that steered the turn added.
+                if let Some(added) = &update.instruction {
+                    open.instruction = Some(match open.instruction.take() {
+                        Some(own) => format!("{own}\n\n{added}"),
+                        None => added.clone(),
+                    });
+                }
+                open
+            }
             _ => OpenTurn {
                 turn_id: update.turn_id.clone(),
                 mode: update.mode.clone(),

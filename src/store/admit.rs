@@ -146,9 +146,24 @@ impl Store {
             return Ok(Admission::FollowUpNotAllowed);
         }
         let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
+        let active = match &locked.active_turn_id {
+            Some(id) => Some((id.clone(), host_of(&mut tx, session, id).await?)),
+            None => None,
+        };
+        // A steer joins the active turn in that turn's mode: one in another mode (named, or the
+        // session's since a queued turn changed it) waits as a turn of its own instead.
+        let own_mode = request.get("ConversationContextId").and_then(Value::as_str);
+        let follow_up = match (&active, meta.follow_up) {
+            (Some((_, host)), FollowUp::Steer) if host.mode.as_deref() != own_mode => {
+                FollowUp::Enqueue
+            }
+            (_, chosen) => chosen,
+        };
+        let steers = active.is_some() && follow_up == FollowUp::Steer;
         let current = locked.owner.conversation_context_id.as_ref();
         if let Some(mode) = meta.conversation_context_id.as_ref().filter(|m| Some(*m) != current) {
-            if !created {
+            // A steer leaves the session's mode as it was: it runs in the active turn's.
+            if !created && !steers {
                 set_mode(&mut tx, session, mode).await?;
             }
         }
@@ -169,10 +184,8 @@ impl Store {
             expires_at: meta.expires_at,
         };
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
-        if let Some(active) = locked.active_turn_id {
-            let follow_up = meta.follow_up;
-            let waiting =
-                state_of(&mut tx, session, &active).await? == Some(TurnState::AwaitingToolResults);
+        if let Some((active, host)) = active {
+            let waiting = host.state == Some(TurnState::AwaitingToolResults);
             // Refused: nothing is committed, so a mode the turn named is not the session's. A
             // turn that waits for the client's tool results ends only when they come: `busy`
             // would tell the client to wait for something that waits for the client.
@@ -254,16 +267,23 @@ async fn refused_by(
     }
 }
 
-async fn state_of(
-    conn: &mut PgConnection,
-    session: Uuid,
-    turn: &str,
-) -> Result<Option<TurnState>, StoreError> {
-    let state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1 AND turn_id = $2")
-            .bind(session)
-            .bind(turn)
-            .fetch_optional(&mut *conn)
-            .await?;
-    state.map(TurnState::try_from).transpose()
+/// What admission needs of the session's active turn.
+struct Host {
+    /// Its state (`None`: no such row).
+    state: Option<TurnState>,
+    /// The mode it runs in.
+    mode: Option<String>,
+}
+
+async fn host_of(conn: &mut PgConnection, session: Uuid, turn: &str) -> Result<Host, StoreError> {
+    let row: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT state, request->>'ConversationContextId' FROM turns
+         WHERE session_id = $1 AND turn_id = $2",
+    )
+    .bind(session)
+    .bind(turn)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (state, mode) = row.unzip();
+    Ok(Host { state: state.map(TurnState::try_from).transpose()?, mode: mode.flatten() })
 }

@@ -5,7 +5,7 @@ use sqlx::PgConnection;
 use super::admit::failure;
 use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next, starts, TurnRow, TURN_COLUMNS};
+use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TurnKey};
 use crate::lifecycle::{transition, Event};
@@ -39,6 +39,10 @@ impl Store {
             || row.continuation_fingerprint.as_deref() == Some(fingerprint);
         if !ours || row.state.is_finished() {
             return Ok(None);
+        }
+        if row.state == TurnState::Steered {
+            // It ends with the turn it steered, which sends its one reply: nothing to send now.
+            return Ok(Some(PendingOutbox::default()));
         }
         let active = active.as_deref() == Some(turn);
         let out = self.end_turn(&mut tx, &row, active, tenant.as_deref(), error).await?;

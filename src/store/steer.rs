@@ -128,9 +128,10 @@ pub(super) async fn end_taken_in(
         .bind(to.cancel_marked())
         .execute(&mut *conn)
         .await?;
-        out.append(
-            outbox::insert(&mut *conn, session, &row.turn_id, vec![Outgoing::Reply(msg)]).await?,
-        );
+        // Kept with the steered turn's rows: every path that publishes again what a crash left
+        // unpublished looks for that turn's.
+        let reply = vec![Outgoing::Reply(msg)];
+        out.append(outbox::insert(&mut *conn, session, host, reply).await?);
     }
     Ok(out)
 }
