@@ -123,9 +123,8 @@ impl Store {
             out.ids.push(id);
             out.messages.push(m);
         }
-        if let (Some(end), Some(Outgoing::Reply(last))) =
-            (super::steer::host_end(moved.row.phase(false)), out.messages.last())
-        {
+        let end = super::steer::host_end(moved.row.phase(false)).filter(|_| moved.steered);
+        if let (Some(end), Some(Outgoing::Reply(last))) = (end, out.messages.last()) {
             let body = last.body.clone();
             let steered =
                 super::steer::end_taken_in(&mut tx, &self.texts, session, turn, &body, end).await?;
@@ -224,6 +223,8 @@ struct Moved {
     row: TurnRow,
     next_turn: Option<String>,
     reply_id: Option<i64>,
+    /// Follow-ups the turn took in, this round trip or before, wait for it to end.
+    steered: bool,
 }
 
 /// The turn moved past its step, its record, the session's new state (and, when the turn ends,
@@ -260,7 +261,9 @@ const WRITE_STEP: &str = concat!(
          SELECT $2, $3, $34::jsonb WHERE $34 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
          RETURNING id)
      SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
-         (SELECT id FROM replied) AS reply_id
+         (SELECT id FROM replied) AS reply_id,
+         EXISTS (SELECT 1 FROM turns WHERE session_id = $2 AND steers = $3 AND state = 'steered')
+             AS steered
      FROM moved"
 );
 
