@@ -119,3 +119,27 @@ async fn a_stream_resumes_after_a_cursor_every_event_once_in_order() {
     assert!(refused[0].message_id.contains(":nope:rejected-resume-"), "{refused:?}");
     h.teardown().await;
 }
+
+/// A session may resume `pipeline.resumes_per_minute` times a minute; more are refused with
+/// `limit.resumes_per_minute` and send nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resumes_past_the_sessions_limit_are_refused() {
+    let h = Harness::start_with(1, |s| s.pipeline.resumes_per_minute = 2).await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "a short answer")).await;
+    let _ = h.replies(&s, 1, WAIT).await;
+    for _ in 0..3 {
+        resume(&h, &s, "t1", None).await;
+    }
+    let refused = |m: &ReplyMsg| m.headers.get("x-aptix-outcome").is_some_and(|o| o == "refused");
+    let ends = |got: &[ReplyMsg]| got.iter().filter(|m| kind(m) == "resumed" || refused(m)).count();
+    let got = read_until(&h, &s, |got| ends(got) >= 3).await;
+    assert_eq!(got.iter().filter(|m| kind(m) == "resumed").count(), 2, "{got:?}");
+    let no: Vec<&ReplyMsg> = got.iter().filter(|m| refused(m)).collect();
+    assert_eq!(no.len(), 1, "{got:?}");
+    assert_eq!(no[0].body["Errors"][0]["Code"], "limit.resumes_per_minute");
+    assert!(no[0].message_id.contains(":t1:rejected-resume-"), "{}", no[0].message_id);
+    // Two replays of the turn's one reply, nothing for the third.
+    assert_eq!(got.iter().filter(|m| kind(m) == "reply" && !refused(m)).count(), 2, "{got:?}");
+    h.teardown().await;
+}

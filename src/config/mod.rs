@@ -278,6 +278,9 @@ pub struct PipelineSettings {
     /// Stream deltas of each step kept in PostgreSQL for `turn.resume` (client protocol §9a);
     /// later ones are published but not kept; 0 keeps none. At most 999,998.
     pub stream_events_per_step: u32,
+    /// `turn.resume`s a session may make per minute (client protocol §9a); more are refused
+    /// with `limit.resumes_per_minute`. 0: no limit.
+    pub resumes_per_minute: u32,
 }
 
 impl Settings {

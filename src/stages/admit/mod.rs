@@ -24,6 +24,7 @@ mod answers;
 mod cancel;
 mod reply_wait;
 mod resume;
+mod resume_gate;
 mod scope;
 
 pub use answers::session_name;
@@ -37,12 +38,14 @@ use scope::Caller;
 pub struct Admit {
     settings: Arc<Settings>,
     store: Store,
+    resumes: resume_gate::ResumeGate,
 }
 
 impl Admit {
     /// The stage, using `deps`' settings and store.
     pub fn new(deps: &Deps) -> Self {
-        Admit { settings: deps.settings.clone(), store: deps.store.clone() }
+        let resumes = resume_gate::ResumeGate::new(deps.settings.pipeline.resumes_per_minute);
+        Admit { settings: deps.settings.clone(), store: deps.store.clone(), resumes }
     }
 }
 

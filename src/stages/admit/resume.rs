@@ -29,10 +29,20 @@ impl Admit {
         };
         let key = resume.key;
         let (session, turn_id) = (key.session_id, key.turn_id.as_str());
-        let found = self.store.resume_events(&key, caller.name, resume.after).await?;
         let refused = |tag: String, error| {
             Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
         };
+        // Counted before anything is read: a refused resume costs one small publish.
+        let tenant = caller.name.map(|t| t.as_str());
+        if !self.resumes.admit(tenant, session, std::time::Instant::now()) {
+            let limit = self.settings.pipeline.resumes_per_minute;
+            let message = format!(
+                "this session was resumed {limit} times in the last minute (pipeline.resumes_per_minute); resume again later"
+            );
+            let error = ApiError::new(ErrorCode::LimitResumesPerMinute, message);
+            return refused(format!("rejected-resume-{submission}"), error);
+        }
+        let found = self.store.resume_events(&key, caller.name, resume.after).await?;
         match found {
             ResumeFound::Events(found) => {
                 let (count, ended) = (found.events.len(), found.ended);

@@ -1,0 +1,82 @@
+//! A bound on `turn.resume` per session (`pipeline.resumes_per_minute`, client protocol §9a).
+//! Each resume makes the server publish a turn's kept events again, up to
+//! `pipeline.stream_events_per_step` per step: a client that sent them in a loop would spend the
+//! validate stage, which every session of its ingress queue shares, on its own. A session's
+//! requests all reach one ingress queue with one active consumer, so the count lives in that
+//! worker's memory; a handover to another worker starts it again, which a hostile client cannot
+//! cause. It counts per tenant and session, so another tenant's resumes of a session (refused
+//! with `session.unavailable`) spend that tenant's count, not the session's own clients'.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::contracts::SessionId;
+
+/// The window the limit counts in.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// Sessions counted at most; past that, after the windows that ended are dropped, a resume of a
+/// session not counted yet is refused rather than let through uncounted.
+const MAX_SESSIONS: usize = 100_000;
+
+/// Who resumed which session: the caller's tenant (none in a single-tenant deployment).
+type Counted = (Option<String>, SessionId);
+
+/// Resumes of each session in its current one-minute window.
+#[derive(Debug)]
+pub(super) struct ResumeGate {
+    /// Resumes a session may make per window; 0: no limit.
+    limit: u32,
+    windows: Mutex<HashMap<Counted, (Instant, u32)>>,
+}
+
+impl ResumeGate {
+    /// A gate letting `limit` resumes per session per minute through (0: any number).
+    pub(super) fn new(limit: u32) -> Self {
+        ResumeGate { limit, windows: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether one more resume of `session` by a client of `tenant` may be answered at `now`;
+    /// counted when it may.
+    pub(super) fn admit(&self, tenant: Option<&str>, session: SessionId, now: Instant) -> bool {
+        if self.limit == 0 {
+            return true;
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (tenant.map(str::to_owned), session);
+        if windows.len() >= MAX_SESSIONS && !windows.contains_key(&key) {
+            windows.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
+            if windows.len() >= MAX_SESSIONS {
+                return false;
+            }
+        }
+        let (start, count) = windows.entry(key).or_insert((now, 0));
+        if now.duration_since(*start) >= WINDOW {
+            (*start, *count) = (now, 0);
+        }
+        if *count >= self.limit {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_gets_its_limit_per_minute_and_others_are_not_affected() {
+        let gate = ResumeGate::new(2);
+        let (a, b) = (SessionId::new(uuid::Uuid::new_v4()), SessionId::new(uuid::Uuid::new_v4()));
+        let t0 = Instant::now();
+        assert!(gate.admit(None, a, t0) && gate.admit(None, a, t0));
+        assert!(!gate.admit(None, a, t0 + Duration::from_secs(59)), "a third within the minute");
+        assert!(gate.admit(None, b, t0), "another session has its own count");
+        assert!(gate.admit(Some("other"), a, t0), "another tenant's resumes are its own");
+        assert!(gate.admit(None, a, t0 + WINDOW), "a new window");
+        assert!(ResumeGate::new(0).admit(None, a, t0), "0 is no limit");
+    }
+}
