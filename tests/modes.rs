@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::assemble_support::write_request_body;
 use crate::common::{new_session, user_turn, Harness};
+use aptix::config::content_version;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -69,6 +70,22 @@ async fn a_session_changes_mode_per_turn_and_the_chain_hears_of_it_once() {
     let got: Vec<(&str, &str)> =
         modes.iter().map(|(t, m)| (t.as_str(), m.as_deref().unwrap_or("-"))).collect();
     assert_eq!(got, want);
+    // And the versions of its contexts: the digest of each one's content.
+    let versions: Vec<Value> = sqlx::query_scalar(
+        "SELECT context_versions FROM response_records WHERE session_id = $1::uuid ORDER BY turn_id",
+    )
+    .bind(&s)
+    .fetch_all(h.deps.store.pool())
+    .await
+    .unwrap();
+    let version = |id: &str| content_version(&h.settings.conversation_contexts[id]);
+    let agent = &h.settings.default_agent_context;
+    for (v, (_, mode)) in versions.iter().zip(want) {
+        assert_eq!(v["ConversationContext"], json!({"Id": mode, "Version": version(mode)}));
+        let agent_version = content_version(&h.settings.agent_contexts[agent]);
+        assert_eq!(v["AgentContext"], json!({"Id": agent, "Version": agent_version}));
+    }
+    assert_ne!(version(&default_id), version("refine"), "two contexts, two versions");
     h.teardown().await;
 }
 

@@ -10,6 +10,7 @@ mod limits;
 mod secret;
 mod server_tools;
 mod tenants;
+mod version;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ pub use limits::Limits;
 pub use secret::{percent_decode, redact_url, ConnectionUrl, Secret};
 pub use server_tools::{FileSettings, ServerTool, ServerTools};
 pub use tenants::{OverLimit, Publisher, Tenant, TenantLimits};
+pub use version::{content_version, ContextVersions};
 
 use crate::contracts::ContextId;
 

@@ -55,6 +55,8 @@ pub struct NewRecord {
     pub stage_timings: Option<Value>,
     /// The ConversationContext (mode) the turn ran in.
     pub conversation_context_id: Option<String>,
+    /// The versions of the contexts that produced it (`config::content_version`).
+    pub context_versions: Option<Value>,
 }
 
 impl NewRecord {
@@ -92,6 +94,7 @@ impl NewRecord {
             stage_timings: None,
             conversation_context_id: turn
                 .and_then(|t| t.conversation_context_id().map(|c| c.as_str().to_owned())),
+            context_versions: None,
         })
     }
 
@@ -117,7 +120,7 @@ impl NewRecord {
 }
 
 /// The CTEs that write a record: `texts` (the texts it references, new ones only) and
-/// `recorded` (its row), with parameters `$1` to `$24` as [`PreparedRecord::bind`] binds them.
+/// `recorded` (its row), with parameters `$1` to `$25` as [`PreparedRecord::bind`] binds them.
 /// A statement that writes more along with the record appends its own CTEs and parameters; its
 /// `guard` (a WHERE clause, or empty) decides whether the two CTEs write at all.
 macro_rules! record_ctes {
@@ -133,9 +136,9 @@ macro_rules! record_ctes {
                      provider_response_id, chain, request_payload, response_payload,
                      retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
                      workspace_id, repo, language, rag_scope, reply, stage_timings,
-                     conversation_context_id)
+                     conversation_context_id, context_versions)
                  SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
-                     $23, $24 ",
+                     $23, $24, $25 ",
             $guard,
             ")"
         )
@@ -174,7 +177,7 @@ impl<'r> PreparedRecord<'r> {
         Ok(PreparedRecord { record: r, key, packed, response, texts })
     }
 
-    /// Binds [`record_ctes`]'s parameters, `$1` to `$24`, in order.
+    /// Binds [`record_ctes`]'s parameters, `$1` to `$25`, in order.
     pub(super) fn bind<'q, O>(
         &'q self,
         q: QueryAs<'q, Postgres, O, PgArguments>,
@@ -207,6 +210,7 @@ impl<'r> PreparedRecord<'r> {
             .bind(&self.texts.bodies)
             .bind(&r.stage_timings)
             .bind(&r.conversation_context_id)
+            .bind(&r.context_versions)
     }
 }
 

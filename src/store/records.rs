@@ -238,27 +238,27 @@ struct Moved {
 /// moves was running, never queued, whichever version of it the subquery reads.
 const WRITE_STEP: &str = concat!(
     "WITH moved AS (
-         UPDATE turns SET state = $25, step = $26, pending_tool_calls = $27, last_reply = NULL,
-             pending_warnings = $28, server_calls = $29,
-             server_executions = COALESCE($31, server_executions),
-             continuation = CASE WHEN $30 THEN NULL ELSE continuation END, updated_at = now()
+         UPDATE turns SET state = $26, step = $27, pending_tool_calls = $28, last_reply = NULL,
+             pending_warnings = $29, server_calls = $30,
+             server_executions = COALESCE($32, server_executions),
+             continuation = CASE WHEN $31 THEN NULL ELSE continuation END, updated_at = now()
          WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
-             AND (cancel_requested_at IS NULL OR $35::boolean)
+             AND (cancel_requested_at IS NULL OR $36::boolean)
          RETURNING ",
     turn_columns!(),
     "), ",
     record_ctes!("WHERE EXISTS (SELECT 1 FROM moved)"),
     ",
      handed AS (
-         UPDATE sessions SET updated_at = now(), state = COALESCE($32::jsonb, state),
-             active_turn_id = CASE WHEN $33::boolean THEN ",
+         UPDATE sessions SET updated_at = now(), state = COALESCE($33::jsonb, state),
+             active_turn_id = CASE WHEN $34::boolean THEN ",
     next_queued!("$2"),
     " ELSE active_turn_id END
-         WHERE id = $2 AND ($33 OR $32 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
+         WHERE id = $2 AND ($34 OR $33 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
          RETURNING active_turn_id),
      replied AS (
          INSERT INTO outbox (session_id, turn_id, payload)
-         SELECT $2, $3, $34::jsonb WHERE $34 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
+         SELECT $2, $3, $35::jsonb WHERE $35 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
          RETURNING id)
      SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
          (SELECT id FROM replied) AS reply_id,
@@ -267,30 +267,30 @@ const WRITE_STEP: &str = concat!(
      FROM moved"
 );
 
-/// [`WRITE_STEP`]'s own parameters, `$25` to `$35`, after the record's (`$1` to `$24`,
+/// [`WRITE_STEP`]'s own parameters, `$26` to `$36`, after the record's (`$1` to `$25`,
 /// [`PreparedRecord::bind`]): named here, bound in one place, in order.
 struct StepParams<'a> {
-    /// `$25`: the state the turn moves to, as `lifecycle::transition` decided.
+    /// `$26`: the state the turn moves to, as `lifecycle::transition` decided.
     state: &'static str,
-    /// `$26`: round trips done after this one.
+    /// `$27`: round trips done after this one.
     step: i32,
-    /// `$27`: the client calls the turn now waits for.
+    /// `$28`: the client calls the turn now waits for.
     pending: Option<Value>,
-    /// `$28`: warnings owed to the turn's final response.
+    /// `$29`: warnings owed to the turn's final response.
     warnings: Option<Value>,
-    /// `$29`: server calls to run before the next provider call.
+    /// `$30`: server calls to run before the next provider call.
     server_calls: Option<Value>,
-    /// `$30`: the turn runs on without a reply (its continuation is spent).
+    /// `$31`: the turn runs on without a reply (its continuation is spent).
     runs_on: bool,
-    /// `$31`: the turn's server executions so far (NULL: unchanged).
+    /// `$32`: the turn's server executions so far (NULL: unchanged).
     executed: Option<Value>,
-    /// `$32`: the session's new state (NULL: unchanged).
+    /// `$33`: the session's new state (NULL: unchanged).
     session_state: Option<&'a Value>,
-    /// `$33`: the turn ended: the session passes to its next queued turn.
+    /// `$34`: the turn ended: the session passes to its next queued turn.
     ended: bool,
-    /// `$34`: the reply's outbox payload, if the round trip sends one.
+    /// `$35`: the reply's outbox payload, if the round trip sends one.
     reply: Option<Value>,
-    /// `$35`: this ending is the cancel (the cancel mark does not refuse it).
+    /// `$36`: this ending is the cancel (the cancel mark does not refuse it).
     cancelled: bool,
 }
 

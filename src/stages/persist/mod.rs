@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::Deps;
 use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
-use crate::config::Settings;
+use crate::config::{ContextVersions, Settings};
 use crate::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
 };
@@ -21,12 +21,15 @@ use crate::store::{cancelled, FinishStep, Finished, KnownTexts, NewRecord, StepO
 pub struct Persist {
     settings: Arc<Settings>,
     store: Store,
+    /// Every configured context's version, for the records.
+    versions: ContextVersions,
 }
 
 impl Persist {
     /// The stage, using `deps`' store and settings.
     pub fn new(deps: &Deps) -> Self {
-        Persist { settings: deps.settings.clone(), store: deps.store.clone() }
+        let versions = ContextVersions::of(&deps.settings);
+        Persist { settings: deps.settings.clone(), store: deps.store.clone(), versions }
     }
 }
 
@@ -98,6 +101,11 @@ impl Persist {
         record.usage = e.usage;
         record.errors = e.errors;
         record.stage_timings = Some(path(job));
+        record.context_versions = job
+            .admitted
+            .user_turn()
+            .ok()
+            .map(|t| self.versions.record(t.conversation_context_id(), t.agent_context_id()));
         let finish = FinishStep {
             key,
             step,
