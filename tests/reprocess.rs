@@ -239,6 +239,20 @@ async fn overrides_show_in_the_stored_requests_and_failures_are_retried() {
     assert_eq!(records.len(), 4);
     assert!(records.iter().all(|r| r["request_payload"]["model"] == "gpt-test-mini"));
     assert!(records.iter().all(|r| r["session_id"] == a.as_str()));
+    // The override is another version of the same context, and the records say so.
+    let originals: Vec<Value> = sqlx::query_scalar(
+        "SELECT context_versions FROM response_records WHERE session_id = $1::uuid
+         AND reprocess_of IS NULL",
+    )
+    .bind(&a)
+    .fetch_all(h.deps.store.pool())
+    .await
+    .unwrap();
+    let (was, now) = (&originals[0]["ConversationContext"], &records[0]["context_versions"]);
+    assert_eq!(now["ConversationContext"]["Id"], was["Id"], "{now} {was}");
+    assert!(now["ConversationContext"]["Version"].is_string(), "{now}");
+    assert_ne!(now["ConversationContext"]["Version"], was["Version"], "{now} {was}");
+    assert_eq!(now["AgentContext"], originals[0]["AgentContext"]);
 
     let mut context = options(session_a.clone(), "context");
     context.conversation_context = Some("alt".into());

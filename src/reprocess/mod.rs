@@ -205,8 +205,14 @@ impl Reprocessor {
                 return Ok((Prepared::Unavailable(why.to_string()), count))
             }
         };
-        let replayer =
-            Replayer { llm: &*self.llm, endpoint, context, policy: &self.settings.assemble };
+        let versions = replay_versions(&self.settings, &inputs.turn, opts, &context);
+        let replayer = Replayer {
+            llm: &*self.llm,
+            endpoint,
+            context,
+            policy: &self.settings.assemble,
+            versions,
+        };
         Ok((Prepared::Ready(Box::new(inputs), replayer), count))
     }
 
@@ -320,4 +326,26 @@ impl Reprocessor {
             per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
         Ok(Comparison::of(&pairs, per_turn.len(), originals))
     }
+}
+
+/// The `context_versions` of a replay's records: the ConversationContext it ran with (the run's
+/// `--conversation-context`, or the turn's; its `--model` applied, so a model override is
+/// another version) and the turn's AgentContext.
+fn replay_versions(
+    settings: &Settings,
+    turn: &crate::contracts::UserTurn,
+    opts: &Options,
+    context: &crate::config::ConversationContext,
+) -> serde_json::Value {
+    use crate::config::content_version;
+    let default = settings.default_conversation_context.as_str();
+    let own = turn.conversation_context_id().map_or(default, |c| c.as_str());
+    let id = opts.conversation_context.as_deref().unwrap_or(own);
+    let agent_id =
+        turn.agent_context_id().map_or(settings.default_agent_context.as_str(), |c| c.as_str());
+    let agent = settings.agent_contexts.get(agent_id).map(content_version);
+    serde_json::json!({
+        "ConversationContext": { "Id": id, "Version": content_version(context) },
+        "AgentContext": { "Id": agent_id, "Version": agent },
+    })
 }

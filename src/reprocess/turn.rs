@@ -26,6 +26,8 @@ pub(crate) struct Replayer<'a> {
     pub context: ConversationContext,
     /// The delta policy.
     pub policy: &'a AssemblePolicy,
+    /// The versions of the contexts it replays with, overrides applied (`context_versions`).
+    pub versions: serde_json::Value,
 }
 
 /// The endpoint serving a turn, as the invoke stage resolves it.
@@ -89,11 +91,15 @@ impl Replayer<'_> {
                         calls = Some(c.tool_calls().to_vec());
                     }
                     owed.extend(step_warnings(step, &assembled));
-                    let record = answered(inputs, step, &assembled, &answer, &self.context, &owed);
-                    records.push(record?);
+                    let mut record =
+                        answered(inputs, step, &assembled, &answer, &self.context, &owed)?;
+                    record.record.context_versions = Some(self.versions.clone());
+                    records.push(record);
                 }
                 Err(e) if is_model_outcome(&e) => {
-                    records.push(failed(inputs, step, &assembled, &e)?);
+                    let mut record = failed(inputs, step, &assembled, &e)?;
+                    record.record.context_versions = Some(self.versions.clone());
+                    records.push(record);
                     break;
                 }
                 Err(e) => return Err(e.into()),

@@ -98,7 +98,8 @@ pub struct ReprocessedPair {
 /// Columns written for a reprocessed record; the rest take their defaults.
 const COLUMNS: &str = "id, session_id, turn_id, step, kind, provider_response_id, chain, request_payload, \
      response_payload, retrieved_chunks, active_files, skipped_files, usage, errors, instruction, workspace_id, \
-     repo, language, rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id";
+     repo, language, rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id, \
+     context_versions";
 
 impl Store {
     /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
