@@ -9,7 +9,6 @@ use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TurnKey};
 use crate::lifecycle::{transition, Event};
-use crate::messages::Outgoing;
 
 impl Store {
     /// Fails the turn that the submission with `fingerprint` admitted, when the message that
@@ -85,17 +84,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         // The turn's reply, then those of the follow-ups it took in, then the next turn's start.
-        let body = match (super::steer::host_end(to), &reply) {
-            (Some(end), Outgoing::Reply(r)) => Some((end, r.body.clone())),
-            _ => None,
-        };
-        let mut out = outbox::insert(&mut *tx, session, turn, vec![reply]).await?;
-        if let Some((end, body)) = body {
-            out.append(
-                super::steer::end_taken_in(&mut *tx, &self.texts, session, turn, &body, end)
-                    .await?,
-            );
-        }
+        let mut out = super::steer::ending(&mut *tx, &self.texts, session, turn, reply, to).await?;
         if active {
             let gate = self.gate(tenant);
             let next = starts(&dispatch_next(&mut *tx, session, gate.as_ref()).await?)?;

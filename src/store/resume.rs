@@ -166,15 +166,7 @@ async fn abort(
     .execute(&mut *tx)
     .await?;
     // Its reply, then those of follow-ups an earlier round trip took in, then the next turn.
-    let body = match &reply {
-        Outgoing::Reply(r) => Some(r.body.clone()),
-        _ => None,
-    };
-    let mut out = outbox::insert(tx, session, turn, vec![reply]).await?;
-    if let Some(body) = body {
-        let failed = super::steer::HostEnd::Failed;
-        out.append(super::steer::end_taken_in(tx, cache, session, turn, &body, failed).await?);
-    }
+    let mut out = super::steer::ending(tx, cache, session, turn, reply, to).await?;
     let next = starts(&dispatch_next(tx, session, submitted.gate.as_ref()).await?)?;
     out.append(outbox::insert(tx, session, turn, next).await?);
     Ok(out)

@@ -15,8 +15,7 @@ use super::texts::TextCache;
 use super::turns::{TurnRow, TURN_COLUMNS};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, Reply, SessionId, Steer};
-pub(super) use crate::lifecycle::HostEnd;
-use crate::lifecycle::{transition, Event, Phase};
+use crate::lifecycle::{transition, Event, HostEnd, Phase};
 use crate::messages::{Outgoing, ReplyOut};
 
 /// Follow-ups one model call takes in at most; more wait for the next round trip (or run as
@@ -132,6 +131,27 @@ pub(super) async fn end_taken_in(
         // unpublished looks for that turn's.
         let reply = vec![Outgoing::Reply(msg)];
         out.append(outbox::insert(&mut *conn, session, host, reply).await?);
+    }
+    Ok(out)
+}
+
+/// The outbox rows of turn `host`'s `reply`, written as it moved to `phase`, followed, when that
+/// ends it, by those of the follow-ups it took in ([`end_taken_in`]).
+pub(super) async fn ending(
+    conn: &mut PgConnection,
+    texts: &TextCache,
+    session: Uuid,
+    host: &str,
+    reply: Outgoing,
+    phase: Phase,
+) -> Result<PendingOutbox, StoreError> {
+    let body = match (host_end(phase), &reply) {
+        (Some(end), Outgoing::Reply(r)) => Some((end, r.body.clone())),
+        _ => None,
+    };
+    let mut out = outbox::insert(&mut *conn, session, host, vec![reply]).await?;
+    if let Some((end, body)) = body {
+        out.append(end_taken_in(conn, texts, session, host, &body, end).await?);
     }
     Ok(out)
 }
