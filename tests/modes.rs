@@ -109,12 +109,7 @@ async fn a_refused_turn_changes_no_mode() {
     let got = h.replies(&s, 1, WAIT).await;
     let code = &got.last().unwrap().body["Errors"][0]["Code"];
     assert_eq!(code, "session.awaiting_tool_results", "{got:?}");
-    let mode: Option<String> =
-        sqlx::query_scalar("SELECT conversation_context_id FROM sessions WHERE id = $1::uuid")
-            .bind(&s)
-            .fetch_one(h.deps.store.pool())
-            .await
-            .unwrap();
+    let mode = h.session_mode(&s).await;
     assert_eq!(mode.as_deref(), Some(h.settings.default_conversation_context.as_str()));
     // A turn that ends without an answer (here cancelled) keeps its mode in its record too.
     h.cancel(&s, "t1").await;

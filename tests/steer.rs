@@ -201,12 +201,7 @@ async fn a_steer_in_another_mode_waits_as_a_turn_of_its_own() {
     h.submit(&results_for(&s, "t1", asked.last().unwrap())).await;
     let got = h.replies(&s, 1, WAIT).await;
     assert_eq!(ends(&got), [("t1".into(), "final/-".into(), "-".into())]);
-    let mode: Option<String> =
-        sqlx::query_scalar("SELECT conversation_context_id FROM sessions WHERE id = $1::uuid")
-            .bind(&s)
-            .fetch_one(h.deps.store.pool())
-            .await
-            .unwrap();
+    let mode = h.session_mode(&s).await;
     assert_ne!(mode.as_deref(), Some("other"));
     h.teardown().await;
 }

@@ -155,6 +155,15 @@ impl Harness {
     /// Declares the session's reply queue as a client does (durable, no arguments; the server
     /// binds it), then publishes the request.
     /// Publishes a cancel of turn `t` of session `s` the documented way (`type` = `turn.cancel`).
+    /// The session's current mode (`sessions.conversation_context_id`).
+    pub async fn session_mode(&self, s: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT conversation_context_id FROM sessions WHERE id = $1::uuid")
+            .bind(s)
+            .fetch_one(self.deps.store.pool())
+            .await
+            .unwrap()
+    }
+
     pub async fn cancel(&self, s: &str, t: &str) {
         let body = serde_json::to_vec(&serde_json::json!({"SessionId": s, "TurnId": t})).unwrap();
         let mut msg = self.topology.request(s, uuid::Uuid::new_v4().to_string(), body);
