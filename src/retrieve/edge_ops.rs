@@ -11,14 +11,9 @@ use qdrant_edge::{
 
 use super::filter;
 use super::payload::ChunkPayload;
-use super::store::{ChunkPoint, StoreQuery, StoredChunk};
+use super::store::{prefetch_limit, ChunkPoint, StoreQuery, StoredChunk};
 use super::{RetrieveError, DENSE_VECTOR, RRF_K, SPARSE_VECTOR};
 use crate::chunk::Chunk;
-
-/// Candidates each side contributes to a hybrid fusion.
-pub(super) fn prefetch_limit(limit: usize) -> usize {
-    (limit * 4).max(50)
-}
 
 /// The point id of a chunk id (chunk ids are UUIDs).
 pub(super) fn point_id(chunk_id: &str) -> Result<PointId, RetrieveError> {

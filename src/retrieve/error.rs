@@ -67,6 +67,7 @@ impl RetrieveError {
         }
     }
 
+    #[cfg(feature = "embedded-store")]
     pub(crate) fn storage(path: &std::path::Path, message: impl std::fmt::Display) -> Self {
         RetrieveError::Storage { path: path.to_path_buf(), message: message.to_string() }
     }

@@ -15,6 +15,7 @@
 use crate::contracts::{ScopeCondition, ScopeOperator, UserWarning};
 
 use super::payload::{path_query, PATH_SEGS};
+#[cfg(feature = "embedded-store")]
 use super::RetrieveError;
 
 /// Warning code put on the final response when a scope condition was ignored.
@@ -110,6 +111,7 @@ fn contains(field: &'static str, value: &str) -> Cond {
 }
 
 /// The filter as Qdrant Edge understands it; `None` when it restricts nothing.
+#[cfg(feature = "embedded-store")]
 pub fn to_edge(spec: &FilterSpec) -> Result<Option<qdrant_edge::Filter>, RetrieveError> {
     use qdrant_edge::{Condition, FieldCondition, JsonPath, Match, MatchText};
     if spec.is_empty() {

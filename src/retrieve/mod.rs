@@ -2,7 +2,8 @@
 //!
 //! Two backends behind one object-safe [`VectorStore`] trait, with the same payload schema
 //! ([`payload`]), filters ([`filter`]) and scores:
-//! - [`edge::EdgeStore`] (default): an embedded, on-disk Qdrant Edge shard per collection under
+//! - `edge::EdgeStore` (default; cargo feature `embedded-store`, on by default): an embedded,
+//!   on-disk Qdrant Edge shard per collection under
 //!   `vector.data_dir/<collection>`. Qdrant Edge is synchronous, so every call runs on the blocking
 //!   pool. The shard directory is locked by the process that opens it: open it once per process
 //!   (the [`Retrieval`] registry does) and run retrieval in one process, or use a server.
@@ -14,7 +15,9 @@
 //! reciprocal rank fusion. [`select`] then orders, deduplicates and fits chunks to top-k and budget.
 
 pub mod bm25;
+#[cfg(feature = "embedded-store")]
 pub mod edge;
+#[cfg(feature = "embedded-store")]
 mod edge_ops;
 pub mod embed;
 mod error;

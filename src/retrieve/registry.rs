@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::bm25::Bm25Encoder;
+#[cfg(feature = "embedded-store")]
 use super::edge::EdgeStore;
 use super::embed::Embedder;
 use super::server::{ServerConnection, ServerStore};
@@ -47,7 +48,10 @@ pub struct SearchOutcome {
 
 #[derive(Debug)]
 enum Backend {
-    Embedded { data_dir: PathBuf },
+    #[cfg(feature = "embedded-store")]
+    Embedded {
+        data_dir: PathBuf,
+    },
     Server(ServerConnection),
 }
 
@@ -65,6 +69,22 @@ pub struct Retrieval {
     inner: Arc<Inner>,
 }
 
+/// The embedded store under `data_dir`, where this build has one.
+#[cfg(feature = "embedded-store")]
+fn embedded(data_dir: PathBuf) -> Result<Backend, RetrieveError> {
+    Ok(Backend::Embedded { data_dir })
+}
+
+/// A build without the `embedded-store` feature serves only a Qdrant server.
+#[cfg(not(feature = "embedded-store"))]
+fn embedded(_data_dir: PathBuf) -> Result<Backend, RetrieveError> {
+    Err(RetrieveError::Config(
+        "vector.url is unset and this build has no embedded vector store (cargo feature \
+         `embedded-store`, on by default): set vector.url to a Qdrant server"
+            .into(),
+    ))
+}
+
 impl Retrieval {
     /// `vector.url` set → Qdrant server; else embedded shards under `vector.data_dir`.
     /// Nothing is opened or contacted until a collection is first used.
@@ -72,12 +92,12 @@ impl Retrieval {
         let url = settings.vector.url.as_ref().map(ConnectionUrl::expose);
         let backend = match url.filter(|u| !u.trim().is_empty()) {
             Some(_) => Backend::Server(ServerConnection::from_settings(&settings.vector)?),
-            None => Backend::Embedded { data_dir: settings.vector.data_dir.clone() },
+            None => embedded(settings.vector.data_dir.clone())?,
         };
         Ok(Retrieval {
             inner: Arc::new(Inner {
                 backend,
-                encoder: Bm25Encoder::new()?,
+                encoder: Bm25Encoder::new(),
                 embedder: Embedder::from_settings(settings)?,
                 stores: Default::default(),
             }),
@@ -92,6 +112,7 @@ impl Retrieval {
         }
         let dense = self.inner.embedder.as_ref().map(Embedder::dimension);
         let store: Arc<dyn VectorStore> = match &self.inner.backend {
+            #[cfg(feature = "embedded-store")]
             Backend::Embedded { data_dir } => Arc::new(
                 EdgeStore::open_async(data_dir.clone(), collection.to_owned(), dense).await?,
             ),

@@ -16,10 +16,9 @@ use qdrant_client::qdrant::{
 };
 use qdrant_client::{Payload, Qdrant};
 
-use super::edge_ops::prefetch_limit;
 use super::filter::{self, FilterSpec};
 use super::payload::{ChunkPayload, INDEXED_KEYWORD_FIELDS};
-use super::store::{ChunkPoint, StoreQuery, StoredChunk, VectorStore};
+use super::store::{prefetch_limit, ChunkPoint, StoreQuery, StoredChunk, VectorStore};
 use super::{RetrieveError, DENSE_VECTOR, RRF_K, SPARSE_VECTOR};
 use crate::chunk::Chunk;
 use crate::config::{ConnectionUrl, VectorSettings};

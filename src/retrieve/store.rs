@@ -71,3 +71,8 @@ pub trait VectorStore: Send + Sync + std::fmt::Debug {
     /// Makes every write so far durable (the embedded store does not replay its WAL on open).
     async fn flush(&self) -> Result<(), RetrieveError>;
 }
+
+/// Candidates each side contributes to a hybrid fusion, in both backends.
+pub(super) fn prefetch_limit(limit: usize) -> usize {
+    (limit * 4).max(50)
+}

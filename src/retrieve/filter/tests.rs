@@ -52,6 +52,7 @@ fn unknown_keys_are_ignored_with_a_warning() {
     assert!(to_server(&spec).is_none());
 }
 
+#[cfg(feature = "embedded-store")]
 #[test]
 fn edge_translation_keeps_must_and_must_not() {
     let (spec, _) = build(
