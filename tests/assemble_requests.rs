@@ -63,6 +63,10 @@ fn context() -> ConversationContext {
         chunk_budget_chars: 24_000,
         follow_up: Default::default(),
         follow_up_allowed: vec![aptix::config::FollowUp::Enqueue],
+        // Sent as `max_output_tokens`, so the official schema check covers it.
+        max_output_tokens: Some(4096),
+        usd_per_day: Default::default(),
+        usd_per_month: Default::default(),
     }
 }
 

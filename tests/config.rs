@@ -180,3 +180,28 @@ fn file_urls_follow_the_listener_unless_a_base_url_is_set() {
     assert_eq!(s.files_base_url(), "https://files.example.com");
     assert!(!s.files_listen_is_wildcard());
 }
+
+#[test]
+fn a_budget_needs_a_capped_context_and_a_priced_model() {
+    let uncapped = "[conversation_contexts.default]\nusd_per_day = 5.0";
+    assert_eq!(invalid_key(uncapped), "conversation_contexts.default.max_output_tokens");
+    let unpriced = "[conversation_contexts.default]\nusd_per_day = 5.0\nmax_output_tokens = 512\n\
+                    model = \"unpriced-model\"";
+    assert_eq!(invalid_key(unpriced), "conversation_contexts.default.model");
+    // A tenant's budget applies to the contexts it may use.
+    let tenant = "[tenants.acme]\nusers = [\"u\"]\nagent_contexts = [\"default\"]\n\
+                  conversation_contexts = [\"default\"]\nlimits = { usd_per_month = 100.0 }";
+    assert_eq!(invalid_key(tenant), "conversation_contexts.default.max_output_tokens");
+    let ok = format!("{tenant}\n[conversation_contexts.default]\nmax_output_tokens = 512");
+    let s = Settings::load(Some(write(&ok).path())).unwrap();
+    assert!(s.budgets_configured());
+    let acme = s.tenant_names().pop().unwrap();
+    assert_eq!(s.limits_of(Some(&acme)).budget().per_month.micros(), 100_000_000);
+    // Amounts are dollars from 0 up; a negative one is a load error naming the key.
+    let err = Settings::load(Some(write("[tenant_limits]\nusd_per_day = -1.0").path()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("usd_per_day") || err.contains("-1"), "{err}");
+    let too_small = "[conversation_contexts.default]\nmax_output_tokens = 8";
+    assert_eq!(invalid_key(too_small), "conversation_contexts.default.max_output_tokens");
+}

@@ -17,6 +17,7 @@ mod assemble_context;
 mod assemble_requests;
 mod bad_input;
 mod broker_permissions;
+mod budget;
 mod cancel;
 mod chaos;
 mod cli;

@@ -17,12 +17,12 @@ use common::{new_session, user_turn, Harness};
 use serde_json::json;
 use tenant_support::{codes, create_user, delete_user, TenantClient};
 
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// Two tenants: `ta` (users `<prefix>-a`) with the `default` agent context (and `a2`), `tb` with `bctx`
 /// (its own collection and endpoint key); both may use the `default` conversation context, `ta`
 /// also `other`.
-fn tenants(s: &mut Settings, limits: TenantLimits) {
+pub(crate) fn tenants(s: &mut Settings, limits: TenantLimits) {
     let prefix = s.amqp.prefix.clone();
     let other = s.conversation_contexts["default"].clone();
     s.conversation_contexts.insert("other".into(), other);
@@ -47,14 +47,19 @@ fn tenants(s: &mut Settings, limits: TenantLimits) {
     s.validate().unwrap();
 }
 
-struct Two {
-    h: Harness,
-    a: TenantClient,
-    b: TenantClient,
+pub(crate) struct Two {
+    pub(crate) h: Harness,
+    pub(crate) a: TenantClient,
+    pub(crate) b: TenantClient,
 }
 
 async fn start(copies: usize, limits: TenantLimits) -> Two {
-    let h = Harness::start_with(copies, |s| tenants(s, limits)).await;
+    start_with(copies, |s| tenants(s, limits)).await
+}
+
+/// Both tenants' clients on a harness whose settings `configure` writes (it calls [`tenants`]).
+pub(crate) async fn start_with(copies: usize, configure: impl FnOnce(&mut Settings)) -> Two {
+    let h = Harness::start_with(copies, configure).await;
     let prefix = h.topology.prefix().to_owned();
     let mut clients = Vec::new();
     for (t, tenant) in [("a", "ta"), ("b", "tb")] {
@@ -67,7 +72,7 @@ async fn start(copies: usize, limits: TenantLimits) -> Two {
     Two { h, a, b }
 }
 
-async fn stop(t: Two) {
+pub(crate) async fn stop(t: Two) {
     let users = [t.a.user.clone(), t.b.user.clone()];
     t.a.close().await;
     t.b.close().await;
@@ -382,33 +387,7 @@ async fn concurrent_turns_cannot_overshoot_the_token_budget() {
     t.b.submit(&user_turn(&probe, "t1", &instruction)).await;
     let got = t.b.read(&t.b.queue(&probe), 1, WAIT).await;
     let one_turn = got[0].body["Result"]["Usage"]["TotalTokens"].as_i64().expect("usage");
-    let sessions: Vec<String> = (0..16).map(|_| new_session()).collect();
-    let sends = sessions.chunks(4).map(|chunk| {
-        let instruction = &instruction;
-        let a = &t.a;
-        async move {
-            for (i, s) in chunk.iter().enumerate() {
-                let mut turn = user_turn(s, "t1", instruction);
-                turn["Stream"] = json!(i == 0);
-                a.submit(&turn).await;
-                if i == 0 {
-                    a.cancel(s, "t1").await;
-                }
-            }
-        }
-    });
-    futures_util::future::join_all(sends).await;
-    let mut outcomes = BTreeMap::<String, usize>::new();
-    for s in &sessions {
-        let got = t.a.read(&t.a.queue(s), 1, Duration::from_secs(60)).await;
-        let last = got.last().expect("every turn gets an answer");
-        assert!(last.is_final, "{last:?}");
-        let outcome = match last.headers["x-aptix-outcome"].as_str() {
-            "final" => "final".to_owned(),
-            _ => codes(last).join(","),
-        };
-        *outcomes.entry(outcome).or_default() += 1;
-    }
+    let outcomes = cancelling_flood(&t.a, &instruction).await;
     let (charged, largest): (i64, i64) = sqlx::query_as(
         "SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(max(tokens), 0)::bigint
          FROM tenant_tokens WHERE tenant = 'ta'",
@@ -427,6 +406,42 @@ async fn concurrent_turns_cannot_overshoot_the_token_budget() {
     // spent more than the bound (the cancelled ones aside).
     assert!(12 * one_turn > limit + reserve, "turns too small to tell: {report}");
     stop(t).await;
+}
+
+/// Sixteen one-turn sessions of `instruction` from four concurrent publishers, the first of each
+/// publisher's turns streamed and cancelled at once; every session's final answer, counted by
+/// outcome (`final` or its error codes).
+pub(crate) async fn cancelling_flood(
+    client: &TenantClient,
+    instruction: &str,
+) -> BTreeMap<String, usize> {
+    let sessions: Vec<String> = (0..16).map(|_| new_session()).collect();
+    let sends = sessions.chunks(4).map(|chunk| {
+        let a = client;
+        async move {
+            for (i, s) in chunk.iter().enumerate() {
+                let mut turn = user_turn(s, "t1", instruction);
+                turn["Stream"] = json!(i == 0);
+                a.submit(&turn).await;
+                if i == 0 {
+                    a.cancel(s, "t1").await;
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(sends).await;
+    let mut outcomes = BTreeMap::<String, usize>::new();
+    for s in &sessions {
+        let got = client.read(&client.queue(s), 1, Duration::from_secs(60)).await;
+        let last = got.last().expect("every turn gets an answer");
+        assert!(last.is_final, "{last:?}");
+        let outcome = match last.headers["x-aptix-outcome"].as_str() {
+            "final" => "final".to_owned(),
+            _ => codes(last).join(","),
+        };
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    outcomes
 }
 
 /// The largest number of turns of tenant `ta` that were in flight at once, from the stored

@@ -71,6 +71,9 @@ pub(crate) fn envelope(context: &ConversationContext, call: Call<'_>, input: Vec
     if let Some(t) = context.temperature.and_then(temperature) {
         body.insert("temperature".into(), t);
     }
+    if let Some(n) = context.max_output_tokens {
+        body.insert("max_output_tokens".into(), json!(n));
+    }
     if let Some(key) = call.prompt_cache_key {
         body.insert("prompt_cache_key".into(), json!(key));
     }

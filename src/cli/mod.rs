@@ -1,6 +1,7 @@
 //! The `aptix` command line: one binary gathering the operator's and backend's entry points.
 
 mod bench;
+mod budgets;
 mod check_request;
 mod dead;
 mod demo;

@@ -1,6 +1,7 @@
 //! `aptix status`: the pipeline's queues as the broker sees them (messages ready, consumers per
 //! stage; with the management API also unacked messages, rates and the workers consuming), the
-//! dead letters waiting for an operator, and whether every stage has a consumer.
+//! dead letters waiting for an operator, whether every stage has a consumer, and (in the table)
+//! each money budget's use.
 
 use std::process::ExitCode;
 
@@ -32,6 +33,10 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
         } else {
             print_table(&states);
             print_workers(&states);
+            match super::budgets::read(&settings).await {
+                Ok(budgets) => super::budgets::print(&budgets),
+                Err(e) => println!("warning: budgets unavailable: {e:#}"),
+            }
             if let Some(note) = note {
                 println!("{note}");
             }

@@ -96,7 +96,8 @@ impl Settings {
         self.validate_pipeline()?;
         self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.validate_contexts()?;
-        self.validate_tenants()
+        self.validate_tenants()?;
+        self.validate_budgets()
     }
 
     fn validate_pipeline(&self) -> Result<(), ConfigError> {

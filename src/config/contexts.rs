@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::budget::{Budget, Usd};
 use super::secret::{ConnectionUrl, Secret};
 use super::ConfigError;
 
@@ -43,6 +44,17 @@ pub struct ConversationContext {
     /// any other is refused with `context.follow_up_not_allowed`.
     #[serde(default = "every_follow_up")]
     pub follow_up_allowed: Vec<FollowUp>,
+    /// Output tokens a call may produce at most, sent as `max_output_tokens`; required where a
+    /// budget applies (it prices a call's worst case). Unset fields stay out of the context's
+    /// serialised form, so adding them changed no existing context's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    /// Spend of all turns in this mode, in US dollars per UTC day (docs/tenancy.md §7a).
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub usd_per_day: Usd,
+    /// The same per UTC month.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub usd_per_month: Usd,
 }
 
 pub use crate::contracts::FollowUp;
@@ -117,6 +129,11 @@ pub struct AgentContext {
 }
 
 impl ConversationContext {
+    /// Its money budget.
+    pub fn budget(&self) -> Budget {
+        Budget { per_day: self.usd_per_day, per_month: self.usd_per_month }
+    }
+
     /// Checks one context; `key` is its configuration path for error messages.
     pub(super) fn check(&self, key: &str) -> Result<(), ConfigError> {
         let bad = |field: &str, message: String| {
@@ -138,6 +155,10 @@ impl ConversationContext {
         }
         if self.top_k == 0 {
             return bad("top_k", "must be at least 1".into());
+        }
+        if self.max_output_tokens.is_some_and(|n| n < 16) {
+            // The Responses API's own minimum.
+            return bad("max_output_tokens", "must be at least 16".into());
         }
         let mut names = std::collections::HashSet::new();
         for (i, tool) in self.tools.iter().enumerate() {

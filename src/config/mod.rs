@@ -3,6 +3,7 @@
 //! variables. Validated once at start-up; secrets are redacted whenever printed.
 
 mod assemble_policy;
+mod budget;
 mod check;
 mod contexts;
 mod keys;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use assemble_policy::{AssemblePolicy, PromptCacheKey};
+pub use budget::{Budget, Usd};
 pub use contexts::{AgentContext, ConversationContext, FollowUp, FunctionTool};
 pub use keys::{file_signature, file_signature_valid, file_url, MessageKeys, MIN_KEY_BYTES};
 pub use limits::Limits;

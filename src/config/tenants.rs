@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::budget::{Budget, Usd};
 use super::{ConfigError, Settings};
 use crate::contracts::{ContextId, TenantName};
 
@@ -52,9 +53,23 @@ pub struct TenantLimits {
     /// LLM tokens (input + output) per minute; turns start while the minute's budget is left.
     #[serde(default)]
     pub tokens_per_minute: u64,
-    /// What a turn over `turns_in_flight`, `turns_per_minute` or `tokens_per_minute` gets.
+    /// Spend in US dollars per UTC day (docs/tenancy.md §7a).
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub usd_per_day: Usd,
+    /// Spend in US dollars per UTC month.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub usd_per_month: Usd,
+    /// What a turn over `turns_in_flight`, `turns_per_minute`, `tokens_per_minute` or a budget
+    /// gets.
     #[serde(default)]
     pub over_limit: OverLimit,
+}
+
+impl TenantLimits {
+    /// Its money budget.
+    pub fn budget(&self) -> Budget {
+        Budget { per_day: self.usd_per_day, per_month: self.usd_per_month }
+    }
 }
 
 /// A tenant's own values for some limits.
@@ -70,16 +85,22 @@ pub struct LimitOverrides {
     #[serde(default)]
     tokens_per_minute: Option<u64>,
     #[serde(default)]
+    usd_per_day: Option<Usd>,
+    #[serde(default)]
+    usd_per_month: Option<Usd>,
+    #[serde(default)]
     over_limit: Option<OverLimit>,
 }
 
 impl LimitOverrides {
-    fn over(&self, d: TenantLimits) -> TenantLimits {
+    pub(super) fn over(&self, d: TenantLimits) -> TenantLimits {
         TenantLimits {
             turns_in_flight: self.turns_in_flight.unwrap_or(d.turns_in_flight),
             turns_per_minute: self.turns_per_minute.unwrap_or(d.turns_per_minute),
             sessions_per_minute: self.sessions_per_minute.unwrap_or(d.sessions_per_minute),
             tokens_per_minute: self.tokens_per_minute.unwrap_or(d.tokens_per_minute),
+            usd_per_day: self.usd_per_day.unwrap_or(d.usd_per_day),
+            usd_per_month: self.usd_per_month.unwrap_or(d.usd_per_month),
             over_limit: self.over_limit.unwrap_or(d.over_limit),
         }
     }

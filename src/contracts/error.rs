@@ -98,6 +98,7 @@ error_codes! {
     LimitTurnsPerMinute => "limit.turns_per_minute", "the tenant reached `turns_per_minute` in the last 60 seconds";
     LimitSessionsPerMinute => "limit.sessions_per_minute", "the tenant created `sessions_per_minute` sessions in the last 60 seconds";
     LimitTokensPerMinute => "limit.tokens_per_minute", "the tenant's turns used `tokens_per_minute` LLM tokens in the last 60 seconds";
+    LimitBudgetExhausted => "limit.budget_exhausted", "a call of the turn would pass its tenant's or its ConversationContext's spend budget (`usd_per_day`, `usd_per_month`); the turn was refused, or failed before that call";
     LimitResumesPerMinute => "limit.resumes_per_minute", "the session was resumed `pipeline.resumes_per_minute` times in the last 60 seconds (`turn.resume`); nothing was sent again";
     ToolResultsTurnCancelled => "tool_results.turn_cancelled", "tool results name a turn that was cancelled; they were not used";
     ToolsServerRoundsExceeded => "tools.server_rounds_exceeded", "the model called server tools in more round trips of one turn than the context's `server_tools.max_rounds`; the turn failed";

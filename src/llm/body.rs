@@ -27,6 +27,9 @@ pub struct BodyHead {
     /// `max_output_tokens`.
     #[serde(default)]
     pub max_output_tokens: Option<i64>,
+    /// `previous_response_id`: the provider adds that chain's tokens to the input.
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
     /// `temperature`.
     #[serde(default)]
     pub temperature: Option<f64>,

@@ -4,6 +4,7 @@
 mod actions;
 mod admit;
 mod browse;
+mod budget;
 mod cancel;
 mod fail;
 mod files;
@@ -35,6 +36,7 @@ use sqlx::{ConnectOptions as _, PgPool};
 pub use actions::OperatorAction;
 pub use admit::{Admission, SessionMeta};
 pub use browse::{SessionSearch, SessionSummary};
+pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
 pub use cancel::{cancelled, CancelAdmission};
 pub use files::KeptFile;
 pub use new_record::NewRecord;

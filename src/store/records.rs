@@ -68,6 +68,8 @@ pub struct FinishStep {
     /// The follow-ups that steer the turn whose instructions this round trip sent, taken in
     /// when it ends with the model's answer.
     pub steers: Vec<String>,
+    /// How the round trip's budget reservation settles (none: no budget is configured).
+    pub settle: Option<super::Settle>,
 }
 
 /// What finishing a round trip did.
@@ -113,6 +115,9 @@ impl Store {
             }
             return unwritten(tx, session, turn, f.step, f.cancelled).await;
         };
+        if let Some(how) = f.settle {
+            super::budget::settle(&mut tx, (session, turn, f.step), how).await?;
+        }
         let gate = self.gate(tenant.as_deref());
         if let Some(g) = &gate {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())

@@ -38,6 +38,8 @@ pub enum Limit {
     SessionsPerMinute(u32),
     /// `tokens_per_minute`.
     TokensPerMinute(u64),
+    /// `usd_per_day` or `usd_per_month`: the ceiling of the period, reached.
+    Budget(super::Period, crate::config::Usd),
 }
 
 impl Gate {
@@ -99,6 +101,9 @@ pub(super) async fn room(
     } else {
         ("('queued', 'running', 'awaiting_tool_results')", "created_at")
     };
+    if let Some(e) = super::budget::tenant_over(conn, tenant, l.budget()).await? {
+        return Ok(Err(Limit::Budget(e.period, e.budget)));
+    }
     let mut room = want;
     if l.turns_in_flight > 0 {
         let sql = format!("SELECT count(*) FROM turns WHERE tenant = $1 AND state IN {open}");

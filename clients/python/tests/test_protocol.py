@@ -53,7 +53,7 @@ def test_reply_queues_of_a_tenant():
 def test_tenancy_error_codes():
     assert (CODE_SESSION_UNAVAILABLE, CODE_CONTEXT_FIXED) == ("session.unavailable", "session.context_fixed")
     assert LIMIT_CODES == ("limit.turns_in_flight", "limit.turns_per_minute", "limit.sessions_per_minute",
-                           "limit.tokens_per_minute")
+                           "limit.tokens_per_minute", "limit.budget_exhausted")
 
 
 def test_cancel_type_and_codes():

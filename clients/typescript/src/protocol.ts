@@ -90,12 +90,16 @@ export const KIND_RESUMED = "resumed";
 export const CODE_SESSION_BUSY = "session.busy";
 /** The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11). */
 export const CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed";
-/** Tenant mode: the tenant is over one of its limits and its configuration says refuse. */
+/**
+ * Tenant mode: the tenant is over one of its limits and its configuration says refuse;
+ * `limit.budget_exhausted` also fails a turn whose next call could pass a money budget.
+ */
 export const LIMIT_CODES = [
   "limit.turns_in_flight",
   "limit.turns_per_minute",
   "limit.sessions_per_minute",
   "limit.tokens_per_minute",
+  "limit.budget_exhausted",
 ] as const;
 
 const TURN_ID = /^[A-Za-z0-9._:-]{1,128}$/;

@@ -63,7 +63,7 @@ test("reply queues of a tenant", () => {
     assert.throws(() => instanceQueue("aptix", "pod-1", bad), /tenant name/);
   }
   assert.deepEqual([CODE_SESSION_UNAVAILABLE, CODE_CONTEXT_FIXED], ["session.unavailable", "session.context_fixed"]);
-  assert.deepEqual([...LIMIT_CODES], ["limit.turns_in_flight", "limit.turns_per_minute", "limit.sessions_per_minute", "limit.tokens_per_minute"]);
+  assert.deepEqual([...LIMIT_CODES], ["limit.turns_in_flight", "limit.turns_per_minute", "limit.sessions_per_minute", "limit.tokens_per_minute", "limit.budget_exhausted"]);
 });
 
 test("the user of a URL", () => {

@@ -87,6 +87,14 @@ pub(super) fn over_limit(limit: Limit) -> ApiError {
             ErrorCode::LimitTokensPerMinute,
             format!("this tenant's turns may use {n} LLM tokens per minute; try again later"),
         ),
+        Limit::Budget(period, budget) => (
+            ErrorCode::LimitBudgetExhausted,
+            format!(
+                "this tenant's budget of {budget} per {} is spent; try again in the next {}",
+                period.as_str(),
+                period.as_str()
+            ),
+        ),
     };
     ApiError::new(code, message)
 }

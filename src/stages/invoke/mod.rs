@@ -22,6 +22,7 @@ use crate::messages::{
 use crate::stage::{DeltaSink, Output, Stage, StageError};
 use crate::store::Store;
 
+mod budget;
 mod watch;
 
 use watch::CancelWatch;
@@ -43,6 +44,18 @@ enum Call {
     /// The turn was cancelled: the text streamed until then, and whether the call had been
     /// made (and aborted), which spends tokens the provider never reports.
     Cancelled(String, bool),
+    /// The call would pass a money budget: not made.
+    OverBudget(ApiError),
+}
+
+/// One provider call's inputs.
+#[derive(Clone, Copy)]
+struct CallArgs<'a> {
+    endpoint: &'a Endpoint,
+    body: &'a RequestBody,
+    job: &'a AdmittedTurn,
+    stream: bool,
+    cancel: &'a CancellationToken,
 }
 
 impl Invoke {
@@ -87,7 +100,9 @@ impl Stage for Invoke {
         let mut result = if state.cancelled {
             Call::Cancelled(String::new(), false)
         } else {
-            self.call(&endpoint, &assembled.body, &job.admitted, stream, &watched.token).await
+            let (body, job, cancel) = (&assembled.body, &job.admitted, &watched.token);
+            self.reserve_and_call(CallArgs { endpoint: &endpoint, body, job, stream, cancel })
+                .await?
         };
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
@@ -102,10 +117,16 @@ impl Stage for Invoke {
                 .assemble(&chunks, &state.force_new_chain(), context, &self.settings.assemble)
                 .map_err(StageError::fail)?;
             rebuilt = true;
-            result =
-                self.call(&endpoint, &assembled.body, &job.admitted, stream, &watched.token).await;
+            // The rebuilt body carries the whole history: reserved again, at its own worst case.
+            let (body, admitted, cancel) = (&assembled.body, &job.admitted, &watched.token);
+            let args = CallArgs { endpoint: &endpoint, body, job: admitted, stream, cancel };
+            result = self.reserve_and_call(args).await?;
         }
         let round_trip = match result {
+            Call::OverBudget(refusal) => {
+                info!(session = %key.session_id, turn = %key.turn_id, step, "call over a money budget; not made");
+                RoundTrip::Failed { errors: vec![refusal], raw: None }
+            }
             Call::Cancelled(streamed, called) => {
                 info!(session = %key.session_id, turn = %key.turn_id, step, streamed_chars = streamed.len(), called, "turn cancelled; provider call not made or aborted");
                 let estimate = called.then(|| estimate_usage(assembled.body.as_str(), &streamed));
@@ -158,17 +179,21 @@ impl Invoke {
         crate::metrics::metrics().llm_call(model, outcome, took, usage, prices);
     }
 
+    /// Reserves the call's worst case against its money budgets, then calls the provider; a
+    /// call that would pass a budget is not made.
+    async fn reserve_and_call(&self, a: CallArgs<'_>) -> Result<Call, StageError> {
+        match budget::reserve(&self.settings, &self.store, a.job, a.body, a.cancel).await? {
+            budget::Reserved::Made => Ok(self.call(a).await),
+            budget::Reserved::Refused(refusal) => Ok(Call::OverBudget(refusal)),
+            budget::Reserved::Cancelled => Ok(Call::Cancelled(String::new(), false)),
+        }
+    }
+
     /// Calls the provider, forwarding deltas of a streamed call in order while it runs, until
     /// it ends or `cancel` fires: then the call is dropped (its HTTP stream closed) and no
     /// further delta is published.
-    async fn call(
-        &self,
-        endpoint: &Endpoint,
-        body: &RequestBody,
-        job: &AdmittedTurn,
-        stream: bool,
-        cancel: &CancellationToken,
-    ) -> Call {
+    async fn call(&self, a: CallArgs<'_>) -> Call {
+        let CallArgs { endpoint, body, job, stream, cancel } = a;
         let llm = &self.llm;
         let Some(sink) = self.deltas.clone().filter(|_| stream) else {
             return tokio::select! {

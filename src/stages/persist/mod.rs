@@ -14,7 +14,9 @@ use crate::contracts::{
 use crate::messages::hops;
 use crate::messages::{with_owed_warnings, Answer, Done, EndedRoundTrip, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
-use crate::store::{cancelled, FinishStep, Finished, KnownTexts, NewRecord, StepOutcome, Store};
+use crate::store::{
+    cancelled, FinishStep, Finished, KnownTexts, NewRecord, Settle, StepOutcome, Store,
+};
 
 /// Writes the immutable record and publishes the reply.
 #[derive(Debug)]
@@ -116,6 +118,7 @@ impl Persist {
             reply: out,
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
             steers: job.assembled.as_ref().map(|a| a.record.steered_by.clone()).unwrap_or_default(),
+            settle: self.settings.budgets_configured().then(|| settle(&self.settings, job)),
         };
         Ok(self.store.finish_step(finish).await?)
     }
@@ -280,4 +283,27 @@ fn path(job: &EndedRoundTrip) -> Value {
         own.sent_ms = hops::now_ms();
     }
     hops::stored(&path)
+}
+
+/// How a round trip's budget reservation settles: to its answer's usage, priced; to nothing for a
+/// call not made or refused by the provider; to the reservation for a call aborted before it
+/// reported usage (what the provider bills for it is unknown, up to the worst case).
+fn settle(settings: &Settings, job: &EndedRoundTrip) -> Settle {
+    let model = job.assembled.as_ref().and_then(|a| a.body.head().model);
+    let priced = |usage: Option<&crate::contracts::Usage>| {
+        let price = model.as_deref().and_then(|m| settings.price_of(m));
+        match (price, usage) {
+            (Some(price), Some(usage)) => Settle::Cost(price.cost(usage)),
+            _ => Settle::AtReservation,
+        }
+    };
+    match &job.result {
+        RoundTrip::Answered(a) => priced(a.usage.as_ref()),
+        RoundTrip::Failed { .. } => Settle::Cost(crate::config::Usd::ZERO),
+        RoundTrip::Cancelled { answered: Some(a), .. } => priced(a.usage.as_ref()),
+        RoundTrip::Cancelled { answered: None, estimate: Some(_), .. } => Settle::AtReservation,
+        RoundTrip::Cancelled { answered: None, estimate: None, .. } => {
+            Settle::Cost(crate::config::Usd::ZERO)
+        }
+    }
 }

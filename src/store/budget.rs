@@ -1,0 +1,282 @@
+//! Money budgets in PostgreSQL (docs/tenancy.md §7a). Before an LLM call the invoke stage
+//! reserves the call's worst case against every budget that applies (its tenant's, its
+//! ConversationContext's), holding each scope's row of `budget_locks`, so any number of workers
+//! decide as one; the persist stage settles the reservation to the call's cost in the
+//! transaction that writes its record. Spend is summed from the rows, an open one at its
+//! reservation, so there is no counter to drift and a crashed worker never frees budget it may
+//! have spent.
+
+use sqlx::PgConnection;
+
+use super::{Store, StoreError};
+use crate::config::{Budget, Usd};
+use crate::contracts::{TenantName, TurnKey};
+
+/// The period a ceiling is per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    /// The UTC day.
+    Day,
+    /// The UTC month.
+    Month,
+}
+
+impl Period {
+    /// `day` or `month`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+}
+
+/// A ceiling a call would pass: whose, per what, and how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    /// `tenant <name>` or `ConversationContext <id>`.
+    pub scope: String,
+    /// The period of the ceiling.
+    pub period: Period,
+    /// The ceiling.
+    pub budget: Usd,
+    /// Spent and reserved in the period before this call.
+    pub spent: Usd,
+    /// Of `spent`, what other calls in flight have reserved and not yet settled.
+    pub open: Usd,
+}
+
+impl Exhausted {
+    /// Whether a call of `worst` would fit once the calls in flight settled at nothing more
+    /// than they have spent: worth waiting for, rather than refusing.
+    pub fn fits_once_settled(&self, worst: Usd) -> bool {
+        let settled = self.spent.micros().saturating_sub(self.open.micros());
+        settled.saturating_add(worst.micros()) <= self.budget.micros()
+    }
+}
+
+/// One call's reservation: the budgets it counts against and its worst case.
+#[derive(Debug, Clone)]
+pub struct CallReservation<'a> {
+    /// The turn and round trip.
+    pub key: &'a TurnKey,
+    /// The round trip (the record's step).
+    pub step: i32,
+    /// The tenant and its budget (none single-tenant).
+    pub tenant: Option<(&'a TenantName, Budget)>,
+    /// The ConversationContext and its budget.
+    pub context: (&'a str, Budget),
+    /// What the call can cost at most.
+    pub worst: Usd,
+}
+
+/// Spend of a scope in the current UTC day and month, open reservations at their amount.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spent {
+    /// This UTC day.
+    pub day: Usd,
+    /// This UTC month.
+    pub month: Usd,
+    /// Of `day`, open reservations.
+    pub open_day: Usd,
+    /// Of `month`, open reservations.
+    pub open_month: Usd,
+}
+
+/// Spend of one scope; `exclude` leaves out one round trip's open reservation (the call being
+/// reserved again after a retry).
+async fn spent(
+    conn: &mut PgConnection,
+    column: &str,
+    value: &str,
+    exclude: Option<(&TurnKey, i32)>,
+) -> Result<Spent, StoreError> {
+    let today = "at >= date_trunc('day', now(), 'UTC')";
+    let sql = format!(
+        "SELECT COALESCE(sum(COALESCE(cost_micros, reserved_micros)) FILTER (WHERE {today}), 0)::bigint,
+                COALESCE(sum(COALESCE(cost_micros, reserved_micros)), 0)::bigint,
+                COALESCE(sum(reserved_micros)
+                         FILTER (WHERE cost_micros IS NULL AND {today}), 0)::bigint,
+                COALESCE(sum(reserved_micros) FILTER (WHERE cost_micros IS NULL), 0)::bigint
+         FROM spend
+         WHERE {column} = $1 AND at >= date_trunc('month', now(), 'UTC')
+           AND NOT (cost_micros IS NULL AND session_id = $2 AND turn_id = $3 AND step = $4)"
+    );
+    let (session, turn, step) = match exclude {
+        Some((k, s)) => (Some(k.session_id.as_uuid()), Some(k.turn_id.as_str()), s),
+        None => (None, None, -1),
+    };
+    let (day, month, open_day, open_month): (i64, i64, i64, i64) = sqlx::query_as(&sql)
+        .bind(value)
+        .bind(session)
+        .bind(turn)
+        .bind(step)
+        .fetch_one(&mut *conn)
+        .await?;
+    let usd = |m: i64| Usd::from_micros(u64::try_from(m).unwrap_or(0));
+    Ok(Spent {
+        day: usd(day),
+        month: usd(month),
+        open_day: usd(open_day),
+        open_month: usd(open_month),
+    })
+}
+
+/// Holds `scope`'s lock row for the rest of the transaction (created on first use; the upsert
+/// locks it in one statement).
+async fn lock(conn: &mut PgConnection, scope: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO budget_locks (scope) VALUES ($1)
+         ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope",
+    )
+    .bind(scope)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The first ceiling of `budget` that `spent + worst` would pass.
+fn over(scope: String, budget: Budget, spent: Spent, worst: Usd) -> Option<Exhausted> {
+    [
+        (Period::Day, budget.per_day, spent.day, spent.open_day),
+        (Period::Month, budget.per_month, spent.month, spent.open_month),
+    ]
+    .into_iter()
+    .find(|(_, ceiling, spent, _)| {
+        !ceiling.is_zero() && spent.micros().saturating_add(worst.micros()) > ceiling.micros()
+    })
+    .map(|(period, budget, spent, open)| Exhausted {
+        scope: scope.clone(),
+        period,
+        budget,
+        spent,
+        open,
+    })
+}
+
+impl Store {
+    /// Reserves a call's worst case against its budgets, or says which ceiling it would pass
+    /// (nothing is reserved then). A retried call of the same round trip keeps one reservation,
+    /// the larger of the two.
+    pub async fn reserve_call(
+        &self,
+        r: &CallReservation<'_>,
+    ) -> Result<Result<(), Exhausted>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let this = Some((r.key, r.step));
+        // Always tenant before context: two workers never wait on each other's second lock.
+        if let Some((tenant, budget)) = r.tenant.filter(|(_, b)| b.is_set()) {
+            lock(&mut tx, &format!("tenant:{tenant}")).await?;
+            let spent = spent(&mut tx, "tenant", tenant.as_str(), this).await?;
+            if let Some(e) = over(format!("tenant {tenant}"), budget, spent, r.worst) {
+                return Ok(Err(e));
+            }
+        }
+        let (context, budget) = r.context;
+        if budget.is_set() {
+            lock(&mut tx, &format!("context:{context}")).await?;
+            let spent = spent(&mut tx, "context", context, this).await?;
+            if let Some(e) = over(format!("ConversationContext {context}"), budget, spent, r.worst)
+            {
+                return Ok(Err(e));
+            }
+        }
+        sqlx::query(
+            "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (session_id, turn_id, step) WHERE cost_micros IS NULL
+             DO UPDATE SET reserved_micros = GREATEST(spend.reserved_micros, EXCLUDED.reserved_micros)",
+        )
+        .bind(r.tenant.map(|(t, _)| t.as_str()))
+        .bind(context)
+        .bind(r.key.session_id.as_uuid())
+        .bind(r.key.turn_id.as_str())
+        .bind(r.step)
+        .bind(r.worst.micros_i64())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(()))
+    }
+
+    /// The tokens the provider's stored response `response_id` of this session holds (its input
+    /// and output), which a call continuing it is billed as input again; 0 when unknown.
+    pub async fn chain_tokens(
+        &self,
+        session: &crate::contracts::SessionId,
+        response_id: &str,
+    ) -> Result<u64, StoreError> {
+        let tokens: Option<i64> = sqlx::query_scalar(
+            "SELECT (usage->>'InputTokens')::bigint + (usage->>'OutputTokens')::bigint
+             FROM response_records WHERE session_id = $1 AND provider_response_id = $2
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(session.as_uuid())
+        .bind(response_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .flatten();
+        Ok(tokens.map_or(0, |t| u64::try_from(t).unwrap_or(0)))
+    }
+
+    /// A tenant's spend this UTC day and month (for admission, `aptix status` and gauges).
+    pub async fn tenant_spend(&self, tenant: &TenantName) -> Result<Spent, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        spent(&mut conn, "tenant", tenant.as_str(), None).await
+    }
+
+    /// A ConversationContext's spend this UTC day and month.
+    pub async fn context_spend(&self, context: &str) -> Result<Spent, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        spent(&mut conn, "context", context, None).await
+    }
+}
+
+/// Whether the tenant's spend has reached a ceiling of `budget` (admission: a turn is refused or
+/// held; the tenant's lock is held by the caller).
+pub(super) async fn tenant_over(
+    conn: &mut PgConnection,
+    tenant: &TenantName,
+    budget: Budget,
+) -> Result<Option<Exhausted>, StoreError> {
+    if !budget.is_set() {
+        return Ok(None);
+    }
+    let spent = spent(conn, "tenant", tenant.as_str(), None).await?;
+    // Nothing more may start once a ceiling is reached (a call of any cost would pass it).
+    Ok(over(format!("tenant {tenant}"), budget, spent, Usd::from_micros(1)))
+}
+
+/// How a round trip's reservation settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// To the call's cost (an answer's usage, priced; zero for a call the provider refused).
+    Cost(Usd),
+    /// To the reservation itself: a call aborted before it reported usage cost an unknown
+    /// amount up to its worst case.
+    AtReservation,
+}
+
+/// Settles the round trip's open reservation, if any (in the transaction that writes its
+/// record, so exactly once; a redelivered persist finds it settled).
+pub(super) async fn settle(
+    conn: &mut PgConnection,
+    key: (uuid::Uuid, &str, i32),
+    how: Settle,
+) -> Result<(), StoreError> {
+    let cost = match how {
+        Settle::Cost(c) => Some(c.micros_i64()),
+        Settle::AtReservation => None,
+    };
+    sqlx::query(
+        "UPDATE spend SET cost_micros = COALESCE($4, reserved_micros), settled_at = clock_timestamp()
+         WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND cost_micros IS NULL",
+    )
+    .bind(key.0)
+    .bind(key.1)
+    .bind(key.2)
+    .bind(cost)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
