@@ -20,7 +20,8 @@
 # conversation context `other` that both may name (aptix.example.toml's
 # [conversation_contexts.default], tools included, with another mode). It exports
 # APTIX_TEST_TENANTS=1, APTIX_TEST_TENANT_A / _B (the names), APTIX_TEST_TENANT_A_URL / _B_URL
-# (the users' URLs) and APTIX_TEST_OTHER_CONVERSATION_CONTEXT, runs only tests/test_tenancy.py and
+# (the users' URLs), APTIX_TEST_OTHER_CONVERSATION_CONTEXT and APTIX_TEST_SPENT_CONVERSATION_CONTEXT
+# (a third context, whose money budget any call would pass), runs only tests/test_tenancy.py and
 # dist/test/tenancy.test.js (which skip in the default mode), and deletes the users afterwards.
 # It needs rabbitmqctl.
 #
@@ -75,7 +76,7 @@ if [[ "${CLIENTS_TENANTS:-}" == 1 ]]; then
   tenant_mode=1
   tenant_a="ta${rand:0:6}" tenant_b="tb${rand:0:6}"
   tenant_user_a="aptix-tenant-$rand-a" tenant_user_b="aptix-tenant-$rand-b"
-  other_context=other
+  other_context=other spent_context=spent
 fi
 
 # Tenant mode: the pipeline's configuration over the built-in defaults. Tenant A has the default
@@ -87,12 +88,12 @@ write_tenant_config() {
 [tenants.$tenant_a]
 users = ["$tenant_user_a"]
 agent_contexts = ["default", "${tenant_a}_alt"]
-conversation_contexts = ["default", "$other_context"]
+conversation_contexts = ["default", "$other_context", "$spent_context"]
 
 [tenants.$tenant_b]
 users = ["$tenant_user_b"]
 agent_contexts = ["$tenant_b"]
-conversation_contexts = ["default", "$other_context"]
+conversation_contexts = ["default", "$other_context", "$spent_context"]
 
 [agent_contexts.$tenant_b]
 collection = "aptix_$tenant_b"
@@ -102,14 +103,24 @@ collection = "aptix_$tenant_b"
 collection = "aptix_${tenant_a}_alt"
 
 EOF
+  copy_default_context "$other_context" OTHER Other
+  # A third whose money budget (docs/tenancy.md §7a) is spent by any call: its turns fail with
+  # limit.budget_exhausted before their call.
+  copy_default_context "$spent_context" SPENT Spent \
+    | sed -e "/^\[conversation_contexts\.$spent_context\]\$/a max_output_tokens = 256\nusd_per_month = 0.000001"
+}
+
+# copy_default_context ID MODE DISPLAY: aptix.example.toml's [conversation_contexts.default] (its
+# [[...tools]] too, comments left out) under another id and mode.
+copy_default_context() {
   awk '
     !str && /^\[/ { on = /^\[\[?conversation_contexts\.default[].]/ }
     on && !str && /^#/ { next }
     on { print }
     { if (gsub(/"""/, "&") % 2) str = !str }  # inside a multi-line string no line is a header
   ' "$here/../aptix.example.toml" \
-    | sed -e "/^\[/s/conversation_contexts\.default/conversation_contexts.$other_context/" \
-      -e 's/^mode = .*/mode = "OTHER"/' -e 's/^mode_display_name = .*/mode_display_name = "Other"/'
+    | sed -e "/^\[/s/conversation_contexts\.default/conversation_contexts.$1/" \
+      -e "s/^mode = .*/mode = \"$2\"/" -e "s/^mode_display_name = .*/mode_display_name = \"$3\"/"
 }
 
 add_tenant_user() { # USER TENANT: prints the URL of a new broker user with the permissions of TENANT's clients
@@ -199,6 +210,7 @@ if [[ -n "$tenant_mode" ]]; then
   export APTIX_TEST_TENANTS=1 APTIX_TEST_TENANT_A="$tenant_a" APTIX_TEST_TENANT_B="$tenant_b"
   export APTIX_TEST_TENANT_A_URL="$tenant_url_a" APTIX_TEST_TENANT_B_URL="$tenant_url_b"
   export APTIX_TEST_OTHER_CONVERSATION_CONTEXT="$other_context"
+  export APTIX_TEST_SPENT_CONVERSATION_CONTEXT="$spent_context"
   export APTIX_TEST_OTHER_AGENT_CONTEXT="${tenant_a}_alt"
 fi
 

@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod assemble;
 pub mod balance;
 pub mod broker;
+pub mod budgets;
 pub mod chunk;
 pub mod cli;
 pub mod config;

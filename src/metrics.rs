@@ -52,6 +52,13 @@ struct CostLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabel {
+    scope: &'static str,
+    name: String,
+    period: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JsonLabel {
     op: &'static str,
     what: &'static str,
@@ -96,6 +103,9 @@ pub struct Metrics {
     json: Family<JsonLabel, Counter>,
     amqp: Family<AmqpLabel, Counter>,
     dependency_up: Family<DependencyLabel, Gauge>,
+    budget_ceiling: Family<BudgetLabel, Gauge>,
+    budget_spent: Family<BudgetLabel, Gauge>,
+    budget_reserved: Family<BudgetLabel, Gauge>,
     broker_connections: AtomicI64,
     known_models: RwLock<HashSet<String>>,
     broker_problem: RwLock<Option<String>>,
@@ -172,7 +182,29 @@ impl Metrics {
             "Whether the broker and the database answer this process (1) or not (0), checked at each scrape",
             dependency_up.clone(),
         );
+        let [budget_ceiling, budget_spent, budget_reserved] = [
+            (
+                "budget_ceiling_micro_usd",
+                "A money budget's ceiling for its period (docs/tenancy.md §7a)",
+            ),
+            (
+                "budget_spent_micro_usd",
+                "Spent of a money budget this period, reservations of calls in flight included",
+            ),
+            (
+                "budget_reserved_micro_usd",
+                "Of the spent, reserved by calls in flight and not yet settled",
+            ),
+        ]
+        .map(|(name, help)| {
+            let family = Family::<BudgetLabel, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        });
         Metrics {
+            budget_ceiling,
+            budget_spent,
+            budget_reserved,
             llm_duration,
             llm_http,
             dependency_up,
@@ -188,6 +220,19 @@ impl Metrics {
             broker_connections: AtomicI64::new(0),
             known_models: RwLock::new(HashSet::new()),
             broker_problem: RwLock::new(None),
+        }
+    }
+
+    /// Sets a budget's gauges from its use, one series per period it sets.
+    pub fn budget(&self, b: &crate::budgets::BudgetUse) {
+        for (period, ceiling, spent, reserved) in b.periods() {
+            if ceiling.is_zero() {
+                continue;
+            }
+            let label = BudgetLabel { scope: b.scope, name: b.name.clone(), period };
+            self.budget_ceiling.get_or_create(&label).set(ceiling.micros_i64());
+            self.budget_spent.get_or_create(&label).set(spent.micros_i64());
+            self.budget_reserved.get_or_create(&label).set(reserved.micros_i64());
         }
     }
 

@@ -180,6 +180,9 @@ pub async fn run_chain(
     let redeliver = runtime_settings(&deps.settings, StageName::new("redeliver"));
     let redeliver = crate::redeliver::run(deps.store.clone(), redeliver, shutdown.clone());
     tasks.push(tokio::spawn(redeliver));
+    let budgets =
+        crate::budgets::watch(deps.settings.clone(), deps.store.clone(), shutdown.clone());
+    tasks.push(tokio::spawn(budgets));
     for &stage in stages {
         let Some(handler) = chain.handler(stage, &deps) else {
             warn!(stage = stage.as_str(), "no such stage in the pipeline");

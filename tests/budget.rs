@@ -9,6 +9,8 @@ use crate::tenancy;
 use crate::tenant_support;
 
 use aptix::config::{Settings, TenantLimits, Usd};
+use std::time::Duration;
+
 use aptix::sim::Latency;
 use common::{new_session, user_turn};
 use serde_json::json;
@@ -120,6 +122,24 @@ async fn a_call_that_could_pass_the_budget_is_not_made() {
     let (total, settled, open) = spend(&t, "ta").await;
     assert_eq!((total, open), (settled, 0), "nothing left reserved");
     assert!(u64::try_from(total).unwrap() <= limits.usd_per_day.micros());
+    // What `aptix status` and the gauges read is what the rows say.
+    let uses = aptix::budgets::read(&t.h.deps.settings, &t.h.deps.store).await.unwrap();
+    let mut ta = uses.into_iter().find(|u| u.scope == "tenant" && u.name == "ta").unwrap();
+    assert_eq!((ta.budget.per_day, ta.spent.day.micros()), (limits.usd_per_day, total as u64));
+    // Under a name of its own: the metrics are the process's, shared with concurrent tests.
+    ta.name = format!("ta-{}", t.h.id);
+    aptix::metrics::metrics().budget(&ta);
+    let text = aptix::metrics::metrics().encode();
+    let series = |metric: &str, value: u64| {
+        format!("aptix_{metric}{{scope=\"tenant\",name=\"{}\",period=\"day\"}} {value}", ta.name)
+    };
+    for (metric, value) in [
+        ("budget_ceiling_micro_usd", room),
+        ("budget_spent_micro_usd", total as u64),
+        ("budget_reserved_micro_usd", 0),
+    ] {
+        assert!(text.contains(&series(metric, value)), "{} missing", series(metric, value));
+    }
     tenancy::stop(t).await;
 }
 
@@ -140,5 +160,45 @@ async fn a_contexts_budget_counts_every_tenant() {
         assert!(message.contains("ConversationContext default"), "{message}");
     }
     assert_eq!(t.h.sim.requests().len(), 0, "no call was made");
+    tenancy::stop(t).await;
+}
+
+#[tokio::test]
+async fn with_queue_a_turn_over_a_spent_budget_is_held_until_there_is_room() {
+    let limits = TenantLimits {
+        usd_per_day: usd(1.0),
+        over_limit: aptix::config::OverLimit::Queue,
+        ..Default::default()
+    };
+    let t = tenancy::start_with(1, |s| budgeted(s, limits)).await;
+    let pool = t.h.deps.store.pool();
+    // Spent earlier today: the whole budget.
+    let earlier = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros, cost_micros)
+         VALUES ('ta', 'default', $1, 'earlier', 0, 1000000, 1000000)",
+    )
+    .bind(earlier)
+    .execute(pool)
+    .await
+    .unwrap();
+    let s = new_session();
+    t.a.submit(&user_turn(&s, "t1", "spend")).await;
+    let got = t.a.read(&t.a.queue(&s), 1, Duration::from_secs(2)).await;
+    assert!(got.is_empty(), "held, so no reply yet: {got:?}");
+    let state: String = sqlx::query_scalar("SELECT state FROM turns WHERE session_id = $1::uuid")
+        .bind(&s)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "queued");
+    // The period turns: the earlier spend no longer counts, and the held turn starts.
+    sqlx::query("DELETE FROM spend WHERE session_id = $1")
+        .bind(earlier)
+        .execute(pool)
+        .await
+        .unwrap();
+    let got = t.a.read(&t.a.queue(&s), 1, tenancy::WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
     tenancy::stop(t).await;
 }

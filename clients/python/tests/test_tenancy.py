@@ -7,13 +7,15 @@ A turn of A ends on A's own queue `<prefix>.session.<A>.<SessionId>`; B, naming 
 nothing; B can neither declare nor consume A's queues (403) nor publish as A's user (406); a
 session changes its ConversationContextId (its mode) per turn, while a later turn naming another
 AgentContextId is refused with `session.context_fixed`; a tenant's instance queue is
-`<prefix>.instance.<A>.<I>`.
+`<prefix>.instance.<A>.<I>`; a turn in a ConversationContext whose money budget is spent fails with
+`limit.budget_exhausted` (one of `LIMIT_CODES`), and the session goes on.
 
 Skipped unless `APTIX_TEST_TENANTS` is set. `CLIENTS_TENANTS=1 clients/run-tests.sh PATH/TO/aptix`
 configures the tenants and sets `APTIX_TEST_TENANT_A_URL` / `APTIX_TEST_TENANT_B_URL` (their
 broker URLs), `APTIX_TEST_TENANT_A` / `APTIX_TEST_TENANT_B` (their names) and
 `APTIX_TEST_OTHER_CONVERSATION_CONTEXT` (a second ConversationContext tenant A may use, default
-`other`; its first, the one a session is created with here, is `default`).
+`other`; its first, the one a session is created with here, is `default`) and
+`APTIX_TEST_SPENT_CONVERSATION_CONTEXT` (one whose budget any call would pass, default `spent`).
 """
 
 import os
@@ -25,8 +27,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from aptix_client import (CODE_CONTEXT_FIXED, CODE_SESSION_UNAVAILABLE, Client, EventTimeout, Final, Refused,
-                          ToolCalls, ToolResult, instance_queue, session_queue, url_user)
+from aptix_client import (CODE_CONTEXT_FIXED, CODE_SESSION_UNAVAILABLE, LIMIT_CODES, Client, EventTimeout,
+                          Failed, Final, Refused, ToolCalls, ToolResult, instance_queue, session_queue, url_user)
 from conftest import queue_exists
 
 WAIT = 90.0
@@ -48,6 +50,7 @@ class Tenants:
     b_url: str
     admin_url: str
     other_context: str
+    spent_context: str
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,8 @@ def tenants(pipeline, admin_url) -> Tenants:
     env = os.environ
     return Tenants(pipeline.prefix, env["APTIX_TEST_TENANT_A"], env["APTIX_TEST_TENANT_B"],
                    env["APTIX_TEST_TENANT_A_URL"], env["APTIX_TEST_TENANT_B_URL"], admin_url,
-                   env.get("APTIX_TEST_OTHER_CONVERSATION_CONTEXT") or "other")
+                   env.get("APTIX_TEST_OTHER_CONVERSATION_CONTEXT") or "other",
+                   env.get("APTIX_TEST_SPENT_CONVERSATION_CONTEXT") or "spent")
 
 
 @pytest.fixture
@@ -194,6 +198,18 @@ def test_a_session_changes_its_mode_per_turn_and_keeps_its_agent_context(a, tena
     # A refusal changes nothing: the session goes on.
     sixth = s.run_turn("t6", "sixth", timeout=WAIT)
     assert isinstance(sixth, Final) and sixth.message_id == f"reply:{s.session_id}:t6:step-0", sixth
+
+
+def test_a_turn_over_a_spent_budget_fails_with_a_limit_code(a, tenants):
+    s = a.open_session()
+    reply = s.run_turn("t1", "spend", ConversationContextId=tenants.spent_context, timeout=WAIT)
+    assert isinstance(reply, Failed), reply
+    assert reply.code == "limit.budget_exhausted" and reply.code in LIMIT_CODES, reply.errors
+    assert f"ConversationContext {tenants.spent_context}" in reply.errors[0].message, reply.errors
+    assert reply.message_id == f"reply:{s.session_id}:t1:step-0" and reply.final, reply
+    # Only that call was not made: the session's next turn, in its own mode, runs.
+    again = s.run_turn("t2", "within budget", ConversationContextId=FIRST_CONTEXT, timeout=WAIT)
+    assert isinstance(again, Final), again
 
 
 def test_a_tenant_instance_queue(tenants, schemas):

@@ -25,6 +25,7 @@ import {
   CODE_CONTEXT_FIXED,
   CODE_SESSION_UNAVAILABLE,
   Client,
+  LIMIT_CODES,
   Refused,
   Schemas,
   ToolResult,
@@ -42,6 +43,8 @@ const B = process.env.APTIX_TEST_TENANT_B ?? "";
 const A_URL = process.env.APTIX_TEST_TENANT_A_URL ?? "";
 const B_URL = process.env.APTIX_TEST_TENANT_B_URL ?? "";
 const OTHER_CONTEXT = process.env.APTIX_TEST_OTHER_CONVERSATION_CONTEXT || "other";
+// A ConversationContext whose money budget any call would pass (docs/tenancy.md §7a).
+const SPENT_CONTEXT = process.env.APTIX_TEST_SPENT_CONVERSATION_CONTEXT || "spent";
 /** The ConversationContext tenant A's sessions are created with here (the first of its list). */
 const FIRST_CONTEXT = "default";
 const WAIT = { timeoutMs: 90_000 };
@@ -194,6 +197,20 @@ describe("real pipeline: tenants", { skip: ENABLED ? false : "no tenants: run CL
     const sixth = await s.runTurn("t6", "sixth", WAIT);
     assert.equal(sixth.type, "final", JSON.stringify(sixth.body));
     assert.equal(sixth.messageId, `reply:${s.sessionId}:t6:step-0`);
+  });
+
+  test("a turn over a spent budget fails with a limit code", async () => {
+    const s = await a.openSession();
+    const reply = await s.runTurn("t1", "spend", { ...WAIT, fields: { ConversationContextId: SPENT_CONTEXT } });
+    assert.equal(reply.type, "failed", JSON.stringify(reply.body));
+    if (reply.type !== "failed") return;
+    assert.equal(reply.code, "limit.budget_exhausted");
+    assert.ok((LIMIT_CODES as readonly string[]).includes(reply.code));
+    assert.match(reply.errors[0].message, new RegExp(`ConversationContext ${SPENT_CONTEXT}`));
+    assert.equal(reply.messageId, `reply:${s.sessionId}:t1:step-0`);
+    // Only that call was not made: the session's next turn, in its own mode, runs.
+    const again = await s.runTurn("t2", "within budget", { ...WAIT, fields: { ConversationContextId: FIRST_CONTEXT } });
+    assert.equal(again.type, "final", JSON.stringify(again.body));
   });
 
   test("a tenant's instance queue", async () => {
