@@ -16,7 +16,8 @@ CREATE TABLE spend (
 );
 CREATE INDEX spend_tenant ON spend (tenant, at) WHERE tenant IS NOT NULL;
 CREATE INDEX spend_context ON spend (context, at);
--- A retried call of the same step reuses its open reservation.
+-- At most one open reservation per round trip: a new attempt of its call first settles the
+-- previous attempt's at its reservation (that attempt may have been billed).
 CREATE UNIQUE INDEX spend_open ON spend (session_id, turn_id, step) WHERE cost_micros IS NULL;
 
 -- One row per budget scope (`tenant:<name>`, `context:<id>`), locked by each reservation so

@@ -202,3 +202,33 @@ async fn with_queue_a_turn_over_a_spent_budget_is_held_until_there_is_room() {
     assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
     tenancy::stop(t).await;
 }
+
+#[tokio::test]
+async fn every_attempt_of_a_call_counts_whole_until_its_round_trip_settles() {
+    let limits = TenantLimits { usd_per_day: usd(1.0), ..Default::default() };
+    let t = tenancy::start_with(1, |s| budgeted(s, limits)).await;
+    let key = aptix::contracts::TurnKey {
+        session_id: new_session().parse().unwrap(),
+        turn_id: "t1".parse().unwrap(),
+    };
+    let tenant: aptix::contracts::TenantName = "ta".parse().unwrap();
+    let attempt = aptix::store::CallReservation {
+        key: &key,
+        step: 0,
+        tenant: Some((&tenant, limits.budget())),
+        context: ("default", aptix::config::Budget::default()),
+        worst: Usd::from_micros(300_000),
+    };
+    // Three attempts of one call (its worker died twice in it): each may have been billed, so
+    // the earlier ones settle at their reservation and the three fill $0.90 of the $1.
+    for _ in 0..3 {
+        t.h.deps.store.reserve_call(&attempt).await.unwrap().unwrap();
+    }
+    assert_eq!(spend(&t, "tenant-ta-alias").await, (0, 0, 0), "spend is per tenant");
+    assert_eq!(spend(&t, "ta").await, (900_000, 600_000, 1));
+    // A fourth does not fit: refused, nothing reserved, the open one now settled as spent.
+    let refused = t.h.deps.store.reserve_call(&attempt).await.unwrap().unwrap_err();
+    assert_eq!((refused.spent.micros(), refused.open.micros()), (900_000, 0), "{refused:?}");
+    assert_eq!(spend(&t, "ta").await, (900_000, 900_000, 0));
+    tenancy::stop(t).await;
+}

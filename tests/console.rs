@@ -62,6 +62,14 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     ] {
         assert!(turn.contains(needle), "missing {needle}");
     }
+    assert!(turn.contains("<svg class=\"waterfall\""), "the turn's waterfall is drawn");
+    // Spend of two tenants on two days (rows as the invoke stage reserves and persist settles
+    // them): the admin's chart stacks both, a tenant's operator sees its own only.
+    let today = spend_rows(&h).await;
+    let budgets = get("/budgets".into()).await;
+    for needle in [format!("acme on {today}: $0.250000"), format!("other on {today}: $1.000000")] {
+        assert!(budgets.contains(&needle), "missing {needle}: {budgets}");
+    }
     let queues = get("/queues".into()).await;
     assert!(queues.contains(&format!("dead-{dead_id}")) && queues.contains("turns"), "{queues}");
     if management {
@@ -126,6 +134,8 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     ] {
         assert_eq!(as_tenant(path.clone()).send().await.unwrap().status(), 404, "{path}");
     }
+    let own = as_tenant("/budgets".into()).send().await.unwrap().text().await.unwrap();
+    assert!(own.contains("acme on ") && !own.contains("other on "), "{own}");
     let wrong = http.get(format!("{ro_base}/sessions")).basic_auth("acme", Some(VIEWER));
     assert_eq!(wrong.send().await.unwrap().status(), 401, "a token signs in its own user only");
     stop(&mut readonly);
@@ -136,6 +146,12 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
             assert_eq!(seen["sessions"]["listed"], true, "{seen}");
             assert!(seen["turn"]["timeline"].as_u64().unwrap() >= 3, "{seen}");
             assert_eq!(seen["turn"]["context"], true, "{seen}");
+            assert!(seen["turn"]["waterfall_bars"].as_u64().unwrap() >= 4, "{seen}");
+            assert!(seen["turn"]["waterfall_height"].as_f64().unwrap() > 40.0, "{seen}");
+            assert_eq!(seen["budgets"]["bars"].as_array().unwrap().len(), 3, "{seen}");
+            let legend = seen["budgets"]["legend"].to_string();
+            assert!(legend.contains("\"acme\"") && legend.contains("\"other\""), "{seen}");
+            assert!(seen["budgets"]["width"].as_f64().unwrap() > 400.0, "{seen}");
             assert_eq!(seen["queues"]["dead_listed"], true, "{seen}");
             assert_eq!(seen["after"]["notice"], format!("replayed {dead_id}"), "{seen}");
             assert_eq!(seen["after"]["still_listed"], false, "{seen}");
@@ -150,6 +166,28 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     }
     stop(&mut admin);
     h.teardown().await;
+}
+
+/// Settled spend rows: tenant `acme` $0.25 today, `other` $1 today and $0.5 yesterday. Returns
+/// today's UTC date as the console writes it.
+async fn spend_rows(h: &Harness) -> String {
+    for (tenant, micros, days_ago) in
+        [("acme", 250_000, 0), ("other", 1_000_000, 0), ("other", 500_000, 1)]
+    {
+        sqlx::query(
+            "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros,
+                                cost_micros, at)
+             VALUES ($1, 'default', gen_random_uuid(), 't', 0, $2, $2,
+                     now() - make_interval(days => $3))",
+        )
+        .bind(tenant)
+        .bind(micros)
+        .bind(days_ago)
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+    }
+    chrono::Utc::now().date_naive().to_string()
 }
 
 /// A request given up while the database could not admit it (`turns` renamed away meanwhile):

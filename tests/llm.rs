@@ -43,6 +43,7 @@ impl Rig {
                 endpoint: &self.endpoint,
                 body: &body.clone().into(),
                 deltas: None,
+                once: false,
             })
             .await
     }
@@ -56,6 +57,7 @@ impl Rig {
                 endpoint: &self.endpoint,
                 body: &body.clone().into(),
                 deltas: Some(&tx),
+                once: false,
             })
             .await;
         drop(tx);
@@ -268,7 +270,12 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
     let e = client
-        .create(LlmRequest { endpoint: &wrong, body: &RequestBody::new(&body), deltas: None })
+        .create(LlmRequest {
+            endpoint: &wrong,
+            body: &RequestBody::new(&body),
+            deltas: None,
+            once: false,
+        })
         .await
         .unwrap_err();
     assert!(
@@ -281,7 +288,12 @@ async fn wrong_api_key_is_rejected_with_401_and_the_right_one_works() {
     );
     let right = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-right")));
     client
-        .create(LlmRequest { endpoint: &right, body: &RequestBody::new(&body), deltas: None })
+        .create(LlmRequest {
+            endpoint: &right,
+            body: &RequestBody::new(&body),
+            deltas: None,
+            once: false,
+        })
         .await
         .unwrap();
     assert_eq!(sim.stats().requests, 2);
@@ -299,7 +311,12 @@ async fn account_errors_reach_clients_as_a_fixed_sentence() {
     let body = first_turn("hi", false);
     let wrong = Endpoint::new(sim.base_url(), Some(Secret::new("sk-sim-wrong")));
     let e = client
-        .create(LlmRequest { endpoint: &wrong, body: &RequestBody::new(&body), deltas: None })
+        .create(LlmRequest {
+            endpoint: &wrong,
+            body: &RequestBody::new(&body),
+            deltas: None,
+            once: false,
+        })
         .await
         .unwrap_err();
     let reply = client_error(&e);
@@ -393,11 +410,23 @@ async fn request_timeout_then_retry_recovers_and_exhaustion_reports_timeout() {
             endpoint: &rig.endpoint,
             body: &RequestBody::new(&body),
             deltas: None,
+            once: false,
         })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Request }), "{e:?}");
     assert_eq!(e.code(), ErrorCode::LlmTimeout);
+
+    // A call under a money budget (`once`): the provider may have run, and billed, the attempt
+    // that timed out, so it is not tried again inside the same reservation. A 429 still is.
+    rig.sim.faults().fail_next(Fault::Hang, 1);
+    let request = RequestBody::new(&body);
+    let once = LlmRequest { endpoint: &rig.endpoint, body: &request, deltas: None, once: true };
+    let e = client.create(once).await.unwrap_err();
+    assert!(matches!(e, LlmError::Timeout { attempts: 1, phase: TimeoutPhase::Request }), "{e:?}");
+    rig.sim.faults().fail_next(Fault::Status { status: 429 }, 1);
+    let once = LlmRequest { endpoint: &rig.endpoint, body: &request, deltas: None, once: true };
+    assert_eq!(client.create(once).await.unwrap().attempts, 2);
 }
 
 #[tokio::test]
@@ -423,14 +452,24 @@ async fn connect_timeout_and_refused_connections() {
     let endpoint = Endpoint::new(format!("http://{addr}/v1"), None);
     let body = first_turn("hi", false);
     let e = client
-        .create(LlmRequest { endpoint: &endpoint, body: &RequestBody::new(&body), deltas: None })
+        .create(LlmRequest {
+            endpoint: &endpoint,
+            body: &RequestBody::new(&body),
+            deltas: None,
+            once: false,
+        })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Timeout { attempts: 2, phase: TimeoutPhase::Connect }), "{e:?}");
 
     drop((listener, fillers));
     let e = client
-        .create(LlmRequest { endpoint: &endpoint, body: &RequestBody::new(&body), deltas: None })
+        .create(LlmRequest {
+            endpoint: &endpoint,
+            body: &RequestBody::new(&body),
+            deltas: None,
+            once: false,
+        })
         .await
         .unwrap_err();
     assert!(matches!(e, LlmError::Unavailable { attempts: 2, status: None, .. }), "{e:?}");

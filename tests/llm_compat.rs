@@ -60,7 +60,9 @@ async fn call(
     let client = HttpLlmClient::new(&settings).expect("client");
     let endpoint = Endpoint::new(base, None);
     let request = RequestBody::new(&json!({"model":"m","input":"hi","stream":true}));
-    client.create(LlmRequest { endpoint: &endpoint, body: &request, deltas: None }).await
+    client
+        .create(LlmRequest { endpoint: &endpoint, body: &request, deltas: None, once: false })
+        .await
 }
 
 fn created() -> Value {

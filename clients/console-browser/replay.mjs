@@ -1,7 +1,8 @@
 // Drives `aptix console` in headless Chromium, as an operator would: signs in as admin, opens
 // the sessions page,
 // the session and one of its turns, the queues page, then replays one dead letter by typing the
-// admin token into its form and pressing "replay". Prints one JSON line of what it saw.
+// admin token into its form and pressing "replay", and looks at the charts (the turn's
+// waterfall, spend per tenant on the budgets page). Prints one JSON line of what it saw.
 //
 //   node replay.mjs BASE_URL SESSION_ID TURN_ID DEAD_ID TOKEN [SCREENSHOT_DIR]
 //
@@ -43,6 +44,10 @@ try {
     title: await page.title(),
     timeline: await page.$$eval('table.timeline tr', (rows) => rows.length - 1),
     context: await page.$('pre.context') !== null,
+    // The waterfall: a work bar per stage of each step, drawn (a box with a size on the page).
+    waterfall_bars: await page.$$eval('svg.waterfall rect.work', (bars) =>
+      bars.filter((b) => b.getBoundingClientRect().width > 0).length),
+    waterfall_height: await page.$eval('svg.waterfall', (svg) => svg.getBoundingClientRect().height).catch(() => 0),
   };
   if (shots) await page.screenshot({ path: `${shots}/turn.png`, fullPage: false });
 
@@ -58,6 +63,13 @@ try {
   };
   await visit('actions', '/actions');
   seen.actions.rows = await page.$$eval('table tr', (rows) => rows.slice(1).map((r) => r.textContent));
+  await visit('budgets', '/budgets');
+  // Bars the browser drew: a box with a size on the page, not only an element in the document.
+  seen.budgets.bars = await page.$$eval('svg.spend rect.day', (bars) =>
+    bars.filter((b) => b.getBoundingClientRect().height > 0).map((b) => b.textContent));
+  seen.budgets.legend = await page.$$eval('svg.spend text', (texts) =>
+    texts.filter((t) => t.getBoundingClientRect().width > 0).map((t) => t.textContent));
+  seen.budgets.width = await page.$eval('svg.spend', (svg) => svg.getBoundingClientRect().width).catch(() => 0);
 } finally {
   await browser.close();
 }

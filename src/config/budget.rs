@@ -120,6 +120,17 @@ impl Settings {
     /// Every context a budget applies to has a cap on output tokens and a priced model: without
     /// both, a call's worst case is unknown and the ceiling could be passed.
     pub(super) fn validate_budgets(&self) -> Result<(), ConfigError> {
+        if self.tenants.is_empty() && self.tenant_limits.budget().is_set() {
+            let key = if self.tenant_limits.usd_per_day.is_zero() {
+                "usd_per_month"
+            } else {
+                "usd_per_day"
+            };
+            return Err(ConfigError::invalid(
+                format!("tenant_limits.{key}"),
+                "no tenant is configured, so no tenant's budget applies: set the budget on a ConversationContext instead",
+            ));
+        }
         let tenant_budget = |ctx: &str| {
             self.tenants.values().any(|t| {
                 t.may_use_conversation(ctx) && t.limits.over(self.tenant_limits).budget().is_set()

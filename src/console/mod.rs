@@ -6,6 +6,8 @@
 //! action is recorded.
 
 mod auth;
+mod budgets;
+mod charts;
 mod pages;
 mod turn;
 
@@ -81,6 +83,7 @@ pub async fn serve(
         .route("/dead/{action}", post(dead_action))
         .route("/healthz", get(|| async { "ok" }))
         .route("/actions", get(actions))
+        .route("/budgets", get(budgets::page))
         .layer(axum::middleware::from_fn_with_state(signing_in, auth::require))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(Arc::new(console));
@@ -99,9 +102,9 @@ async fn secure_headers(mut response: Response) -> Response {
     response
 }
 
-type Page = Result<Markup, (StatusCode, Markup)>;
+pub(crate) type Page = Result<Markup, (StatusCode, Markup)>;
 
-fn failed(e: impl std::fmt::Display) -> (StatusCode, Markup) {
+pub(crate) fn failed(e: impl std::fmt::Display) -> (StatusCode, Markup) {
     tracing::warn!(error = %e, "console page failed");
     (StatusCode::INTERNAL_SERVER_ERROR, pages::message("Something failed", &e.to_string()))
 }

@@ -5,6 +5,7 @@
 use maud::{html, Markup};
 use serde_json::Value;
 
+use super::charts::{waterfall, Span};
 use super::pages::{json_block, layout, text};
 use crate::config::ModelPrice;
 use crate::contracts::Usage;
@@ -17,6 +18,7 @@ pub struct Turn<'a> {
     row: &'a Value,
     records: Vec<&'a Value>,
     events: Vec<(String, String, String)>,
+    spans: Vec<Span>,
 }
 
 impl<'a> Turn<'a> {
@@ -48,8 +50,36 @@ impl<'a> Turn<'a> {
         // Stored times and hop times are written differently; order by the instant.
         events.sort_by_key(|e| chrono::DateTime::parse_from_rfc3339(&e.0).ok());
         let session_id = view.session["id"].as_str().unwrap_or_default().to_owned();
-        Some(Turn { session_id, row, records, events })
+        let spans = spans(&records);
+        Some(Turn { session_id, row, records, events, spans })
     }
+}
+
+/// The waterfall's rows: every stage of every step, from the hops its records stored, in
+/// milliseconds from the first stage's start.
+fn spans(records: &[&Value]) -> Vec<Span> {
+    let paths: Vec<(i64, Vec<hops::Hop>)> = records
+        .iter()
+        .map(|r| (r["step"].as_i64().unwrap_or_default(), hops::from_stored(&r["stage_timings"])))
+        .collect();
+    let Some(t0) = paths.iter().flat_map(|(_, p)| p.iter().map(|h| h.received_ms)).min() else {
+        return Vec::new();
+    };
+    let ms = |t: i64| t.saturating_sub(t0) as f64;
+    let mut out = Vec::new();
+    for (step, path) in &paths {
+        let mut sent_before = None;
+        for h in path {
+            out.push(Span {
+                label: format!("step {step}: {}", h.stage),
+                wait_from: sent_before.map(ms),
+                start: ms(h.received_ms),
+                end: ms(h.sent_ms.max(h.received_ms)),
+            });
+            sent_before = Some(h.sent_ms);
+        }
+    }
+    out
 }
 
 /// What the "admitted" row says: queued behind the session's earlier turns only when one was
@@ -164,6 +194,10 @@ pub fn page(t: &Turn<'_>) -> Markup {
                 }
             }
             p.note { "Stage rows come from the path each round trip's messages carried (x-aptix-hops); the turn's trace has the same stages as spans." }
+            @if !t.spans.is_empty() {
+                h2 { "Waterfall" }
+                (waterfall(&t.spans))
+            }
             h2 { "Request as the client sent it" }
             (json_block(&t.row["request"]))
             @for r in &t.records { (record(r)) }

@@ -78,12 +78,13 @@ impl HttpLlmClient {
         let body = Bytes::copy_from_slice(request.body.as_str().as_bytes());
         let url = request.endpoint.url("responses");
         let attempts = AtomicU32::new(0);
+        let once = request.once;
         let result = (|| {
             attempts.fetch_add(1, Ordering::Relaxed);
             self.attempt(&url, request.endpoint, body.clone(), streaming, request.deltas)
         })
         .retry(self.policy.backoff())
-        .when(AttemptError::is_retryable)
+        .when(|e| e.is_retryable() && !(once && e.may_have_been_billed()))
         .adjust(|e, backoff| self.policy.adjust(e, backoff))
         .notify(|e, wait| {
             let attempt = attempts.load(Ordering::Relaxed);

@@ -148,7 +148,7 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
 }
 
 /// Maps `usage`, treating every detail as optional (providers and versions differ).
-fn map_usage(u: &Value) -> Option<Usage> {
+pub fn map_usage(u: &Value) -> Option<Usage> {
     let n = |p: &str| u.pointer(p).and_then(Value::as_u64);
     let input_tokens = n("/input_tokens")?;
     let output_tokens = n("/output_tokens").unwrap_or(0);

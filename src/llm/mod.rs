@@ -36,7 +36,7 @@ pub use error::{
     account_problem, LlmError, ProviderError, TimeoutPhase, ACCOUNT_UNUSABLE, CREDENTIALS_REFUSED,
 };
 pub use http::HttpLlmClient;
-pub use map::{map_response, INCOMPLETE_WARNING_CODE};
+pub use map::{map_response, map_usage, INCOMPLETE_WARNING_CODE};
 
 /// Where a call goes: a Responses-compatible base URL (up to and including `/v1`) and its key.
 #[derive(Clone, PartialEq, Eq)]
@@ -109,6 +109,10 @@ pub struct LlmRequest<'a> {
     /// Receives stream deltas in order (streaming calls only). A closed receiver is ignored:
     /// the call still completes.
     pub deltas: Option<&'a mpsc::Sender<StreamDelta>>,
+    /// A call reserved against a money budget: an attempt the provider may have run and billed
+    /// (a timeout, a connection lost) is not retried here, since one reservation covers one
+    /// billed attempt; the stage's own retry reserves again.
+    pub once: bool,
 }
 
 /// How the provider ended the response.

@@ -88,6 +88,19 @@ impl AttemptError {
         matches!(self, AttemptError::Retryable { .. })
     }
 
+    /// Whether the provider may have run, and billed, the failed attempt: it timed out after
+    /// the connection was made, or the connection failed (possibly after the request was sent).
+    /// A status (429, 5xx) is an answer that ran nothing.
+    pub(crate) fn may_have_been_billed(&self) -> bool {
+        match self {
+            AttemptError::Retryable { cause: RetryCause::Timeout(phase), .. } => {
+                *phase != TimeoutPhase::Connect
+            }
+            AttemptError::Retryable { cause: RetryCause::Transport(_), .. } => true,
+            _ => false,
+        }
+    }
+
     /// The provider's error object and HTTP status, for the operator's log: the answer that
     /// ended the call, whose text [`AttemptError::into_final`] keeps from clients.
     pub(crate) fn provider_error(&self) -> Option<(Option<u16>, &ProviderError)> {

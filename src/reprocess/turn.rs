@@ -77,8 +77,12 @@ impl Replayer<'_> {
                     }
                 }
             };
-            let request =
-                LlmRequest { endpoint: &self.endpoint, body: &assembled.body, deltas: None };
+            let request = LlmRequest {
+                endpoint: &self.endpoint,
+                body: &assembled.body,
+                deltas: None,
+                once: false,
+            };
             match self.llm.create_response(request).await {
                 Ok(response) => {
                     let answer = crate::messages::Answer::from(response);

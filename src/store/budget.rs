@@ -77,42 +77,31 @@ pub struct Spent {
     pub day: Usd,
     /// This UTC month.
     pub month: Usd,
-    /// Of `day`, open reservations.
+    /// Of `day`, reserved by calls in flight (open reservations of the last 15 minutes).
     pub open_day: Usd,
-    /// Of `month`, open reservations.
+    /// Of `month`, reserved by calls in flight.
     pub open_month: Usd,
 }
 
-/// Spend of one scope; `exclude` leaves out one round trip's open reservation (the call being
-/// reserved again after a retry).
-async fn spent(
-    conn: &mut PgConnection,
-    column: &str,
-    value: &str,
-    exclude: Option<(&TurnKey, i32)>,
-) -> Result<Spent, StoreError> {
+/// How long an open reservation counts as a call in flight; an older one is a call whose
+/// round trip was never recorded (its worker died and the turn went no further), which stays
+/// spent at its worst case.
+const IN_FLIGHT: &str = "interval '15 minutes'";
+
+/// Spend of one scope this UTC day and month.
+async fn spent(conn: &mut PgConnection, column: &str, value: &str) -> Result<Spent, StoreError> {
     let today = "at >= date_trunc('day', now(), 'UTC')";
+    let flying = format!("cost_micros IS NULL AND at > now() - {IN_FLIGHT}");
     let sql = format!(
         "SELECT COALESCE(sum(COALESCE(cost_micros, reserved_micros)) FILTER (WHERE {today}), 0)::bigint,
                 COALESCE(sum(COALESCE(cost_micros, reserved_micros)), 0)::bigint,
-                COALESCE(sum(reserved_micros)
-                         FILTER (WHERE cost_micros IS NULL AND {today}), 0)::bigint,
-                COALESCE(sum(reserved_micros) FILTER (WHERE cost_micros IS NULL), 0)::bigint
+                COALESCE(sum(reserved_micros) FILTER (WHERE {flying} AND {today}), 0)::bigint,
+                COALESCE(sum(reserved_micros) FILTER (WHERE {flying}), 0)::bigint
          FROM spend
-         WHERE {column} = $1 AND at >= date_trunc('month', now(), 'UTC')
-           AND NOT (cost_micros IS NULL AND session_id = $2 AND turn_id = $3 AND step = $4)"
+         WHERE {column} = $1 AND at >= date_trunc('month', now(), 'UTC')"
     );
-    let (session, turn, step) = match exclude {
-        Some((k, s)) => (Some(k.session_id.as_uuid()), Some(k.turn_id.as_str()), s),
-        None => (None, None, -1),
-    };
-    let (day, month, open_day, open_month): (i64, i64, i64, i64) = sqlx::query_as(&sql)
-        .bind(value)
-        .bind(session)
-        .bind(turn)
-        .bind(step)
-        .fetch_one(&mut *conn)
-        .await?;
+    let (day, month, open_day, open_month): (i64, i64, i64, i64) =
+        sqlx::query_as(&sql).bind(value).fetch_one(&mut *conn).await?;
     let usd = |m: i64| Usd::from_micros(u64::try_from(m).unwrap_or(0));
     Ok(Spent {
         day: usd(day),
@@ -156,42 +145,48 @@ fn over(scope: String, budget: Budget, spent: Spent, worst: Usd) -> Option<Exhau
 
 impl Store {
     /// Reserves a call's worst case against its budgets, or says which ceiling it would pass
-    /// (nothing is reserved then). A retried call of the same round trip keeps one reservation,
-    /// the larger of the two.
+    /// (nothing is reserved then). An earlier attempt of the same round trip still open (its
+    /// worker died in the call, or the call failed in a way the provider may have billed) is
+    /// settled at its reservation first: each attempt that may have been billed counts whole.
     pub async fn reserve_call(
         &self,
         r: &CallReservation<'_>,
     ) -> Result<Result<(), Exhausted>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let this = Some((r.key, r.step));
         // Always tenant before context: two workers never wait on each other's second lock.
-        if let Some((tenant, budget)) = r.tenant.filter(|(_, b)| b.is_set()) {
-            lock(&mut tx, &format!("tenant:{tenant}")).await?;
-            let spent = spent(&mut tx, "tenant", tenant.as_str(), this).await?;
-            if let Some(e) = over(format!("tenant {tenant}"), budget, spent, r.worst) {
-                return Ok(Err(e));
-            }
+        let tenant = r.tenant.filter(|(_, b)| b.is_set());
+        let (context, context_budget) = r.context;
+        if let Some((name, _)) = tenant {
+            lock(&mut tx, &format!("tenant:{name}")).await?;
         }
-        let (context, budget) = r.context;
-        if budget.is_set() {
+        if context_budget.is_set() {
             lock(&mut tx, &format!("context:{context}")).await?;
-            let spent = spent(&mut tx, "context", context, this).await?;
-            if let Some(e) = over(format!("ConversationContext {context}"), budget, spent, r.worst)
-            {
-                return Ok(Err(e));
-            }
+        }
+        let key = (r.key.session_id.as_uuid(), r.key.turn_id.as_str(), r.step);
+        settle(&mut tx, key, Settle::AtReservation).await?;
+        let mut over_one = None;
+        if let Some((name, budget)) = tenant {
+            let spent = spent(&mut tx, "tenant", name.as_str()).await?;
+            over_one = over(format!("tenant {name}"), budget, spent, r.worst);
+        }
+        if over_one.is_none() && context_budget.is_set() {
+            let spent = spent(&mut tx, "context", context).await?;
+            over_one =
+                over(format!("ConversationContext {context}"), context_budget, spent, r.worst);
+        }
+        if let Some(e) = over_one {
+            tx.commit().await?;
+            return Ok(Err(e));
         }
         sqlx::query(
             "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (session_id, turn_id, step) WHERE cost_micros IS NULL
-             DO UPDATE SET reserved_micros = GREATEST(spend.reserved_micros, EXCLUDED.reserved_micros)",
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(r.tenant.map(|(t, _)| t.as_str()))
         .bind(context)
-        .bind(r.key.session_id.as_uuid())
-        .bind(r.key.turn_id.as_str())
-        .bind(r.step)
+        .bind(key.0)
+        .bind(key.1)
+        .bind(key.2)
         .bind(r.worst.micros_i64())
         .execute(&mut *tx)
         .await?;
@@ -219,16 +214,37 @@ impl Store {
         Ok(tokens.map_or(0, |t| u64::try_from(t).unwrap_or(0)))
     }
 
+    /// Spend per tenant and UTC day over the last `days` days (settled, and reserved where
+    /// not yet settled), in micro-dollars, oldest first; only `tenant`'s when given.
+    pub async fn daily_spend(
+        &self,
+        tenant: Option<&str>,
+        days: i32,
+    ) -> Result<Vec<(String, chrono::NaiveDate, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT tenant, (at AT TIME ZONE 'UTC')::date AS day,
+                    sum(COALESCE(cost_micros, reserved_micros))::bigint
+             FROM spend
+             WHERE tenant IS NOT NULL AND ($1::text IS NULL OR tenant = $1)
+               AND at >= date_trunc('day', now(), 'UTC') - make_interval(days => $2 - 1)
+             GROUP BY 1, 2 ORDER BY 2, 1",
+        )
+        .bind(tenant)
+        .bind(days)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// A tenant's spend this UTC day and month (for admission, `aptix status` and gauges).
     pub async fn tenant_spend(&self, tenant: &TenantName) -> Result<Spent, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        spent(&mut conn, "tenant", tenant.as_str(), None).await
+        spent(&mut conn, "tenant", tenant.as_str()).await
     }
 
     /// A ConversationContext's spend this UTC day and month.
     pub async fn context_spend(&self, context: &str) -> Result<Spent, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        spent(&mut conn, "context", context, None).await
+        spent(&mut conn, "context", context).await
     }
 }
 
@@ -242,7 +258,7 @@ pub(super) async fn tenant_over(
     if !budget.is_set() {
         return Ok(None);
     }
-    let spent = spent(conn, "tenant", tenant.as_str(), None).await?;
+    let spent = spent(conn, "tenant", tenant.as_str()).await?;
     // Nothing more may start once a ceiling is reached (a call of any cost would pass it).
     Ok(over(format!("tenant {tenant}"), budget, spent, Usd::from_micros(1)))
 }

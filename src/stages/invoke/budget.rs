@@ -1,6 +1,7 @@
 //! The call's reservation against its money budgets (docs/tenancy.md §7a), made before the call:
-//! its worst case is the body's bytes plus the chain it continues as input tokens (a token is at
-//! least a byte), and the context's `max_output_tokens` as output, priced from the price table.
+//! its worst case is the body's bytes plus the chain it continues as input tokens (a text token
+//! is at least a byte) plus [`IMAGE_TOKENS`] per image (an image's tokens depend on its pixels,
+//! not its bytes), and the context's `max_output_tokens` as output, priced from the price table.
 
 use std::time::Duration;
 
@@ -16,14 +17,23 @@ use crate::store::{CallReservation, Exhausted, Store};
 
 /// Longest a call waits for the calls in flight to settle when only their reservations keep it
 /// from its budget.
-const SETTLE_WAIT: Duration = Duration::from_secs(30);
-/// How often it looks again meanwhile.
-const SETTLE_POLL: Duration = Duration::from_millis(200);
+const SETTLE_WAIT: Duration = Duration::from_secs(15);
+/// How often it looks again meanwhile (each look is one short transaction under the budget's
+/// lock).
+const SETTLE_POLL: Duration = Duration::from_millis(500);
+/// Input tokens one image may cost at most: the largest a Responses model bills for one image at
+/// `detail: high` is under 6,000 (OpenAI's vision guide: 1,536 patches times the model's
+/// multiplier, or 85 + 170 per 512-pixel tile), whatever the size of its bytes.
+const IMAGE_TOKENS: u64 = 6_000;
 
 /// What became of a call's reservation.
 pub(super) enum Reserved {
-    /// Reserved, or no budget applies: the call may be made.
-    Made,
+    /// Reserved (`budgeted`), or no budget applies: the call may be made.
+    Made {
+        /// Whether a reservation covers it (then an attempt that may have been billed is not
+        /// retried inside one reservation).
+        budgeted: bool,
+    },
     /// The call could pass a ceiling: the turn fails with this error.
     Refused(ApiError),
     /// The turn was cancelled while its call waited.
@@ -41,7 +51,7 @@ pub(super) async fn reserve(
     cancel: &CancellationToken,
 ) -> Result<Reserved, StageError> {
     if !settings.budgets_configured() {
-        return Ok(Reserved::Made);
+        return Ok(Reserved::Made { budgeted: false });
     }
     let turn = job.user_turn().map_err(StageError::fail)?;
     let context_id = turn
@@ -50,7 +60,7 @@ pub(super) async fn reserve(
     let tenant = job.tenant.as_ref().map(|t| (t, settings.limits_of(Some(t)).budget()));
     let context = settings.context_budget(context_id);
     if !context.is_set() && !tenant.is_some_and(|(_, b)| b.is_set()) {
-        return Ok(Reserved::Made);
+        return Ok(Reserved::Made { budgeted: false });
     }
     let worst = worst_case(settings, store, job, body, context_id).await?;
     let reservation = CallReservation {
@@ -63,7 +73,7 @@ pub(super) async fn reserve(
     let deadline = Instant::now() + SETTLE_WAIT;
     loop {
         let exhausted = match store.reserve_call(&reservation).await? {
-            Ok(()) => return Ok(Reserved::Made),
+            Ok(()) => return Ok(Reserved::Made { budgeted: true }),
             Err(e) => e,
         };
         if !exhausted.fits_once_settled(worst) || Instant::now() >= deadline {
@@ -91,12 +101,19 @@ async fn worst_case(
         StageError::unusable(format!("no price for model `{model}` under a budget"))
     })?;
     let cap = settings.conversation_contexts.get(context_id).and_then(|c| c.max_output_tokens);
-    let output = head.max_output_tokens.map_or(u64::from(cap.unwrap_or(0)), |n| n.max(0) as u64);
+    let output = head.max_output_tokens.map(|n| n.max(0) as u64).or(cap.map(u64::from));
+    let output = output.ok_or_else(|| {
+        StageError::unusable(format!(
+            "no max_output_tokens for context `{context_id}` under a budget"
+        ))
+    })?;
     let chain = match &head.previous_response_id {
         Some(id) => store.chain_tokens(&job.key.session_id, id).await?,
         None => 0,
     };
-    let input = (body.as_str().len() as u64).saturating_add(chain);
+    let text = body.as_str();
+    let images = text.matches(r#""type":"input_image""#).count() as u64;
+    let input = (text.len() as u64).saturating_add(chain).saturating_add(images * IMAGE_TOKENS);
     Ok(price.worst_case(input, output))
 }
 

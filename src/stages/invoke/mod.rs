@@ -183,7 +183,7 @@ impl Invoke {
     /// call that would pass a budget is not made.
     async fn reserve_and_call(&self, a: CallArgs<'_>) -> Result<Call, StageError> {
         match budget::reserve(&self.settings, &self.store, a.job, a.body, a.cancel).await? {
-            budget::Reserved::Made => Ok(self.call(a).await),
+            budget::Reserved::Made { budgeted } => Ok(self.call(a, budgeted).await),
             budget::Reserved::Refused(refusal) => Ok(Call::OverBudget(refusal)),
             budget::Reserved::Cancelled => Ok(Call::Cancelled(String::new(), false)),
         }
@@ -192,12 +192,12 @@ impl Invoke {
     /// Calls the provider, forwarding deltas of a streamed call in order while it runs, until
     /// it ends or `cancel` fires: then the call is dropped (its HTTP stream closed) and no
     /// further delta is published.
-    async fn call(&self, a: CallArgs<'_>) -> Call {
+    async fn call(&self, a: CallArgs<'_>, once: bool) -> Call {
         let CallArgs { endpoint, body, job, stream, cancel } = a;
         let llm = &self.llm;
         let Some(sink) = self.deltas.clone().filter(|_| stream) else {
             return tokio::select! {
-                r = llm.create_response(LlmRequest { endpoint, body, deltas: None }) => Call::Done(r),
+                r = llm.create_response(LlmRequest { endpoint, body, deltas: None, once }) => Call::Done(r),
                 _ = cancel.cancelled() => Call::Cancelled(String::new(), true),
             };
         };
@@ -217,7 +217,7 @@ impl Invoke {
             text
         });
         let result = tokio::select! {
-            r = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx) }) => Some(r),
+            r = llm.create_response(LlmRequest { endpoint, body, deltas: Some(&tx), once }) => Some(r),
             _ = cancel.cancelled() => None,
         };
         drop(tx);

@@ -285,9 +285,12 @@ fn path(job: &EndedRoundTrip) -> Value {
     hops::stored(&path)
 }
 
-/// How a round trip's budget reservation settles: to its answer's usage, priced; to nothing for a
-/// call not made or refused by the provider; to the reservation for a call aborted before it
-/// reported usage (what the provider bills for it is unknown, up to the worst case).
+/// How a round trip's budget reservation settles. Only a cost that is known settles below the
+/// reservation: an answer's usage, priced (a refusal's or a failed response's too, from the
+/// provider's answer), and nothing for a request the provider rejected outright (a 4xx). Any
+/// other ending settles at the reservation: a call aborted by a cancel before it reported usage,
+/// a call given up after retries, or an attempt that made no call of its own (cancelled or
+/// refused before it) while an earlier attempt's reservation is still open.
 fn settle(settings: &Settings, job: &EndedRoundTrip) -> Settle {
     let model = job.assembled.as_ref().and_then(|a| a.body.head().model);
     let priced = |usage: Option<&crate::contracts::Usage>| {
@@ -299,11 +302,16 @@ fn settle(settings: &Settings, job: &EndedRoundTrip) -> Settle {
     };
     match &job.result {
         RoundTrip::Answered(a) => priced(a.usage.as_ref()),
-        RoundTrip::Failed { .. } => Settle::Cost(crate::config::Usd::ZERO),
         RoundTrip::Cancelled { answered: Some(a), .. } => priced(a.usage.as_ref()),
-        RoundTrip::Cancelled { answered: None, estimate: Some(_), .. } => Settle::AtReservation,
-        RoundTrip::Cancelled { answered: None, estimate: None, .. } => {
+        RoundTrip::Cancelled { answered: None, .. } => Settle::AtReservation,
+        RoundTrip::Failed { raw: Some(raw), .. } if raw.get("usage").is_some() => {
+            priced(crate::llm::map_usage(&raw["usage"]).as_ref())
+        }
+        RoundTrip::Failed { errors, .. }
+            if errors.iter().any(|e| e.code == ErrorCode::LlmRejected) =>
+        {
             Settle::Cost(crate::config::Usd::ZERO)
         }
+        RoundTrip::Failed { .. } => Settle::AtReservation,
     }
 }
