@@ -37,6 +37,19 @@ impl BudgetUse {
     }
 }
 
+impl BudgetUse {
+    /// Sets its `aptix_budget_*` gauges, one series per period it sets.
+    pub fn export(&self) {
+        for (period, ceiling, spent, reserved) in self.periods() {
+            if !ceiling.is_zero() {
+                let label = (self.scope, self.name.as_str(), period);
+                let m = crate::metrics::metrics();
+                m.budget(label, ceiling.micros_i64(), spent.micros_i64(), reserved.micros_i64());
+            }
+        }
+    }
+}
+
 /// Every configured budget with its use.
 pub async fn read(settings: &Settings, store: &Store) -> Result<Vec<BudgetUse>, StoreError> {
     let mut out = Vec::new();
@@ -68,7 +81,7 @@ pub async fn watch(settings: std::sync::Arc<Settings>, store: Store, shutdown: C
     }
     loop {
         match read(&settings, &store).await {
-            Ok(budgets) => budgets.iter().for_each(|b| crate::metrics::metrics().budget(b)),
+            Ok(budgets) => budgets.iter().for_each(BudgetUse::export),
             Err(error) => warn!(%error, "could not read budget use for the gauges"),
         }
         tokio::select! {

@@ -24,6 +24,7 @@ pub mod config;
 pub mod console;
 pub mod contracts;
 pub mod dead;
+pub mod eval;
 pub mod files;
 pub mod held;
 pub mod index;

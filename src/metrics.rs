@@ -223,17 +223,19 @@ impl Metrics {
         }
     }
 
-    /// Sets a budget's gauges from its use, one series per period it sets.
-    pub fn budget(&self, b: &crate::budgets::BudgetUse) {
-        for (period, ceiling, spent, reserved) in b.periods() {
-            if ceiling.is_zero() {
-                continue;
-            }
-            let label = BudgetLabel { scope: b.scope, name: b.name.clone(), period };
-            self.budget_ceiling.get_or_create(&label).set(ceiling.micros_i64());
-            self.budget_spent.get_or_create(&label).set(spent.micros_i64());
-            self.budget_reserved.get_or_create(&label).set(reserved.micros_i64());
-        }
+    /// Sets a money budget's gauges for one period: its ceiling, what is spent (reservations
+    /// included) and what calls in flight have reserved, in micro-dollars.
+    pub fn budget(
+        &self,
+        (scope, name, period): (&'static str, &str, &'static str),
+        ceiling: i64,
+        spent: i64,
+        reserved: i64,
+    ) {
+        let label = BudgetLabel { scope, name: name.to_owned(), period };
+        self.budget_ceiling.get_or_create(&label).set(ceiling);
+        self.budget_spent.get_or_create(&label).set(spent);
+        self.budget_reserved.get_or_create(&label).set(reserved);
     }
 
     /// Counts one JSON parse or serialisation (`op`) of `what` (docs/benchmarks.md, "Work per turn").

@@ -128,7 +128,7 @@ async fn a_call_that_could_pass_the_budget_is_not_made() {
     assert_eq!((ta.budget.per_day, ta.spent.day.micros()), (limits.usd_per_day, total as u64));
     // Under a name of its own: the metrics are the process's, shared with concurrent tests.
     ta.name = format!("ta-{}", t.h.id);
-    aptix::metrics::metrics().budget(&ta);
+    ta.export();
     let text = aptix::metrics::metrics().encode();
     let series = |metric: &str, value: u64| {
         format!("aptix_{metric}{{scope=\"tenant\",name=\"{}\",period=\"day\"}} {value}", ta.name)

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{new_session, user_turn, Harness};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const TOKEN: &str = "console-test-token";
 const VIEWER: &str = "console-viewer-token";
@@ -66,6 +66,9 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     // Spend of two tenants on two days (rows as the invoke stage reserves and persist settles
     // them): the admin's chart stacks both, a tenant's operator sees its own only.
     let today = spend_rows(&h).await;
+    let eval_run = eval_report(&h).await;
+    let evals = get(format!("/evals/{eval_run}")).await;
+    assert!(evals.contains("<svg class=\"arms\"") && evals.contains("mini: 0.5000"), "{evals}");
     let budgets = get("/budgets".into()).await;
     for needle in [format!("acme on {today}: $0.250000"), format!("other on {today}: $1.000000")] {
         assert!(budgets.contains(&needle), "missing {needle}: {budgets}");
@@ -131,6 +134,7 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         format!("/sessions/{done}/turns/t1"),
         "/queues".into(),
         "/actions".into(),
+        "/evals".into(),
     ] {
         assert_eq!(as_tenant(path.clone()).send().await.unwrap().status(), 404, "{path}");
     }
@@ -152,6 +156,8 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
             let legend = seen["budgets"]["legend"].to_string();
             assert!(legend.contains("\"acme\"") && legend.contains("\"other\""), "{seen}");
             assert!(seen["budgets"]["width"].as_f64().unwrap() > 400.0, "{seen}");
+            assert_eq!(seen["eval"]["charts"], 1, "one chart per scorer: {seen}");
+            assert_eq!(seen["eval"]["bars"].as_array().unwrap().len(), 2, "{seen}");
             assert_eq!(seen["queues"]["dead_listed"], true, "{seen}");
             assert_eq!(seen["after"]["notice"], format!("replayed {dead_id}"), "{seen}");
             assert_eq!(seen["after"]["still_listed"], false, "{seen}");
@@ -188,6 +194,24 @@ async fn spend_rows(h: &Harness) -> String {
         .unwrap();
     }
     chrono::Utc::now().date_naive().to_string()
+}
+
+/// An evaluation's report as `aptix eval` keeps it: two arms, one scorer. Returns its run id.
+async fn eval_report(h: &Harness) -> String {
+    let estimate =
+        |mean: f64, low: f64, high: f64| json!({"n": 2, "mean": mean, "low": low, "high": high});
+    let arm = |name: &str, mean: f64, versus: Value| {
+        json!({"name": name, "model": null, "conversation_context": null, "round_trips": 2,
+               "turns_not_done": 0, "scores": {"exact": estimate(mean, mean - 0.5, mean + 0.5)},
+               "versus_baseline": versus})
+    };
+    let paired = json!({"exact": {"difference": estimate(-0.5, -1.0, 0.0), "better": 0,
+                                  "worse": 1, "p_value": 1.0}});
+    let report = json!({"version": 1, "run": "ev-console", "baseline": "original", "primary": "exact",
+                        "arms": [arm("original", 1.0, json!({})), arm("mini", 0.5, paired)],
+                        "regressions": []});
+    h.deps.store.save_eval("ev-console", &report).await.unwrap();
+    "ev-console".into()
 }
 
 /// A request given up while the database could not admit it (`turns` renamed away meanwhile):

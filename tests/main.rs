@@ -29,6 +29,7 @@ mod dead;
 mod demo;
 mod deploy;
 mod error_classes;
+mod eval;
 mod follow_up;
 mod fuzz_validate;
 mod hardening;

@@ -70,6 +70,16 @@ try {
   seen.budgets.legend = await page.$$eval('svg.spend text', (texts) =>
     texts.filter((t) => t.getBoundingClientRect().width > 0).map((t) => t.textContent));
   seen.budgets.width = await page.$eval('svg.spend', (svg) => svg.getBoundingClientRect().width).catch(() => 0);
+  // An evaluation: the list, then the first run's arms side by side.
+  await visit('evals', '/evals');
+  await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click('a[href^="/evals/"]')]);
+  seen.eval = {
+    title: await page.title(),
+    charts: await page.$$eval('svg.arms', (svgs) => svgs.length),
+    bars: await page.$$eval('svg.arms rect.arm', (bars) =>
+      bars.filter((b) => b.getBoundingClientRect().height > 0).map((b) => b.textContent)),
+  };
+  if (shots) await page.screenshot({ path: `${shots}/eval.png`, fullPage: false });
 } finally {
   await browser.close();
 }

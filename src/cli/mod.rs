@@ -5,6 +5,7 @@ mod budgets;
 mod check_request;
 mod dead;
 mod demo;
+mod eval;
 mod ops;
 mod render_context;
 mod repartition;
@@ -143,6 +144,9 @@ pub enum Command {
     /// records linked to the originals; nothing is published. Exit 0 all done, 1 some failed or
     /// left (resume with the same --run), 2 bad options.
     Reprocess(reprocess::ReprocessArgs),
+    /// Replay stored turns on several arms (models, ConversationContexts), score and compare them
+    /// (README, "Evaluation").
+    Eval(eval::EvalArgs),
     /// Run a benchmark: `aptix bench ceiling --runs 3`, `aptix bench overhead`, ... (every
     /// argument goes to the `aptix-bench` binary beside this one, built first under `cargo run`;
     /// `aptix bench --help` lists them; figures in docs/benchmarks.md).
@@ -212,6 +216,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             demo::run(crate::worker::load_settings_with(path, cli.log_format, filter, "aptix")?)
         }
         Command::Reprocess(args) => reprocess::run(args, settings()?),
+        Command::Eval(args) => eval::run(args, settings()?),
         Command::Bench { args } => bench::run(args, cli.config.as_deref()),
         Command::Index(args) => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;

@@ -18,9 +18,9 @@ use crate::llm::HttpLlmClient;
 use crate::reprocess::{self, Options, ReprocessError, Reprocessor, Selection};
 use crate::store::Store;
 
-/// Options of `aptix reprocess`.
+/// Which stored turns: the selection flags `aptix reprocess` and `aptix eval` share.
 #[derive(Debug, Args)]
-pub struct ReprocessArgs {
+pub struct SelectionArgs {
     /// Only turns of this session.
     #[arg(long, value_name = "SESSION_ID")]
     pub session: Option<String>,
@@ -37,6 +37,56 @@ pub struct ReprocessArgs {
     /// Every stored turn (required when no other selector is given).
     #[arg(long)]
     pub all: bool,
+}
+
+impl SelectionArgs {
+    /// The selection these flags make.
+    pub fn selection(&self) -> Result<Selection, ReprocessError> {
+        let bad = ReprocessError::Options;
+        let session = match &self.session {
+            Some(s) => {
+                Some(s.parse::<SessionId>().map_err(|(_, m)| bad(format!("--session: {m}")))?)
+            }
+            None => None,
+        };
+        let time = |flag: &str, v: &Option<String>| match v {
+            Some(t) => reprocess::parse_time(t).map(Some).map_err(|m| bad(format!("{flag}: {m}"))),
+            None => Ok(None),
+        };
+        let turns = match &self.turns {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| bad(format!("--turns: cannot read {}: {e}", path.display())))?;
+                Some(reprocess::parse_turn_list(&text)?)
+            }
+            None => None,
+        };
+        Ok(Selection {
+            session,
+            since: time("--since", &self.since)?,
+            until: time("--until", &self.until)?,
+            turns,
+            all: self.all,
+        })
+    }
+}
+
+/// `--rate` checked: turns per second, `None` for no limit.
+pub fn rate(rate: f64) -> Result<Option<f64>, ReprocessError> {
+    if !rate.is_finite() || rate < 0.0 {
+        return Err(ReprocessError::Options(format!(
+            "--rate {rate} must be a positive number of turns per second (0: no limit)"
+        )));
+    }
+    Ok((rate > 0.0).then_some(rate))
+}
+
+/// Options of `aptix reprocess`.
+#[derive(Debug, Args)]
+pub struct ReprocessArgs {
+    /// Which stored turns.
+    #[command(flatten)]
+    pub select: SelectionArgs,
     /// Run id stored as `reprocess_run`; give an earlier run's id to resume it. Default: generated
     /// and printed.
     #[arg(long, value_name = "NAME")]
@@ -67,45 +117,15 @@ pub struct ReprocessArgs {
 impl ReprocessArgs {
     /// The library options these arguments ask for.
     pub fn options(&self) -> Result<Options, ReprocessError> {
-        let bad = ReprocessError::Options;
-        let session = match &self.session {
-            Some(s) => {
-                Some(s.parse::<SessionId>().map_err(|(_, m)| bad(format!("--session: {m}")))?)
-            }
-            None => None,
-        };
-        let time = |flag: &str, v: &Option<String>| match v {
-            Some(t) => reprocess::parse_time(t).map(Some).map_err(|m| bad(format!("{flag}: {m}"))),
-            None => Ok(None),
-        };
-        let turns = match &self.turns {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| bad(format!("--turns: cannot read {}: {e}", path.display())))?;
-                Some(reprocess::parse_turn_list(&text)?)
-            }
-            None => None,
-        };
-        if !self.rate.is_finite() || self.rate < 0.0 {
-            return Err(bad(format!(
-                "--rate {} must be a positive number of turns per second (0: no limit)",
-                self.rate
-            )));
-        }
-        let selection = Selection {
-            session,
-            since: time("--since", &self.since)?,
-            until: time("--until", &self.until)?,
-            turns,
-            all: self.all,
-        };
+        let selection = self.select.selection()?;
+        let rate = rate(self.rate)?;
         let run = self.run.clone().unwrap_or_else(|| reprocess::generate_run_id(Utc::now()));
         Ok(Options {
             selection,
             run,
             model: self.model.clone(),
             conversation_context: self.conversation_context.clone(),
-            rate: (self.rate > 0.0).then_some(self.rate),
+            rate,
             concurrency: usize::from(self.concurrency),
             limit: self.limit,
         })
@@ -154,7 +174,7 @@ pub fn run(args: ReprocessArgs, settings: Settings) -> anyhow::Result<ExitCode> 
 }
 
 /// Prints a result (text or JSON) and chooses the exit code.
-fn finish<T: std::fmt::Display + serde::Serialize>(
+pub(super) fn finish<T: std::fmt::Display + serde::Serialize>(
     result: Result<T, ReprocessError>,
     json: bool,
     code: impl Fn(&T) -> ExitCode,

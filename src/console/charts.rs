@@ -126,6 +126,34 @@ pub fn stacked_days(days: &[String], series: &[(String, Vec<u64>)]) -> Markup {
     }
 }
 
+/// One bar per arm with its 95 % interval as a whisker: `values` are (arm, mean, low, high).
+pub fn interval_bars(title: &str, values: &[(String, f64, f64, f64)]) -> Markup {
+    let (height, plot) = (180.0, 140.0);
+    let top = values.iter().map(|v| v.3.max(v.1)).fold(0.0_f64, f64::max);
+    let top = if top > 0.0 { top } else { 1.0 };
+    let y = |v: f64| plot - (v.max(0.0) / top) * (plot - 10.0);
+    let slot = (WIDTH - LABEL) / values.len().max(1) as f64;
+    html! {
+        svg.arms xmlns="http://www.w3.org/2000/svg" role="img" width="100%"
+            viewBox=(format!("0 0 {WIDTH} {height}")) {
+            title { (title) }
+            text x="4" y="16" font-size="13" font-weight="bold" { (title) }
+            text x="4" y="34" font-size="11" { (format!("{top:.4}")) }
+            text x="4" y=(plot) font-size="11" { "0" }
+            line x1=(LABEL) x2=(WIDTH) y1=(plot) y2=(plot) stroke="#99a" {}
+            @for (i, (arm, mean, low, high)) in values.iter().enumerate() {
+                @let (left, width) = (LABEL + slot * i as f64 + slot * 0.2, slot * 0.6);
+                rect.arm x=(left) y=(y(*mean)) width=(width) height=((plot - y(*mean)).max(1.0))
+                    fill=(COLOURS[i % COLOURS.len()]) {
+                    title { (format!("{arm}: {mean:.4} (95 % interval {low:.4} to {high:.4})")) }
+                }
+                line x1=(left + width / 2.0) x2=(left + width / 2.0) y1=(y(*low)) y2=(y(*high)) stroke="#1d2430" stroke-width="2" {}
+                text x=(left + width / 2.0) y=(plot + 16.0) font-size="12" text-anchor="middle" { (arm) }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +187,14 @@ mod tests {
         assert_eq!(svg.matches("<rect class=\"day\"").count(), 3, "no bar for a zero: {svg}");
         assert!(svg.contains("tb on 2026-11-28: $3.000000"), "{svg}");
         assert!(svg.contains(">$4.0000<"), "the scale is the largest day's total: {svg}");
+    }
+
+    #[test]
+    fn interval_bars_draw_a_bar_and_a_whisker_per_arm() {
+        let arms = vec![("original".to_owned(), 1.0, 1.0, 1.0), ("mini".to_owned(), 0.5, 0.1, 0.9)];
+        let svg = interval_bars("exact", &arms).into_string();
+        assert_eq!(svg.matches("<rect class=\"arm\"").count(), 2);
+        assert!(svg.contains("mini: 0.5000 (95 % interval 0.1000 to 0.9000)"), "{svg}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod auth;
 mod budgets;
 mod charts;
+mod evals;
 mod pages;
 mod turn;
 
@@ -84,6 +85,8 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .route("/actions", get(actions))
         .route("/budgets", get(budgets::page))
+        .route("/evals", get(evals::list))
+        .route("/evals/{run}", get(evals::page))
         .layer(axum::middleware::from_fn_with_state(signing_in, auth::require))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(Arc::new(console));
@@ -109,7 +112,7 @@ pub(crate) fn failed(e: impl std::fmt::Display) -> (StatusCode, Markup) {
     (StatusCode::INTERNAL_SERVER_ERROR, pages::message("Something failed", &e.to_string()))
 }
 
-fn not_found(what: &str) -> (StatusCode, Markup) {
+pub(crate) fn not_found(what: &str) -> (StatusCode, Markup) {
     (StatusCode::NOT_FOUND, pages::message("Not found", what))
 }
 
@@ -124,7 +127,7 @@ struct SearchQuery {
 }
 
 /// Pages about every tenant (queues, dead letters, actions) are not a tenant operator's.
-fn everyone(scope: &Scope) -> Result<(), (StatusCode, Markup)> {
+pub(crate) fn everyone(scope: &Scope) -> Result<(), (StatusCode, Markup)> {
     match scope {
         Scope::Tenant(_) => Err(not_found("this page is not shown to a tenant's operator")),
         _ => Ok(()),

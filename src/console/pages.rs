@@ -24,7 +24,7 @@ pub fn layout(title: &str, body: Markup) -> Markup {
                 style { (STYLE) }
             }
             body {
-                nav { a href="/sessions" { "Sessions" } a href="/queues" { "Queues" } a href="/actions" { "Actions" } a href="/budgets" { "Budgets" } }
+                nav { a href="/sessions" { "Sessions" } a href="/queues" { "Queues" } a href="/actions" { "Actions" } a href="/budgets" { "Budgets" } a href="/evals" { "Evaluations" } }
                 h1 { (title) }
                 (body)
             }

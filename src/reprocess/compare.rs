@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::contracts::Usage;
-use crate::store::ReprocessedPair;
+use crate::store::EvalRow;
 
 /// Most examples of differing outputs kept.
 const EXAMPLES: usize = 5;
@@ -61,7 +61,7 @@ pub struct Difference {
 
 impl Comparison {
     /// Compares `pairs`; `original_steps` is the number of original round trips of their turns.
-    pub fn of(pairs: &[ReprocessedPair], turns: usize, original_steps: usize) -> Comparison {
+    pub fn of(pairs: &[EvalRow], turns: usize, original_steps: usize) -> Comparison {
         let mut c = Comparison { turns, round_trips: pairs.len(), ..Comparison::default() };
         c.round_trips_not_replayed = original_steps.saturating_sub(pairs.len());
         for p in pairs {
@@ -102,7 +102,7 @@ fn add_usage(total: &mut Usage, usage: Option<&Value>) {
 }
 
 /// How a pair differs, if it does.
-fn difference(p: &ReprocessedPair) -> Option<Difference> {
+fn difference(p: &EvalRow) -> Option<Difference> {
     let (what, original, new) = if p.original_kind != p.new_kind {
         ("kind", p.original_kind.clone(), p.new_kind.clone())
     } else {
@@ -195,8 +195,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pair(kind: (&str, &str), replies: (Value, Value)) -> ReprocessedPair {
-        ReprocessedPair {
+    fn pair(kind: (&str, &str), replies: (Value, Value)) -> EvalRow {
+        EvalRow {
+            original_id: uuid::Uuid::nil(),
+            new_id: uuid::Uuid::nil(),
+            original_chunks: None,
+            original_model: None,
+            original_timings: None,
+            new_chunks: None,
+            new_model: None,
+            new_tools: None,
+            new_timings: None,
             session_id: uuid::Uuid::nil(),
             turn_id: "t1".into(),
             step: 0,

@@ -313,7 +313,7 @@ impl Reprocessor {
     ) -> Result<Comparison, ReprocessError> {
         let pairs: Vec<_> = self
             .store
-            .reprocessed_pairs(run)
+            .eval_rows(run)
             .await?
             .into_iter()
             .filter(|p| steps.contains_key(&(p.session_id, p.turn_id.clone())))

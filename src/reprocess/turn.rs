@@ -83,7 +83,11 @@ impl Replayer<'_> {
                 deltas: None,
                 once: false,
             };
-            match self.llm.create_response(request).await {
+            let started = std::time::Instant::now();
+            let result = self.llm.create_response(request).await;
+            // The call's duration, for `aptix eval`'s latency scorer.
+            let timings = serde_json::json!({ "llm_ms": started.elapsed().as_millis() as u64 });
+            match result {
                 Ok(response) => {
                     let answer = crate::messages::Answer::from(response);
                     state = state.apply_answer(
@@ -98,11 +102,13 @@ impl Replayer<'_> {
                     let mut record =
                         answered(inputs, step, &assembled, &answer, &self.context, &owed)?;
                     record.record.context_versions = Some(self.versions.clone());
+                    record.record.stage_timings = Some(timings);
                     records.push(record);
                 }
                 Err(e) if is_model_outcome(&e) => {
                     let mut record = failed(inputs, step, &assembled, &e)?;
                     record.record.context_versions = Some(self.versions.clone());
+                    record.record.stage_timings = Some(timings);
                     records.push(record);
                     break;
                 }

@@ -72,34 +72,11 @@ pub struct LinkedRecord {
     pub record: NewRecord,
 }
 
-/// An original record and its reprocessed counterpart in one run.
-#[derive(Debug, Clone, FromRow)]
-pub struct ReprocessedPair {
-    /// Session.
-    pub session_id: Uuid,
-    /// Turn.
-    pub turn_id: String,
-    /// Round trip.
-    pub step: i32,
-    /// The original's kind.
-    pub original_kind: String,
-    /// The original's reply.
-    pub original_reply: Value,
-    /// The original's usage.
-    pub original_usage: Option<Value>,
-    /// The new record's kind.
-    pub new_kind: String,
-    /// The new record's reply.
-    pub new_reply: Value,
-    /// The new record's usage.
-    pub new_usage: Option<Value>,
-}
-
 /// Columns written for a reprocessed record; the rest take their defaults.
 const COLUMNS: &str = "id, session_id, turn_id, step, kind, provider_response_id, chain, request_payload, \
      response_payload, retrieved_chunks, active_files, skipped_files, usage, errors, instruction, workspace_id, \
      repo, language, rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id, \
-     context_versions";
+     context_versions, stage_timings";
 
 impl Store {
     /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
@@ -224,19 +201,5 @@ impl Store {
         }
         tx.commit().await?;
         Ok(written)
-    }
-
-    /// Every record run `run` wrote, paired with its original, oldest original first.
-    pub async fn reprocessed_pairs(&self, run: &str) -> Result<Vec<ReprocessedPair>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT o.session_id, o.turn_id, o.step, o.kind AS original_kind, o.reply AS original_reply,
-                    o.usage AS original_usage, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage
-             FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
-             WHERE n.reprocess_run = $1
-             ORDER BY o.created_at, o.id",
-        )
-        .bind(run)
-        .fetch_all(&self.pool)
-        .await?)
     }
 }

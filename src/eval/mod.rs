@@ -1,0 +1,139 @@
+//! `aptix eval`: stored turns replayed on several arms (another model, another
+//! ConversationContext — a context version kept under its own id), scored, and compared.
+//!
+//! Each arm is a reprocess run of its own (`<run>.<arm>`, see [`crate::reprocess`]): concurrent
+//! within a rate, resumable (running the same `--run` again finishes what is left and calls
+//! nothing twice), and each result an immutable record linked to its original. The report
+//! gives each arm's mean per scorer with a 95 % interval, each arm against the baseline arm on
+//! the same round trips (mean difference, interval, sign test), and the worst regressions with
+//! both records' ids and the console's page of their turn. The built-in `original` arm is the
+//! stored records themselves. It is kept in PostgreSQL (`eval_runs`) for the console.
+
+mod report;
+mod score;
+mod stats;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use tokio_util::sync::CancellationToken;
+
+pub use report::{ArmReport, EvalReport, Regression};
+pub use score::{Scorers, LOWER_IS_BETTER};
+pub use stats::{sign_test, Estimate, Paired};
+
+use crate::config::Settings;
+use crate::llm::LlmClient;
+use crate::reprocess::{self, ReprocessError, Reprocessor, Selection};
+use crate::store::{EvalRow, Store};
+
+/// The arm that replays nothing: the stored records.
+pub const ORIGINAL: &str = "original";
+
+/// One arm: what its replays change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arm {
+    /// Its name (letters, digits, `_`, `-`), also the suffix of its reprocess run.
+    pub name: String,
+    /// Another model.
+    pub model: Option<String>,
+    /// Another ConversationContext.
+    pub conversation_context: Option<String>,
+}
+
+impl std::str::FromStr for Arm {
+    type Err = String;
+
+    /// `NAME`, `NAME:model=M`, `NAME:context=C`, or both, separated by `:`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.split(':');
+        let name = parts.next().unwrap_or_default().to_owned();
+        let name_ok = !name.is_empty()
+            && name.len() <= 32
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok || name == ORIGINAL {
+            return Err(format!("arm `{s}`: a name of 1-32 letters, digits, `_` or `-`, not `{ORIGINAL}`, comes first"));
+        }
+        let mut arm = Arm { name, model: None, conversation_context: None };
+        for part in parts {
+            match part.split_once('=') {
+                Some(("model", m)) if !m.is_empty() => arm.model = Some(m.to_owned()),
+                Some(("context", c)) if !c.is_empty() => {
+                    arm.conversation_context = Some(c.to_owned())
+                }
+                _ => return Err(format!("arm `{s}`: `{part}` is neither model=M nor context=C")),
+            }
+        }
+        Ok(arm)
+    }
+}
+
+/// What to evaluate and how.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// Which stored turns.
+    pub selection: Selection,
+    /// The evaluation's id; arm `a` runs as reprocess run `<run>.a`.
+    pub run: String,
+    /// The arms, in order.
+    pub arms: Vec<Arm>,
+    /// The arm the others are compared with: [`ORIGINAL`] or one of `arms`.
+    pub baseline: String,
+    /// The scorers.
+    pub scorers: Scorers,
+    /// Turns started per second per arm at most.
+    pub rate: Option<f64>,
+    /// Turns in flight at once per arm.
+    pub concurrency: usize,
+}
+
+/// Runs every arm, then scores and compares them; the report is also saved for the console.
+pub async fn run(
+    store: &Store,
+    settings: Arc<Settings>,
+    llm: Arc<dyn LlmClient>,
+    opts: &EvalOptions,
+    cancel: &CancellationToken,
+) -> Result<EvalReport, ReprocessError> {
+    check(opts)?;
+    let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm);
+    let mut runs = BTreeMap::new();
+    for arm in &opts.arms {
+        let mut o =
+            reprocess::Options::new(opts.selection.clone(), format!("{}.{}", opts.run, arm.name));
+        o.model = arm.model.clone();
+        o.conversation_context = arm.conversation_context.clone();
+        o.rate = opts.rate;
+        o.concurrency = opts.concurrency;
+        let done = reprocessor.run(&o, &ProgressBar::hidden(), cancel).await?;
+        runs.insert(arm.name.clone(), done);
+    }
+    let mut rows: BTreeMap<String, Vec<EvalRow>> = BTreeMap::new();
+    for arm in &opts.arms {
+        rows.insert(
+            arm.name.clone(),
+            store.eval_rows(&format!("{}.{}", opts.run, arm.name)).await?,
+        );
+    }
+    let report = report::build(opts, &rows, &runs, &settings.telemetry.prices);
+    let json = serde_json::to_value(&report).map_err(|e| ReprocessError::Options(e.to_string()))?;
+    store.save_eval(&opts.run, &json).await?;
+    Ok(report)
+}
+
+fn check(opts: &EvalOptions) -> Result<(), ReprocessError> {
+    let bad = |m: String| Err(ReprocessError::Options(m));
+    if opts.arms.is_empty() {
+        return bad("give at least one --arm".into());
+    }
+    let mut names: Vec<&str> = opts.arms.iter().map(|a| a.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return bad("two arms have the same name".into());
+    }
+    if opts.baseline != ORIGINAL && !names.contains(&opts.baseline.as_str()) {
+        return bad(format!("--baseline `{}` is neither `{ORIGINAL}` nor an arm", opts.baseline));
+    }
+    Ok(())
+}

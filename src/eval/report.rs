@@ -1,0 +1,249 @@
+//! The report of an evaluation (versioned JSON, kept in `eval_runs`): per arm the mean of each
+//! scorer with its 95 % interval and, against the baseline arm on the same round trips, the mean
+//! difference and the sign test; then the worst regressions of the primary scorer (`regex` when
+//! given, else `exact`), each with both records' ids and the console's page of its turn.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::score::LOWER_IS_BETTER;
+use super::stats::{Estimate, Paired};
+use super::{EvalOptions, ORIGINAL};
+use crate::config::ModelPrice;
+use crate::reprocess::Report;
+use crate::store::EvalRow;
+
+/// Version of the report's JSON.
+pub const VERSION: u32 = 1;
+/// Most regressions listed.
+const REGRESSIONS: usize = 10;
+
+/// A whole evaluation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalReport {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The evaluation's id.
+    pub run: String,
+    /// The arm the others are compared with.
+    pub baseline: String,
+    /// The scorer regressions are listed by.
+    pub primary: String,
+    /// Every arm, the baseline first.
+    pub arms: Vec<ArmReport>,
+    /// The worst regressions against the baseline, worst first.
+    pub regressions: Vec<Regression>,
+}
+
+/// One arm's results.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArmReport {
+    /// Its name.
+    pub name: String,
+    /// Its model, when it overrides the turns'.
+    pub model: Option<String>,
+    /// Its ConversationContext, when it overrides the turns'.
+    pub conversation_context: Option<String>,
+    /// Round trips it has records of.
+    pub round_trips: usize,
+    /// Turns of the selection it could not replay this time (failed or left; run again).
+    pub turns_not_done: usize,
+    /// Per scorer: the mean and its interval.
+    pub scores: BTreeMap<String, Estimate>,
+    /// Per scorer: this arm minus the baseline on the round trips both have.
+    pub versus_baseline: BTreeMap<String, Paired>,
+}
+
+/// A round trip the arm did worse on than the baseline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Regression {
+    /// The arm.
+    pub arm: String,
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Round trip.
+    pub step: i32,
+    /// The baseline's score.
+    pub baseline_score: f64,
+    /// The arm's.
+    pub arm_score: f64,
+    /// The baseline's record.
+    pub baseline_record: Uuid,
+    /// The arm's record.
+    pub arm_record: Uuid,
+    /// The console's page of the turn, which lists both records.
+    pub page: String,
+}
+
+type Key = (Uuid, String, i32);
+
+/// One arm's scored round trips: scores and the record each came from.
+type Scored = BTreeMap<Key, (BTreeMap<&'static str, f64>, Uuid)>;
+
+/// The report of `rows` (per arm) and the arms' reprocess `runs`.
+pub fn build(
+    opts: &EvalOptions,
+    rows: &BTreeMap<String, Vec<EvalRow>>,
+    runs: &BTreeMap<String, Report>,
+    prices: &[ModelPrice],
+) -> EvalReport {
+    let key = |r: &EvalRow| (r.session_id, r.turn_id.clone(), r.step);
+    let mut scored: BTreeMap<String, Scored> = BTreeMap::new();
+    for (arm, list) in rows {
+        for r in list {
+            let own = (opts.scorers.score(r, false, prices), r.new_id);
+            scored.entry(arm.clone()).or_default().insert(key(r), own);
+            let original = (opts.scorers.score(r, true, prices), r.original_id);
+            scored.entry(ORIGINAL.to_owned()).or_default().entry(key(r)).or_insert(original);
+        }
+    }
+    let primary = if opts.scorers.expect.is_some() { "regex" } else { "exact" };
+    let empty = Scored::new();
+    let base = scored.get(&opts.baseline).unwrap_or(&empty);
+    let mut names: Vec<String> = vec![opts.baseline.clone()];
+    if opts.baseline != ORIGINAL {
+        names.insert(0, ORIGINAL.to_owned());
+        names.dedup();
+    }
+    names.extend(opts.arms.iter().map(|a| a.name.clone()).filter(|n| *n != opts.baseline));
+    let mut arms = Vec::new();
+    let mut regressions = Vec::new();
+    for name in names {
+        let mine = scored.get(&name).unwrap_or(&empty);
+        let arm = opts.arms.iter().find(|a| a.name == name);
+        let run = runs.get(&name);
+        arms.push(ArmReport {
+            name: name.clone(),
+            model: arm.and_then(|a| a.model.clone()),
+            conversation_context: arm.and_then(|a| a.conversation_context.clone()),
+            round_trips: mine.len(),
+            turns_not_done: run.map_or(0, |r| r.failed + r.left + r.unavailable),
+            scores: means(mine),
+            versus_baseline: if name == opts.baseline {
+                BTreeMap::new()
+            } else {
+                paired(base, mine)
+            },
+        });
+        if name != opts.baseline && name != ORIGINAL {
+            regressions.extend(worse(&name, primary, base, mine));
+        }
+    }
+    regressions.sort_by(|a, b| {
+        let gap = |r: &Regression| (r.baseline_score - r.arm_score).abs();
+        gap(b).total_cmp(&gap(a))
+    });
+    regressions.truncate(REGRESSIONS);
+    EvalReport {
+        version: VERSION,
+        run: opts.run.clone(),
+        baseline: opts.baseline.clone(),
+        primary: primary.to_owned(),
+        arms,
+        regressions,
+    }
+}
+
+fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
+    let mut values: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for (scores, _) in scored.values() {
+        for (name, v) in scores {
+            values.entry(name).or_default().push(*v);
+        }
+    }
+    values.into_iter().filter_map(|(n, xs)| Some((n.to_owned(), Estimate::of(&xs)?))).collect()
+}
+
+fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
+    let mut pairs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for (key, (scores, _)) in mine {
+        let Some((theirs, _)) = base.get(key) else { continue };
+        for (name, v) in scores {
+            if let Some(b) = theirs.get(name) {
+                pairs.entry(name).or_default().push((*b, *v));
+            }
+        }
+    }
+    pairs
+        .into_iter()
+        .filter_map(|(n, p)| Some((n.to_owned(), Paired::of(&p, LOWER_IS_BETTER.contains(&n))?)))
+        .collect()
+}
+
+fn worse(arm: &str, scorer: &str, base: &Scored, mine: &Scored) -> Vec<Regression> {
+    let lower_better = LOWER_IS_BETTER.contains(&scorer);
+    mine.iter()
+        .filter_map(|(key, (scores, record))| {
+            let (theirs, base_record) = base.get(key)?;
+            let (b, a) = (*theirs.get(scorer)?, *scores.get(scorer)?);
+            let regressed = if lower_better { a > b } else { a < b };
+            regressed.then(|| Regression {
+                arm: arm.to_owned(),
+                session_id: key.0,
+                turn_id: key.1.clone(),
+                step: key.2,
+                baseline_score: b,
+                arm_score: a,
+                baseline_record: *base_record,
+                arm_record: *record,
+                page: format!("/sessions/{}/turns/{}", key.0, key.1),
+            })
+        })
+        .collect()
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "eval {} (baseline {}, regressions by {})",
+            self.run, self.baseline, self.primary
+        )?;
+        for arm in &self.arms {
+            let what = [
+                arm.model.as_deref().map(|m| format!("model {m}")),
+                arm.conversation_context.as_deref().map(|c| format!("context {c}")),
+            ];
+            let what: Vec<String> = what.into_iter().flatten().collect();
+            let what =
+                if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
+            let (name, trips, left) = (&arm.name, arm.round_trips, arm.turns_not_done);
+            writeln!(f, "\narm {name}{what}: {trips} round trips, {left} turns not done")?;
+            for (name, e) in &arm.scores {
+                write!(f, "  {name:<18} {:>10.4}  [{:.4}, {:.4}]", e.mean, e.low, e.high)?;
+                if let Some(p) = arm.versus_baseline.get(name) {
+                    let d = &p.difference;
+                    write!(
+                        f,
+                        "   vs baseline {:+.4} [{:+.4}, {:+.4}], {} better, {} worse, p = {:.3}",
+                        d.mean, d.low, d.high, p.better, p.worse, p.p_value
+                    )?;
+                }
+                writeln!(f)?;
+            }
+        }
+        if !self.regressions.is_empty() {
+            writeln!(f, "\nworst regressions ({}):", self.primary)?;
+        }
+        for r in &self.regressions {
+            writeln!(
+                f,
+                "  {} {} {} step {}: {} -> {} (records {} -> {}, {})",
+                r.arm,
+                r.session_id,
+                r.turn_id,
+                r.step,
+                r.baseline_score,
+                r.arm_score,
+                r.baseline_record,
+                r.arm_record,
+                r.page
+            )?;
+        }
+        Ok(())
+    }
+}

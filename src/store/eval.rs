@@ -1,0 +1,98 @@
+//! What `aptix reprocess`'s comparison and `aptix eval` read, and what eval keeps (README,
+//! "Evaluation"): each record a reprocess run wrote, with its original and what the scorers need
+//! of both, and the reports of evaluation runs for the console.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+
+/// One round trip of an arm: the new record and its original.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EvalRow {
+    /// The original record.
+    pub original_id: Uuid,
+    /// Session.
+    pub session_id: Uuid,
+    /// Turn.
+    pub turn_id: String,
+    /// Round trip.
+    pub step: i32,
+    /// The original's kind (`final`, `client_tool_continuation`, `error`, ...).
+    pub original_kind: String,
+    /// The original's reply.
+    pub original_reply: Value,
+    /// The original's usage.
+    pub original_usage: Option<Value>,
+    /// The chunks the original sent.
+    pub original_chunks: Option<Value>,
+    /// The original's model.
+    pub original_model: Option<String>,
+    /// The original's path through the stages (`hops`).
+    pub original_timings: Option<Value>,
+    /// The new record.
+    pub new_id: Uuid,
+    /// Its kind.
+    pub new_kind: String,
+    /// Its reply.
+    pub new_reply: Value,
+    /// Its usage.
+    pub new_usage: Option<Value>,
+    /// The chunks it sent.
+    pub new_chunks: Option<Value>,
+    /// Its model.
+    pub new_model: Option<String>,
+    /// The tools its request offered (their JSON Schemas).
+    pub new_tools: Option<Value>,
+    /// Its timings (`llm_ms`: the call's duration).
+    pub new_timings: Option<Value>,
+}
+
+impl Store {
+    /// Every record reprocess run `run` wrote, with its original, oldest original first.
+    pub async fn eval_rows(&self, run: &str) -> Result<Vec<EvalRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
+                    o.kind AS original_kind, o.reply AS original_reply, o.usage AS original_usage,
+                    o.retrieved_chunks AS original_chunks,
+                    o.request_payload->>'model' AS original_model,
+                    o.stage_timings AS original_timings,
+                    n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage,
+                    n.retrieved_chunks AS new_chunks, n.request_payload->>'model' AS new_model,
+                    n.request_payload->'tools' AS new_tools, n.stage_timings AS new_timings
+             FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
+             WHERE n.reprocess_run = $1
+             ORDER BY o.created_at, o.id",
+        )
+        .bind(run)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Keeps an evaluation run's options and report (a later invocation of the same run
+    /// replaces them).
+    pub async fn save_eval(&self, run: &str, report: &Value) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO eval_runs (run, report) VALUES ($1, $2)
+             ON CONFLICT (run) DO UPDATE SET report = EXCLUDED.report, updated_at = now()",
+        )
+        .bind(run)
+        .bind(report)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Evaluation runs, newest first: (run, report, last updated).
+    pub async fn eval_runs(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(String, Value, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT run, report, updated_at FROM eval_runs ORDER BY updated_at DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

@@ -1,0 +1,107 @@
+//! `aptix eval` (issue 45) on the real pipeline's stored turns: a seeded conversation replayed on
+//! two arms, one worse by construction (its context caps answers at 16 output tokens, so the
+//! simulator cuts them short), and the report must say so; the command line resumes a run and
+//! prints its report as JSON.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::time::Duration;
+
+use aptix::eval::{Arm, EvalOptions, Scorers, ORIGINAL};
+use aptix::reprocess::Selection;
+use common::{new_session, user_turn, Harness};
+
+const TURNS: usize = 8;
+
+/// Eight one-turn sessions, each answered.
+async fn seeded(h: &Harness) -> Vec<String> {
+    let sessions: Vec<String> = (0..TURNS).map(|_| new_session()).collect();
+    for (i, s) in sessions.iter().enumerate() {
+        h.submit(&user_turn(s, "t1", &format!("explain part {i} of the invoice flow"))).await;
+    }
+    for s in &sessions {
+        let got = h.replies(s, 1, Duration::from_secs(60)).await;
+        assert_eq!(got[0].body["Successful"], true, "{}", got[0].body);
+    }
+    sessions
+}
+
+fn arm(text: &str) -> Arm {
+    text.parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worse_arm_is_reported_worse_and_an_unchanged_one_is_not() {
+    let h = Harness::start_with(1, |s| {
+        let mut terse = s.conversation_contexts["default"].clone();
+        terse.max_output_tokens = Some(16);
+        s.conversation_contexts.insert("terse".into(), terse);
+    })
+    .await;
+    seeded(&h).await;
+    let opts = EvalOptions {
+        selection: Selection { all: true, ..Selection::default() },
+        run: format!("ev-{}", h.id),
+        arms: vec![arm("same"), arm("terse:context=terse")],
+        baseline: ORIGINAL.into(),
+        scorers: Scorers { expect: Some(regex::Regex::new("instruction: explain part").unwrap()) },
+        rate: None,
+        concurrency: 4,
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let settings = h.settings.clone();
+    let report = aptix::eval::run(&h.deps.store, settings, h.deps.llm.clone(), &opts, &cancel)
+        .await
+        .unwrap();
+    eprintln!("{report}");
+    let names: Vec<&str> = report.arms.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, [ORIGINAL, "same", "terse"]);
+    let (same, terse) = (&report.arms[1], &report.arms[2]);
+    assert_eq!((same.round_trips, terse.round_trips), (TURNS, TURNS));
+    // The unchanged arm answers as the originals did.
+    assert_eq!(same.scores["exact"].mean, 1.0, "{report}");
+    assert_eq!(same.versus_baseline["regex"].p_value, 1.0);
+    // The capped arm is worse on every round trip, and the sign test says it is no accident.
+    let worse = &terse.versus_baseline["regex"];
+    assert_eq!((worse.worse, worse.better, worse.difference.mean), (TURNS, 0, -1.0), "{report}");
+    assert!(worse.p_value < 0.01, "{report}");
+    assert_eq!(terse.scores["exact"].mean, 0.0);
+    // It also cost less (fewer output tokens), which counts as better.
+    assert!(terse.scores["cost_usd"].mean < same.scores["cost_usd"].mean, "{report}");
+    assert_eq!(terse.versus_baseline["cost_usd"].better, TURNS, "{report}");
+    assert_eq!(report.primary, "regex");
+    assert_eq!(report.regressions.len(), TURNS);
+    let r = &report.regressions[0];
+    assert_eq!((r.arm.as_str(), r.baseline_score, r.arm_score), ("terse", 1.0, 0.0));
+    assert_eq!(r.page, format!("/sessions/{}/turns/t1", r.session_id));
+    assert_ne!(r.baseline_record, r.arm_record);
+    // Kept for the console, as versioned JSON.
+    let kept = h.deps.store.eval_runs(10).await.unwrap();
+    let (run, json, _) = kept.iter().find(|(run, _, _)| *run == opts.run).unwrap();
+    assert_eq!((run.as_str(), json["version"].as_u64()), (opts.run.as_str(), Some(1)));
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_command_line_runs_resumes_and_reports_as_json() {
+    let h = Harness::start(1).await;
+    let sessions = seeded(&h).await;
+    let run = format!("ev-cli-{}", h.id);
+    let args = ["eval", "--all", "--arm", "again", "--run", &run, "--rate", "0", "--json"];
+    let (code, out) = h.aptix(&args);
+    assert_eq!(code, 0, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["arms"][1]["name"], "again");
+    assert!(report["arms"][1]["round_trips"].as_u64().unwrap() >= TURNS as u64, "{report}");
+    let calls = h.sim.requests().len();
+    // The same run again calls nothing: every arm's turns are done.
+    let (code, again) = h.aptix(&args);
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(h.sim.requests().len(), calls, "a resumed run replays nothing twice");
+    // Bad options say what is wrong.
+    let (code, _) = h.aptix(&["eval", "--all", "--arm", "original", "--run", &run]);
+    assert_eq!(code, 2);
+    assert!(!sessions.is_empty());
+    h.teardown().await;
+}
