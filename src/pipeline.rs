@@ -55,7 +55,8 @@ pub async fn build_deps(
     llm: Option<Arc<dyn LlmClient>>,
 ) -> Result<Deps, StartError> {
     let store = Store::connect(settings.database.url.expose(), settings.database.max_connections)?
-        .with_tenants(gates(&settings));
+        .with_tenants(gates(&settings))
+        .with_versions(crate::config::ContextVersions::of(&settings));
     if settings.pipeline.migrate_on_start {
         store.migrate().await?;
     }

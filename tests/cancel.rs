@@ -109,6 +109,11 @@ async fn a_queued_and_a_streaming_turn_are_cancelled_and_the_next_turn_runs() {
         .map(|r| (r["turn_id"].as_str().unwrap(), r["kind"].as_str().unwrap()))
         .collect();
     assert_eq!(kinds, [("t2", "cancelled"), ("t1", "cancelled"), ("t3", "final")]);
+    // The store wrote t2's record itself (cancelled while queued): it still names the versions
+    // of the contexts the turn would have run with.
+    let t2 = &records.iter().find(|r| r["turn_id"] == "t2").unwrap()["context_versions"];
+    assert_eq!(t2["ConversationContext"]["Id"], "default", "{t2}");
+    assert_eq!(t2["AgentContext"]["Version"].as_str().map(str::len), Some(16), "{t2}");
     let t1_record = records.iter().find(|r| r["turn_id"] == "t1").unwrap();
     let kept = t1_record["response_payload"]["streamed_text"].as_str().unwrap();
     assert!(!kept.is_empty(), "the record keeps what the model had streamed");

@@ -99,9 +99,12 @@ async fn the_command_line_runs_resumes_and_reports_as_json() {
     let (code, again) = h.aptix(&args);
     assert_eq!(code, 0, "{again}");
     assert_eq!(h.sim.requests().len(), calls, "a resumed run replays nothing twice");
-    // Bad options say what is wrong.
+    // Bad options say what is wrong: a reserved arm name, or an arm resumed as another arm.
     let (code, _) = h.aptix(&["eval", "--all", "--arm", "original", "--run", &run]);
     assert_eq!(code, 2);
+    let (code, _) = h.aptix(&["eval", "--all", "--arm", "again:model=other", "--run", &run]);
+    assert_eq!(code, 2, "an arm resumed with another model is refused");
+    assert_eq!(h.sim.requests().len(), calls);
     assert!(!sessions.is_empty());
     h.teardown().await;
 }

@@ -58,14 +58,25 @@ impl ContextVersions {
     /// A record's `context_versions` for a turn of these contexts (`None`: the defaults):
     /// `{"ConversationContext": {"Id", "Version"}, "AgentContext": {"Id", "Version"}}`.
     pub fn record(&self, conversation: Option<&ContextId>, agent: Option<&ContextId>) -> Value {
-        let one = |map: &BTreeMap<String, String>, id: Option<&ContextId>, default: &str| {
-            let id = id.map_or(default, ContextId::as_str);
+        let (conversation, agent) =
+            (conversation.map(ContextId::as_str), agent.map(ContextId::as_str));
+        self.record_by_id(conversation, agent).unwrap_or(Value::Null)
+    }
+
+    /// [`ContextVersions::record`] for ids read from a stored request; `None` when no context
+    /// is known (a store built without the configuration's versions).
+    pub fn record_by_id(&self, conversation: Option<&str>, agent: Option<&str>) -> Option<Value> {
+        if self.conversation.is_empty() && self.agent.is_empty() {
+            return None;
+        }
+        let one = |map: &BTreeMap<String, String>, id: Option<&str>, default: &str| {
+            let id = id.unwrap_or(default);
             json!({ "Id": id, "Version": map.get(id) })
         };
-        json!({
+        Some(json!({
             "ConversationContext": one(&self.conversation, conversation, &self.default_conversation),
             "AgentContext": one(&self.agent, agent, &self.default_agent),
-        })
+        }))
     }
 }
 

@@ -45,8 +45,7 @@ pub(super) async fn page(
     Path(run): Path<String>,
 ) -> Page {
     everyone(&scope)?;
-    let runs = c.store.eval_runs(1000).await.map_err(failed)?;
-    let json = runs.into_iter().find(|(r, _, _)| *r == run).map(|(_, j, _)| j);
+    let json = c.store.eval_run(&run).await.map_err(failed)?;
     let json = json.ok_or_else(|| not_found("no such evaluation"))?;
     let report: EvalReport = serde_json::from_value(json).map_err(failed)?;
     let mut scorers: Vec<&String> = report.arms.iter().flat_map(|a| a.scores.keys()).collect();

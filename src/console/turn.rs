@@ -210,6 +210,12 @@ fn record(r: &Value) -> Markup {
     html! {
         section.record {
             h2 { "Step " (step) ": " (text(&r["kind"])) }
+            p.note {
+                "record " (text(&r["id"]))
+                @if let Some(run) = r["reprocess_run"].as_str() {
+                    " · replayed by run " (run) " (of record " (text(&r["reprocess_of"])) ")"
+                }
+            }
             @if let Some(context) = context_block(&r["request_payload"]) {
                 h3 { "[CONTEXT] block" }
                 pre.context { (context) }

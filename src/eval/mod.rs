@@ -97,6 +97,7 @@ pub async fn run(
     cancel: &CancellationToken,
 ) -> Result<EvalReport, ReprocessError> {
     check(opts)?;
+    same_arms(store, opts).await?;
     let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm);
     let mut runs = BTreeMap::new();
     for arm in &opts.arms {
@@ -134,6 +135,23 @@ fn check(opts: &EvalOptions) -> Result<(), ReprocessError> {
     }
     if opts.baseline != ORIGINAL && !names.contains(&opts.baseline.as_str()) {
         return bad(format!("--baseline `{}` is neither `{ORIGINAL}` nor an arm", opts.baseline));
+    }
+    Ok(())
+}
+
+/// An arm resumed under the same run must be the same arm: its records so far were made with
+/// its model and context, and mixing two would report neither.
+async fn same_arms(store: &Store, opts: &EvalOptions) -> Result<(), ReprocessError> {
+    let Some(previous) = store.eval_run(&opts.run).await? else { return Ok(()) };
+    let Ok(previous) = serde_json::from_value::<EvalReport>(previous) else { return Ok(()) };
+    for arm in &opts.arms {
+        let Some(was) = previous.arms.iter().find(|a| a.name == arm.name) else { continue };
+        if was.model != arm.model || was.conversation_context != arm.conversation_context {
+            return Err(ReprocessError::Options(format!(
+                "run `{}` already has arm `{}` with model {:?} and context {:?}: give the arm another name, or the evaluation another --run",
+                opts.run, arm.name, was.model, was.conversation_context
+            )));
+        }
     }
     Ok(())
 }

@@ -48,8 +48,11 @@ pub struct ArmReport {
     pub conversation_context: Option<String>,
     /// Round trips it has records of.
     pub round_trips: usize,
-    /// Turns of the selection it could not replay this time (failed or left; run again).
+    /// Turns of the selection it has not replayed yet (failed or left: run again).
     pub turns_not_done: usize,
+    /// Turns it cannot replay (a steered follow-up, a turn whose saved inputs are gone).
+    #[serde(default)]
+    pub turns_not_replayable: usize,
     /// Per scorer: the mean and its interval.
     pub scores: BTreeMap<String, Estimate>,
     /// Per scorer: this arm minus the baseline on the round trips both have.
@@ -73,7 +76,7 @@ pub struct Regression {
     pub arm_score: f64,
     /// The baseline's record.
     pub baseline_record: Uuid,
-    /// The arm's record.
+    /// The arm's record (nil when the arm's replay never reached this round trip).
     pub arm_record: Uuid,
     /// The console's page of the turn, which lists both records.
     pub page: String,
@@ -121,7 +124,8 @@ pub fn build(
             model: arm.and_then(|a| a.model.clone()),
             conversation_context: arm.and_then(|a| a.conversation_context.clone()),
             round_trips: mine.len(),
-            turns_not_done: run.map_or(0, |r| r.failed + r.left + r.unavailable),
+            turns_not_done: run.map_or(0, |r| r.failed + r.left),
+            turns_not_replayable: run.map_or(0, |r| r.unavailable),
             scores: means(mine),
             versus_baseline: if name == opts.baseline {
                 BTreeMap::new()
@@ -133,11 +137,16 @@ pub fn build(
             regressions.extend(worse(&name, primary, base, mine));
         }
     }
-    regressions.sort_by(|a, b| {
-        let gap = |r: &Regression| (r.baseline_score - r.arm_score).abs();
-        gap(b).total_cmp(&gap(a))
+    // Worst first within each arm, at most REGRESSIONS per arm (0/1 scores tie: one arm's
+    // must not crowd out another's).
+    let gap = |r: &Regression| (r.baseline_score - r.arm_score).abs();
+    regressions.sort_by(|a, b| a.arm.cmp(&b.arm).then(gap(b).total_cmp(&gap(a))));
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+    regressions.retain(|r| {
+        let n = kept.entry(r.arm.clone()).or_default();
+        *n += 1;
+        *n <= REGRESSIONS
     });
-    regressions.truncate(REGRESSIONS);
     EvalReport {
         version: VERSION,
         run: opts.run.clone(),
@@ -158,13 +167,22 @@ fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
     values.into_iter().filter_map(|(n, xs)| Some((n.to_owned(), Estimate::of(&xs)?))).collect()
 }
 
+/// The arm's score of `name` on a round trip the baseline has: a round trip the arm never
+/// reached (its replay took another path and ended sooner) scores 0 where higher is better, and
+/// is left out where lower is (it cost and took nothing, which is no merit).
+fn arm_score(mine: &Scored, key: &Key, name: &str) -> Option<f64> {
+    match mine.get(key) {
+        Some((scores, _)) => scores.get(name).copied(),
+        None => (!LOWER_IS_BETTER.contains(&name)).then_some(0.0),
+    }
+}
+
 fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
     let mut pairs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
-    for (key, (scores, _)) in mine {
-        let Some((theirs, _)) = base.get(key) else { continue };
-        for (name, v) in scores {
-            if let Some(b) = theirs.get(name) {
-                pairs.entry(name).or_default().push((*b, *v));
+    for (key, (theirs, _)) in base {
+        for (name, b) in theirs {
+            if let Some(a) = arm_score(mine, key, name) {
+                pairs.entry(name).or_default().push((*b, a));
             }
         }
     }
@@ -176,10 +194,11 @@ fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
 
 fn worse(arm: &str, scorer: &str, base: &Scored, mine: &Scored) -> Vec<Regression> {
     let lower_better = LOWER_IS_BETTER.contains(&scorer);
-    mine.iter()
-        .filter_map(|(key, (scores, record))| {
-            let (theirs, base_record) = base.get(key)?;
-            let (b, a) = (*theirs.get(scorer)?, *scores.get(scorer)?);
+    base.iter()
+        .filter_map(|(key, (theirs, base_record))| {
+            let (b, a) = (*theirs.get(scorer)?, arm_score(mine, key, scorer)?);
+            // A round trip the arm never reached has no record of its own: the turn's page.
+            let record = mine.get(key).map_or(Uuid::nil(), |(_, r)| *r);
             let regressed = if lower_better { a > b } else { a < b };
             regressed.then(|| Regression {
                 arm: arm.to_owned(),
@@ -189,7 +208,7 @@ fn worse(arm: &str, scorer: &str, base: &Scored, mine: &Scored) -> Vec<Regressio
                 baseline_score: b,
                 arm_score: a,
                 baseline_record: *base_record,
-                arm_record: *record,
+                arm_record: record,
                 page: format!("/sessions/{}/turns/{}", key.0, key.1),
             })
         })
@@ -212,7 +231,11 @@ impl std::fmt::Display for EvalReport {
             let what =
                 if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
             let (name, trips, left) = (&arm.name, arm.round_trips, arm.turns_not_done);
-            writeln!(f, "\narm {name}{what}: {trips} round trips, {left} turns not done")?;
+            let never = arm.turns_not_replayable;
+            writeln!(
+                f,
+                "\narm {name}{what}: {trips} round trips, {left} turns not done, {never} not replayable"
+            )?;
             for (name, e) in &arm.scores {
                 write!(f, "  {name:<18} {:>10.4}  [{:.4}, {:.4}]", e.mean, e.low, e.high)?;
                 if let Some(p) = arm.versus_baseline.get(name) {
@@ -245,5 +268,63 @@ impl std::fmt::Display for EvalReport {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::{Arm, Scorers};
+    use crate::reprocess::Selection;
+    use serde_json::json;
+
+    fn row(turn: &str, step: i32, original: &str, new: &str) -> EvalRow {
+        let reply = |text: &str| json!({"Result": {"PrimaryOutputText": text}});
+        EvalRow {
+            original_id: Uuid::from_u128(1),
+            session_id: Uuid::nil(),
+            turn_id: turn.into(),
+            step,
+            original_kind: "final".into(),
+            original_reply: reply(original),
+            original_usage: None,
+            original_chunks: None,
+            original_model: None,
+            new_id: Uuid::from_u128(2),
+            new_kind: "final".into(),
+            new_reply: reply(new),
+            new_usage: None,
+            new_chunks: None,
+            new_model: None,
+            new_tools: None,
+            new_timings: None,
+        }
+    }
+
+    #[test]
+    fn a_round_trip_an_arm_never_reached_counts_against_it() {
+        let opts = EvalOptions {
+            selection: Selection::default(),
+            run: "r".into(),
+            arms: vec!["a".parse::<Arm>().unwrap(), "b".parse::<Arm>().unwrap()],
+            baseline: "a".into(),
+            scorers: Scorers::default(),
+            rate: None,
+            concurrency: 1,
+        };
+        // Arm a replays both round trips of t1 as the original; arm b stops after the first.
+        let rows = BTreeMap::from([
+            ("a".to_owned(), vec![row("t1", 0, "x", "x"), row("t1", 1, "y", "y")]),
+            ("b".to_owned(), vec![row("t1", 0, "x", "x")]),
+        ]);
+        let report = build(&opts, &rows, &BTreeMap::new(), &[]);
+        let b = report.arms.iter().find(|a| a.name == "b").unwrap();
+        let exact = &b.versus_baseline["exact"];
+        assert_eq!((exact.worse, exact.better, exact.difference.n), (1, 0, 2));
+        assert_eq!(report.regressions.len(), 1);
+        assert_eq!(
+            (report.regressions[0].step, report.regressions[0].arm_record),
+            (1, Uuid::nil())
+        );
     }
 }

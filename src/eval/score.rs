@@ -7,8 +7,8 @@
 //! | `regex` | 1 when the final text matches `--expect-regex` (only with it) |
 //! | `tool_agreement` | 1 when the tool calls equal the original's in names, order and arguments (as JSON) |
 //! | `tool_args_valid` | the share of its tool calls whose arguments are valid against the tool's JSON Schema (round trips with calls only) |
-//! | `retrieval_overlap` | Jaccard overlap of the chunks sent with the original's (1 when both sent none) |
-//! | `latency_ms` | the call's duration (the original's: its invoke stage's time) |
+//! | `retrieval_overlap` | Jaccard overlap of the chunks this round trip sent (rehydrated history left out) with the original's (1 when both sent none) |
+//! | `latency_ms` | the replayed call's duration (replays only: the original's call was timed otherwise) |
 //! | `cost_usd` | its usage at the configured price (models with a price only) |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +18,6 @@ use serde_json::Value;
 
 use crate::config::ModelPrice;
 use crate::contracts::Usage;
-use crate::messages::hops;
 use crate::store::EvalRow;
 
 /// Names of the scorers whose lower values are better.
@@ -76,12 +75,9 @@ impl Scorers {
             }
         }
         s.insert("retrieval_overlap", overlap(chunk_ids(this.chunks), chunk_ids(old.chunks)));
-        let latency = if original {
-            invoke_ms(row.original_timings.as_ref())
-        } else {
-            llm_ms(row.new_timings.as_ref())
-        };
-        if let Some(ms) = latency {
+        // Only replays are timed alike (one call, not streamed); the original's invoke stage
+        // also streamed and may have retried, so it has no latency to compare with.
+        if let Some(ms) = llm_ms(row.new_timings.as_ref()).filter(|_| !original) {
             s.insert("latency_ms", ms);
         }
         if let Some(cost) = cost(this, prices) {
@@ -143,7 +139,10 @@ fn args_valid(tools: Option<&Value>, side: &Side<'_>) -> Option<f64> {
 
 fn chunk_ids(chunks: Option<&Value>) -> BTreeSet<String> {
     let list = chunks.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    // Chunks of earlier turns carried into a rebuilt chain are history, not this round trip's
+    // retrieval.
     list.iter()
+        .filter(|c| c.get("rehydrated") != Some(&Value::Bool(true)))
         .map(|c| match c.get("chunk_id").or_else(|| c.get("id")) {
             Some(id) => id.to_string(),
             None => c.to_string(),
@@ -161,13 +160,6 @@ fn overlap(a: BTreeSet<String>, b: BTreeSet<String>) -> f64 {
 
 fn llm_ms(timings: Option<&Value>) -> Option<f64> {
     timings?.get("llm_ms")?.as_f64()
-}
-
-/// The original's call time: its invoke stage's, from the hops its record kept.
-fn invoke_ms(timings: Option<&Value>) -> Option<f64> {
-    let path = hops::from_stored(timings?);
-    let invoke = path.iter().find(|h| h.stage == "invoke")?;
-    Some(invoke.sent_ms.saturating_sub(invoke.received_ms) as f64)
 }
 
 fn cost(side: &Side<'_>, prices: &[ModelPrice]) -> Option<f64> {

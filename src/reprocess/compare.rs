@@ -201,7 +201,6 @@ mod tests {
             new_id: uuid::Uuid::nil(),
             original_chunks: None,
             original_model: None,
-            original_timings: None,
             new_chunks: None,
             new_model: None,
             new_tools: None,

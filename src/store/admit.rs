@@ -94,6 +94,7 @@ pub(super) fn failure(
     row: &TurnRow,
     error: ApiError,
     request_payload: Option<RequestBody>,
+    versions: &crate::config::ContextVersions,
 ) -> Result<(NewRecord, Outgoing), StoreError> {
     let key = row.key()?;
     let reply: Reply =
@@ -103,6 +104,10 @@ pub(super) fn failure(
     let mut record = NewRecord::failure(&[error], out.body.clone(), request_payload)?;
     // A failed turn's record says which mode it ran in, as a completed one's does.
     record.conversation_context_id = row.conversation_context_id();
+    // And which versions of its contexts it would have run with.
+    let agent = row.request.get("AgentContextId").and_then(serde_json::Value::as_str);
+    let conversation = record.conversation_context_id.as_deref();
+    record.context_versions = versions.record_by_id(conversation, agent);
     Ok((record, Outgoing::Reply(out)))
 }
 

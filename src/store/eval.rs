@@ -28,8 +28,6 @@ pub struct EvalRow {
     pub original_chunks: Option<Value>,
     /// The original's model.
     pub original_model: Option<String>,
-    /// The original's path through the stages (`hops`).
-    pub original_timings: Option<Value>,
     /// The new record.
     pub new_id: Uuid,
     /// Its kind.
@@ -56,10 +54,9 @@ impl Store {
                     o.kind AS original_kind, o.reply AS original_reply, o.usage AS original_usage,
                     o.retrieved_chunks AS original_chunks,
                     o.request_payload->>'model' AS original_model,
-                    o.stage_timings AS original_timings,
                     n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage,
                     n.retrieved_chunks AS new_chunks, n.request_payload->>'model' AS new_model,
-                    n.request_payload->'tools' AS new_tools, n.stage_timings AS new_timings
+                    aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools, n.stage_timings AS new_timings
              FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
              WHERE n.reprocess_run = $1
              ORDER BY o.created_at, o.id",
@@ -69,8 +66,7 @@ impl Store {
         .await?)
     }
 
-    /// Keeps an evaluation run's options and report (a later invocation of the same run
-    /// replaces them).
+    /// Keeps an evaluation run's report (a later invocation of the same run replaces it).
     pub async fn save_eval(&self, run: &str, report: &Value) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO eval_runs (run, report) VALUES ($1, $2)
@@ -81,6 +77,14 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// One evaluation run's report, if it has one.
+    pub async fn eval_run(&self, run: &str) -> Result<Option<Value>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT report FROM eval_runs WHERE run = $1")
+            .bind(run)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 
     /// Evaluation runs, newest first: (run, report, last updated).

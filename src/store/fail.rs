@@ -65,7 +65,7 @@ impl Store {
         let cancelled = error.code == ErrorCode::TurnCancelled;
         let event = if cancelled { Event::Cancel } else { Event::GivenUp };
         let to = transition(Some(row.phase(active)), event)?;
-        let (mut record, reply) = failure(row, error, None)?;
+        let (mut record, reply) = failure(row, error, None, &self.versions)?;
         if cancelled {
             record.kind = "cancelled".into();
         }

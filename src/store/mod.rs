@@ -180,6 +180,8 @@ pub struct Store {
     sweep: sweep::Sweeper,
     /// Session texts known to be stored.
     texts: texts::TextCache,
+    /// The configured contexts' versions, for the records the store writes itself (failures).
+    versions: std::sync::Arc<crate::config::ContextVersions>,
 }
 
 impl Store {
@@ -200,13 +202,20 @@ impl Store {
         // delete a minute into a fresh database; docs/benchmarks.md, "Ninth pass").
         let sweep_options = options.options([("plan_cache_mode", "force_custom_plan")]);
         let sweep = sweep::Sweeper::new(pool_options(1).connect_lazy_with(sweep_options));
-        Ok(Store { pool, tenants: Default::default(), sweep, texts: Default::default() })
+        let (tenants, texts, versions) = Default::default();
+        Ok(Store { pool, tenants, sweep, texts, versions })
     }
 
     /// The same store, deciding limits for these tenants.
     pub fn with_tenants(mut self, gates: Vec<Gate>) -> Store {
         let map = gates.into_iter().map(|g| (g.tenant.as_str().to_owned(), g)).collect();
         self.tenants = std::sync::Arc::new(map);
+        self
+    }
+
+    /// The same store, naming these context versions in the records it writes itself.
+    pub fn with_versions(mut self, versions: crate::config::ContextVersions) -> Store {
+        self.versions = std::sync::Arc::new(versions);
         self
     }
 

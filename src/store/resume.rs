@@ -12,6 +12,7 @@ use super::tenants::Gate;
 use super::texts::TextCache;
 use super::turns::{dispatch_next, finished_reply, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
+use crate::config::ContextVersions;
 use crate::contracts::{
     ApiError, ErrorCode, InstanceName, TenantName, ToolCall, ToolContinuation, TurnKey,
 };
@@ -95,7 +96,10 @@ impl Store {
         let submitted = Submitted { wire: continuation, fingerprint, reply_to, gate };
         let outcome = match row {
             None => ContinuationAdmission::NotFound,
-            Some(row) => decide(&mut tx, &self.texts, row, &submitted, parsed).await?,
+            Some(row) => {
+                let stored = (&self.texts, &*self.versions);
+                decide(&mut tx, stored, row, &submitted, parsed).await?
+            }
         };
         tx.commit().await?;
         Ok(outcome)
@@ -104,7 +108,7 @@ impl Store {
 
 async fn decide(
     tx: &mut Transaction<'static, Postgres>,
-    cache: &TextCache,
+    (cache, versions): (&TextCache, &ContextVersions),
     mut row: TurnRow,
     submitted: &Submitted<'_>,
     parsed: &ToolContinuation,
@@ -133,7 +137,7 @@ async fn decide(
             let reason = mismatch.to_api_error().message;
             let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
             Ok(ContinuationAdmission::Aborted {
-                outbox: abort(tx, cache, &row, error, submitted).await?,
+                outbox: abort(tx, (cache, versions), &row, error, submitted).await?,
             })
         }
         Ok(()) => Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted).await? }),
@@ -143,13 +147,13 @@ async fn decide(
 /// Ends the turn: the error record and reply, and the session's next turn.
 async fn abort(
     tx: &mut PgConnection,
-    cache: &TextCache,
+    (cache, versions): (&TextCache, &ContextVersions),
     row: &TurnRow,
     error: ApiError,
     submitted: &Submitted<'_>,
 ) -> Result<PendingOutbox, StoreError> {
     let (session, turn) = (row.session_id, row.turn_id.as_str());
-    let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)))?;
+    let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)), versions)?;
     let to = transition(Some(row.phase(true)), Event::ToolResults { matching: false })?;
     insert_record(tx, cache, (session, turn, row.step), &record).await?;
     sqlx::query(
