@@ -8,11 +8,14 @@ use crate::common;
 
 use std::time::Duration;
 
-use aptix::eval::{Arm, EvalOptions, Scorers, ORIGINAL};
+use aptix::eval::{Arm, EvalOptions, Judge, Scorers, ORIGINAL};
 use aptix::reprocess::Selection;
 use common::{new_session, user_turn, Harness};
 
 const TURNS: usize = 8;
+/// What the judge may spend: enough for every answer of the test (24 judgements at about
+/// $0.0015 each at worst).
+const JUDGE_BUDGET: f64 = 0.05;
 
 /// Eight one-turn sessions, each answered.
 async fn seeded(h: &Harness) -> Vec<String> {
@@ -46,6 +49,11 @@ async fn a_worse_arm_is_reported_worse_and_an_unchanged_one_is_not() {
         arms: vec![arm("same"), arm("terse:context=terse")],
         baseline: ORIGINAL.into(),
         scorers: Scorers { expect: Some(regex::Regex::new("instruction: explain part").unwrap()) },
+        judge: Some(Judge {
+            rubric: "A good answer states the instruction it answers.".into(),
+            model: "gpt-5.1".into(),
+            budget_usd: Some(JUDGE_BUDGET),
+        }),
         rate: None,
         concurrency: 4,
     };
@@ -70,6 +78,17 @@ async fn a_worse_arm_is_reported_worse_and_an_unchanged_one_is_not() {
     // It also cost less (fewer output tokens), which counts as better.
     assert!(terse.scores["cost_usd"].mean < same.scores["cost_usd"].mean, "{report}");
     assert_eq!(terse.versus_baseline["cost_usd"].better, TURNS, "{report}");
+    // The judge (the simulator judges its own whole answers 1, cut ones 0) agrees, within its
+    // budget, and its cost is reported.
+    assert_eq!(same.scores["judge"].mean, 1.0, "{report}");
+    assert_eq!(terse.scores["judge"].mean, 0.0, "{report}");
+    assert_eq!(terse.versus_baseline["judge"].worse, TURNS);
+    // The judge's request, for the CI's check against the official schema.
+    let body = aptix::eval::judge_request(opts.judge.as_ref().unwrap(), "explain", "an answer");
+    crate::assemble_support::write_request_body("eval-judge", &body.to_value());
+    let judge = report.judge.as_ref().unwrap();
+    assert_eq!((judge.judged, judge.unjudged), (3 * TURNS, 0), "{report}");
+    assert!(judge.cost_usd > 0.0 && judge.cost_usd <= JUDGE_BUDGET, "{report}");
     assert_eq!(report.primary, "regex");
     assert_eq!(report.regressions.len(), TURNS);
     let r = &report.regressions[0];
@@ -106,5 +125,38 @@ async fn the_command_line_runs_resumes_and_reports_as_json() {
     assert_eq!(code, 2, "an arm resumed with another model is refused");
     assert_eq!(h.sim.requests().len(), calls);
     assert!(!sessions.is_empty());
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_judge_never_spends_more_than_its_budget() {
+    let h = Harness::start(1).await;
+    seeded(&h).await;
+    // One judgement may cost about $0.0043 at worst and $0.0005 in fact: room for a few.
+    let budget = 0.006;
+    let opts = EvalOptions {
+        selection: Selection { all: true, ..Selection::default() },
+        run: format!("ev-budget-{}", h.id),
+        arms: vec![arm("again")],
+        baseline: ORIGINAL.into(),
+        scorers: Scorers::default(),
+        judge: Some(Judge {
+            rubric: "Be whole.".into(),
+            model: "gpt-5.1".into(),
+            budget_usd: Some(budget),
+        }),
+        rate: None,
+        concurrency: 4,
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let report =
+        aptix::eval::run(&h.deps.store, h.settings.clone(), h.deps.llm.clone(), &opts, &cancel)
+            .await
+            .unwrap();
+    let judge = report.judge.unwrap();
+    // Sixteen answers to judge; the budget pays for a few: the rest are left, none overspent.
+    assert!(judge.judged > 0 && judge.unjudged > 0, "{judge:?}");
+    assert_eq!(judge.judged + judge.unjudged, 2 * TURNS);
+    assert!(judge.cost_usd <= budget, "{judge:?}");
     h.teardown().await;
 }

@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::reprocess::{finish, rate, SelectionArgs};
 use crate::config::Settings;
-use crate::eval::{self, Arm, EvalOptions, EvalReport, Scorers};
+use crate::eval::{self, Arm, EvalOptions, EvalReport, Judge, Scorers};
 use crate::llm::HttpLlmClient;
 use crate::reprocess::ReprocessError;
 use crate::store::Store;
@@ -33,6 +33,16 @@ pub struct EvalArgs {
     /// scorer then; `exact` otherwise).
     #[arg(long, value_name = "REGEX")]
     pub expect_regex: Option<String>,
+    /// Score each final answer with an LLM judge by the rubric in FILE (plain text: what a good
+    /// answer does), through the configured Responses endpoint.
+    #[arg(long, value_name = "FILE", requires = "judge_model")]
+    pub judge_rubric: Option<std::path::PathBuf>,
+    /// The judge's model.
+    #[arg(long, value_name = "MODEL")]
+    pub judge_model: Option<String>,
+    /// The most the judge may spend, in USD (its model needs a price in [[telemetry.prices]]).
+    #[arg(long, value_name = "USD")]
+    pub judge_budget_usd: Option<f64>,
     /// Evaluation id; arm A runs as reprocess run `<run>.A`. Give an earlier one to resume it.
     #[arg(long, value_name = "NAME")]
     pub run: Option<String>,
@@ -62,7 +72,21 @@ impl EvalArgs {
         let run = self.run.clone().unwrap_or_else(|| {
             format!("ev-{}-{:04x}", Utc::now().format("%Y%m%dT%H%M%SZ"), rand::random::<u16>())
         });
+        let judge = match (&self.judge_rubric, &self.judge_model) {
+            (Some(path), Some(model)) => {
+                let rubric = std::fs::read_to_string(path).map_err(|e| {
+                    bad(format!("--judge-rubric: cannot read {}: {e}", path.display()))
+                })?;
+                let budget = self.judge_budget_usd;
+                if budget.is_some_and(|b| !b.is_finite() || b <= 0.0) {
+                    return Err(bad("--judge-budget-usd must be a positive amount".into()));
+                }
+                Some(Judge { rubric, model: model.clone(), budget_usd: budget })
+            }
+            _ => None,
+        };
         Ok(EvalOptions {
+            judge,
             selection: self.select.selection()?,
             run,
             arms,

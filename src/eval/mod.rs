@@ -9,6 +9,7 @@
 //! both records' ids and the console's page of their turn. The built-in `original` arm is the
 //! stored records themselves. It is kept in PostgreSQL (`eval_runs`) for the console.
 
+mod judge;
 mod report;
 mod score;
 mod stats;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use tokio_util::sync::CancellationToken;
 
+pub use judge::{request as judge_request, Judge, JudgeSpend};
 pub use report::{ArmReport, EvalReport, Regression};
 pub use score::{Scorers, LOWER_IS_BETTER};
 pub use stats::{sign_test, Estimate, Paired};
@@ -82,6 +84,8 @@ pub struct EvalOptions {
     pub baseline: String,
     /// The scorers.
     pub scorers: Scorers,
+    /// The LLM judge, when asked for.
+    pub judge: Option<Judge>,
     /// Turns started per second per arm at most.
     pub rate: Option<f64>,
     /// Turns in flight at once per arm.
@@ -98,7 +102,15 @@ pub async fn run(
 ) -> Result<EvalReport, ReprocessError> {
     check(opts)?;
     same_arms(store, opts).await?;
-    let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm);
+    if let Some(j) = opts.judge.as_ref().filter(|j| j.budget_usd.is_some()) {
+        if settings.price_of(&j.model).is_none() {
+            return Err(ReprocessError::Options(format!(
+                "--judge-budget-usd needs a price for `{}` in [[telemetry.prices]]",
+                j.model
+            )));
+        }
+    }
+    let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm.clone());
     let mut runs = BTreeMap::new();
     for arm in &opts.arms {
         let mut o =
@@ -117,7 +129,19 @@ pub async fn run(
             store.eval_rows(&format!("{}.{}", opts.run, arm.name)).await?,
         );
     }
-    let report = report::build(opts, &rows, &runs, &settings.telemetry.prices);
+    let (judged, spend) = match &opts.judge {
+        Some(judge) => {
+            let endpoint = crate::llm::Endpoint::resolve(&settings.llm, None)
+                .map_err(|e| ReprocessError::Options(format!("the judge's endpoint: {e}")))?;
+            let price = settings.price_of(&judge.model);
+            let (judged, spend) =
+                judge::run(judge, llm.as_ref(), &endpoint, price, &rows, opts.concurrency).await;
+            (judged, Some(spend))
+        }
+        None => Default::default(),
+    };
+    let mut report = report::build(opts, &rows, &runs, &settings.telemetry.prices, &judged);
+    report.judge = spend;
     let json = serde_json::to_value(&report).map_err(|e| ReprocessError::Options(e.to_string()))?;
     store.save_eval(&opts.run, &json).await?;
     Ok(report)

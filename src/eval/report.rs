@@ -35,6 +35,9 @@ pub struct EvalReport {
     pub arms: Vec<ArmReport>,
     /// The worst regressions against the baseline, worst first.
     pub regressions: Vec<Regression>,
+    /// What the LLM judge did and spent, when there was one.
+    #[serde(default)]
+    pub judge: Option<super::JudgeSpend>,
 }
 
 /// One arm's results.
@@ -93,6 +96,7 @@ pub fn build(
     rows: &BTreeMap<String, Vec<EvalRow>>,
     runs: &BTreeMap<String, Report>,
     prices: &[ModelPrice],
+    judged: &super::judge::Judged,
 ) -> EvalReport {
     let key = |r: &EvalRow| (r.session_id, r.turn_id.clone(), r.step);
     let mut scored: BTreeMap<String, Scored> = BTreeMap::new();
@@ -102,6 +106,11 @@ pub fn build(
             scored.entry(arm.clone()).or_default().insert(key(r), own);
             let original = (opts.scorers.score(r, true, prices), r.original_id);
             scored.entry(ORIGINAL.to_owned()).or_default().entry(key(r)).or_insert(original);
+        }
+    }
+    for ((arm, key), score) in judged {
+        if let Some((scores, _)) = scored.get_mut(arm).and_then(|s| s.get_mut(key)) {
+            scores.insert("judge", *score);
         }
     }
     let primary = if opts.scorers.expect.is_some() { "regex" } else { "exact" };
@@ -154,6 +163,7 @@ pub fn build(
         primary: primary.to_owned(),
         arms,
         regressions,
+        judge: None,
     }
 }
 
@@ -249,6 +259,10 @@ impl std::fmt::Display for EvalReport {
                 writeln!(f)?;
             }
         }
+        if let Some(j) = &self.judge {
+            let (n, left, cost) = (j.judged, j.unjudged, j.cost_usd);
+            writeln!(f, "\njudge: {n} answers judged, {left} unjudged, ${cost:.6} spent")?;
+        }
         if !self.regressions.is_empty() {
             writeln!(f, "\nworst regressions ({}):", self.primary)?;
         }
@@ -290,6 +304,7 @@ mod tests {
             original_usage: None,
             original_chunks: None,
             original_model: None,
+            instruction: None,
             new_id: Uuid::from_u128(2),
             new_kind: "final".into(),
             new_reply: reply(new),
@@ -309,6 +324,7 @@ mod tests {
             arms: vec!["a".parse::<Arm>().unwrap(), "b".parse::<Arm>().unwrap()],
             baseline: "a".into(),
             scorers: Scorers::default(),
+            judge: None,
             rate: None,
             concurrency: 1,
         };
@@ -317,7 +333,7 @@ mod tests {
             ("a".to_owned(), vec![row("t1", 0, "x", "x"), row("t1", 1, "y", "y")]),
             ("b".to_owned(), vec![row("t1", 0, "x", "x")]),
         ]);
-        let report = build(&opts, &rows, &BTreeMap::new(), &[]);
+        let report = build(&opts, &rows, &BTreeMap::new(), &[], &BTreeMap::new());
         let b = report.arms.iter().find(|a| a.name == "b").unwrap();
         let exact = &b.versus_baseline["exact"];
         assert_eq!((exact.worse, exact.better, exact.difference.n), (1, 0, 2));

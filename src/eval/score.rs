@@ -10,6 +10,7 @@
 //! | `retrieval_overlap` | Jaccard overlap of the chunks this round trip sent (rehydrated history left out) with the original's (1 when both sent none) |
 //! | `latency_ms` | the replayed call's duration (replays only: the original's call was timed otherwise) |
 //! | `cost_usd` | its usage at the configured price (models with a price only) |
+//! | `judge` | the LLM judge's score from 0 to 1 by the operator's rubric (with `--judge-rubric`; see `judge`) |
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -201,6 +201,7 @@ mod tests {
             new_id: uuid::Uuid::nil(),
             original_chunks: None,
             original_model: None,
+            instruction: None,
             new_chunks: None,
             new_model: None,
             new_tools: None,

@@ -192,7 +192,10 @@ pub(crate) fn reply(
         }
         return reply(items, Status::Completed, tokens);
     }
-    let mut text = answer(&s, &instruction, depth, system_messages, &not_offered);
+    let mut text = match judged_answer(body, &s) {
+        Some(judged) => judgement(judged),
+        None => answer(&s, &instruction, depth, system_messages, &not_offered),
+    };
     let mut status = Status::Completed;
     let max = body.get("max_output_tokens").and_then(Value::as_u64);
     let visible = (text.chars().count() as u64).div_ceil(4);
@@ -242,6 +245,30 @@ fn choose_calls<'a>(
         calls.truncate(1);
     }
     (calls, not_offered)
+}
+
+/// The answer a judgement request judges: the text after `[ANSWER]`, when the request asks for
+/// structured output named `judgement` (`text.format`, as `aptix eval`'s judge does).
+fn judged_answer<'a>(body: &Value, s: &Seen<'a>) -> Option<&'a str> {
+    let format = body.pointer("/text/format")?;
+    if format["type"] != "json_schema" || format["name"] != "judgement" {
+        return None;
+    }
+    let text = s.user_texts.iter().rev().find(|t| t.contains("[ANSWER]"))?;
+    text.split_once("[ANSWER]").map(|(_, answer)| answer)
+}
+
+/// The simulator's judgement, as JSON: score 1 when the judged answer is one of its own whole
+/// answers (it states the instruction it answered), 0 otherwise, so a test can make an arm
+/// worse by construction (its answers cut short).
+fn judgement(answer: &str) -> String {
+    let whole = answer.lines().any(|l| l.trim_start().starts_with("instruction: "));
+    let (score, reason) = if whole {
+        (1, "the answer states the instruction it answers")
+    } else {
+        (0, "the answer does not state the instruction it answers")
+    };
+    serde_json::json!({ "score": score, "reason": reason }).to_string()
 }
 
 /// The default answer: one `key: value` line per fact, so tests can assert on them.

@@ -28,6 +28,8 @@ pub struct EvalRow {
     pub original_chunks: Option<Value>,
     /// The original's model.
     pub original_model: Option<String>,
+    /// The turn's instruction (for the judge).
+    pub instruction: Option<String>,
     /// The new record.
     pub new_id: Uuid,
     /// Its kind.
@@ -53,7 +55,7 @@ impl Store {
             "SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
                     o.kind AS original_kind, o.reply AS original_reply, o.usage AS original_usage,
                     o.retrieved_chunks AS original_chunks,
-                    o.request_payload->>'model' AS original_model,
+                    o.request_payload->>'model' AS original_model, o.instruction,
                     n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage,
                     n.retrieved_chunks AS new_chunks, n.request_payload->>'model' AS new_model,
                     aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools, n.stage_timings AS new_timings
