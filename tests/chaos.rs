@@ -453,6 +453,10 @@ fn worker_env(h: &Harness, extra: &[(&str, &str)]) -> Vec<(String, String)> {
         ("APTIX__LLM__STREAM_IDLE_TIMEOUT_MS", "2000"),
         ("APTIX__PIPELINE__CONFIRM_TIMEOUT_MS", "10000"),
         ("RUST_LOG", "info,lapin=warn,sqlx=warn"),
+        // A money budget never reached: every call reserves and settles under the kills, and
+        // the reconciliation checks that no crash lost a charge (docs/tenancy.md §7a).
+        ("APTIX__CONVERSATION_CONTEXTS__DEFAULT__MAX_OUTPUT_TOKENS", "4096"),
+        ("APTIX__CONVERSATION_CONTEXTS__DEFAULT__USD_PER_MONTH", "1000.0"),
     ];
     env.extend(fixed.iter().chain(extra).map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     env
@@ -942,6 +946,13 @@ struct Reconciliation {
     steered_turns: usize,
     /// Steered turns whose reply is not the ending of the turn it names.
     steered_mismatches: usize,
+    /// Money budget (every worker's default context has one, never reached): spent and
+    /// reserved by the `spend` rows, in micro-dollars.
+    budget_spent_micros: i64,
+    /// The records' usage at the configured price: what the provider reported.
+    budget_recorded_micros: u64,
+    /// 1 when the spend rows count less than the records report (a crash lost a charge).
+    budget_under_counted: usize,
     stream_deltas: usize,
     cancelled_by_client: usize,
     /// Turns sent with `FollowUp = "interrupt"` / `"reject"`.
@@ -988,6 +999,33 @@ struct Report {
 }
 
 type RecordRow = (String, String, i32, Value, DateTime<Utc>);
+
+/// What the `spend` rows count (settled, and reserved where open) and what the records'
+/// usage costs at the configured price, in micro-dollars.
+async fn spend_and_usage(h: &Harness) -> (i64, u64) {
+    let pool = h.deps.store.pool();
+    let spent: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(COALESCE(cost_micros, reserved_micros)), 0)::bigint FROM spend",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let usages: Vec<(Option<String>, Value)> = sqlx::query_as(
+        "SELECT request_payload->>'model', usage FROM response_records
+         WHERE reprocess_of IS NULL AND usage IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let recorded = usages
+        .iter()
+        .filter_map(|(model, usage)| {
+            let price = h.settings.price_of(model.as_deref()?)?;
+            Some(price.cost(&serde_json::from_value(usage.clone()).ok()?).micros())
+        })
+        .sum();
+    (spent, recorded)
+}
 
 async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliation {
     let mut r = Reconciliation {
@@ -1267,6 +1305,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     }
     r.left_in_work_queues = queue_depth(&conn, &work_queues(&h.topology)).await;
     let _ = conn.close(200, "done".into()).await;
+    (r.budget_spent_micros, r.budget_recorded_micros) = spend_and_usage(h).await;
+    r.budget_under_counted = usize::from((r.budget_spent_micros as u64) < r.budget_recorded_micros);
     r.examples.truncate(20);
     r.order_examples.truncate(20);
     r
@@ -1445,6 +1485,7 @@ fn assert_sound(report: &Report) {
             "steered turns whose reply is not the ending of the turn they steered",
         ),
         (r.unspecific_errors, "internal.error replies"),
+        (r.budget_under_counted, "budgets: spend rows counting less than the records' usage"),
         (r.busy_violations, "session.busy refusals not asked for, recorded or repeated"),
         (r.sessions_admitted_out_of_order, "sessions admitted out of order"),
         (r.sessions_run_out_of_order, "sessions that ran out of order"),
