@@ -30,22 +30,21 @@ pub struct BudgetUse {
 }
 
 impl BudgetUse {
-    /// Per period: (`day` or `month`, ceiling, spent with reservations, of which reserved).
-    pub fn periods(&self) -> [(&'static str, Usd, Usd, Usd); 2] {
+    /// Each period the budget sets a ceiling for: (`day` or `month`, ceiling, spent with
+    /// reservations, of which reserved).
+    pub fn periods(&self) -> impl Iterator<Item = (&'static str, Usd, Usd, Usd)> {
         let (b, s) = (&self.budget, &self.spent);
         [("day", b.per_day, s.day, s.open_day), ("month", b.per_month, s.month, s.open_month)]
+            .into_iter()
+            .filter(|(_, ceiling, _, _)| !ceiling.is_zero())
     }
-}
 
-impl BudgetUse {
     /// Sets its `aptix_budget_*` gauges, one series per period it sets.
     pub fn export(&self) {
         for (period, ceiling, spent, reserved) in self.periods() {
-            if !ceiling.is_zero() {
-                let label = (self.scope, self.name.as_str(), period);
-                let m = crate::metrics::metrics();
-                m.budget(label, ceiling.micros_i64(), spent.micros_i64(), reserved.micros_i64());
-            }
+            let label = (self.scope, self.name.as_str(), period);
+            let m = crate::metrics::metrics();
+            m.budget(label, ceiling.micros_i64(), spent.micros_i64(), reserved.micros_i64());
         }
     }
 }

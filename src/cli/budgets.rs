@@ -26,11 +26,9 @@ pub fn print(budgets: &[BudgetUse]) {
     line("budget", "name", "per", "ceiling", "spent", "of it reserved");
     for b in budgets {
         for (period, ceiling, spent, reserved) in b.periods() {
-            if !ceiling.is_zero() {
-                let money = |u: Usd| u.to_string();
-                let cells = (money(ceiling), money(spent), money(reserved));
-                line(b.scope, &b.name, period, &cells.0, &cells.1, &cells.2);
-            }
+            let money = |u: Usd| u.to_string();
+            let cells = (money(ceiling), money(spent), money(reserved));
+            line(b.scope, &b.name, period, &cells.0, &cells.1, &cells.2);
         }
     }
 }

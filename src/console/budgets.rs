@@ -64,12 +64,10 @@ fn rows_of(b: &BudgetUse) -> maud::Markup {
     let money = |u: Usd| u.to_string();
     html! {
         @for (period, ceiling, spent, reserved) in b.periods() {
-            @if !ceiling.is_zero() {
-                tr {
-                    td { (b.scope) } td { (b.name) } td { (period) } td { (money(ceiling)) }
-                    td { (money(spent)) } td { (money(reserved)) }
-                    td.used { (format!("{:.0} %", spent.micros() as f64 * 100.0 / ceiling.micros() as f64)) }
-                }
+            tr {
+                td { (b.scope) } td { (b.name) } td { (period) } td { (money(ceiling)) }
+                td { (money(spent)) } td { (money(reserved)) }
+                td.used { (format!("{:.0} %", spent.micros() as f64 * 100.0 / ceiling.micros() as f64)) }
             }
         }
     }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::score::final_text;
 use super::ORIGINAL;
 use crate::config::ModelPrice;
 use crate::contracts::Outcome;
@@ -120,18 +121,20 @@ fn answers(rows: &BTreeMap<String, Vec<EvalRow>>) -> BTreeMap<ArmKey, (String, S
             let key = (r.session_id, r.turn_id.clone(), r.step);
             let instruction = r.instruction.clone().unwrap_or_default();
             if r.new_kind == "final" {
-                work.insert((arm.clone(), key.clone()), (instruction.clone(), text(&r.new_reply)));
+                work.insert(
+                    (arm.clone(), key.clone()),
+                    (instruction.clone(), final_text(&r.new_reply)),
+                );
             }
             if r.original_kind == "final" {
-                work.insert((ORIGINAL.to_owned(), key), (instruction, text(&r.original_reply)));
+                work.insert(
+                    (ORIGINAL.to_owned(), key),
+                    (instruction, final_text(&r.original_reply)),
+                );
             }
         }
     }
     work
-}
-
-fn text(reply: &Value) -> String {
-    reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned()
 }
 
 /// The judgement request: the rubric as instructions, the instruction and answer as input, a

@@ -103,7 +103,7 @@ fn answer(reply: &Value) -> (String, Vec<(String, Value)>, Vec<String>) {
     (final_text(reply), tool_calls(reply), codes)
 }
 
-fn final_text(reply: &Value) -> String {
+pub(super) fn final_text(reply: &Value) -> String {
     reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default().to_owned()
 }
 
