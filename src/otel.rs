@@ -89,7 +89,7 @@ impl Http {
     fn new() -> Result<Http, ExportError> {
         // reqwest's blocking client owns a runtime, which must not be built inside another.
         std::thread::spawn(|| {
-            reqwest::blocking::Client::builder()
+            crate::http::blocking()
                 .connect_timeout(Duration::from_secs(2))
                 .timeout(Duration::from_secs(5))
                 .build()

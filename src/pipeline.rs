@@ -77,6 +77,7 @@ pub async fn build_deps(
         topology,
         llm,
         deltas: Some(deltas),
+        mcp: Arc::new(crate::mcp::Hub::new()),
         settings,
     })
 }

@@ -57,6 +57,7 @@ fn context() -> ConversationContext {
         server_tools: aptix::config::ServerTools {
             enabled: aptix::config::ServerTool::ALL.to_vec(),
             max_rounds: 4,
+            mcp: Vec::new(),
         },
         temperature: Some(0.2),
         top_k: 8,
@@ -160,6 +161,7 @@ impl Session {
 
     fn user(&self, turn: &UserTurn, chunks: &[Chunk], now: DateTime<Utc>) -> Assembled {
         let input = AssembleInput {
+            mcp_tools: &[],
             state: &self.state,
             context: &self.context,
             policy: &self.policy,
@@ -182,6 +184,7 @@ impl Session {
     ) -> Assembled {
         let turn = TurnInput::ToolContinuation { continuation: c, pending, stream: false, steers };
         let input = AssembleInput {
+            mcp_tools: &[],
             state: &self.state,
             context: &self.context,
             policy: &self.policy,
@@ -505,6 +508,7 @@ fn tool_results_that_do_not_match_are_a_mismatch() {
             steers: &[],
         };
         let input = AssembleInput {
+            mcp_tools: &[],
             state: &s.state,
             context: &s.context,
             policy: &s.policy,

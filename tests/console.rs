@@ -29,7 +29,7 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     let management = std::net::TcpStream::connect("127.0.0.1:15672").is_ok();
     assert!(management || std::env::var("APTIX_REQUIRE_MANAGEMENT").is_err(), "no management API");
     let (mut admin, base) = console(&h, Some(TOKEN), management).await;
-    let http = reqwest::Client::new();
+    let http = aptix::http::client().build().unwrap();
     let get = |path: String| {
         let http = http.clone();
         let url = format!("{base}{path}");
@@ -102,7 +102,7 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         assert_eq!(r.status(), 401);
         assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic"));
     }
-    assert_eq!(reqwest::get(format!("{base}/healthz")).await.unwrap().status(), 200);
+    assert_eq!(aptix::http::get(format!("{base}/healthz")).await.unwrap().status(), 200);
     // Without the right token nothing happens; a console without a token acts for nobody.
     let refused = http
         .post(format!("{base}/dead/replay"))
@@ -264,7 +264,7 @@ async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running
     let mut child = cmd.spawn().unwrap();
     let base = format!("http://127.0.0.1:{port}");
     for _ in 0..100 {
-        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
+        if aptix::http::get(format!("{base}/healthz")).await.is_ok() {
             return (Running(child), base);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -25,7 +25,7 @@ async fn metrics_and_health_follow_the_pipeline() {
     h.submit(&user_turn(&s, "t1", "count me")).await;
     assert_eq!(h.replies(&s, 1, Duration::from_secs(60)).await.len(), 1);
 
-    let client = reqwest::Client::new();
+    let client = aptix::http::client().build().unwrap();
     let get = |path: &str| client.get(format!("http://{listen}{path}")).send();
     assert_eq!(get("/healthz").await.unwrap().status(), 200);
     assert_eq!(get("/readyz").await.unwrap().status(), 200);

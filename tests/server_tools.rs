@@ -99,13 +99,13 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
 
     let url = file["Url"].as_str().unwrap();
     assert!(url.starts_with(&base), "{url}");
-    let got = reqwest::get(url).await.unwrap();
+    let got = aptix::http::get(url).await.unwrap();
     assert_eq!(got.status(), 200);
     let bytes = got.bytes().await.unwrap();
     let hash = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
     assert_eq!(hash, file["ContentHash"].as_str().unwrap());
     assert_eq!(&bytes[..], content.as_bytes());
-    let missing = reqwest::get(format!("{base}/files/{}", "0".repeat(64))).await.unwrap();
+    let missing = aptix::http::get(format!("{base}/files/{}", "0".repeat(64))).await.unwrap();
     assert_eq!(missing.status(), 404);
     // The URL is a capability: the bare hash, an altered owner, expiry or signature, and
     // another key's signature all get the same 404.
@@ -124,14 +124,14 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
         format!("{head}?owner={owner}&expires={expires}&sig={}", "0".repeat(64)),
         forged,
     ] {
-        let got = reqwest::get(&bad).await.unwrap();
+        let got = aptix::http::get(&bad).await.unwrap();
         assert_eq!(got.status(), 404, "{bad}");
     }
     // The same bytes under another owner are another file: never served by this URL's
     // signature, and a URL signed for that owner finds nothing it did not write.
     let keys = h.deps.settings.pipeline.keys().unwrap();
     let theirs = aptix::config::file_url(&base, &keys, "acme", &sha, later);
-    assert_eq!(reqwest::get(&theirs).await.unwrap().status(), 404);
+    assert_eq!(aptix::http::get(&theirs).await.unwrap().status(), 404);
     h.teardown().await;
 }
 

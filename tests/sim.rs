@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 use sim_support::{first_turn, next_turn, start_sim, tool_outputs, PNG_1X1};
 
 async fn post(base: &str, body: &Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+    let resp = aptix::http::client()
+        .build()
+        .unwrap()
         .post(format!("{base}/responses"))
         .json(body)
         .send()
@@ -160,7 +162,9 @@ async fn malformed_bodies_get_the_apis_400() {
         assert_eq!((p, c), (Some(param), code), "{v}");
         assert!(message.contains(fragment), "{message}");
     }
-    let resp = reqwest::Client::new()
+    let resp = aptix::http::client()
+        .build()
+        .unwrap()
         .post(format!("{base}/responses"))
         .body("{not json")
         .send()
@@ -203,10 +207,10 @@ async fn stored_responses_chain_and_can_be_forgotten() {
     );
 
     let fetched: Value =
-        reqwest::get(format!("{base}/responses/{id1}")).await.unwrap().json().await.unwrap();
+        aptix::http::get(format!("{base}/responses/{id1}")).await.unwrap().json().await.unwrap();
     assert_eq!(fetched, r1);
     assert_eq!(
-        reqwest::get(format!("{base}/responses/resp_nope")).await.unwrap().status().as_u16(),
+        aptix::http::get(format!("{base}/responses/resp_nope")).await.unwrap().status().as_u16(),
         404
     );
 
@@ -272,7 +276,9 @@ async fn streams_follow_the_real_event_sequence() {
     let sim = start_sim(None).await;
     let mut body = first_turn("stream", true);
     body["reasoning"] = json!({"effort": "low"});
-    let resp = reqwest::Client::new()
+    let resp = aptix::http::client()
+        .build()
+        .unwrap()
         .post(format!("{}/responses", sim.base_url()))
         .json(&body)
         .send()
@@ -318,7 +324,9 @@ async fn streams_follow_the_real_event_sequence() {
             > Some(0)
     );
 
-    let resp = reqwest::Client::new()
+    let resp = aptix::http::client()
+        .build()
+        .unwrap()
         .post(format!("{}/responses", sim.base_url()))
         .json(&first_turn("@call(read_file)", true))
         .send()
@@ -355,7 +363,7 @@ async fn request_log_is_bounded_and_controls_work_over_http() {
         .ends_with("turn 2"));
 
     let root = format!("http://{}", sim.addr());
-    let http = reqwest::Client::new();
+    let http = aptix::http::client().build().unwrap();
     let command = Control::FailNext { fault: Fault::ServerError, count: 1 };
     assert_eq!(
         http.post(format!("{root}/_sim/control"))
@@ -396,7 +404,7 @@ async fn request_log_is_bounded_and_controls_work_over_http() {
 async fn the_control_route_refuses_unknown_fields_and_values_with_a_named_400() {
     let sim = start_sim(None).await;
     let url = format!("http://{}/_sim/control", sim.addr());
-    let http = reqwest::Client::new();
+    let http = aptix::http::client().build().unwrap();
     let cases = [
         (
             json!({"command":"fail_next","fault":{"kind":"server_error"},"count":1,"times":3}),

@@ -20,7 +20,7 @@ const REQUESTS: usize = 20_000;
 const CONCURRENCY: usize = 64;
 
 async fn measure(label: &str, base: &str, body: Value) {
-    let http = reqwest::Client::new();
+    let http = aptix::http::client().build().unwrap();
     let body = Arc::new(serde_json::to_vec(&body).expect("serializable"));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -61,7 +61,9 @@ async fn simulator_throughput() {
     measure("json first turn", &base, first_turn("Explain chunk 1", false)).await;
     measure("sse first turn", &base, first_turn("Explain chunk 1", true)).await;
     let stored = sim.stats().stored;
-    let chain = reqwest::Client::new()
+    let chain = aptix::http::client()
+        .build()
+        .unwrap()
         .post(format!("{base}/responses"))
         .json(&first_turn("start", false))
         .send()

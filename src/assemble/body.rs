@@ -29,6 +29,8 @@ pub(crate) struct Call<'a> {
     pub choice: ToolChoice,
     /// The provider's cache routing key ([`prompt_cache_key`]).
     pub prompt_cache_key: Option<String>,
+    /// The function tools of the context's MCP servers, as listed for this call.
+    pub mcp_tools: &'a [Value],
 }
 
 /// The `prompt_cache_key` of `session`'s calls: a digest, not the id itself, so the provider
@@ -55,7 +57,7 @@ pub(crate) fn envelope(context: &ConversationContext, call: Call<'_>, input: Vec
     body.insert("input".into(), Value::Array(input));
     let client = context.tools.iter().map(|t| t.to_responses_json());
     let server = context.server_tools.enabled.iter().map(|t| t.to_responses_json());
-    let tools: Vec<Value> = client.chain(server).collect();
+    let tools: Vec<Value> = client.chain(server).chain(call.mcp_tools.iter().cloned()).collect();
     if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
@@ -108,6 +110,7 @@ mod tests {
             stream: false,
             choice,
             prompt_cache_key: None,
+            mcp_tools: &[],
         };
         let forced = envelope(&context, call(None, ToolChoice::Enforce), vec![]);
         assert_eq!(forced["tool_choice"], json!({"type": "function", "name": "read_file"}));

@@ -81,6 +81,7 @@ pub(crate) fn assemble_tool_continuation(
         stream,
         choice: ToolChoice::Relax,
         prompt_cache_key: prompt_cache_key(policy, &continuation.key().session_id),
+        mcp_tools: input.mcp_tools,
     };
     let body = envelope(context, call, items);
     let record = SentRecord {

@@ -68,6 +68,9 @@ pub struct AssembleInput<'a> {
     pub now: DateTime<Utc>,
     /// The turn.
     pub turn: TurnInput<'a>,
+    /// The function tools of the context's MCP servers, as listed for this request
+    /// (`crate::mcp`), offered after the client tools and the built-ins.
+    pub mcp_tools: &'a [serde_json::Value],
 }
 
 /// The turn being assembled.

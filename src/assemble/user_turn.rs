@@ -71,6 +71,7 @@ pub(crate) fn assemble_user_turn(
         stream: turn.stream(),
         choice: ToolChoice::Enforce,
         prompt_cache_key: prompt_cache_key(policy, &turn.key().session_id),
+        mcp_tools: input.mcp_tools,
     };
     let body = envelope(context, call, items);
     let mut user_warnings: Vec<_> = files.skipped.iter().map(skip_warning).collect();

@@ -67,7 +67,7 @@ impl Management {
             v => v.to_owned(),
         };
         // A management API that hangs must not hang `aptix status` or a console page.
-        let http = reqwest::Client::builder()
+        let http = crate::http::client()
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5))
             .build()

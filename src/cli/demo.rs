@@ -279,7 +279,7 @@ async fn fetch_files(files: &Value) -> bool {
     let mut ok = true;
     for f in files.as_array().into_iter().flatten() {
         let url = f["Url"].as_str().unwrap_or_default();
-        let got = match reqwest::get(url).await {
+        let got = match crate::http::get(url).await {
             Ok(r) if r.status().is_success() => r.bytes().await.ok(),
             _ => None,
         };

@@ -192,6 +192,23 @@ impl ConversationContext {
                 );
             }
         }
+        let mut servers = std::collections::HashSet::new();
+        for (i, server) in self.server_tools.mcp.iter().enumerate() {
+            let at = format!("server_tools.mcp[{i}]");
+            server.check(&format!("{key}.{at}"))?;
+            if !servers.insert(server.name.as_str()) {
+                return bad(&format!("{at}.name"), format!("`{}` is defined twice", server.name));
+            }
+            for tool in &server.allowed_tools {
+                let function = server.function_name(tool);
+                if names.contains(function.as_str()) {
+                    return bad(
+                        &format!("{at}.allowed_tools"),
+                        format!("`{function}` is also a client or built-in tool"),
+                    );
+                }
+            }
+        }
         if self.server_tools.max_rounds == 0 {
             return bad("server_tools.max_rounds", "must be at least 1".into());
         }

@@ -123,11 +123,14 @@ pub struct ServerTools {
     /// Round trips of one turn that may run server tools; the turn fails past it.
     #[serde(default = "default_rounds")]
     pub max_rounds: u32,
+    /// MCP servers whose allowed tools are offered too (`[[...server_tools.mcp]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<super::McpServer>,
 }
 
 impl Default for ServerTools {
     fn default() -> Self {
-        ServerTools { enabled: Vec::new(), max_rounds: default_rounds() }
+        ServerTools { enabled: Vec::new(), max_rounds: default_rounds(), mcp: Vec::new() }
     }
 }
 
@@ -135,6 +138,19 @@ impl ServerTools {
     /// Whether `name` is one of the enabled built-ins.
     pub fn runs(&self, name: &str) -> Option<ServerTool> {
         ServerTool::named(name).filter(|t| self.enabled.contains(t))
+    }
+
+    /// The MCP server and tool that function `name` calls, if it is an allowed MCP tool.
+    pub fn mcp_tool(&self, name: &str) -> Option<(&super::McpServer, &str)> {
+        let (server, tool) = name.split_once(super::mcp::SEPARATOR)?;
+        let server = self.mcp.iter().find(|s| s.name == server)?;
+        let tool = server.allowed_tools.iter().find(|t| *t == tool)?;
+        Some((server, tool.as_str()))
+    }
+
+    /// Whether function `name` runs in the pipeline (a built-in or an allowed MCP tool).
+    pub fn is_server_tool(&self, name: &str) -> bool {
+        self.runs(name).is_some() || self.mcp_tool(name).is_some()
     }
 }
 

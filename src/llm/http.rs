@@ -40,7 +40,7 @@ pub struct HttpLlmClient {
 impl HttpLlmClient {
     /// Builds the client with the timeouts and retry policy of `[llm]`.
     pub fn new(settings: &LlmSettings) -> Result<Self, LlmError> {
-        let http = reqwest::Client::builder()
+        let http = crate::http::client()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
             .user_agent(concat!("aptix/", env!("CARGO_PKG_VERSION")))
             .tcp_nodelay(true)

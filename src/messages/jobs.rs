@@ -80,12 +80,13 @@ impl AdmittedTurn {
 
 impl AdmittedTurn {
     /// Builds this round trip's `/responses` request from the session's `state` (used by the
-    /// assemble stage, and by invoke to rebuild a chain the provider lost).
+    /// assemble stage, and by invoke to rebuild a chain the provider lost), offering
+    /// `mcp_tools` too.
     pub fn assemble(
         &self,
         chunks: &[Chunk],
         state: &SessionState,
-        context: &ConversationContext,
+        (context, mcp_tools): (&ConversationContext, &[serde_json::Value]),
         policy: &AssemblePolicy,
     ) -> Result<Assembled, ApiError> {
         let turn = self.user_turn()?;
@@ -98,7 +99,8 @@ impl AdmittedTurn {
             },
             _ => TurnInput::User { turn, chunks },
         };
-        let input = AssembleInput { state, context, policy, now: Utc::now(), turn: turn_input };
+        let now = Utc::now();
+        let input = AssembleInput { state, context, policy, now, turn: turn_input, mcp_tools };
         assemble(input).map_err(|e| e.to_api_error())
     }
 }

@@ -66,6 +66,11 @@ struct AmqpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabel {
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
     status: u16,
 }
@@ -98,6 +103,7 @@ pub struct Metrics {
     cost_micro_usd: Family<CostLabel, Counter>,
     json: Family<JsonLabel, Counter>,
     amqp: Family<AmqpLabel, Counter>,
+    tools_unknown: Family<ToolLabel, Counter>,
     dependency_up: Family<DependencyLabel, Gauge>,
     budget_ceiling: Family<BudgetLabel, Gauge>,
     budget_spent: Family<BudgetLabel, Gauge>,
@@ -172,6 +178,12 @@ impl Metrics {
             "AMQP methods this process sent, by method (basic.publish, basic.ack, queue.declare, ...)",
             amqp.clone(),
         );
+        let tools_unknown = Family::<ToolLabel, Counter>::default();
+        registry.register(
+            "tool_outcomes_unknown",
+            "Server tool calls whose effect is unknown (cut short and not idempotent, or sent and never answered), by tool (docs/tools.md)",
+            tools_unknown.clone(),
+        );
         let dependency_up = Family::<DependencyLabel, Gauge>::default();
         registry.register(
             "dependency_up",
@@ -206,6 +218,7 @@ impl Metrics {
             dependency_up,
             json,
             amqp,
+            tools_unknown,
             registry,
             messages,
             in_flight,
@@ -237,6 +250,11 @@ impl Metrics {
     /// Counts one JSON parse or serialisation (`op`) of `what` (docs/benchmarks.md, "Work per turn").
     pub fn json(&self, op: &'static str, what: &'static str) {
         self.json.get_or_create(&JsonLabel { op, what }).inc();
+    }
+
+    /// Counts a server tool call of `tool` whose effect is unknown.
+    pub fn tool_outcome_unknown(&self, tool: &str) {
+        self.tools_unknown.get_or_create(&ToolLabel { tool: tool.to_owned() }).inc();
     }
 
     /// Counts one AMQP `method` sent (docs/benchmarks.md, "Profile of a turn").

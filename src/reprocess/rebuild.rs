@@ -171,7 +171,9 @@ pub(crate) fn user_request(
     now: DateTime<Utc>,
 ) -> Result<Assembled, Unreplayable> {
     let turn = TurnInput::User { turn: &inputs.turn, chunks: &inputs.chunks };
-    let assembled = assemble(AssembleInput { state: &inputs.state, context, policy, now, turn })?;
+    // MCP tools are not listed again for a replay: it offers the built-ins and client tools.
+    let state = &inputs.state;
+    let assembled = assemble(AssembleInput { state, context, policy, now, turn, mcp_tools: &[] })?;
     Ok(never_streaming(assembled))
 }
 
@@ -212,7 +214,7 @@ pub(crate) fn continuation_request(
         // The follow-ups the original call took in, as it carried them.
         steers: &original.admitted.steers,
     };
-    let assembled = assemble(AssembleInput { state, context, policy, now, turn })?;
+    let assembled = assemble(AssembleInput { state, context, policy, now, turn, mcp_tools: &[] })?;
     Ok(never_streaming(assembled))
 }
 

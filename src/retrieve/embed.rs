@@ -51,7 +51,7 @@ impl Embedder {
             .as_ref()
             .or(settings.llm.api_key.as_ref())
             .map(|k| k.expose().to_owned());
-        let http = reqwest::Client::builder()
+        let http = crate::http::client()
             .timeout(Duration::from_secs(v.timeout_secs.max(1) * 3))
             .connect_timeout(Duration::from_secs(v.connect_timeout_secs.max(1)))
             .build()

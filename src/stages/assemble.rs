@@ -16,12 +16,17 @@ use crate::store::Store;
 pub struct Assemble {
     settings: Arc<Settings>,
     store: Store,
+    mcp: Arc<crate::mcp::Hub>,
 }
 
 impl Assemble {
-    /// The stage, using `deps`' settings and store.
+    /// The stage, using `deps`' settings, store and MCP servers (whose tools it offers).
     pub fn new(deps: &Deps) -> Self {
-        Assemble { settings: deps.settings.clone(), store: deps.store.clone() }
+        Assemble {
+            settings: deps.settings.clone(),
+            store: deps.store.clone(),
+            mcp: deps.mcp.clone(),
+        }
     }
 }
 
@@ -42,14 +47,19 @@ impl Stage for Assemble {
         let (stored, session_state) =
             self.store.session_state_to_carry(&job.admitted.key.session_id).await?;
         let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
-        let context = super::conversation_context(
-            &self.settings,
-            job.admitted.user_turn().map_err(StageError::fail)?,
-        );
-        let context = context.map_err(StageError::fail)?;
+        let turn = job.admitted.user_turn().map_err(StageError::fail)?;
+        let context =
+            super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
+        let mcp_tools = match &context.server_tools.mcp[..] {
+            [] => Vec::new(),
+            servers => {
+                let mode = turn.conversation_context_id().map(|c| c.as_str()).unwrap_or_default();
+                self.mcp.tools(mode, servers).await
+            }
+        };
         let assembled = job
             .admitted
-            .assemble(&job.chunks, &state, context, &self.settings.assemble)
+            .assemble(&job.chunks, &state, (context, &mcp_tools), &self.settings.assemble)
             .map_err(StageError::fail)?;
         Ok(Output::Next(AssembledTurn {
             admitted: job.admitted,

@@ -52,6 +52,8 @@ pub struct Deps {
     pub llm: Arc<dyn LlmClient>,
     /// Where stream deltas go, when streaming is wired.
     pub deltas: Option<Arc<dyn DeltaSink>>,
+    /// The MCP servers of the contexts, as this process reaches them.
+    pub mcp: Arc<crate::mcp::Hub>,
 }
 
 impl Context for Deps {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::{Store, StoreError};
 
 /// One recorded operator action.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct OperatorAction {
     /// Its number.
     pub id: i64,
@@ -34,12 +34,12 @@ impl Store {
         action: &str,
         message_id: &str,
     ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
+        Ok(sqlx::query_scalar!(
             "INSERT INTO operator_actions (actor, action, message_id) VALUES ($1, $2, $3) RETURNING id",
+            actor,
+            action,
+            message_id
         )
-        .bind(actor)
-        .bind(action)
-        .bind(message_id)
         .fetch_one(&self.pool)
         .await?)
     }
@@ -51,12 +51,12 @@ impl Store {
         outcome: &str,
         detail: &Value,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE operator_actions SET outcome = $2, detail = $3, finished_at = now() WHERE id = $1",
+            id,
+            outcome,
+            detail
         )
-        .bind(id)
-        .bind(outcome)
-        .bind(detail)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -64,11 +64,12 @@ impl Store {
 
     /// The latest `limit` actions, newest first.
     pub async fn actions(&self, limit: i64) -> Result<Vec<OperatorAction>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as!(
+            OperatorAction,
             "SELECT id, at, actor, action, message_id, detail, outcome FROM operator_actions
              ORDER BY at DESC, id DESC LIMIT $1",
+            limit
         )
-        .bind(limit)
         .fetch_all(&self.pool)
         .await?)
     }

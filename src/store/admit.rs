@@ -12,7 +12,8 @@ pub use super::session_lock::SessionMeta;
 use super::session_lock::{open_session, set_mode};
 use super::sessions::SessionOwner;
 use super::tenants::{self, Gate, Limit};
-use super::turns::{finished_reply, TurnRow, TurnState, TURN_COLUMNS};
+use super::turn_row::turn_row;
+use super::turns::{finished_reply, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::config::{FollowUp, OverLimit};
 use crate::contracts::{ApiError, InstanceName, InvokeResult, Reply, TenantName, TurnKey};
@@ -78,15 +79,6 @@ fn contexts_match(stored: &SessionOwner, meta: &SessionMeta) -> bool {
     let same = |s: &Option<String>, m: &Option<String>| s.is_none() || s == m;
     same(&stored.agent_context_id, &meta.agent_context_id)
         && (meta.mode_named || same(&stored.conversation_context_id, &meta.conversation_context_id))
-}
-
-pub(super) async fn turn_row(
-    conn: &mut PgConnection,
-    session: Uuid,
-    turn: &str,
-) -> Result<Option<TurnRow>, StoreError> {
-    let sql = format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
-    Ok(sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *conn).await?)
 }
 
 /// The record and reply of a turn failed at `row`'s step with `error`, and the reply's message.
@@ -281,14 +273,16 @@ struct Host {
 }
 
 async fn host_of(conn: &mut PgConnection, session: Uuid, turn: &str) -> Result<Host, StoreError> {
-    let row: Option<(String, Option<String>)> = sqlx::query_as(
-        "SELECT state, request->>'ConversationContextId' FROM turns
-         WHERE session_id = $1 AND turn_id = $2",
+    let row = sqlx::query!(
+        r#"SELECT state AS "state: TurnState", request->>'ConversationContextId' AS mode
+           FROM turns WHERE session_id = $1 AND turn_id = $2"#,
+        session,
+        turn
     )
-    .bind(session)
-    .bind(turn)
     .fetch_optional(&mut *conn)
     .await?;
-    let (state, mode) = row.unzip();
-    Ok(Host { state: state.map(TurnState::try_from).transpose()?, mode: mode.flatten() })
+    Ok(match row {
+        Some(r) => Host { state: Some(r.state), mode: r.mode },
+        None => Host { state: None, mode: None },
+    })
 }

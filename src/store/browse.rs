@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 
 /// One session in a search result.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct SessionSummary {
     /// The SessionId.
     pub id: Uuid,
@@ -52,10 +52,11 @@ impl Store {
         search: &SessionSearch,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         // strpos, not LIKE: the text is the user's, and `%` or `_` in it mean themselves.
-        Ok(sqlx::query_as(
-            "SELECT s.id, s.name, s.workspace_id, s.repo, s.tenant, s.created_at, s.updated_at,
+        Ok(sqlx::query_as!(
+            SessionSummary,
+            r#"SELECT s.id, s.name, s.workspace_id, s.repo, s.tenant, s.created_at, s.updated_at,
                     s.active_turn_id,
-                    (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS turns
+                    (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS "turns!"
              FROM sessions s
              WHERE ($1 = '' OR s.id::text = lower($1)
                     OR strpos(lower(coalesce(s.name, '')), lower($1)) > 0
@@ -63,13 +64,13 @@ impl Store {
                AND ($2::timestamptz IS NULL OR s.created_at >= $2)
                AND ($3::timestamptz IS NULL OR s.created_at < $3)
                AND ($5::text IS NULL OR s.tenant = $5)
-             ORDER BY s.created_at DESC LIMIT $4",
+             ORDER BY s.created_at DESC LIMIT $4"#,
+            search.text.trim(),
+            search.since,
+            search.until,
+            search.limit.clamp(1, 1000),
+            search.tenant.as_deref()
         )
-        .bind(search.text.trim())
-        .bind(search.since)
-        .bind(search.until)
-        .bind(search.limit.clamp(1, 1000))
-        .bind(search.tenant.as_deref())
         .fetch_all(&self.pool)
         .await?)
     }

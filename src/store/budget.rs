@@ -83,42 +83,61 @@ pub struct Spent {
     pub open_month: Usd,
 }
 
-/// How long an open reservation counts as a call in flight; an older one is a call whose
+/// Whose spend is summed: a tenant's or a ConversationContext's.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    Tenant(&'a str),
+    Context(&'a str),
+}
+
+/// The spend of the scope whose column is `$column`, this UTC day and month, in micro-dollars.
+/// An open reservation counts as a call in flight for 15 minutes; an older one is a call whose
 /// round trip was never recorded (its worker died and the turn went no further), which stays
 /// spent at its worst case.
-const IN_FLIGHT: &str = "interval '15 minutes'";
+macro_rules! spent_query {
+    ($column:literal, $value:expr) => {
+        sqlx::query!(
+            r#"SELECT COALESCE(sum(COALESCE(cost_micros, reserved_micros))
+                          FILTER (WHERE at >= date_trunc('day', now(), 'UTC')), 0)::bigint AS "day!",
+                      COALESCE(sum(COALESCE(cost_micros, reserved_micros)), 0)::bigint AS "month!",
+                      COALESCE(sum(reserved_micros) FILTER (
+                          WHERE cost_micros IS NULL AND at > now() - interval '15 minutes'
+                            AND at >= date_trunc('day', now(), 'UTC')), 0)::bigint AS "open_day!",
+                      COALESCE(sum(reserved_micros) FILTER (
+                          WHERE cost_micros IS NULL AND at > now() - interval '15 minutes'), 0
+                      )::bigint AS "open_month!"
+               FROM spend WHERE "#
+                + $column
+                + " = $1 AND at >= date_trunc('month', now(), 'UTC')",
+            $value
+        )
+    };
+}
 
 /// Spend of one scope this UTC day and month.
-async fn spent(conn: &mut PgConnection, column: &str, value: &str) -> Result<Spent, StoreError> {
-    let today = "at >= date_trunc('day', now(), 'UTC')";
-    let flying = format!("cost_micros IS NULL AND at > now() - {IN_FLIGHT}");
-    let sql = format!(
-        "SELECT COALESCE(sum(COALESCE(cost_micros, reserved_micros)) FILTER (WHERE {today}), 0)::bigint,
-                COALESCE(sum(COALESCE(cost_micros, reserved_micros)), 0)::bigint,
-                COALESCE(sum(reserved_micros) FILTER (WHERE {flying} AND {today}), 0)::bigint,
-                COALESCE(sum(reserved_micros) FILTER (WHERE {flying}), 0)::bigint
-         FROM spend
-         WHERE {column} = $1 AND at >= date_trunc('month', now(), 'UTC')"
-    );
-    let (day, month, open_day, open_month): (i64, i64, i64, i64) =
-        sqlx::query_as(&sql).bind(value).fetch_one(&mut *conn).await?;
+async fn spent(conn: &mut PgConnection, scope: Scope<'_>) -> Result<Spent, StoreError> {
+    let r = match scope {
+        Scope::Tenant(t) => {
+            let r = spent_query!("tenant", t).fetch_one(&mut *conn).await?;
+            [r.day, r.month, r.open_day, r.open_month]
+        }
+        Scope::Context(c) => {
+            let r = spent_query!("context", c).fetch_one(&mut *conn).await?;
+            [r.day, r.month, r.open_day, r.open_month]
+        }
+    };
     let usd = |m: i64| Usd::from_micros(u64::try_from(m).unwrap_or(0));
-    Ok(Spent {
-        day: usd(day),
-        month: usd(month),
-        open_day: usd(open_day),
-        open_month: usd(open_month),
-    })
+    Ok(Spent { day: usd(r[0]), month: usd(r[1]), open_day: usd(r[2]), open_month: usd(r[3]) })
 }
 
 /// Holds `scope`'s lock row for the rest of the transaction (created on first use; the upsert
 /// locks it in one statement).
 async fn lock(conn: &mut PgConnection, scope: &str) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO budget_locks (scope) VALUES ($1)
          ON CONFLICT (scope) DO UPDATE SET scope = EXCLUDED.scope",
+        scope
     )
-    .bind(scope)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -166,11 +185,11 @@ impl Store {
         settle(&mut tx, key, Settle::AtReservation).await?;
         let mut over_one = None;
         if let Some((name, budget)) = tenant {
-            let spent = spent(&mut tx, "tenant", name.as_str()).await?;
+            let spent = spent(&mut tx, Scope::Tenant(name.as_str())).await?;
             over_one = over(format!("tenant {name}"), budget, spent, r.worst);
         }
         if over_one.is_none() && context_budget.is_set() {
-            let spent = spent(&mut tx, "context", context).await?;
+            let spent = spent(&mut tx, Scope::Context(context)).await?;
             over_one =
                 over(format!("ConversationContext {context}"), context_budget, spent, r.worst);
         }
@@ -178,16 +197,16 @@ impl Store {
             tx.commit().await?;
             return Ok(Err(e));
         }
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros)
              VALUES ($1, $2, $3, $4, $5, $6)",
+            r.tenant.map(|(t, _)| t.as_str()),
+            context,
+            key.0,
+            key.1,
+            key.2,
+            r.worst.micros_i64()
         )
-        .bind(r.tenant.map(|(t, _)| t.as_str()))
-        .bind(context)
-        .bind(key.0)
-        .bind(key.1)
-        .bind(key.2)
-        .bind(r.worst.micros_i64())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -201,13 +220,13 @@ impl Store {
         session: &crate::contracts::SessionId,
         response_id: &str,
     ) -> Result<u64, StoreError> {
-        let tokens: Option<i64> = sqlx::query_scalar(
+        let tokens = sqlx::query_scalar!(
             "SELECT (usage->>'InputTokens')::bigint + (usage->>'OutputTokens')::bigint
              FROM response_records WHERE session_id = $1 AND provider_response_id = $2
              ORDER BY created_at DESC LIMIT 1",
+            session.as_uuid(),
+            response_id
         )
-        .bind(session.as_uuid())
-        .bind(response_id)
         .fetch_optional(&self.pool)
         .await?
         .flatten();
@@ -221,30 +240,31 @@ impl Store {
         tenant: Option<&str>,
         days: i32,
     ) -> Result<Vec<(String, chrono::NaiveDate, i64)>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT tenant, (at AT TIME ZONE 'UTC')::date AS day,
-                    sum(COALESCE(cost_micros, reserved_micros))::bigint
-             FROM spend
-             WHERE tenant IS NOT NULL AND ($1::text IS NULL OR tenant = $1)
-               AND at >= date_trunc('day', now(), 'UTC') - make_interval(days => $2 - 1)
-             GROUP BY 1, 2 ORDER BY 2, 1",
+        let rows = sqlx::query!(
+            r#"SELECT tenant AS "tenant!", (at AT TIME ZONE 'UTC')::date AS "day!",
+                      sum(COALESCE(cost_micros, reserved_micros))::bigint AS "micros!"
+               FROM spend
+               WHERE tenant IS NOT NULL AND ($1::text IS NULL OR tenant = $1)
+                 AND at >= date_trunc('day', now(), 'UTC') - make_interval(days => $2 - 1)
+               GROUP BY 1, 2 ORDER BY 2, 1"#,
+            tenant,
+            days
         )
-        .bind(tenant)
-        .bind(days)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.tenant, r.day, r.micros)).collect())
     }
 
     /// A tenant's spend this UTC day and month (for admission, `aptix status` and gauges).
     pub async fn tenant_spend(&self, tenant: &TenantName) -> Result<Spent, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        spent(&mut conn, "tenant", tenant.as_str()).await
+        spent(&mut conn, Scope::Tenant(tenant.as_str())).await
     }
 
     /// A ConversationContext's spend this UTC day and month.
     pub async fn context_spend(&self, context: &str) -> Result<Spent, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        spent(&mut conn, "context", context).await
+        spent(&mut conn, Scope::Context(context)).await
     }
 }
 
@@ -258,7 +278,7 @@ pub(super) async fn tenant_over(
     if !budget.is_set() {
         return Ok(None);
     }
-    let spent = spent(conn, "tenant", tenant.as_str()).await?;
+    let spent = spent(conn, Scope::Tenant(tenant.as_str())).await?;
     // Nothing more may start once a ceiling is reached (a call of any cost would pass it).
     Ok(over(format!("tenant {tenant}"), budget, spent, Usd::from_micros(1)))
 }
@@ -284,14 +304,14 @@ pub(super) async fn settle(
         Settle::Cost(c) => Some(c.micros_i64()),
         Settle::AtReservation => None,
     };
-    sqlx::query(
+    sqlx::query!(
         "UPDATE spend SET cost_micros = COALESCE($4, reserved_micros), settled_at = clock_timestamp()
          WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND cost_micros IS NULL",
+        key.0,
+        key.1,
+        key.2,
+        cost
     )
-    .bind(key.0)
-    .bind(key.1)
-    .bind(key.2)
-    .bind(cost)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -3,8 +3,8 @@
 //! cancelled at its next stage boundary (invoke aborts its provider call, persist writes the
 //! ending). The mark is never cleared, so a redelivered message cannot resurrect the turn.
 
-use super::admit::turn_row;
 use super::outbox::PendingOutbox;
+use super::turn_row::turn_row;
 use super::turns::TurnState;
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TenantName, TurnKey};
@@ -44,12 +44,12 @@ async fn mark_cancel(
     session: uuid::Uuid,
     turn: &str,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE turns SET cancel_requested_at = clock_timestamp(), updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
+        session,
+        turn
     )
-    .bind(session)
-    .bind(turn)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -69,11 +69,7 @@ impl Store {
     ) -> Result<CancelAdmission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let locked: Option<(Option<String>, Option<String>)> =
-            sqlx::query_as("SELECT active_turn_id, tenant FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let locked = super::session_lock::lock_active(&mut tx, session).await?;
         let Some((active, owner)) = locked else { return Ok(CancelAdmission::NotFound) };
         if owner.as_deref() != tenant.map(TenantName::as_str) {
             return Ok(CancelAdmission::Unavailable);
@@ -136,6 +132,7 @@ impl Store {
     pub async fn cancel_requested(&self, keys: &[TurnKey]) -> Result<Vec<TurnKey>, StoreError> {
         let sessions: Vec<uuid::Uuid> = keys.iter().map(|k| k.session_id.as_uuid()).collect();
         let turns: Vec<&str> = keys.iter().map(|k| k.turn_id.as_str()).collect();
+        // Not checked at compile time: the macros cannot make a statement one-shot.
         let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
             "SELECT t.session_id, t.turn_id FROM turns t
              JOIN unnest($1::uuid[], $2::text[]) AS k(session_id, turn_id)

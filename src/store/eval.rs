@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 
 /// One round trip of an arm: the new record and its original.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct EvalRow {
     /// The original record.
     pub original_id: Uuid,
@@ -51,31 +51,34 @@ pub struct EvalRow {
 impl Store {
     /// Every record reprocess run `run` wrote, with its original, oldest original first.
     pub async fn eval_rows(&self, run: &str) -> Result<Vec<EvalRow>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
-                    o.kind AS original_kind, o.reply AS original_reply, o.usage AS original_usage,
-                    o.retrieved_chunks AS original_chunks,
-                    o.request_payload->>'model' AS original_model, o.instruction,
-                    n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply, n.usage AS new_usage,
-                    n.retrieved_chunks AS new_chunks, n.request_payload->>'model' AS new_model,
-                    aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools, n.stage_timings AS new_timings
-             FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
-             WHERE n.reprocess_run = $1
-             ORDER BY o.created_at, o.id",
+        Ok(sqlx::query_as!(
+            EvalRow,
+            r#"SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
+                      o.kind AS original_kind, o.reply AS original_reply,
+                      o.usage AS original_usage, o.retrieved_chunks AS "original_chunks?",
+                      o.request_payload->>'model' AS original_model, o.instruction,
+                      n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply,
+                      n.usage AS new_usage, n.retrieved_chunks AS "new_chunks?",
+                      n.request_payload->>'model' AS new_model,
+                      aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools,
+                      n.stage_timings AS new_timings
+               FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
+               WHERE n.reprocess_run = $1
+               ORDER BY o.created_at, o.id"#,
+            run
         )
-        .bind(run)
         .fetch_all(&self.pool)
         .await?)
     }
 
     /// Keeps an evaluation run's report (a later invocation of the same run replaces it).
     pub async fn save_eval(&self, run: &str, report: &Value) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO eval_runs (run, report) VALUES ($1, $2)
              ON CONFLICT (run) DO UPDATE SET report = EXCLUDED.report, updated_at = now()",
+            run,
+            report
         )
-        .bind(run)
-        .bind(report)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -83,8 +86,7 @@ impl Store {
 
     /// One evaluation run's report, if it has one.
     pub async fn eval_run(&self, run: &str) -> Result<Option<Value>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT report FROM eval_runs WHERE run = $1")
-            .bind(run)
+        Ok(sqlx::query_scalar!("SELECT report FROM eval_runs WHERE run = $1", run)
             .fetch_optional(&self.pool)
             .await?)
     }
@@ -94,11 +96,12 @@ impl Store {
         &self,
         limit: i64,
     ) -> Result<Vec<(String, Value, chrono::DateTime<chrono::Utc>)>, StoreError> {
-        Ok(sqlx::query_as(
+        let rows = sqlx::query!(
             "SELECT run, report, updated_at FROM eval_runs ORDER BY updated_at DESC LIMIT $1",
+            limit
         )
-        .bind(limit)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.run, r.report, r.updated_at)).collect())
     }
 }

@@ -5,7 +5,8 @@ use sqlx::PgConnection;
 use super::admit::failure;
 use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
-use super::turns::{dispatch_next, starts, TurnRow, TurnState, TURN_COLUMNS};
+use super::turn_row::turn_row;
+use super::turns::{dispatch_next, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, TurnKey};
 use crate::lifecycle::{transition, Event};
@@ -24,16 +25,9 @@ impl Store {
         let session = key.session_id.as_uuid();
         let turn = key.turn_id.as_str();
         let mut tx = self.pool.begin().await?;
-        let (active, tenant): (Option<String>, Option<String>) =
-            sqlx::query_as("SELECT active_turn_id, tenant FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session)
-                .fetch_one(&mut *tx)
-                .await?;
-        let sql =
-            format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
-        let row: Option<TurnRow> =
-            sqlx::query_as(&sql).bind(session).bind(turn).fetch_optional(&mut *tx).await?;
-        let Some(row) = row else { return Ok(None) };
+        let locked = super::session_lock::lock_active(&mut tx, session).await?;
+        let (active, tenant) = locked.ok_or(sqlx::Error::RowNotFound)?;
+        let Some(row) = turn_row(&mut tx, session, turn).await? else { return Ok(None) };
         let ours = row.fingerprint == fingerprint
             || row.continuation_fingerprint.as_deref() == Some(fingerprint);
         if !ours || row.state.is_finished() {
@@ -70,17 +64,17 @@ impl Store {
             record.kind = "cancelled".into();
         }
         insert_record(&mut *tx, &self.texts, (session, turn, row.step), &record).await?;
-        sqlx::query(
+        sqlx::query!(
             "UPDATE turns SET state = $4, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
                  cancel_requested_at = CASE WHEN $3
                      THEN COALESCE(cancel_requested_at, clock_timestamp()) END,
                  updated_at = now()
              WHERE session_id = $1 AND turn_id = $2",
+            session,
+            turn,
+            to.cancel_marked(),
+            to.column().as_str()
         )
-        .bind(session)
-        .bind(turn)
-        .bind(to.cancel_marked())
-        .bind(to.column().as_str())
         .execute(&mut *tx)
         .await?;
         // The turn's reply, then those of the follow-ups it took in, then the next turn's start.

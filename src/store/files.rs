@@ -28,18 +28,18 @@ impl Store {
     ) -> Result<KeptFile, StoreError> {
         let sha256 = crate::assemble::sha256_hex(content);
         let size = i64::try_from(content.len()).unwrap_or(i64::MAX);
-        let expires_at: DateTime<Utc> = sqlx::query_scalar(
+        let expires_at = sqlx::query_scalar!(
             "INSERT INTO files (owner, sha256, content, size_bytes, expires_at)
              VALUES ($5, $1, $2, $3, $4)
              ON CONFLICT (owner, sha256) DO UPDATE
                  SET expires_at = GREATEST(files.expires_at, EXCLUDED.expires_at)
              RETURNING expires_at",
+            &sha256,
+            content,
+            size,
+            expires_at,
+            owner
         )
-        .bind(&sha256)
-        .bind(content)
-        .bind(size)
-        .bind(expires_at)
-        .bind(owner)
         .fetch_one(&self.pool)
         .await?;
         Ok(KeptFile { sha256, size_bytes: content.len() as u64, expires_at })
@@ -47,11 +47,11 @@ impl Store {
 
     /// The content `owner` stored under `sha256`, unless it expired or never existed.
     pub async fn file(&self, owner: &str, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(sqlx::query_scalar(
+        Ok(sqlx::query_scalar!(
             "SELECT content FROM files WHERE owner = $1 AND sha256 = $2 AND expires_at > now()",
+            owner,
+            sha256
         )
-        .bind(owner)
-        .bind(sha256)
         .fetch_optional(&self.pool)
         .await?)
     }

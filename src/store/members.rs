@@ -15,34 +15,33 @@ impl Store {
         member: &str,
         live_for: Duration,
     ) -> Result<Vec<String>, StoreError> {
-        sqlx::query(
-            "INSERT INTO ingress_members (prefix, member) VALUES ($1, $2) \
+        sqlx::query!(
+            "INSERT INTO ingress_members (prefix, member) VALUES ($1, $2)
              ON CONFLICT (prefix, member) DO UPDATE SET beat_at = now()",
+            group,
+            member
         )
-        .bind(group)
-        .bind(member)
         .execute(&self.pool)
         .await?;
-        let live: Vec<(String,)> = sqlx::query_as(
-            "SELECT member FROM ingress_members \
+        Ok(sqlx::query_scalar!(
+            "SELECT member FROM ingress_members
              WHERE prefix = $1 AND beat_at > now() - make_interval(secs => $2) ORDER BY member",
+            group,
+            live_for.as_secs_f64()
         )
-        .bind(group)
-        .bind(live_for.as_secs_f64())
         .fetch_all(&self.pool)
-        .await?;
-        Ok(live.into_iter().map(|(m,)| m).collect())
+        .await?)
     }
 
     /// Removes `member` from `group` (a clean shutdown), and members of `group` not seen for an
     /// hour (crashed ones), so the table stays small.
     pub async fn leave(&self, group: &str, member: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "DELETE FROM ingress_members WHERE prefix = $1 \
+        sqlx::query!(
+            "DELETE FROM ingress_members WHERE prefix = $1
              AND (member = $2 OR beat_at < now() - interval '1 hour')",
+            group,
+            member
         )
-        .bind(group)
-        .bind(member)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -6,6 +6,7 @@ mod admit;
 mod browse;
 mod budget;
 mod cancel;
+mod effects;
 mod eval;
 mod fail;
 mod files;
@@ -39,6 +40,7 @@ pub use admit::{Admission, SessionMeta};
 pub use browse::{SessionSearch, SessionSummary};
 pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
 pub use cancel::{cancelled, CancelAdmission};
+pub use effects::{EffectKey, EffectStart};
 pub use eval::EvalRow;
 pub use files::KeptFile;
 pub use new_record::NewRecord;
@@ -236,11 +238,9 @@ impl Store {
         let name = options.get_database().unwrap_or("aptix").to_owned();
         let admin = options.database("postgres");
         let mut conn = admin.connect().await?;
-        let exists: Option<i32> =
-            sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-                .bind(&name)
-                .fetch_optional(&mut conn)
-                .await?;
+        let exists = sqlx::query!("SELECT 1 AS one FROM pg_database WHERE datname = $1", &name)
+            .fetch_optional(&mut conn)
+            .await?;
         if exists.is_none() {
             let quoted = name.replace('"', "\"\"");
             let sql = format!("CREATE DATABASE \"{quoted}\"");
@@ -257,20 +257,20 @@ impl Store {
 
     /// Whether the database answers.
     pub async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        sqlx::query!("SELECT 1 AS one").fetch_one(&self.pool).await.is_ok()
     }
 
     /// Counts one more redelivery of the ingress message `key` and returns the total. Rows a
     /// day old are dropped on the way: by then the message was settled long ago.
     pub async fn count_redelivery(&self, key: &str) -> Result<u32, StoreError> {
-        let count: i32 = sqlx::query_scalar(
-            "WITH gc AS (DELETE FROM redeliveries WHERE last_seen < now() - interval '1 day') \
-             INSERT INTO redeliveries (message_key, deliveries) VALUES ($1, 1) \
-             ON CONFLICT (message_key) DO UPDATE \
-             SET deliveries = redeliveries.deliveries + 1, last_seen = now() \
+        let count = sqlx::query_scalar!(
+            "WITH gc AS (DELETE FROM redeliveries WHERE last_seen < now() - interval '1 day')
+             INSERT INTO redeliveries (message_key, deliveries) VALUES ($1, 1)
+             ON CONFLICT (message_key) DO UPDATE
+             SET deliveries = redeliveries.deliveries + 1, last_seen = now()
              RETURNING deliveries",
+            key
         )
-        .bind(key)
         .fetch_one(&self.pool)
         .await?;
         Ok(u32::try_from(count).unwrap_or(u32::MAX))

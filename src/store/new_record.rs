@@ -4,10 +4,8 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use sqlx::postgres::PgArguments;
-use sqlx::query::QueryAs;
 use sqlx::types::Json;
-use sqlx::{PgConnection, Postgres};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::texts::{TextCache, Texts};
@@ -119,32 +117,75 @@ impl NewRecord {
     }
 }
 
-/// The CTEs that write a record: `texts` (the texts it references, new ones only) and
-/// `recorded` (its row), with parameters `$1` to `$25` as [`PreparedRecord::bind`] binds them.
-/// A statement that writes more along with the record appends its own CTEs and parameters; its
-/// `guard` (a WHERE clause, or empty) decides whether the two CTEs write at all.
-macro_rules! record_ctes {
-    ($guard:literal) => {
-        concat!(
-            "texts AS (
-                 INSERT INTO session_texts (sha256, body)
-                 SELECT * FROM unnest($21::text[], $22::text[]) ",
-            $guard,
-            " ON CONFLICT (sha256) DO NOTHING),
-             recorded AS (
-                 INSERT INTO response_records (id, session_id, turn_id, step, kind,
-                     provider_response_id, chain, request_payload, response_payload,
-                     retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
-                     workspace_id, repo, language, rag_scope, reply, stage_timings,
-                     conversation_context_id, context_versions)
-                 SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
-                     $23, $24, $25 ",
-            $guard,
-            ")"
+/// A statement that writes a record, checked at compile time: `$head`, then the CTEs `texts`
+/// (the texts it references, new ones only) and `recorded` (its row), then `$tail`; the
+/// record's parameters are `$1` to `$25` ([`RecordParams`], bound here in order), the
+/// statement's own follow as `$extra`. `$guard` (a WHERE clause, or empty) decides whether
+/// the two CTEs write at all. One text of the record's insert for every statement that writes
+/// one.
+macro_rules! record_query {
+    ($mac:ident!($($out:path,)? $head:literal, $guard:literal, $tail:literal), $r:expr
+        $(, $extra:expr)* $(,)?) => {{
+        let r: &$crate::store::new_record::RecordParams<'_> = $r;
+        sqlx::$mac!(
+            $($out,)?
+            $head
+                + "texts AS (
+                       INSERT INTO session_texts (sha256, body)
+                       SELECT * FROM unnest($21::text[], $22::text[]) "
+                + $guard
+                + " ON CONFLICT (sha256) DO NOTHING),
+                   recorded AS (
+                       INSERT INTO response_records (id, session_id, turn_id, step, kind,
+                           provider_response_id, chain, request_payload, response_payload,
+                           retrieved_chunks, active_files, skipped_files, usage, errors,
+                           instruction, workspace_id, repo, language, rag_scope, reply,
+                           stage_timings, conversation_context_id, context_versions)
+                       SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,
+                           $20, $23, $24, $25 "
+                + $guard
+                + ")"
+                + $tail,
+            r.id, r.session, r.turn, r.step, r.kind, r.provider_response_id, r.chain,
+            r.request as _, r.response, r.retrieved_chunks, r.active_files, r.skipped_files,
+            r.usage, r.errors, r.instruction, r.workspace_id, r.repo, r.language, r.rag_scope,
+            r.reply, r.text_keys, r.text_bodies, r.stage_timings, r.conversation_context_id,
+            r.context_versions
+            $(, $extra)*
         )
-    };
+    }};
 }
-pub(super) use record_ctes;
+pub(super) use record_query;
+
+/// A record's parameters, `$1` to `$25` of [`record_query`], by name.
+pub(crate) struct RecordParams<'a> {
+    pub id: Uuid,
+    pub session: Uuid,
+    pub turn: &'a str,
+    pub step: i32,
+    pub kind: &'a str,
+    pub provider_response_id: Option<&'a str>,
+    pub chain: &'a Value,
+    /// The body as sent, its tools by reference when it had any.
+    pub request: Option<Json<&'a RawValue>>,
+    pub response: Option<&'a Value>,
+    pub retrieved_chunks: &'a Value,
+    pub active_files: &'a Value,
+    pub skipped_files: &'a Value,
+    pub usage: Option<&'a Value>,
+    pub errors: &'a Value,
+    pub instruction: Option<&'a str>,
+    pub workspace_id: Option<&'a str>,
+    pub repo: Option<&'a str>,
+    pub language: Option<&'a str>,
+    pub rag_scope: &'a Value,
+    pub reply: &'a Value,
+    pub text_keys: &'a [String],
+    pub text_bodies: &'a [String],
+    pub stage_timings: Option<&'a Value>,
+    pub conversation_context_id: Option<&'a str>,
+    pub context_versions: Option<&'a Value>,
+}
 
 /// A record ready to be written: its tool definitions moved to texts, of which those the cache
 /// does not hold go with it.
@@ -177,40 +218,38 @@ impl<'r> PreparedRecord<'r> {
         Ok(PreparedRecord { record: r, key, packed, response, texts })
     }
 
-    /// Binds [`record_ctes`]'s parameters, `$1` to `$25`, in order.
-    pub(super) fn bind<'q, O>(
-        &'q self,
-        q: QueryAs<'q, Postgres, O, PgArguments>,
-    ) -> QueryAs<'q, Postgres, O, PgArguments> {
+    /// Its parameters, for [`record_query`].
+    pub(super) fn params(&self) -> RecordParams<'_> {
         let r = self.record;
         let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
-        // The body as sent when it has no tool definitions to move.
-        let request = self.packed.as_deref().or(sent).map(Json);
-        q.bind(Uuid::now_v7())
-            .bind(self.key.0)
-            .bind(self.key.1)
-            .bind(self.key.2)
-            .bind(&r.kind)
-            .bind(&r.provider_response_id)
-            .bind(&r.chain)
-            .bind(request)
-            .bind(&self.response)
-            .bind(&r.retrieved_chunks)
-            .bind(&r.active_files)
-            .bind(&r.skipped_files)
-            .bind(&r.usage)
-            .bind(&r.errors)
-            .bind(&r.instruction)
-            .bind(&r.workspace_id)
-            .bind(&r.repo)
-            .bind(&r.language)
-            .bind(&r.rag_scope)
-            .bind(&r.reply)
-            .bind(&self.texts.keys)
-            .bind(&self.texts.bodies)
-            .bind(&r.stage_timings)
-            .bind(&r.conversation_context_id)
-            .bind(&r.context_versions)
+        RecordParams {
+            id: Uuid::now_v7(),
+            session: self.key.0,
+            turn: self.key.1,
+            step: self.key.2,
+            kind: &r.kind,
+            provider_response_id: r.provider_response_id.as_deref(),
+            chain: &r.chain,
+            // The body as sent when it has no tool definitions to move.
+            request: self.packed.as_deref().or(sent).map(Json),
+            response: self.response.as_ref(),
+            retrieved_chunks: &r.retrieved_chunks,
+            active_files: &r.active_files,
+            skipped_files: &r.skipped_files,
+            usage: r.usage.as_ref(),
+            errors: &r.errors,
+            instruction: r.instruction.as_deref(),
+            workspace_id: r.workspace_id.as_deref(),
+            repo: r.repo.as_deref(),
+            language: r.language.as_deref(),
+            rag_scope: &r.rag_scope,
+            reply: &r.reply,
+            text_keys: &self.texts.keys,
+            text_bodies: &self.texts.bodies,
+            stage_timings: r.stage_timings.as_ref(),
+            conversation_context_id: r.conversation_context_id.as_deref(),
+            context_versions: r.context_versions.as_ref(),
+        }
     }
 }
 
@@ -223,7 +262,8 @@ pub(super) async fn insert_record(
     r: &NewRecord,
 ) -> Result<Texts, StoreError> {
     let prepared = PreparedRecord::new(cache, key, r)?;
-    let sql = concat!("WITH ", record_ctes!(""), " SELECT 1");
-    prepared.bind(sqlx::query_as::<_, (i32,)>(sql)).fetch_one(&mut *conn).await?;
+    record_query!(query!("WITH ", "", " SELECT 1 AS one"), &prepared.params())
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(prepared.texts)
 }

@@ -2,16 +2,14 @@
 //! that runs now its start message in the outbox, each in one statement.
 
 use serde_json::Value;
-use sqlx::postgres::PgArguments;
-use sqlx::query::QueryAs;
-use sqlx::{PgConnection, Postgres};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
-use super::turns::{turn_columns, TurnRow, TurnState};
+use super::turns::{TurnRow, TurnState};
 use super::StoreError;
 use crate::contracts::{InstanceName, TenantName};
-use crate::lifecycle::{transition, Event, Phase};
+use crate::lifecycle::{transition, Event};
 use crate::messages::Outgoing;
 
 /// A turn to insert.
@@ -26,52 +24,44 @@ pub(super) struct NewTurn<'a> {
     pub(super) expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// The session's count of a turn inserted with it: a data-modifying CTE (it always runs), so
-/// the count and the insert take one round trip. `$guard` is a `WHERE` clause's condition; the
-/// count, like the insert, is made only when it holds.
-macro_rules! counted_cte {
-    ($guard:literal) => {
-        concat!(
-            "counted AS (
-             UPDATE sessions SET next_seq = next_seq + 1,
-                 active_turn_id = COALESCE(active_turn_id, $2),
-                 expires_at = GREATEST(expires_at, $9), updated_at = now()
-             WHERE id = $1 AND ",
-            $guard,
-            ")"
+/// A statement that admits a turn, checked at compile time: `$head`'s CTEs, then `counted`
+/// (the session's count of the turn, a data-modifying CTE, so it always runs and the count and
+/// the insert take one round trip) and `admitted` (the turn's insert), each made only when
+/// `$guard` holds, then `$tail`. The turn's parameters are `$1` to `$9` ([`NewTurn`], bound here
+/// in order), the statement's own follow as `$extra`.
+macro_rules! turn_query {
+    ($mac:ident!($head:literal, $guard:literal, $tail:literal), $t:expr, $state:expr
+        $(, $extra:expr)* $(,)?) => {{
+        let t: &NewTurn<'_> = $t;
+        sqlx::$mac!(
+            $head
+                + "counted AS (
+                       UPDATE sessions SET next_seq = next_seq + 1,
+                           active_turn_id = COALESCE(active_turn_id, $2),
+                           expires_at = GREATEST(expires_at, $9), updated_at = now()
+                       WHERE id = $1 AND "
+                + $guard
+                + "), admitted AS (
+                       INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request,
+                           reply_to, tenant, started_at)
+                       SELECT $1, $2, $3, $4, $5, $6, $7, $8,
+                           CASE WHEN $4 = 'running' THEN clock_timestamp() END
+                       WHERE "
+                + $guard
+                + " RETURNING 1) "
+                + $tail,
+            t.session,
+            t.turn,
+            t.seq,
+            $state,
+            t.fingerprint,
+            t.request,
+            t.reply_to.map(InstanceName::as_str),
+            t.tenant.map(TenantName::as_str),
+            t.expires_at
+            $(, $extra)*
         )
-    };
-}
-
-/// The turn's insert, parameters `$1` to `$9` as [`bind_turn`] binds them, made only when
-/// `$guard` holds.
-macro_rules! turn_insert {
-    ($guard:literal) => {
-        concat!(
-            "INSERT INTO turns (session_id, turn_id, seq, state, fingerprint, request, reply_to,
-                 tenant, started_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8,
-                 CASE WHEN $4 = 'running' THEN clock_timestamp() END
-             WHERE ",
-            $guard
-        )
-    };
-}
-
-fn bind_turn<'q, O>(
-    q: QueryAs<'q, Postgres, O, PgArguments>,
-    t: &'q NewTurn<'_>,
-    phase: Phase,
-) -> QueryAs<'q, Postgres, O, PgArguments> {
-    q.bind(t.session)
-        .bind(t.turn)
-        .bind(t.seq)
-        .bind(phase.column().as_str())
-        .bind(t.fingerprint)
-        .bind(t.request)
-        .bind(t.reply_to.map(InstanceName::as_str))
-        .bind(t.tenant.map(TenantName::as_str))
-        .bind(t.expires_at)
+    }};
 }
 
 /// Inserts the turn in the phase its admission (`admitted`, an [`Event::Admitted`]) puts it in,
@@ -82,16 +72,12 @@ pub(super) async fn insert_turn(
     admitted: Event,
 ) -> Result<TurnRow, StoreError> {
     let phase = transition(None, admitted)?;
-    let sql = concat!(
-        "WITH ",
-        counted_cte!("true"),
-        " ",
-        turn_insert!("true"),
-        " RETURNING ",
-        turn_columns!()
-    );
-    let row = bind_turn(sqlx::query_as(sql), t, phase).fetch_one(&mut *conn).await;
-    row.map_err(|e| admitted_meanwhile(e, t.turn))
+    let state = phase.column();
+    turn_query!(query!("WITH ", "true", "SELECT 1 AS one FROM admitted"), t, state.as_str())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| admitted_meanwhile(e, t.turn))?;
+    Ok(t.row(state))
 }
 
 /// Inserts a turn that runs now, counted on its session, with its start message in the outbox:
@@ -101,15 +87,21 @@ pub(super) async fn start_turn(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
 ) -> Result<PendingOutbox, StoreError> {
-    let sql = concat!(
-        "WITH ",
-        counted_cte!("true"),
-        ", admitted AS (",
-        turn_insert!("true"),
-        ") INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $10) RETURNING id"
-    );
-    // Unguarded, the insert returns its row, as `fetch_one` would insist.
-    start_with(conn, t, sql).await?.ok_or(StoreError::Db(sqlx::Error::RowNotFound))
+    let (state, start) = starting(t)?;
+    let id = turn_query!(
+        query_scalar!(
+            "WITH ",
+            "true",
+            "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $10) RETURNING id"
+        ),
+        t,
+        state.as_str(),
+        outbox::payload(&start)?
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| admitted_meanwhile(e, t.turn))?;
+    Ok(PendingOutbox { ids: vec![id], messages: vec![start] })
 }
 
 /// [`start_turn`], done only when no message of the session waits in the outbox (nothing is
@@ -121,30 +113,29 @@ pub(super) async fn start_turn_if_clear(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
 ) -> Result<Option<PendingOutbox>, StoreError> {
-    let sql = concat!(
-        "WITH clear AS (SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE session_id = $1) AS ok), ",
-        counted_cte!("(SELECT ok FROM clear)"),
-        ", admitted AS (",
-        turn_insert!("(SELECT ok FROM clear)"),
-        ") INSERT INTO outbox (session_id, turn_id, payload)
-         SELECT $1, $2, $10 WHERE (SELECT ok FROM clear) RETURNING id"
-    );
-    start_with(conn, t, sql).await
+    let (state, start) = starting(t)?;
+    let id = turn_query!(
+        query_scalar!(
+            "WITH clear AS (
+                 SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE session_id = $1) AS ok), ",
+            "(SELECT ok FROM clear)",
+            "INSERT INTO outbox (session_id, turn_id, payload)
+             SELECT $1, $2, $10 WHERE (SELECT ok FROM clear) RETURNING id"
+        ),
+        t,
+        state.as_str(),
+        outbox::payload(&start)?
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| admitted_meanwhile(e, t.turn))?;
+    Ok(id.map(|id| PendingOutbox { ids: vec![id], messages: vec![start] }))
 }
 
-async fn start_with(
-    conn: &mut PgConnection,
-    t: &NewTurn<'_>,
-    sql: &'static str,
-) -> Result<Option<PendingOutbox>, StoreError> {
-    let runs = transition(None, Event::Admitted { busy: false, room: true })?;
-    let start = Outgoing::Start(t.running_row().start_job()?);
-    let id: Option<(i64,)> = bind_turn(sqlx::query_as(sql), t, runs)
-        .bind(outbox::payload(&start)?)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| admitted_meanwhile(e, t.turn))?;
-    Ok(id.map(|(id,)| PendingOutbox { ids: vec![id], messages: vec![start] }))
+/// The state a turn that runs now is written in, and its start message.
+fn starting(t: &NewTurn<'_>) -> Result<(TurnState, Outgoing), StoreError> {
+    let state = transition(None, Event::Admitted { busy: false, room: true })?.column();
+    Ok((state, Outgoing::Start(t.row(state).start_job()?)))
 }
 
 /// `e`, or, when it is the turns' key refusing the insert, [`StoreError::AdmittedMeanwhile`]: a
@@ -160,13 +151,14 @@ fn admitted_meanwhile(e: sqlx::Error, turn: &str) -> StoreError {
 }
 
 impl NewTurn<'_> {
-    /// The row [`start_turn`] writes, as it would read back.
-    fn running_row(&self) -> TurnRow {
+    /// The row an insert in `state` writes, as it would read back (a new turn is at step 0 with
+    /// nothing pending).
+    fn row(&self, state: TurnState) -> TurnRow {
         TurnRow {
             session_id: self.session,
             turn_id: self.turn.to_owned(),
             seq: self.seq,
-            state: TurnState::Running,
+            state,
             fingerprint: self.fingerprint.to_owned(),
             request: self.request.clone(),
             step: 0,

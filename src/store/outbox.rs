@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row as _};
+use sqlx::PgConnection;
 use uuid::Uuid;
+
+use serde::Deserialize as _;
 
 use super::{Store, StoreError};
 use crate::contracts::SessionId;
@@ -51,12 +52,12 @@ pub(super) async fn insert(
     let mut out = PendingOutbox::default();
     with_session_model(conn, session, &mut messages, None).await?;
     for m in messages {
-        let id: i64 = sqlx::query_scalar(
+        let id = sqlx::query_scalar!(
             "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $3) RETURNING id",
+            session,
+            turn,
+            payload(&m)?
         )
-        .bind(session)
-        .bind(turn)
-        .bind(payload(&m)?)
         .fetch_one(&mut *conn)
         .await?;
         out.ids.push(id);
@@ -80,12 +81,10 @@ pub(super) async fn with_session_model(
     let Some(first) = replies.next() else { return Ok(()) };
     let model: Option<SessionModel> = match known {
         Some(model) => Some(model),
-        None => {
-            sqlx::query_as("SELECT name, expires_at FROM sessions WHERE id = $1")
-                .bind(session)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
+        None => sqlx::query!("SELECT name, expires_at FROM sessions WHERE id = $1", session)
+            .fetch_optional(&mut *conn)
+            .await?
+            .map(|r| (r.name, r.expires_at)),
     };
     let (name, expires) = model.unwrap_or_default();
     for r in std::iter::once(first).chain(replies) {
@@ -135,6 +134,22 @@ pub(super) async fn stale_for_session(
     }
 }
 
+/// An outbox row as read back: a typed payload, or (rows written before payloads) the AMQP
+/// message's parts.
+pub(super) struct OutboxRow {
+    pub id: i64,
+    pub payload: Option<serde_json::Value>,
+    pub exchange: Option<String>,
+    pub routing_key: Option<String>,
+    pub message_id: Option<String>,
+    pub kind: Option<String>,
+    pub declare_session: bool,
+    pub headers: serde_json::Value,
+    pub body: Option<Vec<u8>>,
+    /// Written within the freshness window the query was given.
+    pub fresh: bool,
+}
+
 /// The unpublished rows, read again after each pause while one of them is younger than `fresh`;
 /// and whether one still is.
 async fn settled(
@@ -142,26 +157,17 @@ async fn settled(
     session: Uuid,
     turn: Option<&str>,
     fresh: Duration,
-) -> Result<(Vec<PgRow>, bool), StoreError> {
+) -> Result<(Vec<OutboxRow>, bool), StoreError> {
     let mut rows = rows(conn, session, turn, fresh).await?;
     for pause in SETTLE_PAUSES_MS {
-        if !any_fresh(&rows)? {
+        if !rows.iter().any(|r| r.fresh) {
             return Ok((rows, false));
         }
         tokio::time::sleep(Duration::from_millis(pause)).await;
         rows = self::rows(conn, session, turn, fresh).await?;
     }
-    let fresh = any_fresh(&rows)?;
+    let fresh = rows.iter().any(|r| r.fresh);
     Ok((rows, fresh))
-}
-
-fn any_fresh(rows: &[PgRow]) -> Result<bool, StoreError> {
-    for row in rows {
-        if row.try_get::<bool, _>("fresh")? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 async fn rows(
@@ -169,44 +175,48 @@ async fn rows(
     session: Uuid,
     turn: Option<&str>,
     fresh: Duration,
-) -> Result<Vec<PgRow>, StoreError> {
-    Ok(sqlx::query(
-        "SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers, body,
-                created_at > now() - make_interval(secs => $3) AS fresh
-         FROM outbox WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2) ORDER BY id",
+) -> Result<Vec<OutboxRow>, StoreError> {
+    Ok(sqlx::query_as!(
+        OutboxRow,
+        r#"SELECT id, payload, exchange, routing_key, message_id, kind, declare_session, headers,
+                  body, created_at > now() - make_interval(secs => $3) AS "fresh!"
+           FROM outbox WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2) ORDER BY id"#,
+        session,
+        turn,
+        fresh.as_secs_f64()
     )
-    .bind(session)
-    .bind(turn)
-    .bind(fresh.as_secs_f64())
     .fetch_all(&mut *conn)
     .await?)
 }
 
-pub(super) fn decode(rows: &[PgRow]) -> Result<PendingOutbox, StoreError> {
+pub(super) fn decode(rows: &[OutboxRow]) -> Result<PendingOutbox, StoreError> {
     let mut out = PendingOutbox::default();
     for row in rows {
-        let payload: Option<serde_json::Value> = row.try_get("payload")?;
-        out.ids.push(row.try_get("id")?);
-        out.messages.push(match payload {
+        out.ids.push(row.id);
+        out.messages.push(match &row.payload {
             Some(p) => {
                 crate::metrics::metrics().json("parse", "outbox");
-                serde_json::from_value(p)?
+                Outgoing::deserialize(p)?
             }
-            None => Outgoing::Legacy(legacy(row)?),
+            None => Outgoing::Legacy(legacy(row).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "exchange".into(),
+                source: "a legacy outbox row lacks a column".into(),
+            })?),
         });
     }
     Ok(out)
 }
 
-fn legacy(row: &PgRow) -> Result<LegacyMessage, StoreError> {
-    Ok(LegacyMessage {
-        exchange: row.try_get("exchange")?,
-        routing_key: row.try_get("routing_key")?,
-        message_id: row.try_get("message_id")?,
-        kind: row.try_get("kind")?,
-        headers: row.try_get("headers")?,
-        body: row.try_get("body")?,
-        declare_session: row.try_get("declare_session")?,
+/// A row written before payloads, as the message it holds; `None` if a column it needs is NULL.
+fn legacy(row: &OutboxRow) -> Option<LegacyMessage> {
+    Some(LegacyMessage {
+        exchange: row.exchange.clone()?,
+        routing_key: row.routing_key.clone()?,
+        message_id: row.message_id.clone()?,
+        kind: row.kind.clone()?,
+        headers: row.headers.clone(),
+        body: row.body.clone()?,
+        declare_session: row.declare_session,
     })
 }
 
@@ -223,6 +233,7 @@ impl Store {
 
     /// Number of unpublished outbox rows (zero after a clean drain).
     pub async fn outbox_len(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT count(*) FROM outbox").fetch_one(&self.pool).await?)
+        let n = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM outbox"#);
+        Ok(n.fetch_one(&self.pool).await?)
     }
 }

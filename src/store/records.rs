@@ -2,15 +2,13 @@
 //! next-turn dispatch in one transaction.
 
 use serde_json::Value;
-use sqlx::postgres::PgArguments;
-use sqlx::query::QueryAs;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::new_record::{record_ctes, NewRecord, PreparedRecord};
+use super::new_record::{record_query, NewRecord, PreparedRecord};
 use super::outbox::{self, PendingOutbox};
 use super::texts::pack;
-use super::turns::{next_queued, start_next, starts, turn_columns, TurnRow, TurnState};
+use super::turns::{start_next, starts, TurnRow, TurnState};
 use super::{KnownTexts, Store, StoreError};
 use crate::contracts::TurnKey;
 use crate::lifecycle::{transition, Event, Phase, StepEnd};
@@ -89,12 +87,13 @@ impl Store {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
         // The session's name and expiry, for the reply, are read with the lock.
-        let (tenant, name, expires): (Option<String>, Option<String>, Option<_>) = sqlx::query_as(
+        let locked = sqlx::query!(
             "SELECT tenant, name, expires_at FROM sessions WHERE id = $1 FOR UPDATE",
+            session
         )
-        .bind(session)
         .fetch_one(&mut *tx)
         .await?;
+        let (tenant, name, expires) = (locked.tenant, locked.name, locked.expires_at);
         let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
         outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
         let mut record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
@@ -148,7 +147,7 @@ impl Store {
     }
 }
 
-/// What a round trip gets when [`WRITE_STEP`] wrote nothing because its turn was not running
+/// What a round trip gets when [`write_step`] wrote nothing because its turn was not running
 /// that step, or its cancel was admitted: its record's messages again, a cancel, or a refusal.
 async fn unwritten(
     mut tx: Transaction<'_, Postgres>,
@@ -188,29 +187,26 @@ async fn step_state(
     turn: &str,
     step: i32,
 ) -> Result<StepState, StoreError> {
-    let (recorded, state, at, cancelled): (bool, Option<String>, Option<i32>, Option<bool>) =
-        sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM response_records WHERE session_id = $1
-                            AND turn_id = $2 AND step = $3 AND reprocess_of IS NULL),
-                    t.state, t.step, t.cancel_requested_at IS NOT NULL
-             FROM (SELECT 1) AS one
-             LEFT JOIN turns t ON t.session_id = $1 AND t.turn_id = $2",
-        )
-        .bind(session)
-        .bind(turn)
-        .bind(step)
-        .fetch_one(&mut *conn)
-        .await?;
-    if recorded {
+    let r = sqlx::query!(
+        r#"SELECT EXISTS (SELECT 1 FROM response_records WHERE session_id = $1
+                          AND turn_id = $2 AND step = $3 AND reprocess_of IS NULL) AS "recorded!",
+                  t.state AS "state?: TurnState", t.step AS "at?",
+                  t.cancel_requested_at IS NOT NULL AS "cancelled?"
+           FROM (SELECT 1) AS one
+           LEFT JOIN turns t ON t.session_id = $1 AND t.turn_id = $2"#,
+        session,
+        turn,
+        step
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if r.recorded {
         return Ok(StepState::Recorded);
     }
-    let current = match (state, at) {
-        (Some(s), Some(n)) => Some((TurnState::try_from(s)?, n)),
-        _ => None,
-    };
+    let current = r.state.zip(r.at);
     match current {
         Some((TurnState::Running, n)) if n == step => {
-            Ok(StepState::Running { cancelled: cancelled.unwrap_or(false) })
+            Ok(StepState::Running { cancelled: r.cancelled.unwrap_or(false) })
         }
         other => {
             let state =
@@ -222,9 +218,7 @@ async fn step_state(
 
 /// What [`write_step`] returns: the turn past its step, the session's next turn if the turn
 /// ended, and the reply's outbox row.
-#[derive(sqlx::FromRow)]
 struct Moved {
-    #[sqlx(flatten)]
     row: TurnRow,
     next_turn: Option<String>,
     reply_id: Option<i64>,
@@ -232,48 +226,8 @@ struct Moved {
     steered: bool,
 }
 
-/// The turn moved past its step, its record, the session's new state (and, when the turn ends,
-/// its next turn) and the reply's outbox row, in one statement: one round trip instead of five.
-/// The turn's UPDATE is the check: it moves the turn only if it runs this step and no cancel
-/// of it was admitted (unless this ending is the cancel), re-checked on the row's newest
-/// version; every other CTE writes only if it moved, so a repeat or a refused step writes
-/// nothing and returns no row. Sound because a step's record is only ever written in the
-/// transaction that moves its turn past that step (here and `fail.rs`'s `end_turn`).
-/// The session is locked, so the snapshot the CTEs share holds every queued turn; the turn that
-/// moves was running, never queued, whichever version of it the subquery reads.
-const WRITE_STEP: &str = concat!(
-    "WITH moved AS (
-         UPDATE turns SET state = $26, step = $27, pending_tool_calls = $28, last_reply = NULL,
-             pending_warnings = $29, server_calls = $30,
-             server_executions = COALESCE($32, server_executions),
-             continuation = CASE WHEN $31 THEN NULL ELSE continuation END, updated_at = now()
-         WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
-             AND (cancel_requested_at IS NULL OR $36::boolean)
-         RETURNING ",
-    turn_columns!(),
-    "), ",
-    record_ctes!("WHERE EXISTS (SELECT 1 FROM moved)"),
-    ",
-     handed AS (
-         UPDATE sessions SET updated_at = now(), state = COALESCE($33::jsonb, state),
-             active_turn_id = CASE WHEN $34::boolean THEN ",
-    next_queued!("$2"),
-    " ELSE active_turn_id END
-         WHERE id = $2 AND ($34 OR $33 IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
-         RETURNING active_turn_id),
-     replied AS (
-         INSERT INTO outbox (session_id, turn_id, payload)
-         SELECT $2, $3, $35::jsonb WHERE $35 IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
-         RETURNING id)
-     SELECT moved.*, (SELECT active_turn_id FROM handed) AS next_turn,
-         (SELECT id FROM replied) AS reply_id,
-         EXISTS (SELECT 1 FROM turns WHERE session_id = $2 AND steers = $3 AND state = 'steered')
-             AS steered
-     FROM moved"
-);
-
-/// [`WRITE_STEP`]'s own parameters, `$26` to `$36`, after the record's (`$1` to `$25`,
-/// [`PreparedRecord::bind`]): named here, bound in one place, in order.
+/// [`write_step`]'s own parameters, `$26` to `$36`, after the record's (`$1` to `$25`,
+/// [`super::new_record::RecordParams`]): named here, bound in one place, in order.
 struct StepParams<'a> {
     /// `$26`: the state the turn moves to, as `lifecycle::transition` decided.
     state: &'static str,
@@ -338,29 +292,19 @@ impl<'a> StepParams<'a> {
             cancelled: f.cancelled,
         })
     }
-
-    fn bind<'q, O>(
-        self,
-        q: QueryAs<'q, Postgres, O, PgArguments>,
-    ) -> QueryAs<'q, Postgres, O, PgArguments>
-    where
-        'a: 'q,
-    {
-        q.bind(self.state)
-            .bind(self.step)
-            .bind(self.pending)
-            .bind(self.warnings)
-            .bind(self.server_calls)
-            .bind(self.runs_on)
-            .bind(self.executed)
-            .bind(self.session_state)
-            .bind(self.ended)
-            .bind(self.reply)
-            .bind(self.cancelled)
-    }
 }
 
-/// Writes a round trip's ending ([`WRITE_STEP`]); `None` when its turn was not running the step.
+/// Writes a round trip's ending; `None` when its turn was not running the step.
+///
+/// The turn moved past its step, its record, the session's new state (and, when the turn ends,
+/// its next turn) and the reply's outbox row, in one statement: one round trip instead of five.
+/// The turn's UPDATE is the check: it moves the turn only if it runs this step and no cancel
+/// of it was admitted (unless this ending is the cancel), re-checked on the row's newest
+/// version; every other CTE writes only if it moved, so a repeat or a refused step writes
+/// nothing and returns no row. Sound because a step's record is only ever written in the
+/// transaction that moves its turn past that step (here and `fail.rs`'s `end_turn`).
+/// The session is locked, so the snapshot the CTEs share holds every queued turn; the turn that
+/// moves was running, never queued, whichever version of it the subquery reads.
 async fn write_step(
     conn: &mut PgConnection,
     record: &PreparedRecord<'_>,
@@ -368,6 +312,81 @@ async fn write_step(
     state: Option<&Value>,
     reply: Option<&Outgoing>,
 ) -> Result<Option<Moved>, StoreError> {
-    let step = StepParams::of(f, state, reply)?;
-    Ok(step.bind(record.bind(sqlx::query_as(WRITE_STEP))).fetch_optional(&mut *conn).await?)
+    let p = StepParams::of(f, state, reply)?;
+    let row = record_query!(
+        query!(
+            "WITH moved AS (
+                 UPDATE turns SET state = $26, step = $27, pending_tool_calls = $28,
+                     last_reply = NULL, pending_warnings = $29, server_calls = $30,
+                     server_executions = COALESCE($32, server_executions),
+                     continuation = CASE WHEN $31 THEN NULL ELSE continuation END,
+                     updated_at = now()
+                 WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
+                     AND (cancel_requested_at IS NULL OR $36::boolean)
+                 RETURNING *), ",
+            "WHERE EXISTS (SELECT 1 FROM moved)",
+            r#",
+             handed AS (
+                 UPDATE sessions SET updated_at = now(), state = COALESCE($33::jsonb, state),
+                     active_turn_id = CASE WHEN $34::boolean THEN (
+                         SELECT turn_id FROM turns WHERE session_id = $2 AND state = 'queued'
+                         ORDER BY seq LIMIT 1)
+                     ELSE active_turn_id END
+                 WHERE id = $2 AND ($34 OR $33::jsonb IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
+                 RETURNING active_turn_id),
+             replied AS (
+                 INSERT INTO outbox (session_id, turn_id, payload)
+                 SELECT $2, $3, $35::jsonb WHERE $35::jsonb IS NOT NULL AND EXISTS (SELECT 1 FROM moved)
+                 RETURNING id)
+             SELECT m.session_id AS "session_id!", m.turn_id AS "turn_id!", m.seq AS "seq!",
+                 m.state AS "state!: TurnState", m.fingerprint AS "fingerprint!",
+                 m.request AS "request!", m.step AS "step!", m.pending_tool_calls,
+                 m.pending_warnings, m.last_reply, m.continuation, m.continuation_fingerprint,
+                 m.reply_to, m.tenant, m.cancel_requested_at, m.server_calls,
+                 m.server_executions,
+                 (SELECT active_turn_id FROM handed) AS next_turn,
+                 (SELECT id FROM replied) AS reply_id,
+                 EXISTS (SELECT 1 FROM turns WHERE session_id = $2 AND steers = $3
+                         AND state = 'steered') AS "steered!"
+             FROM moved m"#
+        ),
+        &record.params(),
+        p.state,
+        p.step,
+        p.pending,
+        p.warnings,
+        p.server_calls,
+        p.runs_on,
+        p.executed,
+        p.session_state,
+        p.ended,
+        p.reply,
+        p.cancelled
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|m| Moved {
+        row: TurnRow {
+            session_id: m.session_id,
+            turn_id: m.turn_id,
+            seq: m.seq,
+            state: m.state,
+            fingerprint: m.fingerprint,
+            request: m.request,
+            step: m.step,
+            pending_tool_calls: m.pending_tool_calls,
+            pending_warnings: m.pending_warnings,
+            last_reply: m.last_reply,
+            continuation: m.continuation,
+            continuation_fingerprint: m.continuation_fingerprint,
+            reply_to: m.reply_to,
+            tenant: m.tenant,
+            cancel_requested_at: m.cancel_requested_at,
+            server_calls: m.server_calls,
+            server_executions: m.server_executions,
+        },
+        next_turn: m.next_turn,
+        reply_id: m.reply_id,
+        steered: m.steered,
+    }))
 }

@@ -36,7 +36,7 @@ impl Store {
         let tenant = reply.tenant.map_or("", TenantName::as_str);
         // The count is a row per tenant, bumped in the statement that stores, so checking the
         // quota never counts the table.
-        let stored: Option<i64> = sqlx::query_scalar(
+        let stored = sqlx::query_scalar!(
             "WITH kept AS (
                  INSERT INTO replies (message_id, session_id, turn_id, outcome, body, tenant)
                  VALUES ($1, $2, $3, $4, $5, $6)
@@ -44,13 +44,13 @@ impl Store {
              INSERT INTO reply_counts (tenant, n) SELECT $6, 1 FROM kept
              ON CONFLICT (tenant) DO UPDATE SET n = reply_counts.n + 1
              RETURNING n",
+            reply.message_id,
+            reply.session.as_uuid(),
+            reply.turn_id,
+            reply.outcome.as_str(),
+            reply.body,
+            tenant
         )
-        .bind(reply.message_id)
-        .bind(reply.session.as_uuid())
-        .bind(reply.turn_id)
-        .bind(reply.outcome.as_str())
-        .bind(reply.body)
-        .bind(tenant)
         .fetch_optional(&self.pool)
         .await?;
         if stored.is_some_and(|n| n > MAX_STORED_REFUSALS_PER_TENANT) {
@@ -61,7 +61,7 @@ impl Store {
 
     /// Removes `tenant`'s oldest refusals down to its quota.
     async fn evict_refusals(&self, tenant: &str) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query!(
             "WITH over AS (
                  SELECT greatest(n - $2, 0) AS n FROM reply_counts WHERE tenant = $1 FOR UPDATE),
              gone AS (
@@ -70,9 +70,9 @@ impl Store {
                      ORDER BY created_at, message_id LIMIT coalesce((SELECT n FROM over), 0))
                  RETURNING 1)
              UPDATE reply_counts SET n = n - (SELECT count(*) FROM gone) WHERE tenant = $1",
+            tenant,
+            MAX_STORED_REFUSALS_PER_TENANT
         )
-        .bind(tenant)
-        .bind(MAX_STORED_REFUSALS_PER_TENANT)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -85,22 +85,24 @@ impl Store {
         session: Uuid,
         submission: &str,
     ) -> Result<Option<(String, Option<String>, Value)>, StoreError> {
-        Ok(sqlx::query_as(
+        let row = sqlx::query!(
             "SELECT message_id, turn_id, body FROM replies
              WHERE session_id = $1 AND outcome = 'refused' AND message_id LIKE '%-' || $2 LIMIT 1",
+            session,
+            submission
         )
-        .bind(session)
-        .bind(submission)
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        Ok(row.map(|r| (r.message_id, r.turn_id, r.body)))
     }
 
     /// The refusals sent to a session, oldest first.
     pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT to_jsonb(r) FROM replies r WHERE session_id = $1 ORDER BY created_at, message_id",
+        Ok(sqlx::query_scalar!(
+            r#"SELECT to_jsonb(r) AS "row!" FROM replies r WHERE session_id = $1
+               ORDER BY created_at, message_id"#,
+            session
         )
-        .bind(session)
         .fetch_all(&self.pool)
         .await?)
     }

@@ -5,7 +5,6 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::new_record::NewRecord;
@@ -26,7 +25,7 @@ pub struct TurnSelector {
 }
 
 /// A selected turn, identified by its first original record.
-#[derive(Debug, Clone, FromRow)]
+#[derive(Debug, Clone)]
 pub struct SelectedTurn {
     /// Session.
     pub session_id: Uuid,
@@ -37,7 +36,7 @@ pub struct SelectedTurn {
 }
 
 /// One original record of a turn, with the invoke stage's saved round trip for it.
-#[derive(Debug, Clone, FromRow)]
+#[derive(Debug, Clone)]
 pub struct OriginalStep {
     /// The record id: what `reprocess_of` points at.
     pub id: Uuid,
@@ -72,12 +71,6 @@ pub struct LinkedRecord {
     pub record: NewRecord,
 }
 
-/// Columns written for a reprocessed record; the rest take their defaults.
-const COLUMNS: &str = "id, session_id, turn_id, step, kind, provider_response_id, chain, request_payload, \
-     response_payload, retrieved_chunks, active_files, skipped_files, usage, errors, instruction, workspace_id, \
-     repo, language, rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id, \
-     context_versions, stage_timings";
-
 impl Store {
     /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
     /// original record; turns that never got one (rejected at admission) are not stored turns.
@@ -87,7 +80,8 @@ impl Store {
     ) -> Result<Vec<SelectedTurn>, StoreError> {
         let (sessions, turns): (Vec<Uuid>, Vec<String>) =
             selector.turns.iter().flatten().map(|(s, t)| (*s, t.clone())).unzip();
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as!(
+            SelectedTurn,
             "SELECT r.session_id, r.turn_id, r.created_at FROM response_records r
              WHERE r.reprocess_of IS NULL AND r.step = 0
                AND ($1::uuid IS NULL OR r.session_id = $1)
@@ -95,13 +89,13 @@ impl Store {
                AND ($3::timestamptz IS NULL OR r.created_at < $3)
                AND (NOT $4 OR (r.session_id, r.turn_id) IN (SELECT * FROM unnest($5::uuid[], $6::text[])))
              ORDER BY r.created_at, r.id",
+            selector.session,
+            selector.since,
+            selector.until,
+            selector.turns.is_some(),
+            &sessions,
+            &turns
         )
-        .bind(selector.session)
-        .bind(selector.since)
-        .bind(selector.until)
-        .bind(selector.turns.is_some())
-        .bind(&sessions)
-        .bind(&turns)
         .fetch_all(&self.pool)
         .await?)
     }
@@ -112,17 +106,20 @@ impl Store {
         session: Uuid,
         turn: &str,
     ) -> Result<Vec<OriginalStep>, StoreError> {
-        let mut steps: Vec<OriginalStep> = sqlx::query_as(
-            "SELECT r.id, t.seq, r.step, r.kind, aptix_deref_at(r.request_payload, '{tools}') AS request_payload,
+        let mut steps = sqlx::query_as!(
+            OriginalStep,
+            "SELECT r.id, t.seq, r.step, r.kind,
+                    aptix_deref_at(r.request_payload, '{tools}') AS request_payload,
                     r.usage, r.reply, aptix_deref_at(l.result, '{job,result,raw,tools}') AS saved
              FROM response_records r
              JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
-             LEFT JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
+             LEFT JOIN llm_results l
+                 ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
              WHERE r.session_id = $1 AND r.turn_id = $2 AND r.reprocess_of IS NULL
              ORDER BY r.step",
+            session,
+            turn
         )
-        .bind(session)
-        .bind(turn)
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.pool.acquire().await?;
@@ -142,16 +139,18 @@ impl Store {
         seq: i64,
         step: i32,
     ) -> Result<Vec<Value>, StoreError> {
-        let mut saved: Vec<Value> = sqlx::query_scalar(
-            "SELECT aptix_deref_at(l.result, '{job,result,raw,tools}') FROM response_records r
-             JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
-             JOIN llm_results l ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
-             WHERE r.session_id = $1 AND r.reprocess_of IS NULL AND (t.seq, r.step) < ($2, $3)
-             ORDER BY t.seq, r.step",
+        let mut saved = sqlx::query_scalar!(
+            r#"SELECT aptix_deref_at(l.result, '{job,result,raw,tools}') AS "saved!"
+               FROM response_records r
+               JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
+               JOIN llm_results l
+                   ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
+               WHERE r.session_id = $1 AND r.reprocess_of IS NULL AND (t.seq, r.step) < ($2, $3)
+               ORDER BY t.seq, r.step"#,
+            session,
+            seq,
+            step
         )
-        .bind(session)
-        .bind(seq)
-        .bind(step)
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.pool.acquire().await?;
@@ -163,11 +162,12 @@ impl Store {
 
     /// Whether run `run` already reprocessed the original record `original`.
     pub async fn reprocess_done(&self, original: Uuid, run: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM response_records WHERE reprocess_of = $1 AND reprocess_run = $2)",
+        Ok(sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM response_records
+                              WHERE reprocess_of = $1 AND reprocess_run = $2) AS "done!""#,
+            original,
+            run
         )
-        .bind(original)
-        .bind(run)
         .fetch_one(&self.pool)
         .await?)
     }
@@ -180,11 +180,6 @@ impl Store {
         run: &str,
         records: &[LinkedRecord],
     ) -> Result<u64, StoreError> {
-        let sql = format!(
-            "INSERT INTO response_records ({COLUMNS})
-             SELECT {COLUMNS} FROM jsonb_populate_record(NULL::response_records, $1)
-             ON CONFLICT DO NOTHING"
-        );
         let mut tx = self.pool.begin().await?;
         let mut written = 0;
         for r in records {
@@ -197,7 +192,25 @@ impl Store {
                 map.insert("reprocess_of".into(), Value::String(r.reprocess_of.to_string()));
                 map.insert("reprocess_run".into(), Value::String(run.to_owned()));
             }
-            written += sqlx::query(&sql).bind(&row).execute(&mut *tx).await?.rows_affected();
+            // The columns written; the rest take their defaults.
+            let done = sqlx::query!(
+                "INSERT INTO response_records (id, session_id, turn_id, step, kind,
+                     provider_response_id, chain, request_payload, response_payload,
+                     retrieved_chunks, active_files, skipped_files, usage, errors, instruction,
+                     workspace_id, repo, language, rag_scope, reply, reprocess_of, reprocess_run,
+                     conversation_context_id, context_versions, stage_timings)
+                 SELECT id, session_id, turn_id, step, kind, provider_response_id, chain,
+                     request_payload, response_payload, retrieved_chunks, active_files,
+                     skipped_files, usage, errors, instruction, workspace_id, repo, language,
+                     rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id,
+                     context_versions, stage_timings
+                 FROM jsonb_populate_record(NULL::response_records, $1)
+                 ON CONFLICT DO NOTHING",
+                &row
+            )
+            .execute(&mut *tx)
+            .await?;
+            written += done.rows_affected();
         }
         tx.commit().await?;
         Ok(written)

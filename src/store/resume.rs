@@ -5,11 +5,12 @@
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use super::admit::{failure, turn_row};
+use super::admit::failure;
 use super::new_record::insert_record;
 use super::outbox::{self, PendingOutbox};
 use super::tenants::Gate;
 use super::texts::TextCache;
+use super::turn_row::turn_row;
 use super::turns::{dispatch_next, finished_reply, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::config::ContextVersions;
@@ -80,9 +81,8 @@ impl Store {
     ) -> Result<ContinuationAdmission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         let mut tx = self.pool.begin().await?;
-        let locked: Option<Option<String>> =
-            sqlx::query_scalar("SELECT tenant FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session)
+        let locked =
+            sqlx::query_scalar!("SELECT tenant FROM sessions WHERE id = $1 FOR UPDATE", session)
                 .fetch_optional(&mut *tx)
                 .await?;
         let row = match &locked {
@@ -156,17 +156,17 @@ async fn abort(
     let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)), versions)?;
     let to = transition(Some(row.phase(true)), Event::ToolResults { matching: false })?;
     insert_record(tx, cache, (session, turn, row.step), &record).await?;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE turns SET state = $6, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
              continuation = $3, continuation_fingerprint = $4, reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
+        session,
+        turn,
+        submitted.wire,
+        submitted.fingerprint,
+        row.reply_to.as_deref(),
+        to.column().as_str()
     )
-    .bind(session)
-    .bind(turn)
-    .bind(submitted.wire)
-    .bind(submitted.fingerprint)
-    .bind(&row.reply_to)
-    .bind(to.column().as_str())
     .execute(&mut *tx)
     .await?;
     // Its reply, then those of follow-ups an earlier round trip took in, then the next turn.
@@ -183,17 +183,17 @@ async fn resume(
     submitted: &Submitted<'_>,
 ) -> Result<PendingOutbox, StoreError> {
     let to = transition(Some(row.phase(true)), Event::ToolResults { matching: true })?;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE turns SET state = $6, continuation = $3, continuation_fingerprint = $4,
              reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
+        row.session_id,
+        &row.turn_id,
+        submitted.wire,
+        submitted.fingerprint,
+        row.reply_to.as_deref(),
+        to.column().as_str()
     )
-    .bind(row.session_id)
-    .bind(&row.turn_id)
-    .bind(submitted.wire)
-    .bind(submitted.fingerprint)
-    .bind(&row.reply_to)
-    .bind(to.column().as_str())
     .execute(&mut *tx)
     .await?;
     row.state = to.column();

@@ -37,11 +37,9 @@ pub struct SessionMeta {
 }
 
 /// A locked session row.
-#[derive(sqlx::FromRow)]
 pub(super) struct Locked {
     pub active_turn_id: Option<String>,
     pub next_seq: i64,
-    #[sqlx(flatten)]
     pub owner: SessionOwner,
     /// Whether the turn was admitted before, as the statement's snapshot saw it: taken before
     /// the lock was granted, so a copy admitted while the lock was awaited is missed. The turns'
@@ -55,15 +53,25 @@ async fn lock_session(
     session: Uuid,
     turn: &str,
 ) -> Result<Option<Locked>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id,
-             EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND turn_id = $2) AS known
-         FROM sessions WHERE id = $1 FOR UPDATE",
+    let row = sqlx::query!(
+        r#"SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id,
+               EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND turn_id = $2) AS "known!"
+           FROM sessions WHERE id = $1 FOR UPDATE"#,
+        session,
+        turn
     )
-    .bind(session)
-    .bind(turn)
     .fetch_optional(&mut *conn)
-    .await?)
+    .await?;
+    Ok(row.map(|r| Locked {
+        active_turn_id: r.active_turn_id,
+        next_seq: r.next_seq,
+        owner: SessionOwner {
+            tenant: r.tenant,
+            agent_context_id: r.agent_context_id,
+            conversation_context_id: r.conversation_context_id,
+        },
+        known: r.known,
+    }))
 }
 
 /// Locks the session, creating it first if it is new; whether it was. A session's later turns
@@ -82,15 +90,27 @@ pub(super) async fn open_session(
     Ok((locked, created))
 }
 
+/// Locks the session; its active turn and tenant (`None`: no such session).
+pub(super) async fn lock_active(
+    conn: &mut PgConnection,
+    session: Uuid,
+) -> Result<Option<(Option<String>, Option<String>)>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT active_turn_id, tenant FROM sessions WHERE id = $1 FOR UPDATE",
+        session
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|r| (r.active_turn_id, r.tenant)))
+}
+
 /// Makes `mode` the session's current ConversationContext (a turn that names none uses it).
 pub(super) async fn set_mode(
     conn: &mut PgConnection,
     session: Uuid,
     mode: &str,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE sessions SET conversation_context_id = $2 WHERE id = $1")
-        .bind(session)
-        .bind(mode)
+    sqlx::query!("UPDATE sessions SET conversation_context_id = $2 WHERE id = $1", session, mode)
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -102,19 +122,19 @@ async fn create_session(
     session: Uuid,
     meta: &SessionMeta,
 ) -> Result<bool, StoreError> {
-    let created = sqlx::query(
+    let created = sqlx::query!(
         "INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id, workspace_id,
              repo, name, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+        session,
+        meta.tenant.as_ref().map(TenantName::as_str),
+        meta.agent_context_id.as_deref(),
+        meta.conversation_context_id.as_deref(),
+        meta.workspace_id.as_deref(),
+        meta.repo.as_deref(),
+        meta.name.as_deref(),
+        meta.expires_at
     )
-    .bind(session)
-    .bind(meta.tenant.as_ref().map(TenantName::as_str))
-    .bind(&meta.agent_context_id)
-    .bind(&meta.conversation_context_id)
-    .bind(&meta.workspace_id)
-    .bind(&meta.repo)
-    .bind(&meta.name)
-    .bind(meta.expires_at)
     .execute(&mut *conn)
     .await?;
     Ok(created.rows_affected() == 1)

@@ -10,7 +10,7 @@ use crate::assemble::StoredState;
 use crate::contracts::{SessionId, TurnKey};
 
 /// Who a session belongs to and the contexts it was created with (fixed for its life).
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionOwner {
     /// Its tenant; `None` in a single-tenant deployment.
     pub tenant: Option<String>,
@@ -27,10 +27,11 @@ impl Store {
         &self,
         session: &SessionId,
     ) -> Result<Option<SessionOwner>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as!(
+            SessionOwner,
             "SELECT tenant, agent_context_id, conversation_context_id FROM sessions WHERE id = $1",
+            session.as_uuid()
         )
-        .bind(session.as_uuid())
         .fetch_optional(&self.pool)
         .await?)
     }
@@ -41,11 +42,13 @@ impl Store {
         session: &SessionId,
         name: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE sessions SET name = $2, updated_at = now() WHERE id = $1")
-            .bind(session.as_uuid())
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
+        let done = sqlx::query!(
+            "UPDATE sessions SET name = $2, updated_at = now() WHERE id = $1",
+            session.as_uuid(),
+            name
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -86,10 +89,10 @@ impl Store {
     /// `sessions.state` as stored (`{}` for no row).
     async fn stored_state(&self, session: &SessionId) -> Result<Value, StoreError> {
         crate::metrics::metrics().json("parse", "session_state_row");
-        let state: Option<Value> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
-            .bind(session.as_uuid())
-            .fetch_optional(&self.pool)
-            .await?;
+        let state =
+            sqlx::query_scalar!("SELECT state FROM sessions WHERE id = $1", session.as_uuid())
+                .fetch_optional(&self.pool)
+                .await?;
         Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
     }
 
@@ -97,17 +100,18 @@ impl Store {
     /// the provider already answered (a redelivered message), and whether a cancel of the turn
     /// was admitted. One query, on every invoke.
     pub async fn call_state(&self, key: &TurnKey, step: i32) -> Result<CallState, StoreError> {
-        let (saved, cancelled): (Option<Value>, Option<bool>) = sqlx::query_as(
-            "SELECT (SELECT aptix_deref_at(result, '{job,result,raw,tools}') FROM llm_results
-                     WHERE session_id = $1 AND turn_id = $2 AND step = $3),
-                    (SELECT cancel_requested_at IS NOT NULL FROM turns
-                     WHERE session_id = $1 AND turn_id = $2)",
+        let row = sqlx::query!(
+            r#"SELECT (SELECT aptix_deref_at(result, '{job,result,raw,tools}') FROM llm_results
+                       WHERE session_id = $1 AND turn_id = $2 AND step = $3) AS saved,
+                      (SELECT cancel_requested_at IS NOT NULL FROM turns
+                       WHERE session_id = $1 AND turn_id = $2) AS cancelled"#,
+            key.session_id.as_uuid(),
+            key.turn_id.as_str(),
+            step
         )
-        .bind(key.session_id.as_uuid())
-        .bind(key.turn_id.as_str())
-        .bind(step)
         .fetch_one(&self.pool)
         .await?;
+        let (saved, cancelled) = (row.saved, row.cancelled);
         let saved = match saved {
             Some(saved) => {
                 let mut conn = self.pool.acquire().await?;
@@ -134,19 +138,19 @@ impl Store {
         }
         texts.retain(|sha| !self.texts.holds(sha));
         texts.sort();
-        sqlx::query(
+        sqlx::query!(
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)
                  SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING)
              INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
+            key.session_id.as_uuid(),
+            key.turn_id.as_str(),
+            step,
+            &result,
+            &texts.keys,
+            &texts.bodies
         )
-        .bind(key.session_id.as_uuid())
-        .bind(key.turn_id.as_str())
-        .bind(step)
-        .bind(&result)
-        .bind(&texts.keys)
-        .bind(&texts.bodies)
         .execute(&self.pool)
         .await?;
         self.texts.keep(&texts);
@@ -183,28 +187,29 @@ impl Store {
         session: &SessionId,
     ) -> Result<Option<SessionView>, StoreError> {
         let id = session.as_uuid();
-        let row: Option<Value> =
-            sqlx::query_scalar("SELECT to_jsonb(s) FROM sessions s WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row = sqlx::query_scalar!(
+            r#"SELECT to_jsonb(s) AS "row!" FROM sessions s WHERE id = $1"#,
+            id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
         let Some(mut view) = row else { return Ok(None) };
         // The state as the pipeline reads it: its texts in place.
         view["state"] = self.session_state(session).await?;
         let session = view;
-        let turns = sqlx::query_scalar(
-            "SELECT to_jsonb(t) FROM turns t WHERE session_id = $1 ORDER BY seq",
+        let turns = sqlx::query_scalar!(
+            r#"SELECT to_jsonb(t) AS "row!" FROM turns t WHERE session_id = $1 ORDER BY seq"#,
+            id
         )
-        .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        let records = sqlx::query_scalar(
-            "SELECT to_jsonb(r) || jsonb_build_object(
-                 'request_payload', aptix_deref_at(r.request_payload, '{tools}'),
-                 'response_payload', aptix_deref_at(r.response_payload, '{tools}'))
-             FROM response_records r WHERE session_id = $1 ORDER BY created_at, id",
+        let records = sqlx::query_scalar!(
+            r#"SELECT to_jsonb(r) || jsonb_build_object(
+                   'request_payload', aptix_deref_at(r.request_payload, '{tools}'),
+                   'response_payload', aptix_deref_at(r.response_payload, '{tools}')) AS "row!"
+               FROM response_records r WHERE session_id = $1 ORDER BY created_at, id"#,
+            id
         )
-        .bind(id)
         .fetch_all(&self.pool)
         .await?;
         let replies = self.session_replies(id).await?;

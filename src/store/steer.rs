@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::new_record::{insert_record, NewRecord};
 use super::outbox::{self, PendingOutbox};
 use super::texts::TextCache;
-use super::turns::{TurnRow, TURN_COLUMNS};
+use super::turn_row::query_turns;
 use super::{Store, StoreError};
 use crate::contracts::{ApiError, ErrorCode, Reply, SessionId, Steer};
 use crate::lifecycle::{transition, Event, HostEnd, Phase};
@@ -29,12 +29,14 @@ pub(super) async fn aim(
     turn: &str,
     active: &str,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE turns SET steers = $3 WHERE session_id = $1 AND turn_id = $2")
-        .bind(session)
-        .bind(turn)
-        .bind(active)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE turns SET steers = $3 WHERE session_id = $1 AND turn_id = $2",
+        session,
+        turn,
+        active
+    )
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -53,18 +55,18 @@ pub(super) async fn take_in(
         return Ok(0);
     }
     let to = transition(Some(Phase::Queued), Event::Steered)?;
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "UPDATE turns SET state = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = ANY($4) AND steers = $2 AND state = 'queued'
            AND EXISTS (SELECT 1 FROM turns h WHERE h.session_id = $1 AND h.turn_id = $2
                        AND h.state = 'running' AND h.step = $3
                        AND h.cancel_requested_at IS NULL)",
+        session,
+        host,
+        step,
+        steers,
+        to.column().as_str()
     )
-    .bind(session)
-    .bind(host)
-    .bind(step)
-    .bind(steers)
-    .bind(to.column().as_str())
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected())
@@ -81,12 +83,14 @@ pub(super) async fn end_taken_in(
     reply: &Value,
     end: HostEnd,
 ) -> Result<PendingOutbox, StoreError> {
-    let sql = format!(
-        "SELECT {TURN_COLUMNS} FROM turns
-         WHERE session_id = $1 AND steers = $2 AND state = 'steered' ORDER BY seq"
-    );
-    let rows: Vec<TurnRow> =
-        sqlx::query_as(&sql).bind(session).bind(host).fetch_all(&mut *conn).await?;
+    let rows = query_turns!(
+        "SELECT ",
+        "FROM turns WHERE session_id = $1 AND steers = $2 AND state = 'steered' ORDER BY seq",
+        session,
+        host
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     let mut out = PendingOutbox::default();
     if rows.is_empty() {
         return Ok(out);
@@ -116,15 +120,15 @@ pub(super) async fn end_taken_in(
             ..NewRecord::default()
         };
         insert_record(&mut *conn, texts, (session, &row.turn_id, row.step), &record).await?;
-        sqlx::query(
+        sqlx::query!(
             "UPDATE turns SET state = $3, step = step + 1, updated_at = now(),
                  cancel_requested_at = CASE WHEN $4 THEN clock_timestamp() END
              WHERE session_id = $1 AND turn_id = $2",
+            session,
+            &row.turn_id,
+            to.column().as_str(),
+            to.cancel_marked()
         )
-        .bind(session)
-        .bind(&row.turn_id)
-        .bind(to.column().as_str())
-        .bind(to.cancel_marked())
         .execute(&mut *conn)
         .await?;
         // Kept with the steered turn's rows: every path that publishes again what a crash left
@@ -174,19 +178,21 @@ impl Store {
         session: &SessionId,
         host: &str,
     ) -> Result<Vec<Steer>, StoreError> {
-        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-            "SELECT turn_id, request->>'Instruction' FROM turns
-             WHERE session_id = $1 AND steers = $2 AND state = 'queued' ORDER BY seq LIMIT $3",
+        let rows = sqlx::query!(
+            r#"SELECT turn_id, request->>'Instruction' AS instruction FROM turns
+               WHERE session_id = $1 AND steers = $2 AND state = 'queued' ORDER BY seq LIMIT $3"#,
+            session.as_uuid(),
+            host,
+            STEERS_PER_CALL
         )
-        .bind(session.as_uuid())
-        .bind(host)
-        .bind(STEERS_PER_CALL)
         .fetch_all(&self.pool)
         .await?;
         // Admission let only a turn with an instruction steer; one without is left to run.
         Ok(rows
             .into_iter()
-            .filter_map(|(turn_id, i)| i.map(|instruction| Steer { turn_id, instruction }))
+            .filter_map(|r| {
+                r.instruction.map(|instruction| Steer { turn_id: r.turn_id, instruction })
+            })
             .collect())
     }
 }

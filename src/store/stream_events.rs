@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, TurnState};
 use crate::contracts::{event_seq, TenantName, TurnKey};
 
 /// One event a resume sends again.
@@ -76,7 +76,7 @@ impl Store {
         seq: u64,
         body: &[u8],
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query!(
             "WITH gone AS (
                  DELETE FROM stream_events
                  WHERE $5 AND session_id = $1 AND (turn_id <> $2 OR event_seq >= $3)
@@ -84,12 +84,12 @@ impl Store {
              INSERT INTO stream_events (session_id, turn_id, event_seq, body)
              VALUES ($1, $2, $3, $4)
              ON CONFLICT (session_id, turn_id, event_seq) DO UPDATE SET body = EXCLUDED.body",
+            key.session_id.as_uuid(),
+            key.turn_id.as_str(),
+            event_seq(step, Some(seq)),
+            body,
+            seq == 0
         )
-        .bind(key.session_id.as_uuid())
-        .bind(key.turn_id.as_str())
-        .bind(event_seq(step, Some(seq)))
-        .bind(body)
-        .bind(seq == 0)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -105,60 +105,61 @@ impl Store {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
         // One snapshot: the turn's state, its deltas and its replies as of one moment.
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        type Found = (Option<String>, Option<String>, Option<String>, Option<DateTime<Utc>>);
-        let owner: Option<Found> = sqlx::query_as(
-            "SELECT s.tenant, t.state, s.name, s.expires_at FROM sessions s
-             LEFT JOIN turns t ON t.session_id = s.id AND t.turn_id = $2
-             WHERE s.id = $1",
+        let found = sqlx::query!(
+            r#"SELECT s.tenant, t.state AS "state?: TurnState", s.name, s.expires_at
+               FROM sessions s LEFT JOIN turns t ON t.session_id = s.id AND t.turn_id = $2
+               WHERE s.id = $1"#,
+            session,
+            turn
         )
-        .bind(session)
-        .bind(turn)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((owner, state, name, expires)) = owner else {
+        let Some(found) = found else {
             return Ok(ResumeFound::NotFound);
         };
+        let (owner, state, name, expires) =
+            (found.tenant, found.state, found.name, found.expires_at);
         if owner.as_deref() != tenant.map(TenantName::as_str) {
             return Ok(ResumeFound::Unavailable);
         }
         let Some(state) = state else { return Ok(ResumeFound::NotFound) };
         let after = after.unwrap_or(-1);
-        let deltas: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+        let deltas = sqlx::query!(
             "SELECT event_seq, body FROM stream_events
              WHERE session_id = $1 AND turn_id = $2 AND event_seq > $3 ORDER BY event_seq",
+            session,
+            turn,
+            after
         )
-        .bind(session)
-        .bind(turn)
-        .bind(after)
         .fetch_all(&mut *tx)
         .await?;
-        let replies: Vec<(i32, Value)> = sqlx::query_as(
+        let replies = sqlx::query!(
             "SELECT step, reply FROM response_records
              WHERE session_id = $1 AND turn_id = $2 AND reprocess_of IS NULL
                AND reply ? 'Successful'
              ORDER BY step",
+            session,
+            turn
         )
-        .bind(session)
-        .bind(turn)
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
         let mut events: Vec<Replayed> = deltas
             .into_iter()
-            .filter_map(|(n, body)| {
-                let body: Value = serde_json::from_slice(&body).ok()?;
-                let step = i32::try_from(n / crate::contracts::EVENTS_PER_STEP).ok()?;
+            .filter_map(|d| {
+                let body: Value = serde_json::from_slice(&d.body).ok()?;
+                let step = i32::try_from(d.event_seq / crate::contracts::EVENTS_PER_STEP).ok()?;
                 let seq = body.get("Seq").and_then(Value::as_u64)?;
                 Some(Replayed::Delta { step, seq, body })
             })
-            .chain(replies.into_iter().map(|(step, body)| Replayed::Reply { step, body }))
+            .chain(replies.into_iter().map(|r| Replayed::Reply { step: r.step, body: r.reply }))
             .filter(|e| e.event_seq() > after)
             .collect();
         events.sort_by_key(Replayed::event_seq);
-        let ended = matches!(state.as_str(), "completed" | "failed");
+        let ended = state.is_finished();
         Ok(ResumeFound::Events(Resumable { events, ended, name, expires }))
     }
 }

@@ -76,8 +76,7 @@ impl Store {
             };
             let ids: Vec<i64> = batch.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
             // Planned with these ids each time: the connection forces custom plans (Store::connect).
-            let result = sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-                .bind(&ids)
+            let result = sqlx::query!("DELETE FROM outbox WHERE id = ANY($1)", &ids)
                 .execute(&self.sweep.pool)
                 .await
                 .map(drop)

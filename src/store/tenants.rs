@@ -7,16 +7,13 @@
 
 use sqlx::PgConnection;
 
-use super::outbox::{self, PendingOutbox};
-use super::turn_row::{TurnRow, TURN_COLUMNS};
+use super::outbox::{self, OutboxRow, PendingOutbox};
+use super::turn_row::{query_turns, TurnRow};
 use super::{Store, StoreError};
 use crate::config::{OverLimit, TenantLimits};
 use crate::contracts::TenantName;
 use crate::lifecycle::{transition, Event, Phase};
 use crate::messages::Outgoing;
-
-/// The window of the per-minute limits.
-const WINDOW: &str = "interval '60 seconds'";
 
 /// A tenant and its limits, for a decision.
 #[derive(Debug, Clone)]
@@ -50,21 +47,19 @@ impl Gate {
 
 /// Takes the tenant's lock for the rest of the transaction.
 pub(super) async fn lock(conn: &mut PgConnection, tenant: &TenantName) -> Result<(), StoreError> {
-    let sql = "SELECT 1 FROM tenant_locks WHERE tenant = $1 FOR UPDATE";
-    let found: Option<i32> =
-        sqlx::query_scalar(sql).bind(tenant.as_str()).fetch_optional(&mut *conn).await?;
-    if found.is_none() {
-        sqlx::query("INSERT INTO tenant_locks (tenant) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(tenant.as_str())
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query_scalar::<_, i32>(sql).bind(tenant.as_str()).fetch_one(&mut *conn).await?;
+    let tenant = tenant.as_str();
+    let lock =
+        || sqlx::query!("SELECT 1 AS one FROM tenant_locks WHERE tenant = $1 FOR UPDATE", tenant);
+    if lock().fetch_optional(&mut *conn).await?.is_none() {
+        sqlx::query!(
+            "INSERT INTO tenant_locks (tenant) VALUES ($1) ON CONFLICT DO NOTHING",
+            tenant
+        )
+        .execute(&mut *conn)
+        .await?;
+        lock().fetch_one(&mut *conn).await?;
     }
     Ok(())
-}
-
-async fn count(conn: &mut PgConnection, sql: &str, tenant: &TenantName) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(sql).bind(tenant.as_str()).fetch_one(&mut *conn).await?)
 }
 
 /// Whether the session this transaction created may stay (the lock is held).
@@ -76,11 +71,14 @@ pub(super) async fn session_allowed(
     if max == 0 {
         return Ok(Ok(()));
     }
-    let sql = format!(
-        "SELECT count(*) FROM sessions WHERE tenant = $1 AND created_at > clock_timestamp() - {WINDOW}"
-    );
     // The count includes the session this transaction just created.
-    let n = count(conn, &sql, &gate.tenant).await?;
+    let n = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM sessions
+           WHERE tenant = $1 AND created_at > clock_timestamp() - interval '60 seconds'"#,
+        gate.tenant.as_str()
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(if n <= i64::from(max) { Ok(()) } else { Err(Limit::SessionsPerMinute(max)) })
 }
 
@@ -94,30 +92,19 @@ pub(super) async fn room(
     estimate: i64,
 ) -> Result<Result<i64, Limit>, StoreError> {
     let (l, tenant) = (&gate.limits, &gate.tenant);
-    // Refused turns are counted from their admission (a turn queued behind its session will
-    // start whatever happens); held ones from their start.
-    let (open, at) = if gate.queues() {
-        ("('running', 'awaiting_tool_results')", "started_at")
-    } else {
-        ("('queued', 'running', 'awaiting_tool_results')", "created_at")
-    };
     if let Some(e) = super::budget::tenant_over(conn, tenant, l.budget()).await? {
         return Ok(Err(Limit::Budget(e.period, e.budget)));
     }
     let mut room = want;
     if l.turns_in_flight > 0 {
-        let sql = format!("SELECT count(*) FROM turns WHERE tenant = $1 AND state IN {open}");
-        let left = i64::from(l.turns_in_flight) - count(conn, &sql, tenant).await?;
+        let left = i64::from(l.turns_in_flight) - open_turns(conn, gate).await?;
         if left <= 0 {
             return Ok(Err(Limit::TurnsInFlight(l.turns_in_flight)));
         }
         room = room.min(left);
     }
     if l.turns_per_minute > 0 {
-        let sql = format!(
-            "SELECT count(*) FROM turns WHERE tenant = $1 AND {at} > clock_timestamp() - {WINDOW}"
-        );
-        let left = i64::from(l.turns_per_minute) - count(conn, &sql, tenant).await?;
+        let left = i64::from(l.turns_per_minute) - recent_turns(conn, gate).await?;
         if left <= 0 {
             return Ok(Err(Limit::TurnsPerMinute(l.turns_per_minute)));
         }
@@ -134,6 +121,55 @@ pub(super) async fn room(
         room = room.min((left + budget.reserve - 1) / budget.reserve);
     }
     Ok(Ok(room))
+}
+
+/// The tenant's turns open. Refused turns count from their admission (a turn queued behind its
+/// session will start whatever happens); held ones from their start. The state lists are
+/// literals so that the partial index `turns_tenant_open` serves both.
+async fn open_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
+    let tenant = gate.tenant.as_str();
+    let n = if gate.queues() {
+        sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM turns
+               WHERE tenant = $1 AND state IN ('running', 'awaiting_tool_results')"#,
+            tenant
+        )
+        .fetch_one(&mut *conn)
+        .await?
+    } else {
+        sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM turns
+               WHERE tenant = $1 AND state IN ('queued', 'running', 'awaiting_tool_results')"#,
+            tenant
+        )
+        .fetch_one(&mut *conn)
+        .await?
+    };
+    Ok(n)
+}
+
+/// The tenant's turns of the last minute: held ones by their start, refused ones by their
+/// admission (as [`open_turns`]).
+async fn recent_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
+    let tenant = gate.tenant.as_str();
+    let n = if gate.queues() {
+        sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM turns
+               WHERE tenant = $1 AND started_at > clock_timestamp() - interval '60 seconds'"#,
+            tenant
+        )
+        .fetch_one(&mut *conn)
+        .await?
+    } else {
+        sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM turns
+               WHERE tenant = $1 AND created_at > clock_timestamp() - interval '60 seconds'"#,
+            tenant
+        )
+        .fetch_one(&mut *conn)
+        .await?
+    };
+    Ok(n)
 }
 
 /// Least a turn in flight reserves of `tokens_per_minute` until its round trip is charged.
@@ -159,19 +195,25 @@ async fn token_budget(
     gate: &Gate,
     estimate: i64,
 ) -> Result<TokenBudget, StoreError> {
-    let in_call = if gate.queues() { "('running')" } else { "('queued', 'running')" };
-    let sql = format!(
-        "SELECT COALESCE(sum(tokens) FILTER (WHERE at > clock_timestamp() - {WINDOW}), 0)::bigint,
-                greatest($2, COALESCE(max(tokens), 0))::bigint,
-                (SELECT count(*) FROM turns WHERE tenant = $1 AND state IN {in_call})
-         FROM tenant_tokens WHERE tenant = $1"
-    );
-    let (used, reserve, in_flight): (i64, i64, i64) = sqlx::query_as(&sql)
-        .bind(gate.tenant.as_str())
-        .bind(MIN_TOKEN_RESERVE.max(estimate))
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(TokenBudget { used, reserve, reserved: reserve.saturating_mul(in_flight) })
+    // Turns whose calls are to come or running: held ones only once started.
+    let r = sqlx::query!(
+        r#"SELECT COALESCE(sum(tokens) FILTER (
+                       WHERE at > clock_timestamp() - interval '60 seconds'), 0)::bigint AS "used!",
+                  greatest($2, COALESCE(max(tokens), 0))::bigint AS "reserve!",
+                  (SELECT count(*) FROM turns WHERE tenant = $1
+                       AND (state = 'running' OR (state = 'queued' AND NOT $3))) AS "in_flight!"
+           FROM tenant_tokens WHERE tenant = $1"#,
+        gate.tenant.as_str(),
+        MIN_TOKEN_RESERVE.max(estimate),
+        gate.queues()
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(TokenBudget {
+        used: r.used,
+        reserve: r.reserve,
+        reserved: r.reserve.saturating_mul(r.in_flight),
+    })
 }
 
 /// The tokens a turn will at least use, from its request: its JSON's length over 4 (the usual
@@ -192,21 +234,21 @@ pub(super) async fn start_held(
     let Ok(n) = room(conn, gate, 1000, 0).await? else { return Ok(Vec::new()) };
     // The turns it picks are held: queued, and their session's active turn.
     let to = transition(Some(Phase::Held), Event::RoomFreed)?;
-    let sql = format!(
+    let mut rows = query_turns!(
         "UPDATE turns SET state = $3, started_at = clock_timestamp(), updated_at = now()
          WHERE (session_id, turn_id) IN (
              SELECT t.session_id, t.turn_id FROM turns t
              JOIN sessions s ON s.id = t.session_id AND s.active_turn_id = t.turn_id
              WHERE t.tenant = $1 AND t.state = 'queued'
              ORDER BY t.created_at LIMIT $2)
-         RETURNING {TURN_COLUMNS}"
-    );
-    let mut rows: Vec<TurnRow> = sqlx::query_as(&sql)
-        .bind(gate.tenant.as_str())
-        .bind(n)
-        .bind(to.column().as_str())
-        .fetch_all(&mut *conn)
-        .await?;
+         RETURNING ",
+        "",
+        gate.tenant.as_str(),
+        n,
+        to.column().as_str()
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     rows.sort_by_key(|r| r.seq);
     Ok(rows)
 }
@@ -235,15 +277,15 @@ pub(super) async fn charge_tokens(
 ) -> Result<(), StoreError> {
     let tokens = usage.and_then(|u| u.get("TotalTokens")).and_then(serde_json::Value::as_i64);
     let Some(tokens) = tokens.filter(|t| *t > 0) else { return Ok(()) };
-    sqlx::query("INSERT INTO tenant_tokens (tenant, tokens) VALUES ($1, $2)")
-        .bind(tenant)
-        .bind(tokens)
+    sqlx::query!("INSERT INTO tenant_tokens (tenant, tokens) VALUES ($1, $2)", tenant, tokens)
         .execute(&mut *conn)
         .await?;
-    let prune = format!(
-        "DELETE FROM tenant_tokens WHERE tenant = $1 AND at < clock_timestamp() - {WINDOW} * 2"
-    );
-    sqlx::query(&prune).bind(tenant).execute(&mut *conn).await?;
+    sqlx::query!(
+        "DELETE FROM tenant_tokens WHERE tenant = $1 AND at < clock_timestamp() - interval '120 seconds'",
+        tenant
+    )
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -255,12 +297,12 @@ impl Store {
         let mut out = PendingOutbox::default();
         for gate in gates.iter().filter(|g| g.queues()) {
             let mut tx = self.pool.begin().await?;
-            let held: Option<i32> = sqlx::query_scalar(
-                "SELECT 1 FROM turns t JOIN sessions s
+            let held = sqlx::query!(
+                "SELECT 1 AS one FROM turns t JOIN sessions s
                      ON s.id = t.session_id AND s.active_turn_id = t.turn_id
                  WHERE t.tenant = $1 AND t.state = 'queued' LIMIT 1",
+                gate.tenant.as_str()
             )
-            .bind(gate.tenant.as_str())
             .fetch_optional(&mut *tx)
             .await?;
             if held.is_none() {
@@ -282,15 +324,16 @@ impl Store {
         &self,
         age: std::time::Duration,
     ) -> Result<PendingOutbox, StoreError> {
-        let rows = sqlx::query(
-            "SELECT o.id, o.payload, o.exchange, o.routing_key, o.message_id, o.kind,
-                    o.declare_session, o.headers, o.body
-             FROM outbox o JOIN turns t ON t.session_id = o.session_id AND t.turn_id = o.turn_id
-             WHERE t.tenant IS NOT NULL AND o.payload->>'Kind' = 'outgoing.start/v1'
-               AND o.created_at < now() - make_interval(secs => $1)
-             ORDER BY o.id LIMIT 100",
+        let rows = sqlx::query_as!(
+            OutboxRow,
+            r#"SELECT o.id, o.payload, o.exchange, o.routing_key, o.message_id, o.kind,
+                      o.declare_session, o.headers, o.body, false AS "fresh!"
+               FROM outbox o JOIN turns t ON t.session_id = o.session_id AND t.turn_id = o.turn_id
+               WHERE t.tenant IS NOT NULL AND o.payload->>'Kind' = 'outgoing.start/v1'
+                 AND o.created_at < now() - make_interval(secs => $1)
+               ORDER BY o.id LIMIT 100"#,
+            age.as_secs_f64()
         )
-        .bind(age.as_secs_f64())
         .fetch_all(&self.pool)
         .await?;
         outbox::decode(&rows)

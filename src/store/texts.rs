@@ -246,12 +246,11 @@ async fn fetch(
     if missing.is_empty() {
         return Ok(());
     }
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)")
-            .bind(&missing)
+    let rows =
+        sqlx::query!("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)", &missing)
             .fetch_all(&mut *conn)
             .await?;
-    let (keys, bodies) = rows.into_iter().unzip();
+    let (keys, bodies) = rows.into_iter().map(|r| (r.sha256, r.body)).unzip();
     let read = Texts { keys, bodies };
     cache.keep(&read);
     found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Value::String)));

@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::StoreError;
@@ -21,7 +20,7 @@ impl TryFrom<String> for TurnState {
 }
 
 /// A row of `turns`.
-#[derive(Debug, Clone, FromRow, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct TurnRow {
     /// Session.
     pub session_id: Uuid,
@@ -30,7 +29,6 @@ pub struct TurnRow {
     /// Arrival order within the session.
     pub seq: i64,
     /// Where the turn stands.
-    #[sqlx(try_from = "String")]
     pub state: TurnState,
     /// Fingerprint of the admitted request.
     pub fingerprint: String,
@@ -144,14 +142,47 @@ fn list<T: serde::de::DeserializeOwned>(v: &Option<Value>) -> Result<Vec<T>, Sto
     Ok(v.clone().map(serde_json::from_value).transpose()?.unwrap_or_default())
 }
 
-/// The columns a [`TurnRow`] is read from, as a literal for statements built with `concat!`.
-macro_rules! turn_columns {
-    () => {
-        "session_id, turn_id, seq, state, fingerprint, request, step, pending_tool_calls, \
-         pending_warnings, last_reply, continuation, continuation_fingerprint, reply_to, tenant, \
-         cancel_requested_at, server_calls, server_executions"
+/// `sqlx::query_as!` for [`TurnRow`]s, checked at compile time: `$head`, the row's columns,
+/// then `$tail`, with the statement's arguments. One list of columns for every statement that
+/// reads turns back.
+macro_rules! query_turns {
+    ($head:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $crate::store::TurnRow,
+            $head
+                + r#"session_id AS "session_id!", turn_id AS "turn_id!", seq AS "seq!",
+                     state AS "state!: crate::store::TurnState", fingerprint AS "fingerprint!",
+                     request AS "request!", step AS "step!", pending_tool_calls, pending_warnings,
+                     last_reply, continuation, continuation_fingerprint, reply_to, tenant,
+                     cancel_requested_at, server_calls, server_executions "#
+                + $tail
+            $(, $arg)*
+        )
     };
 }
-pub(super) use turn_columns;
+pub(super) use query_turns;
 
-pub(super) const TURN_COLUMNS: &str = turn_columns!();
+/// The turn `turn` of `session`, if admitted.
+pub(super) async fn turn_row(
+    conn: &mut sqlx::PgConnection,
+    session: Uuid,
+    turn: &str,
+) -> Result<Option<TurnRow>, StoreError> {
+    let q =
+        query_turns!("SELECT ", "FROM turns WHERE session_id = $1 AND turn_id = $2", session, turn);
+    Ok(q.fetch_optional(&mut *conn).await?)
+}
+
+/// A turn's state as its column holds it (text, checked by the table's constraint).
+impl sqlx::Type<sqlx::Postgres> for TurnState {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for TurnState {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(TurnState::try_from(text)?)
+    }
+}

@@ -11,21 +11,8 @@ use crate::contracts::TurnKey;
 use crate::lifecycle::{transition, Event, Phase};
 use crate::messages::Outgoing;
 
-pub(super) use super::turn_row::{turn_columns, TURN_COLUMNS};
+use super::turn_row::query_turns;
 pub use super::turn_row::{TurnRow, TurnState};
-
-/// The session's oldest queued turn, as a scalar subquery; the argument names the parameter
-/// that holds the session.
-macro_rules! next_queued {
-    ($session:literal) => {
-        concat!(
-            "(SELECT turn_id FROM turns WHERE session_id = ",
-            $session,
-            " AND state = 'queued' ORDER BY seq LIMIT 1)"
-        )
-    };
-}
-pub(super) use next_queued;
 
 /// Hands a locked session to its next queued turn and returns the turns that start: that one,
 /// or, for a tenant whose turns over a limit are held (`gate` in queue mode), the tenant's
@@ -36,12 +23,13 @@ pub(super) async fn dispatch_next(
     gate: Option<&Gate>,
 ) -> Result<Vec<TurnRow>, StoreError> {
     // The session's oldest queued turn holds it next (none: it is idle), in one statement.
-    let next: Option<String> = sqlx::query_scalar::<_, Option<String>>(concat!(
-        "UPDATE sessions SET updated_at = now(), active_turn_id = ",
-        next_queued!("$1"),
-        " WHERE id = $1 RETURNING active_turn_id"
-    ))
-    .bind(session)
+    let next = sqlx::query_scalar!(
+        "UPDATE sessions SET updated_at = now(), active_turn_id = (
+             SELECT turn_id FROM turns WHERE session_id = $1 AND state = 'queued'
+             ORDER BY seq LIMIT 1)
+         WHERE id = $1 RETURNING active_turn_id",
+        session
+    )
     .fetch_optional(&mut *conn)
     .await?
     .flatten();
@@ -62,11 +50,14 @@ pub(super) async fn start_next(
     }
     let Some(next) = next else { return Ok(Vec::new()) };
     let to = transition(Some(Phase::Queued), Event::Dispatched { room: true })?;
-    let sql = format!(
+    let q = query_turns!(
         "UPDATE turns SET state = $3, started_at = clock_timestamp(), updated_at = now()
-         WHERE session_id = $1 AND turn_id = $2 RETURNING {TURN_COLUMNS}"
+         WHERE session_id = $1 AND turn_id = $2 RETURNING ",
+        "",
+        session,
+        next,
+        to.column().as_str()
     );
-    let q = sqlx::query_as(&sql).bind(session).bind(next).bind(to.column().as_str());
     Ok(vec![q.fetch_one(&mut *conn).await?])
 }
 
@@ -78,13 +69,8 @@ pub(super) fn starts(rows: &[TurnRow]) -> Result<Vec<Outgoing>, StoreError> {
 impl Store {
     /// A turn row.
     pub async fn turn(&self, key: &TurnKey) -> Result<Option<TurnRow>, StoreError> {
-        let sql =
-            format!("SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND turn_id = $2");
-        Ok(sqlx::query_as(&sql)
-            .bind(key.session_id.as_uuid())
-            .bind(key.turn_id.as_str())
-            .fetch_optional(&self.pool)
-            .await?)
+        let mut conn = self.pool.acquire().await?;
+        super::turn_row::turn_row(&mut conn, key.session_id.as_uuid(), key.turn_id.as_str()).await
     }
 }
 
@@ -98,13 +84,13 @@ pub(super) async fn finished_reply(
     if let Some(reply) = &row.last_reply {
         return Ok(reply.clone());
     }
-    let reply: Option<Value> = sqlx::query_scalar(
+    let reply = sqlx::query_scalar!(
         "SELECT reply FROM response_records
          WHERE session_id = $1 AND turn_id = $2 AND reprocess_of IS NULL
          ORDER BY step DESC LIMIT 1",
+        row.session_id,
+        &row.turn_id
     )
-    .bind(row.session_id)
-    .bind(&row.turn_id)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(reply.unwrap_or(Value::Null))

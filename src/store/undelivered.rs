@@ -55,19 +55,19 @@ impl Store {
         let mut over = 0;
         let mut tx = self.pool.begin().await?;
         for r in replies {
-            let parked = sqlx::query(
+            let parked = sqlx::query!(
                 "INSERT INTO undelivered (queue, session_id, tenant, message, reason)
                  SELECT $1, $2, $3, $4, $5
                  WHERE (SELECT count(*) FROM undelivered WHERE queue = $1) < $6
                    AND (SELECT count(*) FROM undelivered WHERE tenant IS NOT DISTINCT FROM $3) < $7",
+                &r.queue,
+                r.session,
+                r.tenant.as_deref(),
+                &r.message,
+                &r.reason,
+                MAX_PARKED_PER_QUEUE,
+                MAX_PARKED_PER_TENANT
             )
-            .bind(&r.queue)
-            .bind(r.session)
-            .bind(&r.tenant)
-            .bind(&r.message)
-            .bind(&r.reason)
-            .bind(MAX_PARKED_PER_QUEUE)
-            .bind(MAX_PARKED_PER_TENANT)
             .execute(&mut *tx)
             .await?;
             if parked.rows_affected() == 0 {
@@ -81,46 +81,47 @@ impl Store {
     /// Claims up to `limit` due replies, each the oldest of its queue (a later one waits for
     /// it), for [`CLAIM`].
     pub async fn claim_parked(&self, limit: i64) -> Result<Vec<Parked>, StoreError> {
-        let rows: Vec<(i64, String, serde_json::Value, i32, f64)> = sqlx::query_as(
-            "UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
-             WHERE u.id IN (
-                 SELECT d.id FROM undelivered d
-                 WHERE d.next_try_at <= now()
-                   AND NOT EXISTS (SELECT 1 FROM undelivered e WHERE e.queue = d.queue AND e.id < d.id)
-                 ORDER BY d.id LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING u.id, u.queue, u.message, u.tries,
-                       extract(epoch FROM now() - u.created_at)::float8",
+        let rows = sqlx::query!(
+            r#"UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
+               WHERE u.id IN (
+                   SELECT d.id FROM undelivered d
+                   WHERE d.next_try_at <= now()
+                     AND NOT EXISTS (
+                         SELECT 1 FROM undelivered e WHERE e.queue = d.queue AND e.id < d.id)
+                   ORDER BY d.id LIMIT $1 FOR UPDATE SKIP LOCKED)
+               RETURNING u.id, u.queue, u.message, u.tries,
+                         extract(epoch FROM now() - u.created_at)::float8 AS "age!""#,
+            limit,
+            CLAIM.as_secs_f64()
         )
-        .bind(limit)
-        .bind(CLAIM.as_secs_f64())
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(id, queue, message, tries, age)| Parked {
-                id,
-                queue,
-                message,
-                tries,
-                age: Duration::from_secs_f64(age.max(0.0)),
+            .map(|r| Parked {
+                id: r.id,
+                queue: r.queue,
+                message: r.message,
+                tries: r.tries,
+                age: Duration::from_secs_f64(r.age.max(0.0)),
             })
             .collect())
     }
 
     /// A parked reply was delivered (or kept elsewhere): it is no longer waiting.
     pub async fn unpark(&self, id: i64) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM undelivered WHERE id = $1").bind(id).execute(&self.pool).await?;
+        sqlx::query!("DELETE FROM undelivered WHERE id = $1", id).execute(&self.pool).await?;
         Ok(())
     }
 
     /// A parked reply was refused again: offered next after `after`.
     pub async fn park_again(&self, id: i64, after: Duration) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE undelivered SET tries = tries + 1,
                     next_try_at = now() + make_interval(secs => $2) WHERE id = $1",
+            id,
+            after.as_secs_f64()
         )
-        .bind(id)
-        .bind(after.as_secs_f64())
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -131,30 +132,32 @@ impl Store {
         &self,
         session: Uuid,
     ) -> Result<Vec<serde_json::Value>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT message FROM undelivered WHERE session_id = $1 ORDER BY id")
-            .bind(session)
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(sqlx::query_scalar!(
+            "SELECT message FROM undelivered WHERE session_id = $1 ORDER BY id",
+            session
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// The queues that have replies parked (at most `limit`).
     pub async fn parked_queues(&self, limit: i64) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT DISTINCT queue FROM undelivered LIMIT $1")
-            .bind(limit)
+        Ok(sqlx::query_scalar!("SELECT DISTINCT queue FROM undelivered LIMIT $1", limit)
             .fetch_all(&self.pool)
             .await?)
     }
 
     /// Replies parked now, in all.
     pub async fn parked_len(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT count(*) FROM undelivered").fetch_one(&self.pool).await?)
+        let n = sqlx::query_scalar!(r#"SELECT count(*) AS "n!" FROM undelivered"#);
+        Ok(n.fetch_one(&self.pool).await?)
     }
 }
 
 impl Store {
     /// The stage-message key the migrations created in this database (`pipeline_secret`).
     pub async fn message_key(&self) -> Result<String, StoreError> {
-        Ok(sqlx::query_scalar("SELECT value FROM pipeline_secret WHERE name = 'message_key'")
+        Ok(sqlx::query_scalar!("SELECT value FROM pipeline_secret WHERE name = 'message_key'")
             .fetch_one(&self.pool)
             .await?)
     }

@@ -461,7 +461,7 @@ pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions:
 /// broker as it found it. Without the API (a broker without the plugin) nothing more is done.
 pub async fn delete_leftovers(conn: &lapin::Connection, prefix: &str) {
     let api = "http://guest:guest@127.0.0.1:15672/api/queues/%2f?columns=name";
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client = aptix::http::client().timeout(Duration::from_secs(5)).build().unwrap();
     let Ok(listed) = client.get(api).send().await else { return };
     let Ok(queues) = listed.json::<Vec<Value>>().await else { return };
     let ours = format!("{prefix}.");

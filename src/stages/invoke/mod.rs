@@ -112,9 +112,16 @@ impl Stage for Invoke {
             let context =
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
             let chunks = assembled.retrieved_chunks(&state);
+            // The MCP tools the lost chain was offered, offered again.
+            let mcp_tools = mcp_tools_of(&assembled.body.to_value(), context);
             assembled = job
                 .admitted
-                .assemble(&chunks, &state.force_new_chain(), context, &self.settings.assemble)
+                .assemble(
+                    &chunks,
+                    &state.force_new_chain(),
+                    (context, &mcp_tools),
+                    &self.settings.assemble,
+                )
                 .map_err(StageError::fail)?;
             rebuilt = true;
             // The rebuilt body carries the whole history: reserved again, at its own worst case.
@@ -241,6 +248,23 @@ pub fn estimate_usage(body: &str, streamed: &str) -> crate::contracts::Usage {
         total_tokens: input_tokens + output_tokens,
         ..Default::default()
     }
+}
+
+/// The MCP function tools a request body offered.
+fn mcp_tools_of(
+    body: &serde_json::Value,
+    context: &crate::config::ConversationContext,
+) -> Vec<serde_json::Value> {
+    let tools = body.get("tools").and_then(serde_json::Value::as_array);
+    tools
+        .into_iter()
+        .flatten()
+        .filter(|t| {
+            let name = t.get("name").and_then(serde_json::Value::as_str).unwrap_or_default();
+            context.server_tools.mcp_tool(name).is_some()
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

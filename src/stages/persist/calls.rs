@@ -34,7 +34,7 @@ pub(super) fn route(outcome: Outcome, tools: &ServerTools, executed: &[ServerExe
         }
         Outcome::ClientToolContinuation(c) => {
             let (server, client): (Vec<ToolCall>, Vec<ToolCall>) =
-                c.tool_calls().iter().cloned().partition(|call| tools.runs(&call.name).is_some());
+                c.tool_calls().iter().cloned().partition(|call| tools.is_server_tool(&call.name));
             if server.is_empty() {
                 return Routed::Client { outcome: Outcome::ClientToolContinuation(c), server };
             }
@@ -67,7 +67,7 @@ mod tests {
     }
 
     fn tools() -> ServerTools {
-        ServerTools { enabled: vec![ServerTool::SearchCode], max_rounds: 2 }
+        ServerTools { enabled: vec![ServerTool::SearchCode], max_rounds: 2, mcp: Vec::new() }
     }
 
     fn executed(step: i32) -> ServerExecution {

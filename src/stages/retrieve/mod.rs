@@ -17,6 +17,7 @@ use crate::store::Store;
 /// Warning code: retrieval failed for a reason retrying cannot fix; the turn ran without context.
 pub const RETRIEVAL_UNAVAILABLE: &str = "retrieval.unavailable";
 
+mod effects;
 mod tools;
 
 /// Fills the `[CONTEXT]` block from the vector store, and runs server tools.
@@ -25,6 +26,7 @@ pub struct Retrieve {
     settings: Arc<Settings>,
     retrieval: Retrieval,
     store: Store,
+    mcp: Arc<crate::mcp::Hub>,
 }
 
 impl Retrieve {
@@ -34,6 +36,7 @@ impl Retrieve {
             settings: deps.settings.clone(),
             retrieval: deps.retrieval.clone(),
             store: deps.store.clone(),
+            mcp: deps.mcp.clone(),
         }
     }
 }

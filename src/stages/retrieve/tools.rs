@@ -40,11 +40,11 @@ struct WriteArgs {
 }
 
 /// What one execution produced: the tool's JSON or why it failed, and a file.
-type Produced = (Result<String, ToolFailure>, Option<FileRef>);
+pub(super) type Produced = (Result<String, ToolFailure>, Option<FileRef>);
 
 /// Why a server tool call failed: told to the model as the call's error message.
 #[derive(Debug, thiserror::Error)]
-enum ToolFailure {
+pub(super) enum ToolFailure {
     /// The context does not run this tool.
     #[error("`{0}` is not a server tool of this context")]
     NotServerTool(String),
@@ -65,9 +65,39 @@ enum ToolFailure {
         /// The limit.
         max: usize,
     },
+    /// An MCP server gave no output.
+    #[error("{0}")]
+    Mcp(crate::mcp::McpError),
+    /// The call may have taken effect, but no outcome came back (docs/tools.md, "Effects").
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// An earlier attempt's failure, as recorded.
+    #[error("{0}")]
+    Recorded(String),
 }
 
 impl Retrieve {
+    /// Runs `call` once: a built-in, or a tool of one of the context's MCP servers.
+    pub(super) async fn run_tool(
+        &self,
+        call: &ToolCall,
+        key: &str,
+        turn: &UserTurn,
+        job: &AdmittedTurn,
+        context: &ConversationContext,
+    ) -> Result<Produced, StageError> {
+        if let Some((server, tool)) = context.server_tools.mcp_tool(&call.name) {
+            let mode = turn.conversation_context_id().map(|c| c.as_str()).unwrap_or_default();
+            let called = self.mcp.call(mode, server, tool, &call.arguments_json, key).await;
+            return Ok((called.map_err(ToolFailure::Mcp), None));
+        }
+        match context.server_tools.runs(&call.name) {
+            Some(ServerTool::SearchCode) => self.search_code(call, turn, context).await,
+            Some(ServerTool::WriteFile) => self.write_file(call, job.tenant.as_ref()).await,
+            None => Ok((Err(ToolFailure::NotServerTool(call.name.clone())), None)),
+        }
+    }
+
     /// Runs the turn's server calls; their results join its continuation.
     pub(super) async fn run_server_tools(
         &self,
@@ -80,11 +110,7 @@ impl Retrieve {
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
             let started = Instant::now();
-            let (outcome, file) = match context.server_tools.runs(&call.name) {
-                Some(ServerTool::SearchCode) => self.search_code(&call, &turn, context).await?,
-                Some(ServerTool::WriteFile) => self.write_file(&call, job.tenant.as_ref()).await?,
-                None => (Err(ToolFailure::NotServerTool(call.name.clone())), None),
-            };
+            let (outcome, file) = self.run_recorded(&job, &call, &turn, context).await?;
             let outcome = match outcome {
                 Ok(json) => ToolOutcome::ResultJson(json),
                 Err(failure) => ToolOutcome::ErrorMessage(failure.to_string()),

@@ -1,0 +1,152 @@
+//! What an MCP server's answers become: its allowed tools as `/responses` function tools, a
+//! call's result as the text the model reads (bounded), and why a call gave none.
+
+use std::collections::{BTreeMap, HashMap};
+
+use http::{HeaderName, HeaderValue};
+use serde_json::{json, Value};
+
+use crate::config::McpServer;
+
+/// Why an MCP call gave the model no output; its text is what the model reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum McpError {
+    /// The arguments the model wrote are not a JSON object.
+    #[error("invalid arguments: {0}")]
+    Arguments(String),
+    /// The server already has its `max_concurrent_calls` calls from this worker.
+    #[error("the tool server is busy ({0} calls in flight); try again later")]
+    Busy(u32),
+    /// The server could not be reached.
+    #[error("the tool server could not be reached: {0}")]
+    Connect(String),
+    /// No answer within the server's timeout.
+    #[error("the tool server did not answer within {0} ms")]
+    Timeout(u64),
+    /// The call failed on the way (a transport or protocol error).
+    #[error("the tool call failed: {0}")]
+    Call(String),
+    /// The tool ran and reported an error.
+    #[error("the tool reported an error: {0}")]
+    Tool(String),
+    /// The output is over the server's cap.
+    #[error("the tool's output is {bytes} bytes; at most {max} are passed on")]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The cap.
+        max: usize,
+    },
+}
+
+impl McpError {
+    /// Whether the tool may have run although the call failed: sent, but no answer came back.
+    /// Its effect is unknown (docs/tools.md, "Effects").
+    pub fn sent_without_answer(&self) -> bool {
+        matches!(self, McpError::Timeout(_) | McpError::Call(_))
+    }
+}
+
+/// The configured headers, checked.
+pub(super) fn headers(
+    configured: &BTreeMap<String, String>,
+) -> Result<HashMap<HeaderName, HeaderValue>, String> {
+    configured
+        .iter()
+        .map(|(k, v)| {
+            let name = HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+            let value =
+                HeaderValue::try_from(v.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+/// The server's allowed tools (as `tools/list` gave them) as `/responses` function tools.
+pub(super) fn functions(config: &McpServer, listed: &[Value]) -> Vec<Value> {
+    let mut out: Vec<Value> = listed
+        .iter()
+        .filter_map(|t| {
+            let name = t.get("name")?.as_str()?;
+            config.allowed_tools.iter().any(|a| a == name).then(|| {
+                let schema = t.get("inputSchema").filter(|s| s.is_object()).cloned();
+                json!({
+                    "type": "function",
+                    "name": config.function_name(name),
+                    "description": t.get("description").and_then(Value::as_str).unwrap_or(""),
+                    "parameters": schema.unwrap_or_else(|| json!({"type": "object"})),
+                    "strict": false,
+                })
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    out
+}
+
+/// A `tools/call` result as the text the model reads: its text blocks joined (other blocks as
+/// their JSON), or its structured content; an error result is an error.
+pub(super) fn text(result: &Value, max: usize) -> Result<String, McpError> {
+    let blocks = result.get("content").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+    let mut text: String = blocks
+        .iter()
+        .map(|b| {
+            match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) => t.to_owned(),
+                _ => b.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    if text.is_empty() {
+        if let Some(structured) = result.get("structuredContent") {
+            text = structured.to_string();
+        }
+    }
+    if text.len() > max {
+        return Err(McpError::TooLarge { bytes: text.len(), max });
+    }
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        return Err(McpError::Tool(text));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> McpServer {
+        toml::from_str(
+            r#"name = "tickets"
+               url = "http://127.0.0.1:1/mcp"
+               allowed_tools = ["open_ticket"]"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_allowed_tools_are_offered_under_the_servers_name() {
+        let listed = [
+            json!({"name": "open_ticket", "description": "Opens", "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}}}),
+            json!({"name": "drop_database", "inputSchema": {"type": "object"}}),
+        ];
+        let tools = functions(&server(), &listed);
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0]["name"], "tickets__open_ticket");
+        assert_eq!(tools[0]["parameters"]["properties"]["title"]["type"], "string");
+    }
+
+    #[test]
+    fn results_become_bounded_text_and_errors_stay_errors() {
+        let ok =
+            json!({"content": [{"type": "text", "text": "done"}, {"type": "text", "text": "2"}]});
+        assert_eq!(text(&ok, 100).unwrap(), "done\n2");
+        let structured = json!({"content": [], "structuredContent": {"n": 1}});
+        assert_eq!(text(&structured, 100).unwrap(), r#"{"n":1}"#);
+        let failed = json!({"content": [{"type": "text", "text": "read-only"}], "isError": true});
+        assert!(matches!(text(&failed, 100), Err(McpError::Tool(t)) if t == "read-only"));
+        let big = json!({"content": [{"type": "text", "text": "x".repeat(101)}]});
+        assert!(matches!(text(&big, 100), Err(McpError::TooLarge { bytes: 101, max: 100 })));
+    }
+}

@@ -1,0 +1,98 @@
+//! A server tool call recorded before it runs (`store::effects`, docs/tools.md "Effects"): a
+//! step that is redelivered or retried gets the outcome of a call it already ran instead of
+//! running it again, and a call that was cut short runs again only if its tool is idempotent;
+//! otherwise the model and the operator are told that its outcome is unknown.
+
+use serde_json::{json, Value};
+use tracing::warn;
+
+use super::tools::{Produced, ToolFailure};
+use super::Retrieve;
+use crate::config::{ConversationContext, ServerTool};
+use crate::contracts::{FileRef, ToolCall, UserTurn};
+use crate::messages::AdmittedTurn;
+use crate::stage::StageError;
+use crate::store::{EffectKey, EffectStart};
+
+impl Retrieve {
+    /// Runs `call` once for the turn, recording it first and its outcome after.
+    pub(super) async fn run_recorded(
+        &self,
+        job: &AdmittedTurn,
+        call: &ToolCall,
+        turn: &UserTurn,
+        context: &ConversationContext,
+    ) -> Result<Produced, StageError> {
+        let key = EffectKey {
+            session: job.key.session_id.as_uuid(),
+            turn: job.key.turn_id.as_str(),
+            step: job.step - 1,
+            call_id: &call.tool_call_id,
+        };
+        let arguments = serde_json::from_str(&call.arguments_json)
+            .unwrap_or_else(|_| Value::String(call.arguments_json.clone()));
+        match self.store.begin_effect(&key, &call.name, &arguments).await? {
+            EffectStart::Ended(outcome) => return Ok(replayed(&outcome)),
+            EffectStart::CutShort { attempts } if !may_run_again(context, &call.name) => {
+                crate::metrics::metrics().tool_outcome_unknown(&call.name);
+                warn!(
+                    session = %key.session, turn = key.turn, step = key.step,
+                    call = key.call_id, tool = %call.name, attempts,
+                    "server tool call cut short; its outcome is unknown and it is not run again"
+                );
+                let why = "the pipeline stopped while this call ran, and the tool is not \
+                           declared idempotent, so it was not run again; it may or may not have \
+                           taken effect";
+                let produced = (Err(ToolFailure::Unknown(why.into())), None);
+                self.store.end_effect(&key, &recorded(&produced)).await?;
+                return Ok(produced);
+            }
+            EffectStart::Fresh | EffectStart::CutShort { .. } => {}
+        }
+        let produced = self.run_tool(call, &key.idempotency_key(), turn, job, context).await?;
+        let produced = match produced {
+            (Err(ToolFailure::Mcp(e)), file) if e.sent_without_answer() => {
+                crate::metrics::metrics().tool_outcome_unknown(&call.name);
+                (Err(ToolFailure::Unknown(e.to_string())), file)
+            }
+            other => other,
+        };
+        self.store.end_effect(&key, &recorded(&produced)).await?;
+        Ok(produced)
+    }
+}
+
+/// Whether a call of `name` may run again after an attempt was cut short: reading and
+/// content-addressed built-ins may, an MCP tool only when its server declares it idempotent.
+fn may_run_again(context: &ConversationContext, name: &str) -> bool {
+    if let Some((server, tool)) = context.server_tools.mcp_tool(name) {
+        return server.idempotent(tool);
+    }
+    matches!(
+        context.server_tools.runs(name),
+        Some(ServerTool::SearchCode | ServerTool::WriteFile) | None
+    )
+}
+
+/// An outcome as `tool_effects.outcome` keeps it.
+fn recorded((outcome, file): &Produced) -> Value {
+    match outcome {
+        Ok(json) => json!({ "ok": json, "file": file }),
+        Err(ToolFailure::Unknown(why)) => json!({ "unknown": why }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
+/// What a recorded outcome gives the call again.
+fn replayed(outcome: &Value) -> Produced {
+    let text = |k: &str| outcome.get(k).and_then(Value::as_str).map(str::to_owned);
+    if let Some(ok) = text("ok") {
+        let file: Option<FileRef> =
+            outcome.get("file").cloned().and_then(|f| serde_json::from_value(f).ok());
+        return (Ok(ok), file);
+    }
+    if let Some(why) = text("unknown") {
+        return (Err(ToolFailure::Unknown(why)), None);
+    }
+    (Err(ToolFailure::Recorded(text("error").unwrap_or_default())), None)
+}

@@ -1,0 +1,275 @@
+//! MCP servers as server tools (issue 44; docs/tools.md): a real MCP server built on the official
+//! Python SDK (tests/mcp/server.py) counts every call it receives. The model calls its tools by
+//! their function names (`tickets__open_ticket`), the pipeline runs them and lists them in
+//! `ToolResults`; a server that hangs, one that fails and one that answers 10 MB each cost the
+//! turn one error result and nothing else; a redelivered step does not run a completed call
+//! again; and only the allowed tools are offered.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use aptix::config::McpServer;
+use aptix::stage::Stage as _;
+use common::{new_session, user_turn, Harness};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The test MCP server, running until dropped.
+pub struct ToolServer {
+    child: Child,
+    pub url: String,
+    pub calls: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ToolServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ToolServer {
+    /// Starts tests/mcp/server.py on a free port (its environment is installed first if missing).
+    pub fn start() -> ToolServer {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+        let setup = Command::new("bash").arg(here.join("setup.sh")).status().unwrap();
+        assert!(setup.success(), "tests/mcp/setup.sh failed");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let calls = dir.path().join("calls.jsonl");
+        let child = Command::new(here.join(".venv/bin/python"))
+            .arg(here.join("server.py"))
+            .args(["--port", &port.to_string(), "--calls"])
+            .arg(&calls)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server =
+            ToolServer { child, url: format!("http://127.0.0.1:{port}/mcp"), calls, _dir: dir };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the MCP test server did not start on port {port}");
+    }
+
+    /// The calls it received, in order.
+    pub fn calls(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.calls).unwrap_or_default();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// How many calls of `tool` it received.
+    pub fn count(&self, tool: &str) -> usize {
+        self.calls().iter().filter(|c| c["tool"] == tool).count()
+    }
+
+    /// The server as a context lists it.
+    pub fn config(&self, token_file: &Path) -> McpServer {
+        toml::from_str(&format!(
+            r#"name = "tickets"
+               url = "{}"
+               allowed_tools = ["open_ticket", "hang", "broken", "huge"]
+               headers = {{ "X-Team" = "core" }}
+               token_file = "{}"
+               timeout_ms = 1500
+               max_output_bytes = 65536"#,
+            self.url,
+            token_file.display()
+        ))
+        .unwrap()
+    }
+}
+
+/// A harness whose default context offers the test server's tools.
+async fn harness(server: &ToolServer, dir: &Path) -> Harness {
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let config = server.config(&token);
+    Harness::start_with(1, move |s| {
+        let name = s.default_conversation_context.clone();
+        s.conversation_contexts.get_mut(&name).unwrap().server_tools.mcp.push(config);
+    })
+    .await
+}
+
+fn executed(reply: &Value) -> Vec<Value> {
+    reply["Result"]["ToolResults"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_model_calls_an_mcp_tool_and_the_pipeline_runs_it_once() {
+    let server = ToolServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(&server, dir.path()).await;
+    let s = new_session();
+    let call = r#"@call(tickets__open_ticket, {"title":"printer on fire"})"#;
+    h.submit(&user_turn(&s, "t1", &format!("Open a ticket. {call}"))).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let result = &replies[0].body["Result"];
+    assert_eq!(result["Kind"], "final", "{result}");
+    let done = executed(&replies[0].body);
+    assert_eq!(done.len(), 1, "{result}");
+    assert_eq!(done[0]["Name"], "tickets__open_ticket");
+    let out = done[0]["ResultJson"].as_str().unwrap_or_else(|| panic!("{}", done[0]));
+    let out: Value = serde_json::from_str(out).unwrap();
+    assert_eq!(out["ticket"], 1);
+
+    // The server saw one call: the arguments, the configured header and token, and an
+    // idempotency key that names neither the session nor the turn.
+    let calls = server.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["arguments"]["title"], "printer on fire");
+    assert_eq!(calls[0]["team"], "core");
+    assert_eq!(calls[0]["authorization"], "Bearer s3cret");
+    let key = calls[0]["idempotency_key"].as_str().unwrap();
+    assert_eq!(key.len(), 32);
+    assert!(!key.contains(&s) && !key.contains("t1"));
+
+    // Only the allowed tools are offered, under the server's name.
+    let first = h.sim.request_bodies()[0].clone();
+    let names: Vec<&str> =
+        first["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"tickets__open_ticket") && names.contains(&"tickets__huge"));
+    assert!(!names.iter().any(|n| n.contains("search_tickets")), "{names:?}");
+
+    // The step again, as a redelivery brings it: the call is not run again, its recorded
+    // result is used.
+    let key = aptix::contracts::TurnKey {
+        session_id: s.parse().unwrap(),
+        turn_id: "t1".parse().unwrap(),
+    };
+    let row = h.deps.store.turn(&key).await.unwrap().unwrap();
+    let mut job = row.start_job().unwrap();
+    let again = aptix::contracts::ToolCall {
+        tool_call_id: done[0]["ToolCallId"].as_str().unwrap().to_owned(),
+        name: "tickets__open_ticket".into(),
+        arguments_json: r#"{"title":"printer on fire"}"#.into(),
+    };
+    // The answer of round trip 0 made the call; round trip 1 ran it.
+    job.step = 1;
+    job.server_calls = vec![again];
+    job.executed = Vec::new();
+    job.continuation = None;
+    let retrieve = aptix::stages::retrieve::Retrieve::new(&h.deps);
+    retrieve.run(job).await.unwrap();
+    assert_eq!(server.count("open_ticket"), 1, "a completed call ran again");
+    let effects = h.deps.store.effects(key.session_id.as_uuid(), "t1").await.unwrap();
+    assert_eq!(effects.len(), 1);
+    assert_eq!(effects[0].1, 2, "the second attempt is counted");
+    drop(retrieve);
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hanging_a_failing_and_a_flooding_server_each_cost_one_error_result() {
+    let server = ToolServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(&server, dir.path()).await;
+    let s = new_session();
+    let calls = r#"@call(tickets__hang, {}) @call(tickets__broken, {}) @call(tickets__huge, {"megabytes":10})"#;
+    h.submit(&user_turn(&s, "t1", &format!("Try them all. {calls}"))).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let result = &replies[0].body["Result"];
+    assert_eq!(result["Kind"], "final", "{result}");
+    let done = executed(&replies[0].body);
+    let error = |name: &str| {
+        let r =
+            done.iter().find(|r| r["Name"] == name).unwrap_or_else(|| panic!("{name}: {result}"));
+        r["ErrorMessage"].as_str().unwrap_or_else(|| panic!("{name} has no error: {r}")).to_owned()
+    };
+    assert!(error("tickets__hang").contains("did not answer within 1500 ms"));
+    assert!(error("tickets__hang").starts_with("outcome unknown"));
+    assert!(error("tickets__broken").contains("read-only today"), "{}", error("tickets__broken"));
+    // The transport refuses the answer past the cap (and drops the connection): the tool ran,
+    // but its output never arrives.
+    assert!(error("tickets__huge").starts_with("outcome unknown"), "{}", error("tickets__huge"));
+    // Nothing of the 10 MB reached the model.
+    let sent = h.sim.request_bodies().last().unwrap().to_string();
+    assert!(sent.len() < 200_000, "{} bytes sent to the model", sent.len());
+
+    // The server is still usable, by the next turn.
+    let call = r#"@call(tickets__open_ticket, {"title":"after"})"#;
+    h.submit(&user_turn(&s, "t2", call)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let last = replies.last().unwrap();
+    assert_eq!(executed(&last.body)[0]["Name"], "tickets__open_ticket", "{}", last.body);
+    assert!(executed(&last.body)[0]["ResultJson"].is_string(), "{}", last.body);
+    assert_eq!(server.count("hang"), 1);
+    h.teardown().await;
+}
+
+/// A worker SIGKILLed while an MCP tool call runs, then restarted: the redelivered step finds
+/// the call recorded and not ended. A tool that is not idempotent does not run again (the
+/// server counts one call) and the model is told its outcome is unknown; an idempotent one runs
+/// again with the same idempotency key.
+async fn killed_during_a_call(idempotent: bool) -> (Vec<Value>, Value) {
+    let server = ToolServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aptix.toml");
+    let idempotent = if idempotent { r#"idempotent_tools = ["open_ticket"]"# } else { "" };
+    std::fs::write(
+        &config,
+        format!(
+            "[[conversation_contexts.default.server_tools.mcp]]\nname = \"tickets\"\nurl = \"{}\"\n\
+             allowed_tools = [\"open_ticket\"]\n{idempotent}\ntimeout_ms = 20000\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    let h = Harness::start(0).await;
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
+            .arg("run")
+            .envs(h.child_env())
+            .env("APTIX_CONFIG", &config)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut worker = spawn();
+    let s = new_session();
+    let call = r#"@call(tickets__open_ticket, {"title":"once","delay_seconds":5})"#;
+    h.submit(&user_turn(&s, "t1", call)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while server.count("open_ticket") == 0 {
+        assert!(std::time::Instant::now() < deadline, "the tool was never called");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.kill().unwrap(); // SIGKILL, while the tool runs
+    worker.wait().unwrap();
+    let mut worker = spawn();
+    let replies = h.replies(&s, 1, Duration::from_secs(90)).await;
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let result = executed(&replies[0].body).first().cloned().unwrap_or(Value::Null);
+    assert_eq!(h.records(&s).await.len(), 2, "two round trips, one record each");
+    common::terminate(&mut worker);
+    let calls = server.calls();
+    h.teardown().await;
+    (calls, result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_cut_short_by_a_crash_is_not_run_again_and_its_outcome_is_unknown() {
+    let (calls, result) = killed_during_a_call(false).await;
+    assert_eq!(calls.len(), 1, "the ticket was opened twice: {calls:?}");
+    let message = result["ErrorMessage"].as_str().unwrap_or_else(|| panic!("{result}"));
+    assert!(message.starts_with("outcome unknown"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idempotent_call_cut_short_runs_again_with_the_same_key() {
+    let (calls, result) = killed_during_a_call(true).await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[0]["idempotency_key"], calls[1]["idempotency_key"]);
+    assert!(result["ResultJson"].is_string(), "{result}");
+}
