@@ -79,6 +79,10 @@ struct Plan {
     /// Share of turns that have the model call `write_file` first (a server round trip, where
     /// a steer is taken in), each writing a file named after the turn.
     write_share: f64,
+    /// Share of the other turns that have the model call an MCP tool that opens a ticket named
+    /// after the turn (tests/mcp/server.py, not idempotent): SIGKILLs land during the call, and
+    /// the server must count at most one ticket per turn (docs/tools.md, "Effects").
+    mcp_share: f64,
     /// LLM faults injected by the simulator.
     llm_faults: bool,
     /// How long the pipeline may take to finish everything after the load.
@@ -102,6 +106,7 @@ impl Plan {
             cancel_share: 0.1,
             follow_up_share: 0.1,
             write_share: 0.2,
+            mcp_share: 0.2,
             llm_faults: true,
             drain_limit_s: 300,
             seed: rand::random(),
@@ -124,6 +129,7 @@ impl Plan {
             cancel_share: 0.2,
             follow_up_share: 0.25,
             write_share: 0.3,
+            mcp_share: 0.4,
             llm_faults: true,
             drain_limit_s: 60,
             seed: rand::random(),
@@ -147,6 +153,7 @@ impl Plan {
         var("APTIX_CHAOS_SEED", &mut self.seed);
         var("APTIX_CHAOS_FOLLOW_UP_SHARE", &mut self.follow_up_share);
         var("APTIX_CHAOS_WRITE_SHARE", &mut self.write_share);
+        var("APTIX_CHAOS_MCP_SHARE", &mut self.mcp_share);
         self
     }
 }
@@ -684,6 +691,8 @@ struct Sent {
     interruptible: bool,
     /// The file its model call of `write_file` writes, when it makes one.
     writes: Option<String>,
+    /// The ticket its model call of the MCP tool opens, when it makes one.
+    opens: Option<String>,
     confirmed_at: DateTime<Utc>,
     attempts: usize,
 }
@@ -737,6 +746,12 @@ async fn generate(
             let args = json!({"path": path, "content": instruction.clone()});
             instruction = format!("{instruction} @call(write_file, {args})");
         }
+        let opens =
+            (writes.is_none() && rng.random_bool(plan.mcp_share)).then(|| format!("chaos-{s}-{t}"));
+        if let Some(title) = &opens {
+            let args = json!({"title": title, "delay_seconds": 0.3});
+            instruction = format!("{instruction} @call(tickets__open_ticket, {args})");
+        }
         let stream = rng.random_bool(plan.stream_share);
         let mut body = json!({"SessionId": session, "TurnId": turn, "Instruction": instruction});
         if stream {
@@ -782,6 +797,7 @@ async fn generate(
             follow_up,
             interruptible: false,
             writes,
+            opens,
             confirmed_at,
             attempts,
         });
@@ -891,6 +907,13 @@ async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
 }
 
 /// The turn a steered follow-up's reply names in its `turn.steered` warning.
+/// Whether the reply's ticket call ended with an error (its outcome unknown after a kill): its
+/// output, which names the turn's ticket, never came back.
+fn ticket_unknown(reply: &Value) -> bool {
+    let results = reply["Result"]["ToolResults"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    results.iter().any(|r| r["Name"] == "tickets__open_ticket" && r["ErrorMessage"].is_string())
+}
+
 fn steered_into(reply: &Value) -> Option<String> {
     let warnings = reply["Warnings"].as_array()?;
     let w = warnings.iter().find(|w| w["Code"] == "turn.steered")?;
@@ -996,6 +1019,51 @@ struct Report {
     fleet: FleetReport,
     llm: Value,
     result: Reconciliation,
+    tools: ToolEffects,
+}
+
+/// What the MCP test server counted against what the turns asked of it.
+#[derive(Debug, Serialize)]
+struct ToolEffects {
+    /// Turns whose instruction has the model open a ticket.
+    turns_calling: usize,
+    /// Calls the server received.
+    calls: usize,
+    /// Tickets opened more than once (the same turn's call run twice): must be 0.
+    double_effects: usize,
+    /// Calls the pipeline recorded as of unknown outcome (cut short by a kill).
+    unknown_outcomes: i64,
+    /// Tickets opened more than once, at most five.
+    examples: Vec<String>,
+}
+
+/// Counts the tickets the test server opened per turn.
+async fn tool_effects(
+    h: &Harness,
+    sent: &[Sent],
+    server: &crate::mcp_tools::ToolServer,
+) -> ToolEffects {
+    let calls = server.calls();
+    let mut per_title: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in &calls {
+        if let Some(t) = c["arguments"]["title"].as_str() {
+            *per_title.entry(t.to_owned()).or_default() += 1;
+        }
+    }
+    let doubled: Vec<String> =
+        per_title.iter().filter(|(_, n)| **n > 1).map(|(t, n)| format!("{t}: {n}")).collect();
+    let unknown: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tool_effects WHERE outcome ? 'unknown'")
+            .fetch_one(h.deps.store.pool())
+            .await
+            .unwrap();
+    ToolEffects {
+        turns_calling: sent.iter().filter(|s| s.opens.is_some()).count(),
+        calls: calls.len(),
+        double_effects: doubled.len(),
+        unknown_outcomes: unknown,
+        examples: doubled.into_iter().take(5).collect(),
+    }
 }
 
 type RecordRow = (String, String, i32, Value, DateTime<Utc>);
@@ -1189,9 +1257,11 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         if reply["Successful"] == true {
             r.successful += 1;
             let text = reply["Result"]["PrimaryOutputText"].as_str().unwrap_or_default();
-            // A turn that wrote a file answers after its server round trip (or a steer it took
-            // in): the file it wrote names it.
-            let wrote = s.writes.as_ref().is_some_and(|p| reply["Result"].to_string().contains(p));
+            // A turn that wrote a file, or opened a ticket, answers after its server round trip
+            // (or a steer it took in): the file it wrote, or the ticket's title, names it.
+            let result = reply["Result"].to_string();
+            let wrote = s.writes.iter().chain(&s.opens).any(|p| result.contains(p.as_str()))
+                || (s.opens.is_some() && ticket_unknown(reply));
             if !text.contains(&s.instruction) && !wrote {
                 r.crossed_replies += 1;
                 r.examples
@@ -1268,7 +1338,8 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
         // A turn that wrote a file made two calls on the chain when it succeeded, and one or two
         // when it failed: where a session has one, each successful turn is deeper, by at least
         // one; otherwise by exactly one.
-        let exact = !sent.iter().any(|x| x.session == *s && x.writes.is_some());
+        let exact =
+            !sent.iter().any(|x| x.session == *s && (x.writes.is_some() || x.opens.is_some()));
         let mut depth = 0;
         let mut depths = Vec::new();
         let mut broken = false;
@@ -1349,7 +1420,21 @@ async fn chaos(plan: Plan) -> Report {
     if plan.llm_faults {
         arm_llm_faults(&h);
     }
-    let fleet = Fleet::start(&h, plan.copies, worker_env(&h, &[]));
+    // The MCP test server, one the default context lists (not idempotent: a call cut short by a
+    // kill is not run again).
+    let tools = crate::mcp_tools::ToolServer::start();
+    let tools_config = h.dir.join("chaos-mcp.toml");
+    std::fs::write(
+        &tools_config,
+        format!(
+            "[[conversation_contexts.default.server_tools.mcp]]\nname = \"tickets\"\n\
+             url = \"{}\"\nallowed_tools = [\"open_ticket\"]\ntimeout_ms = 5000\n",
+            tools.url
+        ),
+    )
+    .unwrap();
+    let config = tools_config.display().to_string();
+    let fleet = Fleet::start(&h, plan.copies, worker_env(&h, &[("APTIX_CONFIG", &config)]));
     let sessions: Vec<SessionId> = (0..plan.sessions).map(|_| SessionId::random()).collect();
     let order = schedule(&plan, &mut rng);
     let total = order.len();
@@ -1426,6 +1511,7 @@ async fn chaos(plan: Plan) -> Report {
     h.conn = connect(AMQP).await.unwrap();
     h.publisher = Publisher::connect(AMQP).await.unwrap();
     let result = reconcile(&h, &sent, reconnects).await;
+    let tools = tool_effects(&h, &sent, &tools).await;
     let stats = h.sim.stats();
     let llm = json!({
         "requests": stats.requests, "responses": stats.responses, "errors": stats.errors,
@@ -1442,6 +1528,7 @@ async fn chaos(plan: Plan) -> Report {
         fleet: fleet.report,
         llm,
         result,
+        tools,
     };
     eprintln!("{}", serde_json::to_string_pretty(&report).unwrap());
     if let Ok(path) = std::env::var("APTIX_CHAOS_REPORT") {
@@ -1490,6 +1577,7 @@ fn assert_sound(report: &Report) {
         (r.sessions_admitted_out_of_order, "sessions admitted out of order"),
         (r.sessions_run_out_of_order, "sessions that ran out of order"),
         (r.sessions_with_broken_chain, "sessions with a broken chain"),
+        (report.tools.double_effects, "MCP tool calls that took effect twice"),
     ];
     for (n, what) in counts {
         check(n == 0, format!("{n} {what}"));

@@ -33,9 +33,10 @@ pub struct McpServer {
     /// key each time); any other tool's cut-short call is reported as of unknown outcome.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idempotent_tools: Vec<String>,
-    /// Headers sent with every HTTP request to it.
+    /// Headers sent with every HTTP request to it (their values are secrets: redacted from
+    /// `aptix config`, logs and the context's version).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, super::Secret>,
     /// A file holding a bearer token sent as `Authorization` (a mounted secret, read when the
     /// worker connects, never logged).
     #[serde(default, skip_serializing_if = "Option::is_none")]

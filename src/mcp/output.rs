@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use http::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
-use crate::config::McpServer;
+use crate::config::{McpServer, Secret};
 
 /// Why an MCP call gave the model no output; its text is what the model reads.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -23,14 +23,17 @@ pub enum McpError {
     /// No answer within the server's timeout.
     #[error("the tool server did not answer within {0} ms")]
     Timeout(u64),
-    /// The call failed on the way (a transport or protocol error).
+    /// The call failed on the way, after it was sent (a transport or protocol error).
     #[error("the tool call failed: {0}")]
     Call(String),
+    /// The server answered the request with an error: it did not run the tool.
+    #[error("the tool server refused the call: {0}")]
+    Refused(String),
     /// The tool ran and reported an error.
     #[error("the tool reported an error: {0}")]
     Tool(String),
-    /// The output is over the server's cap.
-    #[error("the tool's output is {bytes} bytes; at most {max} are passed on")]
+    /// The output is over the server's cap (the tool ran).
+    #[error("the tool ran, but its output is {bytes} bytes; at most {max} are passed on")]
     TooLarge {
         /// Its size.
         bytes: usize,
@@ -49,17 +52,29 @@ impl McpError {
 
 /// The configured headers, checked.
 pub(super) fn headers(
-    configured: &BTreeMap<String, String>,
+    configured: &BTreeMap<String, Secret>,
 ) -> Result<HashMap<HeaderName, HeaderValue>, String> {
     configured
         .iter()
         .map(|(k, v)| {
             let name = HeaderName::try_from(k.as_str()).map_err(|e| format!("header {k}: {e}"))?;
-            let value =
-                HeaderValue::try_from(v.as_str()).map_err(|e| format!("header {k}: {e}"))?;
+            let mut value =
+                HeaderValue::try_from(v.expose()).map_err(|_| format!("header {k}: invalid"))?;
+            value.set_sensitive(true);
             Ok((name, value))
         })
         .collect()
+}
+
+/// `text` as the model, the record and the client may get it from a server: at most `max`
+/// bytes (cut at a character boundary), without NUL characters, which PostgreSQL's text and
+/// JSON refuse.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].replace('\0', "")
 }
 
 /// The server's allowed tools (as `tools/list` gave them) as `/responses` function tools.
@@ -81,6 +96,8 @@ pub(super) fn functions(config: &McpServer, listed: &[Value]) -> Vec<Value> {
         })
         .collect();
     out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    // A server listing a name twice gets it offered once (the provider refuses duplicates).
+    out.dedup_by(|a, b| a["name"] == b["name"]);
     out
 }
 
@@ -106,6 +123,7 @@ pub(super) fn text(result: &Value, max: usize) -> Result<String, McpError> {
     if text.len() > max {
         return Err(McpError::TooLarge { bytes: text.len(), max });
     }
+    let text = clip(&text, max);
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
         return Err(McpError::Tool(text));
     }
@@ -148,5 +166,13 @@ mod tests {
         assert!(matches!(text(&failed, 100), Err(McpError::Tool(t)) if t == "read-only"));
         let big = json!({"content": [{"type": "text", "text": "x".repeat(101)}]});
         assert!(matches!(text(&big, 100), Err(McpError::TooLarge { bytes: 101, max: 100 })));
+    }
+
+    #[test]
+    fn server_text_is_clipped_on_a_character_and_loses_its_nuls() {
+        assert_eq!(clip("a\0b", 10), "ab");
+        assert_eq!(clip("ééé", 3), "é");
+        let failed = json!({"content": [{"type": "text", "text": "x\u{0}y"}], "isError": true});
+        assert!(matches!(text(&failed, 100), Err(McpError::Tool(t)) if t == "xy"));
     }
 }

@@ -52,10 +52,7 @@ impl Stage for Assemble {
             super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;
         let mcp_tools = match &context.server_tools.mcp[..] {
             [] => Vec::new(),
-            servers => {
-                let mode = turn.conversation_context_id().map(|c| c.as_str()).unwrap_or_default();
-                self.mcp.tools(mode, servers).await
-            }
+            servers => self.mcp.tools(servers).await,
         };
         let assembled = job
             .admitted

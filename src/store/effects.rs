@@ -39,12 +39,18 @@ pub enum EffectStart {
     Fresh,
     /// An earlier attempt ended: its outcome, which the call gets again without running.
     Ended(Value),
-    /// An earlier attempt started and never ended (its worker died, or its outcome was not
-    /// written): whether its effect happened is unknown.
+    /// An earlier attempt started and has not ended: it was cut short (its worker died, or its
+    /// outcome was not written), or it still runs in another worker (a message redelivered
+    /// while its first delivery is still being handled).
     CutShort {
         /// Attempts so far, this one included.
         attempts: i32,
+        /// How long ago the first attempt started.
+        age: std::time::Duration,
     },
+    /// The call id was recorded for another call (another tool or other arguments): a provider
+    /// repeated an id within one answer. Neither runs in its place.
+    Mismatch,
 }
 
 impl Store {
@@ -62,7 +68,9 @@ impl Store {
                VALUES ($1, $2, $3, $4, $5, $6, $7)
                ON CONFLICT (session_id, turn_id, step, call_id)
                    DO UPDATE SET attempts = tool_effects.attempts + 1
-               RETURNING xmax::text = '0' AS "fresh!", attempts, outcome"#,
+               RETURNING xmax::text = '0' AS "fresh!", attempts, outcome,
+                         tool = $5 AND arguments = $6 AS "same!",
+                         extract(epoch FROM clock_timestamp() - started_at)::float8 AS "age!""#,
             key.session,
             key.turn,
             key.step,
@@ -73,11 +81,28 @@ impl Store {
         )
         .fetch_one(&self.pool)
         .await?;
-        Ok(match (row.fresh, row.outcome) {
-            (true, _) => EffectStart::Fresh,
-            (false, Some(outcome)) => EffectStart::Ended(outcome),
-            (false, None) => EffectStart::CutShort { attempts: row.attempts },
+        let age = std::time::Duration::from_secs_f64(row.age.max(0.0));
+        Ok(match (row.fresh, row.same, row.outcome) {
+            (true, _, _) => EffectStart::Fresh,
+            (false, false, _) => EffectStart::Mismatch,
+            (false, true, Some(outcome)) => EffectStart::Ended(outcome),
+            (false, true, None) => EffectStart::CutShort { attempts: row.attempts, age },
         })
+    }
+
+    /// The outcome recorded for `key`'s call, if it ended.
+    pub async fn effect_outcome(&self, key: &EffectKey<'_>) -> Result<Option<Value>, StoreError> {
+        let outcome = sqlx::query_scalar!(
+            "SELECT outcome FROM tool_effects
+             WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND call_id = $4",
+            key.session,
+            key.turn,
+            key.step,
+            key.call_id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(outcome.flatten())
     }
 
     /// Records how `key`'s call ended; the first outcome written stays.

@@ -138,6 +138,9 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
             e.code().as_deref(),
             Some("40001" | "40P01" | "57014" | "53300" | "57P01" | "57P02" | "57P03")
         ),
+        // A column that does not decode (a turn state no version wrote) is corrupt stored
+        // data: a retry reads the same.
+        sqlx::Error::ColumnDecode { .. } => false,
         _ => true,
     }
 }

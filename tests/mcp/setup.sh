@@ -6,6 +6,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
 stamp="$venv/.requirements"
+# Tests start servers in parallel, each running this: one installs, the others wait for it.
+exec 9>"$here/.setup.lock"
+flock 9
 if [[ -x "$venv/bin/python" ]] && cmp -s "$here/requirements.txt" "$stamp"; then
   exit 0
 fi

@@ -3,6 +3,8 @@
 //! running it again, and a call that was cut short runs again only if its tool is idempotent;
 //! otherwise the model and the operator are told that its outcome is unknown.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use tracing::warn;
 
@@ -31,9 +33,26 @@ impl Retrieve {
         };
         let arguments = serde_json::from_str(&call.arguments_json)
             .unwrap_or_else(|_| Value::String(call.arguments_json.clone()));
-        match self.store.begin_effect(&key, &call.name, &arguments).await? {
+        let mut start = self.store.begin_effect(&key, &call.name, &arguments).await?;
+        if let EffectStart::CutShort { age, .. } = start {
+            // An attempt younger than the call may take could still be running in another
+            // worker (a message redelivered while its first delivery is handled): its outcome
+            // is awaited before the call is judged cut short.
+            let live = longest_call(context, &call.name) + LIVE_MARGIN;
+            if age < live {
+                tokio::time::sleep(live - age).await;
+                if let Some(outcome) = self.store.effect_outcome(&key).await? {
+                    start = EffectStart::Ended(outcome);
+                }
+            }
+        }
+        match start {
             EffectStart::Ended(outcome) => return Ok(replayed(&outcome)),
-            EffectStart::CutShort { attempts } if !may_run_again(context, &call.name) => {
+            EffectStart::Mismatch => {
+                let why = "this call's id repeats another call of the same answer; not run";
+                return Ok((Err(ToolFailure::Recorded(why.into())), None));
+            }
+            EffectStart::CutShort { attempts, .. } if !may_run_again(context, &call.name) => {
                 crate::metrics::metrics().tool_outcome_unknown(&call.name);
                 warn!(
                     session = %key.session, turn = key.turn, step = key.step,
@@ -59,6 +78,17 @@ impl Retrieve {
         };
         self.store.end_effect(&key, &recorded(&produced)).await?;
         Ok(produced)
+    }
+}
+
+/// Added to a call's longest time before an unfinished attempt is judged cut short.
+const LIVE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The longest a call of `name` may run: its MCP server's timeout; a built-in's bound.
+fn longest_call(context: &ConversationContext, name: &str) -> Duration {
+    match context.server_tools.mcp_tool(name) {
+        Some((server, _)) => Duration::from_millis(server.timeout_ms),
+        None => Duration::from_secs(30),
     }
 }
 

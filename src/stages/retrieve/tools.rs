@@ -74,7 +74,15 @@ pub(super) enum ToolFailure {
     /// An earlier attempt's failure, as recorded.
     #[error("{0}")]
     Recorded(String),
+    /// Not run, and why.
+    #[error("not run: {0}")]
+    NotRun(&'static str),
 }
+
+/// Server tool calls of one answer that run; more are answered "not run".
+const MAX_CALLS_PER_STEP: usize = 16;
+/// How long one answer's server tool calls may take in all; the rest are answered "not run".
+const STEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Retrieve {
     /// Runs `call` once: a built-in, or a tool of one of the context's MCP servers.
@@ -87,8 +95,7 @@ impl Retrieve {
         context: &ConversationContext,
     ) -> Result<Produced, StageError> {
         if let Some((server, tool)) = context.server_tools.mcp_tool(&call.name) {
-            let mode = turn.conversation_context_id().map(|c| c.as_str()).unwrap_or_default();
-            let called = self.mcp.call(mode, server, tool, &call.arguments_json, key).await;
+            let called = self.mcp.call(server, tool, &call.arguments_json, key).await;
             return Ok((called.map_err(ToolFailure::Mcp), None));
         }
         match context.server_tools.runs(&call.name) {
@@ -108,9 +115,21 @@ impl Retrieve {
             super::super::conversation_context(&self.settings, &turn).map_err(StageError::fail)?;
         let calls = std::mem::take(&mut job.server_calls);
         let mut results = Vec::with_capacity(calls.len());
-        for call in calls {
+        let step_started = Instant::now();
+        for (i, call) in calls.into_iter().enumerate() {
             let started = Instant::now();
-            let (outcome, file) = self.run_recorded(&job, &call, &turn, context).await?;
+            // One answer's server calls hold this stage's message: bounded in number and in
+            // time, well inside the broker's delivery acknowledgement timeout (30 min).
+            let (outcome, file) = if i >= MAX_CALLS_PER_STEP {
+                (Err(ToolFailure::NotRun("more server tool calls in one answer than 16")), None)
+            } else if step_started.elapsed() > STEP_BUDGET {
+                (
+                    Err(ToolFailure::NotRun("the answer's server tool calls took over 10 minutes")),
+                    None,
+                )
+            } else {
+                self.run_recorded(&job, &call, &turn, context).await?
+            };
             let outcome = match outcome {
                 Ok(json) => ToolOutcome::ResultJson(json),
                 Err(failure) => ToolOutcome::ErrorMessage(failure.to_string()),
