@@ -277,3 +277,32 @@ async fn an_idempotent_call_cut_short_runs_again_with_the_same_key() {
     assert_eq!(calls[0]["idempotency_key"], calls[1]["idempotency_key"]);
     assert!(result["ResultJson"].is_string(), "{result}");
 }
+
+/// A context that does not list the server offers none of its tools, so its turns (another
+/// tenant's, another mode's) cannot reach it, whatever the instruction says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_context_that_does_not_list_the_server_cannot_reach_it() {
+    let server = ToolServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret").unwrap();
+    let config = server.config(&token);
+    let h = Harness::start_with(1, move |s| {
+        let name = s.default_conversation_context.clone();
+        let mut other = s.conversation_contexts[&name].clone();
+        other.mode = "other".into();
+        s.conversation_contexts.insert("other".into(), other);
+        s.conversation_contexts.get_mut(&name).unwrap().server_tools.mcp.push(config);
+    })
+    .await;
+    let s = new_session();
+    let mut turn = user_turn(&s, "t1", r#"@call(tickets__open_ticket, {"title":"sneaky"})"#);
+    turn["ConversationContextId"] = "other".into();
+    h.submit(&turn).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(replies[0].body["Result"]["Kind"], "final", "{}", replies[0].body);
+    let tools = h.sim.request_bodies()[0]["tools"].to_string();
+    assert!(!tools.contains("tickets__"), "the other context offered the server's tools: {tools}");
+    assert!(server.calls().is_empty(), "{:?}", server.calls());
+    h.teardown().await;
+}
