@@ -340,10 +340,13 @@ async fn write_step(
                  RETURNING id)
              SELECT m.session_id AS "session_id!", m.turn_id AS "turn_id!", m.seq AS "seq!",
                  m.state AS "state!: TurnState", m.fingerprint AS "fingerprint!",
-                 m.request AS "request!", m.step AS "step!", m.pending_tool_calls,
-                 m.pending_warnings, m.last_reply, m.continuation, m.continuation_fingerprint,
-                 m.reply_to, m.tenant, m.cancel_requested_at, m.server_calls,
-                 m.server_executions,
+                 m.request AS "request!", m.step AS "step!",
+                 m.pending_tool_calls AS "pending_tool_calls: crate::store::turn_row::CallList",
+                 m.pending_warnings AS "pending_warnings: crate::store::turn_row::WarningList",
+                 m.last_reply, m.continuation, m.continuation_fingerprint,
+                 m.reply_to, m.tenant, m.cancel_requested_at,
+                 m.server_calls AS "server_calls: crate::store::turn_row::CallList",
+                 m.server_executions AS "server_executions: crate::store::turn_row::ExecutionList",
                  (SELECT active_turn_id FROM handed) AS next_turn,
                  (SELECT id FROM replied) AS reply_id,
                  EXISTS (SELECT 1 FROM turns WHERE session_id = $2 AND steers = $3

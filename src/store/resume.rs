@@ -131,7 +131,7 @@ async fn decide(
     // The round trip this continuation starts (or the failure it ends in) answers it.
     row.reply_to = submitted.reply_to.map(ToString::to_string);
     let pending: Vec<ToolCall> =
-        row.pending_tool_calls.clone().map(serde_json::from_value).transpose()?.unwrap_or_default();
+        row.pending_tool_calls.as_ref().map(|p| p.0.clone()).unwrap_or_default();
     match crate::assemble::check_tool_results(&pending, parsed) {
         Err(mismatch) => {
             let reason = mismatch.to_api_error().message;

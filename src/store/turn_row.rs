@@ -4,13 +4,21 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::StoreError;
 use crate::contracts::{InstanceName, InvalidName, ReplyAddress, SessionId, TenantName, TurnKey};
+use crate::contracts::{ToolCall, UserWarning};
 use crate::lifecycle::Phase;
 pub use crate::lifecycle::TurnState;
-use crate::messages::AdmittedTurn;
+use crate::messages::{AdmittedTurn, ServerExecution};
+
+/// The JSON columns of a turn, as they decode (a value that does not is corrupt stored data:
+/// `ColumnDecode`, not retried).
+pub(crate) type CallList = Json<Vec<ToolCall>>;
+pub(crate) type WarningList = Json<Vec<UserWarning>>;
+pub(crate) type ExecutionList = Json<Vec<ServerExecution>>;
 
 impl TryFrom<String> for TurnState {
     type Error = StoreError;
@@ -37,9 +45,9 @@ pub struct TurnRow {
     /// Round trips done.
     pub step: i32,
     /// Tool calls the client must answer, while awaiting.
-    pub pending_tool_calls: Option<Value>,
+    pub pending_tool_calls: Option<Json<Vec<ToolCall>>>,
     /// Warnings owed to the turn's final response.
-    pub pending_warnings: Option<Value>,
+    pub pending_warnings: Option<Json<Vec<UserWarning>>>,
     /// The last reply sent for this turn, in rows written before it was read from the turn's
     /// latest record instead ([`finished_reply`]); NULL since.
     pub last_reply: Option<Value>,
@@ -54,9 +62,9 @@ pub struct TurnRow {
     /// When a client's cancel of it was admitted.
     pub cancel_requested_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Server tool calls to run before its next provider call.
-    pub server_calls: Option<Value>,
+    pub server_calls: Option<Json<Vec<ToolCall>>>,
     /// Its server tool executions so far.
-    pub server_executions: Option<Value>,
+    pub server_executions: Option<Json<Vec<ServerExecution>>>,
 }
 
 fn parsed<T: std::str::FromStr<Err = InvalidName>>(
@@ -115,31 +123,21 @@ impl TurnRow {
             step: self.step,
             turn: decode(&self.request)?,
             continuation: self.continuation.as_ref().map(decode).transpose()?,
-            pending_tool_calls: self
-                .pending_tool_calls
-                .clone()
-                .map(serde_json::from_value)
-                .transpose()?
-                .unwrap_or_default(),
+            pending_tool_calls: list(&self.pending_tool_calls),
             admitted_at: chrono::Utc::now(),
-            carried_warnings: self
-                .pending_warnings
-                .clone()
-                .map(serde_json::from_value)
-                .transpose()?
-                .unwrap_or_default(),
+            carried_warnings: list(&self.pending_warnings),
             reply_to: self.reply_to()?,
             tenant: self.tenant()?,
-            server_calls: list(&self.server_calls)?,
-            executed: list(&self.server_executions)?,
+            server_calls: list(&self.server_calls),
+            executed: list(&self.server_executions),
             steers: Vec::new(),
         })
     }
 }
 
 /// A stored JSON list (absent: empty).
-fn list<T: serde::de::DeserializeOwned>(v: &Option<Value>) -> Result<Vec<T>, StoreError> {
-    Ok(v.clone().map(serde_json::from_value).transpose()?.unwrap_or_default())
+fn list<T: Clone>(v: &Option<Json<Vec<T>>>) -> Vec<T> {
+    v.as_ref().map(|l| l.0.clone()).unwrap_or_default()
 }
 
 /// `sqlx::query_as!` for [`TurnRow`]s, checked at compile time: `$head`, the row's columns,
@@ -152,9 +150,13 @@ macro_rules! query_turns {
             $head
                 + r#"session_id AS "session_id!", turn_id AS "turn_id!", seq AS "seq!",
                      state AS "state!: crate::store::TurnState", fingerprint AS "fingerprint!",
-                     request AS "request!", step AS "step!", pending_tool_calls, pending_warnings,
+                     request AS "request!", step AS "step!",
+                     pending_tool_calls AS "pending_tool_calls: crate::store::turn_row::CallList",
+                     pending_warnings AS "pending_warnings: crate::store::turn_row::WarningList",
                      last_reply, continuation, continuation_fingerprint, reply_to, tenant,
-                     cancel_requested_at, server_calls, server_executions "#
+                     cancel_requested_at,
+                     server_calls AS "server_calls: crate::store::turn_row::CallList",
+                     server_executions AS "server_executions: crate::store::turn_row::ExecutionList" "#
                 + $tail
             $(, $arg)*
         )
