@@ -306,3 +306,44 @@ async fn a_context_that_does_not_list_the_server_cannot_reach_it() {
     assert!(server.calls().is_empty(), "{:?}", server.calls());
     h.teardown().await;
 }
+
+/// A `command` server (stdio, for local development) works the same: each worker starts its
+/// own, and it gets none of the worker's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stdio_server_is_started_by_the_worker_and_called() {
+    let http = ToolServer::start(); // installs the environment; its own server is not used
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let calls = http.calls.with_file_name("stdio-calls.jsonl");
+    let python = here.join(".venv/bin/python").display().to_string();
+    let script = here.join("server.py").display().to_string();
+    let config: McpServer = toml::from_str(&format!(
+        r#"name = "local"
+           command = ["{python}", "{script}", "--stdio", "--calls", "{}"]
+           allowed_tools = ["open_ticket", "environment"]
+           timeout_ms = 15000"#,
+        calls.display()
+    ))
+    .unwrap();
+    let h = Harness::start_with(1, move |s| {
+        let name = s.default_conversation_context.clone();
+        s.conversation_contexts.get_mut(&name).unwrap().server_tools.mcp.push(config);
+    })
+    .await;
+    let s = new_session();
+    let instruction =
+        r#"@call(local__open_ticket, {"title":"over stdio"}) @call(local__environment, {})"#;
+    h.submit(&user_turn(&s, "t1", instruction)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let done = executed(&replies[0].body);
+    assert_eq!(done.len(), 2, "{}", replies[0].body);
+    let out = |i: usize| done[i]["ResultJson"].as_str().unwrap_or_else(|| panic!("{}", done[i]));
+    assert!(out(0).contains("over stdio"), "{}", out(0));
+    // Only what a program needs to start: none of the worker's own variables (cargo sets
+    // CARGO_PKG_NAME for this test process, the workers' keys and URLs live beside it).
+    let names: Vec<String> = serde_json::from_str(out(1)).unwrap();
+    assert!(names.iter().any(|n| n == "PATH"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "CARGO_PKG_NAME" || n.starts_with("APTIX")), "{names:?}");
+    let text = std::fs::read_to_string(&calls).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    h.teardown().await;
+}

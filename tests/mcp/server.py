@@ -62,6 +62,13 @@ async def search_tickets(query: str, ctx: Context) -> str:
 
 
 @server.tool()
+async def environment(ctx: Context) -> str:
+    """The names of the variables in this server's environment."""
+    record("environment", {}, ctx)
+    return json.dumps(sorted(os.environ))
+
+
+@server.tool()
 async def hang(ctx: Context) -> str:
     """Never answers."""
     record("hang", {}, ctx)
