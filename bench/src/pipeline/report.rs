@@ -52,6 +52,8 @@ impl RunReport {
 pub enum Target {
     /// At least.
     AtLeast(&'static str, f64),
+    /// At most.
+    AtMost(&'static str, f64),
     /// Below.
     Below(&'static str, f64),
 }
@@ -59,13 +61,14 @@ pub enum Target {
 impl Target {
     fn key(&self) -> &'static str {
         match self {
-            Target::AtLeast(k, _) | Target::Below(k, _) => k,
+            Target::AtLeast(k, _) | Target::AtMost(k, _) | Target::Below(k, _) => k,
         }
     }
 
     fn met(&self, v: f64) -> bool {
         match *self {
             Target::AtLeast(_, t) => v >= t,
+            Target::AtMost(_, t) => v <= t,
             Target::Below(_, t) => v < t,
         }
     }
@@ -73,6 +76,7 @@ impl Target {
     fn text(&self) -> String {
         match *self {
             Target::AtLeast(_, t) => format!(">= {}", fmt(t)),
+            Target::AtMost(_, t) => format!("<= {}", fmt(t)),
             Target::Below(_, t) => format!("< {}", fmt(t)),
         }
     }

@@ -116,6 +116,12 @@ fn cpu_per_turn(r: &mut RunReport, key: &str, label: &str, cpu: &CpuUse, turns: 
         "ms",
         per(cpu.postgres_s),
     );
+    r.add(
+        format!("{key}cpu_all_in_ms"),
+        format!("{label}CPU per turn, all in (aptix + RabbitMQ + PostgreSQL)"),
+        "ms",
+        per(cpu.aptix_s + cpu.rabbitmq_s + cpu.postgres_s),
+    );
 }
 
 /// WAL written per completed turn (cluster-wide counters: other databases' writes count too).
