@@ -123,53 +123,39 @@ pub(super) async fn room(
     Ok(Ok(room))
 }
 
-/// The tenant's turns open. Refused turns count from their admission (a turn queued behind its
-/// session will start whatever happens); held ones from their start. The state lists are
-/// literals so that the partial index `turns_tenant_open` serves both.
-async fn open_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
-    let tenant = gate.tenant.as_str();
-    let n = if gate.queues() {
+/// Counts the tenant's turns that match `$condition`, a literal, so that the planner sees it
+/// (and the partial index `turns_tenant_open` serves the state lists).
+macro_rules! count_turns {
+    ($conn:expr, $tenant:expr, $condition:literal) => {
         sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!" FROM turns
-               WHERE tenant = $1 AND state IN ('running', 'awaiting_tool_results')"#,
-            tenant
+            r#"SELECT count(*) AS "n!" FROM turns WHERE tenant = $1 AND "# + $condition,
+            $tenant
         )
-        .fetch_one(&mut *conn)
-        .await?
-    } else {
-        sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!" FROM turns
-               WHERE tenant = $1 AND state IN ('queued', 'running', 'awaiting_tool_results')"#,
-            tenant
-        )
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *$conn)
         .await?
     };
-    Ok(n)
+}
+
+/// The tenant's turns open. Refused turns count from their admission (a turn queued behind its
+/// session will start whatever happens); held ones from their start.
+async fn open_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
+    let tenant = gate.tenant.as_str();
+    Ok(if gate.queues() {
+        count_turns!(conn, tenant, "state IN ('running', 'awaiting_tool_results')")
+    } else {
+        count_turns!(conn, tenant, "state IN ('queued', 'running', 'awaiting_tool_results')")
+    })
 }
 
 /// The tenant's turns of the last minute: held ones by their start, refused ones by their
 /// admission (as [`open_turns`]).
 async fn recent_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
     let tenant = gate.tenant.as_str();
-    let n = if gate.queues() {
-        sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!" FROM turns
-               WHERE tenant = $1 AND started_at > clock_timestamp() - interval '60 seconds'"#,
-            tenant
-        )
-        .fetch_one(&mut *conn)
-        .await?
+    Ok(if gate.queues() {
+        count_turns!(conn, tenant, "started_at > clock_timestamp() - interval '60 seconds'")
     } else {
-        sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!" FROM turns
-               WHERE tenant = $1 AND created_at > clock_timestamp() - interval '60 seconds'"#,
-            tenant
-        )
-        .fetch_one(&mut *conn)
-        .await?
-    };
-    Ok(n)
+        count_turns!(conn, tenant, "created_at > clock_timestamp() - interval '60 seconds'")
+    })
 }
 
 /// Least a turn in flight reserves of `tokens_per_minute` until its round trip is charged.
