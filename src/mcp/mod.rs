@@ -82,9 +82,9 @@ impl Hub {
             let server = self.server(config);
             async move { server.tools().await.unwrap_or_default() }
         });
-        let mut out: Vec<Value> = futures_util::future::join_all(listed).await.concat();
-        out.dedup_by(|a, b| a["name"] == b["name"]);
-        out
+        // Names cannot collide: each server's are under its own name, unique in the context
+        // (checked at start), and `output::functions` offers each of them once.
+        futures_util::future::join_all(listed).await.concat()
     }
 
     /// Calls `tool` of `config` with `arguments` (a JSON object, as the model wrote it) and

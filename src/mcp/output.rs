@@ -69,7 +69,7 @@ pub(super) fn headers(
 /// `text` as the model, the record and the client may get it from a server: at most `max`
 /// bytes (cut at a character boundary), without NUL characters, which PostgreSQL's text and
 /// JSON refuse.
-pub(crate) fn clip(text: &str, max: usize) -> String {
+pub(super) fn clip(text: &str, max: usize) -> String {
     let mut end = text.len().min(max);
     while !text.is_char_boundary(end) {
         end -= 1;
