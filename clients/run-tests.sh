@@ -123,6 +123,20 @@ copy_default_context() {
       -e "s/^mode = .*/mode = \"$2\"/" -e "s/^mode_display_name = .*/mode_display_name = \"$3\"/"
 }
 
+# Default mode: a ConversationContext `gated`, aptix.example.toml's default whose `write_file`
+# calls under `deploy/` wait for the client's approval (docs/tools.md, "Approvals").
+write_gated_config() {
+  copy_default_context gated GATED Gated \
+    | sed -e 's/^approval_expiry_seconds = .*/approval_expiry_seconds = 60/'
+  cat <<EOF
+
+[[conversation_contexts.gated.server_tools.approvals]]
+tool = "write_file"
+argument = "/path"
+matches = "^deploy/"
+EOF
+}
+
 add_tenant_user() { # USER TENANT: prints the URL of a new broker user with the permissions of TENANT's clients
   local user=$1 tenant=$2 pass
   pass="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
@@ -158,7 +172,11 @@ export APTIX__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
 export APTIX__VECTOR__DATA_DIR="$work/vectors"
 export APTIX__TELEMETRY__METRICS_LISTEN=""
 export RUST_LOG="${RUST_LOG:-warn}"
-unset APTIX_CONFIG APTIX_TEST_TENANTS
+unset APTIX_CONFIG APTIX_TEST_TENANTS APTIX_TEST_GATED_CONVERSATION_CONTEXT
+if [[ -z "$tenant_mode" ]]; then
+  write_gated_config >"$work/clients.toml" || die "could not write the clients' configuration"
+  export APTIX_CONFIG="$work/clients.toml" APTIX_TEST_GATED_CONVERSATION_CONTEXT=gated
+fi
 if [[ -n "$tenant_mode" ]]; then
   write_tenant_config >"$work/tenants.toml" || die "could not write the tenants' configuration"
   grep -q "^\[conversation_contexts\.$other_context\]" "$work/tenants.toml" \

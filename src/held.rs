@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
 
-use crate::broker::{LazyPublisher, RuntimeSettings};
+use crate::broker::RuntimeSettings;
 use crate::config::OverLimit;
-use crate::stage::Route;
+use crate::stage::{timed, Route};
 use crate::stages::Deps;
-use crate::store::PendingOutbox;
 
 /// How often the loop looks.
 const EVERY: Duration = Duration::from_millis(500);
@@ -37,42 +35,18 @@ pub async fn run(
     if gates.is_empty() {
         return;
     }
-    let publisher = LazyPublisher::new(settings);
-    let mut ticks = 0u32;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(EVERY) => {}
+    let store = deps.store.clone();
+    let gates = Arc::new(gates);
+    let parts = (store.clone(), route, settings);
+    timed::every(EVERY, parts, "held turn", shutdown, |tick| {
+        let (store, gates) = (store.clone(), gates.clone());
+        async move {
+            if tick.is_multiple_of(20) {
+                store.orphaned_starts(ORPHANED).await
+            } else {
+                store.start_held_turns(&gates).await
+            }
         }
-        ticks = ticks.wrapping_add(1);
-        let found = if ticks.is_multiple_of(20) {
-            deps.store.orphaned_starts(ORPHANED).await
-        } else {
-            deps.store.start_held_turns(&gates).await
-        };
-        match found {
-            Ok(out) if !out.is_empty() => publish(&deps, &route, &publisher, out).await,
-            Ok(_) => {}
-            Err(error) => warn!(%error, "could not start held turns"),
-        }
-    }
-}
-
-/// Publishes started turns' messages, then deletes their outbox rows; what fails stays in the
-/// outbox for the orphan pass.
-async fn publish(deps: &Deps, route: &Route, publisher: &LazyPublisher, out: PendingOutbox) {
-    debug!(turns = out.ids.len(), "starting held turns");
-    for m in out.messages {
-        let published: Result<_, crate::broker::BoxError> = match route.outgoing(m) {
-            Ok(msg) => publisher.publish(msg).await.map_err(Into::into),
-            Err(e) => Err(e.into()),
-        };
-        if let Err(error) = published {
-            warn!(%error, "a held turn's start was not published; it is tried again later");
-            return;
-        }
-    }
-    if let Err(error) = deps.store.delete_outbox(&out.ids).await {
-        warn!(%error, "published outbox rows not deleted; they are published again later");
-    }
+    })
+    .await;
 }

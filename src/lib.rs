@@ -14,6 +14,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub mod approvals;
 pub mod assemble;
 pub mod balance;
 pub mod broker;

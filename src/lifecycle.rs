@@ -28,6 +28,12 @@ pub enum Phase {
         /// Round trips done.
         step: i32,
     },
+    /// Holds the session until the client approves or denies the server tool calls of round
+    /// trip `step - 1` that need approval, or until the request expires (docs/tools.md).
+    AwaitingApproval {
+        /// Round trips done.
+        step: i32,
+    },
     /// A follow-up that steers: a round trip of the turn it steers took its input in, and it
     /// ends when that turn ends, as that turn does.
     Steered,
@@ -64,6 +70,14 @@ pub enum Event {
         /// They answer exactly the pending calls.
         matching: bool,
     },
+    /// The client answered the approval request; `matching` when it answers exactly the calls
+    /// awaiting approval, in order.
+    Approvals {
+        /// They answer exactly the calls awaiting approval.
+        matching: bool,
+    },
+    /// The approval request expired: its calls are denied and the turn runs on.
+    ApprovalExpired,
     /// A client's cancel was admitted.
     Cancel,
     /// A message of the turn can never be handled (poison, retries spent): the turn fails.
@@ -96,6 +110,8 @@ pub enum StepEnd {
     ClientTools,
     /// Tool calls the pipeline runs itself: the turn goes on without a reply.
     ServerTools,
+    /// Server tool calls that need the client's approval first.
+    ApprovalRequired,
     /// The round trip ended as cancelled, because a cancel was admitted.
     Cancelled,
 }
@@ -146,15 +162,26 @@ pub fn transition(from: Option<Phase>, event: Event) -> Result<Phase, Refused> {
             Ok(P::Running { step, cancelling: false })
         }
         (P::AwaitingTools { .. }, E::ToolResults { matching: false }) => Ok(P::Failed),
-        (P::Queued | P::Held | P::AwaitingTools { .. }, E::Cancel) => Ok(P::Cancelled),
+        (P::AwaitingApproval { step }, E::Approvals { matching: true } | E::ApprovalExpired) => {
+            Ok(P::Running { step, cancelling: false })
+        }
+        (P::AwaitingApproval { .. }, E::Approvals { matching: false }) => Ok(P::Failed),
+        (P::Queued | P::Held | P::AwaitingTools { .. } | P::AwaitingApproval { .. }, E::Cancel) => {
+            Ok(P::Cancelled)
+        }
         (P::Running { step, cancelling: false }, E::Cancel) => {
             Ok(P::Running { step, cancelling: true })
         }
         // A turn whose cancel was admitted keeps the mark, so it reads back as cancelled.
         (P::Running { cancelling: true, .. }, E::GivenUp) => Ok(P::Cancelled),
-        (P::Queued | P::Held | P::Running { .. } | P::AwaitingTools { .. }, E::GivenUp) => {
-            Ok(P::Failed)
-        }
+        (
+            P::Queued
+            | P::Held
+            | P::Running { .. }
+            | P::AwaitingTools { .. }
+            | P::AwaitingApproval { .. },
+            E::GivenUp,
+        ) => Ok(P::Failed),
         // Only a turn waiting behind the running one steers it; once in, it cannot be taken out
         // (nor cancelled alone: the model has read it) and ends with the turn it steered.
         (P::Queued, E::Steered) => Ok(P::Steered),
@@ -177,6 +204,7 @@ fn step_ended(step: i32, cancelling: bool, end: StepEnd) -> Option<Phase> {
         (false, StepEnd::Error) => Some(Phase::Failed),
         (false, StepEnd::ClientTools) => Some(Phase::AwaitingTools { step: step + 1 }),
         (false, StepEnd::ServerTools) => Some(Phase::Running { step: step + 1, cancelling: false }),
+        (false, StepEnd::ApprovalRequired) => Some(Phase::AwaitingApproval { step: step + 1 }),
     }
 }
 
@@ -203,6 +231,7 @@ impl fmt::Display for Phase {
                 write!(f, "running step {step}, cancelling")
             }
             Phase::AwaitingTools { step } => write!(f, "awaiting tool results for step {step}"),
+            Phase::AwaitingApproval { step } => write!(f, "awaiting approval for step {step}"),
             Phase::Steered => f.write_str("steered"),
             Phase::Completed => f.write_str("completed"),
             Phase::Failed => f.write_str("failed"),
@@ -229,6 +258,10 @@ impl fmt::Display for Event {
             Event::ToolResults { matching } => {
                 write!(f, "tool results ({})", yes(matching, "matching", "not matching"))
             }
+            Event::Approvals { matching } => {
+                write!(f, "approvals ({})", yes(matching, "matching", "not matching"))
+            }
+            Event::ApprovalExpired => f.write_str("approval expired"),
             Event::Cancel => f.write_str("cancel"),
             Event::GivenUp => f.write_str("given up"),
             Event::Steered => f.write_str("taken in by the turn it steers"),
@@ -249,6 +282,7 @@ pub fn phases() -> Vec<Option<Phase>> {
     all.extend(
         [
             Phase::AwaitingTools { step: 1 },
+            Phase::AwaitingApproval { step: 1 },
             Phase::Steered,
             Phase::Completed,
             Phase::Failed,
@@ -278,6 +312,7 @@ pub fn events() -> Vec<Event> {
             StepEnd::Error,
             StepEnd::ClientTools,
             StepEnd::ServerTools,
+            StepEnd::ApprovalRequired,
             StepEnd::Cancelled,
         ]
         .map(Event::StepEnded),
@@ -285,6 +320,9 @@ pub fn events() -> Vec<Event> {
     all.extend([
         Event::ToolResults { matching: true },
         Event::ToolResults { matching: false },
+        Event::Approvals { matching: true },
+        Event::Approvals { matching: false },
+        Event::ApprovalExpired,
         Event::Cancel,
         Event::GivenUp,
         Event::Steered,

@@ -195,7 +195,10 @@ pub async fn run_chain(
         let ingress = settings.topology.is_ingress(stage);
         if let Some(route) = chain.route(stage, &deps).filter(|_| ingress) {
             let held = runtime_settings(&deps.settings, StageName::new("held"));
-            let run = crate::held::run(deps.clone(), route, held, shutdown.clone());
+            let run = crate::held::run(deps.clone(), route.clone(), held, shutdown.clone());
+            tasks.push(tokio::spawn(run));
+            let expiry = runtime_settings(&deps.settings, StageName::new("approvals"));
+            let run = crate::approvals::run(deps.clone(), route, expiry, shutdown.clone());
             tasks.push(tokio::spawn(run));
         }
         let partitioned = ingress && settings.topology.partitions() > 1;

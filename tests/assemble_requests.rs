@@ -57,7 +57,7 @@ fn context() -> ConversationContext {
         server_tools: aptix::config::ServerTools {
             enabled: aptix::config::ServerTool::ALL.to_vec(),
             max_rounds: 4,
-            mcp: Vec::new(),
+            ..Default::default()
         },
         temperature: Some(0.2),
         top_k: 8,

@@ -12,6 +12,7 @@ mod sim_support;
 mod tenant_support;
 
 mod admission_race;
+mod approvals;
 mod architecture;
 mod assemble_context;
 mod assemble_requests;

@@ -72,6 +72,15 @@ impl ToolServer {
         text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
 
+    /// Waits (up to a minute) until it received a call of `tool`.
+    pub async fn wait_for(&self, tool: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.count(tool) == 0 {
+            assert!(std::time::Instant::now() < deadline, "{tool} was never called");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// How many calls of `tool` it received.
     pub fn count(&self, tool: &str) -> usize {
         self.calls().iter().filter(|c| c["tool"] == tool).count()
@@ -92,6 +101,18 @@ impl ToolServer {
         ))
         .unwrap()
     }
+}
+
+/// `aptix run` as its own process, with the harness's environment and the configuration file
+/// `config`, so that a test can SIGKILL it.
+pub fn worker(h: &Harness, config: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_aptix"))
+        .arg("run")
+        .envs(h.child_env())
+        .env("APTIX_CONFIG", config)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 /// A harness whose default context offers the test server's tools.
@@ -231,24 +252,12 @@ async fn killed_during_a_call(idempotent: bool) -> (Vec<Value>, Value) {
     )
     .unwrap();
     let h = Harness::start(0).await;
-    let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_aptix"))
-            .arg("run")
-            .envs(h.child_env())
-            .env("APTIX_CONFIG", &config)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = || worker(&h, &config);
     let mut worker = spawn();
     let s = new_session();
     let call = r#"@call(tickets__open_ticket, {"title":"once","delay_seconds":5})"#;
     h.submit(&user_turn(&s, "t1", call)).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while server.count("open_ticket") == 0 {
-        assert!(std::time::Instant::now() < deadline, "the tool was never called");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    server.wait_for("open_ticket").await;
     worker.kill().unwrap(); // SIGKILL, while the tool runs
     worker.wait().unwrap();
     let mut worker = spawn();

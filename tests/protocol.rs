@@ -62,7 +62,7 @@ async fn the_documented_path_gets_typed_headers_on_the_first_reply() {
     assert_eq!(header(&d, "x-aptix-step"), Some(&AMQPValue::LongLongInt(0)));
     assert_eq!(header(&d, "x-aptix-outcome"), Some(&AMQPValue::LongString("final".into())));
     // The protocol's version (docs/client-protocol.md §1a).
-    assert_eq!(header(&d, "x-aptix-protocol"), Some(&AMQPValue::LongLongInt(2)));
+    assert_eq!(header(&d, "x-aptix-protocol"), Some(&AMQPValue::LongLongInt(3)));
     let id = d.properties.message_id().as_ref().unwrap().to_string();
     assert_eq!(id, format!("reply:{s}:t1:step-0"));
     let body: Value = serde_json::from_slice(&d.data).unwrap();

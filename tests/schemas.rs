@@ -194,17 +194,45 @@ fn the_request_schema_names_every_field_and_keeps_the_scenarios_apart() {
     let schema = serde_json::to_value(aptix::schema::named("request").unwrap().schema).unwrap();
     let user = &schema["$defs"]["UserTurnRequest"];
     let continuation = &schema["$defs"]["ToolContinuationSubmission"];
-    for def in [user, continuation] {
+    let approval = &schema["$defs"]["ToolApprovalSubmission"];
+    for def in [user, continuation, approval] {
         assert_eq!(def["additionalProperties"], false);
     }
     let names =
         |d: &Value| d["properties"].as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     let mut all = names(user);
     all.extend(names(continuation));
+    all.extend(names(approval));
     for field in aptix::contracts::request::REQUEST_FIELDS {
         assert!(all.iter().any(|n| n == field), "{field} missing from the schema");
     }
     assert_eq!(names(continuation), ["SessionId", "TurnId", "ToolResults"]);
-    assert!(!names(user).iter().any(|n| n == "ToolResults"));
+    assert_eq!(names(approval), ["SessionId", "TurnId", "ToolApprovals"]);
+    assert!(!names(user).iter().any(|n| n == "ToolResults" || n == "ToolApprovals"));
     assert_eq!(continuation["required"], json!(["SessionId", "TurnId", "ToolResults"]));
+    assert_eq!(approval["required"], json!(["SessionId", "TurnId", "ToolApprovals"]));
+}
+
+#[test]
+fn the_schemas_take_an_approval_and_refuse_a_message_on_an_approved_call() {
+    let v = validator("request");
+    let s = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
+    let ok = json!({"SessionId": s, "TurnId": "t1", "ToolApprovals": [
+        {"ToolCallId": "c1", "Approved": true}, {"ToolCallId": "c2", "Approved": false, "Message": "no"}]});
+    assert!(v.is_valid(&ok), "{:?}", errors_of(&v, &ok));
+    let message_on_approval = json!({"SessionId": s, "TurnId": "t1",
+        "ToolApprovals": [{"ToolCallId": "c1", "Approved": true, "Message": "fine"}]});
+    assert!(!v.is_valid(&message_on_approval));
+    let both = json!({"SessionId": s, "TurnId": "t1", "ToolApprovals": [{"ToolCallId": "c1", "Approved": true}],
+        "ToolResults": [{"ToolCallId": "c1", "ExecutionMs": 1, "ResultJson": "{}"}]});
+    assert!(!v.is_valid(&both));
+    let v = validator("response");
+    let asked = json!({"Successful": true, "Errors": [], "Warnings": [], "SessionId": s, "TurnId": "t1",
+        "Result": {"SessionId": s, "TurnId": "t1", "ModeDisplayName": "m", "Kind": "tool_approval_required",
+            "ToolCalls": [{"ToolCallId": "c1", "Name": "write_file", "ArgumentsJson": "{}"}],
+            "ApprovalExpiresAt": "2026-11-29T12:00:00Z"}});
+    assert!(v.is_valid(&asked), "{:?}", errors_of(&v, &asked));
+    let mut with_text = asked.clone();
+    with_text["Result"]["PrimaryOutputText"] = json!("no");
+    assert!(!v.is_valid(&with_text), "a forbidden bucket passed");
 }

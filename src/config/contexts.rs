@@ -209,6 +209,17 @@ impl ConversationContext {
                 }
             }
         }
+        let tools = &self.server_tools;
+        for (i, rule) in tools.approvals.iter().enumerate() {
+            let at = format!("{key}.server_tools.approvals[{i}]");
+            rule.check(&at, |name| tools.is_server_tool(name))?;
+        }
+        if !super::approvals::EXPIRY_RANGE.contains(&tools.approval_expiry_seconds) {
+            return bad(
+                "server_tools.approval_expiry_seconds",
+                format!("{} is outside 10-604800", tools.approval_expiry_seconds),
+            );
+        }
         if self.server_tools.max_rounds == 0 {
             return bad("server_tools.max_rounds", "must be at least 1".into());
         }

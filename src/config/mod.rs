@@ -2,6 +2,7 @@
 //! key), then a file (`--config PATH` or `APTIX_CONFIG`), then `APTIX__SECTION__KEY` environment
 //! variables. Validated once at start-up; secrets are redacted whenever printed.
 
+mod approvals;
 mod assemble_policy;
 mod budget;
 mod check;
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use approvals::{ApprovalRule, Pattern};
 pub use assemble_policy::{AssemblePolicy, PromptCacheKey};
 pub use budget::{Budget, Usd};
 pub use contexts::{AgentContext, ConversationContext, FollowUp, FunctionTool};

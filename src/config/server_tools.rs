@@ -126,11 +126,23 @@ pub struct ServerTools {
     /// MCP servers whose allowed tools are offered too (`[[...server_tools.mcp]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<super::McpServer>,
+    /// Calls that wait for the client's approval before they run (`[[...server_tools.approvals]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<super::ApprovalRule>,
+    /// How long an approval request waits before its calls are denied.
+    #[serde(default = "super::approvals::default_expiry")]
+    pub approval_expiry_seconds: u32,
 }
 
 impl Default for ServerTools {
     fn default() -> Self {
-        ServerTools { enabled: Vec::new(), max_rounds: default_rounds(), mcp: Vec::new() }
+        ServerTools {
+            enabled: Vec::new(),
+            max_rounds: default_rounds(),
+            mcp: Vec::new(),
+            approvals: Vec::new(),
+            approval_expiry_seconds: super::approvals::default_expiry(),
+        }
     }
 }
 
@@ -151,6 +163,16 @@ impl ServerTools {
     /// Whether function `name` runs in the pipeline (a built-in or an allowed MCP tool).
     pub fn is_server_tool(&self, name: &str) -> bool {
         self.runs(name).is_some() || self.mcp_tool(name).is_some()
+    }
+
+    /// Whether `call` waits for the client's approval before it runs.
+    pub fn requires_approval(&self, call: &crate::contracts::ToolCall) -> bool {
+        self.approvals.iter().any(|rule| rule.applies(call))
+    }
+
+    /// When an approval request made now expires.
+    pub fn approval_expires_at(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc::now() + chrono::Duration::seconds(i64::from(self.approval_expiry_seconds))
     }
 }
 

@@ -54,6 +54,8 @@ error_codes! {
     InstructionMissing => "validation.instruction_missing", "a user turn has none of `Instruction`, `InputArtifacts`, `ClipboardImages`";
     ContinuationFieldForbidden => "validation.continuation_field_forbidden", "a tool continuation carries a user-turn property (instruction, inputs, context, streaming)";
     ToolResultsEmpty => "validation.tool_results_empty", "`ToolResults` is present but empty";
+    ToolApprovalsEmpty => "validation.tool_approvals_empty", "`ToolApprovals` is present but empty";
+    ToolApprovalInvalid => "validation.tool_approval_invalid", "a decision of `ToolApprovals` has no `Approved`, or a `Message` on an approval (a message is for a denial)";
     ToolCallIdMissing => "validation.tool_call_id_missing", "a tool result has no `ToolCallId`";
     ToolCallIdDuplicate => "validation.tool_call_id_duplicate", "two tool results share a `ToolCallId`";
     ExecutionMsMissing => "validation.execution_ms_missing", "a tool result has no `ExecutionMs`";
@@ -90,8 +92,10 @@ error_codes! {
     TurnSteered => "turn.steered", "a warning on the reply of a follow-up that steered another turn (`FollowUp: steer`): its instruction was added to that turn, and the reply is that turn's ending";
     TurnCancelled => "turn.cancelled", "the turn was cancelled (`turn.cancel`) before it ended; the reply keeps what the model had streamed";
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
+    TurnNotAwaitingApproval => "turn.not_awaiting_approval", "a Tool Approval Submission names a turn that is not waiting for approval (it never asked, or it was answered already with other decisions)";
     SessionBusy => "session.busy", "the session is busy with another turn and the turn rejects follow-ups (its `FollowUp`, or its ConversationContext's `follow_up = \"reject\"`); nothing was stored";
     SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn that neither interrupts nor steers arrived while the session waits for tool results";
+    SessionAwaitingApproval => "session.awaiting_approval", "a new user turn that neither interrupts nor steers arrived while the session waits for the client's approval of tool calls";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";
     SessionContextFixed => "session.context_fixed", "a later turn names another `AgentContextId` than the session was created with (the `ConversationContextId` may change per turn)";
     LimitTurnsInFlight => "limit.turns_in_flight", "the tenant has as many turns in flight as `turns_in_flight` allows";
@@ -103,6 +107,8 @@ error_codes! {
     ToolResultsTurnCancelled => "tool_results.turn_cancelled", "tool results name a turn that was cancelled; they were not used";
     ToolsServerRoundsExceeded => "tools.server_rounds_exceeded", "the model called server tools in more round trips of one turn than the context's `server_tools.max_rounds`; the turn failed";
     ToolResultsMismatch => "tool_results.mismatch", "tool results do not match the pending tool calls in count, ids and order; the turn is aborted";
+    ToolApprovalsMismatch => "tool_approvals.mismatch", "decisions do not match the calls awaiting approval in count, ids and order; the turn is aborted";
+    ToolApprovalsExpired => "tool_approvals.expired", "decisions came after the approval request expired; its calls were denied and the turn ran on without them";
     LlmRefused => "llm.refused", "the model refused to answer";
     LlmFailed => "llm.failed", "the provider reported the response as failed";
     LlmRejected => "llm.rejected", "the provider rejected the request (a non-retryable 4xx)";

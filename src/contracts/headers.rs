@@ -30,7 +30,7 @@ pub const PROTOCOL: &str = "x-aptix-protocol";
 
 /// The version of docs/client-protocol.md the server speaks: 2 since a turn may change the
 /// session's mode (§7c); 1 before. Raised only when a client could see a difference.
-pub const PROTOCOL_VERSION: i64 = 2;
+pub const PROTOCOL_VERSION: i64 = 3;
 
 /// The stage MAC of a message between stages (HMAC-SHA256; `config::keys`).
 pub const MAC: &str = "x-aptix-mac";

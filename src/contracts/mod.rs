@@ -1,6 +1,7 @@
 //! The public contracts: the AGN-034 request (wire and validated forms), the AGN-033 response
 //! inside `InvokeResult<T>`, and the stable error codes. JSON spelling follows DESIGN.md §2-3.
 
+pub mod approval;
 pub mod delta;
 pub mod error;
 pub mod headers;
@@ -12,6 +13,7 @@ mod turn_parts;
 pub mod validated;
 mod wire;
 
+pub use approval::{ToolApproval, ToolApprovalOutput};
 pub use delta::ReplyDelta;
 pub use delta::{event_seq, EVENTS_PER_STEP};
 pub use error::{ApiError, ErrorCode};

@@ -59,6 +59,10 @@ pub struct AgentExecuteRequest {
     /// Results of the tool calls the previous reply asked for (Tool Continuation Submission only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_results: Option<Vec<ToolResultWire>>,
+    /// The client's decision on each call of a `tool_approval_required` reply, in its order
+    /// (Tool Approval Submission only; protocol version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_approvals: Option<Vec<super::approval::ToolApprovalWire>>,
 }
 
 /// Every property name [`AgentExecuteRequest`] accepts, in wire spelling.
@@ -78,6 +82,7 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "ConversationContextId",
     "FollowUp",
     "ToolResults",
+    "ToolApprovals",
 ];
 
 /// Properties that name server-owned state. AGN-034 forbids them; they get

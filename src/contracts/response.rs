@@ -38,6 +38,10 @@ pub enum Outcome {
     /// The client must run the listed tools and submit their results.
     #[serde(rename = "client_tool_continuation")]
     ClientToolContinuation(ToolContinuationOutput),
+    /// Server tool calls wait for the client's approval (protocol version 3): the client
+    /// answers with a Tool Approval Submission.
+    #[serde(rename = "tool_approval_required")]
+    ToolApprovalRequired(super::ToolApprovalOutput),
 }
 
 /// Buckets of a `final` response.

@@ -62,9 +62,16 @@ impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
             .parse()
             .map_err(|(_, m): (_, String)| NotTrusted::Id(m))?;
         let key = TurnKey { session_id, turn_id };
-        if let Some(results) = w.tool_results {
+        if w.tool_results.is_some() || w.tool_approvals.is_some() {
+            let results = w.tool_results.unwrap_or_default();
             let results = results.into_iter().map(tool_result).collect::<Result<_, _>>()?;
-            return Ok(ValidatedRequest::ToolContinuation(ToolContinuation { key, results }));
+            let approvals = w.tool_approvals.unwrap_or_default();
+            let approvals = approvals.into_iter().map(approval).collect::<Result<_, _>>()?;
+            return Ok(ValidatedRequest::ToolContinuation(ToolContinuation {
+                key,
+                results,
+                approvals,
+            }));
         }
         let scope = w.rag_scope.unwrap_or_default().into_iter().map(|c| {
             Ok(ScopeCondition {
@@ -108,6 +115,14 @@ impl TryFrom<AgentExecuteRequest> for ValidatedRequest {
                 .map_err(|()| "a FollowUp it does not know")?,
         }))
     }
+}
+
+fn approval(a: super::approval::ToolApprovalWire) -> Result<super::ToolApproval, NotTrusted> {
+    Ok(super::ToolApproval {
+        tool_call_id: a.tool_call_id.ok_or("an approval without ToolCallId")?,
+        approved: a.approved.ok_or("an approval without Approved")?,
+        message: a.message,
+    })
 }
 
 fn tool_result(r: ToolResultWire) -> Result<ToolResult, NotTrusted> {
@@ -167,7 +182,18 @@ impl From<ValidatedRequest> for AgentExecuteRequest {
             ValidatedRequest::ToolContinuation(c) => AgentExecuteRequest {
                 session_id: Some(c.key.session_id.to_string()),
                 turn_id: Some(c.key.turn_id.to_string()),
-                tool_results: Some(c.results.into_iter().map(tool_result_to_wire).collect()),
+                tool_results: (!c.results.is_empty())
+                    .then(|| c.results.into_iter().map(tool_result_to_wire).collect()),
+                tool_approvals: (!c.approvals.is_empty()).then(|| {
+                    c.approvals
+                        .into_iter()
+                        .map(|a| super::approval::ToolApprovalWire {
+                            tool_call_id: Some(a.tool_call_id),
+                            approved: Some(a.approved),
+                            message: a.message,
+                        })
+                        .collect()
+                }),
                 ..Default::default()
             },
         }
@@ -229,6 +255,7 @@ fn user_turn_to_wire(t: UserTurn) -> AgentExecuteRequest {
         conversation_context_id: t.conversation_context_id.map(|c| c.as_str().to_owned()),
         follow_up: t.follow_up.map(|f| f.as_str().to_owned()),
         tool_results: None,
+        tool_approvals: None,
     }
 }
 

@@ -204,11 +204,13 @@ impl UserTurn {
     }
 }
 
-/// A validated Tool Continuation Submission: one or more results with unique call ids.
+/// A validated Tool Continuation Submission: one or more results with unique call ids, or (a
+/// Tool Approval Submission) one or more decisions with unique call ids; never both.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolContinuation {
     pub(crate) key: TurnKey,
     pub(crate) results: Vec<ToolResult>,
+    pub(crate) approvals: Vec<super::ToolApproval>,
 }
 
 impl ToolContinuation {
@@ -219,5 +221,13 @@ impl ToolContinuation {
     /// The results, in the client's order.
     pub fn results(&self) -> &[ToolResult] {
         &self.results
+    }
+    /// The decisions of a Tool Approval Submission, in the client's order (empty otherwise).
+    pub fn approvals(&self) -> &[super::ToolApproval] {
+        &self.approvals
+    }
+    /// Whether this is a Tool Approval Submission.
+    pub fn is_approval(&self) -> bool {
+        !self.approvals.is_empty()
     }
 }

@@ -12,6 +12,7 @@ use base64::display::Base64Display;
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
 
+use super::approval::ToolApproval;
 use super::response::{ToolOutcome, ToolResult};
 use super::validated::{
     ArtifactContents, ClipboardImage, InputArtifact, ScopeCondition, ValidatedRequest,
@@ -39,12 +40,14 @@ impl Serialize for ValidatedRequest {
                 conversation_context_id: t.conversation_context_id.as_ref().map(|c| c.as_str()),
                 follow_up: t.follow_up.map(super::FollowUp::as_str),
                 tool_results: None,
+                tool_approvals: None,
             }
             .serialize(s),
             ValidatedRequest::ToolContinuation(c) => Request {
                 session_id: Text(&c.key.session_id),
                 turn_id: c.key.turn_id.as_str(),
-                tool_results: Some(List(&c.results)),
+                tool_results: List::of(&c.results),
+                tool_approvals: List::of(&c.approvals),
                 ..Request::default()
             }
             .serialize(s),
@@ -84,6 +87,8 @@ struct Request<'a> {
     follow_up: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_results: Option<List<'a, ToolResult>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_approvals: Option<List<'a, ToolApproval>>,
 }
 
 /// A value written as the string its `Display` gives (as `to_string()` would).
@@ -224,5 +229,12 @@ impl Serialize for Wire<'_, ToolResult> {
             error_message,
         }
         .serialize(s)
+    }
+}
+
+impl Serialize for Wire<'_, ToolApproval> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The validated form is the wire form (`ToolApprovalWire`'s order and omissions).
+        self.0.serialize(s)
     }
 }

@@ -14,6 +14,8 @@ pub enum TurnState {
     Running,
     /// Holds the session until the client sends tool results.
     AwaitingToolResults,
+    /// Holds the session until the client approves or denies server tool calls.
+    AwaitingApproval,
     /// A follow-up a running turn took in: ends when that turn ends.
     Steered,
     /// Ended with a final answer.
@@ -29,6 +31,7 @@ impl TurnState {
             TurnState::Queued => "queued",
             TurnState::Running => "running",
             TurnState::AwaitingToolResults => "awaiting_tool_results",
+            TurnState::AwaitingApproval => "awaiting_approval",
             TurnState::Steered => "steered",
             TurnState::Completed => "completed",
             TurnState::Failed => "failed",
@@ -54,6 +57,7 @@ impl Phase {
             Phase::Queued | Phase::Held => TurnState::Queued,
             Phase::Running { .. } => TurnState::Running,
             Phase::AwaitingTools { .. } => TurnState::AwaitingToolResults,
+            Phase::AwaitingApproval { .. } => TurnState::AwaitingApproval,
             Phase::Steered => TurnState::Steered,
             Phase::Completed => TurnState::Completed,
             Phase::Failed | Phase::Cancelled => TurnState::Failed,
@@ -68,6 +72,7 @@ impl Phase {
             TurnState::Queued => Phase::Queued,
             TurnState::Running => Phase::Running { step, cancelling: cancel_marked },
             TurnState::AwaitingToolResults => Phase::AwaitingTools { step },
+            TurnState::AwaitingApproval => Phase::AwaitingApproval { step },
             TurnState::Steered => Phase::Steered,
             TurnState::Completed => Phase::Completed,
             TurnState::Failed if cancel_marked => Phase::Cancelled,

@@ -36,6 +36,11 @@ fn allowed() -> Vec<(Option<Phase>, Event, Phase)> {
         (Some(P::AwaitingTools { step: 1 }), E::ToolResults { matching: false }, P::Failed),
         (Some(P::AwaitingTools { step: 1 }), E::Cancel, P::Cancelled),
         (Some(P::AwaitingTools { step: 1 }), E::GivenUp, P::Failed),
+        (Some(P::AwaitingApproval { step: 1 }), E::Approvals { matching: true }, running(1)),
+        (Some(P::AwaitingApproval { step: 1 }), E::Approvals { matching: false }, P::Failed),
+        (Some(P::AwaitingApproval { step: 1 }), E::ApprovalExpired, running(1)),
+        (Some(P::AwaitingApproval { step: 1 }), E::Cancel, P::Cancelled),
+        (Some(P::AwaitingApproval { step: 1 }), E::GivenUp, P::Failed),
     ];
     for step in [0, 1] {
         t.extend([
@@ -47,6 +52,11 @@ fn allowed() -> Vec<(Option<Phase>, Event, Phase)> {
                 P::AwaitingTools { step: step + 1 },
             ),
             (Some(running(step)), E::StepEnded(S::ServerTools), running(step + 1)),
+            (
+                Some(running(step)),
+                E::StepEnded(S::ApprovalRequired),
+                P::AwaitingApproval { step: step + 1 },
+            ),
             (Some(running(step)), E::Cancel, cancelling(step)),
             (Some(running(step)), E::GivenUp, P::Failed),
             (Some(cancelling(step)), E::StepEnded(S::Cancelled), P::Cancelled),
@@ -104,7 +114,9 @@ fn the_cancel_mark_once_set_is_never_cleared() {
 fn a_phase_reads_back_from_its_stored_form() {
     for phase in phases().into_iter().flatten() {
         let (step, active) = match phase {
-            Phase::Running { step, .. } | Phase::AwaitingTools { step } => (step, true),
+            Phase::Running { step, .. }
+            | Phase::AwaitingTools { step }
+            | Phase::AwaitingApproval { step } => (step, true),
             Phase::Held => (0, true),
             _ => (0, false),
         };

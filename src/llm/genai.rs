@@ -87,7 +87,9 @@ pub(super) fn record(span: &tracing::Span, result: &Result<LlmResponse, LlmError
 fn finish_reason(r: &LlmResponse) -> String {
     match (&r.status, &r.outcome) {
         (ResponseStatus::Incomplete { reason }, _) => reason.clone(),
-        (_, Outcome::ClientToolContinuation(_)) => "tool_calls".to_owned(),
+        (_, Outcome::ClientToolContinuation(_) | Outcome::ToolApprovalRequired(_)) => {
+            "tool_calls".to_owned()
+        }
         (_, Outcome::Final(_)) => "stop".to_owned(),
     }
 }

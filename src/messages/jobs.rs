@@ -178,7 +178,9 @@ impl EndedRoundTrip {
             RoundTrip::Answered(a) => {
                 let streamed = match &a.outcome {
                     Outcome::Final(f) => f.primary_output_text.clone(),
-                    Outcome::ClientToolContinuation(_) => String::new(),
+                    Outcome::ClientToolContinuation(_) | Outcome::ToolApprovalRequired(_) => {
+                        String::new()
+                    }
                 };
                 RoundTrip::Cancelled { streamed, answered: Some(Box::new(a)), estimate: None }
             }

@@ -269,6 +269,8 @@ pub enum ReplyOutcome {
     Final,
     /// The turn waits for the client's tool results.
     ClientToolContinuation,
+    /// The turn waits for the client's approval of server tool calls.
+    ToolApprovalRequired,
     /// The turn ended in failure.
     Failed,
     /// This submission was refused; no turn changed.
@@ -279,10 +281,11 @@ impl ReplyOutcome {
     /// Of a reply that ends a step (`step`), or that answers a submission.
     pub fn of(reply: &Reply, step: bool) -> Self {
         match (reply.result(), step) {
-            (Some(r), _) if matches!(r.outcome, Outcome::ClientToolContinuation(_)) => {
-                ReplyOutcome::ClientToolContinuation
-            }
-            (Some(_), _) => ReplyOutcome::Final,
+            (Some(r), _) => match r.outcome {
+                Outcome::ClientToolContinuation(_) => ReplyOutcome::ClientToolContinuation,
+                Outcome::ToolApprovalRequired(_) => ReplyOutcome::ToolApprovalRequired,
+                Outcome::Final(_) => ReplyOutcome::Final,
+            },
             (None, true) => ReplyOutcome::Failed,
             (None, false) => ReplyOutcome::Refused,
         }
@@ -292,6 +295,7 @@ impl ReplyOutcome {
     pub fn of_stored(reply: &Value) -> Self {
         match reply.pointer("/Result/Kind").and_then(Value::as_str) {
             Some("client_tool_continuation") => ReplyOutcome::ClientToolContinuation,
+            Some("tool_approval_required") => ReplyOutcome::ToolApprovalRequired,
             Some(_) => ReplyOutcome::Final,
             None => ReplyOutcome::Failed,
         }
@@ -302,13 +306,15 @@ impl ReplyOutcome {
         match self {
             ReplyOutcome::Final => "final",
             ReplyOutcome::ClientToolContinuation => "client_tool_continuation",
+            ReplyOutcome::ToolApprovalRequired => "tool_approval_required",
             ReplyOutcome::Failed => "failed",
             ReplyOutcome::Refused => "refused",
         }
     }
 
-    /// Whether the turn ended (`x-aptix-final`): everything but a tool-call round trip.
+    /// Whether the turn ended (`x-aptix-final`): everything but a round trip that waits for
+    /// the client (tool results or approvals).
     pub fn ends_turn(self) -> bool {
-        self != ReplyOutcome::ClientToolContinuation
+        !matches!(self, ReplyOutcome::ClientToolContinuation | ReplyOutcome::ToolApprovalRequired)
     }
 }

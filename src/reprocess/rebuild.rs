@@ -133,6 +133,9 @@ pub(crate) fn provider_answer(answer: &Answer) -> ProviderAnswer {
         Outcome::ClientToolContinuation(c) => {
             AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() }
         }
+        Outcome::ToolApprovalRequired(a) => {
+            AnswerOutcome::ToolCalls { calls: a.tool_calls().to_vec() }
+        }
     };
     ProviderAnswer {
         response_id: answer.response_id.clone(),
@@ -206,7 +209,7 @@ pub(crate) fn continuation_request(
             Some(ToolResult { tool_call_id: calls[i].tool_call_id.clone(), ..r.clone() })
         })
         .collect();
-    let continuation = ToolContinuation { key: sent.key().clone(), results };
+    let continuation = ToolContinuation { key: sent.key().clone(), results, approvals: Vec::new() };
     let turn = TurnInput::ToolContinuation {
         continuation: &continuation,
         pending: calls,

@@ -32,6 +32,7 @@ pub(crate) fn answered(
     let kind = match outcome {
         Outcome::Final(_) => "final",
         Outcome::ClientToolContinuation(_) => "client_tool_continuation",
+        Outcome::ToolApprovalRequired(_) => "tool_approval_required",
     };
     let key = inputs.turn.key();
     let reply: Reply = InvokeResult::ok(AgentExecuteResponse {

@@ -30,17 +30,19 @@ pub(super) fn check(
     let turn_id = parse_or(e, "TurnId", w.turn_id.as_deref(), ErrorCode::TurnIdMissing, |s| {
         s.parse::<TurnId>()
     });
-    let result = if w.tool_results.is_some() {
-        continuation(e, w, limits).map(|results| (results, None))
+    let result = if w.tool_results.is_some() || w.tool_approvals.is_some() {
+        continuation(e, w, limits).map(|answers| (answers, None))
     } else {
-        user_turn_parts(e, w, limits).map(|parts| (Vec::new(), Some(parts)))
+        user_turn_parts(e, w, limits).map(|parts| (Default::default(), Some(parts)))
     };
     match (session_id, turn_id, result) {
-        (Some(session_id), Some(turn_id), Some((results, parts))) if e.is_empty() => {
+        (Some(session_id), Some(turn_id), Some(((results, approvals), parts))) if e.is_empty() => {
             let key = TurnKey { session_id, turn_id };
             Some(match parts {
                 Some(p) => ValidatedRequest::UserTurn(p.into_turn(key)),
-                None => ValidatedRequest::ToolContinuation(ToolContinuation { key, results }),
+                None => {
+                    ValidatedRequest::ToolContinuation(ToolContinuation { key, results, approvals })
+                }
             })
         }
         _ => None,

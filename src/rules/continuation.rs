@@ -1,20 +1,23 @@
-//! The rules of a Tool Continuation Submission: only `SessionId`, `TurnId` and `ToolResults`,
-//! at least one result, unique call ids, exactly one outcome each, `ResultJson` valid JSON.
+//! The rules of a Tool Continuation Submission: only `SessionId`, `TurnId` and `ToolResults`
+//! (or, a Tool Approval Submission, `ToolApprovals`: `approvals.rs`), at least one result,
+//! unique call ids, exactly one outcome each, `ResultJson` valid JSON.
 
 use std::collections::HashSet;
 
 use super::errors::Errors;
 use super::skim::Skip;
 use super::Limits;
-use crate::contracts::ids::clip;
 use crate::contracts::request::ToolResultWire;
-use crate::contracts::{AgentExecuteRequest, ErrorCode, ToolOutcome, ToolResult};
+use crate::contracts::{AgentExecuteRequest, ErrorCode, ToolApproval, ToolOutcome, ToolResult};
+
+/// What a continuation answers with: results, or decisions on calls awaiting approval.
+pub(super) type Answers = (Vec<ToolResult>, Vec<ToolApproval>);
 
 pub(super) fn continuation(
     e: &mut Errors,
-    w: AgentExecuteRequest,
+    mut w: AgentExecuteRequest,
     limits: &Limits,
-) -> Option<Vec<ToolResult>> {
+) -> Option<Answers> {
     let present = [
         ("Instruction", w.instruction.is_some()),
         ("InputArtifacts", w.input_artifacts.is_some()),
@@ -33,8 +36,19 @@ pub(super) fn continuation(
         e.at(
             ErrorCode::ContinuationFieldForbidden,
             *field,
-            format!("a Tool Continuation Submission carries only SessionId, TurnId and ToolResults; remove `{field}`"),
+            format!("a Tool Continuation Submission carries only SessionId, TurnId and ToolResults (or ToolApprovals); remove `{field}`"),
         );
+    }
+    if let Some(wires) = w.tool_approvals.take() {
+        if w.tool_results.is_some() {
+            e.at(
+                ErrorCode::ContinuationFieldForbidden,
+                "ToolApprovals",
+                "a submission carries ToolResults or ToolApprovals, not both",
+            );
+            return None;
+        }
+        return super::approvals::approvals(e, wires, limits).map(|a| (Vec::new(), a));
     }
     let wires = w.tool_results.unwrap_or_default();
     if wires.is_empty() {
@@ -48,7 +62,8 @@ pub(super) fn continuation(
         .enumerate()
         .map(|(i, r)| tool_result(e, i, r, &mut seen, limits))
         .collect();
-    results.into_iter().collect()
+    let results: Option<Vec<ToolResult>> = results.into_iter().collect();
+    results.map(|r| (r, Vec::new()))
 }
 
 fn tool_result(
@@ -59,26 +74,7 @@ fn tool_result(
     limits: &Limits,
 ) -> Option<ToolResult> {
     let f = |name: &str| format!("ToolResults[{i}].{name}");
-    let id = match r.tool_call_id.filter(|s| !s.is_empty()) {
-        None => {
-            e.at(ErrorCode::ToolCallIdMissing, f("ToolCallId"), "ToolCallId is required");
-            None
-        }
-        Some(id)
-            if e.chars_limit(&f("ToolCallId"), &id, "max_name_chars", limits.max_name_chars) =>
-        {
-            None
-        }
-        Some(id) if !seen.insert(id.clone()) => {
-            e.at(
-                ErrorCode::ToolCallIdDuplicate,
-                f("ToolCallId"),
-                format!("ToolCallId `{}` appears more than once", clip(&id)),
-            );
-            None
-        }
-        Some(id) => Some(id),
-    };
+    let id = super::approvals::call_id(e, &f("ToolCallId"), r.tool_call_id, seen, limits);
     if r.execution_ms.is_none() {
         e.at(ErrorCode::ExecutionMsMissing, f("ExecutionMs"), "ExecutionMs is required");
     }

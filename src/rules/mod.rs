@@ -6,6 +6,7 @@
 //! lists over their limits without building their elements (`scan`), then the typed read of the
 //! known properties, then the rules. Error lists are capped at `limits.max_errors` (`errors`).
 
+mod approvals;
 mod attachments;
 mod cancel;
 mod checks;

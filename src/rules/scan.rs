@@ -244,6 +244,16 @@ impl<'de> Visitor<'de> for TopLevel<'_> {
                     let n = map.next_value::<Count>()?.0;
                     self.list("ToolResults", n, "results", "max_tool_results", l.max_tool_results)
                 }
+                "ToolApprovals" => {
+                    let n = map.next_value::<Count>()?.0;
+                    self.list(
+                        "ToolApprovals",
+                        n,
+                        "decisions",
+                        "max_tool_results",
+                        l.max_tool_results,
+                    )
+                }
                 "RagScope" => {
                     let mut scope = Scope { limits: l, over: Vec::new(), more: 0 };
                     let n = map.next_value_seed(&mut scope)?;

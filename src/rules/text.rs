@@ -53,6 +53,11 @@ pub(super) fn nul_characters(w: &AgentExecuteRequest, e: &mut Errors) {
         nul(e, f("ResultJson"), r.result_json.as_deref());
         nul(e, f("ErrorMessage"), r.error_message.as_deref());
     }
+    for (i, a) in w.tool_approvals.iter().flatten().enumerate() {
+        let f = |name: &'static str| move || format!("ToolApprovals[{i}].{name}");
+        nul(e, f("ToolCallId"), a.tool_call_id.as_deref());
+        nul(e, f("Message"), a.message.as_deref());
+    }
 }
 
 fn nul(e: &mut Errors, field: impl FnOnce() -> String, value: Option<&str>) {

@@ -29,6 +29,7 @@ pub(super) fn schema() -> Schema {
             .unwrap_or_default()
     };
     let (final_branch, tools_branch) = (branch("final"), branch("client_tool_continuation"));
+    let approval_branch = branch("tool_approval_required");
     let mut out = defs.clone();
     out.insert("AgentExecuteResponse".into(), agent_execute_response(&response));
     out.insert("FinalResponse".into(), final_response(&meta, &final_branch));
@@ -36,6 +37,7 @@ pub(super) fn schema() -> Schema {
         "ClientToolContinuationResponse".into(),
         tool_continuation_response(&meta, &tools_branch),
     );
+    out.insert("ToolApprovalRequiredResponse".into(), approval_response(&meta, &approval_branch));
     out.insert("ToolResult".into(), server_tool_result(defs.get("ToolResult")));
     if let Some(api_error) = out.get_mut("ApiError").and_then(|e| e.get_mut("properties")) {
         if let Some(props) = api_error.as_object_mut() {
@@ -105,7 +107,8 @@ fn agent_execute_response(generated: &Value) -> Value {
         "description": super::description_of(generated),
         "oneOf": [
             { "$ref": "#/$defs/FinalResponse" },
-            { "$ref": "#/$defs/ClientToolContinuationResponse" }
+            { "$ref": "#/$defs/ClientToolContinuationResponse" },
+            { "$ref": "#/$defs/ToolApprovalRequiredResponse" }
         ]
     })
 }
@@ -168,6 +171,32 @@ fn tool_continuation_response(meta: &Map<String, Value>, branch: &Value) -> Valu
         "client_tool_continuation",
         b,
         &["ToolCalls"],
+    )
+}
+
+fn approval_response(meta: &Map<String, Value>, branch: &Value) -> Value {
+    let mut b = object_at(branch, "/properties");
+    refine_property(
+        &mut b,
+        "ToolCalls",
+        json!({ "type": "array", "items": { "$ref": "#/$defs/ToolCall" }, "minItems": 1 }),
+    );
+    refine_property(
+        &mut b,
+        "ApprovalExpiresAt",
+        json!({ "type": "string", "format": "date-time" }),
+    );
+    refine_property(&mut b, "ToolContinuationMessage", json!({ "type": "string" }));
+    b.remove("Kind");
+    closed_response(
+        "Kind `tool_approval_required` (protocol version 3, docs/tools.md \"Approvals\"): ToolCalls (one or \
+         more server tool calls, in order) and ApprovalExpiresAt required; ToolContinuationMessage allowed \
+         (informational only); PrimaryOutputText, ToolResults, Files, UserWarnings and Usage forbidden. The \
+         turn waits for a Tool Approval Submission, or for the expiry, which denies every call.",
+        meta,
+        "tool_approval_required",
+        b,
+        &["ToolCalls", "ApprovalExpiresAt"],
     )
 }
 

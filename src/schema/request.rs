@@ -29,6 +29,15 @@ pub(super) fn schema() -> Schema {
     let mut props = object_at(&generated, "/properties");
     top_level(&mut props, &limits);
     let tool_results = props.remove("ToolResults").unwrap_or_default();
+    let tool_approvals = props.remove("ToolApprovals").unwrap_or_default();
+    let approval_props: Map<String, Value> = [
+        ("SessionId", props.get("SessionId").cloned().unwrap_or_default()),
+        ("TurnId", props.get("TurnId").cloned().unwrap_or_default()),
+        ("ToolApprovals", tool_approvals),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
     let continuation_props: Map<String, Value> = [
         ("SessionId", props.get("SessionId").cloned().unwrap_or_default()),
         ("TurnId", props.get("TurnId").cloned().unwrap_or_default()),
@@ -60,6 +69,16 @@ pub(super) fn schema() -> Schema {
             "required": ["SessionId", "TurnId", "ToolResults"],
             "additionalProperties": false
         },
+        "ToolApprovalSubmission": {
+            "description": "Protocol version 3 (docs/tools.md, \"Approvals\"): answers the ToolCalls of a \
+                `tool_approval_required` reply of the turn SessionId + TurnId; nothing but these three \
+                properties. ToolApprovals match the ToolCalls exactly: same count, same ToolCallIds, same order.",
+            "type": "object",
+            "properties": approval_props,
+            "required": ["SessionId", "TurnId", "ToolApprovals"],
+            "additionalProperties": false
+        },
+        "ToolApproval": tool_approval(&generated),
         "InputArtifact": input_artifact(&generated, &limits),
         "ClipboardImage": clipboard_image(&generated),
         "RagScopeCondition": rag_scope_condition(&generated),
@@ -68,14 +87,16 @@ pub(super) fn schema() -> Schema {
     super::from_value(json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "AgentExecuteRequest",
-        "description": "An AgentExecuteRequest (AGN-034): a User Turn Request or a Tool Continuation \
-            Submission, told apart by the properties present (ToolResults makes a continuation). Size and \
+        "description": "An AgentExecuteRequest (AGN-034): a User Turn Request, a Tool Continuation \
+            Submission or a Tool Approval Submission, told apart by the properties present (ToolResults makes a \
+            continuation, ToolApprovals an approval). Size and \
             count bounds are the defaults of `aptix.example.toml` [limits]; a server may be configured \
             with others, and byte limits on decoded contents are checked by the server only. \
             See docs/contract.md.",
         "oneOf": [
             { "$ref": "#/$defs/UserTurnRequest" },
-            { "$ref": "#/$defs/ToolContinuationSubmission" }
+            { "$ref": "#/$defs/ToolContinuationSubmission" },
+            { "$ref": "#/$defs/ToolApprovalSubmission" }
         ],
         "$defs": defs,
     }))
@@ -108,6 +129,11 @@ fn top_level(props: &mut Map<String, Value>, l: &Limits) {
             let mut results = array_of("ToolResult", l.max_tool_results);
             results["minItems"] = json!(1);
             results
+        }),
+        ("ToolApprovals", {
+            let mut approvals = array_of("ToolApproval", l.max_tool_results);
+            approvals["minItems"] = json!(1);
+            approvals
         }),
     ];
     for (name, rule) in rules {
@@ -219,5 +245,23 @@ fn tool_result(generated: &Value, l: &Limits) -> Value {
          ErrorMessage, each at most {} bytes (limits.max_tool_result_bytes).",
         l.max_tool_result_bytes
     ));
+    def
+}
+
+/// One decision of `ToolApprovals`: a `Message` only on a denial.
+fn tool_approval(generated: &Value) -> Value {
+    let max = crate::contracts::approval::MAX_DENIAL_MESSAGE_CHARS;
+    let mut def = object_def(
+        generated,
+        "ToolApprovalWire",
+        vec![
+            ("ToolCallId", json!({ "type": "string", "minLength": 1 })),
+            ("Approved", json!({ "type": "boolean" })),
+            ("Message", json!({ "type": "string", "maxLength": max })),
+        ],
+        &["ToolCallId", "Approved"],
+    );
+    def["if"] = json!({ "properties": { "Approved": { "const": true } } });
+    def["then"] = json!({ "not": { "required": ["Message"] } });
     def
 }

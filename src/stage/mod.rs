@@ -9,6 +9,7 @@ mod cause;
 mod chain;
 mod route;
 mod runner;
+pub mod timed;
 mod trip;
 
 use std::future::Future;

@@ -64,6 +64,11 @@ pub enum Admission {
         /// The waiting turn.
         turn_id: String,
     },
+    /// The session waits for the client's approval of another turn's tool calls.
+    AwaitingApproval {
+        /// The waiting turn.
+        turn_id: String,
+    },
     /// The session belongs to another tenant: nothing was read or written.
     Unavailable,
     /// The session holds other contexts than `meta` assumed: nothing written.
@@ -182,12 +187,18 @@ impl Store {
         };
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
         if let Some((active, host)) = active {
-            let waiting = host.state == Some(TurnState::AwaitingToolResults);
+            let waiting = matches!(
+                host.state,
+                Some(TurnState::AwaitingToolResults | TurnState::AwaitingApproval)
+            );
             // Refused: nothing is committed, so a mode the turn named is not the session's. A
             // turn that waits for the client's tool results ends only when they come: `busy`
             // would tell the client to wait for something that waits for the client.
             // A steer is for exactly such a turn: it joins the call the results start.
             if waiting && !matches!(follow_up, FollowUp::Interrupt | FollowUp::Steer) {
+                if host.state == Some(TurnState::AwaitingApproval) {
+                    return Ok(Admission::AwaitingApproval { turn_id: active });
+                }
                 return Ok(Admission::AwaitingToolResults { turn_id: active });
             }
             if follow_up == FollowUp::Reject {

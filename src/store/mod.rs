@@ -3,6 +3,7 @@
 
 mod actions;
 mod admit;
+mod approvals;
 mod browse;
 mod budget;
 mod cancel;
@@ -37,6 +38,7 @@ use sqlx::{ConnectOptions as _, PgPool};
 
 pub use actions::OperatorAction;
 pub use admit::{Admission, SessionMeta};
+pub use approvals::EXPIRY_MESSAGE;
 pub use browse::{SessionSearch, SessionSummary};
 pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
 pub use cancel::{cancelled, CancelAdmission};

@@ -42,6 +42,20 @@ pub enum StepOutcome {
         /// Warnings so far, owed to the final response.
         warnings: Value,
     },
+    /// Server calls that need approval went to the client; the turn holds the session until
+    /// the decisions come or the request expires.
+    AwaitingApproval {
+        /// The ordered calls awaiting approval, as JSON.
+        pending: Value,
+        /// Warnings so far, owed to the final response.
+        warnings: Value,
+        /// Every server call of the answer (gated or not), run once the decisions came.
+        server_calls: Value,
+        /// The turn's server executions so far.
+        executed: Value,
+        /// When undecided calls are denied.
+        expires_at: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 /// Everything persisted when a round trip ends.
@@ -136,7 +150,7 @@ impl Store {
         }
         let starts = match moved.row.state {
             TurnState::Running => vec![Outgoing::Start(moved.row.start_job()?)],
-            TurnState::AwaitingToolResults => Vec::new(),
+            TurnState::AwaitingToolResults | TurnState::AwaitingApproval => Vec::new(),
             _ => starts(&start_next(&mut tx, session, gate.as_ref(), moved.next_turn).await?)?,
         };
         let started = outbox::insert(&mut tx, session, turn, starts).await?;
@@ -226,7 +240,7 @@ struct Moved {
     steered: bool,
 }
 
-/// [`write_step`]'s own parameters, `$26` to `$36`, after the record's (`$1` to `$25`,
+/// [`write_step`]'s own parameters, `$26` to `$37`, after the record's (`$1` to `$25`,
 /// [`super::new_record::RecordParams`]): named here, bound in one place, in order.
 struct StepParams<'a> {
     /// `$26`: the state the turn moves to, as `lifecycle::transition` decided.
@@ -251,6 +265,8 @@ struct StepParams<'a> {
     reply: Option<Value>,
     /// `$36`: this ending is the cancel (the cancel mark does not refuse it).
     cancelled: bool,
+    /// `$37`: when the approval request this ending makes expires (NULL: it makes none).
+    approval_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl<'a> StepParams<'a> {
@@ -272,6 +288,14 @@ impl<'a> StepParams<'a> {
                 let (w, s) = (some(warnings), some(server_calls));
                 (StepEnd::ServerTools, None, w, s, some(executed))
             }
+            StepOutcome::AwaitingApproval { pending, warnings, server_calls, executed, .. } => {
+                let (p, w, s) = (some(pending), some(warnings), some(server_calls));
+                (StepEnd::ApprovalRequired, p, w, s, some(executed))
+            }
+        };
+        let approval_expires_at = match &f.outcome {
+            StepOutcome::AwaitingApproval { expires_at, .. } => Some(*expires_at),
+            _ => None,
         };
         // Decided for the phase the statement's guard requires: running this step, cancelling
         // exactly when this ending is the cancel.
@@ -290,6 +314,7 @@ impl<'a> StepParams<'a> {
             ended: to.has_ended(),
             reply: reply.map(outbox::payload).transpose()?,
             cancelled: f.cancelled,
+            approval_expires_at,
         })
     }
 }
@@ -320,7 +345,7 @@ async fn write_step(
                      last_reply = NULL, pending_warnings = $29, server_calls = $30,
                      server_executions = COALESCE($32, server_executions),
                      continuation = CASE WHEN $31 THEN NULL ELSE continuation END,
-                     updated_at = now()
+                     approval_expires_at = $37, updated_at = now()
                  WHERE session_id = $2 AND turn_id = $3 AND state = 'running' AND step = $4
                      AND (cancel_requested_at IS NULL OR $36::boolean)
                  RETURNING *), ",
@@ -364,7 +389,8 @@ async fn write_step(
         p.session_state,
         p.ended,
         p.reply,
-        p.cancelled
+        p.cancelled,
+        p.approval_expires_at
     )
     .fetch_optional(&mut *conn)
     .await?;

@@ -1,6 +1,6 @@
-//! Resuming a turn with the client's tool results: the same submission again gets its earlier
-//! outcome, results that answer the pending calls resume the turn, others end it with an error
-//! record and reply, all in one transaction.
+//! Resuming a turn with the client's tool results or approval decisions: the same submission
+//! again gets its earlier outcome, an answer that matches the pending calls resumes the turn,
+//! others end it with an error record and reply, all in one transaction.
 
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -50,6 +50,8 @@ pub enum ContinuationAdmission {
         /// Its state.
         state: TurnState,
     },
+    /// Decisions came after the approval request expired (its calls were denied).
+    Expired,
     /// The results did not match; the turn was failed and its error reply is in `outbox`.
     Aborted {
         /// Messages to publish.
@@ -58,14 +60,18 @@ pub enum ContinuationAdmission {
 }
 
 /// A continuation as it is stored on its turn: its wire form and fingerprint.
-struct Submitted<'a> {
-    wire: &'a Value,
-    fingerprint: &'a str,
+pub(super) struct Submitted<'a> {
+    pub(super) wire: &'a Value,
+    pub(super) fingerprint: &'a str,
     /// Where the replies of the round trip it starts go.
-    reply_to: Option<&'a InstanceName>,
+    pub(super) reply_to: Option<&'a InstanceName>,
     /// The session's tenant's limits, for the turn it may hand the session to.
-    gate: Option<Gate>,
+    pub(super) gate: Option<Gate>,
 }
+
+/// The `continuation_fingerprint` of a turn whose approval request expired: no client's
+/// submission has it (theirs are SHA-256 hex).
+pub(super) const EXPIRED: &str = "expired";
 
 impl Store {
     /// Admits a tool continuation (`continuation` is `parsed` in wire form). Results that do
@@ -113,8 +119,9 @@ async fn decide(
     submitted: &Submitted<'_>,
     parsed: &ToolContinuation,
 ) -> Result<ContinuationAdmission, StoreError> {
-    let repeated = row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint);
-    if repeated && row.state != TurnState::AwaitingToolResults {
+    // The same submission again: whatever it started, however far the turn went since (a late
+    // copy must not be checked against calls asked after it).
+    if row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint) {
         return Ok(if row.state.is_finished() {
             ContinuationAdmission::Finished { reply: finished_reply(tx, &row).await? }
         } else {
@@ -125,23 +132,81 @@ async fn decide(
     if row.cancel_requested_at.is_some() {
         return Ok(ContinuationAdmission::Cancelled);
     }
-    if row.state != TurnState::AwaitingToolResults {
+    let approving = parsed.is_approval();
+    let awaited =
+        if approving { TurnState::AwaitingApproval } else { TurnState::AwaitingToolResults };
+    if row.state != awaited {
+        if approving && row.continuation_fingerprint.as_deref() == Some(EXPIRED) {
+            return Ok(ContinuationAdmission::Expired);
+        }
         return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
+    }
+    let pending: Vec<ToolCall> =
+        row.pending_tool_calls.as_ref().map(|p| p.0.clone()).unwrap_or_default();
+    // Decisions on none of the calls asked about answer an earlier request (one that expired,
+    // or was answered already): refused, so a late client cannot abort the request that waits.
+    let names_none = parsed
+        .approvals()
+        .iter()
+        .all(|a| !pending.iter().any(|c| c.tool_call_id == a.tool_call_id));
+    if approving && names_none {
+        return Ok(ContinuationAdmission::NotAwaiting { state: row.state });
+    }
+    // Past its expiry a request takes no decision, even before the expiry loop denied its calls.
+    if approving && expired(tx, &row).await? {
+        return Ok(ContinuationAdmission::Expired);
     }
     // The round trip this continuation starts (or the failure it ends in) answers it.
     row.reply_to = submitted.reply_to.map(ToString::to_string);
-    let pending: Vec<ToolCall> =
-        row.pending_tool_calls.as_ref().map(|p| p.0.clone()).unwrap_or_default();
-    match crate::assemble::check_tool_results(&pending, parsed) {
-        Err(mismatch) => {
+    let checked = if approving {
+        approvals_match(&pending, parsed)
+            .map_err(|why| ApiError::at(ErrorCode::ToolApprovalsMismatch, "ToolApprovals", why))
+    } else {
+        crate::assemble::check_tool_results(&pending, parsed).map_err(|mismatch| {
             let reason = mismatch.to_api_error().message;
-            let error = ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason);
-            Ok(ContinuationAdmission::Aborted {
-                outbox: abort(tx, (cache, versions), &row, error, submitted).await?,
-            })
+            ApiError::at(ErrorCode::ToolResultsMismatch, "ToolResults", reason)
+        })
+    };
+    let (ok, failed) = if approving {
+        (Event::Approvals { matching: true }, Event::Approvals { matching: false })
+    } else {
+        (Event::ToolResults { matching: true }, Event::ToolResults { matching: false })
+    };
+    match checked {
+        Err(error) => Ok(ContinuationAdmission::Aborted {
+            outbox: abort(tx, (cache, versions), &row, error, submitted, failed).await?,
+        }),
+        Ok(()) => {
+            Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted, ok).await? })
         }
-        Ok(()) => Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted).await? }),
     }
+}
+
+/// Whether the turn's approval request is past its expiry.
+async fn expired(tx: &mut PgConnection, row: &TurnRow) -> Result<bool, StoreError> {
+    let due = sqlx::query_scalar!(
+        r#"SELECT approval_expires_at <= now() AS "due!" FROM turns
+           WHERE session_id = $1 AND turn_id = $2 AND approval_expires_at IS NOT NULL"#,
+        row.session_id,
+        &row.turn_id
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(due == Some(true))
+}
+
+/// Whether `parsed`'s decisions answer exactly the calls awaiting approval: count, ids, order.
+fn approvals_match(pending: &[ToolCall], parsed: &ToolContinuation) -> Result<(), String> {
+    let asked: Vec<&str> = pending.iter().map(|c| c.tool_call_id.as_str()).collect();
+    let answered: Vec<&str> = parsed.approvals().iter().map(|a| a.tool_call_id.as_str()).collect();
+    if asked == answered {
+        return Ok(());
+    }
+    Err(format!(
+        "decisions do not match the calls awaiting approval: asked [{}], answered [{}]",
+        asked.join(", "),
+        answered.join(", ")
+    ))
 }
 
 /// Ends the turn: the error record and reply, and the session's next turn.
@@ -151,13 +216,15 @@ async fn abort(
     row: &TurnRow,
     error: ApiError,
     submitted: &Submitted<'_>,
+    event: Event,
 ) -> Result<PendingOutbox, StoreError> {
     let (session, turn) = (row.session_id, row.turn_id.as_str());
     let (record, reply) = failure(row, error, Some(RequestBody::new(submitted.wire)), versions)?;
-    let to = transition(Some(row.phase(true)), Event::ToolResults { matching: false })?;
+    let to = transition(Some(row.phase(true)), event)?;
     insert_record(tx, cache, (session, turn, row.step), &record).await?;
     sqlx::query!(
         "UPDATE turns SET state = $6, step = step + 1, pending_tool_calls = NULL, last_reply = NULL,
+             approval_expires_at = NULL,
              continuation = $3, continuation_fingerprint = $4, reply_to = $5, updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
         session,
@@ -176,28 +243,37 @@ async fn abort(
     Ok(out)
 }
 
-/// Resumes the turn at its next step.
-async fn resume(
+/// Resumes the turn at its next step. Decisions on calls awaiting approval leave no pending
+/// calls: retrieve lists every server call of the answer again as it runs or denies it.
+pub(super) async fn resume(
     tx: &mut PgConnection,
     mut row: TurnRow,
     submitted: &Submitted<'_>,
+    event: Event,
 ) -> Result<PendingOutbox, StoreError> {
-    let to = transition(Some(row.phase(true)), Event::ToolResults { matching: true })?;
+    let to = transition(Some(row.phase(true)), event)?;
+    let approvals = matches!(event, Event::Approvals { .. } | Event::ApprovalExpired);
     sqlx::query!(
         "UPDATE turns SET state = $6, continuation = $3, continuation_fingerprint = $4,
-             reply_to = $5, updated_at = now()
+             reply_to = $5, approval_expires_at = NULL,
+             pending_tool_calls = CASE WHEN $7 THEN NULL ELSE pending_tool_calls END,
+             updated_at = now()
          WHERE session_id = $1 AND turn_id = $2",
         row.session_id,
         &row.turn_id,
         submitted.wire,
         submitted.fingerprint,
         row.reply_to.as_deref(),
-        to.column().as_str()
+        to.column().as_str(),
+        approvals
     )
     .execute(&mut *tx)
     .await?;
     row.state = to.column();
     row.continuation = Some(submitted.wire.clone());
+    if approvals {
+        row.pending_tool_calls = None;
+    }
     let start = vec![Outgoing::Start(row.start_job()?)];
     outbox::insert(tx, row.session_id, &row.turn_id, start).await
 }

@@ -141,9 +141,17 @@ macro_rules! count_turns {
 async fn open_turns(conn: &mut PgConnection, gate: &Gate) -> Result<i64, StoreError> {
     let tenant = gate.tenant.as_str();
     Ok(if gate.queues() {
-        count_turns!(conn, tenant, "state IN ('running', 'awaiting_tool_results')")
+        count_turns!(
+            conn,
+            tenant,
+            "state IN ('running', 'awaiting_tool_results', 'awaiting_approval')"
+        )
     } else {
-        count_turns!(conn, tenant, "state IN ('queued', 'running', 'awaiting_tool_results')")
+        count_turns!(
+            conn,
+            tenant,
+            "state IN ('queued', 'running', 'awaiting_tool_results', 'awaiting_approval')"
+        )
     })
 }
 

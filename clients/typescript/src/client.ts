@@ -32,7 +32,7 @@ import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 import type { ConfirmChannel, ConsumeMessage, MessageProperties } from "amqplib";
 
-import { AptixEvent, Final, Failed, Refused, Reply, ToolCall, ToolResult, parseEvent } from "./events";
+import { AptixEvent, Final, Failed, Refused, Reply, ToolCall, ToolDecision, ToolResult, parseEvent } from "./events";
 import {
   CANCEL_TYPE,
   CONTENT_TYPE,
@@ -40,6 +40,7 @@ import {
   H_EVENT_SEQ,
   H_TRACEPARENT,
   KIND_RESUMED,
+  LATE_DECISION_CODES,
   RESUME_TYPE,
   ProtocolError,
   checkTenantName,
@@ -181,6 +182,8 @@ export interface SubmitOptions {
 }
 
 export type ToolHandler = (call: ToolCall) => ToolResult | Promise<ToolResult>;
+/** Says whether a server tool call that needs approval may run: true, false, or a ToolDecision (a denial with a message). */
+export type ApprovalHandler = (call: ToolCall) => boolean | ToolDecision | Promise<boolean | ToolDecision>;
 
 /** The broker node URLs of `url`: one URL, a comma-separated string of them, or an array. */
 export function parseUrls(url: string | readonly string[]): string[] {
@@ -751,15 +754,27 @@ export class Session {
     return this.submit(body, opts);
   }
 
-  private inCallOrder(turnId: string, results: ToolResult[]): ToolResult[] {
+  /**
+   * Publishes a Tool Approval Submission (protocol v3): a decision for each call of the turn's
+   * approval_required reply. When this session received that reply, `decisions` must name exactly
+   * its calls (an Error otherwise) and are sent in the order of the calls. Sent again with the same
+   * messageId it changes nothing more: an approved call runs once.
+   */
+  async submitApprovals(turnId: string, decisions: ToolDecision[], opts: SubmitOptions = {}): Promise<Submission> {
+    const ordered = this.inCallOrder(turnId, decisions);
+    const body = { SessionId: this.sessionId, TurnId: turnId, ToolApprovals: ordered.map(ToolDecision.toWire) };
+    return this.submit(body, opts);
+  }
+
+  private inCallOrder<T extends { toolCallId: string }>(turnId: string, answers: T[]): T[] {
     const expected = this.pendingCalls.get(turnId);
-    if (!expected) return results;
-    const byId = new Map(results.map((r) => [r.toolCallId, r]));
-    const same = byId.size === results.length && results.length === expected.length && expected.every((id) => byId.has(id));
+    if (!expected) return answers;
+    const byId = new Map(answers.map((r) => [r.toolCallId, r]));
+    const same = byId.size === answers.length && answers.length === expected.length && expected.every((id) => byId.has(id));
     if (!same) {
-      throw new Error(`turn ${turnId} waits for results of ${expected.join(", ")}, got ${results.map((r) => r.toolCallId).join(", ")}`);
+      throw new Error(`turn ${turnId} waits for answers to ${expected.join(", ")}, got ${answers.map((r) => r.toolCallId).join(", ")}`);
     }
-    return expected.map((id) => byId.get(id) as ToolResult);
+    return expected.map((id) => byId.get(id) as T);
   }
 
   /**
@@ -907,7 +922,9 @@ export class Session {
         throw new ProtocolError(`${id} names session ${event.sessionId} on ${this.queue}`);
       }
       if (id) this.seen.add(id);
-      if (event.type === "tool_calls" && event.turnId) this.pendingCalls.set(event.turnId, event.calls.map((c) => c.toolCallId));
+      if ((event.type === "tool_calls" || event.type === "approval_required") && event.turnId) {
+        this.pendingCalls.set(event.turnId, event.calls.map((c) => c.toolCallId));
+      }
       else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
       const resuming = event.turnId ? this.resuming.get(event.turnId) : undefined;
@@ -1007,13 +1024,15 @@ export class Session {
 
   /**
    * Submits a user turn and drives it to its end: runs every requested tool call through `tools`
-   * (in order), submits the results, and returns the final reply (Final, Failed or Refused).
+   * (in order), submits the results, asks `approve` about every server tool call that needs
+   * approval, submits the decisions, and returns the final reply (Final, Failed or Refused).
    */
   async runTurn(
     turnId: string,
     instruction: string | undefined,
     opts: {
       tools?: ToolHandler;
+      approve?: ApprovalHandler;
       onEvent?: (e: AptixEvent) => void;
       timeoutMs?: number;
       stream?: boolean;
@@ -1021,6 +1040,7 @@ export class Session {
     } = {},
   ): Promise<Final | Failed | Refused> {
     await this.submitTurn(turnId, instruction, { stream: opts.stream, fields: opts.fields });
+    let decided: string | null = null; // the messageId of the decisions last sent
     for (;;) {
       let next: Reply | null = null;
       for await (const e of this.turnEvents(turnId, opts)) {
@@ -1028,6 +1048,21 @@ export class Session {
         if (e.type !== "delta") next = e;
       }
       if (next === null) throw new Error(`turn ${turnId} ended without a reply`);
+      if (next.type === "refused" && decided !== null && next.correlationId === decided && LATE_DECISION_CODES.includes(next.code)) {
+        // Decided too late (the request expired, its calls denied): the turn goes on.
+        decided = null;
+        continue;
+      }
+      if (next.type === "approval_required") {
+        if (!opts.approve) throw new Error(`turn ${turnId} asks for approvals and no handler was given`);
+        const decisions: ToolDecision[] = [];
+        for (const c of next.calls) {
+          const answer = await opts.approve(c);
+          decisions.push(typeof answer === "boolean" ? (answer ? ToolDecision.approve(c) : ToolDecision.deny(c)) : answer);
+        }
+        decided = (await this.submitApprovals(turnId, decisions)).messageId;
+        continue;
+      }
       if (next.type !== "tool_calls") return next;
       if (!opts.tools) throw new Error(`turn ${turnId} asks for tools and no handler was given`);
       const results: ToolResult[] = [];

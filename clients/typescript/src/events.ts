@@ -17,6 +17,7 @@ import {
   NO_TURN,
   Outcome,
   ProtocolError,
+  WAITING_OUTCOMES,
   checkReplyHeaders,
   parseMessageId,
 } from "./protocol";
@@ -55,6 +56,30 @@ export const ToolResult = {
     const out: Record<string, unknown> = { ToolCallId: r.toolCallId, ExecutionMs: r.executionMs };
     if (r.resultJson !== undefined) out.ResultJson = r.resultJson;
     if (r.errorMessage !== undefined) out.ErrorMessage = r.errorMessage;
+    return out;
+  },
+};
+
+/** The client's decision on one server tool call awaiting approval (protocol v3, docs/tools.md). */
+export interface ToolDecision {
+  toolCallId: string;
+  approved: boolean;
+  /** On a denial only: what the model is told (at most 2,000 characters). */
+  message?: string;
+}
+
+export const ToolDecision = {
+  approve(call: ToolCall | string): ToolDecision {
+    return { toolCallId: typeof call === "string" ? call : call.toolCallId, approved: true };
+  },
+  deny(call: ToolCall | string, message?: string): ToolDecision {
+    const d: ToolDecision = { toolCallId: typeof call === "string" ? call : call.toolCallId, approved: false };
+    if (message !== undefined) d.message = message;
+    return d;
+  },
+  toWire(d: ToolDecision): Record<string, unknown> {
+    const out: Record<string, unknown> = { ToolCallId: d.toolCallId, Approved: d.approved };
+    if (d.message !== undefined) out.Message = d.message;
     return out;
   },
 };
@@ -111,6 +136,17 @@ export interface ToolCalls extends ReplyBase {
   message: string | null;
 }
 
+/**
+ * `tool_approval_required` (protocol v3): approve or deny each of `calls` (server tools) with
+ * `Session.submitApprovals` before `expiresAt` (RFC 3339); undecided calls are then denied.
+ */
+export interface ApprovalRequired extends ReplyBase {
+  type: "approval_required";
+  calls: ToolCall[];
+  expiresAt: string;
+  message: string | null;
+}
+
 /** The turn's answer. */
 export interface Final extends ReplyBase {
   type: "final";
@@ -132,7 +168,7 @@ export interface Refused extends ReplyBase {
   code: string;
 }
 
-export type Reply = ToolCalls | Final | Failed | Refused;
+export type Reply = ToolCalls | ApprovalRequired | Final | Failed | Refused;
 export type AptixEvent = Delta | Reply;
 
 /** The raw parts of one AMQP message. */
@@ -152,7 +188,8 @@ const apiError = (v: Json): ApiError => ({
 
 function outcomeFromBody(body: Json): Outcome {
   if (body.Successful !== true) return "failed";
-  return body.Result?.Kind === "client_tool_continuation" ? "client_tool_continuation" : "final";
+  const kind = body.Result?.Kind as Outcome | undefined;
+  return kind !== undefined && WAITING_OUTCOMES.includes(kind) ? kind : "final";
 }
 
 /**
@@ -202,7 +239,8 @@ export function parseEvent(m: RawMessage, strict = true): AptixEvent {
 
 function parseReply(base: EventBase, body: Json, h: Headers, strict: boolean): Reply {
   const outcome = (h[H_OUTCOME] as Outcome | undefined) ?? outcomeFromBody(body);
-  const final = typeof h[H_FINAL] === "boolean" ? (h[H_FINAL] as boolean) : outcome !== "client_tool_continuation";
+  const waits = WAITING_OUTCOMES.includes(outcome);
+  const final = typeof h[H_FINAL] === "boolean" ? (h[H_FINAL] as boolean) : !waits;
   const id = base.messageId;
   let resent = false;
   try {
@@ -229,22 +267,29 @@ function parseReply(base: EventBase, body: Json, h: Headers, strict: boolean): R
   };
   const result: Json = body.Result ?? {};
   const successful = body.Successful === true;
-  if (strict && successful !== (outcome === "final" || outcome === "client_tool_continuation")) {
+  if (strict && successful !== (outcome === "final" || waits)) {
     throw new ProtocolError(`${id}: outcome ${outcome} but Successful=${successful}`);
   }
-  if (strict && outcome !== "refused" && final !== (outcome !== "client_tool_continuation")) {
+  if (strict && outcome !== "refused" && final !== !waits) {
     throw new ProtocolError(`${id}: outcome ${outcome} but final=${final}`);
   }
-  if (outcome === "client_tool_continuation") {
+  if (waits) {
     const calls: ToolCall[] = ((result.ToolCalls ?? []) as Json[]).map((c) => ({
       toolCallId: String(c.ToolCallId),
       name: String(c.Name),
       argumentsJson: String(c.ArgumentsJson ?? ""),
     }));
-    if (strict && (result.Kind !== "client_tool_continuation" || calls.length === 0)) {
-      throw new ProtocolError(`${id}: continuation without tool calls`);
+    if (strict && (result.Kind !== outcome || calls.length === 0)) {
+      throw new ProtocolError(`${id}: ${outcome} without tool calls`);
     }
-    return { ...reply, type: "tool_calls", calls, message: result.ToolContinuationMessage ?? null };
+    const message = result.ToolContinuationMessage ?? null;
+    if (outcome === "tool_approval_required") {
+      if (strict && typeof result.ApprovalExpiresAt !== "string") {
+        throw new ProtocolError(`${id}: approval request without ApprovalExpiresAt`);
+      }
+      return { ...reply, type: "approval_required", calls, expiresAt: String(result.ApprovalExpiresAt ?? ""), message };
+    }
+    return { ...reply, type: "tool_calls", calls, message };
   }
   if (outcome === "final") {
     if (strict && result.Kind !== "final") throw new ProtocolError(`${id}: outcome final but Kind=${result.Kind}`);

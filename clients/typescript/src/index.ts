@@ -1,5 +1,5 @@
 /**
- * Aptix Orchestrator client (protocol v2): sessions, requests and typed reply events over
+ * Aptix Orchestrator client (protocol v3): sessions, requests and typed reply events over
  * RabbitMQ, for Node.
  */
 export * from "./protocol";

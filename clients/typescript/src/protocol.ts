@@ -16,11 +16,15 @@ export const H_EVENT_SEQ = "x-aptix-event-seq";
 export const H_OUTCOME = "x-aptix-outcome";
 export const H_PROTOCOL = "x-aptix-protocol";
 /** The version of docs/client-protocol.md this client is written for (§1a); servers since version 2 send theirs in H_PROTOCOL. */
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 export const H_TRACEPARENT = "traceparent";
 
-export type Outcome = "final" | "client_tool_continuation" | "failed" | "refused";
-export const OUTCOMES: readonly Outcome[] = ["final", "client_tool_continuation", "failed", "refused"];
+export type Outcome = "final" | "client_tool_continuation" | "tool_approval_required" | "failed" | "refused";
+export const OUTCOMES: readonly Outcome[] = ["final", "client_tool_continuation", "tool_approval_required", "failed", "refused"];
+/** Outcomes after which the turn waits for the client (`x-aptix-final` = false); the second is protocol v3. */
+export const WAITING_OUTCOMES: readonly Outcome[] = ["client_tool_continuation", "tool_approval_required"];
+/** Refusals of decisions that came too late (§8a): the turn goes on without them. */
+export const LATE_DECISION_CODES: readonly string[] = ["tool_approvals.expired", "turn.not_awaiting_approval"];
 
 export const SUBMISSION_TAGS = [
   "rejected",

@@ -338,6 +338,13 @@ impl Admit {
                     format!("the session is busy with turn `{running}` and this turn rejects follow-ups; submit it again, under a new message_id, once that turn ended"),
                 )],
             ),
+            Admission::AwaitingApproval { turn_id: waiting } => refuse(
+                "rejected-awaiting",
+                vec![ApiError::new(
+                    ErrorCode::SessionAwaitingApproval,
+                    format!("the session waits for the approval of tool calls of turn `{waiting}`; send the decisions (ToolApprovals) before a new turn"),
+                )],
+            ),
             Admission::AwaitingToolResults { turn_id: waiting } => refuse(
                 "rejected-awaiting",
                 vec![ApiError::new(
@@ -393,7 +400,15 @@ impl Admit {
             }
             ContinuationAdmission::Cancelled => refuse(
                 ErrorCode::ToolResultsTurnCancelled,
-                format!("turn `{turn_id}` was cancelled; its tool results are not used"),
+                format!("turn `{turn_id}` was cancelled; this submission is not used"),
+            ),
+            ContinuationAdmission::Expired => refuse(
+                ErrorCode::ToolApprovalsExpired,
+                format!("the approval request of turn `{turn_id}` expired; its calls were denied and the turn went on"),
+            ),
+            ContinuationAdmission::NotAwaiting { state } if c.is_approval() => refuse(
+                ErrorCode::TurnNotAwaitingApproval,
+                format!("turn `{turn_id}` is {state}, not waiting for decisions on these calls"),
             ),
             ContinuationAdmission::NotAwaiting { state } => refuse(
                 ErrorCode::TurnNotAwaitingToolResults,

@@ -20,8 +20,20 @@ pub(super) enum Routed {
     },
     /// Only server calls: the pipeline runs them and calls the model again.
     Server(Vec<ToolCall>),
+    /// Only server calls, some of which need the client's approval: the client decides on
+    /// `gated`, then every call of `server` runs or is answered as denied.
+    Approval {
+        /// The calls awaiting approval, in the answer's order.
+        gated: Vec<ToolCall>,
+        /// Every server call of the answer.
+        server: Vec<ToolCall>,
+        /// The model's text with the calls, if any.
+        message: Option<String>,
+    },
     /// Server calls past `max_rounds`.
     TooManyRounds(u32),
+    /// Not a model's answer (an approval request is what this routing makes of one).
+    NotAnAnswer,
 }
 
 /// Routes `outcome` given the context's server `tools` and the turn's executions so far.
@@ -41,13 +53,23 @@ pub(super) fn route(outcome: Outcome, tools: &ServerTools, executed: &[ServerExe
             if server_rounds(executed) >= tools.max_rounds as usize {
                 return Routed::TooManyRounds(tools.max_rounds);
             }
-            match ToolContinuationOutput::new(client, c.message().map(str::to_owned)) {
+            let message = c.message().map(str::to_owned);
+            // With client calls in the same answer nothing is asked: a gated call then runs
+            // only with an approval the continuation cannot carry, so it is answered as not
+            // approved (retrieve decides, `docs/tools.md`, "Approvals").
+            let gated: Vec<ToolCall> =
+                server.iter().filter(|call| tools.requires_approval(call)).cloned().collect();
+            if client.is_empty() && !gated.is_empty() {
+                return Routed::Approval { gated, server, message };
+            }
+            match ToolContinuationOutput::new(client, message) {
                 Some(out) => {
                     Routed::Client { outcome: Outcome::ClientToolContinuation(out), server }
                 }
                 None => Routed::Server(server),
             }
         }
+        Outcome::ToolApprovalRequired(_) => Routed::NotAnAnswer,
     }
 }
 
@@ -67,7 +89,7 @@ mod tests {
     }
 
     fn tools() -> ServerTools {
-        ServerTools { enabled: vec![ServerTool::SearchCode], max_rounds: 2, mcp: Vec::new() }
+        ServerTools { enabled: vec![ServerTool::SearchCode], max_rounds: 2, ..Default::default() }
     }
 
     fn executed(step: i32) -> ServerExecution {
@@ -91,6 +113,28 @@ mod tests {
         let ids: Vec<&str> = c.tool_calls().iter().map(|c| c.tool_call_id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
         assert_eq!(server, [call("s", "search_code")]);
+    }
+
+    #[test]
+    fn gated_calls_wait_for_approval_unless_client_calls_come_with_them() {
+        let mut tools = tools();
+        tools.enabled.push(ServerTool::WriteFile);
+        tools.approvals.push(crate::config::ApprovalRule {
+            tool: "write_file".into(),
+            argument: None,
+            matches: None,
+        });
+        let answer = calls(&[call("s", "search_code"), call("w", "write_file")]);
+        let Routed::Approval { gated, server, .. } = route(answer, &tools, &[]) else {
+            panic!("no approval asked")
+        };
+        assert_eq!(gated, [call("w", "write_file")]);
+        assert_eq!(server.len(), 2);
+        let mixed = calls(&[call("a", "read_file"), call("w", "write_file")]);
+        let Routed::Client { server, .. } = route(mixed, &tools, &[]) else {
+            panic!("not a client continuation")
+        };
+        assert_eq!(server, [call("w", "write_file")]);
     }
 
     #[test]

@@ -9,7 +9,8 @@ use super::Deps;
 use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
 use crate::config::{ContextVersions, Settings};
 use crate::contracts::{
-    AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, UserWarning,
+    AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, ToolApprovalOutput,
+    UserWarning,
 };
 use crate::messages::hops;
 use crate::messages::{with_owed_warnings, Answer, Done, EndedRoundTrip, ReplyOut, RoundTrip};
@@ -171,6 +172,19 @@ impl Persist {
                 };
                 (Some(outcome), waits, "client_tool_continuation")
             }
+            Routed::Approval { gated, server, message } => {
+                let expires_at = tools.approval_expires_at();
+                let out = ToolApprovalOutput::new(gated, expires_at, message)
+                    .ok_or_else(|| StageError::unusable("an approval without calls"))?;
+                let waits = StepOutcome::AwaitingApproval {
+                    pending: serde_json::to_value(out.tool_calls())?,
+                    warnings: serde_json::to_value(&owed)?,
+                    server_calls: serde_json::to_value(server)?,
+                    executed,
+                    expires_at,
+                };
+                (Some(Outcome::ToolApprovalRequired(out)), waits, "tool_approval_required")
+            }
             Routed::Server(server) => {
                 let server_calls = serde_json::to_value(server)?;
                 let warnings = serde_json::to_value(&owed)?;
@@ -179,6 +193,9 @@ impl Persist {
                     StepOutcome::ServerTools { server_calls, executed, warnings },
                     "server_tool_calls",
                 )
+            }
+            Routed::NotAnAnswer => {
+                return Err(StageError::unusable("an approval request as the model's answer"))
             }
             Routed::TooManyRounds(max) => {
                 let error = ApiError::new(
@@ -233,6 +250,9 @@ impl Persist {
             }
             Outcome::ClientToolContinuation(c) => {
                 AnswerOutcome::ToolCalls { calls: c.tool_calls().to_vec() }
+            }
+            Outcome::ToolApprovalRequired(a) => {
+                AnswerOutcome::ToolCalls { calls: a.tool_calls().to_vec() }
             }
         };
         let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };

@@ -77,6 +77,9 @@ pub(super) enum ToolFailure {
     /// Not run, and why.
     #[error("not run: {0}")]
     NotRun(&'static str),
+    /// Not run: the call needs approval and was denied, or none was given (the text says which).
+    #[error("not run: {0}")]
+    NotApproved(String),
 }
 
 /// Server tool calls of one answer that run; more are answered "not run".
@@ -127,6 +130,8 @@ impl Retrieve {
                     Err(ToolFailure::NotRun("the answer's server tool calls took over 10 minutes")),
                     None,
                 )
+            } else if let Some(why) = not_approved(&job, &call, context) {
+                (Err(why), None)
             } else {
                 self.run_recorded(&job, &call, &turn, context).await?
             };
@@ -157,11 +162,46 @@ impl Retrieve {
         };
         answered.extend(results);
         let key = job.key.clone();
-        job.continuation =
-            Some(ValidatedRequest::ToolContinuation(ToolContinuation { key, results: answered }));
+        job.continuation = Some(ValidatedRequest::ToolContinuation(ToolContinuation {
+            key,
+            results: answered,
+            approvals: Vec::new(),
+        }));
         Ok(job)
     }
+}
 
+/// Why `call` may not run: it needs approval and the turn's decisions deny it or do not name
+/// it. Only decisions the admission matched against the calls it asked about count (the
+/// continuation of this round trip); nothing else the turn carries approves a call.
+fn not_approved(
+    job: &AdmittedTurn,
+    call: &ToolCall,
+    context: &ConversationContext,
+) -> Option<ToolFailure> {
+    let decisions = match &job.continuation {
+        Some(ValidatedRequest::ToolContinuation(c)) => c.approvals(),
+        _ => &[],
+    };
+    // A decision is kept whatever the configuration says now: a call denied under the rules
+    // it was asked under stays denied after they change.
+    let decision = decisions.iter().find(|a| a.tool_call_id == call.tool_call_id);
+    match decision {
+        None if !context.server_tools.requires_approval(call) => None,
+        Some(a) if a.approved => None,
+        Some(a) if a.message.as_deref() == Some(crate::store::EXPIRY_MESSAGE) => {
+            Some(ToolFailure::NotApproved(crate::store::EXPIRY_MESSAGE.to_owned()))
+        }
+        Some(a) => Some(ToolFailure::NotApproved(a.denial())),
+        None => Some(ToolFailure::NotApproved(
+            "this call needs the user's approval, which is only asked when an answer calls no \
+             client tools; call it again in an answer of its own"
+                .to_owned(),
+        )),
+    }
+}
+
+impl Retrieve {
     async fn search_code(
         &self,
         call: &ToolCall,

@@ -21,6 +21,7 @@ from .client import (DEFAULT_URL, Client, ConnectionLost, EventTimeout, Instance
 from .events import (
     AnyEvent,
     ApiError,
+    ApprovalRequired,
     Delta,
     ErrorReply,
     Event,
@@ -30,6 +31,7 @@ from .events import (
     Reply,
     ToolCall,
     ToolCalls,
+    ToolDecision,
     ToolResult,
     parse_event,
 )
@@ -46,6 +48,7 @@ from .protocol import (
     CODE_TURN_FINISHED,
     CODE_TURN_NOT_FOUND,
     H_PROTOCOL,
+    OUTCOME_APPROVAL,
     LIMIT_CODES,
     PROTOCOL_VERSION,
     DeltaId,
@@ -61,7 +64,7 @@ from .protocol import (
 from .schemas import SchemaError, Schemas, find_schemas_dir
 
 __all__ = [
-    "AnyEvent", "ApiError", "CANCEL_TYPE", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID",
+    "AnyEvent", "ApiError", "ApprovalRequired", "CANCEL_TYPE", "OUTCOME_APPROVAL", "ToolDecision", "CODE_CONTEXT_FIXED", "CODE_REPLY_TO_INVALID",
     "CODE_SESSION_BUSY", "CODE_FOLLOW_UP_NOT_ALLOWED", "CODE_SESSION_UNAVAILABLE", "CODE_TOOL_RESULTS_TURN_CANCELLED", "CODE_TURN_CANCELLED", "CODE_TURN_STEERED",
     "CODE_TURN_FINISHED", "CODE_TURN_NOT_FOUND",
     "Client", "ConnectionLost", "DEFAULT_URL", "Delta", "DeltaId",

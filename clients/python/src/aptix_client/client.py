@@ -40,7 +40,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set,
-                    Tuple, Union)
+                    Tuple, TypeVar, Union)
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pika
@@ -48,8 +48,8 @@ import pika.exceptions
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from . import protocol as p
-from .events import (AnyEvent, Delta, Failed, Final, Reply, ToolCall, ToolCalls, ToolResult,
-                     parse_event)
+from .events import (AnyEvent, ApprovalRequired, Delta, Failed, Final, Refused, Reply, ToolCall, ToolCalls, ToolDecision,
+                     ToolResult, parse_event)
 from .schemas import Schemas, find_schemas_dir
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -75,6 +75,10 @@ _sleep = time.sleep
 #: exchange/routing key or queue, properties, headers and body: for logs and wire captures.
 WireLog = Callable[[str, Dict[str, Any]], None]
 ToolHandler = Callable[[ToolCall], ToolResult]
+# Says whether a server tool call that needs approval may run: True, False, or a ToolDecision
+# (a denial with a message for the model).
+ApprovalHandler = Callable[[ToolCall], Union[bool, ToolDecision]]
+_Answer = TypeVar("_Answer", ToolResult, ToolDecision)
 
 
 class PublishError(Exception):
@@ -619,6 +623,25 @@ class Session:
         }
         return self.submit(body, message_id=message_id, traceparent=traceparent)
 
+    def submit_approvals(
+        self,
+        turn_id: str,
+        decisions: Sequence[ToolDecision],
+        *,
+        message_id: Optional[str] = None,
+        traceparent: Optional[str] = None,
+    ) -> Submission:
+        """Publishes a Tool Approval Submission (protocol v3): a decision for each call of the
+        turn's `tool_approval_required` reply. When this session received that reply, `decisions`
+        must name exactly its calls (ValueError otherwise) and are sent in the order of the calls.
+        Sent again with the same `message_id`, it changes nothing more: an approved call runs once."""
+        body = {
+            "SessionId": self.session_id,
+            "TurnId": turn_id,
+            "ToolApprovals": [d.to_wire() for d in self._in_call_order(turn_id, decisions)],
+        }
+        return self.submit(body, message_id=message_id, traceparent=traceparent)
+
     def submit(
         self,
         body: Union[Mapping[str, Any], bytes],
@@ -738,14 +761,14 @@ class Session:
                 except pika.exceptions.AMQPConnectionError as e:
                     self.client._recover(e)
 
-    def _in_call_order(self, turn_id: str, results: Sequence[ToolResult]) -> List[ToolResult]:
+    def _in_call_order(self, turn_id: str, answers: Sequence[_Answer]) -> List[_Answer]:
         expected = self._pending_calls.get(turn_id)
         if expected is None:
-            return list(results)
-        by_id = {r.tool_call_id: r for r in results}
-        if sorted(by_id) != sorted(expected) or len(by_id) != len(results):
-            raise ValueError(f"turn {turn_id} waits for results of {expected}, "
-                             f"got {[r.tool_call_id for r in results]}")
+            return list(answers)
+        by_id = {a.tool_call_id: a for a in answers}
+        if sorted(by_id) != sorted(expected) or len(by_id) != len(answers):
+            raise ValueError(f"turn {turn_id} waits for answers to {expected}, "
+                             f"got {[a.tool_call_id for a in answers]}")
         return [by_id[i] for i in expected]
 
     # --- events -------------------------------------------------------------------------
@@ -780,7 +803,7 @@ class Session:
             return
         if mid:
             self.seen.add(mid)
-        if isinstance(event, ToolCalls) and event.turn_id:
+        if isinstance(event, (ToolCalls, ApprovalRequired)) and event.turn_id:
             self._pending_calls[event.turn_id] = [c.tool_call_id for c in event.calls]
         elif isinstance(event, (Final, Failed)) and event.turn_id:
             self._pending_calls.pop(event.turn_id, None)
@@ -881,14 +904,17 @@ class Session:
         instruction: Optional[str] = None,
         *,
         tools: Optional[ToolHandler] = None,
+        approve: Optional[ApprovalHandler] = None,
         on_event: Optional[Callable[[AnyEvent], None]] = None,
         timeout: float = 60.0,
         **fields: Any,
     ) -> Reply:
         """Submits a user turn and drives it to its end: runs every requested tool call through
-        `tools` (in order), submits the results, and returns the final reply (Final, Failed or
-        Refused)."""
+        `tools` (in order), submits the results, asks `approve` about every server tool call that
+        needs approval (True, False or a ToolDecision), submits the decisions, and returns the
+        final reply (Final, Failed or Refused)."""
         self.submit_turn(turn_id, instruction, **fields)
+        decided: Optional[str] = None  # the message_id of the decisions last sent
         while True:
             reply: Optional[Reply] = None
             for event in self.turn_events(turn_id, timeout):
@@ -896,6 +922,16 @@ class Session:
                     on_event(event)
                 if isinstance(event, Reply):
                     reply = event
+            if isinstance(reply, Refused) and decided and reply.correlation_id == decided \
+                    and reply.code in p.LATE_DECISION_CODES:
+                # Decided too late (the request expired, its calls denied): the turn goes on.
+                decided = None
+                continue
+            if isinstance(reply, ApprovalRequired):
+                if approve is None:
+                    raise RuntimeError(f"turn {turn_id} asks for approvals and no handler was given")
+                decided = self.submit_approvals(turn_id, [_decision(c, approve(c)) for c in reply.calls]).message_id
+                continue
             if not isinstance(reply, ToolCalls):
                 assert reply is not None  # turn_events ends on a reply
                 return reply
@@ -934,6 +970,12 @@ class Session:
             raise RuntimeError(f"session {self.session_id} reads the instance queue {self.queue}; "
                                "it has no queue of its own to delete")
         self._ch.queue_delete(self.queue)
+
+
+def _decision(call: ToolCall, answer: Union[bool, ToolDecision]) -> ToolDecision:
+    if isinstance(answer, ToolDecision):
+        return answer
+    return ToolDecision.approve(call) if answer else ToolDecision.deny(call)
 
 
 def _maybe_json(raw: bytes) -> Any:

@@ -155,6 +155,40 @@ class ToolCalls(Reply):
     message: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class ToolDecision:
+    """The client's decision on one call awaiting approval (protocol v3, docs/tools.md)."""
+
+    tool_call_id: str
+    approved: bool
+    message: Optional[str] = None
+
+    @staticmethod
+    def approve(call: Union[ToolCall, str]) -> "ToolDecision":
+        return ToolDecision(call.tool_call_id if isinstance(call, ToolCall) else call, True)
+
+    @staticmethod
+    def deny(call: Union[ToolCall, str], message: Optional[str] = None) -> "ToolDecision":
+        """A denial; `message` (at most 2,000 characters) is what the model is told."""
+        return ToolDecision(call.tool_call_id if isinstance(call, ToolCall) else call, False, message)
+
+    def to_wire(self) -> Dict[str, Any]:
+        wire: Dict[str, Any] = {"ToolCallId": self.tool_call_id, "Approved": self.approved}
+        if self.message is not None:
+            wire["Message"] = self.message
+        return wire
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRequired(Reply):
+    """`tool_approval_required`: approve or deny each of `calls` (server tools) with
+    `Session.submit_approvals`, before `expires_at` (RFC 3339); undecided calls are then denied."""
+
+    calls: List[ToolCall]
+    expires_at: str
+    message: Optional[str] = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Final(Reply):
     """The turn's answer."""
@@ -192,14 +226,14 @@ class Refused(ErrorReply):
     """This submission was refused (`x-aptix-outcome: refused`); no turn state changed."""
 
 
-AnyEvent = Union[Delta, ToolCalls, Final, Failed, Refused]
+AnyEvent = Union[Delta, ToolCalls, ApprovalRequired, Final, Failed, Refused]
 
 
 def _outcome_from_body(body: Mapping[str, Any]) -> str:
     if not body.get("Successful"):
         return p.OUTCOME_FAILED
     kind = (body.get("Result") or {}).get("Kind")
-    return p.OUTCOME_CONTINUATION if kind == p.OUTCOME_CONTINUATION else p.OUTCOME_FINAL
+    return kind if kind in p.WAITING_OUTCOMES else p.OUTCOME_FINAL
 
 
 def parse_event(
@@ -253,7 +287,7 @@ def _parse_reply(common: Dict[str, Any], data: Mapping[str, Any], headers: Mappi
     outcome = headers.get(p.H_OUTCOME) or _outcome_from_body(data)
     final = headers.get(p.H_FINAL)
     if not isinstance(final, bool):
-        final = outcome != p.OUTCOME_CONTINUATION
+        final = outcome not in p.WAITING_OUTCOMES
     step = headers.get(p.H_STEP)
     reply: Dict[str, Any] = dict(
         common,
@@ -264,19 +298,25 @@ def _parse_reply(common: Dict[str, Any], data: Mapping[str, Any], headers: Mappi
     )
     result = data.get("Result") or {}
     successful = data.get("Successful") is True
-    expect_success = outcome in (p.OUTCOME_FINAL, p.OUTCOME_CONTINUATION)
+    expect_success = outcome in (p.OUTCOME_FINAL, *p.WAITING_OUTCOMES)
     if strict and successful != expect_success:
         raise p.ProtocolError(f"{common['message_id']}: outcome {outcome} but Successful={successful}")
-    if strict and final != (outcome != p.OUTCOME_CONTINUATION) and outcome != p.OUTCOME_REFUSED:
+    if strict and final != (outcome not in p.WAITING_OUTCOMES) and outcome != p.OUTCOME_REFUSED:
         raise p.ProtocolError(f"{common['message_id']}: outcome {outcome} but final={final}")
-    if outcome == p.OUTCOME_CONTINUATION:
+    if outcome in p.WAITING_OUTCOMES:
         calls = [
             ToolCall(str(c.get("ToolCallId")), str(c.get("Name")), str(c.get("ArgumentsJson", "")))
             for c in result.get("ToolCalls") or []
         ]
-        if strict and (result.get("Kind") != p.OUTCOME_CONTINUATION or not calls):
-            raise p.ProtocolError(f"{common['message_id']}: continuation without tool calls")
-        return ToolCalls(calls=calls, message=result.get("ToolContinuationMessage"), **reply)
+        if strict and (result.get("Kind") != outcome or not calls):
+            raise p.ProtocolError(f"{common['message_id']}: {outcome} without tool calls")
+        message = result.get("ToolContinuationMessage")
+        if outcome == p.OUTCOME_APPROVAL:
+            expires = result.get("ApprovalExpiresAt")
+            if strict and not isinstance(expires, str):
+                raise p.ProtocolError(f"{common['message_id']}: approval request without ApprovalExpiresAt")
+            return ApprovalRequired(calls=calls, expires_at=str(expires or ""), message=message, **reply)
+        return ToolCalls(calls=calls, message=message, **reply)
     if outcome == p.OUTCOME_FINAL:
         if strict and result.get("Kind") != "final":
             raise p.ProtocolError(f"{common['message_id']}: outcome final but Kind={result.get('Kind')}")

@@ -23,8 +23,8 @@ H_EVENT_SEQ = "x-aptix-event-seq"
 H_OUTCOME = "x-aptix-outcome"
 H_PROTOCOL = "x-aptix-protocol"
 # The version of docs/client-protocol.md this client is written for (§1a); servers since version
-# 2 send theirs in H_PROTOCOL on every reply and delta.
-PROTOCOL_VERSION = 2
+# 2 send theirs in H_PROTOCOL on every reply and delta. Version 3 adds approval gates.
+PROTOCOL_VERSION = 3
 H_TRACEPARENT = "traceparent"
 
 KIND_REPLY = "reply"
@@ -35,9 +35,15 @@ KIND_RESUMED = "resumed"
 
 OUTCOME_FINAL = "final"
 OUTCOME_CONTINUATION = "client_tool_continuation"
+# Protocol version 3: server tool calls wait for the client's approval (docs/tools.md).
+OUTCOME_APPROVAL = "tool_approval_required"
 OUTCOME_FAILED = "failed"
 OUTCOME_REFUSED = "refused"
-OUTCOMES = (OUTCOME_FINAL, OUTCOME_CONTINUATION, OUTCOME_FAILED, OUTCOME_REFUSED)
+OUTCOMES = (OUTCOME_FINAL, OUTCOME_CONTINUATION, OUTCOME_APPROVAL, OUTCOME_FAILED, OUTCOME_REFUSED)
+# Outcomes after which the turn waits for the client (x-aptix-final = false).
+WAITING_OUTCOMES = (OUTCOME_CONTINUATION, OUTCOME_APPROVAL)
+# Refusals of decisions that came too late (§8a): the turn goes on without them.
+LATE_DECISION_CODES = ("tool_approvals.expired", "turn.not_awaiting_approval")
 
 SUBMISSION_TAGS = (
     "rejected",

@@ -1,0 +1,206 @@
+//! Approval gates (issue 44; docs/tools.md "Approvals", client protocol §8a) against a real MCP
+//! server (tests/mcp/server.py, the official Python SDK) that counts every call it receives: an
+//! approved call runs exactly once however often the decisions come, a denied one never runs and
+//! the model reads why, an unanswered request expires into denials, decisions that do not match
+//! abort the turn, a rule on an argument gates only the calls it matches, and a worker SIGKILLed
+//! while an approved call runs does not run it twice.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+use crate::mcp_tools::ToolServer;
+
+use std::time::Duration;
+
+use aptix::config::{ApprovalRule, Pattern};
+use common::{new_session, user_turn, Harness};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(60);
+const OPEN: &str = r#"@call(tickets__open_ticket, {"title":"printer on fire","priority":"high"})"#;
+
+/// A harness whose default context offers the test server's tools, `open_ticket` gated by
+/// `rule` (all calls when `None`), requests expiring after `expiry` seconds.
+async fn harness(server: &ToolServer, rule: Option<(&str, &str)>, expiry: u32) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let config = server.config(&token);
+    std::mem::forget(dir); // the token file is read at each connection
+    let rule = ApprovalRule {
+        tool: "tickets__open_ticket".into(),
+        argument: rule.map(|(pointer, _)| pointer.to_owned()),
+        matches: rule.map(|(_, m)| Pattern(regex::Regex::new(m).unwrap())),
+    };
+    Harness::start_with(1, move |s| {
+        let name = s.default_conversation_context.clone();
+        let tools = &mut s.conversation_contexts.get_mut(&name).unwrap().server_tools;
+        tools.mcp.push(config);
+        tools.approvals.push(rule);
+        tools.approval_expiry_seconds = expiry;
+    })
+    .await
+}
+
+fn approvals(s: &str, turn: &str, decisions: Value) -> Value {
+    json!({ "SessionId": s, "TurnId": turn, "ToolApprovals": decisions })
+}
+
+/// Submits a turn calling `open_ticket` and returns the approval request's reply body.
+async fn asked(h: &Harness, s: &str, turn: &str, call: &str) -> Value {
+    h.submit(&user_turn(s, turn, &format!("Open a ticket. {call}"))).await;
+    let replies = h.replies(s, 1, WAIT).await;
+    let reply = replies.last().unwrap();
+    assert_eq!(
+        reply.headers.get("x-aptix-outcome").map(String::as_str),
+        Some("tool_approval_required")
+    );
+    assert_eq!(reply.headers.get("x-aptix-final").map(String::as_str), Some("false"));
+    let result = reply.body["Result"].clone();
+    assert_eq!(result["Kind"], "tool_approval_required", "{result}");
+    assert_eq!(result["ToolCalls"][0]["Name"], "tickets__open_ticket", "{result}");
+    assert!(result["ApprovalExpiresAt"].as_str().unwrap().ends_with('Z'), "{result}");
+    result
+}
+
+fn call_id(result: &Value) -> String {
+    result["ToolCalls"][0]["ToolCallId"].as_str().unwrap().to_owned()
+}
+
+fn tool_results(reply: &Value) -> Vec<Value> {
+    reply["Result"]["ToolResults"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_approved_call_runs_once_and_a_denied_one_never() {
+    let server = ToolServer::start();
+    let h = harness(&server, None, 3600).await;
+    let s = new_session();
+
+    let result = asked(&h, &s, "t1", OPEN).await;
+    assert_eq!(server.count("open_ticket"), 0, "ran before its approval");
+    let approve =
+        approvals(&s, "t1", json!([{ "ToolCallId": call_id(&result), "Approved": true }]));
+    h.submit(&approve).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let last = &replies.last().unwrap().body;
+    assert_eq!(last["Result"]["Kind"], "final", "{last}");
+    assert!(tool_results(last)[0]["ResultJson"].is_string(), "{last}");
+    // The same decisions again (a client that lost its confirm): the call does not run again.
+    h.submit(&approve).await;
+    let again = h.replies(&s, 1, Duration::from_secs(5)).await;
+    assert!(
+        again.iter().all(|r| r.body["Result"]["Kind"] == "final"),
+        "{:?}",
+        again.iter().map(|r| &r.body).collect::<Vec<_>>()
+    );
+    assert_eq!(server.count("open_ticket"), 1);
+
+    let result = asked(&h, &s, "t2", OPEN).await;
+    let deny = json!([{ "ToolCallId": call_id(&result), "Approved": false, "Message": "not on a Friday" }]);
+    h.submit(&approvals(&s, "t2", deny)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let last = &replies.last().unwrap().body;
+    let error = tool_results(last)[0]["ErrorMessage"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("the user denied this call: not on a Friday"), "{last}");
+    assert_eq!(server.count("open_ticket"), 1, "a denied call ran");
+    // The model read the denial as the call's output.
+    let sent = h.sim.request_bodies().last().unwrap().to_string();
+    assert!(sent.contains("not on a Friday"), "{sent}");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unanswered_request_expires_into_denials_and_late_decisions_are_refused() {
+    let server = ToolServer::start();
+    let h = harness(&server, None, 10).await;
+    let s = new_session();
+    let result = asked(&h, &s, "t1", OPEN).await;
+    let replies = h.replies(&s, 1, Duration::from_secs(40)).await;
+    let last = &replies.last().unwrap().body;
+    assert_eq!(last["Result"]["Kind"], "final", "{last}");
+    let error = tool_results(last)[0]["ErrorMessage"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("expired"), "{last}");
+    let late = approvals(&s, "t1", json!([{ "ToolCallId": call_id(&result), "Approved": true }]));
+    h.submit(&late).await;
+    let refused = h.replies(&s, 1, WAIT).await;
+    assert_eq!(
+        refused[0].body["Errors"][0]["Code"], "tool_approvals.expired",
+        "{}",
+        refused[0].body
+    );
+    assert_eq!(server.count("open_ticket"), 0);
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mismatched_decisions_abort_and_a_rule_gates_only_what_it_matches() {
+    let server = ToolServer::start();
+    let h = harness(&server, Some(("/priority", "^(high|urgent)$")), 3600).await;
+    let s = new_session();
+    let result = asked(&h, &s, "t1", OPEN).await;
+    // Decisions on none of the calls asked about: refused, the request still waits.
+    let stale = json!([{ "ToolCallId": "call_never_asked", "Approved": true }]);
+    h.submit(&approvals(&s, "t1", stale)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(
+        replies[0].body["Errors"][0]["Code"], "turn.not_awaiting_approval",
+        "{}",
+        replies[0].body
+    );
+    // One more decision than calls: the turn is aborted.
+    let id = call_id(&result);
+    let wrong = json!([{ "ToolCallId": id, "Approved": true }, { "ToolCallId": "extra", "Approved": true }]);
+    h.submit(&approvals(&s, "t1", wrong)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(
+        replies[0].body["Errors"][0]["Code"], "tool_approvals.mismatch",
+        "{}",
+        replies[0].body
+    );
+    assert_eq!(server.count("open_ticket"), 0);
+
+    // Low priority: no rule matches, the call runs without asking.
+    let low = r#"@call(tickets__open_ticket, {"title":"paper jam","priority":"low"})"#;
+    h.submit(&user_turn(&s, "t2", low)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    assert_eq!(replies[0].body["Result"]["Kind"], "final", "{}", replies[0].body);
+    assert_eq!(server.count("open_ticket"), 1);
+    h.teardown().await;
+}
+
+/// A worker SIGKILLed while an approved (not idempotent) call runs, then restarted: the call
+/// is not run again, and the turn ends with one reply; the server counts one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_approved_call_cut_short_by_sigkill_runs_at_most_once() {
+    let server = ToolServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aptix.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[conversation_contexts.default.server_tools.mcp]]\nname = \"tickets\"\nurl = \"{}\"\n\
+             allowed_tools = [\"open_ticket\"]\ntimeout_ms = 8000\n\n\
+             [[conversation_contexts.default.server_tools.approvals]]\ntool = \"tickets__open_ticket\"\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    let h = Harness::start(0).await;
+    let spawn = || crate::mcp_tools::worker(&h, &config);
+    let mut worker = spawn();
+    let s = new_session();
+    let slow = r#"@call(tickets__open_ticket, {"title":"once","delay_seconds":5})"#;
+    let result = asked(&h, &s, "t1", slow).await;
+    h.submit(&approvals(&s, "t1", json!([{ "ToolCallId": call_id(&result), "Approved": true }])))
+        .await;
+    server.wait_for("open_ticket").await;
+    worker.kill().unwrap(); // SIGKILL, while the approved call runs
+    worker.wait().unwrap();
+    let mut worker = spawn();
+    let replies = h.replies(&s, 1, Duration::from_secs(90)).await;
+    assert_eq!(replies.len(), 1, "{:?}", replies.iter().map(|r| &r.body).collect::<Vec<_>>());
+    assert_eq!(replies[0].body["Result"]["Kind"], "final", "{}", replies[0].body);
+    common::terminate(&mut worker);
+    assert_eq!(server.count("open_ticket"), 1, "the approved call ran twice");
+    h.teardown().await;
+}
