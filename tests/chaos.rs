@@ -83,6 +83,10 @@ struct Plan {
     /// after the turn (tests/mcp/server.py, not idempotent): SIGKILLs land during the call, and
     /// the server must count at most one ticket per turn (docs/tools.md, "Effects").
     mcp_share: f64,
+    /// Share of those ticket calls that need the client's approval (`priority: high`): the
+    /// client approves half, denies three in ten and lets the rest expire (docs/tools.md,
+    /// "Approvals"); an approved ticket opens at most once, a denied or expired one never.
+    approval_share: f64,
     /// LLM faults injected by the simulator.
     llm_faults: bool,
     /// How long the pipeline may take to finish everything after the load.
@@ -107,6 +111,7 @@ impl Plan {
             follow_up_share: 0.1,
             write_share: 0.2,
             mcp_share: 0.2,
+            approval_share: 0.5,
             llm_faults: true,
             drain_limit_s: 300,
             seed: rand::random(),
@@ -130,6 +135,7 @@ impl Plan {
             follow_up_share: 0.25,
             write_share: 0.3,
             mcp_share: 0.4,
+            approval_share: 0.5,
             llm_faults: true,
             drain_limit_s: 60,
             seed: rand::random(),
@@ -154,6 +160,7 @@ impl Plan {
         var("APTIX_CHAOS_FOLLOW_UP_SHARE", &mut self.follow_up_share);
         var("APTIX_CHAOS_WRITE_SHARE", &mut self.write_share);
         var("APTIX_CHAOS_MCP_SHARE", &mut self.mcp_share);
+        var("APTIX_CHAOS_APPROVAL_SHARE", &mut self.approval_share);
         self
     }
 }
@@ -746,10 +753,26 @@ async fn generate(
             let args = json!({"path": path, "content": instruction.clone()});
             instruction = format!("{instruction} @call(write_file, {args})");
         }
-        let opens =
-            (writes.is_none() && rng.random_bool(plan.mcp_share)).then(|| format!("chaos-{s}-{t}"));
+        let opens = (writes.is_none() && rng.random_bool(plan.mcp_share)).then(|| {
+            // A gated ticket's title says what the client will decide (`approver` reads it).
+            let decision = match rng.random_range(0..10) {
+                _ if !rng.random_bool(plan.approval_share) => "",
+                0..5 => "-approve",
+                5..8 => "-deny",
+                _ => "-expire",
+            };
+            format!("chaos-{s}-{t}{decision}")
+        });
         if let Some(title) = &opens {
-            let args = json!({"title": title, "delay_seconds": 0.3});
+            let priority = if title.ends_with("-approve")
+                || title.ends_with("-deny")
+                || title.ends_with("-expire")
+            {
+                "high"
+            } else {
+                "low"
+            };
+            let args = json!({"title": title, "delay_seconds": 0.3, "priority": priority});
             instruction = format!("{instruction} @call(tickets__open_ticket, {args})");
         }
         let stream = rng.random_bool(plan.stream_share);
@@ -807,6 +830,66 @@ async fn generate(
         let _ = conn.close(200, "done".into()).await;
     }
     (sent, client.reconnects)
+}
+
+/// The client's side of approval requests, until `running` is cleared: it finds turns waiting
+/// for approval (read from PostgreSQL instead of its reply queues, which the reconciliation reads
+/// afterwards) and sends each one decision per call, as the ticket's title says: `-approve`,
+/// `-deny`, or `-expire` (none: the request expires). Returns the submissions it sent.
+async fn approver(topology: Topology, pool: sqlx::PgPool, running: Arc<AtomicBool>) -> usize {
+    let mut client = Client::new();
+    let mut answered = HashSet::new();
+    while running.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waiting: Vec<(uuid::Uuid, String, Value)> = match sqlx::query_as(
+            "SELECT session_id, turn_id, pending_tool_calls FROM turns
+             WHERE state = 'awaiting_approval' AND pending_tool_calls IS NOT NULL",
+        )
+        .fetch_all(&pool)
+        .await
+        {
+            Ok(rows) => rows,
+            Err(_) => continue, // PostgreSQL is restarting
+        };
+        for (session, turn, calls) in waiting {
+            let calls = calls.as_array().cloned().unwrap_or_default();
+            let first = calls.first().and_then(|c| c["ToolCallId"].as_str()).unwrap_or_default();
+            if !answered.insert(format!("{session}:{turn}:{first}")) {
+                continue;
+            }
+            let decide = |c: &Value| {
+                let args: Value = serde_json::from_str(c["ArgumentsJson"].as_str().unwrap_or("{}"))
+                    .unwrap_or_default();
+                let title = args["title"].as_str().unwrap_or_default().to_owned();
+                let id = c["ToolCallId"].clone();
+                match () {
+                    _ if title.ends_with("-approve") => {
+                        Some(json!({"ToolCallId": id, "Approved": true}))
+                    }
+                    _ if title.ends_with("-deny") => Some(
+                        json!({"ToolCallId": id, "Approved": false, "Message": "chaos says no"}),
+                    ),
+                    _ => None,
+                }
+            };
+            let Some(decisions) = calls.iter().map(decide).collect::<Option<Vec<_>>>() else {
+                continue; // left to expire
+            };
+            let session = SessionId::new(session);
+            let body = json!({"SessionId": session, "TurnId": turn, "ToolApprovals": decisions});
+            let msg = OutMessage::to_queue(
+                topology.requests(),
+                "request",
+                format!("chaos-approve:{session}:{turn}:{first}"),
+                serde_json::to_vec(&body).unwrap(),
+            );
+            client.publish(&topology, &session, &msg).await;
+        }
+    }
+    if let Some((conn, _)) = client.link.take() {
+        let _ = conn.close(200, "done".into()).await;
+    }
+    answered.len()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -882,6 +965,8 @@ struct Got {
     turn: String,
     message_id: String,
     is_final: bool,
+    /// A reply that ends a step but not the turn (`x-aptix-final` = false: an approval request).
+    waits: bool,
     body: Value,
 }
 
@@ -900,6 +985,7 @@ async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
                 .unwrap_or_default(),
             // A reply (not a delta): it ends a step, whether or not the turn goes on.
             is_final: h.get("x-aptix-kind").map(String::as_str) == Some("reply"),
+            waits: h.get("x-aptix-final").map(String::as_str) == Some("false"),
             body: serde_json::from_slice(&m.delivery.data).unwrap_or(Value::Null),
         });
     }
@@ -977,6 +1063,8 @@ struct Reconciliation {
     /// 1 when the spend rows count less than the records report (a crash lost a charge).
     budget_under_counted: usize,
     stream_deltas: usize,
+    /// Replies asking the client's approval (steps that did not end their turn).
+    approval_requests: usize,
     cancelled_by_client: usize,
     /// Turns sent with `FollowUp = "interrupt"` / `"reject"`.
     interrupting_turns: usize,
@@ -1031,6 +1119,14 @@ struct ToolEffects {
     calls: usize,
     /// Tickets opened more than once (the same turn's call run twice): must be 0.
     double_effects: usize,
+    /// Tickets that needed approval, by what the client decided (approve, deny, expire).
+    gated: [usize; 3],
+    /// Approved tickets the server opened (at most one each; fewer when a kill cut a call short).
+    approved_opened: usize,
+    /// Denied or expired tickets the server opened anyway: must be 0.
+    denied_but_opened: usize,
+    /// Decisions the client sent.
+    decisions_sent: usize,
     /// Calls the pipeline recorded as of unknown outcome (cut short by a kill).
     unknown_outcomes: i64,
     /// Tickets opened more than once, at most five.
@@ -1042,6 +1138,7 @@ async fn tool_effects(
     h: &Harness,
     sent: &[Sent],
     server: &crate::mcp_tools::ToolServer,
+    decisions_sent: usize,
 ) -> ToolEffects {
     let calls = server.calls();
     let mut per_title: std::collections::BTreeMap<String, usize> = Default::default();
@@ -1057,10 +1154,21 @@ async fn tool_effects(
             .fetch_one(h.deps.store.pool())
             .await
             .unwrap();
+    let titles = || sent.iter().filter_map(|s| s.opens.as_deref());
+    let gated =
+        ["-approve", "-deny", "-expire"].map(|d| titles().filter(|t| t.ends_with(d)).count());
+    let opened = |t: &str| per_title.get(t).copied().unwrap_or_default();
+    let approved_opened = titles().filter(|t| t.ends_with("-approve")).map(opened).sum();
+    let denied_but_opened =
+        titles().filter(|t| t.ends_with("-deny") || t.ends_with("-expire")).map(opened).sum();
     ToolEffects {
         turns_calling: sent.iter().filter(|s| s.opens.is_some()).count(),
         calls: calls.len(),
         double_effects: doubled.len(),
+        gated,
+        approved_opened,
+        denied_but_opened,
+        decisions_sent,
         unknown_outcomes: unknown,
         examples: doubled.into_iter().take(5).collect(),
     }
@@ -1154,6 +1262,10 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             }
             if !g.is_final {
                 r.stream_deltas += 1;
+                continue;
+            }
+            if g.waits {
+                r.approval_requests += 1;
                 continue;
             }
             if g.message_id.contains(":rejected-cancel-") {
@@ -1427,8 +1539,11 @@ async fn chaos(plan: Plan) -> Report {
     std::fs::write(
         &tools_config,
         format!(
-            "[[conversation_contexts.default.server_tools.mcp]]\nname = \"tickets\"\n\
-             url = \"{}\"\nallowed_tools = [\"open_ticket\"]\ntimeout_ms = 5000\n",
+            "[conversation_contexts.default.server_tools]\napproval_expiry_seconds = 10\n\n\
+             [[conversation_contexts.default.server_tools.mcp]]\nname = \"tickets\"\n\
+             url = \"{}\"\nallowed_tools = [\"open_ticket\"]\ntimeout_ms = 5000\n\n\
+             [[conversation_contexts.default.server_tools.approvals]]\n\
+             tool = \"tickets__open_ticket\"\nargument = \"/priority\"\nmatches = \"^high$\"\n",
             tools.url
         ),
     )
@@ -1493,6 +1608,10 @@ async fn chaos(plan: Plan) -> Report {
         })
     };
 
+    // The client's approver, deciding as each gated ticket's title says, until the drain is over.
+    let approving = Arc::new(AtomicBool::new(true));
+    let approver =
+        tokio::spawn(approver(h.topology.clone(), h.deps.store.pool().clone(), approving.clone()));
     let (sent, reconnects) = generate(&h, &plan, &sessions, &order, &progress, &mut rng).await;
     let load_s = t_start.elapsed().as_secs_f64();
     eprintln!("chaos: {} turns published in {load_s:.0} s", sent.len());
@@ -1504,6 +1623,8 @@ async fn chaos(plan: Plan) -> Report {
     let may_refuse = sent.iter().filter(|s| s.follow_up == Some("reject")).count();
     let admitted = sent.len() - may_refuse..=sent.len();
     let drained = drain(&h, admitted, Duration::from_secs(plan.drain_limit_s)).await;
+    approving.store(false, Ordering::SeqCst);
+    let decisions_sent = approver.await.unwrap();
     fleet.reap(&windows);
     fleet.stop().await;
 
@@ -1511,7 +1632,7 @@ async fn chaos(plan: Plan) -> Report {
     h.conn = connect(AMQP).await.unwrap();
     h.publisher = Publisher::connect(AMQP).await.unwrap();
     let result = reconcile(&h, &sent, reconnects).await;
-    let tools = tool_effects(&h, &sent, &tools).await;
+    let tools = tool_effects(&h, &sent, &tools, decisions_sent).await;
     let stats = h.sim.stats();
     let llm = json!({
         "requests": stats.requests, "responses": stats.responses, "errors": stats.errors,
@@ -1578,6 +1699,7 @@ fn assert_sound(report: &Report) {
         (r.sessions_run_out_of_order, "sessions that ran out of order"),
         (r.sessions_with_broken_chain, "sessions with a broken chain"),
         (report.tools.double_effects, "MCP tool calls that took effect twice"),
+        (report.tools.denied_but_opened, "denied or expired MCP tool calls that took effect"),
     ];
     for (n, what) in counts {
         check(n == 0, format!("{n} {what}"));

@@ -761,18 +761,18 @@ export class Session {
    * messageId it changes nothing more: an approved call runs once.
    */
   async submitApprovals(turnId: string, decisions: ToolDecision[], opts: SubmitOptions = {}): Promise<Submission> {
-    const ordered = this.inCallOrder(turnId, decisions);
+    const ordered = this.inCallOrder(turnId, decisions, "decisions on");
     const body = { SessionId: this.sessionId, TurnId: turnId, ToolApprovals: ordered.map(ToolDecision.toWire) };
     return this.submit(body, opts);
   }
 
-  private inCallOrder<T extends { toolCallId: string }>(turnId: string, answers: T[]): T[] {
+  private inCallOrder<T extends { toolCallId: string }>(turnId: string, answers: T[], what = "results of"): T[] {
     const expected = this.pendingCalls.get(turnId);
     if (!expected) return answers;
     const byId = new Map(answers.map((r) => [r.toolCallId, r]));
     const same = byId.size === answers.length && answers.length === expected.length && expected.every((id) => byId.has(id));
     if (!same) {
-      throw new Error(`turn ${turnId} waits for answers to ${expected.join(", ")}, got ${answers.map((r) => r.toolCallId).join(", ")}`);
+      throw new Error(`turn ${turnId} waits for ${what} ${expected.join(", ")}, got ${answers.map((r) => r.toolCallId).join(", ")}`);
     }
     return expected.map((id) => byId.get(id) as T);
   }

@@ -638,7 +638,7 @@ class Session:
         body = {
             "SessionId": self.session_id,
             "TurnId": turn_id,
-            "ToolApprovals": [d.to_wire() for d in self._in_call_order(turn_id, decisions)],
+            "ToolApprovals": [d.to_wire() for d in self._in_call_order(turn_id, decisions, "decisions on")],
         }
         return self.submit(body, message_id=message_id, traceparent=traceparent)
 
@@ -761,13 +761,13 @@ class Session:
                 except pika.exceptions.AMQPConnectionError as e:
                     self.client._recover(e)
 
-    def _in_call_order(self, turn_id: str, answers: Sequence[_Answer]) -> List[_Answer]:
+    def _in_call_order(self, turn_id: str, answers: Sequence[_Answer], what: str = "results of") -> List[_Answer]:
         expected = self._pending_calls.get(turn_id)
         if expected is None:
             return list(answers)
         by_id = {a.tool_call_id: a for a in answers}
         if sorted(by_id) != sorted(expected) or len(by_id) != len(answers):
-            raise ValueError(f"turn {turn_id} waits for answers to {expected}, "
+            raise ValueError(f"turn {turn_id} waits for {what} {expected}, "
                              f"got {[a.tool_call_id for a in answers]}")
         return [by_id[i] for i in expected]
 
