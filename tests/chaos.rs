@@ -696,6 +696,9 @@ struct Sent {
     follow_up: Option<&'static str>,
     /// A later turn of its session interrupts: it may end as `turn.cancelled`.
     interruptible: bool,
+    /// An earlier turn of its session needs approval: unless it interrupts or steers, it may be
+    /// refused with `session.awaiting_approval` while that turn waits.
+    after_gated: bool,
     /// The file its model call of `write_file` writes, when it makes one.
     writes: Option<String>,
     /// The ticket its model call of the MCP tool opens, when it makes one.
@@ -736,6 +739,7 @@ async fn generate(
 ) -> (Vec<Sent>, usize) {
     let mut client = Client::new();
     let mut sent = Vec::with_capacity(order.len());
+    let mut gated_sessions: HashSet<SessionId> = HashSet::new();
     let gap = Duration::from_secs_f64(1.0 / plan.rate_per_s.max(0.1));
     let start = Instant::now();
     for (i, &(s, t)) in order.iter().enumerate() {
@@ -764,14 +768,7 @@ async fn generate(
             format!("chaos-{s}-{t}{decision}")
         });
         if let Some(title) = &opens {
-            let priority = if title.ends_with("-approve")
-                || title.ends_with("-deny")
-                || title.ends_with("-expire")
-            {
-                "high"
-            } else {
-                "low"
-            };
+            let priority = if gated_title(title) { "high" } else { "low" };
             let args = json!({"title": title, "delay_seconds": 0.3, "priority": priority});
             instruction = format!("{instruction} @call(tickets__open_ticket, {args})");
         }
@@ -811,6 +808,10 @@ async fn generate(
             msg.kind = "turn.cancel".into();
             client.publish(&h.topology, &session, &msg).await;
         }
+        let after_gated = gated_sessions.contains(&session);
+        if opens.as_deref().is_some_and(gated_title) {
+            gated_sessions.insert(session);
+        }
         sent.push(Sent {
             session,
             turn,
@@ -819,6 +820,7 @@ async fn generate(
             cancelled,
             follow_up,
             interruptible: false,
+            after_gated,
             writes,
             opens,
             confirmed_at,
@@ -838,7 +840,7 @@ async fn generate(
 /// `-deny`, or `-expire` (none: the request expires). Returns the submissions it sent.
 async fn approver(topology: Topology, pool: sqlx::PgPool, running: Arc<AtomicBool>) -> usize {
     let mut client = Client::new();
-    let mut answered = HashSet::new();
+    let (mut answered, mut sent) = (HashSet::new(), 0);
     while running.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let waiting: Vec<(uuid::Uuid, String, Value)> = match sqlx::query_as(
@@ -884,12 +886,13 @@ async fn approver(topology: Topology, pool: sqlx::PgPool, running: Arc<AtomicBoo
                 serde_json::to_vec(&body).unwrap(),
             );
             client.publish(&topology, &session, &msg).await;
+            sent += 1;
         }
     }
     if let Some((conn, _)) = client.link.take() {
         let _ = conn.close(200, "done".into()).await;
     }
-    answered.len()
+    sent
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -992,6 +995,16 @@ async fn read_queue(ch: &lapin::Channel, queue: &str) -> Vec<Got> {
     out
 }
 
+/// Whether a ticket's title asks for the client's approval (and says what it decides).
+fn gated_title(title: &str) -> bool {
+    ["-approve", "-deny", "-expire"].iter().any(|d| title.ends_with(d))
+}
+
+/// Whether `s` may be refused because an earlier turn of its session waits for approval.
+fn may_wait(s: &Sent) -> bool {
+    s.after_gated && !matches!(s.follow_up, Some("interrupt" | "steer"))
+}
+
 /// The turn a steered follow-up's reply names in its `turn.steered` warning.
 /// Whether the reply's ticket call ended with an error (its outcome unknown after a kill): its
 /// output, which names the turn's ticket, never came back.
@@ -1071,8 +1084,10 @@ struct Reconciliation {
     rejecting_turns: usize,
     /// Of those that reject, refused with `session.busy` (no record, one refusal).
     refused_busy: usize,
-    /// Turns refused with `session.busy` that have a record all the same, or that did not ask
-    /// to be refused.
+    /// Turns refused with `session.awaiting_approval` (an earlier turn of the session waited).
+    refused_awaiting_approval: usize,
+    /// Turns refused with `session.busy` or `session.awaiting_approval` that have a record all
+    /// the same, or that could not be refused so.
     busy_violations: usize,
     /// Cancels refused because their turn had already ended.
     cancels_too_late: usize,
@@ -1282,16 +1297,28 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
             finals_of.entry((s.to_string(), g.turn.clone())).or_default().push(g);
         }
     }
-    let busy = |key: &(String, String)| {
+    let refused_with = |key: &(String, String), code: &str| {
         let first = finals_of.get(key).and_then(|f| f.first());
-        first.is_some_and(|f| codes(&f.body).iter().any(|c| c == "session.busy"))
+        first.is_some_and(|f| codes(&f.body).iter().any(|c| c == code))
     };
+    let busy = |key: &(String, String)| refused_with(key, "session.busy");
     let mut latencies = Vec::new();
     // Turns each session's interrupts cancelled: at most one per interrupting turn.
     let mut interrupted: HashMap<SessionId, usize> = HashMap::new();
     for s in sent {
         let key = (s.session.to_string(), s.turn.clone());
         let recs = records_of.get(&key).map(Vec::as_slice).unwrap_or_default();
+        if refused_with(&key, "session.awaiting_approval") {
+            // Refused while an earlier turn of its session waited for approval: nothing stored.
+            r.refused_awaiting_approval += 1;
+            let replies = finals_of.get(&key).map_or(0, Vec::len);
+            if !may_wait(s) || !recs.is_empty() || replies > 1 {
+                r.busy_violations += 1;
+                let what = format!("{} records, {replies} replies", recs.len());
+                r.examples.push(format!("{}/{} refused awaiting approval ({what})", key.0, key.1));
+            }
+            continue;
+        }
         if busy(&key) {
             // Refused, as it asked to be when its session was busy: nothing stored, one refusal.
             r.refused_busy += 1;
@@ -1414,10 +1441,12 @@ async fn reconcile(h: &Harness, sent: &[Sent], reconnects: usize) -> Reconciliat
     // successful turn one deeper than the one before), and reply arrival (informational).
     for s in &sessions {
         let sid = s.to_string();
-        // A turn refused as busy was never admitted.
+        // A turn refused as busy, or while its session waited for approval, was never admitted.
+        let refused =
+            |key: &(String, String)| busy(key) || refused_with(key, "session.awaiting_approval");
         let submitted: Vec<&str> = sent
             .iter()
-            .filter(|x| x.session == *s && !busy(&(sid.clone(), x.turn.clone())))
+            .filter(|x| x.session == *s && !refused(&(sid.clone(), x.turn.clone())))
             .map(|x| x.turn.as_str())
             .collect();
         let admitted: Vec<&str> =
@@ -1620,7 +1649,7 @@ async fn chaos(plan: Plan) -> Report {
     let mut fleet = killer.await.unwrap();
     eprintln!("chaos: {} kills; draining", fleet.report.kills_total);
     // A turn that rejects follow-ups may be refused and never stored.
-    let may_refuse = sent.iter().filter(|s| s.follow_up == Some("reject")).count();
+    let may_refuse = sent.iter().filter(|s| s.follow_up == Some("reject") || may_wait(s)).count();
     let admitted = sent.len() - may_refuse..=sent.len();
     let drained = drain(&h, admitted, Duration::from_secs(plan.drain_limit_s)).await;
     approving.store(false, Ordering::SeqCst);
