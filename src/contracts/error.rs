@@ -56,8 +56,8 @@ error_codes! {
     ToolResultsEmpty => "validation.tool_results_empty", "`ToolResults` is present but empty";
     ToolApprovalsEmpty => "validation.tool_approvals_empty", "`ToolApprovals` is present but empty";
     ToolApprovalInvalid => "validation.tool_approval_invalid", "a decision of `ToolApprovals` has no `Approved`, or a `Message` on an approval (a message is for a denial)";
-    ToolCallIdMissing => "validation.tool_call_id_missing", "a tool result has no `ToolCallId`";
-    ToolCallIdDuplicate => "validation.tool_call_id_duplicate", "two tool results share a `ToolCallId`";
+    ToolCallIdMissing => "validation.tool_call_id_missing", "a tool result or a decision has no `ToolCallId`";
+    ToolCallIdDuplicate => "validation.tool_call_id_duplicate", "two tool results (or two decisions) share a `ToolCallId`";
     ExecutionMsMissing => "validation.execution_ms_missing", "a tool result has no `ExecutionMs`";
     ToolResultOutcome => "validation.tool_result_outcome", "a tool result has both or neither of `ResultJson` and `ErrorMessage`";
     ToolResultJsonInvalid => "validation.tool_result_json_invalid", "`ResultJson` is not valid JSON";

@@ -120,8 +120,10 @@ async fn decide(
     parsed: &ToolContinuation,
 ) -> Result<ContinuationAdmission, StoreError> {
     // The same submission again: whatever it started, however far the turn went since (a late
-    // copy must not be checked against calls asked after it).
-    if row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint) {
+    // copy must not be checked against calls asked after it), unless the turn now waits for an
+    // answer to calls with exactly its ids (a provider that repeats call ids across steps).
+    let repeated = row.continuation_fingerprint.as_deref() == Some(submitted.fingerprint);
+    if repeated && !answers_pending(&row, parsed) {
         return Ok(if row.state.is_finished() {
             ContinuationAdmission::Finished { reply: finished_reply(tx, &row).await? }
         } else {
@@ -180,6 +182,22 @@ async fn decide(
             Ok(ContinuationAdmission::Accepted { outbox: resume(tx, row, submitted, ok).await? })
         }
     }
+}
+
+/// Whether `parsed` answers, id for id, the calls the turn waits for now.
+fn answers_pending(row: &TurnRow, parsed: &ToolContinuation) -> bool {
+    let awaited = if parsed.is_approval() {
+        TurnState::AwaitingApproval
+    } else {
+        TurnState::AwaitingToolResults
+    };
+    let pending = row.pending_tool_calls.as_ref().map(|p| p.0.as_slice()).unwrap_or_default();
+    let ids: Vec<&str> = if parsed.is_approval() {
+        parsed.approvals().iter().map(|a| a.tool_call_id.as_str()).collect()
+    } else {
+        parsed.results().iter().map(|r| r.tool_call_id.as_str()).collect()
+    };
+    row.state == awaited && pending.iter().map(|c| c.tool_call_id.as_str()).eq(ids)
 }
 
 /// Whether the turn's approval request is past its expiry.
