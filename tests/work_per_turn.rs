@@ -179,3 +179,35 @@ async fn warm_up(h: &Harness) {
     h.replies(&s, 1, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
+
+/// Channels opened to make reply queues ready (declare and bind, once per new session queue):
+/// kept between declarations (`broker/spare.rs`), so twelve new sessions one after another open
+/// at most one channel more than the warm-up did, where each used to open one of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_sessions_reuse_the_channels_their_queues_are_declared_on() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start(1).await;
+    warm_up(&h).await;
+    let m = aptix::metrics::metrics();
+    let (opened, declared) = (m.amqp_count("channel.open"), m.amqp_count("queue.declare"));
+    const SESSIONS: usize = 12;
+    for i in 0..SESSIONS {
+        let s = new_session();
+        let session: aptix::contracts::SessionId = s.parse().unwrap();
+        h.topology.declare_client_queue(h.publisher.channel(), &session).await.unwrap();
+        h.sessions.lock().unwrap().insert(session);
+        let body = serde_json::to_vec(&user_turn(&s, "t1", "How is the invoice e-mail sent?"));
+        h.publisher
+            .publish(&h.topology.request(&s, format!("m-{i}"), body.unwrap()))
+            .await
+            .unwrap();
+        let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+        assert_eq!(replies.last().unwrap().body["Successful"], true);
+    }
+    let opened = m.amqp_count("channel.open") - opened;
+    let declared = m.amqp_count("queue.declare") - declared;
+    // The count is real: each new session's queue was declared by the pipeline.
+    assert!(declared >= SESSIONS as u64, "{declared} queue declarations for {SESSIONS} sessions");
+    assert!(opened <= 1, "{opened} channels opened for {SESSIONS} new sessions' reply queues");
+    h.teardown().await;
+}

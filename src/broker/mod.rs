@@ -16,6 +16,7 @@ mod replies;
 mod runtime;
 mod settings;
 mod settle;
+mod spare;
 mod status;
 mod topology;
 pub mod trace;

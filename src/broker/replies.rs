@@ -131,6 +131,8 @@ fn mark_refusing(queue: &str, refusing_now: bool) {
 #[derive(Debug, Default)]
 pub struct SessionQueues {
     ensured: Mutex<HashMap<String, Instant>>,
+    /// Channels the declarations use, kept between them.
+    spare: super::spare::SpareChannels,
 }
 
 impl SessionQueues {
@@ -167,9 +169,8 @@ impl SessionQueues {
         }
         let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        let ch = publisher.scratch_channel().await?;
+        let ch = self.spare.take(publisher).await?;
         let options = if t.create { durable } else { passive };
-        crate::metrics::metrics().amqp("channel.open");
         crate::metrics::metrics().amqp("queue.declare");
         let ch =
             match ch.queue_declare(t.queue.as_str().into(), options, FieldTable::default()).await {
@@ -180,15 +181,15 @@ impl SessionQueues {
                 // `x-expires`) refuses the plain declaration (406) and closes the channel; it
                 // exists, so binding is enough.
                 Err(_) => {
-                    let ch = publisher.scratch_channel().await?;
+                    let ch = self.spare.take(publisher).await?;
+                    crate::metrics::metrics().amqp("queue.declare");
                     ch.queue_declare(t.queue.as_str().into(), passive, FieldTable::default())
                         .await?;
                     ch
                 }
             };
         topology.bind_reply_queue(&ch, &t.queue, &t.key).await?;
-        crate::metrics::metrics().amqp("channel.close");
-        let _ = ch.close(200, "reply queue ready".into()).await;
+        self.spare.give_back(ch).await;
         self.remember(&t.queue);
         Ok(true)
     }
