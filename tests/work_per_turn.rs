@@ -182,32 +182,69 @@ async fn warm_up(h: &Harness) {
 
 /// Channels opened to make reply queues ready (declare and bind, once per new session queue):
 /// kept between declarations (`broker/spare.rs`), so twelve new sessions one after another open
-/// at most one channel more than the warm-up did, where each used to open one of its own.
+/// no channel beyond the warm-up's, where each used to open one of its own. A queue the client
+/// declared with an argument refuses the plain declaration (406), which closes its channel:
+/// that one is dropped, not kept, and the next declaration opens one more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_sessions_reuse_the_channels_their_queues_are_declared_on() {
     let _serial = SERIAL.lock().await;
+    // Every test of this binary installs the statement counter before anything sets another.
+    let _statements = Statements::install();
     let h = Harness::start(1).await;
     warm_up(&h).await;
     let m = aptix::metrics::metrics();
-    let (opened, declared) = (m.amqp_count("channel.open"), m.amqp_count("queue.declare"));
+    let counts = || (m.amqp_count("channel.open"), m.amqp_count("queue.bind"));
+    let (opened, bound) = counts();
     const SESSIONS: usize = 12;
     for i in 0..SESSIONS {
-        let s = new_session();
-        let session: aptix::contracts::SessionId = s.parse().unwrap();
-        h.topology.declare_client_queue(h.publisher.channel(), &session).await.unwrap();
-        h.sessions.lock().unwrap().insert(session);
-        let body = serde_json::to_vec(&user_turn(&s, "t1", "How is the invoice e-mail sent?"));
-        h.publisher
-            .publish(&h.topology.request(&s, format!("m-{i}"), body.unwrap()))
-            .await
-            .unwrap();
-        let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
-        assert_eq!(replies.last().unwrap().body["Successful"], true);
+        let s = turn_in_new_session(&h, &format!("m-{i}"), None).await;
+        assert_eq!(s["Successful"], true, "{s}");
     }
-    let opened = m.amqp_count("channel.open") - opened;
-    let declared = m.amqp_count("queue.declare") - declared;
-    // The count is real: each new session's queue was declared by the pipeline.
-    assert!(declared >= SESSIONS as u64, "{declared} queue declarations for {SESSIONS} sessions");
-    assert!(opened <= 1, "{opened} channels opened for {SESSIONS} new sessions' reply queues");
+    let (opened_now, bound_now) = counts();
+    // The count is real: the pipeline bound each new session's queue (the test binds none).
+    assert!(bound_now - bound >= SESSIONS as u64, "{} bindings", bound_now - bound);
+    assert_eq!(opened_now - opened, 0, "channels opened for {SESSIONS} new reply queues");
+
+    // A client's queue with an argument: its refusal closes the kept channel, dropped; the next
+    // declaration (its passive one) opens a new channel, which is kept for the session after.
+    let args = [("x-expires", 3_600_000)];
+    let refused = turn_in_new_session(&h, "m-args", Some(&args)).await;
+    assert_eq!(refused["Successful"], true, "{refused}");
+    let after = turn_in_new_session(&h, "m-after", None).await;
+    assert_eq!(after["Successful"], true, "{after}");
+    assert_eq!(counts().0 - opened_now, 1, "a refused declaration's channel was kept");
     h.teardown().await;
+}
+
+/// A first turn of a new session whose reply queue the client declared (with `args`), its
+/// reply's body.
+async fn turn_in_new_session(
+    h: &Harness,
+    message_id: &str,
+    args: Option<&[(&str, i64)]>,
+) -> serde_json::Value {
+    let s = new_session();
+    let session: aptix::contracts::SessionId = s.parse().unwrap();
+    match args {
+        None => h.topology.declare_client_queue(h.publisher.channel(), &session).await.unwrap(),
+        Some(args) => {
+            let mut table = lapin::types::FieldTable::default();
+            for (k, v) in args {
+                table.insert((*k).into(), lapin::types::AMQPValue::LongLongInt(*v));
+            }
+            let options =
+                lapin::options::QueueDeclareOptions { durable: true, ..Default::default() };
+            let queue = h.topology.session_queue(&session);
+            h.publisher
+                .channel()
+                .queue_declare(queue.as_str().into(), options, table)
+                .await
+                .unwrap();
+        }
+    }
+    h.sessions.lock().unwrap().insert(session);
+    let body = serde_json::to_vec(&user_turn(&s, "t1", "How is the invoice e-mail sent?"));
+    h.publisher.publish(&h.topology.request(&s, message_id.into(), body.unwrap())).await.unwrap();
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    replies.last().unwrap().body.clone()
 }

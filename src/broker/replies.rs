@@ -175,8 +175,10 @@ impl SessionQueues {
         let ch =
             match ch.queue_declare(t.queue.as_str().into(), options, FieldTable::default()).await {
                 Ok(_) => ch,
-                // Not there, and it must not be created here.
-                Err(_) if !t.create => return Ok(false),
+                // Not there, and it must not be created here. Any other failure (its node down,
+                // a channel that closed meanwhile) is the queue refusing, not missing.
+                Err(e) if !t.create && queue_missing(&e) => return Ok(false),
+                Err(e) if !t.create => return Err(e.into()),
                 // A queue the client declared with arguments (or an earlier version with
                 // `x-expires`) refuses the plain declaration (406) and closes the channel; it
                 // exists, so binding is enough.
@@ -189,7 +191,7 @@ impl SessionQueues {
                 }
             };
         topology.bind_reply_queue(&ch, &t.queue, &t.key).await?;
-        self.spare.give_back(ch).await;
+        self.spare.give_back(ch);
         self.remember(&t.queue);
         Ok(true)
     }
@@ -298,6 +300,12 @@ impl SessionQueues {
         }
         Err(last.unwrap_or(BrokerError::Closed))
     }
+}
+
+/// Whether a passive declaration failed because the queue does not exist (a 404 that is not
+/// its home node being down).
+fn queue_missing(e: &lapin::Error) -> bool {
+    super::layout::is_not_found(e) && !e.to_string().contains("down or inaccessible")
 }
 
 /// Keeps `m` in its tenant's unrouted queue (`<prefix>.unrouted.<tenant>`, made by its first

@@ -32,19 +32,18 @@ impl SpareChannels {
     }
 
     /// Hands back a channel whose declaration went through: kept if open and there is room,
-    /// closed otherwise.
-    pub(super) async fn give_back(&self, ch: Channel) {
+    /// dropped otherwise (lapin closes a dropped channel in the background, so the declaration
+    /// never waits on the broker's answer to the close).
+    pub(super) fn give_back(&self, ch: Channel) {
         if !ch.status().connected() {
             return;
         }
-        let ch = match self.idle.lock() {
-            Ok(mut idle) if idle.len() < KEPT => {
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < KEPT {
                 idle.push(ch);
                 return;
             }
-            _ => ch,
-        };
+        }
         crate::metrics::metrics().amqp("channel.close");
-        let _ = ch.close(200, "enough spare channels".into()).await;
     }
 }
