@@ -230,4 +230,12 @@ impl ToolContinuation {
     pub fn is_approval(&self) -> bool {
         !self.approvals.is_empty()
     }
+    /// The call ids it answers, in the client's order (of its decisions, or of its results).
+    pub fn answered_ids(&self) -> Vec<&str> {
+        if self.is_approval() {
+            self.approvals.iter().map(|a| a.tool_call_id.as_str()).collect()
+        } else {
+            self.results.iter().map(|r| r.tool_call_id.as_str()).collect()
+        }
+    }
 }

@@ -28,24 +28,21 @@ pub(super) fn schema() -> Schema {
     let limits = Limits::default();
     let mut props = object_at(&generated, "/properties");
     top_level(&mut props, &limits);
-    let tool_results = props.remove("ToolResults").unwrap_or_default();
-    let tool_approvals = props.remove("ToolApprovals").unwrap_or_default();
-    let approval_props: Map<String, Value> = [
-        ("SessionId", props.get("SessionId").cloned().unwrap_or_default()),
-        ("TurnId", props.get("TurnId").cloned().unwrap_or_default()),
-        ("ToolApprovals", tool_approvals),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let continuation_props: Map<String, Value> = [
-        ("SessionId", props.get("SessionId").cloned().unwrap_or_default()),
-        ("TurnId", props.get("TurnId").cloned().unwrap_or_default()),
-        ("ToolResults", tool_results),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    // A continuation and an approval: the turn's ids and their one list, taken out of the user
+    // turn's properties.
+    let mut answer = |list: &str| -> Map<String, Value> {
+        let answers = props.remove(list).unwrap_or_default();
+        [
+            ("SessionId", props.get("SessionId").cloned().unwrap_or_default()),
+            ("TurnId", props.get("TurnId").cloned().unwrap_or_default()),
+            (list, answers),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    };
+    let continuation_props = answer("ToolResults");
+    let approval_props = answer("ToolApprovals");
     let defs = json!({
         "UserTurnRequest": {
             "description": "AGN-034 §2.1: starts a turn. SessionId, TurnId and at least one of a non-blank \

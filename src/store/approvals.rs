@@ -3,7 +3,7 @@
 //! like a client's decisions, so an expiry and a late decision never both apply.
 
 use super::outbox::PendingOutbox;
-use super::resume::{resume, Submitted, EXPIRED};
+use super::resume::{expired, resume, Submitted, EXPIRED};
 use super::turn_row::turn_row;
 use super::turns::TurnState;
 use super::{Store, StoreError};
@@ -52,16 +52,8 @@ impl Store {
         let Some(row) = turn_row(&mut tx, session, turn).await? else {
             return Ok(Default::default());
         };
-        let due = sqlx::query_scalar!(
-            r#"SELECT approval_expires_at < now() AS "due!" FROM turns
-               WHERE session_id = $1 AND turn_id = $2 AND approval_expires_at IS NOT NULL"#,
-            session,
-            turn
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
         // Decided meanwhile (by the client, a cancel or another process's pass).
-        if row.state != TurnState::AwaitingApproval || due != Some(true) {
+        if row.state != TurnState::AwaitingApproval || !expired(&mut tx, &row).await? {
             return Ok(Default::default());
         }
         let pending: Vec<ToolCall> =

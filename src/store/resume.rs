@@ -135,9 +135,7 @@ async fn decide(
         return Ok(ContinuationAdmission::Cancelled);
     }
     let approving = parsed.is_approval();
-    let awaited =
-        if approving { TurnState::AwaitingApproval } else { TurnState::AwaitingToolResults };
-    if row.state != awaited {
+    if row.state != awaited(parsed) {
         if approving && row.continuation_fingerprint.as_deref() == Some(EXPIRED) {
             return Ok(ContinuationAdmission::Expired);
         }
@@ -184,24 +182,25 @@ async fn decide(
     }
 }
 
-/// Whether `parsed` answers, id for id, the calls the turn waits for now.
-fn answers_pending(row: &TurnRow, parsed: &ToolContinuation) -> bool {
-    let awaited = if parsed.is_approval() {
+/// The state a turn waits in for `parsed`.
+fn awaited(parsed: &ToolContinuation) -> TurnState {
+    if parsed.is_approval() {
         TurnState::AwaitingApproval
     } else {
         TurnState::AwaitingToolResults
-    };
-    let pending = row.pending_tool_calls.as_ref().map(|p| p.0.as_slice()).unwrap_or_default();
-    let ids: Vec<&str> = if parsed.is_approval() {
-        parsed.approvals().iter().map(|a| a.tool_call_id.as_str()).collect()
-    } else {
-        parsed.results().iter().map(|r| r.tool_call_id.as_str()).collect()
-    };
-    row.state == awaited && pending.iter().map(|c| c.tool_call_id.as_str()).eq(ids)
+    }
 }
 
-/// Whether the turn's approval request is past its expiry.
-async fn expired(tx: &mut PgConnection, row: &TurnRow) -> Result<bool, StoreError> {
+/// Whether `parsed` answers, id for id, the calls the turn waits for now.
+fn answers_pending(row: &TurnRow, parsed: &ToolContinuation) -> bool {
+    let pending = row.pending_tool_calls.as_ref().map(|p| p.0.as_slice()).unwrap_or_default();
+    row.state == awaited(parsed)
+        && pending.iter().map(|c| c.tool_call_id.as_str()).eq(parsed.answered_ids())
+}
+
+/// Whether the turn's approval request is past its expiry (read under the session's lock by
+/// a client's decisions and by the expiry alike).
+pub(super) async fn expired(tx: &mut PgConnection, row: &TurnRow) -> Result<bool, StoreError> {
     let due = sqlx::query_scalar!(
         r#"SELECT approval_expires_at <= now() AS "due!" FROM turns
            WHERE session_id = $1 AND turn_id = $2 AND approval_expires_at IS NOT NULL"#,
@@ -216,7 +215,7 @@ async fn expired(tx: &mut PgConnection, row: &TurnRow) -> Result<bool, StoreErro
 /// Whether `parsed`'s decisions answer exactly the calls awaiting approval: count, ids, order.
 fn approvals_match(pending: &[ToolCall], parsed: &ToolContinuation) -> Result<(), String> {
     let asked: Vec<&str> = pending.iter().map(|c| c.tool_call_id.as_str()).collect();
-    let answered: Vec<&str> = parsed.approvals().iter().map(|a| a.tool_call_id.as_str()).collect();
+    let answered = parsed.answered_ids();
     if asked == answered {
         return Ok(());
     }
