@@ -40,6 +40,7 @@ pub fn topology(settings: &Settings) -> Topology {
     Topology::new(&settings.amqp.prefix)
         .with_stages(&crate::stages::names())
         .with_layout(settings.amqp.ingress_partitions, settings.amqp.queue_type)
+        .with_stage_partitions(settings.amqp.stage_partitions)
 }
 
 /// Each configured tenant's limits.

@@ -87,7 +87,8 @@ where
     ensure_users();
     let topology =
         Topology::new(&format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
-            .with_stages(&aptix::stages::names());
+            .with_stages(&aptix::stages::names())
+            .with_stage_partitions(2);
     let session = SessionId::new(uuid::Uuid::new_v4());
     let outcome = tokio::spawn(body(topology.clone(), session)).await;
     cleanup(&topology, &session).await;
@@ -99,9 +100,10 @@ where
 async fn cleanup(topology: &Topology, session: &SessionId) {
     let admin = connect(ADMIN).await.unwrap();
     let mut queues: Vec<String> =
-        aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
+        aptix::stages::names().iter().flat_map(|&s| topology.consumed_queues(s)).collect();
     queues.extend([topology.dead(), topology.unrouted(), topology.session_queue(session)]);
     let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
+    exchanges.extend(aptix::stages::names().into_iter().skip(1).map(|s| topology.stage_exchange(s)));
     for tier in RETRY_TIERS_MS {
         queues.push(topology.delay_exchange(tier));
         exchanges.push(topology.delay_exchange(tier));
@@ -231,7 +233,7 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
         assert_eq!(depth(&worker, &persist).await, 0, "the forged message never arrived");
         // Nor into any other internal queue, nor the ingress queue behind the exchange's back.
         let mut internal: Vec<String> =
-            aptix::stages::names().iter().map(|&s| topology.stage_queue(s)).collect();
+            aptix::stages::names().iter().flat_map(|&s| topology.consumed_queues(s)).collect();
         internal.extend([topology.dead(), topology.unrouted()]);
         for queue in &internal {
             let what = format!("client publishes to {queue} through the default exchange");
@@ -239,6 +241,9 @@ async fn the_client_user_reaches_only_the_entry_exchange_and_its_reply_queues() 
         }
         let mut exchanges = vec![topology.replies_exchange()];
         exchanges.extend(RETRY_TIERS_MS.map(|t| topology.delay_exchange(t)));
+        // The stage partitions' hash exchanges (this topology has 2 partitions per stage).
+        let inner = aptix::stages::names().into_iter().skip(1);
+        exchanges.extend(inner.map(|s| topology.stage_exchange(s)));
         for exchange in &exchanges {
             let what = format!("client publishes to the exchange {exchange}");
             assert_refused(&what, publish(&client, exchange, &persist, &forged).await);

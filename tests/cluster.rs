@@ -1,10 +1,10 @@
 //! Broker failover on a real 3-node RabbitMQ cluster, started beside the service node (which is
-//! never touched) by `tests/cluster/rabbitmq-cluster.sh`. The pipeline runs on quorum queues
-//! with partitioned ingress and the nodes' URLs as its broker list; under load the node leading
-//! most of the pipeline's queues is SIGKILLed, then restarted. One backend is connected to a
-//! survivor, another to the node that dies (its reply queues die with it: `cluster/backend.rs`).
-//! Every turn must get exactly one record and one delivered final reply, in per-session order,
-//! with no dead letter; the pipeline must answer the survivor's sessions without a pause over
+//! never touched) by `tests/cluster/rabbitmq-cluster.sh`. The pipeline runs on quorum queues with
+//! partitioned ingress and stage queues and the nodes' URLs as its broker list; under load the node
+//! leading most of the pipeline's queues is SIGKILLed, then restarted. One backend is connected to
+//! a survivor, another to the node that dies (its reply queues die with it: `cluster/backend.rs`).
+//! Every turn must get exactly one record and one delivered final reply, in per-session order, with
+//! no dead letter; the pipeline must answer the survivor's sessions without a pause over
 //! `MAX_SILENCE`, and the other backend's once its node is back.
 //!
 //! Ignored by plain `cargo test` (it needs about a minute and three extra Erlang nodes);
@@ -132,7 +132,8 @@ fn delivered(inbox: &Inbox) -> usize {
 /// The node leading most of the pipeline's quorum queues, and how many each node leads.
 fn busiest_leader(cluster: &Cluster, h: &Harness) -> (usize, HashMap<usize, usize>) {
     let mut queues: Vec<String> = h.topology.ingress_queues();
-    queues.extend(aptix::stages::names().into_iter().skip(1).map(|s| h.topology.stage_queue(s)));
+    let inner = aptix::stages::names().into_iter().skip(1);
+    queues.extend(inner.flat_map(|s| h.topology.consumed_queues(s)));
     let mut led = HashMap::new();
     for q in &queues {
         *led.entry(cluster.leader(q)).or_insert(0) += 1;
@@ -152,6 +153,7 @@ async fn a_killed_broker_node_loses_no_turn() {
         s.amqp.url = ConnectionUrl::new(urls.clone());
         s.amqp.queue_type = QueueType::Quorum;
         s.amqp.ingress_partitions = 4;
+        s.amqp.stage_partitions = 2;
     })
     .await;
     // LLM calls of 200-500 ms: turns are in flight at every stage when the node dies.

@@ -1,6 +1,7 @@
 //! `amqp.queue_type = "quorum"` on the service node: the pipeline's own queues are quorum queues
 //! with the arguments the pipeline relies on, session reply queues stay classic, and turns flow
-//! through partitioned ingress, retries through the TTL delay queues and dead-lettering.
+//! through partitioned ingress and partitioned stage queues, retries through the TTL delay
+//! queues (back to the stage's single queue) and dead-lettering.
 
 // Test helpers fail loudly by design.
 #![allow(clippy::unwrap_used)]
@@ -43,6 +44,7 @@ async fn quorum_queues_carry_turns_retries_and_dead_letters() {
     let h = Harness::start_with(1, |s| {
         s.amqp.queue_type = QueueType::Quorum;
         s.amqp.ingress_partitions = 4;
+        s.amqp.stage_partitions = 2;
         s.llm.max_retries = 0;
         s.pipeline.max_attempts.set("invoke", 2);
     })
@@ -79,7 +81,12 @@ async fn quorum_queues_carry_turns_retries_and_dead_letters() {
         assert!(args.contains("x-delivery-limit"), "{q}: {args}");
     }
     for stage in aptix::stages::names().into_iter().skip(1) {
-        assert_eq!(kind(&h.topology.stage_queue(stage)), "quorum", "{stage}");
+        let queues = h.topology.consumed_queues(stage);
+        assert_eq!(queues.len(), 3, "the single queue and 2 partitions: {queues:?}");
+        for q in queues {
+            assert_eq!(kind(&q), "quorum", "{q}");
+            assert!(listed[&q].1.contains("x-delivery-limit"), "{q}: {:?}", listed[&q]);
+        }
     }
     for tier in aptix::broker::RETRY_TIERS_MS {
         let q = h.topology.delay_exchange(tier);

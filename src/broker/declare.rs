@@ -1,5 +1,6 @@
 //! Declaring the pipeline's own exchanges and queues: the request entry exchange and the ingress
-//! layout behind it, stage, delay, dead-letter and unrouted queues, on classic or quorum queues.
+//! layout behind it, stage queues (with their partitions), delay, dead-letter and unrouted
+//! queues, on classic or quorum queues.
 //!
 //! Every argument here is one the pipeline relies on; each carries its reason. Quorum queues get
 //! the features the pipeline uses on a cluster: at-least-once dead-lettering (which RabbitMQ only
@@ -49,6 +50,7 @@ impl Topology {
         self.declare_entry(ch).await?;
         for &stage in self.stages().iter().skip(1) {
             self.queue(ch, &self.stage_queue(stage), Role::Work).await?;
+            self.declare_stage_partitions(ch, stage).await?;
         }
         self.queue(ch, &self.dead(), Role::Sink).await?;
         self.queue(ch, &self.unrouted(), Role::Sink).await?;
@@ -93,6 +95,26 @@ impl Topology {
             FieldTable::default(),
         )
         .await
+    }
+
+    /// `stage`'s partitions, if any, behind its consistent-hash exchange (`stage_partitions`).
+    async fn declare_stage_partitions(
+        &self,
+        ch: &Channel,
+        stage: super::StageName,
+    ) -> Result<(), lapin::Error> {
+        let queues = self.stage_partition_queues(stage);
+        if queues.is_empty() {
+            return Ok(());
+        }
+        let hash = self.stage_exchange(stage);
+        exchange(ch, &hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
+        for queue in &queues {
+            self.queue(ch, queue, Role::Work).await?;
+            // Equal weights on the hash ring, as for the ingress.
+            bind_queue(ch, queue, &hash, "1").await?;
+        }
+        Ok(())
     }
 
     async fn declare_delay_tier(&self, ch: &Channel, tier: u64) -> Result<(), lapin::Error> {

@@ -17,6 +17,7 @@ mod runtime;
 mod settings;
 mod settle;
 mod spare;
+mod stage_partitions;
 mod status;
 mod topology;
 pub mod trace;
@@ -103,14 +104,14 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
-    /// What to do when the broker refused a declaration for a plugin it lacks (the ingress
-    /// partitions' consistent-hash exchange), spelled for an operator; `None` for any other
+    /// What to do when the broker refused a declaration for a plugin it lacks (the ingress or
+    /// stage partitions' consistent-hash exchange), spelled for an operator; `None` for any other
     /// error.
     pub fn missing_plugin(&self) -> Option<String> {
         let text = self.to_string();
         text.contains("unknown exchange type 'x-consistent-hash'").then(|| {
             "the RabbitMQ plugin rabbitmq_consistent_hash_exchange is not enabled, and \
-             amqp.ingress_partitions > 1 needs it: run `rabbitmq-plugins enable \
+             amqp.ingress_partitions > 1 or amqp.stage_partitions > 1 needs it: run `rabbitmq-plugins enable \
              rabbitmq_consistent_hash_exchange` on every node (deploy/rabbitmq/setup.sh does); \
              until then no request is consumed"
                 .to_owned()

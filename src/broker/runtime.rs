@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::SelectAll;
 use futures_util::StreamExt as _;
 use lapin::options::{BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -134,19 +135,20 @@ async fn consume(
     // A set-up that stalls (a broker mid-restart can accept TCP and not answer) must neither
     // hang the worker nor keep it from stopping.
     let setup = tokio::time::timeout(SETUP_TIMEOUT, open(stage, settings));
-    let (consume_conn, publisher, channel, mut consumer, tag) = tokio::select! {
+    let (consume_conn, publisher, channel, mut consumers, tags) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         opened = setup => opened.map_err(|_| BrokerError::SetupTimeout)??,
     };
     let queue = settings.topology.stage_queue(stage);
-    info!(stage = stage.as_str(), queue = %queue, prefetch = settings.prefetch, "consuming");
+    let queues = tags.len();
+    info!(stage = stage.as_str(), queue = %queue, queues, prefetch = settings.prefetch, "consuming");
     crate::metrics::metrics().broker_connection(1);
     let tracker = TaskTracker::new();
     // Ends in-place retry waits when this connection breaks: the broker has already taken its
     // unacknowledged messages back, so nothing in flight here can be settled any more.
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
-    let outcome = dispatch(&worker, &mut consumer, &tracker).await;
+    let outcome = dispatch(&worker, &mut consumers, &tracker).await;
     if outcome.is_err() {
         connection.cancel();
     }
@@ -155,8 +157,10 @@ async fn consume(
     // while this one still holds earlier requests. Its channel is only closed once they are
     // settled, which returns the rest in order (see `partitioned`).
     if !settings.topology.is_ingress(stage) {
-        let cancel = channel.basic_cancel(tag.as_str().into(), Default::default());
-        let _ = tokio::time::timeout(SETUP_TIMEOUT, cancel).await;
+        for tag in &tags {
+            let cancel = channel.basic_cancel(tag.as_str().into(), Default::default());
+            let _ = tokio::time::timeout(SETUP_TIMEOUT, cancel).await;
+        }
     }
     tracker.close();
     tracker.wait().await;
@@ -174,7 +178,7 @@ async fn consume(
 /// connection.
 async fn dispatch(
     worker: &Worker,
-    consumer: &mut lapin::Consumer,
+    consumer: &mut SelectAll<lapin::Consumer>,
     tracker: &TaskTracker,
 ) -> Result<(), BrokerError> {
     let (stage, handler) = (worker.stage, &worker.handler);
@@ -211,9 +215,10 @@ async fn dispatch(
 /// Longest wait for connecting and declaring, or for closing.
 pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
-type Opened = (Connection, Publisher, lapin::Channel, lapin::Consumer, String);
+type Opened = (Connection, Publisher, lapin::Channel, SelectAll<lapin::Consumer>, Vec<String>);
 
-/// Connects, declares the topology and starts consuming `stage`'s queue.
+/// Connects, declares the topology and starts consuming `stage`'s queue, and its partitions if
+/// it has any, on one channel.
 async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, BrokerError> {
     let (consume_conn, publisher) = connections(settings, stage).await?;
     if settings.topology.is_ingress(stage) {
@@ -221,10 +226,24 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
     } else {
         settings.topology.declare_downstream(publisher.channel()).await?;
     }
-    let queue = settings.topology.stage_queue(stage);
-    let tag = format!("aptix-{}-{}", stage.as_str(), uuid::Uuid::new_v4());
-    let (channel, consumer) = subscribe(&consume_conn, settings.prefetch, &queue, &tag).await?;
-    Ok((consume_conn, publisher, channel, consumer, tag))
+    let queues = if settings.topology.is_ingress(stage) {
+        vec![settings.topology.stage_queue(stage)]
+    } else {
+        settings.topology.consumed_queues(stage)
+    };
+    // The prefetch applies per consumer: the partitions share the stage's, each at least 1;
+    // the single queue behind them (retries, an older layout) gets a partition's share too.
+    let partitions = (queues.len() as u16).saturating_sub(1).max(1);
+    let prefetch = settings.prefetch.div_ceil(partitions).max(1);
+    let channel = consume_conn.create_channel().await?;
+    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let (mut consumers, mut tags) = (SelectAll::new(), Vec::with_capacity(queues.len()));
+    for queue in &queues {
+        let tag = format!("aptix-{}-{}", stage.as_str(), uuid::Uuid::new_v4());
+        consumers.push(consume_on(&channel, queue, &tag).await?);
+        tags.push(tag);
+    }
+    Ok((consume_conn, publisher, channel, consumers, tags))
 }
 
 /// A connection to consume on, named after the worker so the broker's consumers of a queue are
@@ -252,10 +271,18 @@ pub(super) async fn subscribe(
 ) -> Result<(lapin::Channel, lapin::Consumer), BrokerError> {
     let channel = conn.create_channel().await?;
     channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    let options = BasicConsumeOptions::default();
-    let consumer =
-        channel.basic_consume(queue.into(), tag.into(), options, FieldTable::default()).await?;
+    let consumer = consume_on(&channel, queue, tag).await?;
     Ok((channel, consumer))
+}
+
+/// A consumer of `queue` on `channel`, with manual acks.
+async fn consume_on(
+    channel: &lapin::Channel,
+    queue: &str,
+    tag: &str,
+) -> Result<lapin::Consumer, BrokerError> {
+    let options = BasicConsumeOptions::default();
+    Ok(channel.basic_consume(queue.into(), tag.into(), options, FieldTable::default()).await?)
 }
 
 /// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop

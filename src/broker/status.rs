@@ -26,7 +26,7 @@ pub struct QueueState {
 }
 
 impl Topology {
-    /// Every ingress partition, every stage queue, the dead letters and unrouted replies, and
+    /// Every ingress partition, every stage queue and partition, the dead letters and unrouted replies, and
     /// those of each of `tenants` that has any queue of them yet (made by its first message).
     pub async fn queue_states(
         &self,
@@ -37,7 +37,8 @@ impl Topology {
         let mut named: Vec<(String, Option<&'static str>)> =
             self.ingress_queues().into_iter().map(|q| (q, ingress)).collect();
         for stage in self.stages().iter().skip(1) {
-            named.push((self.stage_queue(*stage), Some(stage.as_str())));
+            let queues = self.consumed_queues(*stage).into_iter();
+            named.extend(queues.map(|q| (q, Some(stage.as_str()))));
         }
         named.push((self.dead(), None));
         named.push((self.unrouted(), None));
@@ -71,13 +72,13 @@ impl Topology {
 
 impl Topology {
     /// Why the broker cannot serve this layout although it answers: a plugin it lacks (the
-    /// consistent-hash exchange, for ingress partitions). Looked for by declaring a throwaway
+    /// consistent-hash exchange, for ingress or stage partitions). Looked for by declaring a throwaway
     /// exchange of that type on a channel of its own, deleted at once.
     pub async fn missing_plugin(
         &self,
         publisher: &Publisher,
     ) -> Result<Option<String>, BrokerError> {
-        if self.partitions() <= 1 {
+        if self.partitions() <= 1 && self.stage_partitions() <= 1 {
             return Ok(None);
         }
         let ch = publisher.scratch_channel().await?;

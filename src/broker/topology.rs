@@ -54,6 +54,8 @@ pub struct Topology {
     stages: std::sync::Arc<[StageName]>,
     /// Ingress partitions (a power of two; 1 is the single ingress queue).
     partitions: u16,
+    /// Partitions of each stage queue after the ingress (1: its single queue alone).
+    pub(super) stage_partitions: u16,
     /// The kind of the pipeline's own queues.
     queue_type: QueueType,
     /// Declaring leaves the entry exchange's bindings alone (draining an old ingress layout).
@@ -67,6 +69,7 @@ impl Topology {
             prefix: prefix.to_owned(),
             stages: std::sync::Arc::new([]),
             partitions: 1,
+            stage_partitions: 1,
             queue_type: QueueType::Classic,
             draining: false,
         }
@@ -178,13 +181,11 @@ impl Topology {
         }
     }
 
-    /// Whether `queue` is the queue of a stage after the ingress: the queues whose messages only
-    /// the pipeline writes, and which therefore carry a MAC (`mac`).
+    /// Whether `queue` is a queue of a stage after the ingress (its single queue or one of its
+    /// partitions): the queues whose messages only the pipeline writes, and which therefore
+    /// carry a MAC (`mac`).
     pub fn is_inner_stage_queue(&self, queue: &str) -> bool {
-        queue
-            .strip_prefix(self.prefix.as_str())
-            .and_then(|q| q.strip_prefix('.'))
-            .is_some_and(|name| self.stages.iter().skip(1).any(|s| s.as_str() == name))
+        self.inner_stage_of_queue(queue).is_some()
     }
 
     /// The queue a stage consumes.

@@ -50,6 +50,13 @@ impl Settings {
                 format!("{p} is not a power of two from 1 to 1024"),
             ));
         }
+        let p = self.amqp.stage_partitions;
+        if !p.is_power_of_two() || p > 256 {
+            return Err(ConfigError::invalid(
+                "amqp.stage_partitions",
+                format!("{p} is not a power of two from 1 to 256"),
+            ));
+        }
         if self.amqp.queue_type == QueueType::Quorum && self.pipeline.max_redeliveries > 32 {
             return Err(ConfigError::invalid(
                 "pipeline.max_redeliveries",

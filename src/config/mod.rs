@@ -152,6 +152,10 @@ pub struct AmqpSettings {
     /// Ingress partitions, a power of two: 1 is one ordered queue (no plugin needed); more
     /// spread sessions over that many queues by consistent hash of the SessionId.
     pub ingress_partitions: u16,
+    /// Partitions of each stage queue after the ingress, a power of two: 1 is one queue per
+    /// stage; more spread each stage's messages by consistent hash of the SessionId over that
+    /// many queues, every one consumed by every worker of the stage.
+    pub stage_partitions: u16,
     /// The kind of every queue except session reply queues.
     pub queue_type: QueueType,
     /// RabbitMQ's management API (`http://user:password@host:15672`), read by `aptix status`

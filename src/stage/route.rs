@@ -63,8 +63,11 @@ impl Route {
         let (key, step) = (&m.turn().key, m.turn().step);
         let id = format!("{stage}:{}:{}:{step}", key.session_id, key.turn_id);
         let body = encode(m).map_err(|source| RouteError::Unencodable { kind: M::KIND, source })?;
-        Ok(OutMessage::to_queue(self.topology.stage_queue(stage), "turn", id, body)
-            .header(headers::SESSION_ID, key.session_id.to_string())
+        let session = key.session_id.to_string();
+        Ok(self
+            .topology
+            .stage_message(stage, &session, "turn", id, body)
+            .header(headers::SESSION_ID, session)
             .header(headers::TURN_ID, key.turn_id.to_string()))
     }
 

@@ -348,6 +348,7 @@ impl Harness {
             ("APTIX__AMQP__PREFIX".into(), s.amqp.prefix.clone()),
             ("APTIX__AMQP__URL".into(), s.amqp.url.expose().to_owned()),
             ("APTIX__AMQP__INGRESS_PARTITIONS".into(), s.amqp.ingress_partitions.to_string()),
+            ("APTIX__AMQP__STAGE_PARTITIONS".into(), s.amqp.stage_partitions.to_string()),
             ("APTIX__AMQP__QUEUE_TYPE".into(), format!("{:?}", s.amqp.queue_type).to_lowercase()),
             ("APTIX__DATABASE__URL".into(), s.database.url.expose().to_owned()),
             ("APTIX__LLM__BASE_URL".into(), s.llm.base_url.expose().to_owned()),
@@ -437,7 +438,7 @@ pub async fn publish_ids(conn: &lapin::Connection, queue: &str, ids: &[&str]) {
 /// Deletes what declaring `topology` made, and the reply queues of `sessions`.
 pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions: &[SessionId]) {
     let mut queues: Vec<String> =
-        aptix::stages::names().iter().map(|s| topology.stage_queue(*s)).collect();
+        aptix::stages::names().iter().flat_map(|s| topology.consumed_queues(*s)).collect();
     queues.extend(topology.ingress_queues());
     queues.push(topology.dead());
     queues.push(topology.unrouted());
@@ -449,6 +450,10 @@ pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions:
     let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
     if topology.partitions() > 1 {
         exchanges.push(topology.partition_exchange(topology.partitions()));
+    }
+    if topology.stage_partitions() > 1 {
+        let inner = aptix::stages::names().into_iter().skip(1);
+        exchanges.extend(inner.map(|s| topology.stage_exchange(s)));
     }
     exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     for e in exchanges {

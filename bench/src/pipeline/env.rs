@@ -305,8 +305,10 @@ impl BenchEnv {
 
     /// A topology under `bench-<id>-<suffix>` (for the relay), deleted at teardown.
     pub fn extra_topology(&mut self, suffix: &str) -> Topology {
+        // The pipeline's queue type, so the relay pays what a cluster's replication costs too.
         let t = Topology::new(&format!("bench-{}-{suffix}", self.id))
-            .with_stages(&aptix::stages::names());
+            .with_stages(&aptix::stages::names())
+            .with_layout(1, self.settings.amqp.queue_type);
         self.extra_topologies.push(t.clone());
         t
     }
@@ -348,7 +350,7 @@ impl BenchEnv {
 }
 
 async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
-    let mut queues: Vec<String> = t.stages().iter().map(|s| t.stage_queue(*s)).collect();
+    let mut queues: Vec<String> = t.stages().iter().flat_map(|s| t.consumed_queues(*s)).collect();
     queues.extend(t.ingress_queues());
     queues.push(t.dead());
     queues.push(t.unrouted());
@@ -359,6 +361,9 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
     let mut exchanges = vec![t.replies_exchange(), t.requests_exchange()];
     if t.partitions() > 1 {
         exchanges.push(t.partition_exchange(t.partitions()));
+    }
+    if t.stage_partitions() > 1 {
+        exchanges.extend(t.stages().iter().skip(1).map(|s| t.stage_exchange(*s)));
     }
     exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for e in exchanges {

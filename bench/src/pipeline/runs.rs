@@ -182,12 +182,8 @@ fn sample_depths(
         let mut n = 0u64;
         while !stop.is_cancelled() {
             for (i, s) in stages.iter().enumerate() {
-                // The ingress stage's depth is all of its partitions'.
-                let queues = if topology.is_ingress(*s) {
-                    topology.ingress_queues()
-                } else {
-                    vec![topology.stage_queue(*s)]
-                };
+                // A stage's depth is all of its queues' (ingress or stage partitions).
+                let queues = topology.consumed_queues(*s);
                 for q in queues {
                     let opts = QueueDeclareOptions { passive: true, ..Default::default() };
                     if let Ok(d) =
@@ -337,17 +333,20 @@ async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec
         for (i, stage) in stages.iter().enumerate() {
             env.start(&[*stage], 1);
             let Some(next) = stages.get(i + 1) else { break };
-            let queue = env.topology.stage_queue(*next);
+            let queues = env.topology.consumed_queues(*next);
             let deadline = Instant::now() + Duration::from_secs(30);
-            let msg = loop {
-                if let Some(m) =
-                    ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await?
-                {
-                    break m;
+            let (queue, msg) = 'found: loop {
+                // With stage partitions the message is in the session's partition.
+                for queue in &queues {
+                    let get = ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true });
+                    if let Some(m) = get.await? {
+                        break 'found (queue.clone(), m);
+                    }
                 }
                 anyhow::ensure!(
                     Instant::now() < deadline,
-                    "calibration: nothing arrived in {queue}"
+                    "calibration: nothing arrived in {}",
+                    queues.join(", ")
                 );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };

@@ -334,10 +334,12 @@ pub async fn publish_all(
 /// `m` with its MAC when it goes to a stage queue (and the process has keys).
 fn signed<'a>(settings: &RuntimeSettings, m: &'a OutMessage) -> std::borrow::Cow<'a, OutMessage> {
     let Some(keys) = &settings.keys else { return std::borrow::Cow::Borrowed(m) };
-    if !settings.topology.is_inner_stage_queue(&m.routing_key) {
+    // The MAC names the stage's single queue, whichever partition carries the message: the
+    // consumer checks it against the stage it is, not the queue it read.
+    let Some(queue) = settings.topology.inner_stage_destination(&m.exchange, &m.routing_key) else {
         return std::borrow::Cow::Borrowed(m);
-    }
-    let mac = keys.sign(&super::stage_mac_fields(&m.kind, &m.routing_key), &m.body);
+    };
+    let mac = keys.sign(&super::stage_mac_fields(&m.kind, &queue), &m.body);
     std::borrow::Cow::Owned(m.clone().header(MAC_HEADER, mac))
 }
 
