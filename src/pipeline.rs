@@ -41,6 +41,7 @@ pub fn topology(settings: &Settings) -> Topology {
         .with_stages(&crate::stages::names())
         .with_layout(settings.amqp.ingress_partitions, settings.amqp.queue_type)
         .with_stage_partitions(settings.amqp.stage_partitions)
+        .draining_stage_partitions(&settings.amqp.draining_stage_partitions)
 }
 
 /// Each configured tenant's limits.

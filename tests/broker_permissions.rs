@@ -103,7 +103,8 @@ async fn cleanup(topology: &Topology, session: &SessionId) {
         aptix::stages::names().iter().flat_map(|&s| topology.consumed_queues(s)).collect();
     queues.extend([topology.dead(), topology.unrouted(), topology.session_queue(session)]);
     let mut exchanges = vec![topology.requests_exchange(), topology.replies_exchange()];
-    exchanges.extend(aptix::stages::names().into_iter().skip(1).map(|s| topology.stage_exchange(s)));
+    exchanges
+        .extend(aptix::stages::names().into_iter().skip(1).map(|s| topology.stage_exchange(s)));
     for tier in RETRY_TIERS_MS {
         queues.push(topology.delay_exchange(tier));
         exchanges.push(topology.delay_exchange(tier));

@@ -63,6 +63,7 @@ mod server_tools;
 mod session_model;
 mod sim;
 mod sim_throughput;
+mod stage_partitions;
 mod status;
 mod steer;
 mod stored_formats;

@@ -203,13 +203,14 @@ impl Topology {
     }
 
     /// The copy a replay publishes: to the entry exchange under its session for a request
-    /// (the partition layout may have changed since), else straight to its stage queue, with
-    /// the runtime's counters and marks removed so it starts afresh.
+    /// (the partition layout may have changed since), else to its stage's single queue (a
+    /// partition it came from may belong to a layout no worker reads any more), with the
+    /// runtime's counters and marks removed so it starts afresh.
     pub fn replay_of(&self, letter: &DeadLetter) -> OutMessage {
         let queue = letter.original_queue.clone().unwrap_or_default();
         let kind = letter.original_type.clone().unwrap_or_default();
-        let mut msg =
-            OutMessage::to_queue(queue.clone(), &kind, letter.id.clone(), letter.body.clone());
+        let to = self.inner_stage_destination("", &queue).unwrap_or_else(|| queue.clone());
+        let mut msg = OutMessage::to_queue(to, &kind, letter.id.clone(), letter.body.clone());
         if self.is_ingress_queue(&queue) {
             msg.exchange = self.requests_exchange();
             msg.routing_key = letter.session_id.clone().unwrap_or_default();

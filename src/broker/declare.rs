@@ -97,22 +97,21 @@ impl Topology {
         .await
     }
 
-    /// `stage`'s partitions, if any, behind its consistent-hash exchange (`stage_partitions`).
+    /// `stage`'s partitions, if any, behind its consistent-hash exchange (`stage_partitions`),
+    /// and those of the layouts being drained: consuming them must not fail on a queue an
+    /// operator already deleted.
     async fn declare_stage_partitions(
         &self,
         ch: &Channel,
         stage: super::StageName,
     ) -> Result<(), lapin::Error> {
-        let queues = self.stage_partition_queues(stage);
-        if queues.is_empty() {
-            return Ok(());
-        }
-        let hash = self.stage_exchange(stage);
-        exchange(ch, &hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
-        for queue in &queues {
-            self.queue(ch, queue, Role::Work).await?;
-            // Equal weights on the hash ring, as for the ingress.
-            bind_queue(ch, queue, &hash, "1").await?;
+        for (hash, queues) in self.stage_layouts(stage) {
+            exchange(ch, &hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
+            for queue in &queues {
+                self.queue(ch, queue, Role::Work).await?;
+                // Equal weights on the hash ring, as for the ingress.
+                bind_queue(ch, queue, &hash, "1").await?;
+            }
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ mod runtime;
 mod settings;
 mod settle;
 mod spare;
+mod stage_consumers;
 mod stage_partitions;
 mod status;
 mod topology;

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use futures_util::stream::SelectAll;
 use futures_util::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::options::{BasicGetOptions, BasicQosOptions};
 use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -17,6 +16,7 @@ use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
 pub use super::settings::RuntimeSettings;
 use super::settle::Settler;
+use super::stage_consumers::{consume_on, StageConsumers};
 use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -135,12 +135,12 @@ async fn consume(
     // A set-up that stalls (a broker mid-restart can accept TCP and not answer) must neither
     // hang the worker nor keep it from stopping.
     let setup = tokio::time::timeout(SETUP_TIMEOUT, open(stage, settings));
-    let (consume_conn, publisher, channel, mut consumers, tags) = tokio::select! {
+    let (consume_conn, publisher, mut consumers) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         opened = setup => opened.map_err(|_| BrokerError::SetupTimeout)??,
     };
     let queue = settings.topology.stage_queue(stage);
-    let queues = tags.len();
+    let queues = consumers.queues();
     info!(stage = stage.as_str(), queue = %queue, queues, prefetch = settings.prefetch, "consuming");
     crate::metrics::metrics().broker_connection(1);
     let tracker = TaskTracker::new();
@@ -148,7 +148,7 @@ async fn consume(
     // unacknowledged messages back, so nothing in flight here can be settled any more.
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
-    let outcome = dispatch(&worker, &mut consumers, &tracker).await;
+    let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker).await;
     if outcome.is_err() {
         connection.cancel();
     }
@@ -156,12 +156,11 @@ async fn consume(
     // The ingress queue has a single active consumer: cancelling would activate the standby
     // while this one still holds earlier requests. Its channel is only closed once they are
     // settled, which returns the rest in order (see `partitioned`).
-    if !settings.topology.is_ingress(stage) {
-        for tag in &tags {
-            let cancel = channel.basic_cancel(tag.as_str().into(), Default::default());
-            let _ = tokio::time::timeout(SETUP_TIMEOUT, cancel).await;
-        }
-    }
+    let channel = if settings.topology.is_ingress(stage) {
+        consumers.channel
+    } else {
+        consumers.cancel(SETUP_TIMEOUT).await
+    };
     tracker.close();
     tracker.wait().await;
     // Closing waits for the broker's answer; a dead broker must not hold up the exit.
@@ -178,7 +177,7 @@ async fn consume(
 /// connection.
 async fn dispatch(
     worker: &Worker,
-    consumer: &mut SelectAll<lapin::Consumer>,
+    consumer: &mut SelectAll<super::stage_consumers::Deliveries>,
     tracker: &TaskTracker,
 ) -> Result<(), BrokerError> {
     let (stage, handler) = (worker.stage, &worker.handler);
@@ -215,10 +214,9 @@ async fn dispatch(
 /// Longest wait for connecting and declaring, or for closing.
 pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
-type Opened = (Connection, Publisher, lapin::Channel, SelectAll<lapin::Consumer>, Vec<String>);
+type Opened = (Connection, Publisher, StageConsumers);
 
-/// Connects, declares the topology and starts consuming `stage`'s queue, and its partitions if
-/// it has any, on one channel.
+/// Connects, declares the topology and starts consuming `stage`'s queues on one channel.
 async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, BrokerError> {
     let (consume_conn, publisher) = connections(settings, stage).await?;
     if settings.topology.is_ingress(stage) {
@@ -226,24 +224,8 @@ async fn open(stage: StageName, settings: &RuntimeSettings) -> Result<Opened, Br
     } else {
         settings.topology.declare_downstream(publisher.channel()).await?;
     }
-    let queues = if settings.topology.is_ingress(stage) {
-        vec![settings.topology.stage_queue(stage)]
-    } else {
-        settings.topology.consumed_queues(stage)
-    };
-    // The prefetch applies per consumer: the partitions share the stage's, each at least 1;
-    // the single queue behind them (retries, an older layout) gets a partition's share too.
-    let partitions = (queues.len() as u16).saturating_sub(1).max(1);
-    let prefetch = settings.prefetch.div_ceil(partitions).max(1);
-    let channel = consume_conn.create_channel().await?;
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    let (mut consumers, mut tags) = (SelectAll::new(), Vec::with_capacity(queues.len()));
-    for queue in &queues {
-        let tag = format!("aptix-{}-{}", stage.as_str(), uuid::Uuid::new_v4());
-        consumers.push(consume_on(&channel, queue, &tag).await?);
-        tags.push(tag);
-    }
-    Ok((consume_conn, publisher, channel, consumers, tags))
+    let consumers = StageConsumers::open(&consume_conn, settings, stage).await?;
+    Ok((consume_conn, publisher, consumers))
 }
 
 /// A connection to consume on, named after the worker so the broker's consumers of a queue are
@@ -273,16 +255,6 @@ pub(super) async fn subscribe(
     channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
     let consumer = consume_on(&channel, queue, tag).await?;
     Ok((channel, consumer))
-}
-
-/// A consumer of `queue` on `channel`, with manual acks.
-async fn consume_on(
-    channel: &lapin::Channel,
-    queue: &str,
-    tag: &str,
-) -> Result<lapin::Consumer, BrokerError> {
-    let options = BasicConsumeOptions::default();
-    Ok(channel.basic_consume(queue.into(), tag.into(), options, FieldTable::default()).await?)
 }
 
 /// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop

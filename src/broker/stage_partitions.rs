@@ -6,8 +6,9 @@
 //! Stage queues, unlike the ingress, keep no order: every worker of a stage consumes every
 //! partition (competing consumers) and the stage's single queue `P.<stage>` besides. That queue
 //! keeps what is addressed to the stage rather than to a partition: retries back from a delay
-//! tier, requeued redeliveries, and messages of a layout with fewer partitions, so changing N
-//! loses nothing as long as one worker of the old layout drains it (docs/deploy.md).
+//! tier, requeued redeliveries and replayed dead letters. While N changes, workers also declare
+//! and consume the partitions of the earlier layouts named in `amqp.draining_stage_partitions`,
+//! so that nothing published there by workers of the old setting is stranded (docs/deploy.md).
 
 use super::{OutMessage, StageName, Topology};
 
@@ -40,13 +41,15 @@ impl Topology {
     }
 
     /// Every queue a worker of `stage` consumes: the ingress layout for the first stage; the
-    /// stage's single queue and its partitions for the others.
+    /// stage's single queue, its partitions and those of the layouts being drained for the
+    /// others.
     pub fn consumed_queues(&self, stage: StageName) -> Vec<String> {
         if self.is_ingress(stage) {
             return self.ingress_queues();
         }
         let mut queues = vec![self.stage_queue(stage)];
         queues.extend(self.stage_partition_queues(stage));
+        queues.extend(self.drained_partition_queues(stage));
         queues
     }
 
@@ -81,6 +84,34 @@ impl Topology {
             Some(stage) => Some(self.stage_queue(*stage)),
             None => self.inner_stage_of_queue(routing_key).map(|s| self.stage_queue(s)),
         }
+    }
+
+    /// The same names, also declaring and consuming the stage partitions of the earlier
+    /// `layouts` (`amqp.draining_stage_partitions`) until what they hold is drained.
+    pub fn draining_stage_partitions(mut self, layouts: &[u16]) -> Self {
+        let current = self.stage_partitions;
+        let earlier = layouts.iter().copied().filter(|&n| n > 1 && n != current);
+        self.draining_stage_partitions = earlier.collect();
+        self
+    }
+
+    /// `stage`'s partition layouts, the current one first and then those being drained: each
+    /// layout's hash exchange and queues; none when the stage has a single queue only.
+    pub fn stage_layouts(&self, stage: StageName) -> Vec<(String, Vec<String>)> {
+        let counts = std::iter::once(self.stage_partitions);
+        let counts = counts.chain(self.draining_stage_partitions.iter().copied());
+        counts
+            .map(|n| self.clone().with_stage_partitions(n))
+            .map(|t| (t.stage_exchange(stage), t.stage_partition_queues(stage)))
+            .filter(|(_, queues)| !queues.is_empty())
+            .collect()
+    }
+
+    /// `stage`'s partition queues of the layouts being drained, in layout order.
+    pub fn drained_partition_queues(&self, stage: StageName) -> Vec<String> {
+        let layouts = self.stage_layouts(stage).into_iter();
+        let drained = layouts.filter(|(hash, _)| *hash != self.stage_exchange(stage));
+        drained.flat_map(|(_, queues)| queues).collect()
     }
 
     /// The stage after the ingress whose single queue or partition (of any layout) `queue` is.
@@ -140,5 +171,40 @@ mod tests {
             assert!(!t.is_inner_stage_queue(foreign), "{foreign}");
         }
         assert_eq!(t.inner_stage_destination("t.requests", "s1"), None);
+    }
+
+    #[test]
+    fn layouts_being_drained_are_consumed_beside_the_current_one() {
+        let t = topology(4).draining_stage_partitions(&[2, 4, 1]);
+        let retrieve = StageName::new("retrieve");
+        let queues = t.consumed_queues(retrieve);
+        assert_eq!(queues.len(), 1 + 4 + 2, "{queues:?}");
+        assert_eq!(&queues[5..], ["t.retrieve.p2.0", "t.retrieve.p2.1"]);
+        let layouts: Vec<String> = t.stage_layouts(retrieve).into_iter().map(|l| l.0).collect();
+        assert_eq!(layouts, ["t.retrieve.p4", "t.retrieve.p2"]);
+        // A message goes to the current layout only.
+        let m = t.stage_message(retrieve, "s1", "turn", "id".into(), vec![]);
+        assert_eq!(m.exchange, "t.retrieve.p4");
+    }
+
+    #[test]
+    fn a_dead_letter_from_a_partition_is_replayed_to_its_stages_single_queue() {
+        let t = topology(4);
+        let letter = super::super::DeadLetter {
+            id: "m1".into(),
+            reason: "delivery_limit".into(),
+            stage: None,
+            // A partition of a layout that may be gone: nobody may read it any more.
+            original_queue: Some("t.invoke.p16.07".into()),
+            original_type: Some("turn".into()),
+            user: None,
+            session_id: Some("s1".into()),
+            turn_id: None,
+            queue: "t.dead".into(),
+            headers: Default::default(),
+            body: b"{}".to_vec(),
+        };
+        let replay = t.replay_of(&letter);
+        assert_eq!((replay.exchange.as_str(), replay.routing_key.as_str()), ("", "t.invoke"));
     }
 }

@@ -26,7 +26,8 @@ pub struct QueueState {
 }
 
 impl Topology {
-    /// Every ingress partition, every stage queue and partition, the dead letters and unrouted replies, and
+    /// Every ingress partition, every stage queue and partition (those of the layouts being
+    /// drained too), the dead letters and unrouted replies, and
     /// those of each of `tenants` that has any queue of them yet (made by its first message).
     pub async fn queue_states(
         &self,
@@ -78,7 +79,8 @@ impl Topology {
         &self,
         publisher: &Publisher,
     ) -> Result<Option<String>, BrokerError> {
-        if self.partitions() <= 1 && self.stage_partitions() <= 1 {
+        let stage_layouts = self.stages().iter().any(|s| !self.stage_layouts(*s).is_empty());
+        if self.partitions() <= 1 && !stage_layouts {
             return Ok(None);
         }
         let ch = publisher.scratch_channel().await?;

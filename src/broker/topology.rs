@@ -56,6 +56,9 @@ pub struct Topology {
     partitions: u16,
     /// Partitions of each stage queue after the ingress (1: its single queue alone).
     pub(super) stage_partitions: u16,
+    /// Earlier stage partition counts whose queues are still declared and consumed, so that
+    /// what workers of an earlier setting left there is drained.
+    pub(super) draining_stage_partitions: std::sync::Arc<[u16]>,
     /// The kind of the pipeline's own queues.
     queue_type: QueueType,
     /// Declaring leaves the entry exchange's bindings alone (draining an old ingress layout).
@@ -70,6 +73,7 @@ impl Topology {
             stages: std::sync::Arc::new([]),
             partitions: 1,
             stage_partitions: 1,
+            draining_stage_partitions: std::sync::Arc::new([]),
             queue_type: QueueType::Classic,
             draining: false,
         }

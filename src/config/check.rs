@@ -57,6 +57,14 @@ impl Settings {
                 format!("{p} is not a power of two from 1 to 256"),
             ));
         }
+        for &old in &self.amqp.draining_stage_partitions {
+            if !old.is_power_of_two() || !(2..=256).contains(&old) || old == p {
+                return Err(ConfigError::invalid(
+                    "amqp.draining_stage_partitions",
+                    format!("{old} is not an earlier stage_partitions (a power of two from 2 to 256, other than {p})"),
+                ));
+            }
+        }
         if self.amqp.queue_type == QueueType::Quorum && self.pipeline.max_redeliveries > 32 {
             return Err(ConfigError::invalid(
                 "pipeline.max_redeliveries",

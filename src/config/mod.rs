@@ -156,6 +156,11 @@ pub struct AmqpSettings {
     /// stage; more spread each stage's messages by consistent hash of the SessionId over that
     /// many queues, every one consumed by every worker of the stage.
     pub stage_partitions: u16,
+    /// Earlier values of `stage_partitions` whose queues every worker also declares and
+    /// consumes while the setting changes, so that what workers of the old value left there is
+    /// drained (docs/deploy.md, "Partitioned stage queues"); empty otherwise.
+    #[serde(default)]
+    pub draining_stage_partitions: Vec<u16>,
     /// The kind of every queue except session reply queues.
     pub queue_type: QueueType,
     /// RabbitMQ's management API (`http://user:password@host:15672`), read by `aptix status`
