@@ -59,9 +59,18 @@ fn layers_validation_and_redaction() {
     std::env::set_var("APTIX__AMQP__PREFIX", "from-env");
     std::env::set_var("APTIX__LIMITS__MAX_ARTIFACTS", "3");
     std::env::set_var("OPENAI_API_KEY", "sk-test-key");
+    // The rollout setting of docs/deploy.md, a list, from the environment.
+    std::env::set_var("APTIX__AMQP__STAGE_PARTITIONS", "8");
+    std::env::set_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS", "2,4");
     let s = Settings::load(Some(file.path())).unwrap();
-    std::env::remove_var("APTIX__AMQP__PREFIX");
+    std::env::set_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS", "8");
+    let same = Settings::load(Some(file.path())).unwrap_err().to_string();
+    for key in ["PREFIX", "STAGE_PARTITIONS", "DRAINING_STAGE_PARTITIONS"] {
+        std::env::remove_var(format!("APTIX__AMQP__{key}"));
+    }
     std::env::remove_var("APTIX__LIMITS__MAX_ARTIFACTS");
+    assert_eq!(s.amqp.draining_stage_partitions, [2, 4]);
+    assert!(same.contains("amqp.draining_stage_partitions"), "{same}");
     assert_eq!(s.amqp.prefix, "from-env");
     assert_eq!(s.limits.max_artifacts, 3);
     assert_eq!(s.llm.api_key.as_ref().map(|k| k.expose()), Some("sk-test-key"));

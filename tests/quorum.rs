@@ -83,9 +83,13 @@ async fn quorum_queues_carry_turns_retries_and_dead_letters() {
     for stage in aptix::stages::names().into_iter().skip(1) {
         let queues = h.topology.consumed_queues(stage);
         assert_eq!(queues.len(), 3, "the single queue and 2 partitions: {queues:?}");
-        for q in queues {
-            assert_eq!(kind(&q), "quorum", "{q}");
-            assert!(listed[&q].1.contains("x-delivery-limit"), "{q}: {:?}", listed[&q]);
+        for q in &queues {
+            assert_eq!(kind(q), "quorum", "{q}");
+            assert!(listed[q].1.contains("x-delivery-limit"), "{q}: {:?}", listed[q]);
+        }
+        // Partitions are led from all of a cluster's nodes, not the declaring worker's alone.
+        for q in &queues[1..] {
+            assert!(listed[q].1.contains("balanced"), "{q}: {:?}", listed[q]);
         }
     }
     for tier in aptix::broker::RETRY_TIERS_MS {

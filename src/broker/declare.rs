@@ -27,6 +27,8 @@ enum Role {
     Ingress,
     /// A stage queue.
     Work,
+    /// A stage queue's partition: one of several that exist to spread a stage over a cluster.
+    Partition,
     /// A retry delay tier: messages wait `ttl_ms`, then return to their stage queue.
     Delay { ttl_ms: u64 },
     /// Where messages end for an operator (dead letters, unrouted replies).
@@ -108,7 +110,7 @@ impl Topology {
         for (hash, queues) in self.stage_layouts(stage) {
             exchange(ch, &hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
             for queue in &queues {
-                self.queue(ch, queue, Role::Work).await?;
+                self.queue(ch, queue, Role::Partition).await?;
                 // Equal weights on the hash ring, as for the ingress.
                 bind_queue(ch, queue, &hash, "1").await?;
             }
@@ -156,15 +158,23 @@ impl Topology {
                 // routing key, which is the stage queue's name.
                 set("x-dead-letter-exchange", AMQPValue::LongString("".into()));
             }
-            Role::Work | Role::Sink => {}
+            Role::Partition if quorum => {
+                // RabbitMQ 3.10 puts a new leader on the declaring connection's node
+                // (`client-local`): one worker declares every partition, so they would all be
+                // led by one node, which is what partitions are for to avoid.
+                set("x-queue-leader-locator", AMQPValue::LongString("balanced".into()));
+            }
+            Role::Work | Role::Partition | Role::Sink => {}
         }
-        if quorum && matches!(role, Role::Ingress | Role::Work) {
+        if quorum && matches!(role, Role::Ingress | Role::Work | Role::Partition) {
             // A message that keeps crashing its consumer ends in the dead-letter queue.
             set("x-delivery-limit", AMQPValue::LongLongInt(QUORUM_DELIVERY_LIMIT));
             set("x-dead-letter-exchange", AMQPValue::LongString("".into()));
             set("x-dead-letter-routing-key", AMQPValue::LongString(self.dead().into()));
         }
-        if quorum && matches!(role, Role::Ingress | Role::Work | Role::Delay { .. }) {
+        if quorum
+            && matches!(role, Role::Ingress | Role::Work | Role::Partition | Role::Delay { .. })
+        {
             // Dead-lettering that cannot lose a message in flight (retries and poison alike).
             set("x-dead-letter-strategy", AMQPValue::LongString("at-least-once".into()));
             // At-least-once dead-lettering is only honoured with this overflow behaviour.

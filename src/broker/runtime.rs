@@ -257,8 +257,9 @@ pub(super) async fn subscribe(
     Ok((channel, consumer))
 }
 
-/// Takes one message from `stage`'s queue, if any, and handles it exactly as the consume loop
-/// would. Lets tests drive a stage without sleeping. Returns whether a message was handled.
+/// Takes one message from `stage`'s queues (its single queue first, then its partitions), if
+/// any, and handles it exactly as the consume loop would. Lets tests drive a stage without
+/// sleeping. Returns whether a message was handled.
 pub async fn process_one(
     stage: StageName,
     handler: &dyn Handler,
@@ -267,8 +268,13 @@ pub async fn process_one(
     settings: &RuntimeSettings,
 ) -> Result<bool, BrokerError> {
     let channel = conn.create_channel().await?;
-    let queue = settings.topology.stage_queue(stage);
-    let got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await?;
+    let mut got = None;
+    for queue in settings.topology.consumed_queues(stage) {
+        got = channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await?;
+        if got.is_some() {
+            break;
+        }
+    }
     let Some(msg) = got else { return Ok(false) };
     let acker = msg.delivery.acker.clone();
     let d = detach(&msg.delivery, settings.topology.is_ingress(stage), handler);

@@ -27,8 +27,8 @@ pub(super) struct StageConsumers {
 impl StageConsumers {
     /// Subscribes to every queue of `stage` (see the module doc). The single queue gets the
     /// stage's whole prefetch (retries and requeues come back to it, and must not drain at a
-    /// partition's pace); the partitions share it, each at least 1. The runtime's semaphore
-    /// still handles at most the prefetch at once.
+    /// partition's pace); the partitions of each layout share one, each at least 1. The
+    /// runtime's semaphore still handles at most the prefetch at once.
     pub async fn open(
         conn: &Connection,
         settings: &RuntimeSettings,
@@ -36,14 +36,16 @@ impl StageConsumers {
     ) -> Result<Self, BrokerError> {
         let topology = &settings.topology;
         let single = topology.stage_queue(stage);
-        let mut partitions = topology.stage_partition_queues(stage);
-        partitions.extend(topology.drained_partition_queues(stage));
+        let current = (topology.stage_partitions(), topology.stage_partition_queues(stage));
+        let layouts = std::iter::once(current).chain(topology.drained_layouts(stage));
         let channel = conn.create_channel().await?;
         let mut consumers = StageConsumers { channel, deliveries: SelectAll::new(), tags: vec![] };
         consumers.subscribe(stage, settings.prefetch, &[single]).await?;
-        let share = topology.stage_partitions().max(1);
-        let prefetch = settings.prefetch.div_ceil(share).max(1);
-        consumers.subscribe(stage, prefetch, &partitions).await?;
+        for (n, queues) in layouts {
+            // Each layout shares one prefetch among its partitions.
+            let prefetch = settings.prefetch.div_ceil(n.max(1)).max(1);
+            consumers.subscribe(stage, prefetch, &queues).await?;
+        }
         Ok(consumers)
     }
 

@@ -90,8 +90,11 @@ impl Topology {
     /// `layouts` (`amqp.draining_stage_partitions`) until what they hold is drained.
     pub fn draining_stage_partitions(mut self, layouts: &[u16]) -> Self {
         let current = self.stage_partitions;
-        let earlier = layouts.iter().copied().filter(|&n| n > 1 && n != current);
-        self.draining_stage_partitions = earlier.collect();
+        let mut earlier: Vec<u16> =
+            layouts.iter().copied().filter(|&n| n > 1 && n != current).collect();
+        earlier.sort_unstable();
+        earlier.dedup();
+        self.draining_stage_partitions = earlier.into();
         self
     }
 
@@ -105,6 +108,14 @@ impl Topology {
             .map(|t| (t.stage_exchange(stage), t.stage_partition_queues(stage)))
             .filter(|(_, queues)| !queues.is_empty())
             .collect()
+    }
+
+    /// `stage`'s partition queues of each layout being drained, with the layout's count.
+    pub fn drained_layouts(&self, stage: StageName) -> Vec<(u16, Vec<String>)> {
+        let layouts = self.draining_stage_partitions.iter();
+        let of =
+            |&n: &u16| (n, self.clone().with_stage_partitions(n).stage_partition_queues(stage));
+        layouts.map(of).filter(|(_, queues)| !queues.is_empty()).collect()
     }
 
     /// `stage`'s partition queues of the layouts being drained, in layout order.
@@ -175,7 +186,7 @@ mod tests {
 
     #[test]
     fn layouts_being_drained_are_consumed_beside_the_current_one() {
-        let t = topology(4).draining_stage_partitions(&[2, 4, 1]);
+        let t = topology(4).draining_stage_partitions(&[2, 4, 1, 2]);
         let retrieve = StageName::new("retrieve");
         let queues = t.consumed_queues(retrieve);
         assert_eq!(queues.len(), 1 + 4 + 2, "{queues:?}");

@@ -444,7 +444,15 @@ impl Settings {
             builder = builder.add_source(config::File::from(file).required(true));
         }
         let built = builder
-            .add_source(config::Environment::with_prefix("APTIX").separator("__").try_parsing(true))
+            .add_source(
+                config::Environment::with_prefix("APTIX")
+                    .separator("__")
+                    .try_parsing(true)
+                    // The one list an operator sets from the environment during a rollout
+                    // (APTIX__AMQP__DRAINING_STAGE_PARTITIONS=2,4).
+                    .list_separator(",")
+                    .with_list_parse_key("amqp.draining_stage_partitions"),
+            )
             .build()?;
         let mut settings: Settings = built.try_deserialize()?;
         if settings.llm.api_key.is_none() {

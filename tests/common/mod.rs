@@ -451,9 +451,8 @@ pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions:
     if topology.partitions() > 1 {
         exchanges.push(topology.partition_exchange(topology.partitions()));
     }
-    if topology.stage_partitions() > 1 {
-        let inner = aptix::stages::names().into_iter().skip(1);
-        exchanges.extend(inner.map(|s| topology.stage_exchange(s)));
+    for stage in aptix::stages::names() {
+        exchanges.extend(topology.stage_layouts(stage).into_iter().map(|(hash, _)| hash));
     }
     exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     for e in exchanges {

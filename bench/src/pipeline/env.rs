@@ -362,8 +362,8 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
     if t.partitions() > 1 {
         exchanges.push(t.partition_exchange(t.partitions()));
     }
-    if t.stage_partitions() > 1 {
-        exchanges.extend(t.stages().iter().skip(1).map(|s| t.stage_exchange(*s)));
+    for stage in t.stages() {
+        exchanges.extend(t.stage_layouts(*stage).into_iter().map(|(hash, _)| hash));
     }
     exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for e in exchanges {
