@@ -107,12 +107,13 @@ impl Topology {
         ch: &Channel,
         stage: super::StageName,
     ) -> Result<(), lapin::Error> {
-        for (hash, queues) in self.stage_layouts(stage) {
-            exchange(ch, &hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
-            for queue in &queues {
+        for layout in self.stage_layouts(stage) {
+            let hash = &layout.exchange;
+            exchange(ch, hash, ExchangeKind::Custom("x-consistent-hash".into())).await?;
+            for queue in &layout.queues {
                 self.queue(ch, queue, Role::Partition).await?;
                 // Equal weights on the hash ring, as for the ingress.
-                bind_queue(ch, queue, &hash, "1").await?;
+                bind_queue(ch, queue, hash, "1").await?;
             }
         }
         Ok(())

@@ -56,6 +56,7 @@ pub use replies::{
 pub use runtime::{connect, process_one, run_stage};
 pub use settings::RuntimeSettings;
 pub use settle::publish_all;
+pub use stage_partitions::StageLayout;
 pub use status::{with_activity, QueueState};
 pub use topology::{retry_tier_ms, StageName, Topology, RETRY_TIERS_MS};
 

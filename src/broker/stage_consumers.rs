@@ -36,15 +36,13 @@ impl StageConsumers {
     ) -> Result<Self, BrokerError> {
         let topology = &settings.topology;
         let single = topology.stage_queue(stage);
-        let current = (topology.stage_partitions(), topology.stage_partition_queues(stage));
-        let layouts = std::iter::once(current).chain(topology.drained_layouts(stage));
         let channel = conn.create_channel().await?;
         let mut consumers = StageConsumers { channel, deliveries: SelectAll::new(), tags: vec![] };
         consumers.subscribe(stage, settings.prefetch, &[single]).await?;
-        for (n, queues) in layouts {
+        for layout in topology.stage_layouts(stage) {
             // Each layout shares one prefetch among its partitions.
-            let prefetch = settings.prefetch.div_ceil(n.max(1)).max(1);
-            consumers.subscribe(stage, prefetch, &queues).await?;
+            let prefetch = settings.prefetch.div_ceil(layout.partitions).max(1);
+            consumers.subscribe(stage, prefetch, &layout.queues).await?;
         }
         Ok(consumers)
     }

@@ -12,6 +12,17 @@
 
 use super::{OutMessage, StageName, Topology};
 
+/// One partition layout of a stage: `partitions` queues behind one consistent-hash exchange.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageLayout {
+    /// How many partitions.
+    pub partitions: u16,
+    /// The hash exchange in front of them.
+    pub exchange: String,
+    /// The partition queues, in order.
+    pub queues: Vec<String>,
+}
+
 impl Topology {
     /// The same names, with `partitions` (a power of two, checked by the configuration)
     /// partitions of each stage queue after the ingress.
@@ -48,8 +59,7 @@ impl Topology {
             return self.ingress_queues();
         }
         let mut queues = vec![self.stage_queue(stage)];
-        queues.extend(self.stage_partition_queues(stage));
-        queues.extend(self.drained_partition_queues(stage));
+        queues.extend(self.stage_layouts(stage).into_iter().flat_map(|l| l.queues));
         queues
     }
 
@@ -98,31 +108,20 @@ impl Topology {
         self
     }
 
-    /// `stage`'s partition layouts, the current one first and then those being drained: each
-    /// layout's hash exchange and queues; none when the stage has a single queue only.
-    pub fn stage_layouts(&self, stage: StageName) -> Vec<(String, Vec<String>)> {
+    /// `stage`'s partition layouts, the current one first and then those being drained; none
+    /// when the stage has a single queue only (or is the ingress).
+    pub fn stage_layouts(&self, stage: StageName) -> Vec<StageLayout> {
         let counts = std::iter::once(self.stage_partitions);
         let counts = counts.chain(self.draining_stage_partitions.iter().copied());
         counts
             .map(|n| self.clone().with_stage_partitions(n))
-            .map(|t| (t.stage_exchange(stage), t.stage_partition_queues(stage)))
-            .filter(|(_, queues)| !queues.is_empty())
+            .map(|t| StageLayout {
+                partitions: t.stage_partitions,
+                exchange: t.stage_exchange(stage),
+                queues: t.stage_partition_queues(stage),
+            })
+            .filter(|layout| !layout.queues.is_empty())
             .collect()
-    }
-
-    /// `stage`'s partition queues of each layout being drained, with the layout's count.
-    pub fn drained_layouts(&self, stage: StageName) -> Vec<(u16, Vec<String>)> {
-        let layouts = self.draining_stage_partitions.iter();
-        let of =
-            |&n: &u16| (n, self.clone().with_stage_partitions(n).stage_partition_queues(stage));
-        layouts.map(of).filter(|(_, queues)| !queues.is_empty()).collect()
-    }
-
-    /// `stage`'s partition queues of the layouts being drained, in layout order.
-    pub fn drained_partition_queues(&self, stage: StageName) -> Vec<String> {
-        let layouts = self.stage_layouts(stage).into_iter();
-        let drained = layouts.filter(|(hash, _)| *hash != self.stage_exchange(stage));
-        drained.flat_map(|(_, queues)| queues).collect()
     }
 
     /// The stage after the ingress whose single queue or partition (of any layout) `queue` is.
@@ -191,7 +190,8 @@ mod tests {
         let queues = t.consumed_queues(retrieve);
         assert_eq!(queues.len(), 1 + 4 + 2, "{queues:?}");
         assert_eq!(&queues[5..], ["t.retrieve.p2.0", "t.retrieve.p2.1"]);
-        let layouts: Vec<String> = t.stage_layouts(retrieve).into_iter().map(|l| l.0).collect();
+        let layouts: Vec<String> =
+            t.stage_layouts(retrieve).into_iter().map(|l| l.exchange).collect();
         assert_eq!(layouts, ["t.retrieve.p4", "t.retrieve.p2"]);
         // A message goes to the current layout only.
         let m = t.stage_message(retrieve, "s1", "turn", "id".into(), vec![]);

@@ -452,7 +452,7 @@ pub async fn delete_topology(ch: &lapin::Channel, topology: &Topology, sessions:
         exchanges.push(topology.partition_exchange(topology.partitions()));
     }
     for stage in aptix::stages::names() {
-        exchanges.extend(topology.stage_layouts(stage).into_iter().map(|(hash, _)| hash));
+        exchanges.extend(topology.stage_layouts(stage).into_iter().map(|l| l.exchange));
     }
     exchanges.extend(aptix::broker::RETRY_TIERS_MS.iter().map(|t| topology.delay_exchange(*t)));
     for e in exchanges {

@@ -363,7 +363,7 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
         exchanges.push(t.partition_exchange(t.partitions()));
     }
     for stage in t.stages() {
-        exchanges.extend(t.stage_layouts(*stage).into_iter().map(|(hash, _)| hash));
+        exchanges.extend(t.stage_layouts(*stage).into_iter().map(|l| l.exchange));
     }
     exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for e in exchanges {
