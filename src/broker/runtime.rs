@@ -16,7 +16,7 @@ use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
 pub use super::settings::RuntimeSettings;
 use super::settle::Settler;
-use super::stage_consumers::{consume_on, StageConsumers};
+use super::stage_consumers::{consume_on, ended, StageConsumers};
 use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -198,11 +198,7 @@ async fn dispatch(
             }
         };
         let delivery = match next {
-            None => {
-                return Err(BrokerError::Amqp(lapin::Error::from(
-                    lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
-                )))
-            }
+            None => return Err(BrokerError::Amqp(ended())),
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(d)) => d,
         };

@@ -99,6 +99,6 @@ pub(super) async fn consume_on(
 }
 
 /// What an ended consumer yields: the end of this connection's consuming.
-fn ended() -> lapin::Error {
+pub(super) fn ended() -> lapin::Error {
     lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed))
 }

@@ -41,10 +41,15 @@ impl Topology {
         format!("{}.{}.p{}", self.prefix(), stage.as_str(), self.stage_partitions)
     }
 
+    /// Whether messages to `stage` go through its partitions (never the ingress stage's).
+    fn is_partitioned(&self, stage: StageName) -> bool {
+        self.stage_partitions > 1 && !self.is_ingress(stage)
+    }
+
     /// `stage`'s partition queues in order; none with one partition or for the ingress stage.
     pub fn stage_partition_queues(&self, stage: StageName) -> Vec<String> {
         let n = self.stage_partitions;
-        if n <= 1 || self.is_ingress(stage) {
+        if !self.is_partitioned(stage) {
             return Vec::new();
         }
         let width = (n - 1).to_string().len();
@@ -73,7 +78,8 @@ impl Topology {
         message_id: String,
         body: Vec<u8>,
     ) -> OutMessage {
-        if self.stage_partition_queues(stage).is_empty() {
+        // Asked for every message a stage sends: no partition names are built for it.
+        if !self.is_partitioned(stage) {
             return OutMessage::to_queue(self.stage_queue(stage), kind, message_id, body);
         }
         let mut m = OutMessage::to_queue(session.to_owned(), kind, message_id, body);
