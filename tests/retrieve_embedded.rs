@@ -25,3 +25,8 @@ async fn reindexing_is_idempotent_and_removes_stale_chunks() {
 async fn a_reopened_shard_has_every_write() {
     s::a_reopened_shard_has_every_write("test", None).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selecting_reads_only_what_it_offers_and_chooses_the_same() {
+    s::selecting_reads_only_what_it_offers_and_chooses_the_same("test", None).await;
+}

@@ -33,7 +33,8 @@ use qdrant_edge::{
 use super::edge_ops;
 use super::filter::{self, FilterSpec};
 use super::payload::INDEXED_KEYWORD_FIELDS;
-use super::store::{ChunkPoint, StoreQuery, StoredChunk, VectorStore};
+use super::select::Selection;
+use super::store::{ChunkPoint, Selected, StoreQuery, StoredChunk, VectorStore};
 use super::{RetrieveError, DENSE_VECTOR, SPARSE_VECTOR};
 use crate::chunk::Chunk;
 
@@ -244,12 +245,31 @@ impl VectorStore for EdgeStore {
     async fn query(&self, query: StoreQuery) -> Result<Vec<Chunk>, RetrieveError> {
         let dense_ok = self.inner.dense.is_some();
         self.blocking(move |inner| {
-            let request = edge_ops::query_request(&query, dense_ok)?;
+            let request = edge_ops::query_request(&query, dense_ok, true)?;
             let hits =
                 inner.shard.query(request).map_err(|e| RetrieveError::storage(&inner.path, e))?;
             hits.into_iter()
                 .map(|p| edge_ops::scored_chunk(p.payload, p.score, &inner.path))
                 .collect()
+        })
+        .await
+    }
+
+    async fn query_selected(
+        &self,
+        query: StoreQuery,
+        top_k: usize,
+        budget_chars: usize,
+    ) -> Result<Selected, RetrieveError> {
+        let dense_ok = self.inner.dense.is_some();
+        self.blocking(move |inner| {
+            let request = edge_ops::query_request(&query, dense_ok, false)?;
+            let hits =
+                inner.shard.query(request).map_err(|e| RetrieveError::storage(&inner.path, e))?;
+            let found = hits.len();
+            let mut selection = Selection::new(top_k, budget_chars);
+            edge_ops::fill_selection(&inner.shard, hits, &mut selection, &inner.path)?;
+            Ok(Selected { chunks: selection.into_chunks(), found })
         })
         .await
     }

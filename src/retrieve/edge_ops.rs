@@ -1,16 +1,19 @@
 //! Conversions between this crate's types and Qdrant Edge's request and point types.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use qdrant_edge::external::serde_json;
 use qdrant_edge::{
-    Fusion, JsonPath, NamedQuery, Payload, PayloadSelector, PayloadSelectorInclude, PointId,
-    PointStructPersisted, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector,
-    VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface, WithVector,
+    EdgeShard, Fusion, JsonPath, NamedQuery, Payload, PayloadSelector, PayloadSelectorInclude,
+    PointId, PointStructPersisted, Prefetch, QueryEnum, QueryRequest, ScoredPoint, ScoringQuery,
+    SparseVector, VectorInternal, VectorPersisted, VectorStructPersisted, WithPayloadInterface,
+    WithVector,
 };
 
 use super::filter;
 use super::payload::ChunkPayload;
+use super::select::{by_score, Selection};
 use super::store::{prefetch_limit, ChunkPoint, StoreQuery, StoredChunk};
 use super::{RetrieveError, DENSE_VECTOR, RRF_K, SPARSE_VECTOR};
 use crate::chunk::Chunk;
@@ -55,8 +58,13 @@ pub(super) fn point(p: ChunkPoint, dense_ok: bool) -> Result<PointStructPersiste
     })
 }
 
-/// The Edge query: BM25 alone, or BM25 and dense fused by RRF.
-pub(super) fn query_request(q: &StoreQuery, dense_ok: bool) -> Result<QueryRequest, RetrieveError> {
+/// The Edge query: BM25 alone, or BM25 and dense fused by RRF; with each hit's payload or
+/// without (ids and scores only).
+pub(super) fn query_request(
+    q: &StoreQuery,
+    dense_ok: bool,
+    with_payload: bool,
+) -> Result<QueryRequest, RetrieveError> {
     let filter = filter::to_edge(&q.filter)?;
     let sparse =
         SparseVector { indices: q.sparse.indices.clone(), values: q.sparse.values.clone() };
@@ -94,8 +102,39 @@ pub(super) fn query_request(q: &StoreQuery, dense_ok: bool) -> Result<QueryReque
         offset: 0,
         params: None,
         with_vector: WithVector::Bool(false),
-        with_payload: WithPayloadInterface::Bool(true),
+        with_payload: WithPayloadInterface::Bool(with_payload),
     })
+}
+
+/// Offers `hits` (scored without payloads) to `selection` best first, reading the payloads of
+/// as many at a time as it still wants: a payload is parsed JSON, most of a query's cost, and
+/// the store is asked for spare hits (`select::fetch_limit`) that a selection rarely reaches. A
+/// point deleted since it was scored (a re-index meanwhile) is skipped.
+pub(super) fn fill_selection(
+    shard: &EdgeShard,
+    mut hits: Vec<ScoredPoint>,
+    selection: &mut Selection,
+    path: &Path,
+) -> Result<(), RetrieveError> {
+    by_score(&mut hits, |p| Some(p.score));
+    let mut rest = &hits[..];
+    while !rest.is_empty() && selection.wanted() > 0 {
+        let (batch, next) = rest.split_at(selection.wanted().min(rest.len()));
+        rest = next;
+        let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
+        let records = shard
+            .retrieve(&ids, Some(WithPayloadInterface::Bool(true)), None)
+            .map_err(|e| RetrieveError::storage(path, e))?;
+        let mut payloads: HashMap<PointId, Option<Payload>> =
+            records.into_iter().map(|r| (r.id, r.payload)).collect();
+        for hit in batch {
+            let Some(payload) = payloads.remove(&hit.id) else { continue };
+            if selection.offer(scored_chunk(payload, hit.score, path)?) {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A scored point's payload as a retrieved chunk.

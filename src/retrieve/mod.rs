@@ -31,7 +31,7 @@ mod store;
 
 pub use error::RetrieveError;
 pub use registry::{Retrieval, SearchOutcome, SearchRequest};
-pub use store::{ChunkPoint, StoreQuery, StoredChunk, VectorStore};
+pub use store::{ChunkPoint, Selected, StoreQuery, StoredChunk, VectorStore};
 
 /// Name of the sparse (BM25) vector in every collection.
 pub const SPARSE_VECTOR: &str = "bm25";

@@ -11,7 +11,7 @@ use super::bm25::Bm25Encoder;
 use super::edge::EdgeStore;
 use super::embed::Embedder;
 use super::server::{ServerConnection, ServerStore};
-use super::store::{StoreQuery, VectorStore};
+use super::store::{Selected, StoreQuery, VectorStore};
 use super::{filter, select, RetrieveError};
 use crate::chunk::Chunk;
 use crate::config::{ConnectionUrl, Settings};
@@ -161,16 +161,10 @@ impl Retrieval {
             return Ok(SearchOutcome { chunks: Vec::new(), warnings });
         }
         let hybrid = dense.is_some();
-        let hits = store
-            .query(StoreQuery {
-                sparse,
-                dense,
-                filter: spec,
-                limit: select::fetch_limit(req.top_k),
-            })
-            .await?;
-        let found = hits.len();
-        let chunks = select::select(hits, req.top_k, req.budget_chars);
+        let query =
+            StoreQuery { sparse, dense, filter: spec, limit: select::fetch_limit(req.top_k) };
+        let Selected { chunks, found } =
+            store.query_selected(query, req.top_k, req.budget_chars).await?;
         tracing::debug!(
             collection = req.collection,
             hybrid,

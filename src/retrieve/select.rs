@@ -15,28 +15,66 @@ pub fn fetch_limit(top_k: usize) -> usize {
 /// would overflow the budget is skipped and smaller lower-ranked chunks may still fit, so one
 /// huge chunk cannot empty the context.
 pub fn select(mut hits: Vec<Chunk>, top_k: usize, budget_chars: usize) -> Vec<Chunk> {
-    hits.sort_by(|a, b| {
-        let (sa, sb) = (a.score.unwrap_or(f32::MIN), b.score.unwrap_or(f32::MIN));
-        sb.total_cmp(&sa)
-    });
-    let mut seen = HashSet::new();
-    let mut used = 0usize;
-    let mut out = Vec::with_capacity(top_k.min(hits.len()));
+    by_score(&mut hits, |c| c.score);
+    let mut selection = Selection::new(top_k, budget_chars);
     for chunk in hits {
-        if out.len() == top_k {
+        if selection.offer(chunk) {
             break;
         }
-        if !seen.insert(chunk.id.clone()) {
-            continue;
-        }
-        let len = chunk.text.chars().count();
-        if used + len > budget_chars {
-            continue;
-        }
-        used += len;
-        out.push(chunk);
     }
-    out
+    selection.into_chunks()
+}
+
+/// Sorts best score first, keeping the order of ties (a missing score ranks last).
+pub fn by_score<T>(items: &mut [T], score: impl Fn(&T) -> Option<f32>) {
+    items.sort_by(|a, b| {
+        let (sa, sb) = (score(a).unwrap_or(f32::MIN), score(b).unwrap_or(f32::MIN));
+        sb.total_cmp(&sa)
+    });
+}
+
+/// [`select`] one chunk at a time, in score order: lets a store read the texts of only the
+/// candidates it offers instead of every hit's.
+#[derive(Debug)]
+pub struct Selection {
+    top_k: usize,
+    budget_chars: usize,
+    used: usize,
+    seen: HashSet<String>,
+    out: Vec<Chunk>,
+}
+
+impl Selection {
+    /// An empty selection of at most `top_k` chunks within `budget_chars` characters.
+    pub fn new(top_k: usize, budget_chars: usize) -> Self {
+        let out = Vec::with_capacity(top_k.min(64));
+        Selection { top_k, budget_chars, used: 0, seen: HashSet::new(), out }
+    }
+
+    /// Chunks still wanted.
+    pub fn wanted(&self) -> usize {
+        self.top_k.saturating_sub(self.out.len())
+    }
+
+    /// Takes `chunk` (the next best) if it is new and fits; returns whether the selection is full.
+    pub fn offer(&mut self, chunk: Chunk) -> bool {
+        if self.wanted() == 0 {
+            return true;
+        }
+        if self.seen.insert(chunk.id.clone()) {
+            let len = chunk.text.chars().count();
+            if self.used + len <= self.budget_chars {
+                self.used += len;
+                self.out.push(chunk);
+            }
+        }
+        self.wanted() == 0
+    }
+
+    /// The chunks taken, best first.
+    pub fn into_chunks(self) -> Vec<Chunk> {
+        self.out
+    }
 }
 
 #[cfg(test)]

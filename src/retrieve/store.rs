@@ -34,6 +34,15 @@ pub struct StoreQuery {
     pub limit: usize,
 }
 
+/// The chunks a query selected, and how many hits it had to choose from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selected {
+    /// Best first.
+    pub chunks: Vec<Chunk>,
+    /// Hits scored.
+    pub found: usize,
+}
+
 /// What the indexer needs to know about a stored chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredChunk {
@@ -55,6 +64,20 @@ pub trait VectorStore: Send + Sync + std::fmt::Debug {
 
     /// Best-scoring chunks first, with scores. Sparse-only, or RRF of sparse and dense.
     async fn query(&self, query: StoreQuery) -> Result<Vec<Chunk>, RetrieveError>;
+
+    /// What [`super::select::select`] keeps of `query`'s hits: best first, one per chunk id, at
+    /// most `top_k`, within `budget_chars`. A store that can score without reading payloads
+    /// reads the texts of the candidates it offers, not of every hit.
+    async fn query_selected(
+        &self,
+        query: StoreQuery,
+        top_k: usize,
+        budget_chars: usize,
+    ) -> Result<Selected, RetrieveError> {
+        let hits = self.query(query).await?;
+        let found = hits.len();
+        Ok(Selected { chunks: super::select::select(hits, top_k, budget_chars), found })
+    }
 
     /// Inserts or replaces points (by chunk id).
     async fn upsert(&self, points: Vec<ChunkPoint>) -> Result<(), RetrieveError>;

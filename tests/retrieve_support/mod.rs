@@ -268,3 +268,41 @@ pub async fn a_reopened_shard_has_every_write(c: &str, url: Option<String>) {
     let again = index(&r, c, src.path(), "acme/web").await;
     assert_eq!(again.unchanged, chunks, "ids survive a reopen");
 }
+
+/// A store that reads payloads only for the candidates it offers (`query_selected`) chooses
+/// exactly what selecting from every hit with its payload would: the same chunks, texts and
+/// scores, in the same order, whatever top-k and budget skip or stop at.
+pub async fn selecting_reads_only_what_it_offers_and_chooses_the_same(
+    c: &str,
+    url: Option<String>,
+) {
+    use aptix::retrieve::select::{fetch_limit, select};
+    use aptix::retrieve::StoreQuery;
+    let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for i in 0..40usize {
+        // Files of different lengths and keyword counts: scores differ, some chunks are large.
+        let body = "let filler = 1;\n".repeat(1 + (i * 7) % 60);
+        let hits = "quaternion rotation\n".repeat(1 + i % 5);
+        write(src.path(), &format!("src/q{i:02}.rs"), &format!("// file {i}\n{hits}{body}"));
+    }
+    let r = Retrieval::from_settings(&settings(data.path(), url)).unwrap();
+    index(&r, c, src.path(), "acme/many").await;
+    let store = r.store(c).await.unwrap();
+    let combos = [(1, 100_000), (3, 250), (8, 600), (8, 100_000), (20, 2_000), (60, 100_000)];
+    for (top_k, budget) in combos {
+        let query = StoreQuery {
+            sparse: r.encoder().query("quaternion rotation filler"),
+            dense: None,
+            filter: FilterSpec::default(),
+            limit: fetch_limit(top_k),
+        };
+        let every = store.query(query.clone()).await.unwrap();
+        let found = every.len();
+        assert!(found > top_k.min(39), "enough hits to choose from: {found} for top-k {top_k}");
+        let want = select(every, top_k, budget);
+        let got = store.query_selected(query, top_k, budget).await.unwrap();
+        assert!(!want.is_empty(), "top-k {top_k}, budget {budget} selects something");
+        assert_eq!(got.chunks, want, "top-k {top_k}, budget {budget}");
+        assert_eq!(got.found, found);
+    }
+}
