@@ -27,6 +27,6 @@ async fn a_reopened_shard_has_every_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn selecting_reads_only_what_it_offers_and_chooses_the_same() {
-    s::selecting_reads_only_what_it_offers_and_chooses_the_same("test", None).await;
+async fn selecting_from_scores_chooses_what_every_payload_would() {
+    s::selecting_from_scores_chooses_what_every_payload_would("test", None).await;
 }

@@ -106,10 +106,12 @@ pub(super) fn query_request(
     })
 }
 
-/// Offers `hits` (scored without payloads) to `selection` best first, reading the payloads of
-/// as many at a time as it still wants: a payload is parsed JSON, most of a query's cost, and
-/// the store is asked for spare hits (`select::fetch_limit`) that a selection rarely reaches. A
-/// point deleted since it was scored (a re-index meanwhile) is skipped.
+/// Offers `hits` (scored without payloads) to `selection` best first, reading their payloads a
+/// batch at a time: a payload is parsed JSON, most of a query's cost, and the store is asked
+/// for spare hits (`select::fetch_limit`) that a selection rarely reaches. The first batch is
+/// what the selection still wants; each further one (chunks were skipped over the budget) is
+/// twice the last, so a budget that skips many costs a few reads, not one per hit. A point
+/// deleted since it was scored (a re-index meanwhile) is skipped.
 pub(super) fn fill_selection(
     shard: &EdgeShard,
     mut hits: Vec<ScoredPoint>,
@@ -117,9 +119,10 @@ pub(super) fn fill_selection(
     path: &Path,
 ) -> Result<(), RetrieveError> {
     by_score(&mut hits, |p| Some(p.score));
-    let mut rest = &hits[..];
+    let (mut rest, mut size) = (&hits[..], 0);
     while !rest.is_empty() && selection.wanted() > 0 {
-        let (batch, next) = rest.split_at(selection.wanted().min(rest.len()));
+        size = selection.wanted().max(size * 2).min(rest.len());
+        let (batch, next) = rest.split_at(size);
         rest = next;
         let ids: Vec<PointId> = batch.iter().map(|p| p.id).collect();
         let records = shard

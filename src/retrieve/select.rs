@@ -26,7 +26,7 @@ pub fn select(mut hits: Vec<Chunk>, top_k: usize, budget_chars: usize) -> Vec<Ch
 }
 
 /// Sorts best score first, keeping the order of ties (a missing score ranks last).
-pub fn by_score<T>(items: &mut [T], score: impl Fn(&T) -> Option<f32>) {
+pub(crate) fn by_score<T>(items: &mut [T], score: impl Fn(&T) -> Option<f32>) {
     items.sort_by(|a, b| {
         let (sa, sb) = (score(a).unwrap_or(f32::MIN), score(b).unwrap_or(f32::MIN));
         sb.total_cmp(&sa)
@@ -36,7 +36,7 @@ pub fn by_score<T>(items: &mut [T], score: impl Fn(&T) -> Option<f32>) {
 /// [`select`] one chunk at a time, in score order: lets a store read the texts of only the
 /// candidates it offers instead of every hit's.
 #[derive(Debug)]
-pub struct Selection {
+pub(crate) struct Selection {
     top_k: usize,
     budget_chars: usize,
     used: usize,
@@ -47,6 +47,7 @@ pub struct Selection {
 impl Selection {
     /// An empty selection of at most `top_k` chunks within `budget_chars` characters.
     pub fn new(top_k: usize, budget_chars: usize) -> Self {
+        // top_k comes from configuration; the capacity must not trust it to be small.
         let out = Vec::with_capacity(top_k.min(64));
         Selection { top_k, budget_chars, used: 0, seen: HashSet::new(), out }
     }

@@ -269,13 +269,11 @@ pub async fn a_reopened_shard_has_every_write(c: &str, url: Option<String>) {
     assert_eq!(again.unchanged, chunks, "ids survive a reopen");
 }
 
-/// A store that reads payloads only for the candidates it offers (`query_selected`) chooses
-/// exactly what selecting from every hit with its payload would: the same chunks, texts and
-/// scores, in the same order, whatever top-k and budget skip or stop at.
-pub async fn selecting_reads_only_what_it_offers_and_chooses_the_same(
-    c: &str,
-    url: Option<String>,
-) {
+/// What a store selects itself (`query_selected`, which in the embedded store reads payloads a
+/// batch at a time) is exactly what selecting from every hit with its payload gives: the same
+/// chunks, texts and scores, in the same order, whatever top-k and budget skip or stop at. At
+/// least one pair must reach past the first `top_k` hits, or the later batches go untested.
+pub async fn selecting_from_scores_chooses_what_every_payload_would(c: &str, url: Option<String>) {
     use aptix::retrieve::select::{fetch_limit, select};
     use aptix::retrieve::StoreQuery;
     let (src, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -289,6 +287,7 @@ pub async fn selecting_reads_only_what_it_offers_and_chooses_the_same(
     index(&r, c, src.path(), "acme/many").await;
     let store = r.store(c).await.unwrap();
     let combos = [(1, 100_000), (3, 250), (8, 600), (8, 100_000), (20, 2_000), (60, 100_000)];
+    let mut past_first_batch = false;
     for (top_k, budget) in combos {
         let query = StoreQuery {
             sparse: r.encoder().query("quaternion rotation filler"),
@@ -299,10 +298,14 @@ pub async fn selecting_reads_only_what_it_offers_and_chooses_the_same(
         let every = store.query(query.clone()).await.unwrap();
         let found = every.len();
         assert!(found > top_k.min(39), "enough hits to choose from: {found} for top-k {top_k}");
+        let ranks: Vec<String> = every.iter().map(|h| h.id.clone()).collect();
         let want = select(every, top_k, budget);
+        let deepest = want.iter().filter_map(|w| ranks.iter().position(|id| *id == w.id)).max();
+        past_first_batch |= deepest.is_some_and(|d| d >= top_k);
         let got = store.query_selected(query, top_k, budget).await.unwrap();
         assert!(!want.is_empty(), "top-k {top_k}, budget {budget} selects something");
         assert_eq!(got.chunks, want, "top-k {top_k}, budget {budget}");
         assert_eq!(got.found, found);
     }
+    assert!(past_first_batch, "some budget skips a hit, so a later batch is read");
 }
