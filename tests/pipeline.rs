@@ -200,17 +200,23 @@ async fn session_texts_once_seen_are_read_from_memory() {
     t1["InputArtifacts"] = json!([file("src/a.rs", "fn a() { 1 }\n")]);
     assert_eq!(one_final(&h, &s, t1).await["Successful"], true);
     let session: aptix::contracts::SessionId = s.parse().unwrap();
-    let (warm, _) = h.deps.store.session_state_and_texts(&session, None).await.unwrap();
+    let warm = h.deps.store.session_state(&session).await.unwrap();
     let history = &warm["history"];
     let texts =
         history["chunks"].as_array().unwrap().iter().chain(history["files"].as_array().unwrap());
     assert!(texts.clone().count() >= 2 && texts.clone().all(|t| t["text"].is_string()), "{warm}");
     sqlx::query("DELETE FROM session_texts").execute(h.deps.store.pool()).await.unwrap();
-    let (again, _) = h.deps.store.session_state_and_texts(&session, None).await.unwrap();
+    let again = h.deps.store.session_state(&session).await.unwrap();
     assert_eq!(again, warm);
+    // Assembly's read, which parses the row straight into the state, takes them from there too.
+    let (read, _) = h.deps.store.session_state_to_carry(&session).await.unwrap();
+    let aptix::store::StateRead::Typed(typed) = read else { panic!("{read:?}") };
+    assert_eq!(serde_json::to_value(&typed).unwrap()["history"], warm["history"]);
     let cold = aptix::store::Store::connect(h.settings.database.url.expose(), 1).unwrap();
-    let dangling = cold.session_state_and_texts(&session, None).await;
+    let dangling = cold.session_state(&session).await;
     assert!(dangling.is_err(), "a store that never saw the texts read them: {dangling:?}");
+    let dangling = cold.session_state_to_carry(&session).await;
+    assert!(dangling.is_err(), "nor does assembly's read: {dangling:?}");
     cold.close().await;
     h.teardown().await;
 }

@@ -170,6 +170,12 @@ async fn session_texts_are_stored_once_by_reference_and_old_inline_states_still_
     let read = h.deps.store.session_state(&sid).await.unwrap();
     assert!(read.get("texts_by_ref").is_none());
     assert!(read["history"]["chunks"][0]["text"].as_str().unwrap().contains("send_invoice_email"));
+    // Each reference keeps its text's length, for the history's budgets, not the text.
+    for (stored, back) in chunks.iter().zip(read["history"]["chunks"].as_array().unwrap()) {
+        let text = back["text"].as_str().unwrap();
+        assert_eq!(stored["text_chars"], text.chars().count(), "{stored}");
+        assert!(back.get("text_chars").is_none() && back.get("text_ref").is_none());
+    }
 
     // The same state inline, as an older version wrote it, reads the same.
     sqlx::query("UPDATE sessions SET state = $2 WHERE id = $1::uuid")
@@ -181,6 +187,59 @@ async fn session_texts_are_stored_once_by_reference_and_old_inline_states_still_
     assert_eq!(h.deps.store.session_state(&sid).await.unwrap(), read);
     h.submit(&user_turn(&s, "t2", "and the tax?")).await;
     assert_eq!(h.replies(&s, 1, WAIT).await[0].body["Successful"], true);
+    let raw = state_row(&h, &s).await;
+    assert_eq!(raw["texts_by_ref"], true, "the next write keeps the texts by reference again");
+    h.teardown().await;
+}
+
+/// A state written before the references kept their texts' lengths (`text_chars`) is read
+/// with its texts, and the next turn's write stores every length; the history it holds is the
+/// same. The turns are sent one after another: each one's persist reads the state the last
+/// one wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn references_written_without_their_lengths_get_them_on_the_next_turn() {
+    let h = Harness::start(1).await;
+    let pool = h.deps.store.pool().clone();
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "what does send_invoice_email do?")).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await.len(), 1);
+    let mut old = state_row(&h, &s).await;
+    for list in ["chunks", "files"] {
+        for entry in old["history"][list].as_array_mut().into_iter().flatten() {
+            entry.as_object_mut().unwrap().remove("text_chars").expect("a length");
+        }
+    }
+    sqlx::query("UPDATE sessions SET state = $2 WHERE id = $1::uuid")
+        .bind(&s)
+        .bind(&old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sid: aptix::contracts::SessionId = s.parse().unwrap();
+    let before = h.deps.store.session_state(&sid).await.unwrap();
+    let kept: Vec<String> = before["history"]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!kept.is_empty());
+    h.submit(&user_turn(&s, "t2", "and the tax?")).await;
+    assert_eq!(h.replies(&s, 1, WAIT).await[0].body["Successful"], true);
+    let raw = state_row(&h, &s).await;
+    let chunks = raw["history"]["chunks"].as_array().unwrap();
+    assert!(chunks.iter().all(|c| c["text_chars"].is_u64() && c["text_ref"].is_string()), "{raw}");
+    let after = h.deps.store.session_state(&sid).await.unwrap();
+    let texts: Vec<&str> = after["history"]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    for text in &kept {
+        assert!(texts.contains(&text.as_str()), "the first turn's chunks are still held");
+    }
+    assert_eq!(after["history"]["transcript"].as_array().unwrap().len(), 2);
     h.teardown().await;
 }
 
@@ -307,8 +366,10 @@ async fn persist_builds_on_the_carried_state_and_reads_the_row_for_an_older_mess
         }
         let mut invoke: serde_json::Value =
             serde_json::from_slice(&take(&h, "invoke").await).unwrap();
-        let row = state_row(&h, &s).await;
-        assert_eq!(invoke["session_state"], row, "{turn}: the state as stored travels");
+        // The state as stored travels (written out again from the state it was read into).
+        let row = aptix::assemble::PackedState::from_stored_value(&state_row(&h, &s).await);
+        let travels = aptix::assemble::PackedState::from_stored_value(&invoke["session_state"]);
+        assert_eq!(travels.unwrap(), row.unwrap(), "{turn}: {invoke}");
         let state = invoke.as_object_mut().unwrap();
         match (turn, carried) {
             // Marked, so the state persist builds on shows where it came from.

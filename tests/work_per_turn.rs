@@ -19,7 +19,7 @@ mod statements;
 /// The tests count process-wide: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-const OPS: [(&str, &str); 22] = [
+const OPS: [(&str, &str); 24] = [
     ("parse", "request_hint"),
     ("parse", "request_scan"),
     ("parse", "request_fields"),
@@ -41,6 +41,8 @@ const OPS: [(&str, &str); 22] = [
     ("parse", "session_state"),
     ("parse", "session_state_row"),
     ("parse", "session_state_carried"),
+    ("parse", "session_state_packed"),
+    ("serialize", "session_state_carried"),
     ("serialize", "session_state"),
 ];
 
@@ -100,11 +102,11 @@ async fn one_user_turn_parses_its_request_once_and_each_stage_message_once() {
         ("serialize turn.persist/v1", 1),
         ("parse turn.persist/v1", 1),
         ("serialize saved_answer", 1),
-        // Session state: read from its row by assemble, carried to persist in the round trip's
-        // messages, built into the typed state by both; written by persist.
-        ("parse session_state_row", 1),
-        ("parse session_state_carried", 1),
-        ("parse session_state", 2),
+        // Session state: its row's text parsed by assemble straight into the state with its
+        // texts by reference (which are then put in) and written out to be carried to persist
+        // in the round trip's messages; parsed there the same way, updated and written.
+        ("parse session_state_packed", 2),
+        ("serialize session_state_carried", 1),
         ("serialize session_state", 1),
         ("serialize reply", 1),
         ("serialize reply_body", 1),

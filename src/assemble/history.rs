@@ -13,22 +13,68 @@ use crate::config::AssemblePolicy;
 /// Most paths remembered as cut: enough to name them, bounded like everything else here.
 const FILES_CUT_CAP: usize = 64;
 
-/// Bounded session history, oldest first in every list.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Bounded session history, oldest first in every list. Its chunks and files are `C` and `F`:
+/// with their texts (`Chunk`, `StoredFile`) where assembly renders them, by reference where
+/// persist only keeps them (`super::packed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct History {
+pub struct History<C = Chunk, F = StoredFile> {
     /// Finished turns.
     pub transcript: Vec<TranscriptEntry>,
     /// Finished turns dropped to stay within the transcript budget.
     pub transcript_cut: u64,
     /// Chunks sent before, each once, by when it was last sent.
-    pub chunks: Vec<Chunk>,
+    pub chunks: Vec<C>,
     /// Chunks dropped to stay within the chunk budget.
     pub chunks_cut: u64,
     /// Latest sent version of each active file, by when it was last sent.
-    pub files: Vec<StoredFile>,
+    pub files: Vec<F>,
     /// Paths of files dropped to stay within the file budget (and not sent since).
     pub files_cut: Vec<String>,
+}
+
+impl<C, F> Default for History<C, F> {
+    fn default() -> Self {
+        History {
+            transcript: Vec::new(),
+            transcript_cut: 0,
+            chunks: Vec::new(),
+            chunks_cut: 0,
+            files: Vec::new(),
+            files_cut: Vec::new(),
+        }
+    }
+}
+
+/// How the history keeps a chunk or file that was sent (`S`), whatever it holds of its text.
+pub trait Kept<S>: Cost {
+    /// The entry for `sent`.
+    fn kept(sent: &S) -> Self;
+    /// What makes two entries one: a chunk's id, a file's path.
+    fn key(&self) -> &str;
+}
+
+impl Kept<Chunk> for Chunk {
+    fn kept(sent: &Chunk) -> Self {
+        // Rehydration does not rank by the retrieval score, which belongs to the turn that
+        // retrieved the chunk (its saved answer keeps it); at rest it was 17 digits per chunk
+        // that lz4 cannot shrink, rewritten with the state on every turn.
+        Chunk { score: None, ..sent.clone() }
+    }
+
+    fn key(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Kept<StoredFile> for StoredFile {
+    fn kept(sent: &StoredFile) -> Self {
+        sent.clone()
+    }
+
+    fn key(&self) -> &str {
+        &self.path
+    }
 }
 
 /// One finished turn.
@@ -47,7 +93,8 @@ pub struct TranscriptEntry {
 }
 
 /// Something whose size counts against a budget, in characters.
-pub(crate) trait Cost {
+pub trait Cost {
+    /// Its size in characters.
     fn cost(&self) -> usize;
 }
 
@@ -85,38 +132,10 @@ pub(crate) fn trim_oldest<T: Cost>(items: &mut Vec<T>, budget: usize) -> Vec<T> 
     items.drain(..cut).collect()
 }
 
-impl History {
+impl<C, F> History<C, F> {
     /// Whether there is nothing to rehydrate from.
     pub fn is_empty(&self) -> bool {
         self.transcript.is_empty() && self.chunks.is_empty() && self.files.is_empty()
-    }
-
-    /// Remembers chunks and files just sent; files supplied but skipped are forgotten, since
-    /// their stored version is no longer the latest.
-    pub(crate) fn record_sent(
-        &mut self,
-        chunks: &[Chunk],
-        files: &[StoredFile],
-        skipped_paths: &[String],
-        policy: &AssemblePolicy,
-    ) {
-        for chunk in chunks {
-            self.chunks.retain(|c| c.id != chunk.id);
-            // Rehydration does not rank by the retrieval score, which belongs to the turn that
-            // retrieved the chunk (its saved answer keeps it); at rest it was 17 digits per chunk
-            // that lz4 cannot shrink, rewritten with the state on every turn.
-            self.chunks.push(Chunk { score: None, ..chunk.clone() });
-        }
-        self.chunks_cut += trim_oldest(&mut self.chunks, policy.rehydrate_chunk_chars).len() as u64;
-        for file in files {
-            self.files.retain(|f| f.path != file.path);
-            self.files_cut.retain(|p| *p != file.path);
-            self.files.push(file.clone());
-        }
-        self.files.retain(|f| !skipped_paths.contains(&f.path));
-        for dropped in trim_oldest(&mut self.files, policy.rehydrate_file_chars) {
-            self.note_file_cut(dropped.path);
-        }
     }
 
     /// Appends a finished turn, shortened if it alone is over the budget, and drops the oldest
@@ -134,6 +153,33 @@ impl History {
         }
         let excess = self.files_cut.len().saturating_sub(FILES_CUT_CAP);
         self.files_cut.drain(..excess);
+    }
+}
+
+impl<C: Kept<Chunk>, F: Kept<StoredFile>> History<C, F> {
+    /// Remembers chunks and files just sent; files supplied but skipped are forgotten, since
+    /// their stored version is no longer the latest.
+    pub(crate) fn record_sent(
+        &mut self,
+        chunks: &[Chunk],
+        files: &[StoredFile],
+        skipped_paths: &[String],
+        policy: &AssemblePolicy,
+    ) {
+        for chunk in chunks {
+            self.chunks.retain(|c| c.key() != chunk.id);
+            self.chunks.push(C::kept(chunk));
+        }
+        self.chunks_cut += trim_oldest(&mut self.chunks, policy.rehydrate_chunk_chars).len() as u64;
+        for file in files {
+            self.files.retain(|f| f.key() != file.path);
+            self.files_cut.retain(|p| *p != file.path);
+            self.files.push(F::kept(file));
+        }
+        self.files.retain(|f| !skipped_paths.iter().any(|p| p == f.key()));
+        for dropped in trim_oldest(&mut self.files, policy.rehydrate_file_chars) {
+            self.note_file_cut(dropped.key().to_owned());
+        }
     }
 }
 
@@ -193,7 +239,7 @@ mod tests {
     fn oldest_turns_go_first_and_are_counted() {
         let policy =
             AssemblePolicy { rehydrate_transcript_chars: 250, ..AssemblePolicy::default() };
-        let mut h = History::default();
+        let mut h: History = History::default();
         for n in 0..5 {
             h.record_turn(entry(n, 100), &policy);
         }
@@ -206,7 +252,7 @@ mod tests {
     fn a_turn_over_the_whole_budget_is_shortened_not_lost() {
         let policy =
             AssemblePolicy { rehydrate_transcript_chars: 200, ..AssemblePolicy::default() };
-        let mut h = History::default();
+        let mut h: History = History::default();
         h.record_turn(entry(1, 10_000), &policy);
         assert_eq!(h.transcript.len(), 1);
         assert!(h.transcript[0].cost() <= 200, "{}", h.transcript[0].cost());
@@ -225,7 +271,7 @@ mod tests {
             repo: Some("r".into()),
             score: Some(7.95),
         };
-        let mut h = History::default();
+        let mut h: History = History::default();
         let policy = AssemblePolicy::default();
         h.record_sent(&[chunk("a"), chunk("b")], &[], &[], &policy);
         h.record_sent(&[chunk("a")], &[], &[], &policy);

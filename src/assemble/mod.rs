@@ -23,6 +23,7 @@ mod continuation;
 mod files;
 mod history;
 mod message;
+mod packed;
 mod record;
 mod rehydrate;
 mod state;
@@ -37,15 +38,16 @@ use serde::{Deserialize, Serialize};
 pub use crate::config::AssemblePolicy;
 pub use block::{render_context_block, CONTEXT_HEADER};
 pub use chain::{plan_chain, unsent_chunks, ChainPlan};
-pub use history::{History, TranscriptEntry};
+pub use history::{Cost, History, Kept, TranscriptEntry};
+pub use packed::{ChunkRef, FileRef, PackedState, PackedText};
 pub use record::{
     ChainReason, ChainRecord, ChainStatus, RehydrationRecord, SentChunk, SentFile, SentRecord,
     SentToolOutput, SkipReason, SkippedFile, TurnKind, WARN_FILE_BINARY, WARN_FILE_TOO_LARGE,
     WARN_HISTORY_TRUNCATED,
 };
 pub use state::{
-    AnswerOutcome, ChainState, FileHash, OpenTurn, ProviderAnswer, SessionState, StateUpdate,
-    StoredFile,
+    AnswerOutcome, ChainState, FileHash, OpenTurn, ProviderAnswer, SessionState, SessionStateOf,
+    StateUpdate, StoredFile,
 };
 pub use stored::StoredState;
 pub use tools::{check_tool_results, ToolResultsMismatch};

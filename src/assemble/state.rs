@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::history::History;
+use super::history::{History, Kept};
 use super::record::{ChainReason, TurnKind};
 pub use super::stored_file::StoredFile;
 use crate::chunk::Chunk;
@@ -20,10 +20,11 @@ use crate::contracts::ToolCall;
 /// again is sent again, which is harmless, while an unbounded list would grow for 30 days.
 const CHAIN_CHUNK_ID_CAP: usize = 4096;
 
-/// Everything assembly needs to know about a session between turns.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Everything assembly needs to know about a session between turns, its history's chunks and
+/// files held as `C` and `F` ([`History`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct SessionState {
+pub struct SessionStateOf<C = Chunk, F = StoredFile> {
     /// Format version at rest (`"v"`); rows written before versioning read as 0, which is the
     /// same shape as 1.
     #[serde(rename = "v")]
@@ -38,7 +39,28 @@ pub struct SessionState {
     /// The turn that ended in tool calls and waits for their results.
     pub open_turn: Option<OpenTurn>,
     /// What a new chain is rehydrated from.
-    pub history: History,
+    pub history: History<C, F>,
+    /// The history's texts are references into `session_texts` (the store's mark; a state
+    /// with its texts in place never has it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub texts_by_ref: bool,
+}
+
+/// The state with its history's texts in place: what assembly reads.
+pub type SessionState = SessionStateOf<Chunk, StoredFile>;
+
+impl<C, F> Default for SessionStateOf<C, F> {
+    fn default() -> Self {
+        SessionStateOf {
+            version: 0,
+            chain: None,
+            chain_reset: None,
+            solution_context: None,
+            open_turn: None,
+            history: History::default(),
+            texts_by_ref: false,
+        }
+    }
 }
 
 /// One provider chain (`previous_response_id` thread) and what it already holds.
@@ -171,10 +193,12 @@ pub enum UnusableState {
     Version(u16),
 }
 
-impl SessionState {
+impl<C, F> SessionStateOf<C, F> {
     /// The format written now.
     pub const VERSION: u16 = 1;
+}
 
+impl SessionState {
     /// The state as `sessions.state` holds it (`{}` for a new session). Unreadable JSON or a
     /// version this build does not know is an error, never an empty state.
     pub fn from_stored(stored: serde_json::Value) -> Result<SessionState, UnusableState> {
@@ -200,21 +224,16 @@ impl SessionState {
             }
         }
     }
+}
 
-    /// The state as stored, with the current version.
-    pub fn to_stored(mut self) -> Result<serde_json::Value, serde_json::Error> {
-        crate::metrics::metrics().json("serialize", "session_state");
-        self.version = Self::VERSION;
-        serde_json::to_value(self)
-    }
-
+impl<C: Kept<Chunk> + Clone, F: Kept<StoredFile> + Clone> SessionStateOf<C, F> {
     /// The state after the provider answered the request `update` came from.
     pub fn apply_answer(
         &self,
         update: &StateUpdate,
         answer: &ProviderAnswer,
         policy: &AssemblePolicy,
-    ) -> SessionState {
+    ) -> Self {
         let mut next = self.clone();
         let mut chain = match (&self.chain, update.new_chain) {
             (Some(chain), false) => chain.clone(),
@@ -312,7 +331,7 @@ impl SessionState {
 
     /// The state after the provider answered `previous_response_not_found`: the next request
     /// starts a new chain, rehydrated from history, and says why. Idempotent.
-    pub fn force_new_chain(&self) -> SessionState {
+    pub fn force_new_chain(&self) -> Self {
         let mut next = self.clone();
         if let Some(chain) = next.chain.take() {
             next.chain_reset = Some(ChainReason::PreviousResponseNotFound {

@@ -26,8 +26,21 @@ impl StoredState {
 
     /// The state as read from its row, if it is small enough to carry.
     pub fn to_carry(stored: &serde_json::Value) -> Result<Option<Self>, serde_json::Error> {
+        crate::metrics::metrics().json("serialize", "session_state_carried");
         let raw = serde_json::value::to_raw_value(stored)?;
         Ok((raw.get().len() <= Self::MAX_CARRIED).then_some(StoredState(raw)))
+    }
+
+    /// A state as stored, if it is small enough to carry.
+    pub fn packed(state: &super::PackedState) -> Result<Option<Self>, serde_json::Error> {
+        crate::metrics::metrics().json("serialize", "session_state_carried");
+        let raw = serde_json::value::to_raw_value(state)?;
+        Ok((raw.get().len() <= Self::MAX_CARRIED).then_some(StoredState(raw)))
+    }
+
+    /// The stored JSON's text.
+    pub fn json(&self) -> &str {
+        self.0.get()
     }
 
     /// The stored JSON again, as a tree.

@@ -9,7 +9,7 @@ use crate::assemble::SessionState;
 use crate::config::Settings;
 use crate::messages::{AssembledTurn, RetrievedTurn};
 use crate::stage::{Output, Stage, StageError};
-use crate::store::Store;
+use crate::store::{StateRead, Store};
 
 /// Builds the `/responses` body.
 #[derive(Debug)]
@@ -44,9 +44,14 @@ impl Stage for Assemble {
         }
         // Corrupt state must not silently become an empty one: the message is dead-lettered
         // and the turn fails.
-        let (stored, session_state) =
+        let (read, session_state) =
             self.store.session_state_to_carry(&job.admitted.key.session_id).await?;
-        let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
+        let state = match read {
+            StateRead::Typed(state) => state,
+            StateRead::Stored(stored) => {
+                SessionState::from_stored(stored).map_err(StageError::unusable)?
+            }
+        };
         let turn = job.admitted.user_turn().map_err(StageError::fail)?;
         let context =
             super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;

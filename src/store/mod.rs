@@ -51,10 +51,9 @@ pub use records::{FinishStep, Finished, StepOutcome};
 pub use refusals::{StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
 pub use reprocess::{LinkedRecord, OriginalStep, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
-pub use sessions::{CallState, SessionOwner, SessionView};
+pub use sessions::{CallState, SessionOwner, SessionView, StateRead, StateToUpdate};
 pub use stream_events::{Replayed, Resumable, ResumeFound};
 pub use tenants::{Gate, Limit, MIN_TOKEN_RESERVE};
-pub use texts::KnownTexts;
 pub use turns::{TurnRow, TurnState};
 pub use undelivered::{ParkReply, Parked, MAX_PARKED_PER_QUEUE, MAX_PARKED_PER_TENANT};
 

@@ -9,7 +9,8 @@ use super::new_record::{record_query, NewRecord, PreparedRecord};
 use super::outbox::{self, PendingOutbox};
 use super::texts::pack;
 use super::turns::{start_next, starts, TurnRow, TurnState};
-use super::{KnownTexts, Store, StoreError};
+use super::{Store, StoreError};
+use crate::assemble::PackedState;
 use crate::contracts::TurnKey;
 use crate::lifecycle::{transition, Event, Phase, StepEnd};
 use crate::messages::{Outgoing, ReplyOut};
@@ -67,10 +68,9 @@ pub struct FinishStep {
     pub step: i32,
     /// The immutable record.
     pub record: NewRecord,
-    /// The session's new assemble state, when it changed.
-    pub session_state: Option<Value>,
-    /// Texts the state it was built from referenced: already stored, not sent again.
-    pub known_texts: KnownTexts,
+    /// The session's new assemble state, when it changed; its texts sent this turn are
+    /// stored with the record's.
+    pub session_state: Option<PackedState>,
     /// The turn's transition.
     pub outcome: StepOutcome,
     /// The reply to publish after the commit, if the round trip sends one.
@@ -112,10 +112,9 @@ impl Store {
         outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
         let mut record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
         // The state's new texts go in the record's texts CTE: one insert for both.
-        let state = f.session_state.take().map(|s| {
-            let (packed, texts) = pack(&self.texts, s, &f.known_texts);
-            record.texts.absorb(texts);
-            packed
+        let state = f.session_state.take().map(|mut s| {
+            record.texts.absorb(pack(&self.texts, &mut s));
+            s
         });
         let answered = !f.cancelled && !matches!(f.outcome, StepOutcome::Failed);
         let steers = if answered { &f.steers[..] } else { &[] };
@@ -257,8 +256,8 @@ struct StepParams<'a> {
     runs_on: bool,
     /// `$32`: the turn's server executions so far (NULL: unchanged).
     executed: Option<Value>,
-    /// `$33`: the session's new state (NULL: unchanged).
-    session_state: Option<&'a Value>,
+    /// `$33`: the session's new state (NULL: unchanged), serialised as it is bound.
+    session_state: Option<sqlx::types::Json<&'a PackedState>>,
     /// `$34`: the turn ended: the session passes to its next queued turn.
     ended: bool,
     /// `$35`: the reply's outbox payload, if the round trip sends one.
@@ -273,7 +272,7 @@ impl<'a> StepParams<'a> {
     /// What finishing `f` writes besides its record.
     fn of(
         f: &FinishStep,
-        session_state: Option<&'a Value>,
+        session_state: Option<&'a PackedState>,
         reply: Option<&Outgoing>,
     ) -> Result<StepParams<'a>, StoreError> {
         let some = |v: &Value| (!v.is_null()).then(|| v.clone());
@@ -310,7 +309,7 @@ impl<'a> StepParams<'a> {
             server_calls,
             runs_on: matches!(f.outcome, StepOutcome::ServerTools { .. }),
             executed,
-            session_state,
+            session_state: session_state.map(sqlx::types::Json),
             ended: to.has_ended(),
             reply: reply.map(outbox::payload).transpose()?,
             cancelled: f.cancelled,
@@ -334,7 +333,7 @@ async fn write_step(
     conn: &mut PgConnection,
     record: &PreparedRecord<'_>,
     f: &FinishStep,
-    state: Option<&Value>,
+    state: Option<&PackedState>,
     reply: Option<&Outgoing>,
 ) -> Result<Option<Moved>, StoreError> {
     let p = StepParams::of(f, state, reply)?;
@@ -386,7 +385,7 @@ async fn write_step(
         p.server_calls,
         p.runs_on,
         p.executed,
-        p.session_state,
+        p.session_state as _,
         p.ended,
         p.reply,
         p.cancelled,

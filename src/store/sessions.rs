@@ -4,9 +4,9 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::texts::{Holder, KnownTexts};
+use super::texts::Holder;
 use super::{Store, StoreError};
-use crate::assemble::StoredState;
+use crate::assemble::{PackedState, StoredState};
 use crate::contracts::{SessionId, TurnKey};
 
 /// Who a session belongs to and the contexts it was created with (fixed for its life).
@@ -19,6 +19,24 @@ pub struct SessionOwner {
     pub agent_context_id: Option<String>,
     /// Its ConversationContext, likewise.
     pub conversation_context_id: Option<String>,
+}
+
+/// A session's state as [`Store::session_state_to_carry`] read it for assembly.
+#[derive(Debug)]
+pub enum StateRead {
+    /// Checked, its texts in place.
+    Typed(crate::assemble::SessionState),
+    /// Its stored JSON with its texts in place, not yet checked to be a state.
+    Stored(Value),
+}
+
+/// A session's state as [`Store::session_state_to_update`] read it.
+#[derive(Debug)]
+pub enum StateToUpdate {
+    /// With its texts by reference.
+    ByRef(PackedState),
+    /// With its texts in place, as stored JSON (not yet checked to be a state).
+    InPlace(Value),
 }
 
 impl Store {
@@ -54,36 +72,78 @@ impl Store {
 
     /// The session's assemble state (`{}` for a new session), its texts in place.
     pub async fn session_state(&self, session: &SessionId) -> Result<Value, StoreError> {
-        Ok(self.session_state_and_texts(session, None).await?.0)
+        self.session_state_from(session, None).await
     }
 
-    /// The same, and the state as stored, which the round trip carries to persist
-    /// ([`Store::session_state_and_texts`]) unless it is too large to.
+    /// The session's state for assembly, and the state as stored, which the round trip
+    /// carries to persist ([`Store::session_state_to_update`]) unless it is too large to. A
+    /// state in the current form is parsed from the row's text straight into the state, its
+    /// texts then put in from this process's cache (PostgreSQL only for those it lacks); any
+    /// other (texts inline, or references without lengths) is read as before, as JSON with
+    /// its texts put in, for the caller to check.
     pub async fn session_state_to_carry(
         &self,
         session: &SessionId,
-    ) -> Result<(Value, Option<StoredState>), StoreError> {
-        let stored = self.stored_state(session).await?;
+    ) -> Result<(StateRead, Option<StoredState>), StoreError> {
+        let text = sqlx::query_scalar!(
+            r#"SELECT state::text AS "state!" FROM sessions WHERE id = $1"#,
+            session.as_uuid()
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .unwrap_or_else(|| "{}".to_owned());
+        if let Ok(packed) = PackedState::from_stored_json(&text) {
+            let carried = StoredState::packed(&packed)?;
+            let texts = super::texts::bodies(&self.pool, &self.texts, packed.text_keys()).await?;
+            return Ok((StateRead::Typed(super::texts::in_place(packed, &texts)?), carried));
+        }
+        crate::metrics::metrics().json("parse", "session_state_row");
+        let stored: Value = serde_json::from_str(&text)?;
         let carried = StoredState::to_carry(&stored)?;
-        let (state, _) = super::texts::read_pooled(&self.pool, &self.texts, stored).await?;
-        Ok((state, carried))
+        let state = super::texts::read_pooled(&self.pool, &self.texts, stored).await?;
+        Ok((StateRead::Stored(state), carried))
     }
 
-    /// The same, with the texts it references, for [`FinishStep::known_texts`] when the next
-    /// state is built from it: the state `carried` from assemble when the round trip has one,
-    /// else the row's. Texts come from this process's cache, PostgreSQL only for those it lacks.
-    ///
-    /// [`FinishStep::known_texts`]: super::FinishStep::known_texts
-    pub async fn session_state_and_texts(
+    /// The session's state with its texts in place: the one `carried` from assemble when the
+    /// round trip has one, else the row's. Texts come from this process's cache, PostgreSQL only
+    /// for those it lacks.
+    pub async fn session_state_from(
         &self,
         session: &SessionId,
         carried: Option<&StoredState>,
-    ) -> Result<(Value, KnownTexts), StoreError> {
+    ) -> Result<Value, StoreError> {
         let stored = match carried {
             Some(carried) => carried.to_value()?,
             None => self.stored_state(session).await?,
         };
         super::texts::read_pooled(&self.pool, &self.texts, stored).await
+    }
+
+    /// The session's state as persist builds the next one from it (the one `carried`, else the
+    /// row's): by reference ([`PackedState`]) when it holds every text in place or referenced
+    /// with its length, which needs no text; else, as a state written before lengths were kept
+    /// is, with its texts read in place (and the error, if it is no state at all, is the
+    /// caller's to tell).
+    pub async fn session_state_to_update(
+        &self,
+        session: &SessionId,
+        carried: Option<&StoredState>,
+    ) -> Result<StateToUpdate, StoreError> {
+        let stored = match carried {
+            Some(carried) => match PackedState::from_stored_json(carried.json()) {
+                Ok(state) => return Ok(StateToUpdate::ByRef(state)),
+                Err(_) => carried.to_value()?,
+            },
+            None => {
+                let stored = self.stored_state(session).await?;
+                match PackedState::from_stored_value(&stored) {
+                    Ok(state) => return Ok(StateToUpdate::ByRef(state)),
+                    Err(_) => stored,
+                }
+            }
+        };
+        let state = super::texts::read_pooled(&self.pool, &self.texts, stored).await?;
+        Ok(StateToUpdate::InPlace(state))
     }
 
     /// `sessions.state` as stored (`{}` for no row).
@@ -131,8 +191,7 @@ impl Store {
         step: i32,
         result: Value,
     ) -> Result<(), StoreError> {
-        let (mut result, mut texts) =
-            super::texts::take_texts(result, Holder::SavedAnswer, &KnownTexts::default());
+        let (mut result, mut texts) = super::texts::take_texts(result, Holder::SavedAnswer);
         if let Some(raw) = result.pointer_mut("/job/result/raw") {
             super::tool_refs::value_by_ref(raw, &mut texts)?;
         }

@@ -3,7 +3,9 @@
 //! for reprocessing (`job.assembled.update.chunks[].text`, `.files[].text`), go to
 //! `session_texts` under the SHA-256 of the text, and the stored JSON holds `text_ref` instead.
 //! Reading puts them back, so callers see the JSON they wrote. JSON without `texts_by_ref`
-//! (written before) is read as it is.
+//! (written before) is read as it is. A session state is packed by its own type
+//! (`assemble::PackedState`, which also keeps each text's length); this module writes its new
+//! texts and reads any state back with its texts in place.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use serde_json::{Map, Value};
 use sqlx::PgConnection;
 
 use super::StoreError;
+use crate::assemble::PackedState;
 
 /// Bytes of text the process keeps at most ([`TextCache`]).
 const CACHE_BYTES: u64 = 32 << 20;
@@ -89,12 +92,6 @@ impl Holder {
     }
 }
 
-/// Texts known to be in `session_texts` already: those a stored state referenced when it was
-/// read (texts are never deleted). Packing the next state skips them, so a turn sends its new
-/// texts, not the whole history's again.
-#[derive(Debug, Clone, Default)]
-pub struct KnownTexts(std::collections::HashSet<String>);
-
 /// Texts taken out of stored JSON, to insert into `session_texts` (sorted by key: two
 /// transactions inserting the same texts then lock them in one order and cannot deadlock).
 #[derive(Debug, Default)]
@@ -137,17 +134,15 @@ impl Texts {
     }
 }
 
-/// `value` with its texts replaced by references, and the texts not `known` to be stored.
-pub(super) fn take_texts(value: Value, holder: Holder, known: &KnownTexts) -> (Value, Texts) {
+/// `value` with its texts replaced by references, and the texts.
+pub(super) fn take_texts(value: Value, holder: Holder) -> (Value, Texts) {
     let mut packed = value;
     let mut texts: HashMap<String, String> = HashMap::new();
     for entry in entries(&mut packed, holder) {
         if let Some(Value::String(text)) = entry.remove("text") {
             let sha = crate::assemble::sha256_hex(&text);
             entry.insert("text_ref".into(), Value::String(sha.clone()));
-            if !known.0.contains(&sha) {
-                texts.insert(sha, text);
-            }
+            texts.insert(sha, text);
         }
     }
     if let Value::Object(map) = &mut packed {
@@ -159,12 +154,18 @@ pub(super) fn take_texts(value: Value, holder: Holder, known: &KnownTexts) -> (V
     (packed, texts)
 }
 
-/// A session `state` as stored, its texts replaced by references, and the texts it writes:
-/// those neither `known` to be stored nor in the `cache` (which holds only stored texts).
-pub(super) fn pack(cache: &TextCache, state: Value, known: &KnownTexts) -> (Value, Texts) {
-    let (packed, mut texts) = take_texts(state, Holder::State, known);
-    texts.retain(|sha| !cache.holds(sha));
-    (packed, texts)
+/// The texts a session `state` holds that are not known to be stored (those sent this turn),
+/// made references in it; of them, those to write: the ones the `cache` (which holds only
+/// stored texts) lacks. Texts the state read by reference are stored already: neither hashed
+/// again nor written.
+pub(super) fn pack(cache: &TextCache, state: &mut PackedState) -> Texts {
+    // Serialised once, when it is bound to the statement that writes it.
+    crate::metrics::metrics().json("serialize", "session_state");
+    let new = state.take_new_texts().into_iter().filter(|(sha, _)| !cache.holds(sha));
+    let (keys, bodies) = new.unzip();
+    let mut texts = Texts { keys, bodies };
+    texts.sort();
+    texts
 }
 
 /// The JSON as written: its texts put back from `texts` (by SHA-256).
@@ -178,6 +179,7 @@ pub(super) fn unpack(
     };
     for entry in entries(&mut value, holder) {
         let Some(Value::String(sha)) = entry.remove("text_ref") else { continue };
+        entry.remove("text_chars");
         let Some(text) = texts.get(&sha) else {
             let e = format!("stored JSON references text {sha}, which is not stored");
             return Err(StoreError::Corrupt(serde::de::Error::custom(e)));
@@ -243,8 +245,19 @@ async fn fetch(
     missing: Vec<String>,
     found: &mut Map<String, Value>,
 ) -> Result<(), StoreError> {
+    let read = fetch_texts(conn, cache, missing).await?;
+    found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Value::String)));
+    Ok(())
+}
+
+/// The `missing` texts (kept in the cache too), with one indexed lookup.
+async fn fetch_texts(
+    conn: &mut PgConnection,
+    cache: &TextCache,
+    missing: Vec<String>,
+) -> Result<Texts, StoreError> {
     if missing.is_empty() {
-        return Ok(());
+        return Ok(Texts::default());
     }
     let rows =
         sqlx::query!("SELECT sha256, body FROM session_texts WHERE sha256 = ANY($1)", &missing)
@@ -253,20 +266,53 @@ async fn fetch(
     let (keys, bodies) = rows.into_iter().map(|r| (r.sha256, r.body)).unzip();
     let read = Texts { keys, bodies };
     cache.keep(&read);
-    found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Value::String)));
-    Ok(())
+    Ok(read)
 }
 
-/// `value` with its texts read back in place, and which texts it referenced.
+/// The texts under `keys`: from the `cache`, the rest with one indexed lookup on a connection
+/// taken only then.
+pub(super) async fn bodies<'k>(
+    pool: &sqlx::PgPool,
+    cache: &TextCache,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<HashMap<String, Arc<str>>, StoreError> {
+    let mut found = HashMap::new();
+    let mut missing = Vec::new();
+    for key in keys {
+        match cache.get(key) {
+            Some(text) => drop(found.insert(key.to_owned(), text)),
+            None => missing.push(key.to_owned()),
+        }
+    }
+    if !missing.is_empty() {
+        let mut conn = pool.acquire().await?;
+        let read = fetch_texts(&mut conn, cache, missing).await?;
+        found.extend(read.keys.into_iter().zip(read.bodies.into_iter().map(Arc::from)));
+    }
+    Ok(found)
+}
+
+/// A packed session state with its texts in place, from [`bodies`]; a text it references that
+/// is not stored makes it corrupt, as in [`unpack`].
+pub(super) fn in_place(
+    state: PackedState,
+    texts: &HashMap<String, Arc<str>>,
+) -> Result<crate::assemble::SessionState, StoreError> {
+    state.with_texts(|key| texts.get(key).map(|t| t.to_string())).map_err(|sha| {
+        let e = format!("stored JSON references text {sha}, which is not stored");
+        StoreError::Corrupt(serde::de::Error::custom(e))
+    })
+}
+
+/// `value` with its texts read back in place.
 pub(super) async fn read(
     conn: &mut PgConnection,
     cache: &TextCache,
     mut value: Value,
     holder: Holder,
-) -> Result<(Value, KnownTexts), StoreError> {
+) -> Result<Value, StoreError> {
     let texts = referenced(conn, cache, &mut value, holder).await?;
-    let known = KnownTexts(texts.keys().cloned().collect());
-    Ok((unpack(value, &texts, holder)?, known))
+    unpack(value, &texts, holder)
 }
 
 /// A session state with its texts read back in place, as [`read`] does, taking a connection
@@ -275,15 +321,14 @@ pub(super) async fn read_pooled(
     pool: &sqlx::PgPool,
     cache: &TextCache,
     mut value: Value,
-) -> Result<(Value, KnownTexts), StoreError> {
+) -> Result<Value, StoreError> {
     let holder = Holder::State;
     let (mut texts, missing) = cached(cache, &mut value, holder);
     if !missing.is_empty() {
         let mut conn = pool.acquire().await?;
         fetch(&mut conn, cache, missing, &mut texts).await?;
     }
-    let known = KnownTexts(texts.keys().cloned().collect());
-    Ok((unpack(value, &texts, holder)?, known))
+    unpack(value, &texts, holder)
 }
 
 /// A saved provider answer (`llm_results.result`) with its texts read back in place.
@@ -292,7 +337,7 @@ pub(super) async fn read_saved(
     cache: &TextCache,
     saved: Value,
 ) -> Result<Value, StoreError> {
-    Ok(read(conn, cache, saved, Holder::SavedAnswer).await?.0)
+    read(conn, cache, saved, Holder::SavedAnswer).await
 }
 
 #[cfg(test)]
@@ -334,8 +379,7 @@ mod tests {
         let saved = json!({"v": 2, "job": {"assembled": {"update": {
             "chunks": [{"id": "a", "text": "fn a() {}"}, {"id": "b", "text": "fn a() {}"}],
             "files": [{"path": "x.rs", "text": "fn x() {}"}]}}}});
-        let (packed, texts) =
-            take_texts(saved.clone(), Holder::SavedAnswer, &KnownTexts::default());
+        let (packed, texts) = take_texts(saved.clone(), Holder::SavedAnswer);
         assert_eq!(texts.keys.len(), 2, "each text once");
         assert!(texts.keys.windows(2).all(|w| w[0] < w[1]), "sorted");
         let update = &packed["job"]["assembled"]["update"];

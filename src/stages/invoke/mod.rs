@@ -107,7 +107,7 @@ impl Stage for Invoke {
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
             let carried = job.session_state.as_ref();
-            let stored = self.store.session_state_and_texts(&key.session_id, carried).await?.0;
+            let stored = self.store.session_state_from(&key.session_id, carried).await?;
             let state = SessionState::from_stored(stored).map_err(StageError::unusable)?;
             let context =
                 super::conversation_context(&self.settings, turn).map_err(StageError::fail)?;

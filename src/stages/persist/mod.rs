@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::Deps;
-use crate::assemble::{AnswerOutcome, ProviderAnswer, SessionState};
+use crate::assemble::{AnswerOutcome, PackedState, ProviderAnswer, SessionState};
 use crate::config::{ContextVersions, Settings};
 use crate::contracts::{
     AgentExecuteResponse, ApiError, ErrorCode, InvokeResult, Outcome, Reply, ToolApprovalOutput,
@@ -16,7 +16,7 @@ use crate::messages::hops;
 use crate::messages::{with_owed_warnings, Answer, Done, EndedRoundTrip, ReplyOut, RoundTrip};
 use crate::stage::{Output, Stage, StageError};
 use crate::store::{
-    cancelled, FinishStep, Finished, KnownTexts, NewRecord, Settle, StepOutcome, Store,
+    cancelled, FinishStep, Finished, NewRecord, Settle, StateToUpdate, StepOutcome, Store,
 };
 
 /// Writes the immutable record and publishes the reply.
@@ -47,8 +47,7 @@ struct Ending {
     /// The record's kind.
     kind: &'static str,
     outcome: StepOutcome,
-    session_state: Option<Value>,
-    known_texts: KnownTexts,
+    session_state: Option<PackedState>,
     provider_id: Option<String>,
     usage: Option<Value>,
     raw: Option<Value>,
@@ -114,7 +113,6 @@ impl Persist {
             step,
             record,
             session_state: e.session_state,
-            known_texts: e.known_texts,
             outcome: e.outcome,
             reply: out,
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
@@ -151,8 +149,7 @@ impl Persist {
         let owed = owed_warnings(job);
         let outcome = with_owed_warnings(a.outcome.clone(), &owed);
         // The chain holds every call of the answer, the server's too.
-        let (session_state, known_texts) =
-            self.new_state(job, &a.response_id, a.created_at, &outcome).await?.unzip();
+        let session_state = self.new_state(job, &a.response_id, a.created_at, &outcome).await?;
         let turn = job.admitted.user_turn().map_err(StageError::fail)?;
         let tools = super::conversation_context(&self.settings, turn)
             .map(|c| c.server_tools.clone())
@@ -223,7 +220,6 @@ impl Persist {
             kind,
             outcome: step_outcome,
             session_state,
-            known_texts: known_texts.unwrap_or_default(),
             provider_id: Some(a.response_id.clone()),
             usage: a.usage.as_ref().map(serde_json::to_value).transpose()?,
             raw: Some(a.raw.clone()),
@@ -237,13 +233,17 @@ impl Persist {
         response_id: &str,
         created_at: chrono::DateTime<chrono::Utc>,
         outcome: &Outcome,
-    ) -> Result<Option<(Value, KnownTexts)>, StageError> {
+    ) -> Result<Option<PackedState>, StageError> {
         let Some(assembled) = &job.assembled else { return Ok(None) };
         let session = &job.admitted.key.session_id;
         let carried = job.session_state.as_ref();
-        let (raw, known) = self.store.session_state_and_texts(session, carried).await?;
-        // Corrupt state must not silently become an empty one: the turn fails instead.
-        let state = SessionState::from_stored(raw).map_err(StageError::unusable)?;
+        let state = match self.store.session_state_to_update(session, carried).await? {
+            StateToUpdate::ByRef(state) => state,
+            // Corrupt state must not silently become an empty one: the turn fails instead.
+            StateToUpdate::InPlace(stored) => {
+                SessionState::from_stored(stored).map_err(StageError::unusable)?.into()
+            }
+        };
         let outcome = match outcome {
             Outcome::Final(f) => {
                 AnswerOutcome::Final { output_text: f.primary_output_text.clone() }
@@ -257,7 +257,7 @@ impl Persist {
         };
         let answer = ProviderAnswer { response_id: response_id.to_owned(), created_at, outcome };
         let next = state.apply_answer(&assembled.update, &answer, &self.settings.assemble);
-        Ok(Some((next.to_stored()?, known)))
+        Ok(Some(next))
     }
 
     fn mode_display_name(&self, job: &EndedRoundTrip) -> String {
@@ -281,7 +281,6 @@ fn failed(
         kind,
         outcome: StepOutcome::Failed,
         session_state: None,
-        known_texts: KnownTexts::default(),
         provider_id: None,
         usage: None,
         raw,
