@@ -227,9 +227,18 @@ async fn references_written_without_their_lengths_get_them_on_the_next_turn() {
     h.submit(&user_turn(&s, "t2", "and the tax?")).await;
     assert_eq!(h.replies(&s, 1, WAIT).await[0].body["Successful"], true);
     let raw = state_row(&h, &s).await;
-    let chunks = raw["history"]["chunks"].as_array().unwrap();
-    assert!(chunks.iter().all(|c| c["text_chars"].is_u64() && c["text_ref"].is_string()), "{raw}");
     let after = h.deps.store.session_state(&sid).await.unwrap();
+    // Each length is its text's, in characters, as the history's budgets count them.
+    for list in ["chunks", "files"] {
+        let stored = raw["history"][list].as_array().unwrap();
+        let read = after["history"][list].as_array().unwrap();
+        assert_eq!(stored.len(), read.len());
+        for (entry, back) in stored.iter().zip(read) {
+            assert!(entry["text_ref"].is_string(), "{entry}");
+            let chars = back["text"].as_str().unwrap().chars().count();
+            assert_eq!(entry["text_chars"], chars, "{entry}");
+        }
+    }
     let texts: Vec<&str> = after["history"]["chunks"]
         .as_array()
         .unwrap()

@@ -115,6 +115,21 @@ async fn one_user_turn_parses_its_request_once_and_each_stage_message_once() {
     .into_iter()
     .collect();
     assert_eq!(done, expected);
+
+    // A second turn finds a history: both stages still parse the state by reference, neither
+    // reads it as a tree (as a state written before texts' lengths were kept is read).
+    let body = serde_json::to_vec(&user_turn(&s, "t2", "And the invoice PDF?")).unwrap();
+    let before = snapshot();
+    h.publisher.publish(&h.topology.request(&s, "m-2".into(), body)).await.unwrap();
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    assert_eq!(replies.last().unwrap().body["Successful"], true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = snapshot();
+    let ran = |what: &str| after[what] - before[what];
+    assert_eq!(ran("parse session_state_packed"), 2);
+    for tree in ["parse session_state", "parse session_state_row", "parse session_state_carried"] {
+        assert_eq!(ran(tree), 0, "{tree}");
+    }
     h.teardown().await;
 }
 

@@ -239,6 +239,11 @@ impl PackedState {
         if state.version > Self::VERSION {
             return Err(UnusableState::Version(state.version));
         }
+        // The store marks a state whose texts it took out; a reference in another is corrupt.
+        if !state.texts_by_ref && state.text_keys().next().is_some() {
+            let e = "a text reference in a state not marked texts_by_ref";
+            return Err(UnusableState::Json(serde::de::Error::custom(e)));
+        }
         Ok(state)
     }
 
@@ -483,13 +488,16 @@ mod tests {
         let state = PackedState::from_stored_value(&inline).unwrap();
         assert_eq!(state.history.chunks[0].text, PackedText::New("fn a() {}".into()));
         let mut by_ref = inline.clone();
-        by_ref["texts_by_ref"] = json!(true);
         let entry = by_ref["history"]["chunks"][0].as_object_mut().unwrap();
         entry.remove("text");
         entry.insert("text_ref".into(), json!(crate::assemble::sha256_hex("fn a() {}")));
-        assert!(PackedState::from_stored_value(&by_ref).is_err(), "written before lengths");
-        by_ref["history"]["chunks"][0]["text_chars"] = json!(9);
+        entry.insert("text_chars".into(), json!(9));
+        assert!(PackedState::from_stored_value(&by_ref).is_err(), "references, unmarked");
+        by_ref["texts_by_ref"] = json!(true);
         let state = PackedState::from_stored_json(&by_ref.to_string()).unwrap();
+        let mut old = by_ref.clone();
+        old["history"]["chunks"][0].as_object_mut().unwrap().remove("text_chars");
+        assert!(PackedState::from_stored_value(&old).is_err(), "written before lengths");
         assert_eq!(state.history.chunks[0].cost(), 9);
         assert!(PackedState::from_stored_value(&json!({"v": 9})).is_err(), "a newer version");
         let missing = state.with_texts(|_| None).unwrap_err();
