@@ -201,15 +201,17 @@ pub(super) struct PreparedRecord<'r> {
 
 impl<'r> PreparedRecord<'r> {
     /// Moves `r`'s tool definitions to texts.
+    /// The record `r`, its provider response `response` taken out of it (`r`'s own is not
+    /// read: a response is tens of KB, so the caller moves it here rather than have it copied).
     pub(super) fn new(
         cache: &TextCache,
         key: (Uuid, &'r str, i32),
         r: &'r NewRecord,
+        mut response: Option<Value>,
     ) -> Result<Self, StoreError> {
         let mut texts = Texts::default();
         let sent = r.request_payload.as_ref().map(RequestBody::as_raw);
         let packed = sent.map(|b| tool_refs::body_by_ref(b, &mut texts)).transpose()?.flatten();
-        let mut response = r.response_payload.clone();
         if let Some(response) = response.as_mut() {
             tool_refs::value_by_ref(response, &mut texts)?;
         }
@@ -261,7 +263,7 @@ pub(super) async fn insert_record(
     key: (Uuid, &str, i32),
     r: &NewRecord,
 ) -> Result<Texts, StoreError> {
-    let prepared = PreparedRecord::new(cache, key, r)?;
+    let prepared = PreparedRecord::new(cache, key, r, r.response_payload.clone())?;
     record_query!(query!("WITH ", "", " SELECT 1 AS one"), &prepared.params())
         .fetch_one(&mut *conn)
         .await?;

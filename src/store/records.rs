@@ -110,7 +110,9 @@ impl Store {
         let (tenant, name, expires) = (locked.tenant, locked.name, locked.expires_at);
         let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
         outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
-        let mut record = PreparedRecord::new(&self.texts, (session, turn, f.step), &f.record)?;
+        let response = f.record.response_payload.take();
+        let key = (session, turn, f.step);
+        let mut record = PreparedRecord::new(&self.texts, key, &f.record, response)?;
         // The state's new texts go in the record's texts CTE: one insert for both.
         let state = f.session_state.take().map(|mut s| {
             record.texts.absorb(pack(&self.texts, &mut s));
