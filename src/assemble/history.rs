@@ -156,6 +156,24 @@ impl<C, F> History<C, F> {
     }
 }
 
+impl<C, F> History<C, F> {
+    /// The same history with each chunk and file converted; the first conversion's error.
+    pub(crate) fn try_map<C2, F2, E>(
+        self,
+        chunk: impl FnMut(C) -> Result<C2, E>,
+        file: impl FnMut(F) -> Result<F2, E>,
+    ) -> Result<History<C2, F2>, E> {
+        Ok(History {
+            transcript: self.transcript,
+            transcript_cut: self.transcript_cut,
+            chunks: self.chunks.into_iter().map(chunk).collect::<Result<_, E>>()?,
+            chunks_cut: self.chunks_cut,
+            files: self.files.into_iter().map(file).collect::<Result<_, E>>()?,
+            files_cut: self.files_cut,
+        })
+    }
+}
+
 impl<C: Kept<Chunk>, F: Kept<StoredFile>> History<C, F> {
     /// Remembers chunks and files just sent; files supplied but skipped are forgotten, since
     /// their stored version is no longer the latest.

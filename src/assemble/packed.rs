@@ -267,9 +267,7 @@ impl PackedState {
         }
         taken
     }
-}
 
-impl PackedState {
     /// The keys of the texts it holds by reference (a text two entries share, twice).
     pub fn text_keys(&self) -> impl Iterator<Item = &str> {
         let chunks = self.history.chunks.iter().map(|c| &c.text);
@@ -286,8 +284,7 @@ impl PackedState {
             PackedText::New(body) => Ok(body),
             PackedText::Stored { key, .. } => text(&key).ok_or(key),
         };
-        let h = self.history;
-        let chunks = h.chunks.into_iter().map(|c| {
+        let chunk = |c: ChunkRef| {
             Ok(Chunk {
                 id: c.id,
                 path: c.path,
@@ -298,29 +295,12 @@ impl PackedState {
                 repo: c.repo,
                 score: None,
             })
-        });
-        let chunks = chunks.collect::<Result<_, String>>()?;
-        let files = h.files.into_iter().map(|f| {
+        };
+        let file = |f: FileRef| {
             let text = body(f.text)?;
             Ok(StoredFile { path: f.path, sha256: f.sha256, language: f.language, text })
-        });
-        let files = files.collect::<Result<_, String>>()?;
-        Ok(SessionState {
-            version: self.version,
-            chain: self.chain,
-            chain_reset: self.chain_reset,
-            solution_context: self.solution_context,
-            open_turn: self.open_turn,
-            history: super::History {
-                transcript: h.transcript,
-                transcript_cut: h.transcript_cut,
-                chunks,
-                chunks_cut: h.chunks_cut,
-                files,
-                files_cut: h.files_cut,
-            },
-            texts_by_ref: false,
-        })
+        };
+        self.try_map_history(chunk, file, false)
     }
 }
 
@@ -354,22 +334,10 @@ impl From<StoredFile> for FileRef {
 impl From<SessionState> for PackedState {
     /// A state read with its texts in place, each text new.
     fn from(s: SessionState) -> Self {
-        let h = s.history;
-        PackedState {
-            version: s.version,
-            chain: s.chain,
-            chain_reset: s.chain_reset,
-            solution_context: s.solution_context,
-            open_turn: s.open_turn,
-            history: super::History {
-                transcript: h.transcript,
-                transcript_cut: h.transcript_cut,
-                chunks: h.chunks.into_iter().map(ChunkRef::new).collect(),
-                chunks_cut: h.chunks_cut,
-                files: h.files.into_iter().map(FileRef::from).collect(),
-                files_cut: h.files_cut,
-            },
-            texts_by_ref: false,
+        let chunk = |c| Ok::<_, std::convert::Infallible>(ChunkRef::new(c));
+        match s.try_map_history(chunk, |f| Ok(FileRef::from(f)), false) {
+            Ok(state) => state,
+            Err(never) => match never {},
         }
     }
 }

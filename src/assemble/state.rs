@@ -196,6 +196,25 @@ pub enum UnusableState {
 impl<C, F> SessionStateOf<C, F> {
     /// The format written now.
     pub const VERSION: u16 = 1;
+
+    /// The same state with each history chunk and file converted (texts in place or by
+    /// reference: `texts_by_ref` says which); the first conversion's error.
+    pub(crate) fn try_map_history<C2, F2, E>(
+        self,
+        chunk: impl FnMut(C) -> Result<C2, E>,
+        file: impl FnMut(F) -> Result<F2, E>,
+        texts_by_ref: bool,
+    ) -> Result<SessionStateOf<C2, F2>, E> {
+        Ok(SessionStateOf {
+            version: self.version,
+            chain: self.chain,
+            chain_reset: self.chain_reset,
+            solution_context: self.solution_context,
+            open_turn: self.open_turn,
+            history: self.history.try_map(chunk, file)?,
+            texts_by_ref,
+        })
+    }
 }
 
 impl SessionState {

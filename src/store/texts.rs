@@ -224,15 +224,26 @@ fn cached(
     value: &mut Value,
     holder: Holder,
 ) -> (Map<String, Value>, Vec<String>) {
-    let mut found = Map::new();
-    let mut missing = Vec::new();
     if value.get(MARK) != Some(&Value::Bool(true)) {
-        return (found, missing);
+        return (Map::new(), Vec::new());
     }
-    for sha in entries(value, holder).filter_map(|e| e.get("text_ref").and_then(Value::as_str)) {
-        match cache.get(sha) {
-            Some(text) => drop(found.insert(sha.to_owned(), Value::String(text.to_string()))),
-            None => missing.push(sha.to_owned()),
+    let keys = entries(value, holder).filter_map(|e| e.get("text_ref").and_then(Value::as_str));
+    let (found, missing) = from_cache(cache, keys);
+    let found = found.into_iter().map(|(sha, text)| (sha, Value::String(text.to_string())));
+    (found.collect(), missing)
+}
+
+/// The texts under `keys` that the `cache` holds, and the keys of those it does not.
+fn from_cache<'k>(
+    cache: &TextCache,
+    keys: impl Iterator<Item = &'k str>,
+) -> (HashMap<String, Arc<str>>, Vec<String>) {
+    let mut found = HashMap::new();
+    let mut missing = Vec::new();
+    for key in keys {
+        match cache.get(key) {
+            Some(text) => drop(found.insert(key.to_owned(), text)),
+            None => missing.push(key.to_owned()),
         }
     }
     (found, missing)
@@ -276,14 +287,7 @@ pub(super) async fn bodies<'k>(
     cache: &TextCache,
     keys: impl Iterator<Item = &'k str>,
 ) -> Result<HashMap<String, Arc<str>>, StoreError> {
-    let mut found = HashMap::new();
-    let mut missing = Vec::new();
-    for key in keys {
-        match cache.get(key) {
-            Some(text) => drop(found.insert(key.to_owned(), text)),
-            None => missing.push(key.to_owned()),
-        }
-    }
+    let (mut found, missing) = from_cache(cache, keys);
     if !missing.is_empty() {
         let mut conn = pool.acquire().await?;
         let read = fetch_texts(&mut conn, cache, missing).await?;
