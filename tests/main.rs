@@ -67,6 +67,7 @@ mod stage_partitions;
 mod status;
 mod steer;
 mod stored_formats;
+mod stored_json;
 mod stored_queries;
 mod streaming;
 mod tenancy;

@@ -11,6 +11,7 @@ mod effects;
 mod eval;
 mod fail;
 mod files;
+mod json_text;
 mod members;
 mod new_record;
 mod new_turn;

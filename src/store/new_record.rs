@@ -4,10 +4,10 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use sqlx::types::Json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::json_text::JsonText;
 use super::texts::{TextCache, Texts};
 use super::{tool_refs, StoreError};
 use crate::assemble::Assembled;
@@ -147,7 +147,7 @@ macro_rules! record_query {
                 + ")"
                 + $tail,
             r.id, r.session, r.turn, r.step, r.kind, r.provider_response_id, r.chain,
-            r.request as _, r.response, r.retrieved_chunks, r.active_files, r.skipped_files,
+            r.request as _, r.response as _, r.retrieved_chunks, r.active_files, r.skipped_files,
             r.usage, r.errors, r.instruction, r.workspace_id, r.repo, r.language, r.rag_scope,
             r.reply, r.text_keys, r.text_bodies, r.stage_timings, r.conversation_context_id,
             r.context_versions
@@ -167,8 +167,8 @@ pub(crate) struct RecordParams<'a> {
     pub provider_response_id: Option<&'a str>,
     pub chain: &'a Value,
     /// The body as sent, its tools by reference when it had any.
-    pub request: Option<Json<&'a RawValue>>,
-    pub response: Option<&'a Value>,
+    pub request: Option<JsonText<&'a RawValue>>,
+    pub response: Option<JsonText<&'a Value>>,
     pub retrieved_chunks: &'a Value,
     pub active_files: &'a Value,
     pub skipped_files: &'a Value,
@@ -233,8 +233,8 @@ impl<'r> PreparedRecord<'r> {
             provider_response_id: r.provider_response_id.as_deref(),
             chain: &r.chain,
             // The body as sent when it has no tool definitions to move.
-            request: self.packed.as_deref().or(sent).map(Json),
-            response: self.response.as_ref(),
+            request: self.packed.as_deref().or(sent).map(JsonText),
+            response: self.response.as_ref().map(JsonText),
             retrieved_chunks: &r.retrieved_chunks,
             active_files: &r.active_files,
             skipped_files: &r.skipped_files,

@@ -259,7 +259,7 @@ struct StepParams<'a> {
     /// `$32`: the turn's server executions so far (NULL: unchanged).
     executed: Option<Value>,
     /// `$33`: the session's new state (NULL: unchanged), serialised as it is bound.
-    session_state: Option<sqlx::types::Json<&'a PackedState>>,
+    session_state: Option<super::json_text::JsonText<&'a PackedState>>,
     /// `$34`: the turn ended: the session passes to its next queued turn.
     ended: bool,
     /// `$35`: the reply's outbox payload, if the round trip sends one.
@@ -311,7 +311,7 @@ impl<'a> StepParams<'a> {
             server_calls,
             runs_on: matches!(f.outcome, StepOutcome::ServerTools { .. }),
             executed,
-            session_state: session_state.map(sqlx::types::Json),
+            session_state: session_state.map(super::json_text::JsonText),
             ended: to.has_ended(),
             reply: reply.map(outbox::payload).transpose()?,
             cancelled: f.cancelled,
@@ -353,12 +353,12 @@ async fn write_step(
             "WHERE EXISTS (SELECT 1 FROM moved)",
             r#",
              handed AS (
-                 UPDATE sessions SET updated_at = now(), state = COALESCE($33::jsonb, state),
+                 UPDATE sessions SET updated_at = now(), state = COALESCE($33::json, state),
                      active_turn_id = CASE WHEN $34::boolean THEN (
                          SELECT turn_id FROM turns WHERE session_id = $2 AND state = 'queued'
                          ORDER BY seq LIMIT 1)
                      ELSE active_turn_id END
-                 WHERE id = $2 AND ($34 OR $33::jsonb IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
+                 WHERE id = $2 AND ($34 OR $33::json IS NOT NULL) AND EXISTS (SELECT 1 FROM moved)
                  RETURNING active_turn_id),
              replied AS (
                  INSERT INTO outbox (session_id, turn_id, payload)

@@ -206,7 +206,7 @@ impl Store {
             key.session_id.as_uuid(),
             key.turn_id.as_str(),
             step,
-            &result,
+            super::json_text::JsonText(&result) as _,
             &texts.keys,
             &texts.bodies
         )

@@ -1,0 +1,23 @@
+-- The four largest JSON values a turn writes are kept as `json` (their text, checked on input)
+-- instead of `jsonb`: the session's state (read and written on every turn), the saved provider
+-- answer, and a record's request and response payloads. `jsonb` parsed each into a binary tree
+-- on every write (its key sort included) and wrote the state back out as text on every read,
+-- about a seventh of PostgreSQL's CPU per turn at the ceiling; nothing queries inside these
+-- values on a turn's path, and the pipeline reads them as text (docs/benchmarks.md, "the four
+-- largest JSON values as text"). Operators still read them in SQL: `->`, `->>` and `#>` work on
+-- `json`, and `aptix_deref_at` takes both types.
+--
+-- This rewrites `sessions`, `llm_results` and `response_records` under an exclusive lock, for a
+-- time proportional to their size (docs/reliability.md, "Rolling upgrades").
+
+-- First, so that statements of workers of the previous build, planned again after the type
+-- change, find the function for a `json` argument.
+CREATE FUNCTION aptix_deref_at(payload json, path text[]) RETURNS jsonb
+LANGUAGE sql STABLE STRICT AS $$ SELECT aptix_deref_at(payload::jsonb, path) $$;
+
+ALTER TABLE sessions ALTER COLUMN state DROP DEFAULT,
+    ALTER COLUMN state TYPE json USING state::json,
+    ALTER COLUMN state SET DEFAULT '{}'::json;
+ALTER TABLE llm_results ALTER COLUMN result TYPE json USING result::json;
+ALTER TABLE response_records ALTER COLUMN request_payload TYPE json USING request_payload::json,
+    ALTER COLUMN response_payload TYPE json USING response_payload::json;
