@@ -15,9 +15,15 @@
 CREATE FUNCTION aptix_deref_at(payload json, path text[]) RETURNS jsonb
 LANGUAGE sql STABLE STRICT AS $$ SELECT aptix_deref_at(payload::jsonb, path) $$;
 
+-- A type change resets a column's compression to the default (pglz), which costs several times
+-- lz4's CPU on every write: each column keeps lz4 (migration 0011), the rewritten rows too.
 ALTER TABLE sessions ALTER COLUMN state DROP DEFAULT,
     ALTER COLUMN state TYPE json USING state::json,
-    ALTER COLUMN state SET DEFAULT '{}'::json;
-ALTER TABLE llm_results ALTER COLUMN result TYPE json USING result::json;
+    ALTER COLUMN state SET DEFAULT '{}'::json,
+    ALTER COLUMN state SET COMPRESSION lz4;
+ALTER TABLE llm_results ALTER COLUMN result TYPE json USING result::json,
+    ALTER COLUMN result SET COMPRESSION lz4;
 ALTER TABLE response_records ALTER COLUMN request_payload TYPE json USING request_payload::json,
-    ALTER COLUMN response_payload TYPE json USING response_payload::json;
+    ALTER COLUMN request_payload SET COMPRESSION lz4,
+    ALTER COLUMN response_payload TYPE json USING response_payload::json,
+    ALTER COLUMN response_payload SET COMPRESSION lz4;

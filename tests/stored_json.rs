@@ -33,6 +33,12 @@ async fn the_largest_values_are_kept_as_the_text_the_pipeline_wrote() {
         let rows: Vec<(String, String)> =
             sqlx::query_as(&sql).bind(&s).fetch_all(pool).await.unwrap();
         assert!(!rows.is_empty(), "{table}.{column}: no rows");
+        // A type change resets a column's compression to pglz; migration 0028 sets lz4 again.
+        let sql = "SELECT attcompression::text FROM pg_attribute
+                   WHERE attrelid = $1::regclass AND attname = $2";
+        let compression: String =
+            sqlx::query_scalar(sql).bind(table).bind(column).fetch_one(pool).await.unwrap();
+        assert_eq!(compression, "l", "{table}.{column} compression");
         for (ty, text) in rows {
             assert_eq!(ty, "json", "{table}.{column}");
             // serde_json keeps the order of keys (`preserve_order`) and writes no spaces;
