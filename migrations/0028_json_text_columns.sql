@@ -8,10 +8,15 @@
 -- `json`, and `aptix_deref_at` takes both types.
 --
 -- This rewrites `sessions`, `llm_results` and `response_records` under an exclusive lock, for a
--- time proportional to their size (docs/reliability.md, "Rolling upgrades").
+-- time proportional to their size, and the previous build's persist cannot write a step against
+-- it: docs/reliability.md ("Migration 0028") says how to upgrade.
 
--- First, so that statements of workers of the previous build, planned again after the type
--- change, find the function for a `json` argument.
+-- A rewrite of a large table outlasts the 15 s statement timeout every connection of the
+-- pipeline sets (`Store::connect`), `aptix migrate`'s too: lifted for this migration only.
+SET LOCAL statement_timeout = 0;
+
+-- For statements of workers of the previous build, planned again once this commits: they pass
+-- these columns to `aptix_deref_at` (tool definitions by reference, migration 0015).
 CREATE FUNCTION aptix_deref_at(payload json, path text[]) RETURNS jsonb
 LANGUAGE sql STABLE STRICT AS $$ SELECT aptix_deref_at(payload::jsonb, path) $$;
 
