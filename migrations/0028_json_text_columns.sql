@@ -3,8 +3,8 @@
 -- answer, and a record's request and response payloads. `jsonb` parsed each into a binary tree
 -- on every write (its key sort included) and wrote the state back out as text on every read,
 -- about a seventh of PostgreSQL's CPU per turn at the ceiling; nothing queries inside these
--- values on a turn's path, and the pipeline reads them as text (docs/benchmarks.md, "the four
--- largest JSON values as text"). Operators still read them in SQL: `->`, `->>` and `#>` work on
+-- values on a turn's path, and the pipeline reads them as text (docs/benchmarks.md, lever
+-- table: "the four largest JSON values parsed into `jsonb` on every write"). Operators still read them in SQL: `->`, `->>` and `#>` work on
 -- `json`, and `aptix_deref_at` takes both types.
 --
 -- This rewrites `sessions`, `llm_results` and `response_records` under an exclusive lock, for a
