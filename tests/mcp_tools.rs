@@ -44,26 +44,33 @@ impl ToolServer {
             Command::new("bash").arg(here.join("setup.sh")).status().is_ok_and(|s| s.success())
         });
         assert!(installed, "tests/mcp/setup.sh failed");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let dir = tempfile::tempdir().unwrap();
         let calls = dir.path().join("calls.jsonl");
-        let child = Command::new(here.join(".venv/bin/python"))
+        // The server picks its port and says which once it listens: a port picked here and
+        // released could be taken by another test's server before this one binds it, and the
+        // test would then talk to that one.
+        let port_file = dir.path().join("port");
+        let mut child = Command::new(here.join(".venv/bin/python"))
             .arg(here.join("server.py"))
-            .args(["--port", &port.to_string(), "--calls"])
+            .arg("--port-file")
+            .arg(&port_file)
+            .arg("--calls")
             .arg(&calls)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let server =
-            ToolServer { child, url: format!("http://127.0.0.1:{port}/mcp"), calls, _dir: dir };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
+        for _ in 0..400 {
+            if let Some(port) =
+                std::fs::read_to_string(&port_file).ok().and_then(|p| p.parse::<u16>().ok())
+            {
+                let url = format!("http://127.0.0.1:{port}/mcp");
+                return ToolServer { child, url, calls, _dir: dir };
             }
+            assert!(child.try_wait().unwrap().is_none(), "the MCP test server exited");
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the MCP test server did not start on port {port}");
+        panic!("the MCP test server did not start");
     }
 
     /// The calls it received, in order.

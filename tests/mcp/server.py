@@ -5,6 +5,7 @@ client sent in `_meta`, the Authorization and X-Team headers it came with), so a
 effects from the server's side, not from the pipeline's.
 
     python server.py --port 8931 --calls /tmp/calls.jsonl
+    python server.py --port-file /tmp/port --calls /tmp/calls.jsonl   # a free port, written there
     python server.py --stdio --calls /tmp/calls.jsonl
 """
 
@@ -18,6 +19,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, default=0)
+# The server binds a free port itself and writes its number here once it listens: a port a test
+# picked and released first could be taken by another test's server meanwhile.
+parser.add_argument("--port-file")
 parser.add_argument("--stdio", action="store_true")
 parser.add_argument("--calls", required=True)
 args = parser.parse_args()
@@ -90,7 +94,28 @@ async def huge(megabytes: int, ctx: Context) -> str:
     return "x" * (megabytes * 1024 * 1024)
 
 
+
+
+def serve_on_a_free_port(port_file: str) -> None:
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    # Written whole, then renamed: the reader never sees half a number.
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(sock.getsockname()[1]))
+    os.replace(port_file + ".tmp", port_file)
+    app = server.streamable_http_app(host="127.0.0.1")
+    config = uvicorn.Config(app, log_level="warning")
+    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+
+
 if args.stdio:
     server.run("stdio")
+elif args.port_file:
+    serve_on_a_free_port(args.port_file)
 else:
     server.run("streamable-http", host="127.0.0.1", port=args.port)
