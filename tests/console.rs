@@ -247,12 +247,13 @@ impl Drop for Running {
 /// `aptix console` on a free port, with `token` as its admin token and RabbitMQ's management
 /// API when `management`; waits until it answers.
 async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aptix"));
-    cmd.args(["console", "--listen", &format!("127.0.0.1:{port}")])
+    // Port 0: the console binds a free port itself and prints where (a port the test chose and
+    // released could be taken by another test's server first).
+    cmd.args(["console", "--listen", "127.0.0.1:0"])
         .env_remove("APTIX_CONFIG")
         .envs(h.child_env())
-        .stdout(Stdio::null());
+        .stdout(Stdio::piped());
     if let Some(t) = token {
         cmd.env("APTIX__CONSOLE__ADMIN_TOKEN", t);
     }
@@ -262,7 +263,17 @@ async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running
         cmd.env("APTIX__AMQP__MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672");
     }
     let mut child = cmd.spawn().unwrap();
-    let base = format!("http://127.0.0.1:{port}");
+    let printed = printed_address(child.stdout.take().unwrap());
+    let base = match tokio::time::timeout(Duration::from_secs(10), printed).await {
+        Ok(Ok(line)) => {
+            line.trim().trim_start_matches("console at ").trim_end_matches('/').to_owned()
+        }
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the console printed no address: {other:?}");
+        }
+    };
     for _ in 0..100 {
         if aptix::http::get(format!("{base}/healthz")).await.is_ok() {
             return (Running(child), base);
@@ -272,6 +283,21 @@ async fn console(h: &Harness, token: Option<&str>, management: bool) -> (Running
     let _ = child.kill();
     let _ = child.wait();
     panic!("the console did not answer on {base}");
+}
+
+/// The console's first line (`console at http://…/`); the rest of its output is read and
+/// dropped, so a later print never meets a closed pipe.
+fn printed_address(out: std::process::ChildStdout) -> tokio::sync::oneshot::Receiver<String> {
+    use std::io::BufRead as _;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    rx
 }
 
 fn stop(running: &mut Running) {

@@ -13,10 +13,11 @@ use common::{new_session, user_turn, Harness};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_and_health_follow_the_pipeline() {
     let mut h = Harness::start(1).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let listen = format!("127.0.0.1:{port}");
-    tokio::spawn(aptix::metrics::serve(
-        listen.clone(),
+    // Bound here and kept: a port chosen and released could be taken by another test's server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listen = listener.local_addr().unwrap().to_string();
+    tokio::spawn(aptix::metrics::serve_on(
+        listener,
         Some(std::sync::Arc::new(h.deps.store.clone())),
         None,
         h.shutdown.clone(),
@@ -81,14 +82,14 @@ async fn metrics_and_health_follow_the_pipeline() {
     // Without consumers the process is alive but not ready.
     h.stop_consumers().await;
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let port2 = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    tokio::spawn(aptix::metrics::serve(
-        format!("127.0.0.1:{port2}"),
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port2 = listener.local_addr().unwrap().port();
+    tokio::spawn(aptix::metrics::serve_on(
+        listener,
         Some(std::sync::Arc::new(h.deps.store.clone())),
         None,
         shutdown.clone(),
     ));
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let ready = client.get(format!("http://127.0.0.1:{port2}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
     assert!(ready.text().await.unwrap().contains("broker: down"));

@@ -67,12 +67,13 @@ async fn the_model_searches_the_code_itself_then_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let base = format!("http://127.0.0.1:{port}");
+    // Bound here and kept: a port chosen and released could be taken by another test's server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
     let b = base.clone();
     let h = Harness::start_with(1, move |s| s.files.base_url = Some(b)).await;
-    tokio::spawn(aptix::metrics::serve(
-        format!("127.0.0.1:{port}"),
+    tokio::spawn(aptix::metrics::serve_on(
+        listener,
         None,
         Some(aptix::files::router(h.deps.store.clone(), h.deps.settings.pipeline.keys())),
         h.shutdown.clone(),

@@ -46,7 +46,20 @@ pub async fn serve(
             return warn!(%addr, error = %e, "cannot bind the metrics port; not serving metrics")
         }
     };
-    info!(addr = %listener.local_addr().map_or(addr, |a| a), "serving metrics and health");
+    serve_on(listener, database, extra, shutdown).await;
+}
+
+/// [`serve`] on a listener already bound (one bound to port 0 keeps the port it was given, so
+/// no other server can take it between choosing and binding).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    database: Option<Arc<dyn Ready>>,
+    extra: Option<axum::Router>,
+    shutdown: CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving metrics and health");
+    }
     let app = axum::Router::new()
         .route("/metrics", get(scrape))
         .route("/healthz", get(|| async { "ok" }))

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 
 mod health;
 
-pub use health::{serve, Ready};
+pub use health::{serve, serve_on, Ready};
 
 use crate::config::{ModelPrice, Settings};
 use crate::contracts::Usage;
