@@ -30,6 +30,10 @@ pub struct TurnSample {
     pub start: Instant,
     /// When its final reply arrived (`None`: no reply before the timeout).
     pub end: Option<Instant>,
+    /// How long after `start` the driver began to publish it: in the open loop, the load
+    /// generator's own lateness (its timer's millisecond ticks, its task's wake-up), which
+    /// the latency from the scheduled time includes for the relay and the pipeline alike.
+    pub late: Duration,
     /// Whether the reply was `Successful`.
     pub ok: bool,
     /// The reply's `Usage`: input tokens, and those the provider's cache served.
@@ -230,9 +234,8 @@ impl Driver {
         start: Instant,
         timeout: Duration,
     ) -> TurnSample {
-        let since_start =
-            chrono::Duration::from_std(Instant::now().saturating_duration_since(start))
-                .unwrap_or_default();
+        let late = Instant::now().saturating_duration_since(start);
+        let since_start = chrono::Duration::from_std(late).unwrap_or_default();
         let wall_start = chrono::Utc::now() - since_start;
         let body = self.bodies.request(session, turn_id);
         let reply = match self.submit(session, turn_id, body).await {
@@ -253,6 +256,7 @@ impl Driver {
             wall_start,
             start,
             end: reply.map(|r| r.at),
+            late,
             ok: reply.is_some_and(|r| r.ok),
             tokens: reply.map(|r| r.tokens).unwrap_or_default(),
         }

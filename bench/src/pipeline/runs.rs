@@ -7,6 +7,7 @@ mod growth;
 mod inflight;
 mod overhead;
 mod scaling;
+mod stage_times;
 
 pub use ceiling::ceiling;
 pub use growth::growth;

@@ -1,5 +1,6 @@
 //! `aptix-bench overhead`: publish to final reply minus the LLM call, at a steady open-loop rate, and where the time goes.
 
+use super::stage_times::{self, StoredPath};
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
@@ -54,6 +55,9 @@ pub async fn overhead(
             r.add("llm_p99_ms", "LLM call (HTTP to simulator) p99", "ms", l.p99);
             r.add("relay_e2e_p50_ms", "relay at the same rate (5 queues, no work): publish to reply p50", "ms", relay.e2e.p50);
             r.add("relay_e2e_p99_ms", "relay at the same rate: publish to reply p99", "ms", relay.e2e.p99);
+            r.add("relay_driver_late_p50_ms", "relay at the same rate: scheduled -> driver starts publishing p50", "ms", relay.late.p50);
+            let mut late: Vec<Duration> = counted.iter().map(|s| s.late).collect();
+            r.add("driver_late_p50_ms", "scheduled -> driver starts publishing p50 (in e2e and overhead)", "ms", Percentiles::of(&mut late).p50);
             cpu_per_turn(&mut r, "relay_", "relay at the same rate: ", &relay.cpu, relay.turns);
             r.add("machine_busy", "machine CPU busy", "%", cpu.machine_busy * 100.0);
             cpu_per_turn(&mut r, "", "", &cpu, samples.len());
@@ -68,6 +72,9 @@ pub async fn overhead(
                 let pc = Percentiles::of(&mut v);
                 r.add(format!("{key}_p50_ms"), format!("{label} p50"), "ms", pc.p50);
                 r.add(format!("{key}_p99_ms"), format!("{label} p99"), "ms", pc.p99);
+            }
+            for (key, label, mean) in stage_times::breakdown(&stored_paths(env, &counted).await) {
+                r.add(key, label, "ms", mean);
             }
             r.detail("counted_turns", counted.len());
             r.detail("cpu", cpu);
@@ -125,10 +132,12 @@ async fn relay_latency(
     }
     relay.stop().await;
     let from = start + secs(p.warmup.min(p.secs * 0.5));
-    let counted = samples.iter().filter(|s| s.start >= from && s.ok);
-    let mut e2e: Vec<Duration> = counted.filter_map(TurnSample::latency).collect();
+    let counted: Vec<&TurnSample> = samples.iter().filter(|s| s.start >= from && s.ok).collect();
+    let mut e2e: Vec<Duration> = counted.iter().filter_map(|s| s.latency()).collect();
+    let mut late: Vec<Duration> = counted.iter().map(|s| s.late).collect();
     Ok(RelayLatency {
         e2e: Percentiles::of(&mut e2e),
+        late: Percentiles::of(&mut late),
         cpu,
         turns: samples.len(),
         failures: failed(&samples),
@@ -138,6 +147,8 @@ async fn relay_latency(
 /// The relay's figures under the overhead's load.
 struct RelayLatency {
     e2e: Percentiles,
+    /// The driver's lateness behind each turn's scheduled time.
+    late: Percentiles,
     cpu: CpuUse,
     turns: usize,
     failures: usize,
@@ -193,4 +204,30 @@ async fn breakdown(env: &BenchEnv, counted: &[&TurnSample]) -> Vec<Vec<Duration>
         out[3].push(gap(persisted, wall_end));
     }
     out
+}
+
+/// The stored path of each counted turn's first round trip, with admission's and persist's
+/// transaction starts truncated to milliseconds as the path's own times are.
+async fn stored_paths(env: &BenchEnv, counted: &[&TurnSample]) -> Vec<StoredPath> {
+    let rows: Vec<(String, String, i64, i64, Value)> = sqlx::query_as(
+        "SELECT t.session_id::text, t.turn_id,
+                floor(extract(epoch FROM t.created_at) * 1000)::int8,
+                floor(extract(epoch FROM r.created_at) * 1000)::int8, r.stage_timings::jsonb
+         FROM turns t JOIN response_records r
+           ON r.session_id = t.session_id AND r.turn_id = t.turn_id AND r.step = 0
+         WHERE r.stage_timings IS NOT NULL",
+    )
+    .fetch_all(env.deps.store.pool())
+    .await
+    .unwrap_or_default();
+    let wanted: std::collections::HashSet<(String, &str)> =
+        counted.iter().map(|s| (s.session.to_string(), s.turn_id.as_str())).collect();
+    rows.into_iter()
+        .filter(|r| wanted.contains(&(r.0.clone(), r.1.as_str())))
+        .map(|(_, _, admitted_ms, persisted_ms, timings)| StoredPath {
+            admitted_ms,
+            persisted_ms,
+            timings,
+        })
+        .collect()
 }
