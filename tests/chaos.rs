@@ -1828,7 +1828,11 @@ async fn watch_finals(
 async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
     let h = Harness::start_with(0, |_| {}).await;
     // An agent context whose LLM endpoint refuses connections: every attempt fails transiently.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // The port stays bound, never listened on, for the whole test: a port bound and released
+    // could be taken meanwhile by another test's server, which would answer.
+    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = refusing.local_addr().unwrap().port();
     let dead_url = format!("http://127.0.0.1:{closed}/v1");
     let env = worker_env(
         &h,
@@ -1940,9 +1944,11 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
         "{hd:?}"
     );
     assert!(hd.get("x-aptix-reason").is_some_and(|r| r.starts_with("retries exhausted")), "{hd:?}");
-    // The poisoned session's next turn waited for it (one turn at a time), then ran normally.
+    // The poisoned session's next turn waited for it (one turn at a time), then ran in the
+    // session's agent context, fixed by its first turn (docs/client-protocol.md,
+    // `session.context_fixed`): the same refusing endpoint, one final reply.
     assert_eq!(p2.len(), 1);
-    assert_eq!(p2[0].3["Successful"], true, "{}", p2[0].3);
+    assert_eq!(codes(&p2[0].3), ["llm.unavailable"], "{}", p2[0].3);
     assert!(p2[0].2 >= p1[0].2);
     // Other sessions were not held up: all of them finished long before the poison did, and
     // their latency stayed near the baseline.
