@@ -1973,8 +1973,8 @@ async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Findings of the chaos runs, reduced to deterministic reproductions. They fail until the
-// owners fix the code (docs/reliability.md, "Findings"), hence ignored.
+// Findings of the chaos runs, reduced to deterministic reproductions (docs/reliability.md,
+// "Findings"). Each failed before its fix; they run with the rest of the suite.
 
 /// Turn ids of a session in admission order.
 async fn admitted(h: &Harness, session: &SessionId) -> Vec<String> {
