@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use aptix::sim::SimConfig;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::sim_thread::SimThread;
 
@@ -52,29 +53,31 @@ impl Simulator {
             return Ok(Simulator::Thread(SimThread::start(config).await?));
         }
         let exe = aptix_exe()?;
-        let port = free_port()?;
-        let child = tokio::process::Command::new(&exe)
-            .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        // Port 0: the simulator binds a port of its own and prints its base URL, its first line
+        // on stdout. A port chosen here and released could be taken by another server first.
+        let mut child = tokio::process::Command::new(&exe)
+            .args(["sim", "--listen", "127.0.0.1:0"])
             .args(["--latency-ms", &config.latency.fixed_ms.to_string()])
             .args(["--jitter-ms", &config.latency.jitter_ms.to_string()])
             .args(["--event-delay-ms", &config.latency.per_event_ms.to_string()])
             .args(["--log-capacity", &config.log_capacity.to_string()])
             .args(["--store-capacity", &config.store_capacity.to_string()])
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", exe.display()))?;
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return Ok(Simulator::Process {
-                    base_url: format!("http://127.0.0.1:{port}/v1"),
-                    child,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        anyhow::bail!("the simulator process did not listen on port {port} within 10 s")
+        let stdout = child.stdout.take().context("the simulator's stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        let base_url = match first {
+            Ok(Ok(Some(line))) if line.starts_with("http://") => line.trim().to_owned(),
+            Ok(other) => anyhow::bail!("the simulator process printed no base URL: {other:?}"),
+            Err(_) => anyhow::bail!("the simulator process printed no base URL within 10 s"),
+        };
+        // Whatever else it prints is read and dropped, so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Simulator::Process { base_url, child })
     }
 
     /// Its base URL.
