@@ -103,10 +103,9 @@ async fn one_user_turn_parses_its_request_once_and_each_stage_message_once() {
         ("parse turn.persist/v1", 1),
         ("serialize saved_answer", 1),
         // Session state: its row's text parsed by assemble straight into the state with its
-        // texts by reference (which are then put in) and written out to be carried to persist
+        // texts by reference (which are then put in) and carried to persist, as the row's text,
         // in the round trip's messages; parsed there the same way, updated and written.
         ("parse session_state_packed", 2),
-        ("serialize session_state_carried", 1),
         ("serialize session_state", 1),
         ("serialize reply", 1),
         ("serialize reply_body", 1),

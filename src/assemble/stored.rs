@@ -31,11 +31,14 @@ impl StoredState {
         Ok((raw.get().len() <= Self::MAX_CARRIED).then_some(StoredState(raw)))
     }
 
-    /// A state as stored, if it is small enough to carry.
-    pub fn packed(state: &super::PackedState) -> Result<Option<Self>, serde_json::Error> {
-        crate::metrics::metrics().json("serialize", "session_state_carried");
-        let raw = serde_json::value::to_raw_value(state)?;
-        Ok((raw.get().len() <= Self::MAX_CARRIED).then_some(StoredState(raw)))
+    /// A row's text as it is, if it is small enough to carry: for a state that parsed as
+    /// packed, whose text persist parses the same way. Writing the parsed state out again
+    /// (escaping every transcript text) would only make a copy of it.
+    pub fn verbatim(text: String) -> Result<Option<Self>, serde_json::Error> {
+        if text.len() > Self::MAX_CARRIED {
+            return Ok(None);
+        }
+        Ok(Some(StoredState(RawValue::from_string(text)?)))
     }
 
     /// The stored JSON's text.
@@ -77,6 +80,17 @@ mod tests {
         assert_eq!(from_bytes.state.to_value().unwrap(), stored);
         let from_tree: Holder = serde_json::from_value(back).unwrap();
         assert_eq!(from_tree.state.to_value().unwrap(), stored);
+    }
+
+    #[test]
+    fn a_row_carried_verbatim_reads_as_the_row_and_keeps_its_text() {
+        let row = r#"{"v": 1, "texts_by_ref": true, "history": {"chunks": []}}"#;
+        let carried = StoredState::verbatim(format!(" {row}\n")).unwrap().unwrap();
+        assert_eq!(carried.json(), row);
+        let packed = crate::assemble::PackedState::from_stored_json(carried.json()).unwrap();
+        assert_eq!(packed, crate::assemble::PackedState::from_stored_json(row).unwrap());
+        assert!(StoredState::verbatim("x".repeat(StoredState::MAX_CARRIED + 1)).unwrap().is_none());
+        assert!(StoredState::verbatim("{".to_owned()).is_err());
     }
 
     #[test]

@@ -78,7 +78,8 @@ impl Store {
     /// The session's state for assembly, and the state as stored, which the round trip
     /// carries to persist ([`Store::session_state_to_update`]) unless it is too large to. A
     /// state in the current form is parsed from the row's text straight into the state, its
-    /// texts then put in from this process's cache (PostgreSQL only for those it lacks); any
+    /// texts then put in from this process's cache (PostgreSQL only for those it lacks), and the
+    /// row's text itself is what is carried; any
     /// other (texts inline, or references without lengths) is read as before, as JSON with
     /// its texts put in, for the caller to check.
     pub async fn session_state_to_carry(
@@ -93,7 +94,7 @@ impl Store {
         .await?
         .unwrap_or_else(|| "{}".to_owned());
         if let Ok(packed) = PackedState::from_stored_json(&text) {
-            let carried = StoredState::packed(&packed)?;
+            let carried = StoredState::verbatim(text)?;
             let texts = super::texts::bodies(&self.pool, &self.texts, packed.text_keys()).await?;
             return Ok((StateRead::Typed(super::texts::in_place(packed, &texts)?), carried));
         }
