@@ -1824,7 +1824,7 @@ async fn watch_finals(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "takes about a minute (the retry delays are 0.5 + 2 + 10 + 30 s); run with --ignored"]
+#[ignore = "takes about 90 s (the retry delays are 0.5 + 2 + 10 + 30 s, for two turns); run with --ignored"]
 async fn poison_message_is_dead_lettered_without_delaying_other_sessions() {
     let h = Harness::start_with(0, |_| {}).await;
     // An agent context whose LLM endpoint refuses connections: every attempt fails transiently.

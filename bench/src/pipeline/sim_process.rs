@@ -75,8 +75,10 @@ impl Simulator {
             Ok(other) => anyhow::bail!("the simulator process printed no base URL: {other:?}"),
             Err(_) => anyhow::bail!("the simulator process printed no base URL within 10 s"),
         };
-        // Whatever else it prints is read and dropped, so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Whatever else it prints is read and dropped, whatever its encoding, so it never
+        // blocks on a full pipe.
+        let mut rest = lines.into_inner();
+        tokio::spawn(async move { tokio::io::copy(&mut rest, &mut tokio::io::sink()).await });
         Ok(Simulator::Process { base_url, child })
     }
 

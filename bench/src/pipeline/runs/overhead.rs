@@ -219,7 +219,10 @@ async fn stored_paths(env: &BenchEnv, counted: &[&TurnSample]) -> Vec<StoredPath
     )
     .fetch_all(env.deps.store.pool())
     .await
-    .unwrap_or_default();
+    .unwrap_or_else(|error| {
+        tracing::warn!(%error, "could not read the records' paths; no means by stage");
+        Vec::new()
+    });
     let wanted: std::collections::HashSet<(String, &str)> =
         counted.iter().map(|s| (s.session.to_string(), s.turn_id.as_str())).collect();
     rows.into_iter()

@@ -11,6 +11,9 @@
 use aptix::messages::hops::{self, Hop};
 use serde_json::Value;
 
+/// A whole first round trip's stages, in order: the only paths averaged.
+const STAGES: [&str; 5] = ["validate", "retrieve", "assemble", "invoke", "persist"];
+
 /// What one turn's first round trip stored: admission's and persist's transaction starts (ms)
 /// and the stored path.
 pub struct StoredPath {
@@ -38,7 +41,8 @@ pub fn breakdown(paths: &[StoredPath]) -> Vec<(String, String, f64)> {
     };
     for p in paths {
         let path = hops::from_stored(&p.timings);
-        if path.len() != 5 || path.iter().any(|h| h.attempt > 0 || h.redelivered) {
+        let in_order = path.iter().map(|h| h.stage.as_str()).eq(STAGES);
+        if !in_order || path.iter().any(|h| h.attempt > 0 || h.redelivered) {
             continue;
         }
         for (i, (key, label, v)) in
@@ -64,7 +68,7 @@ fn parts_of(path: &[Hop], admitted_ms: i64, persisted_ms: i64) -> Vec<(String, S
     for (i, h) in path.iter().enumerate() {
         let stage = h.stage.as_str();
         match (i, stage) {
-            (0, "validate") => {
+            (0, _) => {
                 out.push(part(
                     stage,
                     "to_tx",
@@ -78,7 +82,7 @@ fn parts_of(path: &[Hop], admitted_ms: i64, persisted_ms: i64) -> Vec<(String, S
                     h.sent_ms - admitted_ms,
                 ));
             }
-            (i, "persist") if i == last => {
+            (i, _) if i == last => {
                 out.push(part(
                     stage,
                     "to_tx",
@@ -168,5 +172,11 @@ mod tests {
             },
         ];
         assert!(breakdown(&paths).is_empty());
+        let swapped = json!({"v": 1, "hops": [
+            hop("validate", 100, 104), hop("assemble", 105, 106), hop("retrieve", 108, 109),
+            hop("invoke", 110, 112), hop("persist", 113, 113),
+        ]});
+        assert!(breakdown(&[StoredPath { admitted_ms: 101, persisted_ms: 114, timings: swapped }])
+            .is_empty());
     }
 }
