@@ -79,9 +79,8 @@ impl Store {
     /// carries to persist ([`Store::session_state_to_update`]) unless it is too large to. A
     /// state in the current form is parsed from the row's text straight into the state, its
     /// texts then put in from this process's cache (PostgreSQL only for those it lacks), and the
-    /// row's text itself is what is carried; any
-    /// other (texts inline, or references without lengths) is read as before, as JSON with
-    /// its texts put in, for the caller to check.
+    /// row's text itself is what is carried; any other (texts inline, or references without
+    /// lengths) is read as before, as JSON with its texts put in, for the caller to check.
     pub async fn session_state_to_carry(
         &self,
         session: &SessionId,
