@@ -1,8 +1,11 @@
-//! Two copies of one user turn admitted at once (a redelivery racing its original). Admission
-//! asks whether the turn is known in the statement that locks its session, whose snapshot is
-//! taken before the lock is granted; the copy that waited for the lock cannot see the turn the
-//! other committed meanwhile. The turns' key must catch it: the copy is refused as
-//! `AdmittedMeanwhile`, nothing of it is written, and admitting it again finds the turn.
+//! Admissions racing under a session's lock. Two copies of one user turn admitted at once (a
+//! redelivery racing its original) while the session is busy: admission asks whether the turn is
+//! known in the statement that locks its session, whose snapshot is taken before the lock is
+//! granted; the copy that waited for the lock cannot see the turn the other committed meanwhile.
+//! The turns' key must catch it: the copy is refused as `AdmittedMeanwhile`, nothing of it is
+//! written, and admitting it again finds the turn. An idle session's turn is admitted in one
+//! round trip (migration 0029's function), whose statements each see what the lock's last
+//! holder committed: a copy, or a reply written meanwhile, is seen there.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -42,32 +45,143 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
     }
 }
 
-#[tokio::test]
-async fn a_copy_admitted_while_the_lock_was_awaited_is_caught_by_the_turns_key() {
+/// A fresh database's store, and its name for [`drop_database`].
+async fn fresh_store() -> (Store, String) {
     let id = Uuid::new_v4().simple().to_string()[..12].to_owned();
     let url = format!("postgres://postgres@127.0.0.1:5432/aptix_t_{id}");
     Store::create_database(&url).await.unwrap();
     let store = Store::connect(&url, 4).unwrap();
     store.migrate().await.unwrap();
-    let pool = store.pool().clone();
-    let session = Uuid::now_v7();
-    let first = admit(&store, session, "t0").await.unwrap();
-    assert!(matches!(first, Admission::Accepted { queued: false, .. }), "{first:?}");
+    (store, id)
+}
 
-    // Hold the session's lock while both copies of t1 ask for it.
+async fn drop_database(store: Store, id: &str) {
+    store.close().await;
+    let admin = PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres").await.unwrap();
+    sqlx::query(&format!("DROP DATABASE aptix_t_{id} WITH (FORCE)")).execute(&admin).await.unwrap();
+}
+
+/// Turns of `session`: id, state and seq, in order.
+async fn turns(pool: &PgPool, session: Uuid) -> Vec<(String, String, i64)> {
+    sqlx::query_as("SELECT turn_id, state, seq FROM turns WHERE session_id = $1 ORDER BY seq")
+        .bind(session)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// A session whose first turn was admitted, published and ended, as persist leaves it: idle,
+/// nothing in the outbox.
+async fn idle_session(store: &Store) -> Uuid {
+    let pool = store.pool();
+    let session = Uuid::now_v7();
+    let first = admit(store, session, "t0").await.unwrap();
+    assert!(matches!(first, Admission::Accepted { queued: false, .. }), "{first:?}");
+    for ended in [
+        "DELETE FROM outbox WHERE session_id = $1",
+        "UPDATE turns SET state = 'completed' WHERE session_id = $1",
+        "UPDATE sessions SET active_turn_id = NULL WHERE id = $1",
+    ] {
+        sqlx::query(ended).bind(session).execute(pool).await.unwrap();
+    }
+    session
+}
+
+/// `session`'s lock, taken in a transaction of its own as a writer of its turns takes it.
+async fn hold_lock(pool: &PgPool, session: Uuid) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
         .bind(session)
         .execute(&mut *holder)
         .await
         .unwrap();
+    holder
+}
+
+/// Two copies of turn t1 admitted while `session`'s lock is held, both waiting when it is
+/// released.
+async fn two_copies_behind_a_lock(
+    store: &Store,
+    session: Uuid,
+) -> [Result<Admission, StoreError>; 2] {
+    let pool = store.pool();
+    let holder = hold_lock(pool, session).await;
     let (a, b) = (store.clone(), store.clone());
     let copy_a = tokio::spawn(async move { admit(&a, session, "t1").await });
     let copy_b = tokio::spawn(async move { admit(&b, session, "t1").await });
-    lock_waiters(&pool, 2).await;
+    lock_waiters(pool, 2).await;
+    holder.commit().await.unwrap();
+    [copy_a.await.unwrap(), copy_b.await.unwrap()]
+}
+
+async fn outbox_rows(pool: &PgPool, session: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE session_id = $1")
+        .bind(session)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_sessions_copies_admitted_at_once_see_each_other() {
+    let (store, id) = fresh_store().await;
+    let pool = store.pool().clone();
+    let session = idle_session(&store).await;
+
+    let results = two_copies_behind_a_lock(&store, session).await;
+
+    // The copy granted the lock second sees its twin's turn: a copy in flight, not a second
+    // turn, and not `AdmittedMeanwhile` (its statements see what was committed before them).
+    let results = results.map(Result::unwrap);
+    let started =
+        results.iter().filter(|r| matches!(r, Admission::Accepted { queued: false, .. })).count();
+    let in_flight = results.iter().filter(|r| matches!(r, Admission::InFlight { .. })).count();
+    assert_eq!((started, in_flight), (1, 1), "{results:?}");
+    let rows = turns(&pool, session).await;
+    let states: Vec<(&str, &str)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect();
+    assert_eq!(states, [("t0", "completed"), ("t1", "running")]);
+    assert_eq!(outbox_rows(&pool, session).await, 1, "one start message");
+    drop_database(store, &id).await;
+}
+
+#[tokio::test]
+async fn a_reply_written_while_the_lock_was_awaited_is_not_overtaken() {
+    let (store, id) = fresh_store().await;
+    let pool = store.pool().clone();
+    let session = idle_session(&store).await;
+
+    // The lock's holder writes the session's last reply to the outbox, as persist's commit
+    // does; a snapshot taken before the lock was granted would miss it and start the turn ahead
+    // of the reply.
+    let mut holder = hold_lock(&pool, session).await;
+    let s = store.clone();
+    let next = tokio::spawn(async move { admit(&s, session, "t1").await });
+    lock_waiters(&pool, 1).await;
+    sqlx::query("INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, 't0', '{}')")
+        .bind(session)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
     holder.commit().await.unwrap();
 
-    let results = [copy_a.await.unwrap(), copy_b.await.unwrap()];
+    // The fresh reply is left to its writer; the admission is tried again later.
+    let result = next.await.unwrap();
+    assert!(matches!(result, Err(StoreError::ReplyInFlight)), "{result:?}");
+    assert_eq!(turns(&pool, session).await.len(), 1, "nothing of t1 written");
+    assert_eq!(outbox_rows(&pool, session).await, 1, "the reply alone");
+    drop_database(store, &id).await;
+}
+
+#[tokio::test]
+async fn a_copy_admitted_while_the_lock_was_awaited_is_caught_by_the_turns_key() {
+    let (store, id) = fresh_store().await;
+    let pool = store.pool().clone();
+    let session = Uuid::now_v7();
+    let first = admit(&store, session, "t0").await.unwrap();
+    assert!(matches!(first, Admission::Accepted { queued: false, .. }), "{first:?}");
+
+    let results = two_copies_behind_a_lock(&store, session).await;
+
     let accepted = results.iter().filter(|r| matches!(r, Ok(Admission::Accepted { .. }))).count();
     let caught = results
         .iter()
@@ -77,12 +191,7 @@ async fn a_copy_admitted_while_the_lock_was_awaited_is_caught_by_the_turns_key()
     assert!(results.iter().all(|r| r.as_ref().err().is_none_or(StoreError::is_transient)));
 
     // Admitted once: one row, queued behind t0, the session's sequence moved once.
-    let rows: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT turn_id, state, seq FROM turns WHERE session_id = $1 ORDER BY seq")
-            .bind(session)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let rows = turns(&pool, session).await;
     let states: Vec<(&str, &str)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect();
     assert_eq!(states, [("t0", "running"), ("t1", "queued")]);
     let next_seq: i64 = sqlx::query_scalar("SELECT next_seq FROM sessions WHERE id = $1")
@@ -95,7 +204,5 @@ async fn a_copy_admitted_while_the_lock_was_awaited_is_caught_by_the_turns_key()
     let again = admit(&store, session, "t1").await.unwrap();
     assert!(matches!(again, Admission::InFlight { .. }), "{again:?}");
 
-    store.close().await;
-    let admin = PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres").await.unwrap();
-    sqlx::query(&format!("DROP DATABASE aptix_t_{id} WITH (FORCE)")).execute(&admin).await.unwrap();
+    drop_database(store, &id).await;
 }

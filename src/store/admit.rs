@@ -6,7 +6,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::new_record::NewRecord;
-use super::new_turn::{insert_turn, start_turn, start_turn_if_clear, NewTurn};
+use super::new_turn::{
+    insert_turn, start_turn, start_turn_at_once, start_turn_if_clear, NewTurn, Start,
+};
 use super::outbox::{self, PendingOutbox};
 pub use super::session_lock::SessionMeta;
 use super::session_lock::{open_session, set_mode};
@@ -122,6 +124,28 @@ impl Store {
         reply_to: Option<&InstanceName>,
     ) -> Result<Admission, StoreError> {
         let (session, turn) = (key.session_id.as_uuid(), key.turn_id.as_str());
+        let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
+        let new = |seq| NewTurn {
+            session,
+            turn,
+            seq,
+            fingerprint,
+            request,
+            reply_to,
+            tenant: meta.tenant.as_ref(),
+            expires_at: meta.expires_at,
+        };
+        // Most turns come to an idle session of a tenant without limits: one round trip. The
+        // start it built is kept for the transaction's ways to start the turn.
+        let mut start = None;
+        if gate.is_none() && !meta.follow_up_refused {
+            match start_turn_at_once(&self.pool, &new(0), meta, Start::of(&new(0))?).await? {
+                Ok(outbox) => {
+                    return Ok(Admission::Accepted { outbox, queued: false, new_session: false })
+                }
+                Err(unused) => start = Some(unused),
+            }
+        }
         let mut tx = self.pool.begin().await?;
         let (locked, created) = open_session(&mut tx, session, turn, meta).await?;
         if locked.owner.tenant.as_deref() != meta.tenant.as_ref().map(TenantName::as_str) {
@@ -147,7 +171,6 @@ impl Store {
         if meta.follow_up_refused {
             return Ok(Admission::FollowUpNotAllowed);
         }
-        let gate = self.gate(meta.tenant.as_ref().map(TenantName::as_str));
         let active = match &locked.active_turn_id {
             Some(id) => Some((id.clone(), host_of(&mut tx, session, id).await?)),
             None => None,
@@ -175,16 +198,7 @@ impl Store {
                 return Ok(Admission::Limited(limit));
             }
         }
-        let new = NewTurn {
-            session,
-            turn,
-            seq: locked.next_seq,
-            fingerprint,
-            request,
-            reply_to,
-            tenant: meta.tenant.as_ref(),
-            expires_at: meta.expires_at,
-        };
+        let new = new(locked.next_seq);
         let queued = |outbox| Admission::Accepted { outbox, queued: true, new_session: created };
         if let Some((active, host)) = active {
             let waiting = matches!(
@@ -223,9 +237,13 @@ impl Store {
         }
         // Without a tenant's gate, a session with nothing unpublished starts the turn at once.
         if gate.is_none() {
-            if let Some(outbox) = start_turn_if_clear(&mut tx, &new).await? {
-                tx.commit().await?;
-                return Ok(Admission::Accepted { outbox, queued: false, new_session: created });
+            let first = start.take().map_or_else(|| Start::of(&new), Ok)?;
+            match start_turn_if_clear(&mut tx, &new, first).await? {
+                Ok(outbox) => {
+                    tx.commit().await?;
+                    return Ok(Admission::Accepted { outbox, queued: false, new_session: created });
+                }
+                Err(unused) => start = Some(unused),
             }
         }
         // The last turn's reply may still be unpublished: this turn must not overtake it. A
@@ -253,7 +271,8 @@ impl Store {
                 return Ok(Admission::Limited(limit));
             }
         }
-        let started = start_turn(&mut tx, &new).await?;
+        let start = start.map_or_else(|| Start::of(&new), Ok)?;
+        let started = start_turn(&mut tx, &new, start).await?;
         outbox.append(started);
         tx.commit().await?;
         Ok(Admission::Accepted { outbox, queued: false, new_session: created })

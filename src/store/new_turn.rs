@@ -1,11 +1,13 @@
 //! A new user turn as admission writes it: its row, counted on its session, and for a turn
-//! that runs now its start message in the outbox, each in one statement.
+//! that runs now its start message in the outbox, each in one statement; an idle session's
+//! next turn with its lock too, in one round trip.
 
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::outbox::{self, PendingOutbox};
+use super::session_lock::SessionMeta;
 use super::turns::{TurnRow, TurnState};
 use super::StoreError;
 use crate::contracts::{InstanceName, TenantName};
@@ -86,8 +88,8 @@ pub(super) async fn insert_turn(
 pub(super) async fn start_turn(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
+    start: Start,
 ) -> Result<PendingOutbox, StoreError> {
-    let (state, start) = starting(t)?;
     let id = turn_query!(
         query_scalar!(
             "WITH ",
@@ -95,25 +97,25 @@ pub(super) async fn start_turn(
             "INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, $2, $10) RETURNING id"
         ),
         t,
-        state.as_str(),
-        outbox::payload(&start)?
+        start.state.as_str(),
+        &start.payload
     )
     .fetch_one(&mut *conn)
     .await
     .map_err(|e| admitted_meanwhile(e, t.turn))?;
-    Ok(PendingOutbox { ids: vec![id], messages: vec![start] })
+    Ok(start.sent_as(id))
 }
 
 /// [`start_turn`], done only when no message of the session waits in the outbox (nothing is
-/// written otherwise: `None`). Most turns start so, and this asks in the round trip that
+/// written otherwise: the start comes back). Most turns start so, and this asks in the round trip that
 /// writes. Every CTE sees the rows as they were when the statement began, which, with the
 /// session's lock already held, includes every row written under that lock; a row being
 /// deleted by its publisher meanwhile only sends the turn the caller's longer way.
 pub(super) async fn start_turn_if_clear(
     conn: &mut PgConnection,
     t: &NewTurn<'_>,
-) -> Result<Option<PendingOutbox>, StoreError> {
-    let (state, start) = starting(t)?;
+    start: Start,
+) -> Result<Result<PendingOutbox, Start>, StoreError> {
     let id = turn_query!(
         query_scalar!(
             "WITH clear AS (
@@ -123,19 +125,77 @@ pub(super) async fn start_turn_if_clear(
              SELECT $1, $2, $10 WHERE (SELECT ok FROM clear) RETURNING id"
         ),
         t,
-        state.as_str(),
-        outbox::payload(&start)?
+        start.state.as_str(),
+        &start.payload
     )
     .fetch_optional(&mut *conn)
     .await
     .map_err(|e| admitted_meanwhile(e, t.turn))?;
-    Ok(id.map(|id| PendingOutbox { ids: vec![id], messages: vec![start] }))
+    Ok(match id {
+        Some(id) => Ok(start.sent_as(id)),
+        None => Err(start),
+    })
 }
 
-/// The state a turn that runs now is written in, and its start message.
-fn starting(t: &NewTurn<'_>) -> Result<(TurnState, Outgoing), StoreError> {
-    let state = transition(None, Event::Admitted { busy: false, room: true })?.column();
-    Ok((state, Outgoing::Start(t.row(state).start_job()?)))
+/// [`start_turn_if_clear`] for a session that is idle, of the turn's own tenant and contexts
+/// (`meta`, already resolved), taking its lock itself: one statement outside a transaction, so
+/// one round trip where the transaction takes four (migration 0029's function, which checks what
+/// `Store::admit_user_turn` checks for this case). Nothing is written in any other case, and
+/// the start comes back for the transaction. The turn's `seq` is not used: the function counts
+/// the turn from the locked row.
+pub(super) async fn start_turn_at_once(
+    pool: &sqlx::PgPool,
+    t: &NewTurn<'_>,
+    meta: &SessionMeta,
+    start: Start,
+) -> Result<Result<PendingOutbox, Start>, StoreError> {
+    let id = sqlx::query_scalar!(
+        "SELECT aptix_admit_at_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        t.session,
+        t.turn,
+        start.state.as_str(),
+        t.fingerprint,
+        t.request,
+        t.reply_to.map(InstanceName::as_str),
+        t.tenant.map(TenantName::as_str),
+        t.expires_at,
+        meta.agent_context_id.as_deref(),
+        meta.conversation_context_id.as_deref(),
+        meta.mode_named,
+        &start.payload
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| admitted_meanwhile(e, t.turn))?;
+    Ok(match id {
+        Some(id) => Ok(start.sent_as(id)),
+        None => Err(start),
+    })
+}
+
+/// A turn that runs now: the state it is written in and its start message, built once per
+/// admission (the message does not depend on what the session's lock reads), whichever way
+/// writes it.
+pub(super) struct Start {
+    state: TurnState,
+    message: Outgoing,
+    /// The message as its outbox row holds it.
+    payload: Value,
+}
+
+impl Start {
+    /// `t`'s start.
+    pub(super) fn of(t: &NewTurn<'_>) -> Result<Start, StoreError> {
+        let state = transition(None, Event::Admitted { busy: false, room: true })?.column();
+        let message = Outgoing::Start(t.row(state).start_job()?);
+        let payload = outbox::payload(&message)?;
+        Ok(Start { state, message, payload })
+    }
+
+    /// The message to publish, written as outbox row `id`.
+    fn sent_as(self, id: i64) -> PendingOutbox {
+        PendingOutbox { ids: vec![id], messages: vec![self.message] }
+    }
 }
 
 /// `e`, or, when it is the turns' key refusing the insert, [`StoreError::AdmittedMeanwhile`]: a
