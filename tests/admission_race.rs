@@ -206,3 +206,67 @@ async fn a_copy_admitted_while_the_lock_was_awaited_is_caught_by_the_turns_key()
 
     drop_database(store, &id).await;
 }
+
+/// Admits turn `turn` of `session` with every session column set.
+async fn admit_with(store: &Store, session: Uuid, turn: &str, meta: &SessionMeta) -> Admission {
+    let request = json!({"SessionId": session, "TurnId": turn, "Instruction": "hello"});
+    store.admit_user_turn(&key(session, turn), "fp", &request, meta, None).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
+    let (store, id) = fresh_store().await;
+    let pool = store.pool().clone();
+    let meta = SessionMeta {
+        tenant: Some("acme".parse().unwrap()),
+        agent_context_id: Some("agent".into()),
+        conversation_context_id: Some("mode".into()),
+        workspace_id: Some("ws".into()),
+        repo: Some("repo".into()),
+        name: Some("hello".into()),
+        expires_at: Some(chrono::DateTime::from_timestamp(2_000_000_000, 0).unwrap()),
+        ..SessionMeta::default()
+    };
+    // Started at once: created with the turn's columns, the turn counted.
+    let session = Uuid::now_v7();
+    let first = admit_with(&store, session, "t0", &meta).await;
+    assert!(
+        matches!(first, Admission::Accepted { queued: false, new_session: true, .. }),
+        "{first:?}"
+    );
+    type Columns = (Option<String>, Option<String>, Option<String>, Option<String>);
+    let row: (Option<String>, Columns, Option<String>, i64) = sqlx::query_as(
+        "SELECT tenant, (agent_context_id, conversation_context_id, workspace_id, repo), name,
+                    next_seq FROM sessions WHERE id = $1",
+    )
+    .bind(session)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let text = |s: &str| Some(s.to_owned());
+    let columns = (text("agent"), text("mode"), text("ws"), text("repo"));
+    assert_eq!(row, (text("acme"), columns, text("hello"), 1));
+    let expires: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT expires_at FROM sessions WHERE id = $1")
+            .bind(session)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(expires, meta.expires_at);
+    assert_eq!(turns(&pool, session).await.len(), 1);
+
+    // A message already waiting for a session not yet created (a reply to a refused turn) is
+    // not overtaken: the session is created, the turn waits for the message.
+    let waiting = Uuid::now_v7();
+    sqlx::query("INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, 'x', '{}')")
+        .bind(waiting)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let request = json!({"SessionId": waiting, "TurnId": "t0", "Instruction": "hello"});
+    let held = store.admit_user_turn(&key(waiting, "t0"), "fp", &request, &meta, None).await;
+    assert!(matches!(held, Err(StoreError::ReplyInFlight)), "{held:?}");
+    assert!(turns(&pool, waiting).await.is_empty());
+    assert_eq!(outbox_rows(&pool, waiting).await, 1);
+    drop_database(store, &id).await;
+}

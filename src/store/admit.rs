@@ -135,19 +135,22 @@ impl Store {
             tenant: meta.tenant.as_ref(),
             expires_at: meta.expires_at,
         };
-        // Most turns come to an idle session of a tenant without limits: one round trip. The
-        // start it built is kept for the transaction's ways to start the turn.
-        let mut start = None;
+        // Most turns come to a new or idle session of a tenant without limits: one round trip.
+        // The start it built is kept for the transaction's ways to start the turn.
+        let (mut start, mut created_at_once) = (None, false);
         if gate.is_none() && !meta.follow_up_refused {
-            match start_turn_at_once(&self.pool, &new(0), meta, Start::of(&new(0))?).await? {
+            let first = Start::of(&new(0))?;
+            let (started, created) = start_turn_at_once(&self.pool, &new(0), meta, first).await?;
+            match started {
                 Ok(outbox) => {
-                    return Ok(Admission::Accepted { outbox, queued: false, new_session: false })
+                    return Ok(Admission::Accepted { outbox, queued: false, new_session: created })
                 }
-                Err(unused) => start = Some(unused),
+                Err(unused) => (start, created_at_once) = (Some(unused), created),
             }
         }
         let mut tx = self.pool.begin().await?;
         let (locked, created) = open_session(&mut tx, session, turn, meta).await?;
+        let created = created || created_at_once;
         if locked.owner.tenant.as_deref() != meta.tenant.as_ref().map(TenantName::as_str) {
             return Ok(Admission::Unavailable);
         }

@@ -137,20 +137,22 @@ pub(super) async fn start_turn_if_clear(
     })
 }
 
-/// [`start_turn_if_clear`] for a session that is idle, of the turn's own tenant and contexts
-/// (`meta`, already resolved), taking its lock itself: one statement outside a transaction, so
-/// one round trip where the transaction takes four (migration 0029's function, which checks what
-/// `Store::admit_user_turn` checks for this case). Nothing is written in any other case, and
-/// the start comes back for the transaction. The turn's `seq` is not used: the function counts
-/// the turn from the locked row.
+/// [`start_turn_if_clear`] for a session that is new, or idle and of the turn's own tenant and
+/// contexts (`meta`, already resolved), taking its lock itself: one statement outside a
+/// transaction, so one round trip where the transaction takes four, or six for a new session
+/// (migration 0029's function, which checks what `Store::admit_user_turn` checks for this case).
+/// In any other case no turn is written and the start comes back for the transaction. Whether
+/// the call created the session comes with either (it may create it and still not start the
+/// turn). The turn's `seq` is not used: the function counts the turn from the locked row.
 pub(super) async fn start_turn_at_once(
     pool: &sqlx::PgPool,
     t: &NewTurn<'_>,
     meta: &SessionMeta,
     start: Start,
-) -> Result<Result<PendingOutbox, Start>, StoreError> {
-    let id = sqlx::query_scalar!(
-        "SELECT aptix_admit_at_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+) -> Result<(Result<PendingOutbox, Start>, bool), StoreError> {
+    let row = sqlx::query!(
+        "SELECT started, created FROM aptix_admit_at_once($1, $2, $3, $4, $5, $6, $7, $8, $9,
+             $10, $11, $12, $13, $14, $15)",
         t.session,
         t.turn,
         start.state.as_str(),
@@ -162,15 +164,19 @@ pub(super) async fn start_turn_at_once(
         meta.agent_context_id.as_deref(),
         meta.conversation_context_id.as_deref(),
         meta.mode_named,
-        &start.payload
+        &start.payload,
+        meta.workspace_id.as_deref(),
+        meta.repo.as_deref(),
+        meta.name.as_deref()
     )
     .fetch_one(pool)
     .await
     .map_err(|e| admitted_meanwhile(e, t.turn))?;
-    Ok(match id {
+    let started = match row.started {
         Some(id) => Ok(start.sent_as(id)),
         None => Err(start),
-    })
+    };
+    Ok((started, row.created.unwrap_or(false)))
 }
 
 /// A turn that runs now: the state it is written in and its start message, built once per
