@@ -33,6 +33,11 @@ BEGIN
                                     WHERE session_id = p_session AND turn_id = p_turn)) THEN
         RETURN;
     ELSIF NOT FOUND THEN
+        -- A message waiting for an id no session has yet (none is written so by this build)
+        -- goes the transaction's way, which creates the session only with its turn.
+        IF EXISTS (SELECT 1 FROM outbox WHERE session_id = p_session) THEN
+            RETURN;
+        END IF;
         -- A new session, created as the transaction creates it: its row, locked by the insert
         -- until the commit, holds the turn's own tenant and contexts.
         INSERT INTO sessions (id, tenant, agent_context_id, conversation_context_id,
@@ -44,10 +49,10 @@ BEGIN
     END IF;
     SELECT active_turn_id, next_seq, tenant, agent_context_id, conversation_context_id INTO s
         FROM sessions WHERE sessions.id = p_session FOR UPDATE;
-    -- A session this call created passes all but the last (an unpublished message to its id,
-    -- such as an error reply to a refused turn): then it stays, and the caller knows it created
-    -- it.
-    IF s.active_turn_id IS NOT NULL
+    -- A session this call created passes these but for a message to its id written since the
+    -- look above: then it stays, and the caller knows it created it.
+    IF NOT FOUND
+       OR s.active_turn_id IS NOT NULL
        OR s.tenant IS DISTINCT FROM p_tenant
        -- contexts_match: a stored context serves only the same one; none serves any.
        OR NOT (s.agent_context_id IS NULL OR s.agent_context_id IS NOT DISTINCT FROM p_agent)

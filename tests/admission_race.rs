@@ -213,8 +213,10 @@ async fn admit_with(store: &Store, session: Uuid, turn: &str, meta: &SessionMeta
     store.admit_user_turn(&key(session, turn), "fp", &request, meta, None).await.unwrap()
 }
 
+/// A new session's first turn, admitted in one round trip (`tests/work_per_turn.rs` counts that
+/// it is), writes the session as the transaction did: every column from the turn's session meta.
 #[tokio::test]
-async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
+async fn a_new_sessions_first_turn_writes_its_session_whole() {
     let (store, id) = fresh_store().await;
     let pool = store.pool().clone();
     let meta = SessionMeta {
@@ -235,9 +237,9 @@ async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
         "{first:?}"
     );
     type Columns = (Option<String>, Option<String>, Option<String>, Option<String>);
-    let row: (Option<String>, Columns, Option<String>, i64) = sqlx::query_as(
+    let row: (Option<String>, Columns, Option<String>, i64, Option<String>) = sqlx::query_as(
         "SELECT tenant, (agent_context_id, conversation_context_id, workspace_id, repo), name,
-                    next_seq FROM sessions WHERE id = $1",
+                next_seq, active_turn_id FROM sessions WHERE id = $1",
     )
     .bind(session)
     .fetch_one(&pool)
@@ -245,7 +247,7 @@ async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
     .unwrap();
     let text = |s: &str| Some(s.to_owned());
     let columns = (text("agent"), text("mode"), text("ws"), text("repo"));
-    assert_eq!(row, (text("acme"), columns, text("hello"), 1));
+    assert_eq!(row, (text("acme"), columns, text("hello"), 1, text("t0")));
     let expires: Option<chrono::DateTime<chrono::Utc>> =
         sqlx::query_scalar("SELECT expires_at FROM sessions WHERE id = $1")
             .bind(session)
@@ -253,10 +255,11 @@ async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
             .await
             .unwrap();
     assert_eq!(expires, meta.expires_at);
-    assert_eq!(turns(&pool, session).await.len(), 1);
+    assert_eq!(turns(&pool, session).await, [("t0".to_owned(), "running".to_owned(), 0)]);
+    assert_eq!(outbox_rows(&pool, session).await, 1, "its start message");
 
-    // A message already waiting for a session not yet created (a reply to a refused turn) is
-    // not overtaken: the session is created, the turn waits for the message.
+    // A message already waiting for an id no session has (none is written so; one left by
+    // hand) is not overtaken: the turn waits for it, and nothing is created meanwhile.
     let waiting = Uuid::now_v7();
     sqlx::query("INSERT INTO outbox (session_id, turn_id, payload) VALUES ($1, 'x', '{}')")
         .bind(waiting)
@@ -268,5 +271,11 @@ async fn a_new_sessions_first_turn_writes_the_session_the_transaction_would() {
     assert!(matches!(held, Err(StoreError::ReplyInFlight)), "{held:?}");
     assert!(turns(&pool, waiting).await.is_empty());
     assert_eq!(outbox_rows(&pool, waiting).await, 1);
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions WHERE id = $1")
+        .bind(waiting)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0);
     drop_database(store, &id).await;
 }

@@ -66,6 +66,15 @@ pub struct TenantLimits {
 }
 
 impl TenantLimits {
+    /// Whether none of them limits anything (`over_limit` then never applies).
+    pub fn unlimited(&self) -> bool {
+        let counts = [self.turns_in_flight, self.turns_per_minute, self.sessions_per_minute];
+        counts.iter().all(|n| *n == 0)
+            && self.tokens_per_minute == 0
+            && self.usd_per_day.is_zero()
+            && self.usd_per_month.is_zero()
+    }
+
     /// Its money budget.
     pub fn budget(&self) -> Budget {
         Budget { per_day: self.usd_per_day, per_month: self.usd_per_month }
@@ -251,5 +260,28 @@ impl Settings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_unlimited_only_when_none_is_set() {
+        let none = TenantLimits::default();
+        assert!(none.unlimited());
+        assert!(TenantLimits { over_limit: OverLimit::Refuse, ..none }.unlimited());
+        let one_each = [
+            TenantLimits { turns_in_flight: 1, ..none },
+            TenantLimits { turns_per_minute: 1, ..none },
+            TenantLimits { sessions_per_minute: 1, ..none },
+            TenantLimits { tokens_per_minute: 1, ..none },
+            TenantLimits { usd_per_day: Usd::from_micros(1), ..none },
+            TenantLimits { usd_per_month: Usd::from_micros(1), ..none },
+        ];
+        for limits in one_each {
+            assert!(!limits.unlimited(), "{limits:?}");
+        }
     }
 }
