@@ -1,6 +1,6 @@
 //! A new user turn as admission writes it: its row, counted on its session, and for a turn
-//! that runs now its start message in the outbox, each in one statement; an idle session's
-//! next turn with its lock too, in one round trip.
+//! that runs now its start message in the outbox, each in one statement; a new or idle
+//! session's next turn with its session and lock too, in one round trip.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -107,8 +107,8 @@ pub(super) async fn start_turn(
 }
 
 /// [`start_turn`], done only when no message of the session waits in the outbox (nothing is
-/// written otherwise: the start comes back). Most turns start so, and this asks in the round trip that
-/// writes. Every CTE sees the rows as they were when the statement began, which, with the
+/// written otherwise: the start comes back). Most turns start so, and this asks in the round
+/// trip that writes. Every CTE sees the rows as they were when the statement began, which, with the
 /// session's lock already held, includes every row written under that lock; a row being
 /// deleted by its publisher meanwhile only sends the turn the caller's longer way.
 pub(super) async fn start_turn_if_clear(
