@@ -8,13 +8,13 @@
 //! holder committed: a copy, or a reply written meanwhile, is seen there.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
-
 use aptix::contracts::{SessionId, TurnKey};
 use aptix::store::{Admission, SessionMeta, Store, StoreError};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+use crate::store_support::{drop_database, fresh_store, lock_waiters};
 
 fn key(session: Uuid, turn: &str) -> TurnKey {
     TurnKey { session_id: SessionId::new(session), turn_id: turn.parse().unwrap() }
@@ -24,41 +24,6 @@ async fn admit(store: &Store, session: Uuid, turn: &str) -> Result<Admission, St
     let request = json!({"SessionId": session, "TurnId": turn, "Instruction": "hello"});
     let meta = SessionMeta::default();
     store.admit_user_turn(&key(session, turn), "fp", &request, &meta, None).await
-}
-
-/// Waits until `n` backends of the database wait for a lock.
-async fn lock_waiters(pool: &PgPool, n: i64) {
-    let start = Instant::now();
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting >= n {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "{waiting} of {n} waiting");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A fresh database's store, and its name for [`drop_database`].
-async fn fresh_store() -> (Store, String) {
-    let id = Uuid::new_v4().simple().to_string()[..12].to_owned();
-    let url = format!("postgres://postgres@127.0.0.1:5432/aptix_t_{id}");
-    Store::create_database(&url).await.unwrap();
-    let store = Store::connect(&url, 4).unwrap();
-    store.migrate().await.unwrap();
-    (store, id)
-}
-
-async fn drop_database(store: Store, id: &str) {
-    store.close().await;
-    let admin = PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres").await.unwrap();
-    sqlx::query(&format!("DROP DATABASE aptix_t_{id} WITH (FORCE)")).execute(&admin).await.unwrap();
 }
 
 /// Turns of `session`: id, state and seq, in order.

@@ -9,6 +9,7 @@ mod assemble_support;
 mod common;
 mod retrieve_support;
 mod sim_support;
+mod store_support;
 mod tenant_support;
 
 mod admission_race;
@@ -31,6 +32,7 @@ mod demo;
 mod deploy;
 mod error_classes;
 mod eval;
+mod finish_race;
 mod follow_up;
 mod fuzz_validate;
 mod hardening;

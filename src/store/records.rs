@@ -1,88 +1,20 @@
 //! Finishing a round trip: the immutable record, session state, turn transition, reply and
-//! next-turn dispatch in one transaction.
+//! next-turn dispatch, in one call when nothing else is needed (`finish_at_once.rs`), else in
+//! one transaction.
 
-use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::new_record::{record_query, NewRecord, PreparedRecord};
+use super::finish_at_once;
+use super::new_record::{record_query, PreparedRecord};
 use super::outbox::{self, PendingOutbox};
+use super::step_end::{FinishStep, StepParams};
 use super::texts::pack;
 use super::turns::{start_next, starts, TurnRow, TurnState};
 use super::{Store, StoreError};
 use crate::assemble::PackedState;
-use crate::contracts::TurnKey;
-use crate::lifecycle::{transition, Event, Phase, StepEnd};
-use crate::messages::{Outgoing, ReplyOut};
-
-/// How a round trip leaves its turn.
-#[derive(Debug, Clone)]
-pub enum StepOutcome {
-    /// A final answer: the turn is done and the session free.
-    Completed,
-    /// An error reply: the turn is done and the session free.
-    Failed,
-    /// Tool calls went to the client; the turn holds the session until results come.
-    AwaitingToolResults {
-        /// The ordered client calls, as JSON.
-        pending: Value,
-        /// Warnings so far, owed to the final response.
-        warnings: Value,
-        /// Server calls of the same answer, run when the client's results come.
-        server_calls: Value,
-        /// The turn's server executions so far.
-        executed: Value,
-    },
-    /// The answer called only server tools: the turn runs on (no reply), starting its next
-    /// round trip where they run.
-    ServerTools {
-        /// The calls to run.
-        server_calls: Value,
-        /// The turn's server executions so far.
-        executed: Value,
-        /// Warnings so far, owed to the final response.
-        warnings: Value,
-    },
-    /// Server calls that need approval went to the client; the turn holds the session until
-    /// the decisions come or the request expires.
-    AwaitingApproval {
-        /// The ordered calls awaiting approval, as JSON.
-        pending: Value,
-        /// Warnings so far, owed to the final response.
-        warnings: Value,
-        /// Every server call of the answer (gated or not), run once the decisions came.
-        server_calls: Value,
-        /// The turn's server executions so far.
-        executed: Value,
-        /// When undecided calls are denied.
-        expires_at: chrono::DateTime<chrono::Utc>,
-    },
-}
-
-/// Everything persisted when a round trip ends.
-#[derive(Debug)]
-pub struct FinishStep {
-    /// The turn.
-    pub key: TurnKey,
-    /// Which round trip (0 for the user turn, +1 per continuation).
-    pub step: i32,
-    /// The immutable record.
-    pub record: NewRecord,
-    /// The session's new assemble state, when it changed; its texts sent this turn are
-    /// stored with the record's.
-    pub session_state: Option<PackedState>,
-    /// The turn's transition.
-    pub outcome: StepOutcome,
-    /// The reply to publish after the commit, if the round trip sends one.
-    pub reply: Option<ReplyOut>,
-    /// Whether it ends the turn as cancelled (its client's cancel was admitted).
-    pub cancelled: bool,
-    /// The follow-ups that steer the turn whose instructions this round trip sent, taken in
-    /// when it ends with the model's answer.
-    pub steers: Vec<String>,
-    /// How the round trip's budget reservation settles (none: no budget is configured).
-    pub settle: Option<super::Settle>,
-}
+use crate::contracts::TenantName;
+use crate::messages::Outgoing;
 
 /// What finishing a round trip did.
 #[derive(Debug)]
@@ -99,6 +31,21 @@ impl Store {
     /// changes and the turn's unpublished outbox rows are returned for publishing.
     pub async fn finish_step(&self, mut f: FinishStep) -> Result<Finished, StoreError> {
         let (session, turn) = (f.key.session_id.as_uuid(), f.key.turn_id.as_str());
+        let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
+        let response = f.record.response_payload.take();
+        let key = (session, turn, f.step);
+        let mut record = PreparedRecord::new(&self.texts, key, &f.record, response)?;
+        // The state's new texts go in the record's texts CTE: one insert for both.
+        let state = f.session_state.take().map(|mut s| {
+            record.texts.absorb(pack(&self.texts, &mut s));
+            s
+        });
+        let gated = self.gate(f.tenant.as_ref().map(TenantName::as_str)).is_some();
+        let at_once = (&record, &f, state.as_ref());
+        if let Some(out) = finish_at_once::finish(&self.pool, at_once, &mut reply, gated).await? {
+            self.texts.keep(&record.texts);
+            return Ok(Finished::Done(out));
+        }
         let mut tx = self.pool.begin().await?;
         // The session's name and expiry, for the reply, are read with the lock.
         let locked = sqlx::query!(
@@ -108,18 +55,8 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         let (tenant, name, expires) = (locked.tenant, locked.name, locked.expires_at);
-        let mut reply: Vec<Outgoing> = f.reply.take().map(Outgoing::Reply).into_iter().collect();
         outbox::with_session_model(&mut tx, session, &mut reply, Some((name, expires))).await?;
-        let response = f.record.response_payload.take();
-        let key = (session, turn, f.step);
-        let mut record = PreparedRecord::new(&self.texts, key, &f.record, response)?;
-        // The state's new texts go in the record's texts CTE: one insert for both.
-        let state = f.session_state.take().map(|mut s| {
-            record.texts.absorb(pack(&self.texts, &mut s));
-            s
-        });
-        let answered = !f.cancelled && !matches!(f.outcome, StepOutcome::Failed);
-        let steers = if answered { &f.steers[..] } else { &[] };
+        let steers = f.steers_taken_in();
         let taken = super::steer::take_in(&mut tx, session, turn, f.step, steers).await?;
         let written = write_step(&mut tx, &record, &f, state.as_ref(), reply.first()).await?;
         let Some(moved) = written else {
@@ -241,85 +178,6 @@ struct Moved {
     steered: bool,
 }
 
-/// [`write_step`]'s own parameters, `$26` to `$37`, after the record's (`$1` to `$25`,
-/// [`super::new_record::RecordParams`]): named here, bound in one place, in order.
-struct StepParams<'a> {
-    /// `$26`: the state the turn moves to, as `lifecycle::transition` decided.
-    state: &'static str,
-    /// `$27`: round trips done after this one.
-    step: i32,
-    /// `$28`: the client calls the turn now waits for.
-    pending: Option<Value>,
-    /// `$29`: warnings owed to the turn's final response.
-    warnings: Option<Value>,
-    /// `$30`: server calls to run before the next provider call.
-    server_calls: Option<Value>,
-    /// `$31`: the turn runs on without a reply (its continuation is spent).
-    runs_on: bool,
-    /// `$32`: the turn's server executions so far (NULL: unchanged).
-    executed: Option<Value>,
-    /// `$33`: the session's new state (NULL: unchanged), serialised as it is bound.
-    session_state: Option<super::json_text::JsonText<&'a PackedState>>,
-    /// `$34`: the turn ended: the session passes to its next queued turn.
-    ended: bool,
-    /// `$35`: the reply's outbox payload, if the round trip sends one.
-    reply: Option<Value>,
-    /// `$36`: this ending is the cancel (the cancel mark does not refuse it).
-    cancelled: bool,
-    /// `$37`: when the approval request this ending makes expires (NULL: it makes none).
-    approval_expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-impl<'a> StepParams<'a> {
-    /// What finishing `f` writes besides its record.
-    fn of(
-        f: &FinishStep,
-        session_state: Option<&'a PackedState>,
-        reply: Option<&Outgoing>,
-    ) -> Result<StepParams<'a>, StoreError> {
-        let some = |v: &Value| (!v.is_null()).then(|| v.clone());
-        let (end, pending, warnings, server_calls, executed) = match &f.outcome {
-            StepOutcome::Completed => (StepEnd::Final, None, None, None, None),
-            StepOutcome::Failed => (StepEnd::Error, None, None, None, None),
-            StepOutcome::AwaitingToolResults { pending, warnings, server_calls, executed } => {
-                let (p, w, s) = (some(pending), some(warnings), some(server_calls));
-                (StepEnd::ClientTools, p, w, s, some(executed))
-            }
-            StepOutcome::ServerTools { server_calls, executed, warnings } => {
-                let (w, s) = (some(warnings), some(server_calls));
-                (StepEnd::ServerTools, None, w, s, some(executed))
-            }
-            StepOutcome::AwaitingApproval { pending, warnings, server_calls, executed, .. } => {
-                let (p, w, s) = (some(pending), some(warnings), some(server_calls));
-                (StepEnd::ApprovalRequired, p, w, s, some(executed))
-            }
-        };
-        let approval_expires_at = match &f.outcome {
-            StepOutcome::AwaitingApproval { expires_at, .. } => Some(*expires_at),
-            _ => None,
-        };
-        // Decided for the phase the statement's guard requires: running this step, cancelling
-        // exactly when this ending is the cancel.
-        let from = Phase::Running { step: f.step, cancelling: f.cancelled };
-        let end = if f.cancelled { StepEnd::Cancelled } else { end };
-        let to = transition(Some(from), Event::StepEnded(end))?;
-        Ok(StepParams {
-            state: to.column().as_str(),
-            step: f.step + 1,
-            pending,
-            warnings,
-            server_calls,
-            runs_on: matches!(f.outcome, StepOutcome::ServerTools { .. }),
-            executed,
-            session_state: session_state.map(super::json_text::JsonText),
-            ended: to.has_ended(),
-            reply: reply.map(outbox::payload).transpose()?,
-            cancelled: f.cancelled,
-            approval_expires_at,
-        })
-    }
-}
-
 /// Writes a round trip's ending; `None` when its turn was not running the step.
 ///
 /// The turn moved past its step, its record, the session's new state (and, when the turn ends,
@@ -328,7 +186,8 @@ impl<'a> StepParams<'a> {
 /// of it was admitted (unless this ending is the cancel), re-checked on the row's newest
 /// version; every other CTE writes only if it moved, so a repeat or a refused step writes
 /// nothing and returns no row. Sound because a step's record is only ever written in the
-/// transaction that moves its turn past that step (here and `fail.rs`'s `end_turn`).
+/// transaction that moves its turn past that step (here, its copy in migration 0030's
+/// `aptix_finish_at_once`, and `fail.rs`'s `end_turn`).
 /// The session is locked, so the snapshot the CTEs share holds every queued turn; the turn that
 /// moves was running, never queued, whichever version of it the subquery reads.
 async fn write_step(

@@ -118,6 +118,7 @@ impl Persist {
             cancelled: matches!(job.result, RoundTrip::Cancelled { .. }),
             steers: job.assembled.as_ref().map(|a| a.record.steered_by.clone()).unwrap_or_default(),
             settle: self.settings.budgets_configured().then(|| settle(&self.settings, job)),
+            tenant: job.admitted.tenant.clone(),
         };
         Ok(self.store.finish_step(finish).await?)
     }
