@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::store_support::{drop_database, fresh_store, lock_waiters};
+use crate::store_support::{drop_database, fresh_store, hold_lock, lock_waiters};
 
 fn key(session: Uuid, turn: &str) -> TurnKey {
     TurnKey { session_id: SessionId::new(session), turn_id: turn.parse().unwrap() }
@@ -50,17 +50,6 @@ async fn idle_session(store: &Store) -> Uuid {
         sqlx::query(ended).bind(session).execute(pool).await.unwrap();
     }
     session
-}
-
-/// `session`'s lock, taken in a transaction of its own as a writer of its turns takes it.
-async fn hold_lock(pool: &PgPool, session: Uuid) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-        .bind(session)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    holder
 }
 
 /// Two copies of turn t1 admitted while `session`'s lock is held, both waiting when it is

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::store_support::{drop_database, fresh_store, lock_waiters};
+use crate::store_support::{drop_database, fresh_store, hold_lock, lock_waiters};
 
 fn key(session: Uuid, turn: &str) -> TurnKey {
     TurnKey { session_id: SessionId::new(session), turn_id: turn.parse().unwrap() }
@@ -163,12 +163,7 @@ async fn a_turn_queued_while_the_lock_was_awaited_starts_when_the_running_one_en
     let session = running(&store).await;
 
     // The lock's holder queues t1 behind t0, as admission does, while t0's ending waits.
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-        .bind(session)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let mut holder = hold_lock(&pool, session).await;
     let s = store.clone();
     let ends = tokio::spawn(async move { s.finish_step(ending(session, false)).await });
     lock_waiters(&pool, 1).await;

@@ -44,3 +44,14 @@ pub async fn lock_waiters(pool: &PgPool, n: i64) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `session`'s lock, taken in a transaction of its own as a writer of its turns takes it.
+pub async fn hold_lock(pool: &PgPool, session: Uuid) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(session)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
