@@ -4,10 +4,12 @@
 //! waits for the session's lock.
 #![allow(clippy::unwrap_used)]
 
+use aptix::config::TenantLimits;
 use aptix::contracts::{ApiError, ErrorCode, Reply, SessionId, TurnKey};
 use aptix::messages::{Outgoing, ReplyOut};
 use aptix::store::{
-    Admission, FinishStep, Finished, NewRecord, PendingOutbox, SessionMeta, StepOutcome, Store,
+    Admission, FinishStep, Finished, Gate, NewRecord, PendingOutbox, SessionMeta, StepOutcome,
+    Store,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -33,10 +35,15 @@ fn meta() -> SessionMeta {
 
 /// A new session whose turn t0 runs.
 async fn running(store: &Store) -> Uuid {
+    running_as(store, &meta()).await
+}
+
+/// A new session of `meta` whose turn t0 runs.
+async fn running_as(store: &Store, meta: &SessionMeta) -> Uuid {
     let session = Uuid::now_v7();
     let request = request(session, "t0");
     let admitted =
-        store.admit_user_turn(&key(session, "t0"), "fp", &request, &meta(), None).await.unwrap();
+        store.admit_user_turn(&key(session, "t0"), "fp", &request, meta, None).await.unwrap();
     assert!(matches!(admitted, Admission::Accepted { queued: false, .. }), "{admitted:?}");
     // Its start message published, as the stage deletes it after its confirm.
     sqlx::query("DELETE FROM outbox WHERE session_id = $1")
@@ -263,5 +270,57 @@ async fn endings_the_function_leaves_to_the_transaction_end_as_before() {
             .await
             .unwrap();
     assert_eq!(records, 0);
+    drop_database(store, &id).await;
+}
+
+/// The tokens charged to `tenant`.
+async fn charged_tokens(pool: &PgPool, tenant: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(tokens), 0)::bigint FROM tenant_tokens WHERE tenant = $1",
+    )
+    .bind(tenant)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The tokens charged to `tenant`, and `session`'s reply row's expiry as written.
+async fn charged_and_written(pool: &PgPool, tenant: &str, session: Uuid) -> (i64, String) {
+    let expires = sqlx::query_scalar(
+        "SELECT payload->>'session_expires' FROM outbox WHERE session_id = $1 AND turn_id = 't0'",
+    )
+    .bind(session)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (charged_tokens(pool, tenant).await, expires)
+}
+
+#[tokio::test]
+async fn a_tenant_without_limits_ends_at_once_and_one_with_a_limit_in_the_transaction() {
+    let (store, id) = fresh_store().await;
+    let pool = store.pool().clone();
+    let gate = |tenant: &str, limits| Gate { tenant: tenant.parse().unwrap(), limits };
+    let capped = TenantLimits { turns_in_flight: 5, ..TenantLimits::default() };
+    let store =
+        store.with_tenants(vec![gate("free", TenantLimits::default()), gate("capped", capped)]);
+
+    // (tenant, ending as the transaction would, tokens charged, the reply row's expiry's end):
+    // tokens are kept for a limit to read, so a tenant with none is charged nothing, whichever
+    // way its ending goes. The function's reply row holds PostgreSQL's text of the expiry, the
+    // transaction's serde's.
+    let cases = [("free", false, 0, "+00:00"), ("free", true, 0, "Z"), ("capped", false, 12, "Z")];
+    for (tenant, via_transaction, tokens, written) in cases {
+        let charged_before = charged_tokens(&pool, tenant).await;
+        let meta = SessionMeta { tenant: Some(tenant.parse().unwrap()), ..meta() };
+        let session = running_as(&store, &meta).await;
+        let mut end = ending(session, via_transaction);
+        end.tenant = meta.tenant.clone();
+        end.record.usage = Some(json!({"TotalTokens": 12}));
+        done(store.finish_step(end).await.unwrap());
+        let (charged, expires) = charged_and_written(&pool, tenant, session).await;
+        assert_eq!(charged - charged_before, tokens, "{tenant} {via_transaction}");
+        assert!(expires.ends_with(written), "{tenant} {via_transaction}: {expires}");
+    }
     drop_database(store, &id).await;
 }

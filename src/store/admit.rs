@@ -138,7 +138,7 @@ impl Store {
         // Most turns come to a new or idle session of a tenant without limits: one round trip.
         // The start it built is kept for the transaction's ways to start the turn.
         let (mut start, mut created_at_once) = (None, false);
-        let unlimited = gate.as_ref().is_none_or(|g| g.limits.unlimited());
+        let unlimited = !gate.as_ref().is_some_and(Gate::is_limited);
         if unlimited && !meta.follow_up_refused {
             let first = Start::of(&new(0))?;
             let (started, created) = start_turn_at_once(&self.pool, &new(0), meta, first).await?;

@@ -3,11 +3,11 @@
 //! four (BEGIN, the session's lock, the step statement, COMMIT).
 //!
 //! It applies when the ending needs nothing but the step statement under the session's lock:
-//! no budget to settle, no follow-up to take in, no tenant gate to charge or start held turns
-//! for, and a turn that does not run on. The function checks under the lock what only the
-//! database knows (the session's tenant, the turn running this step, no follow-ups taken in, no
-//! turn queued behind one that ends) and otherwise writes nothing, so the caller's transaction
-//! runs as before.
+//! no budget to settle, no follow-up to take in, no tenant limit to charge tokens or start held
+//! turns for (a configured tenant none of whose limits is set has none), and a turn that does
+//! not run on. The function checks under the lock what only the database knows (the session's
+//! tenant, the turn running this step, no follow-ups taken in, no turn queued behind one that
+//! ends) and otherwise writes nothing, so the caller's transaction runs as before.
 //!
 //! [`Store::finish_step`]: super::Store::finish_step
 
@@ -22,16 +22,16 @@ use crate::messages::Outgoing;
 
 /// Writes an ending (its record, `f` and the session's new state) in one call, with `reply` (the
 /// round trip's reply, if it sends one, as yet without the session's name and expiry: the
-/// function reads them under the lock and puts them in the reply, kept and returned). `gated`:
-/// the turn's tenant has a gate (its tokens are charged, its held turns started, in the
+/// function reads them under the lock and puts them in the reply, kept and returned). `limited`:
+/// the turn's tenant has a limit set (its tokens are charged, its held turns started, in the
 /// transaction). `None`: nothing was written, and the transaction must run; `reply` is as it was.
 pub(super) async fn finish(
     pool: &PgPool,
     (record, f, state): (&PreparedRecord<'_>, &FinishStep, Option<&PackedState>),
     reply: &mut Vec<Outgoing>,
-    gated: bool,
+    limited: bool,
 ) -> Result<Option<PendingOutbox>, StoreError> {
-    if gated || f.settle.is_some() || !f.steers_taken_in().is_empty() {
+    if limited || f.settle.is_some() || !f.steers_taken_in().is_empty() {
         return Ok(None);
     }
     let p = StepParams::of(f, state, reply.first())?;

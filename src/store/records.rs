@@ -40,9 +40,10 @@ impl Store {
             record.texts.absorb(pack(&self.texts, &mut s));
             s
         });
-        let gated = self.gate(f.tenant.as_ref().map(TenantName::as_str)).is_some();
+        let limited =
+            self.gate(f.tenant.as_ref().map(TenantName::as_str)).is_some_and(|g| g.is_limited());
         let at_once = (&record, &f, state.as_ref());
-        if let Some(out) = finish_at_once::finish(&self.pool, at_once, &mut reply, gated).await? {
+        if let Some(out) = finish_at_once::finish(&self.pool, at_once, &mut reply, limited).await? {
             self.texts.keep(&record.texts);
             return Ok(Finished::Done(out));
         }
@@ -70,7 +71,8 @@ impl Store {
             super::budget::settle(&mut tx, (session, turn, f.step), how).await?;
         }
         let gate = self.gate(tenant.as_deref());
-        if let Some(g) = &gate {
+        // Tokens are kept for a tenant's limits to read; a tenant without limits reads none.
+        if let Some(g) = gate.as_ref().filter(|g| g.is_limited()) {
             super::tenants::charge_tokens(&mut tx, g.tenant.as_str(), f.record.usage.as_ref())
                 .await?;
         }

@@ -40,6 +40,12 @@ pub enum Limit {
 }
 
 impl Gate {
+    /// Whether any of its limits is set: a tenant without one has its turns admitted and ended
+    /// in one round trip each, and no tokens kept for it (only a limit reads them).
+    pub fn is_limited(&self) -> bool {
+        !self.limits.unlimited()
+    }
+
     fn queues(&self) -> bool {
         self.limits.over_limit == OverLimit::Queue
     }
