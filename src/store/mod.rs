@@ -2,7 +2,9 @@
 //! and the transactional outbox. One small client, created with its timeouts, used by stages.
 
 mod actions;
+mod admission;
 mod admit;
+mod admit_ways;
 mod approvals;
 mod browse;
 mod budget;
@@ -40,7 +42,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
 pub use actions::OperatorAction;
-pub use admit::{Admission, SessionMeta};
+pub use admission::Admission;
+pub use admit::SessionMeta;
 pub use approvals::EXPIRY_MESSAGE;
 pub use browse::{SessionSearch, SessionSummary};
 pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
