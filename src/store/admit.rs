@@ -131,10 +131,12 @@ impl Store {
             }
         }
         let new = new(locked.next_seq);
-        let turn = Admitting { new: &new, request, meta, gate: gate.as_ref(), created };
+        let admitting = Admitting { new: &new, request, meta, gate: gate.as_ref(), created };
         match active {
-            Some((active, host)) => self.admit_behind(tx, &turn, (&active, host), follow_up).await,
-            None => admit_idle(tx, &turn, start).await,
+            Some((active, host)) => {
+                self.admit_behind(tx, &admitting, (&active, host), follow_up).await
+            }
+            None => admit_idle(tx, &admitting, start).await,
         }
     }
 }

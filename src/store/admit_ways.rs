@@ -1,6 +1,8 @@
 //! Admission's two ways past the session's checks, under its lock: behind the active turn of a
 //! busy session (queued, steering, interrupting, or refused), or into an idle one (started now,
-//! after the session's last unpublished reply, or held or refused by its tenant's limits).
+//! after the session's older unpublished replies, held or refused by its tenant's limits, or
+//! tried again later while a fresh reply is being published). Also what admission reads of the
+//! active turn to choose between them ([`Host`]).
 
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -21,8 +23,9 @@ use crate::lifecycle::Event;
 const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Store {
-    /// Admits `a` behind the session's active turn `active` (in state `host`), as `follow_up`
-    /// decides: queued, steering it, interrupting it, or refused.
+    /// Admits `a` behind the session's active turn `active` (`host`: its state and mode), as
+    /// `follow_up` decides: queued, steering it, or interrupting it; refused when that turn
+    /// waits for the client, by `follow_up` itself, or by its tenant's limits.
     pub(super) async fn admit_behind(
         &self,
         mut tx: Transaction<'_, Postgres>,
@@ -80,8 +83,10 @@ pub(super) struct Admitting<'a> {
 }
 
 /// Admits `a` into its idle session: started now unless its tenant's limits hold or refuse
-/// it, after the session's last reply if that is still unpublished. `start`: the start message
-/// already built, if the one-round-trip way built one.
+/// it, after the session's older unpublished replies (published first); a reply written in the
+/// last [`REPLY_IN_FLIGHT`] is left to its writer, and the admission fails as
+/// [`StoreError::ReplyInFlight`], to be tried again. `start`: the start message already built,
+/// if the one-round-trip way built one.
 pub(super) async fn admit_idle(
     mut tx: Transaction<'_, Postgres>,
     a: &Admitting<'_>,
@@ -154,6 +159,7 @@ pub(super) struct Host {
     pub(super) mode: Option<String>,
 }
 
+/// The state and mode of `session`'s turn `turn` (none of either if it has no row).
 pub(super) async fn host_of(
     conn: &mut PgConnection,
     session: Uuid,
