@@ -18,6 +18,7 @@ mod architecture;
 mod assemble_context;
 mod assemble_requests;
 mod bad_input;
+mod broker_cut;
 mod broker_permissions;
 mod budget;
 mod cancel;

@@ -22,6 +22,7 @@ mod stage_partitions;
 mod status;
 mod topology;
 pub mod trace;
+mod wind_down;
 
 use std::collections::BTreeMap;
 

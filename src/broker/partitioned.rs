@@ -23,7 +23,9 @@ use tokio_util::task::TaskTracker;
 use tracing::info;
 
 use super::lanes::{InFlight, Job, Ordered, Worker};
-use super::runtime::{connections, reconnecting, subscribe, SETUP_TIMEOUT};
+use super::runtime::{connections, reconnecting, subscribe};
+use super::settings::SETUP_TIMEOUT;
+use super::wind_down::Ended;
 use super::{BrokerError, Handler, Publisher, RuntimeSettings, StageName};
 
 /// A partition this worker holds.
@@ -98,21 +100,17 @@ impl<'a> Partitions<'a> {
         let connection = self.shutdown.child_token();
         let worker = Worker::new(self.stage, self.handler, &publisher, self.settings, &connection);
         let outcome = self.dispatch(&conn, &worker).await;
-        if outcome.is_err() {
+        let broken = outcome.is_err();
+        if broken {
             connection.cancel();
         }
         crate::metrics::metrics().broker_connection(-1);
         for (partition, held) in std::mem::take(&mut self.held) {
-            self.release(partition, held);
+            self.release(partition, held, broken);
         }
-        self.tracker.close();
-        self.tracker.wait().await;
-        let close = async {
-            let _ = conn.close(200, "stage stopping".into()).await;
-            publisher.close(SETUP_TIMEOUT).await;
-        };
-        let _ = tokio::time::timeout(SETUP_TIMEOUT, close).await;
-        outcome
+        let tracker = self.tracker.clone();
+        let ended = Ended { stage: self.stage, tracker, conn, publisher, channel: None };
+        ended.wind_down(outcome).await
     }
 
     async fn open(&self) -> Result<(Connection, Publisher), BrokerError> {
@@ -170,7 +168,7 @@ impl<'a> Partitions<'a> {
         let gone: Vec<u16> = self.held.keys().filter(|p| !wanted.contains(p)).copied().collect();
         for partition in gone {
             if let Some(held) = self.held.remove(&partition) {
-                self.release(partition, held);
+                self.release(partition, held, false);
             }
         }
         for &partition in wanted {
@@ -207,10 +205,17 @@ impl<'a> Partitions<'a> {
         Ok((held, Box::pin(deliveries)))
     }
 
-    /// Stops reading `partition`, and closes its channel once its in-flight messages are settled.
-    fn release(&self, partition: u16, held: Held) {
+    /// Stops reading `partition`, and closes its channel once its in-flight messages are settled;
+    /// a `broken` connection's channel is dropped at once (see `wind_down`): the broker has its
+    /// messages back already.
+    fn release(&self, partition: u16, held: Held, broken: bool) {
         held.stop.cancel();
         let stage = self.stage;
+        if broken {
+            drop(held);
+            info!(stage = stage.as_str(), partition, "let go of ingress partition");
+            return;
+        }
         self.tracker.spawn(async move {
             held.in_flight.settled().await;
             if held.channel.status().connected() {

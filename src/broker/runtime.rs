@@ -15,8 +15,10 @@ use tracing::{info, warn};
 use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
 pub use super::settings::RuntimeSettings;
+use super::settings::SETUP_TIMEOUT;
 use super::settle::Settler;
 use super::stage_consumers::{consume_on, ended, StageConsumers};
+use super::wind_down::Ended;
 use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -149,28 +151,22 @@ async fn consume(
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
     let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker).await;
-    if outcome.is_err() {
+    let broken = outcome.is_err();
+    if broken {
         connection.cancel();
     }
     crate::metrics::metrics().broker_connection(-1);
     // The ingress queue has a single active consumer: cancelling would activate the standby
     // while this one still holds earlier requests. Its channel is only closed once they are
-    // settled, which returns the rest in order (see `partitioned`).
-    let channel = if settings.topology.is_ingress(stage) {
+    // settled, which returns the rest in order (see `partitioned`). A broken connection's
+    // consumers are gone with it.
+    let channel = if settings.topology.is_ingress(stage) || broken {
         consumers.channel
     } else {
         consumers.cancel(SETUP_TIMEOUT).await
     };
-    tracker.close();
-    tracker.wait().await;
-    // Closing waits for the broker's answer; a dead broker must not hold up the exit.
-    let close = async {
-        let _ = channel.close(200, "stage stopping".into()).await;
-        let _ = consume_conn.close(200, "stage stopping".into()).await;
-        publisher.close(SETUP_TIMEOUT).await;
-    };
-    let _ = tokio::time::timeout(SETUP_TIMEOUT, close).await;
-    outcome
+    let ended = Ended { stage, tracker, conn: consume_conn, publisher, channel: Some(channel) };
+    ended.wind_down(outcome).await
 }
 
 /// Hands each delivery to a task (in order per ordering key) until shutdown or a broken
@@ -206,9 +202,6 @@ async fn dispatch(
         ordered.route(job, worker, tracker);
     }
 }
-
-/// Longest wait for connecting and declaring, or for closing.
-pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Opened = (Connection, Publisher, StageConsumers);
 

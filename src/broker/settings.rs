@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use super::Topology;
 
+/// Longest wait for connecting and declaring, or for closing.
+pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How a stage consumes.
 #[derive(Debug, Clone)]
 pub struct RuntimeSettings {
