@@ -25,7 +25,7 @@ use tracing::info;
 use super::lanes::{InFlight, Job, Ordered, Worker};
 use super::runtime::{connections, reconnecting, subscribe};
 use super::settings::SETUP_TIMEOUT;
-use super::wind_down::Ended;
+use super::wind_down::{dead, Ended};
 use super::{BrokerError, Handler, Publisher, RuntimeSettings, StageName};
 
 /// A partition this worker holds.
@@ -100,13 +100,13 @@ impl<'a> Partitions<'a> {
         let connection = self.shutdown.child_token();
         let worker = Worker::new(self.stage, self.handler, &publisher, self.settings, &connection);
         let outcome = self.dispatch(&conn, &worker).await;
-        let broken = outcome.is_err();
-        if broken {
+        if outcome.is_err() {
             connection.cancel();
         }
         crate::metrics::metrics().broker_connection(-1);
+        let dead = dead(&conn, &outcome);
         for (partition, held) in std::mem::take(&mut self.held) {
-            self.release(partition, held, broken);
+            self.release(partition, held, dead);
         }
         let tracker = self.tracker.clone();
         let ended = Ended { stage: self.stage, tracker, conn, publisher, channel: None };
@@ -205,13 +205,13 @@ impl<'a> Partitions<'a> {
         Ok((held, Box::pin(deliveries)))
     }
 
-    /// Stops reading `partition`, and closes its channel once its in-flight messages are settled;
-    /// a `broken` connection's channel is dropped at once (see `wind_down`): the broker has its
-    /// messages back already.
-    fn release(&self, partition: u16, held: Held, broken: bool) {
+    /// Stops reading `partition`, and closes its channel once its in-flight messages are settled.
+    /// The channel of a `dead` connection is dropped at once: the broker has its messages back,
+    /// and a close would wait for an answer that never comes (see `wind_down`).
+    fn release(&self, partition: u16, held: Held, dead: bool) {
         held.stop.cancel();
         let stage = self.stage;
-        if broken {
+        if dead {
             drop(held);
             info!(stage = stage.as_str(), partition, "let go of ingress partition");
             return;

@@ -18,7 +18,7 @@ pub use super::settings::RuntimeSettings;
 use super::settings::SETUP_TIMEOUT;
 use super::settle::Settler;
 use super::stage_consumers::{consume_on, ended, StageConsumers};
-use super::wind_down::Ended;
+use super::wind_down::{dead, Ended};
 use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -51,9 +51,9 @@ pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerE
 }
 
 async fn connect_node(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    // A connection to a node that died is sometimes noticed only by its missed heartbeats (two
-    // intervals): at 10 s, validate held a killed node's partitions 20 s (docs/reliability.md,
-    // "Losing a broker node"). 5 s is RabbitMQ's lowest recommended value.
+    // A connection to a node that died unseen (no reset: a network partition, a frozen host) is
+    // noticed only by its missed heartbeats, two intervals; 5 s is RabbitMQ's lowest recommended
+    // value. (The 20 s holds once blamed on the 10 s default were `wind_down`'s.)
     let url = with_default(url, "heartbeat", "5");
     // lapin keeps 32 frames of `frame_max` per direction for every connection, zero-filled: 8 MiB
     // at RabbitMQ's 128 KiB, half the pipeline's heap under load; a usual stage message fits in
@@ -151,16 +151,15 @@ async fn consume(
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
     let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker).await;
-    let broken = outcome.is_err();
-    if broken {
+    if outcome.is_err() {
         connection.cancel();
     }
     crate::metrics::metrics().broker_connection(-1);
     // The ingress queue has a single active consumer: cancelling would activate the standby
     // while this one still holds earlier requests. Its channel is only closed once they are
-    // settled, which returns the rest in order (see `partitioned`). A broken connection's
-    // consumers are gone with it.
-    let channel = if settings.topology.is_ingress(stage) || broken {
+    // settled, which returns the rest in order (see `partitioned`). A dead connection's
+    // consumers are gone with it, and cancelling them would wait for no answer.
+    let channel = if settings.topology.is_ingress(stage) || dead(&consume_conn, &outcome) {
         consumers.channel
     } else {
         consumers.cancel(SETUP_TIMEOUT).await

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lapin::{Channel, Connection};
 use tokio_util::task::TaskTracker;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::settings::SETUP_TIMEOUT;
 use super::{BrokerError, Publisher, StageName};
@@ -33,6 +33,14 @@ pub(super) struct Ended {
     pub channel: Option<Channel>,
 }
 
+/// Whether the consuming connection is dead. lapin marks the connection broken before any of
+/// its channels, so this holds as soon as a consumer has seen the error; a consuming that ended
+/// otherwise (its publisher's connection lost, one partition's channel closed) leaves a live
+/// connection, whose channels must still close before their consumers end.
+pub(super) fn dead(conn: &Connection, outcome: &Result<(), BrokerError>) -> bool {
+    outcome.is_err() && !conn.status().connected()
+}
+
 impl Ended {
     /// Lets go as `outcome` (the consuming's end) calls for, and returns it.
     pub(super) async fn wind_down(
@@ -42,33 +50,39 @@ impl Ended {
         let Ended { stage, tracker, conn, publisher, channel } = self;
         let stage = stage.as_str();
         tracker.close();
-        if let Err(error) = &outcome {
-            warn!(stage, %error, "broker connection broken, letting go of it");
-            let since = Instant::now();
-            if tokio::time::timeout(BROKEN_SETTLE, tracker.wait()).await.is_err() {
-                let waited_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
-                warn!(
-                    stage,
-                    waited_ms, "in-flight messages still settling, reconnecting beside them"
-                );
-            }
-            // Dropped, lapin closes them without waiting; the publisher's connection may be
-            // alive (only the consuming one broke), so it is closed politely, in the background.
-            drop((channel, conn));
-            tokio::spawn(async move { publisher.close(SETUP_TIMEOUT).await });
+        let Err(error) = &outcome else {
+            tracker.wait().await;
+            // Closing waits for the broker's answer; a broker that stopped answering must not
+            // hold up the exit.
+            let _ = tokio::time::timeout(SETUP_TIMEOUT, close(channel, &conn, &publisher)).await;
+            return outcome;
+        };
+        let dead = dead(&conn, &outcome);
+        info!(stage, %error, dead, "letting go of the broker connection");
+        let since = Instant::now();
+        // The wait bounds how long old and new work overlap, no more: what is still running
+        // can no longer ack, and its message comes again as a copy.
+        if tokio::time::timeout(BROKEN_SETTLE, tracker.wait()).await.is_err() {
+            let waited_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+            warn!(stage, waited_ms, "in-flight messages still settling, reconnecting beside them");
+        }
+        if !dead {
+            // Alive, it answers: closing returns what it held in order (`partitioned`).
+            let _ = tokio::time::timeout(BROKEN_SETTLE, close(channel, &conn, &publisher)).await;
             return outcome;
         }
-        tracker.wait().await;
-        // Closing waits for the broker's answer; a broker that stopped answering must not hold
-        // up the exit.
-        let close = async {
-            if let Some(channel) = channel {
-                let _ = channel.close(200, "stage stopping".into()).await;
-            }
-            let _ = conn.close(200, "stage stopping".into()).await;
-            publisher.close(SETUP_TIMEOUT).await;
-        };
-        let _ = tokio::time::timeout(SETUP_TIMEOUT, close).await;
+        // Dropped, lapin closes them without waiting; the publisher's connection may be alive
+        // (only the consuming one died), so it is closed politely, in the background.
+        drop((channel, conn));
+        tokio::spawn(async move { publisher.close(SETUP_TIMEOUT).await });
         outcome
     }
+}
+
+async fn close(channel: Option<Channel>, conn: &Connection, publisher: &Publisher) {
+    if let Some(channel) = channel {
+        let _ = channel.close(200, "stage stopping".into()).await;
+    }
+    let _ = conn.close(200, "stage stopping".into()).await;
+    publisher.close(SETUP_TIMEOUT).await;
 }

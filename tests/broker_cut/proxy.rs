@@ -1,6 +1,6 @@
-//! A TCP relay in front of the broker whose connections can all be cut at once, each side reset
-//! (`SO_LINGER` 0), as a broker node's death resets them: the pipeline reads "connection reset
-//! by peer", and the broker sees its clients gone and takes their unacked messages back.
+//! A TCP relay in front of the broker whose connections can be cut, each side reset (`SO_LINGER`
+//! 0), as a broker node's death resets the connections on it: the pipeline reads "connection
+//! reset by peer", and the broker sees those clients gone and takes their unacked messages back.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 /// The relay; dropped, it stops accepting and cuts what it relays.
 pub struct CutProxy {
     addr: SocketAddr,
-    /// Cancelled to cut every connection relayed so far; replaced after each cut.
-    current: Arc<Mutex<CancellationToken>>,
+    /// Each connection relayed so far, by the order it came in, and what cuts it.
+    relayed: Arc<Mutex<Vec<CancellationToken>>>,
     stop: CancellationToken,
 }
 
@@ -22,21 +22,25 @@ impl CutProxy {
     pub async fn start(upstream: SocketAddr) -> CutProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let current = Arc::new(Mutex::new(CancellationToken::new()));
+        let relayed: Arc<Mutex<Vec<CancellationToken>>> = Arc::default();
         let stop = CancellationToken::new();
-        let (cuts, stopped) = (current.clone(), stop.clone());
+        let (cuts, stopped) = (relayed.clone(), stop.clone());
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
                     _ = stopped.cancelled() => return,
                     accepted = listener.accept() => accepted,
                 };
-                let Ok((client, _)) = accepted else { continue };
-                let cut = cuts.lock().unwrap().clone();
+                let Ok((client, _)) = accepted else {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
+                let cut = CancellationToken::new();
+                cuts.lock().unwrap().push(cut.clone());
                 tokio::spawn(relay(client, upstream, cut));
             }
         });
-        CutProxy { addr, current, stop }
+        CutProxy { addr, relayed, stop }
     }
 
     /// An AMQP URL for the default vhost through the relay.
@@ -44,17 +48,19 @@ impl CutProxy {
         format!("amqp://guest:guest@{}/%2f", self.addr)
     }
 
-    /// Resets every connection relayed so far; new ones are relayed as before.
-    pub fn cut(&self) {
-        let old = std::mem::take(&mut *self.current.lock().unwrap());
-        old.cancel();
+    /// Resets the connections relayed so far whose place in the order of arrival `which` picks
+    /// (those already cut stay cut); new ones are relayed as before. Returns how many it cut.
+    pub fn cut(&self, which: impl Fn(usize) -> bool) -> usize {
+        let relayed = self.relayed.lock().unwrap();
+        let live = relayed.iter().enumerate().filter(|(i, cut)| which(*i) && !cut.is_cancelled());
+        live.map(|(_, cut)| cut.cancel()).count()
     }
 }
 
 impl Drop for CutProxy {
     fn drop(&mut self) {
         self.stop.cancel();
-        self.cut();
+        self.cut(|_| true);
     }
 }
 
@@ -63,7 +69,11 @@ async fn relay(mut client: TcpStream, upstream: SocketAddr, cut: CancellationTok
     let _ = (client.set_nodelay(true), server.set_nodelay(true));
     tokio::select! {
         _ = cut.cancelled() => {}
-        _ = copy_bidirectional(&mut client, &mut server) => return,
+        _ = copy_bidirectional(&mut client, &mut server) => {
+            // Ended on its own: nothing left to cut.
+            cut.cancel();
+            return;
+        }
     }
     // Closing with a zero linger sends a reset instead of a FIN, on both sides.
     let _ = (client.set_zero_linger(), server.set_zero_linger());
