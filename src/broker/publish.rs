@@ -142,11 +142,9 @@ impl Publisher {
             return Err(BrokerError::Closed);
         };
         let channel = self.take_channel().await?;
-        let confirmed =
-            tokio::time::timeout(self.inner.confirm_timeout, publish_on(&channel, msg)).await;
-        match confirmed {
+        match self.confirmed(publish_on(&channel, msg)).await {
             // Unroutable is about the message; the channel is fine.
-            Ok(Ok(outcome @ (Ok(()) | Err(BrokerError::Unroutable { .. })))) => {
+            Some(Ok(outcome @ (Ok(()) | Err(BrokerError::Unroutable { .. })))) => {
                 self.give_back(channel);
                 outcome
             }
@@ -155,9 +153,29 @@ impl Publisher {
             failed => {
                 discard(channel);
                 Err(match failed {
-                    Ok(Ok(Err(e)) | Err(e)) => e,
+                    Some(Ok(Err(e)) | Err(e)) => e,
                     _ => BrokerError::ConfirmTimeout,
                 })
+            }
+        }
+    }
+
+    /// Waits for `publish` (a publish and its confirm) at most `confirm_timeout` (`None` then),
+    /// and gives up within `CONNECTION_CHECK` once the connection is broken: lapin can queue a
+    /// publish on a channel it has not yet marked broken, whose confirm then never comes.
+    async fn confirmed<F>(&self, publish: F) -> Option<F::Output>
+    where
+        F: std::future::Future<Output = Result<Result<(), BrokerError>, BrokerError>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.confirm_timeout;
+        let mut publish = std::pin::pin!(publish);
+        loop {
+            let check = (tokio::time::Instant::now() + CONNECTION_CHECK).min(deadline);
+            match tokio::time::timeout_at(check, &mut publish).await {
+                Ok(done) => return Some(done),
+                Err(_) if tokio::time::Instant::now() >= deadline => return None,
+                Err(_) if !self.is_connected() => return Some(Err(BrokerError::Closed)),
+                Err(_) => {}
             }
         }
     }
@@ -213,6 +231,9 @@ impl Publisher {
 
 /// Attempts of one publish (first included) while the connection lives.
 const RESENDS: u32 = 6;
+
+/// How often a publish still waiting for its confirm looks at its connection.
+const CONNECTION_CHECK: Duration = Duration::from_millis(250);
 
 /// Whether a failed publish may succeed on a fresh channel of the same connection.
 fn resendable(e: &BrokerError) -> bool {

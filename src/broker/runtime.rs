@@ -18,7 +18,7 @@ pub use super::settings::RuntimeSettings;
 use super::settings::SETUP_TIMEOUT;
 use super::settle::Settler;
 use super::stage_consumers::{consume_on, ended, StageConsumers};
-use super::wind_down::{dead, Ended};
+use super::wind_down::{dead, Ended, BROKEN_SETTLE};
 use super::{BrokerError, Handler, Publisher, StageName};
 
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
@@ -162,7 +162,8 @@ async fn consume(
     let channel = if settings.topology.is_ingress(stage) || dead(&consume_conn, &outcome) {
         consumers.channel
     } else {
-        consumers.cancel(SETUP_TIMEOUT).await
+        let limit = if outcome.is_err() { BROKEN_SETTLE } else { SETUP_TIMEOUT };
+        consumers.cancel(limit).await
     };
     let ended = Ended { stage, tracker, conn: consume_conn, publisher, channel: Some(channel) };
     ended.wind_down(outcome).await

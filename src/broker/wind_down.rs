@@ -21,7 +21,7 @@ use super::{BrokerError, Publisher, StageName};
 /// Longest a stage waits, once its connection broke, for its in-flight messages before it
 /// reconnects: their in-place retries end with the connection, and whatever is left (a publish
 /// waiting for its confirm) can no longer ack, so the broker delivers its message again.
-const BROKEN_SETTLE: Duration = Duration::from_secs(2);
+pub(super) const BROKEN_SETTLE: Duration = Duration::from_secs(2);
 
 /// What one connection's consuming left to let go of.
 pub(super) struct Ended {

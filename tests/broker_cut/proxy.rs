@@ -65,7 +65,10 @@ impl Drop for CutProxy {
 }
 
 async fn relay(mut client: TcpStream, upstream: SocketAddr, cut: CancellationToken) {
-    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        cut.cancel();
+        return;
+    };
     let _ = (client.set_nodelay(true), server.set_nodelay(true));
     tokio::select! {
         _ = cut.cancelled() => {}
