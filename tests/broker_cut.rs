@@ -1,7 +1,7 @@
 //! The pipeline's broker connections reset under load, round after round, through a relay in
 //! front of the broker (`broker_cut/proxy.rs`): what a broker node's death does to the
 //! connections on it, without a cluster. Some rounds cut every connection, others every other
-//! one, so a stage also loses only its publishing connection, or only its consuming one, and
+//! one, so a stage can also lose only its publishing connection, or only its consuming one, and
 //! lives on with the other. After each cut every turn in flight and queued must be answered
 //! within `MAX_RECOVERY`, each once and in order per session, with nothing dead-lettered.
 //!
