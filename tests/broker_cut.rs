@@ -2,7 +2,7 @@
 //! front of the broker (`broker_cut/proxy.rs`): what a broker node's death does to the
 //! connections on it, without a cluster. Some rounds cut every connection, others every other
 //! one, so a stage can also lose only its publishing connection, or only its consuming one, and
-//! lives on with the other. After each cut every turn in flight and queued must be answered
+//! live on with the other. After each cut every turn in flight and queued must be answered
 //! within `MAX_RECOVERY`, each once and in order per session, with nothing dead-lettered.
 //!
 //! A stage that waited on a dead connection (closing a channel lapin had not yet marked broken,

@@ -2,12 +2,14 @@
 //!
 //! Ended cleanly (shutdown, a consume loop told to stop), in-flight messages settle and ack, then
 //! the channel and both connections close politely, each close waiting for the broker's answer.
-//! Ended by an error (a node lost, a connection reset), nothing waits on the broker: its
-//! unacknowledged messages are already back in their queues, and a close sent on a connection
-//! lapin has not yet marked broken would wait for an answer that never comes. lapin marks a dead
-//! connection's channels broken one after another, so a stage woken by the first one's error
-//! found the others still "connected" and waited 20 s to close them, holding its ingress
-//! partitions all that time (docs/reliability.md, the cluster test's 20 s silences).
+//! Ended by an error with the connection dead (a node lost, a connection reset), nothing waits
+//! on the broker: its unacknowledged messages are already back in their queues, and a close sent
+//! on a connection lapin has not yet marked broken would wait for an answer that never comes.
+//! lapin marks a dead connection's channels broken one after another, so a stage woken by the
+//! first one's error found the others still "connected" and waited 20 s to close them, holding
+//! its ingress partitions all that time (docs/reliability.md, the cluster test's 20 s silences).
+//! Ended by an error with the connection alive (only the publisher's lost, one channel ended),
+//! it still closes in order, but waits at most `BROKEN_SETTLE` for each step.
 
 use std::time::{Duration, Instant};
 
