@@ -10,10 +10,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use super::{Delivery, Handler, TurnHint};
 use crate::contracts::headers;
 
-/// The runtime's [`Delivery`] of `d`; `ingress`: a client's message, whose pipeline headers
-/// are dropped.
+/// The runtime's [`Delivery`] of `d`, its body moved out (not copied); `ingress`: a client's
+/// message, whose pipeline headers are dropped.
 pub(super) fn detach(
-    d: &lapin::message::Delivery,
+    d: &mut lapin::message::Delivery,
     ingress: bool,
     handler: &dyn Handler,
 ) -> Delivery {
@@ -31,7 +31,7 @@ pub(super) fn detach(
     };
     Delivery {
         hint,
-        body: bytes::Bytes::from(d.data.clone()),
+        body: bytes::Bytes::from(std::mem::take(&mut d.data)),
         message_id: d.properties.message_id().as_ref().map(|m| m.to_string()),
         reply_to: d.properties.reply_to().as_ref().map(|m| m.to_string()),
         user_id: d.properties.user_id().as_ref().map(|m| m.to_string()),

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::acks::{AckBatch, Settle};
 use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
 pub use super::settings::RuntimeSettings;
@@ -150,7 +151,11 @@ async fn consume(
     // unacknowledged messages back, so nothing in flight here can be settled any more.
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
-    let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker).await;
+    let (acks, sending) = AckBatch::new();
+    tracker.spawn(sending);
+    let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker, &acks).await;
+    // The ack task ends with the last handle: the settling tasks' (see `wind_down`).
+    drop(acks);
     if outcome.is_err() {
         connection.cancel();
     }
@@ -175,6 +180,7 @@ async fn dispatch(
     worker: &Worker,
     consumer: &mut SelectAll<super::stage_consumers::Deliveries>,
     tracker: &TaskTracker,
+    acks: &AckBatch,
 ) -> Result<(), BrokerError> {
     let (stage, handler) = (worker.stage, &worker.handler);
     let ingress = worker.settings.topology.is_ingress(stage);
@@ -198,7 +204,7 @@ async fn dispatch(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job::new(&delivery, ingress, handler.as_ref(), None);
+        let job = Job::new(delivery, ingress, handler.as_ref(), None, Some(acks));
         ordered.route(job, worker, tracker);
     }
 }
@@ -264,12 +270,12 @@ pub async fn process_one(
             break;
         }
     }
-    let Some(msg) = got else { return Ok(false) };
-    let acker = msg.delivery.acker.clone();
-    let d = detach(&msg.delivery, settings.topology.is_ingress(stage), handler);
+    let Some(mut msg) = got else { return Ok(false) };
+    let settle = Settle::of(&msg.delivery, None);
+    let d = detach(&mut msg.delivery, settings.topology.is_ingress(stage), handler);
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };
-    settler.settle(d, &acker).await;
+    settler.settle(d, &settle).await;
     let _ = channel.close(200, "done".into()).await;
     Ok(true)
 }
