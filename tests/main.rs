@@ -12,7 +12,6 @@ mod sim_support;
 mod store_support;
 mod tenant_support;
 
-mod acks;
 mod admission_race;
 mod approvals;
 mod architecture;

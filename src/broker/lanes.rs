@@ -5,35 +5,33 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use lapin::Acker;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::acks::{AckBatch, Settle};
 use super::delivery::detach;
 use super::settle::Settler;
 use super::{Delivery, Handler, Publisher, RuntimeSettings, StageName};
 
 /// A delivery detached from the consumer, with what is needed to settle it.
 pub(super) struct Job {
-    settle: Settle,
+    acker: Acker,
     delivery: Delivery,
     /// Counts the job as in flight on its partition until it is settled (dropped).
     _in_flight: Option<InFlightGuard>,
 }
 
 impl Job {
-    /// Detaches `d` from its consumer; `in_flight` counts it on its partition; `acks`: the
-    /// channel's batch its ack joins, if any.
+    /// Detaches `d` from its consumer; `in_flight` counts it on its partition.
     pub(super) fn new(
         mut d: lapin::message::Delivery,
         ingress: bool,
         handler: &dyn Handler,
         in_flight: Option<&Arc<InFlight>>,
-        acks: Option<&AckBatch>,
     ) -> Self {
         Job {
-            settle: Settle::of(&d, acks),
+            acker: d.acker.clone(),
             delivery: detach(&mut d, ingress, handler),
             _in_flight: in_flight.map(InFlight::enter),
         }
@@ -114,7 +112,7 @@ impl Worker {
             settings: &self.settings,
             shutdown: &self.shutdown,
         };
-        settler.settle(job.delivery, &job.settle).await;
+        settler.settle(job.delivery, &job.acker).await;
     }
 }
 

@@ -2,7 +2,6 @@
 //! [`Delivery`] and answers with a [`Disposition`]; the runtime consumes, publishes with confirms,
 //! acks only after the next hop confirmed, retries through delay queues, and dead-letters.
 
-mod acks;
 pub mod client;
 mod dead;
 mod declare;
@@ -35,7 +34,6 @@ pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
 /// An error of a [`Handler`], whatever its type: the runtime logs it and decides by the call
 /// that failed, never by its text.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub use acks::AckBatch;
 pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
 /// The header that carries a stage message's MAC (hex): HMAC-SHA256 under the pipeline's keys

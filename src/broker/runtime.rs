@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use super::acks::{AckBatch, Settle};
 use super::delivery::detach;
 use super::lanes::{Job, Ordered, Worker};
 pub use super::settings::RuntimeSettings;
@@ -151,11 +150,7 @@ async fn consume(
     // unacknowledged messages back, so nothing in flight here can be settled any more.
     let connection = shutdown.child_token();
     let worker = Worker::new(stage, handler, &publisher, settings, &connection);
-    let (acks, sending) = AckBatch::new();
-    tracker.spawn(sending);
-    let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker, &acks).await;
-    // The ack task ends with the last handle: the settling tasks' (see `wind_down`).
-    drop(acks);
+    let outcome = dispatch(&worker, &mut consumers.deliveries, &tracker).await;
     if outcome.is_err() {
         connection.cancel();
     }
@@ -180,7 +175,6 @@ async fn dispatch(
     worker: &Worker,
     consumer: &mut SelectAll<super::stage_consumers::Deliveries>,
     tracker: &TaskTracker,
-    acks: &AckBatch,
 ) -> Result<(), BrokerError> {
     let (stage, handler) = (worker.stage, &worker.handler);
     let ingress = worker.settings.topology.is_ingress(stage);
@@ -204,7 +198,7 @@ async fn dispatch(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job::new(delivery, ingress, handler.as_ref(), None, Some(acks));
+        let job = Job::new(delivery, ingress, handler.as_ref(), None);
         ordered.route(job, worker, tracker);
     }
 }
@@ -271,11 +265,11 @@ pub async fn process_one(
         }
     }
     let Some(mut msg) = got else { return Ok(false) };
-    let settle = Settle::of(&msg.delivery, None);
+    let acker = msg.delivery.acker.clone();
     let d = detach(&mut msg.delivery, settings.topology.is_ingress(stage), handler);
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };
-    settler.settle(d, &settle).await;
+    settler.settle(d, &acker).await;
     let _ = channel.close(200, "done".into()).await;
     Ok(true)
 }

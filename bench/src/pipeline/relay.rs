@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use aptix::broker::{connect, AckBatch, OutMessage, Publisher, Topology};
+use aptix::broker::{connect, OutMessage, Publisher, Topology};
 
 /// Message sizes in bytes: index 0 is the request, then what each stage but the last
 /// publishes, and last the reply (one more than the pipeline has stages).
@@ -53,9 +53,6 @@ pub async fn start(
             format!("{{\"Successful\":true,\"Pad\":\"{}\"}}", "x".repeat(filler)).into_bytes()
         });
         let token = shutdown.clone();
-        // The runtime's acks: in one frame for the deliveries settled together.
-        let (acks, sending) = AckBatch::new();
-        tokio::spawn(sending);
         tasks.push(tokio::spawn(async move {
             loop {
                 let delivery = tokio::select! {
@@ -63,9 +60,8 @@ pub async fn start(
                     d = consumer.next() => d,
                 };
                 let Some(Ok(d)) = delivery else { break };
-                acks.taken(d.delivery_tag);
-                let (publisher, next, replies, pad, acks) =
-                    (publisher.clone(), next.clone(), replies.clone(), pad.clone(), acks.clone());
+                let (publisher, next, replies, pad) =
+                    (publisher.clone(), next.clone(), replies.clone(), pad.clone());
                 tokio::spawn(async move {
                     let header = |k: &str| {
                         d.properties
@@ -96,7 +92,7 @@ pub async fn start(
                     .header("x-aptix-turn-id", turn);
                     match publisher.publish(&msg).await {
                         Ok(()) => {
-                            let _ = acks.ack(d.delivery_tag, &d.acker).await;
+                            let _ = d.acker.ack(BasicAckOptions::default()).await;
                         }
                         Err(error) => {
                             tracing::warn!(%error, "relay publish failed; requeueing");
@@ -104,7 +100,6 @@ pub async fn start(
                                 .acker
                                 .nack(BasicNackOptions { requeue: true, ..Default::default() })
                                 .await;
-                            acks.settled_otherwise(d.delivery_tag);
                         }
                     }
                 });

@@ -11,13 +11,14 @@
 
 use std::time::Duration;
 
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::Acker;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod forward;
 mod give_up;
 
-use super::acks::Settle;
 use super::replies::{keep_unrouted, Handed, Refused};
 use super::settings::RuntimeSettings;
 use super::{
@@ -50,7 +51,7 @@ enum Settled {
 
 impl Settler<'_> {
     /// Handles one delivery end to end and acks it, or returns it to the broker.
-    pub async fn settle(&self, d: Delivery, ack: &Settle) {
+    pub async fn settle(&self, d: Delivery, acker: &Acker) {
         let stage = self.stage.as_str();
         let _in_flight = crate::metrics::metrics().in_flight(stage);
         let trace = super::trace::trace_id_of(&d);
@@ -70,7 +71,8 @@ impl Settler<'_> {
         match result {
             Ok(Settled::Done(_)) => {
                 // An ack on a channel recovered meanwhile fails: the broker redelivers.
-                if let Err(error) = ack.ack().await {
+                crate::metrics::metrics().amqp("basic.ack");
+                if let Err(error) = acker.ack(BasicAckOptions::default()).await {
                     debug!(stage, %error, "ack failed, message will be redelivered");
                 }
             }
@@ -78,7 +80,8 @@ impl Settler<'_> {
             Err(error) => {
                 warn!(stage, %error, "publish failed, message will be redelivered");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                ack.nack().await;
+                crate::metrics::metrics().amqp("basic.nack");
+                let _ = acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
             }
         }
     }
