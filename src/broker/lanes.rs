@@ -30,11 +30,8 @@ impl Job {
         handler: &dyn Handler,
         in_flight: Option<&Arc<InFlight>>,
     ) -> Self {
-        Job {
-            acker: d.acker.clone(),
-            delivery: detach(&mut d, ingress, handler),
-            _in_flight: in_flight.map(InFlight::enter),
-        }
+        let delivery = detach(&mut d, ingress, handler);
+        Job { acker: d.acker, delivery, _in_flight: in_flight.map(InFlight::enter) }
     }
 }
 

@@ -265,8 +265,8 @@ pub async fn process_one(
         }
     }
     let Some(mut msg) = got else { return Ok(false) };
-    let acker = msg.delivery.acker.clone();
     let d = detach(&mut msg.delivery, settings.topology.is_ingress(stage), handler);
+    let acker = msg.delivery.acker;
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };
     settler.settle(d, &acker).await;
