@@ -109,12 +109,15 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
 }
 
 /// A runtime for a pipeline process (`aptix run`, `aptix worker`, the demo), with
-/// [`worker_threads`]`(configured)` async workers.
+/// [`worker_threads`]`(configured)` async workers. One worker is tokio's current-thread runtime,
+/// not a multi-threaded one of one worker (which polls its `block_on` future on a second
+/// thread): in flight (1,000 turns at 2 s) it did more turns/s in each of four pairs measured in
+/// turn (docs/benchmarks.md, the lever table).
 pub fn pipeline_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(worker_threads(configured))
-        .enable_all()
-        .build()
+    match worker_threads(configured) {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    }
 }
 
 /// `pipeline.worker_threads`, or for 0 half the cores and at least one: the stages mostly wait
@@ -130,7 +133,23 @@ pub fn worker_threads(configured: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::worker_threads;
+    use super::{pipeline_runtime, worker_threads};
+    use tokio::runtime::RuntimeFlavor;
+
+    #[test]
+    fn one_worker_is_the_current_thread_runtime_and_more_are_multi_threaded() {
+        let flavor = |n| pipeline_runtime(n).unwrap().handle().runtime_flavor();
+        assert_eq!(flavor(1), RuntimeFlavor::CurrentThread);
+        assert_eq!(flavor(2), RuntimeFlavor::MultiThread);
+        // Spawned tasks and blocking work still run on a current-thread pipeline runtime.
+        let rt = pipeline_runtime(1).unwrap();
+        let got = rt.block_on(async {
+            let spawned = tokio::spawn(async { 20 });
+            let blocking = tokio::task::spawn_blocking(|| 22);
+            spawned.await.unwrap() + blocking.await.unwrap()
+        });
+        assert_eq!(got, 42);
+    }
 
     #[test]
     fn worker_threads_are_configured_or_half_the_cores() {
