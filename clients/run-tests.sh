@@ -5,6 +5,9 @@
 #   clients/run-tests.sh PATH/TO/aptix -- CMD ARGS...  # same environment, run CMD instead of the suites
 #   CLIENTS_PREFIX=NAME clients/run-tests.sh ...        # a chosen queue prefix instead of cl-<random>
 #   CLIENTS_TENANTS=1 clients/run-tests.sh ...          # tenant mode: two tenants, only the tenancy tests
+#   CLIENTS_SUITE=python|typescript clients/run-tests.sh ...  # one suite only (default: both)
+#   CLIENTS_DEPS=only|skip clients/run-tests.sh ...     # install the dependencies and stop, or use
+#                                                       # those installed (runs side by side: .ci/run)
 #
 # It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci),
 # starts `aptix sim` and the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random
@@ -146,26 +149,39 @@ add_tenant_user() { # USER TENANT: prints the URL of a new broker user with the 
   echo "amqp://$user:$pass@127.0.0.1:5672/%2f"
 }
 
-log "python dependencies (clients/python/.venv)"
+# Python's package into clients/python/.venv (or for the user, without venv) and Node's packages.
+install_dependencies() {
+  log "python dependencies (clients/python/.venv)"
+  if [[ ! -x "$py" ]] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    # No venv module (Debian without python3-venv): install for this user instead.
+    rm -rf "$venv"
+    py=python3
+    echo "python3 -m venv is unavailable; installing with pip --user"
+  fi
+  if [[ "$py" == python3 ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check --user -e "$here/python[test]" \
+      || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages -e "$here/python[test]" \
+      || die "pip install --user failed"
+  else
+    "$py" -m pip install --quiet --disable-pip-version-check -e "$here/python[test]" || die "pip install failed"
+  fi
+
+  log "node dependencies (npm ci) and build (tsc)"
+  (cd "$here/typescript" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build) \
+    || die "npm ci / tsc failed"
+}
+suite="${CLIENTS_SUITE:-both}" deps="${CLIENTS_DEPS:-install}"
+[[ "$suite" =~ ^(both|python|typescript)$ ]] || die "CLIENTS_SUITE must be python or typescript"
+[[ "$deps" =~ ^(install|only|skip)$ ]] || die "CLIENTS_DEPS must be only or skip"
 py="$venv/bin/python"
-if [[ ! -x "$py" ]] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
-  # No venv module (Debian without python3-venv): install for this user instead.
-  rm -rf "$venv"
-  py=python3
-  echo "python3 -m venv is unavailable; installing with pip --user"
-fi
-if [[ "$py" == python3 ]]; then
-  python3 -m pip install --quiet --disable-pip-version-check --user -e "$here/python[test]" \
-    || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages -e "$here/python[test]" \
-    || die "pip install --user failed"
+if [[ "$deps" == skip ]]; then
+  # Installed by an earlier `CLIENTS_DEPS=only` run: several runs side by side must not install
+  # into one venv or node_modules at once.
+  [[ -x "$py" ]] || py=python3
 else
-  "$py" -m pip install --quiet --disable-pip-version-check -e "$here/python[test]" || die "pip install failed"
+  install_dependencies
+  [[ "$deps" == only ]] && { py=""; exit 0; }
 fi
-
-log "node dependencies (npm ci) and build (tsc)"
-(cd "$here/typescript" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build) \
-  || die "npm ci / tsc failed"
-
 log "simulator and pipeline (prefix $prefix, database $db)"
 export APTIX__AMQP__PREFIX="$prefix"
 export APTIX__DATABASE__URL="postgres://postgres@127.0.0.1:5432/$db"
@@ -246,13 +262,18 @@ if [[ -n "$tenant_mode" ]]; then
   py_tests=tests/test_tenancy.py node_tests=dist/test/tenancy.test.js
 fi
 
-log "python client: pytest $py_tests"
-(cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider "$py_tests") | tee "$work/pytest.out"
-py_rc=${PIPESTATUS[0]}
-
-log "typescript client: node --test $node_tests"
-(cd "$here/typescript" && timeout 600 node --test --test-reporter=tap "$node_tests") >"$work/node.out" 2>&1
-node_rc=$?
+py_rc=0 node_rc=0
+touch "$work/pytest.out" "$work/node.out"
+if [[ "$suite" != typescript ]]; then
+  log "python client: pytest $py_tests"
+  (cd "$here/python" && timeout 600 "$py" -m pytest -q -p no:cacheprovider "$py_tests") | tee "$work/pytest.out"
+  py_rc=${PIPESTATUS[0]}
+fi
+if [[ "$suite" != python ]]; then
+  log "typescript client: node --test $node_tests"
+  (cd "$here/typescript" && timeout 600 node --test --test-reporter=tap "$node_tests") >"$work/node.out" 2>&1
+  node_rc=$?
+fi
 grep -E '^(not ok|# Subtest)' "$work/node.out" | grep -B1 '^not ok' || true
 [[ $node_rc -ne 0 ]] && tail -n 80 "$work/node.out"
 grep -E '^# (tests|suites|pass|fail|cancelled|skipped|todo|duration_ms) ' "$work/node.out"
