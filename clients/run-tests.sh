@@ -9,12 +9,13 @@
 #   CLIENTS_DEPS=only|skip clients/run-tests.sh ...     # install the dependencies and stop, or use
 #                                                       # those installed (runs side by side: .ci/run)
 #
-# It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci),
-# starts `aptix sim` and the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random
-# queue prefix, a fresh database and a temporary vector store, creates a broker user with exactly
-# the `aptix-client` permissions of docs/client-protocol.md for that prefix (when rabbitmqctl
-# works; guest otherwise), runs pytest then `node --test`, stops everything (SIGTERM, wait),
-# removes what it created, and exits non-zero on any failure.
+# It installs the Python package into clients/python/.venv (pip) and the Node packages (npm ci;
+# not with CLIENTS_DEPS=skip, which needs an earlier CLIENTS_DEPS=only), starts `aptix sim` and
+# the pipeline (`aptix migrate`, `aptix index`, `aptix run`) with a random queue prefix, a fresh
+# database and a temporary vector store, creates a broker user with exactly the `aptix-client`
+# permissions of docs/client-protocol.md for that prefix (when rabbitmqctl works; guest
+# otherwise), runs pytest then `node --test` (or the one CLIENTS_SUITE names), stops everything
+# (SIGTERM, wait), removes what it created, and exits non-zero on any failure.
 #
 # Tenant mode (CLIENTS_TENANTS=1) runs the same pipeline with a configuration file (APTIX_CONFIG,
 # over the built-in defaults) that adds two tenants, ta<rand6> and tb<rand6>, each with a broker
@@ -171,13 +172,17 @@ install_dependencies() {
     || die "npm ci / tsc failed"
 }
 suite="${CLIENTS_SUITE:-both}" deps="${CLIENTS_DEPS:-install}"
-[[ "$suite" =~ ^(both|python|typescript)$ ]] || die "CLIENTS_SUITE must be python or typescript"
-[[ "$deps" =~ ^(install|only|skip)$ ]] || die "CLIENTS_DEPS must be only or skip"
+[[ "$suite" =~ ^(both|python|typescript)$ ]] || die "CLIENTS_SUITE must be both, python or typescript"
+[[ "$deps" =~ ^(install|only|skip)$ ]] || die "CLIENTS_DEPS must be install, only or skip"
 py="$venv/bin/python"
 if [[ "$deps" == skip ]]; then
   # Installed by an earlier `CLIENTS_DEPS=only` run: several runs side by side must not install
   # into one venv or node_modules at once.
   [[ -x "$py" ]] || py=python3
+  "$py" -c 'import aptix_client, pika' 2>/dev/null \
+    || die "CLIENTS_DEPS=skip: the Python client is not installed; run with CLIENTS_DEPS=only first"
+  [[ "$suite" == python || -d "$here/typescript/dist/test" ]] \
+    || die "CLIENTS_DEPS=skip: the TypeScript client is not built; run with CLIENTS_DEPS=only first"
 else
   install_dependencies
   [[ "$deps" == only ]] && { py=""; exit 0; }

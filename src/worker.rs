@@ -112,7 +112,9 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
 /// [`worker_threads`]`(configured)` async workers. One worker is tokio's current-thread runtime,
 /// not a multi-threaded one of one worker (which polls its `block_on` future on a second
 /// thread): in flight (1,000 turns at 2 s) it did more turns/s in each of four pairs measured in
-/// turn (docs/benchmarks.md, the lever table).
+/// turn (docs/benchmarks.md, the lever table). lapin's I/O threads connect through
+/// `Handle::block_on`, which on this runtime makes progress only while `Runtime::block_on` runs:
+/// callers keep the runtime in `block_on` for the pipeline's whole life.
 pub fn pipeline_runtime(configured: usize) -> std::io::Result<tokio::runtime::Runtime> {
     match worker_threads(configured) {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
