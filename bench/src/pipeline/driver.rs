@@ -336,6 +336,10 @@ pub async fn closed_loop(
 /// Open loop: `rate` turns per second for `duration`, round-robin over `sessions`, each
 /// published at its scheduled time whatever happened to earlier ones; latency is measured from
 /// the scheduled time (no coordinated omission).
+///
+/// The schedule is kept by a blocking thread's `sleep`, not tokio's timer: the timer fires on
+/// the first whole-millisecond tick after a deadline, which put the driver about 1 ms behind
+/// the schedule at the median, and that lateness is counted in every turn's latency.
 pub async fn open_loop(
     driver: &Arc<Driver>,
     sessions: &[SessionId],
@@ -346,20 +350,36 @@ pub async fn open_loop(
 ) -> (Instant, Vec<TurnSample>) {
     let total = (rate * duration.as_secs_f64()).round() as usize;
     let start = Instant::now() + Duration::from_millis(50);
-    let mut tasks = Vec::with_capacity(total);
-    for i in 0..total {
-        let at = start + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
-        tokio::time::sleep_until(at).await;
-        let (driver, s, id) = (driver.clone(), sessions[i % sessions.len().max(1)], ids.next());
-        tasks.push(tokio::spawn(async move { driver.turn(&s, &id, at, timeout).await }));
-    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (driver, sessions, ids) = (driver.clone(), sessions.to_vec(), ids.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let pacer = tokio::task::spawn_blocking(move || {
+        for i in 0..total {
+            let at = start + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
+            sleep_until(at);
+            let (driver, s, id) = (driver.clone(), sessions[i % sessions.len().max(1)], ids.next());
+            let task = runtime.spawn(async move { driver.turn(&s, &id, at, timeout).await });
+            if tx.send(task).is_err() {
+                return;
+            }
+        }
+    });
     let mut samples = Vec::with_capacity(total);
-    for t in tasks {
-        if let Ok(s) = t.await {
+    while let Some(task) = rx.recv().await {
+        if let Ok(s) = task.await {
             samples.push(s);
         }
     }
+    let _ = pacer.await;
     (start, samples)
+}
+
+/// Blocks the thread until `at`.
+fn sleep_until(at: Instant) {
+    let wait = at.saturating_duration_since(Instant::now());
+    if !wait.is_zero() {
+        std::thread::sleep(wait);
+    }
 }
 
 /// Completed turns per second among replies that arrived in `[from, to]`.
