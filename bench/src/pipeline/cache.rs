@@ -113,6 +113,7 @@ pub async fn run(args: CacheArgs, settings: &Settings) -> anyhow::Result<bool> {
 async fn arm(env: &BenchEnv, args: &CacheArgs) -> anyhow::Result<Vec<TurnSample>> {
     let sessions = driver::sessions(args.sessions);
     let amqp = env.settings.amqp.url.expose().to_owned();
+    env.track_sessions(&env.topology, None, &sessions);
     let driver = Arc::new(Driver::new(&env.conn, &amqp, &env.topology, &sessions).await?);
     let ids = Arc::new(TurnIds::default());
     let start = Instant::now();

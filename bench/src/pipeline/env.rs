@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use aptix::broker::{connect, Publisher, StageName, Topology, RETRY_TIERS_MS};
 use aptix::config::{ConnectionUrl, Settings};
-use aptix::contracts::SessionId;
+use aptix::contracts::{SessionId, TenantName};
 use aptix::index::{index_repository, IndexOptions};
 use aptix::llm::{HttpLlmClient, LlmClient};
 use aptix::pipeline;
@@ -313,10 +313,15 @@ impl BenchEnv {
         t
     }
 
-    /// Remembers session queues to delete at teardown.
-    pub fn track_sessions(&self, topology: &Topology, sessions: &[SessionId]) {
+    /// Remembers session queues (a tenant's, with `tenant`) to delete at teardown.
+    pub fn track_sessions(
+        &self,
+        topology: &Topology,
+        tenant: Option<&TenantName>,
+        sessions: &[SessionId],
+    ) {
         if let Ok(mut q) = self.session_queues.lock() {
-            q.extend(sessions.iter().map(|s| topology.session_queue(s)));
+            q.extend(sessions.iter().map(|s| topology.session_queue_of(tenant, s)));
         }
     }
 

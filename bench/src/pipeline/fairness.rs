@@ -123,11 +123,13 @@ async fn measure(env: &BenchEnv, args: &FairnessArgs, seconds: u64) -> anyhow::R
         ("ta".parse().map_err(anyhow::Error::msg)?, "tb".parse().map_err(anyhow::Error::msg)?);
     let ids = Arc::new(TurnIds::default());
     let b_sessions = driver::sessions(16);
+    env.track_sessions(&env.topology, Some(&tb), &b_sessions);
     let b = Arc::new(
         Driver::new_as(&env.conn, &url_b, &env.topology, &b_sessions, Some(tb.clone())).await?,
     );
     let a_rate = f64::from(args.limit_per_minute) / 60.0 * args.flood;
     let a_sessions = driver::sessions(((a_rate * seconds as f64) as usize).clamp(1, 2000));
+    env.track_sessions(&env.topology, Some(&ta), &a_sessions);
     let a =
         Arc::new(Driver::new_as(&env.conn, &url_a, &env.topology, &a_sessions, Some(ta)).await?);
     let duration = Duration::from_secs(seconds);

@@ -248,7 +248,7 @@ async fn measure_closed(
     let (sessions_n, duration, warmup, timeout) =
         (load.sessions, load.secs, load.warmup, load.timeout);
     let sessions = driver::sessions(sessions_n);
-    env.track_sessions(topology, &sessions);
+    env.track_sessions(topology, None, &sessions);
     let driver =
         Driver::new(&env.conn, env.settings.amqp.url.expose(), topology, &sessions).await?;
     let driver = Arc::new(driver.with_file(load.file_bytes));
@@ -319,7 +319,7 @@ impl RelayRun {
 /// measured and put back unchanged.
 async fn calibrate(env: &mut BenchEnv, ids: &Arc<TurnIds>) -> anyhow::Result<Vec<HopSizes>> {
     let session = driver::sessions(1);
-    env.track_sessions(&env.topology.clone(), &session);
+    env.track_sessions(&env.topology.clone(), None, &session);
     let driver =
         Driver::new(&env.conn, env.settings.amqp.url.expose(), &env.topology, &session).await?;
     let ch = env.conn.create_channel().await?;

@@ -21,7 +21,7 @@ pub async fn overhead(
             env.start(&aptix::stages::names(), 1);
             let sessions = driver::sessions(p.sessions);
             let topology = env.topology.clone();
-            env.track_sessions(&topology, &sessions);
+            env.track_sessions(&topology, None, &sessions);
             let driver = Arc::new(Driver::new(&env.conn, env.settings.amqp.url.expose(), &topology, &sessions).await?);
             let pool = env.deps.store.pool();
             let (before, wal_before) = (CpuSnapshot::take(&env.cpu_sources()), Wal::take(pool).await);
@@ -120,7 +120,7 @@ async fn relay_latency(
 ) -> anyhow::Result<RelayLatency> {
     let relay = RelayRun::start(env, ids).await?;
     let sessions = driver::sessions(p.sessions);
-    env.track_sessions(&relay.topology, &sessions);
+    env.track_sessions(&relay.topology, None, &sessions);
     let url = env.settings.amqp.url.expose();
     let driver = Arc::new(Driver::new(&env.conn, url, &relay.topology, &sessions).await?);
     let before = CpuSnapshot::take(&env.cpu_sources());
