@@ -357,6 +357,9 @@ pub async fn open_loop(
         for i in 0..total {
             let at = start + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
             sleep_until(at);
+            if tx.is_closed() {
+                return; // the run was dropped: start nothing more
+            }
             let (driver, s, id) = (driver.clone(), sessions[i % sessions.len().max(1)], ids.next());
             let task = runtime.spawn(async move { driver.turn(&s, &id, at, timeout).await });
             if tx.send(task).is_err() {
@@ -370,7 +373,11 @@ pub async fn open_loop(
             samples.push(s);
         }
     }
-    let _ = pacer.await;
+    if let Err(e) = pacer.await {
+        if e.is_panic() {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
     (start, samples)
 }
 

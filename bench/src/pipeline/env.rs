@@ -333,12 +333,14 @@ impl BenchEnv {
             let sessions: Vec<String> =
                 self.session_queues.lock().map(|q| q.clone()).unwrap_or_default();
             for q in sessions {
-                let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+                let deleted = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default());
+                report("queue", &q, deleted.await);
             }
             let mut topologies = vec![self.topology.clone()];
             topologies.append(&mut self.extra_topologies);
+            let tenants = self.settings.tenant_names();
             for t in &topologies {
-                delete_topology(&ch, t).await;
+                delete_topology(&ch, t, &tenants).await;
             }
             let _ = ch.close(200, "bench done".into()).await;
         }
@@ -354,14 +356,24 @@ impl BenchEnv {
     }
 }
 
-async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
+/// Deletes `t`'s queues and exchanges, with the dead-letter and unrouted queues of `tenants`
+/// (declared when a tenant's first message lands there).
+async fn delete_topology(ch: &lapin::Channel, t: &Topology, tenants: &[TenantName]) {
     let mut queues: Vec<String> = t.stages().iter().flat_map(|s| t.consumed_queues(*s)).collect();
     queues.extend(t.ingress_queues());
     queues.push(t.dead());
     queues.push(t.unrouted());
+    for tenant in tenants {
+        queues.push(t.dead_of(Some(tenant)));
+        queues.push(t.unrouted_of(Some(tenant)));
+    }
     queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for q in queues {
-        let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+        report(
+            "queue",
+            &q,
+            ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await,
+        );
     }
     let mut exchanges = vec![t.replies_exchange(), t.requests_exchange()];
     if t.partitions() > 1 {
@@ -372,7 +384,15 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology) {
     }
     exchanges.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for e in exchanges {
-        let _ = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()).await;
+        let deleted = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default());
+        report("exchange", &e, deleted.await);
+    }
+}
+
+/// Reports a delete the broker refused: what it names stays on the broker.
+fn report<T>(kind: &str, name: &str, result: Result<T, lapin::Error>) {
+    if let Err(error) = result {
+        tracing::warn!(kind, name, %error, "benchmark teardown left it behind");
     }
 }
 
