@@ -333,8 +333,7 @@ impl BenchEnv {
             let sessions: Vec<String> =
                 self.session_queues.lock().map(|q| q.clone()).unwrap_or_default();
             for q in sessions {
-                let deleted = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default());
-                report("queue", &q, deleted.await);
+                delete_queue(&ch, &q).await;
             }
             let mut topologies = vec![self.topology.clone()];
             topologies.append(&mut self.extra_topologies);
@@ -369,11 +368,7 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology, tenants: &[TenantNam
     }
     queues.extend(RETRY_TIERS_MS.iter().map(|ms| t.delay_exchange(*ms)));
     for q in queues {
-        report(
-            "queue",
-            &q,
-            ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await,
-        );
+        delete_queue(ch, &q).await;
     }
     let mut exchanges = vec![t.replies_exchange(), t.requests_exchange()];
     if t.partitions() > 1 {
@@ -387,6 +382,10 @@ async fn delete_topology(ch: &lapin::Channel, t: &Topology, tenants: &[TenantNam
         let deleted = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default());
         report("exchange", &e, deleted.await);
     }
+}
+
+async fn delete_queue(ch: &lapin::Channel, name: &str) {
+    report("queue", name, ch.queue_delete(name.into(), QueueDeleteOptions::default()).await);
 }
 
 /// Reports a delete the broker refused: what it names stays on the broker.
