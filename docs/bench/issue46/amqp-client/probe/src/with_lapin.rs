@@ -1,0 +1,141 @@
+//! The relay and its driver on lapin 4 (socket I/O on a thread per connection). Also declares
+//! and deletes the run's queues for both clients.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use tokio::sync::mpsc;
+
+use crate::{Names, PREFETCH, SESSION_HEADER, SIZES, TURN_HEADER};
+
+pub struct Setup(Channel, #[allow(dead_code)] Connection);
+
+impl Setup {
+    pub async fn delete(self, names: &Names) -> anyhow::Result<()> {
+        for q in names.all() {
+            self.0.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Declares the run's durable queues.
+pub async fn declare(url: &str, names: &Names) -> anyhow::Result<Setup> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    for q in names.all() {
+        let opts = QueueDeclareOptions { durable: true, ..Default::default() };
+        ch.queue_declare(q.as_str().into(), opts, FieldTable::default()).await?;
+    }
+    Ok(Setup(ch, conn))
+}
+
+async fn confirm_channel(url: &str) -> anyhow::Result<(Channel, Connection)> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok((ch, conn))
+}
+
+async fn consumer(url: &str, queue: &str, prefetch: u16) -> anyhow::Result<(Consumer, Connection)> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let opts = BasicConsumeOptions::default();
+    let c = ch.basic_consume(queue.into(), "".into(), opts, FieldTable::default()).await?;
+    Ok((c, conn))
+}
+
+/// Publishes `body` to the default exchange with routing key `queue`, waits for its confirm.
+async fn publish(
+    ch: &Channel,
+    queue: &str,
+    body: &[u8],
+    headers: FieldTable,
+) -> anyhow::Result<()> {
+    let props = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+    let opts = BasicPublishOptions { mandatory: true, ..Default::default() };
+    let confirm = ch.basic_publish("".into(), queue.into(), opts, body, props).await?.await?;
+    anyhow::ensure!(!confirm.is_nack(), "nacked");
+    if confirm.take_message().is_some() {
+        crate::RETURNED.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+fn header(props: &BasicProperties, key: &str) -> Option<String> {
+    let h = props.headers().as_ref()?.inner().get(key)?;
+    AMQPValue::as_long_string(h).map(|s| s.to_string())
+}
+
+/// Starts the five relay stages and `sessions` closed-loop sessions counting into `done`.
+pub async fn start(
+    url: &str,
+    names: &Names,
+    sessions: usize,
+    done: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    for i in 0..5 {
+        let (mut deliveries, cconn) = consumer(url, &names.stages[i], PREFETCH[i]).await?;
+        let (pch, pconn) = confirm_channel(url).await?;
+        let next = names.next(i);
+        let body: Arc<Vec<u8>> = Arc::new(vec![b'x'; SIZES[i + 1]]);
+        tokio::spawn(async move {
+            let _keep = (cconn, pconn);
+            while let Some(Ok(d)) = deliveries.next().await {
+                let (pch, next, body) = (pch.clone(), next.clone(), body.clone());
+                tokio::spawn(async move {
+                    let headers = d.properties.headers().clone().unwrap_or_default();
+                    if publish(&pch, &next, &body, headers).await.is_ok() {
+                        let _ = d.acker.ack(BasicAckOptions::default()).await;
+                    }
+                });
+            }
+        });
+    }
+    // The driver: requests on a confirm channel, replies dispatched to their session.
+    let (pch, pconn) = confirm_channel(url).await?;
+    let (mut replies, cconn) = consumer(url, &names.reply, 1024).await?;
+    let mut inboxes = Vec::new();
+    for s in 0..sessions {
+        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        inboxes.push(tx);
+        let (pch, first, done) = (pch.clone(), names.stages[0].clone(), done.clone());
+        tokio::spawn(async move {
+            let body = vec![b'r'; SIZES[0]];
+            for turn in 0u64.. {
+                let mut h = FieldTable::default();
+                h.insert(
+                    SESSION_HEADER.into(),
+                    AMQPValue::LongString(LongString::from(s.to_string())),
+                );
+                h.insert(
+                    TURN_HEADER.into(),
+                    AMQPValue::LongString(LongString::from(turn.to_string())),
+                );
+                if publish(&pch, &first, &body, h).await.is_err() || rx.recv().await.is_none() {
+                    break;
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    tokio::spawn(async move {
+        let _keep = (cconn, pconn);
+        while let Some(Ok(d)) = replies.next().await {
+            let s = header(&d.properties, SESSION_HEADER).and_then(|s| s.parse::<usize>().ok());
+            if let Some(tx) = s.and_then(|s| inboxes.get(s)) {
+                let _ = tx.send(());
+            }
+            let _ = d.acker.ack(BasicAckOptions::default()).await;
+        }
+    });
+    Ok(())
+}
