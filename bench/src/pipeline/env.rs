@@ -215,7 +215,7 @@ impl BenchEnv {
         let conn = connect(settings.amqp.url.expose()).await.context("connecting to RabbitMQ")?;
         let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
         let topology = pipeline::topology(&settings);
-        topology.declare(publisher.channel()).await?;
+        declare_or_undo(&conn, &publisher, &topology, &settings.tenant_names()).await?;
         Ok(BenchEnv {
             id: id.to_owned(),
             settings,
@@ -355,6 +355,27 @@ impl BenchEnv {
     }
 }
 
+/// Declares `topology`, or, when the broker refuses a part of it, deletes what was declared
+/// before that part and fails: setup's error path cannot reach the queues otherwise (every name
+/// under the run's fresh prefix is the run's own). A refused declaration closes the publisher's
+/// channel, so the deletes run on a channel of `conn`.
+async fn declare_or_undo(
+    conn: &lapin::Connection,
+    publisher: &Publisher,
+    topology: &Topology,
+    tenants: &[TenantName],
+) -> anyhow::Result<()> {
+    let Err(error) = topology.declare(publisher.channel()).await else { return Ok(()) };
+    match conn.create_channel().await {
+        Ok(ch) => {
+            delete_topology(&ch, topology, tenants).await;
+            let _ = ch.close(200, "bench setup failed".into()).await;
+        }
+        Err(error) => tracing::warn!(%error, "benchmark setup could not undo its declarations"),
+    }
+    Err(anyhow::Error::new(error).context("declaring the pipeline's topology"))
+}
+
 /// Deletes `t`'s queues and exchanges, with the dead-letter and unrouted queues of `tenants`
 /// (declared when a tenant's first message lands there).
 async fn delete_topology(ch: &lapin::Channel, t: &Topology, tenants: &[TenantName]) {
@@ -425,5 +446,56 @@ mod tests {
             "postgres://u@h/x?sslmode=disable"
         );
         assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    }
+
+    const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+    async fn queue_exists(conn: &lapin::Connection, name: &str) -> bool {
+        use lapin::options::QueueDeclareOptions;
+        // A passive declare of a missing queue closes its channel: one channel per look.
+        let ch = conn.create_channel().await.unwrap();
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        ch.queue_declare(name.into(), passive, lapin::types::FieldTable::default()).await.is_ok()
+    }
+
+    /// The run's unrouted queue, declared late, already exists as a transient queue, so the
+    /// broker refuses the durable one after the ingress queue was declared: undone, nothing of
+    /// the run's is left.
+    #[tokio::test]
+    async fn a_declaration_refused_partway_leaves_nothing_declared_before_it() {
+        use lapin::options::QueueDeclareOptions;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let prefix = format!("bench-test-{}", &id[..12]);
+        let topology = Topology::new(&prefix).with_stages(&aptix::stages::names());
+        let ingress = topology.ingress_queues()[0].clone();
+        let conn = connect(AMQP).await.unwrap();
+        let transient = || async {
+            let ch = conn.create_channel().await.unwrap();
+            let (name, opts) = (topology.unrouted(), QueueDeclareOptions::default());
+            let table = lapin::types::FieldTable::default();
+            ch.queue_declare(name.as_str().into(), opts, table).await.unwrap();
+        };
+        transient().await;
+
+        // Without the undo, the refusal leaves what came before it.
+        let publisher = Publisher::connect(AMQP).await.unwrap();
+        let refused = topology.declare(publisher.channel()).await.unwrap_err();
+        assert!(refused.to_string().contains("inequivalent arg 'durable'"), "{refused}");
+        assert!(queue_exists(&conn, &ingress).await, "the ingress queue is declared first");
+
+        let publisher = Publisher::connect(AMQP).await.unwrap();
+        let error = declare_or_undo(&conn, &publisher, &topology, &[]).await.unwrap_err();
+        assert!(format!("{error:#}").contains("inequivalent arg 'durable'"), "{error:#}");
+        let last = *topology.stages().last().unwrap();
+        for queue in [ingress, topology.stage_queue(last), topology.unrouted()] {
+            assert!(!queue_exists(&conn, &queue).await, "{queue} was left behind");
+        }
+        let ch = conn.create_channel().await.unwrap();
+        let passive =
+            lapin::options::ExchangeDeclareOptions { passive: true, ..Default::default() };
+        let entry = topology.requests_exchange();
+        let kind = lapin::ExchangeKind::Topic;
+        let looked = ch.exchange_declare(entry.as_str().into(), kind, passive, Default::default());
+        assert!(looked.await.is_err(), "the entry exchange was left behind");
     }
 }
