@@ -92,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         let names = Names::new();
         let done = Arc::new(AtomicU64::new(0));
-        let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        let url = "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=5";
         let cleanup = with_lapin::declare(url, &names).await?;
         match client.as_str() {
             "lapin" => with_lapin::start(url, &names, sessions, done.clone()).await?,

@@ -59,45 +59,64 @@ impl ChannelCallback for Confirms {
     }
 }
 
-/// A confirm channel on a connection of its own.
-#[derive(Clone)]
-struct Publisher {
+/// A confirm channel of the pool, with the number of its last publish (the broker numbers a
+/// confirm channel's publishes from 1).
+struct Confirming {
     ch: Channel,
     pending: Pending,
-    next_tag: Arc<tokio::sync::Mutex<u64>>,
-    _conn: Arc<Connection>,
+    last_tag: u64,
+}
+
+/// A publishing connection with a pool of confirm channels, one publish outstanding on each:
+/// how the pipeline's `Publisher` publishes (one confirm frame per publish).
+#[derive(Clone)]
+struct Publisher {
+    conn: Arc<Connection>,
+    idle: Arc<Mutex<Vec<Confirming>>>,
 }
 
 impl Publisher {
     async fn open() -> anyhow::Result<Self> {
-        let conn = open().await?;
-        let ch = conn.open_channel(None).await?;
+        Ok(Publisher { conn: Arc::new(open().await?), idle: Arc::default() })
+    }
+
+    async fn channel(&self) -> anyhow::Result<Confirming> {
+        if let Some(c) = self.idle.lock().unwrap().pop() {
+            return Ok(c);
+        }
+        let ch = self.conn.open_channel(None).await?;
         let pending: Pending = Arc::default();
         ch.register_callback(Confirms(pending.clone())).await?;
         ch.confirm_select(ConfirmSelectArguments::default()).await?;
-        Ok(Publisher { ch, pending, next_tag: Arc::default(), _conn: Arc::new(conn) })
+        Ok(Confirming { ch, pending, last_tag: 0 })
     }
 
     async fn publish(&self, queue: &str, body: Vec<u8>, headers: FieldTable) -> anyhow::Result<()> {
-        let props =
-            BasicProperties::default().with_persistence(true).with_headers(headers).finish();
+        let props = BasicProperties::default()
+            .with_persistence(true)
+            .with_content_type("application/json")
+            .with_message_type("turn")
+            .with_message_id(&format!("m{}", rand::random::<u64>()))
+            .with_headers(headers)
+            .finish();
         let args = BasicPublishArguments::new("", queue).mandatory(true).finish();
-        let confirmed = {
-            // The tag is the publish's place on the channel: number and send under one lock.
-            let mut tag = self.next_tag.lock().await;
-            *tag += 1;
-            let (tx, rx) = oneshot::channel();
-            self.pending.lock().unwrap().insert(*tag, tx);
-            self.ch.basic_publish(props, body, args).await?;
-            rx
-        };
-        anyhow::ensure!(confirmed.await?, "nacked");
+        let mut c = self.channel().await?;
+        // One publish outstanding on the channel: its tag is the channel's next. A failed
+        // publish drops the channel, whose numbering can no longer be trusted.
+        c.last_tag += 1;
+        let (tx, rx) = oneshot::channel();
+        c.pending.lock().unwrap().insert(c.last_tag, tx);
+        c.ch.basic_publish(props, body, args).await?;
+        anyhow::ensure!(rx.await?, "nacked");
+        self.idle.lock().unwrap().push(c);
         Ok(())
     }
 }
 
 async fn open() -> anyhow::Result<Connection> {
-    Ok(Connection::open(&OpenConnectionArguments::new("127.0.0.1", 5672, "guest", "guest")).await?)
+    let args =
+        OpenConnectionArguments::new("127.0.0.1", 5672, "guest", "guest").heartbeat(5).finish();
+    Ok(Connection::open(&args).await?)
 }
 
 async fn consumer(

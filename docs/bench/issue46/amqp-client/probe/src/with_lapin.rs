@@ -2,7 +2,7 @@
 //! and deletes the run's queues for both clients.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt as _;
 use lapin::options::{
@@ -37,11 +37,34 @@ pub async fn declare(url: &str, names: &Names) -> anyhow::Result<Setup> {
     Ok(Setup(ch, conn))
 }
 
-async fn confirm_channel(url: &str) -> anyhow::Result<(Channel, Connection)> {
-    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await?;
-    Ok((ch, conn))
+/// A publishing connection with a pool of confirm channels, one publish outstanding on each:
+/// how the pipeline's `Publisher` publishes (one confirm frame per publish).
+#[derive(Clone)]
+struct Pool {
+    conn: Arc<Connection>,
+    idle: Arc<Mutex<Vec<Channel>>>,
+}
+
+impl Pool {
+    async fn open(url: &str) -> anyhow::Result<Pool> {
+        let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+        Ok(Pool { conn: Arc::new(conn), idle: Arc::default() })
+    }
+
+    async fn publish(&self, queue: &str, body: &[u8], headers: FieldTable) -> anyhow::Result<()> {
+        let idle = self.idle.lock().unwrap().pop();
+        let ch = match idle {
+            Some(ch) => ch,
+            None => {
+                let ch = self.conn.create_channel().await?;
+                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                ch
+            }
+        };
+        publish(&ch, queue, body, headers).await?;
+        self.idle.lock().unwrap().push(ch);
+        Ok(())
+    }
 }
 
 async fn consumer(url: &str, queue: &str, prefetch: u16) -> anyhow::Result<(Consumer, Connection)> {
@@ -60,7 +83,12 @@ async fn publish(
     body: &[u8],
     headers: FieldTable,
 ) -> anyhow::Result<()> {
-    let props = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+    let props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_type("turn".into())
+        .with_message_id(format!("m{}", rand::random::<u64>()).into())
+        .with_headers(headers);
     let opts = BasicPublishOptions { mandatory: true, ..Default::default() };
     let confirm = ch.basic_publish("".into(), queue.into(), opts, body, props).await?.await?;
     anyhow::ensure!(!confirm.is_nack(), "nacked");
@@ -84,16 +112,16 @@ pub async fn start(
 ) -> anyhow::Result<()> {
     for i in 0..5 {
         let (mut deliveries, cconn) = consumer(url, &names.stages[i], PREFETCH[i]).await?;
-        let (pch, pconn) = confirm_channel(url).await?;
+        let pool = Pool::open(url).await?;
         let next = names.next(i);
         let body: Arc<Vec<u8>> = Arc::new(vec![b'x'; SIZES[i + 1]]);
         tokio::spawn(async move {
-            let _keep = (cconn, pconn);
+            let _keep = cconn;
             while let Some(Ok(d)) = deliveries.next().await {
-                let (pch, next, body) = (pch.clone(), next.clone(), body.clone());
+                let (pool, next, body) = (pool.clone(), next.clone(), body.clone());
                 tokio::spawn(async move {
                     let headers = d.properties.headers().clone().unwrap_or_default();
-                    if publish(&pch, &next, &body, headers).await.is_ok() {
+                    if pool.publish(&next, &body, headers).await.is_ok() {
                         let _ = d.acker.ack(BasicAckOptions::default()).await;
                     }
                 });
@@ -101,13 +129,13 @@ pub async fn start(
         });
     }
     // The driver: requests on a confirm channel, replies dispatched to their session.
-    let (pch, pconn) = confirm_channel(url).await?;
+    let pool = Pool::open(url).await?;
     let (mut replies, cconn) = consumer(url, &names.reply, 1024).await?;
     let mut inboxes = Vec::new();
     for s in 0..sessions {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         inboxes.push(tx);
-        let (pch, first, done) = (pch.clone(), names.stages[0].clone(), done.clone());
+        let (pool, first, done) = (pool.clone(), names.stages[0].clone(), done.clone());
         tokio::spawn(async move {
             let body = vec![b'r'; SIZES[0]];
             for turn in 0u64.. {
@@ -120,7 +148,7 @@ pub async fn start(
                     TURN_HEADER.into(),
                     AMQPValue::LongString(LongString::from(turn.to_string())),
                 );
-                if publish(&pch, &first, &body, h).await.is_err() || rx.recv().await.is_none() {
+                if pool.publish(&first, &body, h).await.is_err() || rx.recv().await.is_none() {
                     break;
                 }
                 done.fetch_add(1, Ordering::Relaxed);
@@ -128,13 +156,14 @@ pub async fn start(
         });
     }
     tokio::spawn(async move {
-        let _keep = (cconn, pconn);
+        let _keep = cconn;
         while let Some(Ok(d)) = replies.next().await {
             let s = header(&d.properties, SESSION_HEADER).and_then(|s| s.parse::<usize>().ok());
             if let Some(tx) = s.and_then(|s| inboxes.get(s)) {
                 let _ = tx.send(());
             }
-            let _ = d.acker.ack(BasicAckOptions::default()).await;
+            // Not awaited here: lapin's ack resolves once its I/O thread wrote the frame.
+            tokio::spawn(async move { d.acker.ack(BasicAckOptions::default()).await });
         }
     });
     Ok(())
