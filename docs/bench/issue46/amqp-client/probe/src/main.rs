@@ -10,8 +10,10 @@
 //! (persistent, mandatory, the stage's hop size, the delivery's headers copied) on a confirm
 //! channel, waits for the confirm, then acks. Prints one JSON line.
 //!
-//! `amqp-client-probe lapin|amqprs [sessions] [seconds] [warmup]`
+//! `amqp-client-probe lapin|amqprs [sessions] [seconds] [warmup]`, or `amqp-client-probe
+//! semantics` for what amqprs does in the cases the broker runtime depends on.
 
+mod semantics;
 mod with_amqprs;
 mod with_lapin;
 
@@ -89,6 +91,10 @@ fn main() -> anyhow::Result<()> {
     let seconds: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(20);
     let warmup: u64 = args.get(4).map(|s| s.parse()).transpose()?.unwrap_or(3);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    if client == "semantics" {
+        rt.block_on(semantics::run())?;
+        std::process::exit(0)
+    }
     rt.block_on(async move {
         let names = Names::new();
         let done = Arc::new(AtomicU64::new(0));
