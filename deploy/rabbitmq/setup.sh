@@ -130,9 +130,13 @@ fi
 
 all="^$p\\..*"
 replies="^$p\\.(session|instance)\\..*"
-bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000}'
+# `delivery-limit`: only quorum queues read it. Every look at a dead letter (`aptix dead list`,
+# the console) returns it to the queue, which RabbitMQ 4 counts as a delivery, and its quorum
+# queues drop a message after 20 by default; -1 (no limit) is refused by 3.x, so a limit no look
+# reaches.
+bounded='{"max-length":100000,"max-length-bytes":1073741824,"message-ttl":1209600000,"delivery-limit":1000000000}'
 # One tenant's dead letters or unrouted replies: its own queue, so its flood evicts only its own.
-per_tenant='{"max-length":10000,"max-length-bytes":268435456,"message-ttl":1209600000}'
+per_tenant='{"max-length":10000,"max-length-bytes":268435456,"message-ttl":1209600000,"delivery-limit":1000000000}'
 
 shared_client=true
 case "${APTIX_SHARED_CLIENT:-yes}" in

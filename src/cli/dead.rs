@@ -18,8 +18,8 @@ use super::printable;
 pub enum DeadCommand {
     /// List the dead letters, oldest first (they stay in the queue).
     List {
-        /// Most dead letters to list.
-        #[arg(long, default_value_t = 100)]
+        /// Most dead letters to list (at most 10,000: a look holds what it reads).
+        #[arg(long, default_value_t = 100, value_parser = look_limit)]
         limit: usize,
         /// Print JSON (bodies included) instead of a table.
         #[arg(long)]
@@ -123,9 +123,22 @@ async fn act(
     })
 }
 
+/// `--limit`: a count from 1 to [`MAX_LOOK`](crate::broker::MAX_LOOK).
+fn look_limit(text: &str) -> Result<usize, String> {
+    let most = crate::broker::MAX_LOOK;
+    match text.parse::<usize>() {
+        Ok(n) if (1..=most).contains(&n) => Ok(n),
+        _ => Err(format!("a count from 1 to {most} (a look holds what it reads until it ends)")),
+    }
+}
+
 fn not_found(id: &str) -> ExitCode {
     let id = printable(id);
-    eprintln!("no dead letter {id} (or another operator holds it right now)");
+    let look = crate::broker::MAX_LOOK;
+    eprintln!(
+        "no dead letter {id} among the oldest {look} of each queue (or another operator holds it \
+         right now)"
+    );
     ExitCode::from(1)
 }
 
@@ -172,4 +185,19 @@ pub fn as_json(letter: &DeadLetter) -> serde_json::Value {
     };
     v["body"] = body;
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::look_limit;
+
+    #[test]
+    fn a_limit_past_what_one_look_reads_is_refused() {
+        assert_eq!(look_limit("100"), Ok(100));
+        assert_eq!(look_limit("10000"), Ok(crate::broker::MAX_LOOK));
+        for bad in ["0", "10001", "-1", "many"] {
+            let error = look_limit(bad).unwrap_err();
+            assert!(error.contains("from 1 to 10000"), "{bad}: {error}");
+        }
+    }
 }

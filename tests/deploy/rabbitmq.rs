@@ -64,12 +64,15 @@ fn expected_policies(p: &str, name: &str) -> Json {
     let sessions = json!({"expires": 86_400_000, "max-length": 10_000, "overflow": "drop-head"});
     // An instance queue carries the replies of all its backend's sessions: 100,000 at most.
     let instances = json!({"expires": 86_400_000, "max-length": 100_000, "overflow": "drop-head"});
+    // Each look at a dead letter is a delivery on a quorum queue, which RabbitMQ 4 drops after
+    // 20 by default: a delivery limit no look reaches (3.x refuses -1).
+    let looks = 1_000_000_000u64;
     let bounded = json!({"max-length": 100_000, "max-length-bytes": 1u64 << 30,
-                         "message-ttl": 14u64 * 24 * 3600 * 1000});
+                         "message-ttl": 14u64 * 24 * 3600 * 1000, "delivery-limit": looks});
     // One tenant's own dead letters and unrouted replies: 10,000 messages, 256 MiB, 14 days,
     // so its flood evicts only its own.
     let per_tenant = json!({"max-length": 10_000, "max-length-bytes": 256u64 << 20,
-                            "message-ttl": 14u64 * 24 * 3600 * 1000});
+                            "message-ttl": 14u64 * 24 * 3600 * 1000, "delivery-limit": looks});
     let policy = |suffix: &str, pattern: String, definition: &Json| {
         json!({"vhost": "/", "name": format!("{name}-{suffix}"), "pattern": pattern,
                "apply-to": "queues", "priority": 0, "definition": definition})
