@@ -169,12 +169,18 @@ async fn a_turn_awaiting_tool_results_is_cancelled_and_later_cancels_change_noth
     let finished = reader.next(Duration::from_secs(20)).await.unwrap();
     assert_eq!(code(&finished), "turn.finished");
 
-    let bad = serde_json::to_vec(&json!({"SessionId": s, "TurnId": "t2", "Why": 1})).unwrap();
-    let mut msg = h.topology.request(&s, uuid::Uuid::new_v4().to_string(), bad);
-    msg.kind = "turn.cancel".into();
-    h.publisher.publish(&msg).await.unwrap();
-    let refused = reader.next(Duration::from_secs(20)).await.unwrap();
-    assert_eq!(code(&refused), "request.unknown_field");
+    // An unknown property is refused; a NUL in its name, which the refusal quotes, as promptly.
+    for (name, quoted) in [("Why", "Why"), ("W\u{0}hy", "W\\0hy")] {
+        let mut bad = json!({"SessionId": s, "TurnId": "t2"});
+        bad[name] = json!(1);
+        let bad = serde_json::to_vec(&bad).unwrap();
+        let mut msg = h.topology.request(&s, uuid::Uuid::new_v4().to_string(), bad);
+        msg.kind = "turn.cancel".into();
+        h.publisher.publish(&msg).await.unwrap();
+        let refused = reader.next(Duration::from_secs(20)).await.unwrap();
+        assert_eq!(code(&refused), "request.unknown_field");
+        assert_eq!(refused.body["Errors"][0]["Field"], quoted);
+    }
     assert!(reader.next(Duration::from_secs(2)).await.is_none(), "nothing else arrives");
 
     let records = h.records(&s).await;

@@ -116,12 +116,19 @@ async fn a_reply_to_that_is_no_reply_queue_is_refused() {
     // The session's own queue is the default, named or not.
     let own = h.topology.session_queue(&sid);
     publish_with_reply_to(&h, &user_turn(&s, "t2", "go"), &own).await;
-    let replies = h.replies(&s, 2, WAIT).await;
-    let finals: Vec<&ReplyMsg> = replies.iter().filter(|r| r.is_final).collect();
-    assert_eq!(finals[0].headers["x-aptix-outcome"], "refused");
-    assert_eq!(finals[0].body["Errors"][0]["Code"], "request.reply_to_invalid");
-    assert_eq!(finals[1].turn_id, "t2");
-    assert_eq!(finals[1].body["Successful"], true);
+    // A NUL in what the refusal quotes: stored replies are `jsonb`, which holds no NUL, so the
+    // refusal must not carry one (it was retried in place for minutes, holding a validate slot).
+    publish_with_reply_to(&h, &user_turn(&s, "t3", "go"), "x\u{0}y").await;
+    let replies = h.replies(&s, 3, WAIT).await;
+    // Refusals need no pipeline run: t3's may come before t2's answer.
+    let last = |t: &str| replies.iter().rfind(|r| r.is_final && r.turn_id == t).unwrap();
+    assert_eq!(last("t1").headers["x-aptix-outcome"], "refused");
+    assert_eq!(last("t1").body["Errors"][0]["Code"], "request.reply_to_invalid");
+    assert_eq!(last("t2").body["Successful"], true);
+    assert_eq!(last("t3").headers["x-aptix-outcome"], "refused");
+    let error = &last("t3").body["Errors"][0];
+    assert_eq!(error["Code"], "request.reply_to_invalid");
+    assert!(error["Message"].as_str().unwrap().contains("`x\\0y`"), "{error}");
     assert_eq!(h.records(&s).await.len(), 1, "the refused turn was never admitted");
     h.teardown().await;
 }

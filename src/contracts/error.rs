@@ -167,12 +167,23 @@ pub struct ApiError {
 impl ApiError {
     /// An error about the request as a whole.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into(), field: None }
+        ApiError { code, message: no_nul(message.into()), field: None }
     }
 
     /// An error about one property.
     pub fn at(code: ErrorCode, field: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into(), field: Some(field.into()) }
+        ApiError { code, message: no_nul(message.into()), field: Some(no_nul(field.into())) }
+    }
+}
+
+/// `text` with each NUL written `\0`. Errors quote what a client sent (a property's name, a
+/// `reply_to`), and every reply is stored as `jsonb`, which cannot hold NUL: the store would
+/// refuse the refusal itself.
+fn no_nul(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\\0")
+    } else {
+        text
     }
 }
 

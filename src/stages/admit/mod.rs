@@ -195,7 +195,8 @@ impl Admit {
                 body: &r.body,
                 tenant: to.tenant.as_ref(),
             };
-            self.store.save_reply(&stored).await.map_err(StageError::transient)?;
+            // Classified by what failed: a value the database refuses is no outage to wait out.
+            self.store.save_reply(&stored).await?;
         }
         Ok(output)
     }
