@@ -143,3 +143,33 @@ async fn resumes_past_the_sessions_limit_are_refused() {
     assert_eq!(got.iter().filter(|m| kind(m) == "reply" && !refused(m)).count(), 2, "{got:?}");
     h.teardown().await;
 }
+
+/// Publishing a running turn's request again attaches to it, sending its kept events again as
+/// a resume does, so it is counted as one: past `pipeline.resumes_per_minute` the copy is
+/// refused with `limit.resumes_per_minute` and sends nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn attaching_past_the_sessions_resume_limit_is_refused() {
+    let mut h = Harness::start_with(0, |s| s.pipeline.resumes_per_minute = 1).await;
+    h.run(1);
+    h.sim.set_latency(Latency { fixed_ms: 3_000, jitter_ms: 0, per_event_ms: 0 });
+    let s = new_session();
+    let t1 = user_turn(&s, "t1", "a slow answer");
+    h.submit(&t1).await;
+    h.submit(&t1).await;
+    h.submit(&t1).await;
+    let refused = |m: &ReplyMsg| m.headers.get("x-aptix-outcome").is_some_and(|o| o == "refused");
+    let answered = |m: &ReplyMsg| kind(m) == "reply" && !refused(m);
+    let got = read_until(&h, &s, |got| {
+        got.iter().any(|m| kind(m) == "resumed")
+            && got.iter().any(refused)
+            && got.iter().any(answered)
+    })
+    .await;
+    assert_eq!(got.iter().filter(|m| kind(m) == "resumed").count(), 1, "{got:?}");
+    let no: Vec<&ReplyMsg> = got.iter().filter(|m| refused(m)).collect();
+    assert_eq!(no.len(), 1, "{got:?}");
+    assert_eq!(no[0].body["Errors"][0]["Code"], "limit.resumes_per_minute");
+    assert!(no[0].message_id.contains(":t1:rejected-resume-"), "{}", no[0].message_id);
+    assert_eq!(got.iter().filter(|m| answered(m)).count(), 1, "admitted once: {got:?}");
+    h.teardown().await;
+}

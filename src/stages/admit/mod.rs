@@ -284,6 +284,11 @@ impl Admit {
                     return refuse("rejected-follow-up", errors)
                 }
                 (Admission::InFlight { mut outbox }, _) if attach => {
+                    // Attaching sends what a resume sends, so it is counted as one.
+                    if let Some(refusal) = self.over_resume_limit(caller, key, submission) {
+                        outbox.messages.push(refusal);
+                        return Ok(Output::Committed(outbox));
+                    }
                     info!(%session, turn = turn_id, "re-submission of a turn in flight: attached");
                     let found = self.store.resume_events(key, caller.name, None).await?;
                     if let ResumeFound::Events(found) = found {

@@ -33,14 +33,8 @@ impl Admit {
             Ok(Output::Publish(vec![refusal(session, Some(turn_id), tag, vec![error])]))
         };
         // Counted before anything is read: a refused resume costs one small publish.
-        let tenant = caller.name.map(|t| t.as_str());
-        if !self.resumes.admit(tenant, session, std::time::Instant::now()) {
-            let limit = self.settings.pipeline.resumes_per_minute;
-            let message = format!(
-                "this session was resumed {limit} times in the last minute (pipeline.resumes_per_minute); resume again later"
-            );
-            let error = ApiError::new(ErrorCode::LimitResumesPerMinute, message);
-            return refused(format!("rejected-resume-{submission}"), error);
+        if let Some(refusal) = self.over_resume_limit(caller, &key, submission) {
+            return Ok(Output::Publish(vec![refusal]));
         }
         let found = self.store.resume_events(&key, caller.name, resume.after).await?;
         match found {
@@ -56,6 +50,28 @@ impl Admit {
             }
             ResumeFound::Unavailable => refused(format!("unavailable-{submission}"), unavailable()),
         }
+    }
+
+    /// Counts a resume of `key`'s session, or a re-submission attaching to its running turn
+    /// (both send the turn's kept events again); past `pipeline.resumes_per_minute`, the
+    /// refusal to send instead.
+    pub(super) fn over_resume_limit(
+        &self,
+        caller: Caller<'_>,
+        key: &TurnKey,
+        submission: &str,
+    ) -> Option<Outgoing> {
+        let tenant = caller.name.map(|t| t.as_str());
+        if self.resumes.admit(tenant, key.session_id, std::time::Instant::now()) {
+            return None;
+        }
+        let limit = self.settings.pipeline.resumes_per_minute;
+        let message = format!(
+            "this session was resumed {limit} times in the last minute (pipeline.resumes_per_minute); resume again later"
+        );
+        let error = ApiError::new(ErrorCode::LimitResumesPerMinute, message);
+        let tag = format!("rejected-resume-{submission}");
+        Some(refusal(key.session_id, Some(key.turn_id.as_str()), tag, vec![error]))
     }
 }
 
