@@ -87,6 +87,16 @@ fn broker_cpu() -> f64 {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let client = args.get(1).cloned().unwrap_or_else(|| "lapin".into());
+    if client == "amqprs-get" {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(semantics::get_one(args.get(2).map(String::as_str).unwrap_or("")))?;
+        std::process::exit(0)
+    }
+    if client == "lapin-get" {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(with_lapin::get_one(args.get(2).map(String::as_str).unwrap_or("")))?;
+        std::process::exit(0)
+    }
     let sessions: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(256);
     let seconds: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(20);
     let warmup: u64 = args.get(4).map(|s| s.parse()).transpose()?.unwrap_or(3);

@@ -189,3 +189,23 @@ async fn silent_peer(prefix: &str) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Consumes one message of `queue` (left unacked) with amqprs and says what it made of it.
+pub async fn get_one(queue: &str) -> anyhow::Result<()> {
+    let conn = Connection::open(&args(5672, "probe-get")).await?;
+    let ch = conn.open_channel(None).await?;
+    ch.register_callback(Events::default()).await?;
+    let (_, mut rx) = ch.basic_consume_rx(BasicConsumeArguments::new(queue, "").finish()).await?;
+    match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+        Ok(Some(m)) => {
+            println!(
+                "delivered: reply_to {:?}",
+                m.basic_properties.and_then(|p| p.reply_to().cloned())
+            )
+        }
+        Ok(None) => println!("consumer ended"),
+        Err(_) => println!("nothing in 5 s"),
+    }
+    println!("connection open after: {}", conn.is_open());
+    Ok(())
+}

@@ -168,3 +168,18 @@ pub async fn start(
     });
     Ok(())
 }
+
+/// Consumes one message of `queue` (left unacked) and says what lapin made of it.
+pub async fn get_one(queue: &str) -> anyhow::Result<()> {
+    let (mut deliveries, conn) =
+        consumer("amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=5", queue, 1).await?;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(5), deliveries.next()).await;
+    match got {
+        Ok(Some(Ok(d))) => println!("delivered: reply_to {:?}", d.properties.reply_to()),
+        Ok(Some(Err(e))) => println!("consumer error: {e}"),
+        Ok(None) => println!("consumer ended"),
+        Err(_) => println!("nothing in 5 s"),
+    }
+    println!("connection connected after: {}", conn.status().connected());
+    Ok(())
+}
