@@ -107,6 +107,14 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// Whether the AMQP client could not read what the broker delivered: a message whose
+    /// short-string property, header name or routing key is not UTF-8, which RabbitMQ forwards
+    /// unchecked (docs/tenancy.md §8). The broker gives it to the next connection as well, so a
+    /// reconnect cannot mend it.
+    pub fn unreadable_delivery(&self) -> bool {
+        matches!(self, BrokerError::Amqp(e) if matches!(e.kind(), lapin::ErrorKind::ParsingError(_)))
+    }
+
     /// What to do when the broker refused a declaration for a plugin it lacks (the ingress or
     /// stage partitions' consistent-hash exchange), spelled for an operator; `None` for any other
     /// error.
@@ -256,5 +264,22 @@ pub trait Handler: Send + Sync + 'static {
     fn published(&self, outbox_ids: Vec<i64>) -> BoxFuture<'_, ()> {
         let _ = outbox_ids;
         Box::pin(async {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BrokerError;
+
+    /// What lapin reports for a delivery whose short string is not UTF-8 (its parser's own
+    /// error, from the bytes RabbitMQ forwards), and nothing else, reads as unreadable.
+    #[test]
+    fn a_short_string_that_is_not_utf8_is_an_unreadable_delivery() {
+        let parsed = lapin::types::parsing::parse_short_string(&b"\x04x\xff\xfey"[..]);
+        let kind = lapin::ErrorKind::ParsingError(parsed.unwrap_err());
+        assert!(BrokerError::Amqp(lapin::Error::from(kind)).unreadable_delivery());
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!BrokerError::Amqp(lapin::Error::from(io)).unreadable_delivery());
+        assert!(!BrokerError::Closed.unreadable_delivery());
     }
 }

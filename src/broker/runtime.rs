@@ -116,6 +116,10 @@ pub(super) async fn reconnecting<F, Fut>(
             tracing::error!(stage = stage.as_str(), %error, retry_in_ms = MISSING_PLUGIN_WAIT.as_millis() as u64, "{problem}");
             crate::metrics::metrics().broker_problem(Some(problem));
             delay = MISSING_PLUGIN_WAIT;
+        } else if error.unreadable_delivery() {
+            // Comes back on every connection: on a classic queue, until an operator removes it.
+            tracing::error!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64,
+                "a message in this stage's queue cannot be read (a property not UTF-8) and is redelivered to every connection: see docs/tenancy.md §8");
         } else {
             warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
         }
