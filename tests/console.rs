@@ -40,6 +40,7 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
                 .to_str()
                 .unwrap()
                 .contains("default-src 'none'"));
+            assert_eq!(r.headers()["cache-control"], "no-store");
             r.text().await.unwrap()
         }
     };

@@ -53,6 +53,7 @@ mod pipeline_kill;
 mod protocol;
 mod publisher;
 mod quorum;
+mod read_back_bounds;
 mod readme;
 mod reprocess;
 mod rerank;

@@ -102,6 +102,8 @@ async fn secure_headers(mut response: Response) -> Response {
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Pages show stored requests and answers: nothing of them in the browser's disk cache.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 
@@ -134,14 +136,16 @@ pub(crate) fn everyone(scope: &Scope) -> Result<(), (StatusCode, Markup)> {
     }
 }
 
-/// A session's view, if `scope` may see it (another tenant's reads as missing).
+/// A session's view, bounded (`Store::console_view`) and with `turn`'s request and records,
+/// if `scope` may see it (another tenant's reads as missing).
 async fn visible(
     c: &Console,
     scope: &Scope,
     id: &str,
+    turn: Option<&str>,
 ) -> Result<crate::store::SessionView, (StatusCode, Markup)> {
     let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
-    let view = c.store.session_view(&session).await.map_err(failed)?;
+    let view = c.store.console_view(&session, turn).await.map_err(failed)?;
     let view = view.ok_or_else(|| not_found("no such session"))?;
     match scope.tenant() {
         Some(t) if view.session["tenant"].as_str() != Some(t) => Err(not_found("no such session")),
@@ -171,7 +175,7 @@ async fn session(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Page {
-    Ok(pages::session(&visible(&c, &scope, &id).await?))
+    Ok(pages::session(&visible(&c, &scope, &id, None).await?))
 }
 
 async fn turn_page(
@@ -179,7 +183,7 @@ async fn turn_page(
     Extension(scope): Extension<Scope>,
     Path((id, turn_id)): Path<(String, String)>,
 ) -> Page {
-    let view = visible(&c, &scope, &id).await?;
+    let view = visible(&c, &scope, &id, Some(&turn_id)).await?;
     let found = turn::Turn::of(&view, &turn_id, &c.settings.telemetry.prices);
     Ok(turn::page(&found.ok_or_else(|| not_found("no such turn"))?))
 }

@@ -5,7 +5,7 @@ use maud::{html, Markup, DOCTYPE};
 use serde_json::Value;
 
 use crate::broker::{DeadLetter, QueueState};
-use crate::store::{OperatorAction, SessionSummary, SessionView};
+use crate::store::{OperatorAction, SessionSummary, SessionView, CONSOLE_ROWS};
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2430}\
 nav a{margin-right:1rem}table{border-collapse:collapse;margin:.5rem 0}\
@@ -97,6 +97,9 @@ pub fn session(view: &SessionView) -> Markup {
                 tr { th { "expires" } td { (text(&s["expires_at"])) } }
             }
             h2 { "Turns" }
+            @if view.turns.len() as i64 >= CONSOLE_ROWS {
+                p.note { "The newest " (CONSOLE_ROWS) " turns and refusals; `aptix session show " (id) "` prints them all." }
+            }
             table {
                 tr { th { "#" } th { "turn" } th { "state" } th { "steps done" } th { "admitted" } th { "last change" } }
                 @for t in &view.turns {

@@ -1,5 +1,5 @@
 //! Reading sessions for the console: a search over ids, names and workspaces within a time
-//! window, newest first.
+//! window, newest first, and one session's view bounded whatever the session holds.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -73,5 +73,55 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+}
+
+/// Most turns and refusals the console's session and turn pages read of one session.
+pub const CONSOLE_ROWS: i64 = 200;
+
+impl Store {
+    /// A session as the console shows it, whatever the session holds: its newest
+    /// [`CONSOLE_ROWS`] turns without their requests, its newest refusals, and for `turn` that
+    /// turn's request and records. A client can give one session any number of turns and
+    /// refusals of megabytes each; reading them all (as [`Store::session_view`] does for
+    /// `aptix session show`) would let it take the console's memory.
+    pub async fn console_view(
+        &self,
+        session: &crate::contracts::SessionId,
+        turn: Option<&str>,
+    ) -> Result<Option<super::sessions::SessionView>, StoreError> {
+        let id = session.as_uuid();
+        let Some(view) = self.session_row(session).await? else { return Ok(None) };
+        let turns = sqlx::query_scalar!(
+            r#"SELECT CASE WHEN t.turn_id = $3 THEN to_jsonb(t) ELSE to_jsonb(t) - 'request' END
+                   AS "row!"
+               FROM turns t
+               WHERE t.session_id = $1
+                 AND (t.turn_id = $3 OR t.seq >= (
+                     SELECT min(n.seq) FROM (SELECT seq FROM turns WHERE session_id = $1
+                                             ORDER BY seq DESC LIMIT $2) n))
+               ORDER BY t.seq"#,
+            id,
+            CONSOLE_ROWS,
+            turn
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        // The session page shows no record: only a turn's page reads its own.
+        let records = match turn {
+            Some(turn) => self.session_records(id, Some(turn)).await?,
+            None => Vec::new(),
+        };
+        let replies = sqlx::query_scalar!(
+            r#"SELECT to_jsonb(r) AS "row!" FROM (
+                   SELECT * FROM replies WHERE session_id = $1
+                   ORDER BY created_at DESC, message_id DESC LIMIT $2) r
+               ORDER BY r.created_at, r.message_id"#,
+            id,
+            CONSOLE_ROWS
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(super::sessions::SessionView { session: view, turns, records, replies }))
     }
 }

@@ -240,38 +240,59 @@ pub struct SessionView {
 }
 
 impl Store {
+    /// A session's row with its state as the pipeline reads it (its texts in place), or `None`
+    /// if it does not exist.
+    pub(super) async fn session_row(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<Value>, StoreError> {
+        let row = sqlx::query_scalar!(
+            r#"SELECT to_jsonb(s) AS "row!" FROM sessions s WHERE id = $1"#,
+            session.as_uuid()
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(mut view) = row else { return Ok(None) };
+        view["state"] = self.session_state(session).await?;
+        Ok(Some(view))
+    }
+
     /// Everything stored about a session, or `None` if it does not exist.
     pub async fn session_view(
         &self,
         session: &SessionId,
     ) -> Result<Option<SessionView>, StoreError> {
         let id = session.as_uuid();
-        let row = sqlx::query_scalar!(
-            r#"SELECT to_jsonb(s) AS "row!" FROM sessions s WHERE id = $1"#,
-            id
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(mut view) = row else { return Ok(None) };
-        // The state as the pipeline reads it: its texts in place.
-        view["state"] = self.session_state(session).await?;
-        let session = view;
+        let Some(session) = self.session_row(session).await? else { return Ok(None) };
         let turns = sqlx::query_scalar!(
             r#"SELECT to_jsonb(t) AS "row!" FROM turns t WHERE session_id = $1 ORDER BY seq"#,
             id
         )
         .fetch_all(&self.pool)
         .await?;
-        let records = sqlx::query_scalar!(
+        let records = self.session_records(id, None).await?;
+        let replies = self.session_replies(id).await?;
+        Ok(Some(SessionView { session, turns, records, replies }))
+    }
+
+    /// A session's records (of turn `turn` only, with `Some`), oldest first, their tool
+    /// definitions put back in.
+    pub(super) async fn session_records(
+        &self,
+        session: uuid::Uuid,
+        turn: Option<&str>,
+    ) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar!(
             r#"SELECT to_jsonb(r) || jsonb_build_object(
                    'request_payload', aptix_deref_at(r.request_payload, '{tools}'),
                    'response_payload', aptix_deref_at(r.response_payload, '{tools}')) AS "row!"
-               FROM response_records r WHERE session_id = $1 ORDER BY created_at, id"#,
-            id
+               FROM response_records r
+               WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2)
+               ORDER BY created_at, id"#,
+            session,
+            turn
         )
         .fetch_all(&self.pool)
-        .await?;
-        let replies = self.session_replies(id).await?;
-        Ok(Some(SessionView { session, turns, records, replies }))
+        .await?)
     }
 }

@@ -64,11 +64,16 @@ pub struct Resumable {
     pub expires: Option<DateTime<Utc>>,
 }
 
+/// Steps of a turn whose kept deltas a resume can send again: the current one and those
+/// before it. Step replies are all kept (they are the answer); deltas are a preview.
+pub const KEPT_STEPS: i32 = 4;
+
 impl Store {
     /// Keeps delta `seq` of `step` of a turn (the caller keeps only a step's first ones). A
     /// step's first delta drops what its session kept of other turns (a session keeps its latest
-    /// streamed turn's) and of this step and later ones (a call retried streams the step again
-    /// from 0: the kept deltas are the last call's).
+    /// streamed turn's), of this step and later ones (a call retried streams the step again
+    /// from 0: the kept deltas are the last call's), and of steps more than [`KEPT_STEPS`] back:
+    /// a turn of many steps keeps, and a resume sends, a bounded number of deltas.
     pub async fn keep_delta(
         &self,
         key: &TurnKey,
@@ -79,7 +84,8 @@ impl Store {
         sqlx::query!(
             "WITH gone AS (
                  DELETE FROM stream_events
-                 WHERE $5 AND session_id = $1 AND (turn_id <> $2 OR event_seq >= $3)
+                 WHERE $5 AND session_id = $1
+                   AND (turn_id <> $2 OR event_seq >= $3 OR event_seq < $6)
              )
              INSERT INTO stream_events (session_id, turn_id, event_seq, body)
              VALUES ($1, $2, $3, $4)
@@ -88,7 +94,8 @@ impl Store {
             key.turn_id.as_str(),
             event_seq(step, Some(seq)),
             body,
-            seq == 0
+            seq == 0,
+            event_seq(step - (KEPT_STEPS - 1), Some(0))
         )
         .execute(&self.pool)
         .await?;
