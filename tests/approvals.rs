@@ -204,3 +204,38 @@ async fn an_approved_call_cut_short_by_sigkill_runs_at_most_once() {
     assert_eq!(server.count("open_ticket"), 1, "the approved call ran twice");
     h.teardown().await;
 }
+
+/// A waiting turn whose calls cannot be denied (its stored reply address unusable) is put an
+/// hour ahead: the expiry pass reads the earliest expiries first, 50 at a time, and such turns
+/// would otherwise come first on every pass and hold back every other tenant's expiries.
+#[tokio::test]
+async fn an_expiry_that_cannot_be_applied_makes_way_for_the_next() {
+    use crate::store_support::{drop_database, fresh_store};
+    use aptix::contracts::{SessionId, TurnKey};
+    let (store, db) = fresh_store().await;
+    let session = uuid::Uuid::now_v7();
+    let key = TurnKey { session_id: SessionId::new(session), turn_id: "t0".parse().unwrap() };
+    let request = json!({"SessionId": session, "TurnId": "t0", "Instruction": "hello"});
+    let meta = aptix::store::SessionMeta::default();
+    store.admit_user_turn(&key, "fp", &request, &meta, None).await.unwrap();
+    sqlx::query(
+        "UPDATE turns SET state = 'awaiting_approval', reply_to = 'Not A Name!',
+                          approval_expires_at = now() - interval '1 minute'
+         WHERE session_id = $1",
+    )
+    .bind(session)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let started = store.expire_approvals().await.unwrap();
+    assert!(started.messages.is_empty(), "nothing could be started");
+    let later: bool = sqlx::query_scalar(
+        "SELECT approval_expires_at > now() + interval '50 minutes' FROM turns WHERE session_id = $1",
+    )
+    .bind(session)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(later, "out of the way of the next passes");
+    drop_database(store, &db).await;
+}

@@ -33,15 +33,33 @@ impl Store {
             match self.expire(turn.session_id, &turn.turn_id).await {
                 Ok(started) => out.append(started),
                 // One turn that cannot be expired (its stored data unusable) must not stop the
-                // others': it is left for an operator, the rest go on.
-                Err(error) if !error.is_transient() => tracing::error!(
-                    session = %turn.session_id, turn = turn.turn_id, %error,
-                    "an expired approval request could not be denied; the turn stays waiting"
-                ),
+                // others': it is left for an operator and tried again later, out of the way of
+                // the next passes, which read the earliest expiries first.
+                Err(error) if !error.is_transient() => {
+                    tracing::error!(
+                        session = %turn.session_id, turn = turn.turn_id, %error,
+                        "an expired approval request could not be denied; the turn stays waiting"
+                    );
+                    self.expire_later(turn.session_id, &turn.turn_id).await?;
+                }
                 Err(error) => return Err(error),
             }
         }
         Ok(out)
+    }
+
+    /// Puts a waiting turn's expiry an hour ahead: [`Self::expire_approvals`] tries it again
+    /// then, and meanwhile takes the expiries after it.
+    async fn expire_later(&self, session: uuid::Uuid, turn: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE turns SET approval_expires_at = now() + interval '1 hour'
+             WHERE session_id = $1 AND turn_id = $2 AND state = 'awaiting_approval'",
+            session,
+            turn
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     async fn expire(&self, session: uuid::Uuid, turn: &str) -> Result<PendingOutbox, StoreError> {
