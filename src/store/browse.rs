@@ -112,16 +112,7 @@ impl Store {
             Some(turn) => self.session_records(id, Some(turn)).await?,
             None => Vec::new(),
         };
-        let replies = sqlx::query_scalar!(
-            r#"SELECT to_jsonb(r) AS "row!" FROM (
-                   SELECT * FROM replies WHERE session_id = $1
-                   ORDER BY created_at DESC, message_id DESC LIMIT $2) r
-               ORDER BY r.created_at, r.message_id"#,
-            id,
-            CONSOLE_ROWS
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let replies = self.session_replies(id, Some(CONSOLE_ROWS)).await?;
         Ok(Some(super::sessions::SessionView { session: view, turns, records, replies }))
     }
 }

@@ -96,12 +96,20 @@ impl Store {
         Ok(row.map(|r| (r.message_id, r.turn_id, r.body)))
     }
 
-    /// The refusals sent to a session, oldest first.
-    pub async fn session_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
+    /// The refusals sent to a session (its newest `newest`, with `Some`), oldest first.
+    pub async fn session_replies(
+        &self,
+        session: Uuid,
+        newest: Option<i64>,
+    ) -> Result<Vec<Value>, StoreError> {
+        // `LIMIT NULL` is no limit.
         Ok(sqlx::query_scalar!(
-            r#"SELECT to_jsonb(r) AS "row!" FROM replies r WHERE session_id = $1
-               ORDER BY created_at, message_id"#,
-            session
+            r#"SELECT to_jsonb(r) AS "row!" FROM (
+                   SELECT * FROM replies WHERE session_id = $1
+                   ORDER BY created_at DESC, message_id DESC LIMIT $2) r
+               ORDER BY r.created_at, r.message_id"#,
+            session,
+            newest
         )
         .fetch_all(&self.pool)
         .await?)

@@ -271,7 +271,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let records = self.session_records(id, None).await?;
-        let replies = self.session_replies(id).await?;
+        let replies = self.session_replies(id, None).await?;
         Ok(Some(SessionView { session, turns, records, replies }))
     }
 

@@ -72,8 +72,8 @@ impl Store {
     /// Keeps delta `seq` of `step` of a turn (the caller keeps only a step's first ones). A
     /// step's first delta drops what its session kept of other turns (a session keeps its latest
     /// streamed turn's), of this step and later ones (a call retried streams the step again
-    /// from 0: the kept deltas are the last call's), and of steps more than [`KEPT_STEPS`] back:
-    /// a turn of many steps keeps, and a resume sends, a bounded number of deltas.
+    /// from 0: the kept deltas are the last call's), and of steps before its latest
+    /// [`KEPT_STEPS`]: a turn of many steps keeps, and a resume sends, a bounded number of deltas.
     pub async fn keep_delta(
         &self,
         key: &TurnKey,
