@@ -94,6 +94,24 @@ async fn unknown_events_are_ignored_and_calls_are_rebuilt_from_item_deltas() {
     assert_eq!((usage.cached_input_tokens, usage.reasoning_tokens), (5, 2));
 }
 
+/// A provider that names two calls with one `call_id` gives an answer no client could complete
+/// (results and approvals name calls by id): it is an invalid answer, not a turn left waiting.
+#[tokio::test]
+async fn a_streamed_answer_repeating_a_call_id_is_invalid() {
+    let (base, script) = server().await;
+    let item = |n: u64| {
+        json!({"type":"response.output_item.done","output_index":n,
+               "item":{"type":"function_call","id":format!("fc_{n}"),"call_id":"call_A","name":"lookup","arguments":"{}"}})
+    };
+    let done = json!({"type":"response.completed","response":{"id":"resp_c","status":"completed","output":[]}});
+    let body = sse(&[created(), item(0), item(1), done]);
+    let e = call(&base, &script, "text/event-stream", body).await.unwrap_err();
+    assert!(
+        matches!(&e, LlmError::InvalidResponse(m) if m.contains("repeating an earlier call's call_id")),
+        "{e:?}"
+    );
+}
+
 #[tokio::test]
 async fn streams_without_a_terminal_event_are_errors() {
     let (base, script) = server().await;

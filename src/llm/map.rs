@@ -6,7 +6,8 @@
 //! `ToolContinuationMessage`); other item types (reasoning, hosted tools) are skipped.
 //! `incomplete` is a final answer with whatever text exists plus a user warning, and its
 //! function calls are dropped because their arguments may be cut off. A refusal part, or status
-//! `failed`, is an error.
+//! `failed`, is an error; so are two function calls sharing a `call_id` (their results and
+//! approvals could not be told apart).
 
 use serde_json::Value;
 
@@ -135,6 +136,13 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
                     Some(other) => other.to_string(),
                     None => "{}".to_owned(),
                 };
+                // Results and approvals name a call by its id: two calls sharing one could
+                // never both be answered, and the turn would wait for an answer it cannot get.
+                if c.calls.iter().any(|c| c.tool_call_id == call_id) {
+                    return Err(LlmError::InvalidResponse(format!(
+                        "output[{i}] is a function_call repeating an earlier call's call_id"
+                    )));
+                }
                 c.calls.push(ToolCall {
                     tool_call_id: call_id.to_owned(),
                     name: name.to_owned(),
@@ -218,5 +226,15 @@ mod tests {
             map_response(resp("completed", json!([]))),
             Err(LlmError::InvalidResponse(_))
         ));
+    }
+
+    #[test]
+    fn a_call_id_repeated_within_one_answer_is_an_invalid_answer() {
+        let call = |id: &str| json!({"type":"function_call","id":"fc","call_id":id,"name":"t","arguments":"{}"});
+        let r = map_response(resp("completed", json!([call("c1"), call("c2"), call("c1")])));
+        assert!(
+            matches!(&r, Err(LlmError::InvalidResponse(m)) if m.starts_with("output[2] ")),
+            "{r:?}"
+        );
     }
 }
