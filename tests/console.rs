@@ -104,6 +104,22 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic"));
     }
     assert_eq!(aptix::http::get(format!("{base}/healthz")).await.unwrap().status(), 200);
+    // Another site's page cannot have the operator's browser read the console (an image, a
+    // fetch); a link from elsewhere to a page still opens it. The address never makes the
+    // console say something.
+    let from_elsewhere = |path: &str, mode: &str, dest: &str| {
+        http.get(format!("{base}{path}"))
+            .basic_auth("admin", Some(TOKEN))
+            .header("sec-fetch-site", "cross-site")
+            .header("sec-fetch-mode", mode)
+            .header("sec-fetch-dest", dest)
+    };
+    let embedded = from_elsewhere("/queues", "no-cors", "image").send().await.unwrap();
+    assert_eq!(embedded.status(), 403);
+    let linked = from_elsewhere("/sessions", "navigate", "document").send().await.unwrap();
+    assert_eq!(linked.status(), 200);
+    let spoofed = get("/queues?notice=your+token+expired".into()).await;
+    assert!(!spoofed.contains("token expired"), "{spoofed}");
     // Without the right token nothing happens; a console without a token acts for nobody.
     let refused = http
         .post(format!("{base}/dead/replay"))

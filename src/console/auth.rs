@@ -101,6 +101,28 @@ pub async fn require(
     }
 }
 
+/// Refuses what a browser says another site asked for (`Sec-Fetch-Site: cross-site`), except
+/// following a link to a page: a signed-in operator's browser sends its sign-in with any
+/// request, so a hostile page could otherwise make the console read a session or 200 dead
+/// letters for it, again and again, unseen. Requests without the header (older browsers, `curl`)
+/// pass: they are not a browser acting for another site.
+pub async fn same_site(request: Request, next: Next) -> Response {
+    if cross_site(request.method(), request.headers()) {
+        let text = "refused: another site asked for this (Sec-Fetch-Site: cross-site); open the console's pages from the console\n";
+        return (StatusCode::FORBIDDEN, text).into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether the request comes from another site and is not a link followed to a page.
+fn cross_site(method: &axum::http::Method, headers: &HeaderMap) -> bool {
+    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let navigation = method == axum::http::Method::GET
+        && value("sec-fetch-mode") == "navigate"
+        && matches!(value("sec-fetch-dest"), "document" | "");
+    value("sec-fetch-site") == "cross-site" && !navigation
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +163,36 @@ mod tests {
         assert_eq!(scope_of(&s, &with_basic("viewer", "")), None);
         assert_eq!(scope_of(&s, &HeaderMap::new()), None);
         assert_eq!(scope_of(&ConsoleSettings::default(), &with_basic("admin", "")), None);
+    }
+
+    #[test]
+    fn only_links_from_other_sites_are_let_through() {
+        let get = axum::http::Method::GET;
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_static(v));
+            }
+            h
+        };
+        let image = headers(&[
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "no-cors"),
+            ("sec-fetch-dest", "image"),
+        ]);
+        assert!(cross_site(&get, &image));
+        let link = headers(&[
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ]);
+        assert!(!cross_site(&get, &link));
+        assert!(cross_site(&axum::http::Method::POST, &link), "a form posted from elsewhere");
+        for site in ["same-origin", "same-site", "none"] {
+            let own = headers(&[("sec-fetch-site", site), ("sec-fetch-mode", "no-cors")]);
+            assert!(!cross_site(&get, &own), "{site}");
+        }
+        assert!(!cross_site(&get, &HeaderMap::new()), "no header: not a browser's request");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! log. Every page but `/healthz` needs a sign-in (`auth`); an operator scoped to one tenant
 //! sees that tenant's sessions only. Replay and discard need the admin sign-in and take the
 //! token again in the form, so a page of another site cannot act for an operator, and every
-//! action is recorded.
+//! action is recorded. A browser's request made by another site (an image, a script's fetch) is
+//! refused before anything is read (`auth::same_site`).
 
 mod auth;
 mod budgets;
@@ -88,6 +89,7 @@ pub async fn serve(
         .route("/evals", get(evals::list))
         .route("/evals/{run}", get(evals::page))
         .layer(axum::middleware::from_fn_with_state(signing_in, auth::require))
+        .layer(axum::middleware::from_fn(auth::same_site))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(Arc::new(console));
     info!(addr = %listener.local_addr()?, admin, "serving the console");
@@ -188,18 +190,14 @@ async fn turn_page(
     Ok(turn::page(&found.ok_or_else(|| not_found("no such turn"))?))
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct Notice {
-    #[serde(default)]
-    notice: String,
+async fn queues(State(c): State<Arc<Console>>, Extension(scope): Extension<Scope>) -> Page {
+    queues_page(&c, &scope, "").await
 }
 
-async fn queues(
-    State(c): State<Arc<Console>>,
-    Extension(scope): Extension<Scope>,
-    Query(n): Query<Notice>,
-) -> Page {
-    everyone(&scope)?;
+/// The queues page, with `notice` (what an action just did) on top. The notice is never read
+/// from the address: a link could otherwise make the console say anything.
+async fn queues_page(c: &Console, scope: &Scope, notice: &str) -> Page {
+    everyone(scope)?;
     let mut states =
         c.topology.queue_states(&c.publisher, &c.settings.tenant_names()).await.map_err(failed)?;
     let rates = match &c.management {
@@ -214,8 +212,8 @@ async fn queues(
         .await
         .map_err(failed)?;
     let missing = rates.err().unwrap_or_default();
-    let admin = c.admin() && scope == Scope::Admin;
-    Ok(pages::queues(&states, &dead, admin, &n.notice, &missing))
+    let admin = c.admin() && *scope == Scope::Admin;
+    Ok(pages::queues(&states, &dead, admin, notice, &missing))
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,9 +250,8 @@ async fn dead_action(
         Ok(Settled::Refused(reason)) => format!("not replayed: {reason}"),
         Err(e) => return failed(e).into_response(),
     };
-    let query: String =
-        form_urlencoded::Serializer::new(String::new()).append_pair("notice", &notice).finish();
-    Redirect::to(&format!("/queues?{query}")).into_response()
+    // The answer is the queues page itself rather than a redirect carrying the notice.
+    queues_page(&c, &scope, &notice).await.into_response()
 }
 
 async fn actions(State(c): State<Arc<Console>>, Extension(scope): Extension<Scope>) -> Page {
