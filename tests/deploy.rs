@@ -568,6 +568,35 @@ fn dockerfile_ships_every_binary_and_runs_as_non_root() {
             assert!(allowed.contains(src), ".dockerignore does not let {src} through");
         }
     }
+    // The workspace loads every member's manifest, and the build reads the patched dependencies
+    // (vendor/README.md): each is copied and let through.
+    let copied: BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+        .flat_map(|l| {
+            let args: Vec<&str> = l.split_whitespace().skip(1).collect();
+            args[..args.len() - 1].iter().map(|a| a.trim_end_matches('/')).collect::<Vec<_>>()
+        })
+        .collect();
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
+    let members = manifest["workspace"]["members"].as_array().unwrap().iter();
+    let mut read_by_build: Vec<&str> =
+        members.filter_map(toml::Value::as_str).filter(|m| *m != ".").collect();
+    if let Some(patches) = manifest.get("patch").and_then(|p| p.get("crates-io")) {
+        let paths = patches.as_table().unwrap().values();
+        read_by_build.extend(paths.filter_map(|d| d.get("path")?.as_str()));
+    }
+    assert!(read_by_build.contains(&"vendor/amq-protocol-types"), "{read_by_build:?}");
+    let covers = |set: &BTreeSet<&str>, path: &str| {
+        set.iter().any(|c| path == *c || path.starts_with(&format!("{c}/")))
+    };
+    for path in read_by_build {
+        assert!(
+            covers(&copied, path),
+            "deploy/Dockerfile does not copy {path}, which the build reads"
+        );
+        assert!(covers(&allowed, path), ".dockerignore does not let {path} through");
+    }
     // What the crate embeds at compile time is in the context.
     for embedded in ["aptix.example.toml", "migrations"] {
         assert!(

@@ -1,7 +1,7 @@
 //! A received message as the runtime hands it on: lapin's delivery detached into a [`Delivery`]
-//! (headers as text, the turn it names read once), with what a client may not set dropped at
-//! the ingress. Its own file so that the consume loop and the lanes both use it without using
-//! each other.
+//! (headers as text, the turn it names read once), of a client's headers only the trace context
+//! kept at the ingress. Its own file so that the consume loop and the lanes both use it without
+//! using each other.
 
 use std::collections::BTreeMap;
 
@@ -19,10 +19,12 @@ pub(super) fn detach(
 ) -> Delivery {
     let mut headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
     if ingress {
-        // Ingress messages come from clients: the runtime's own counters and marks, and the
-        // broker's death records (which a dead letter is described and replayed from), are not
-        // theirs to set. Dropped here, they reach no retry, dead letter or replay.
-        headers.retain(|k, _| !is_pipeline_header(k));
+        // Ingress messages come from clients: of their headers only the trace context is read.
+        // The runtime's own counters and marks, and the broker's death records (which a dead
+        // letter is described and replayed from), are not theirs to set; anything else would
+        // only be carried along, into every copy (a retry, a dead letter), by the thousand.
+        // Dropped here, none of it reaches a retry, dead letter or replay.
+        keep_client_headers(&mut headers);
     }
     let attempt = headers.get(headers::ATTEMPT).and_then(|a| a.parse().ok()).unwrap_or(0);
     let hint = match (headers.get(headers::SESSION_ID), headers.get(headers::TURN_ID)) {
@@ -42,12 +44,15 @@ pub(super) fn detach(
     }
 }
 
-/// Whether a header is the pipeline's or the broker's to set, never a client's.
-pub fn is_pipeline_header(key: &str) -> bool {
-    key.starts_with(headers::PREFIX)
-        || key == "x-death"
-        || key.starts_with("x-first-death-")
-        || key.starts_with("x-last-death-")
+/// The headers of a client's request the pipeline reads: the W3C trace context.
+const CLIENT_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// The longest client header kept, bytes: W3C's bound on `tracestate`.
+const MAX_CLIENT_HEADER: usize = 512;
+
+/// Keeps of a client's headers those the pipeline reads, if not oversized.
+fn keep_client_headers(headers: &mut BTreeMap<String, String>) {
+    headers.retain(|k, v| CLIENT_HEADERS.contains(&k.as_str()) && v.len() <= MAX_CLIENT_HEADER);
 }
 
 /// One header of a received message as text (booleans and integers spelled out), for the
@@ -73,4 +78,31 @@ pub(super) fn headers_of(table: &FieldTable) -> BTreeMap<String, String> {
             Some((k.to_string(), s))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_keeps_only_its_trace_context() {
+        let mut h: BTreeMap<String, String> = [
+            ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
+            ("tracestate", "a=b".to_owned()),
+            (headers::ATTEMPT, "0".to_owned()),
+            (headers::REDELIVERIES, "0".to_owned()),
+            ("x-death", String::new()),
+            ("x-first-death-queue", "q".to_owned()),
+            ("anything", "x".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        keep_client_headers(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["traceparent", "tracestate"]);
+        let mut long: BTreeMap<String, String> =
+            [("tracestate".to_owned(), "x".repeat(MAX_CLIENT_HEADER + 1))].into();
+        keep_client_headers(&mut long);
+        assert!(long.is_empty(), "an oversized one is dropped");
+    }
 }

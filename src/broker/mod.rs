@@ -54,7 +54,7 @@ pub use publish::Publisher;
 pub use replies::{
     client_queue, keep_unrouted, set_waiting_queues, Handed, LazyPublisher, Refused, SessionQueues,
 };
-pub use runtime::{connect, process_one, run_stage};
+pub use runtime::{connect, process_one, run_stage, CLIENT_FRAME_MAX};
 pub use settings::RuntimeSettings;
 pub use settle::publish_all;
 pub use stage_partitions::StageLayout;
@@ -107,10 +107,10 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
-    /// Whether the AMQP client could not read what the broker delivered: a message whose
-    /// short-string property, header name or routing key is not UTF-8, which RabbitMQ forwards
-    /// unchecked (docs/tenancy.md §8). The broker gives it to the next connection as well, so a
-    /// reconnect cannot mend it.
+    /// Whether the AMQP client could not read what the broker delivered. Short strings that are
+    /// not UTF-8 and deeply nested headers, which RabbitMQ forwards unchecked, are read leniently
+    /// (vendor/README.md), so this is a frame nothing can read (docs/tenancy.md §8). The broker
+    /// gives it to the next connection as well, so a reconnect cannot mend it.
     pub fn unreadable_delivery(&self) -> bool {
         matches!(self, BrokerError::Amqp(e) if matches!(e.kind(), lapin::ErrorKind::ParsingError(_)))
     }
@@ -271,15 +271,30 @@ pub trait Handler: Send + Sync + 'static {
 mod tests {
     use super::BrokerError;
 
-    /// What lapin reports for a delivery whose short string is not UTF-8 (its parser's own
-    /// error, from the bytes RabbitMQ forwards), and nothing else, reads as unreadable.
+    /// A frame lapin's parser fails on reads as unreadable, and nothing else does.
     #[test]
-    fn a_short_string_that_is_not_utf8_is_an_unreadable_delivery() {
-        let parsed = lapin::types::parsing::parse_short_string(&b"\x04x\xff\xfey"[..]);
+    fn a_frame_the_client_cannot_parse_is_an_unreadable_delivery() {
+        let parsed = lapin::types::parsing::parse_value(&b"?"[..]);
         let kind = lapin::ErrorKind::ParsingError(parsed.unwrap_err());
         assert!(BrokerError::Amqp(lapin::Error::from(kind)).unreadable_delivery());
         let io = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert!(!BrokerError::Amqp(lapin::Error::from(io)).unreadable_delivery());
         assert!(!BrokerError::Closed.unreadable_delivery());
+    }
+
+    /// What RabbitMQ forwards unchecked is read, not failed (vendor/README.md): a short string
+    /// that is not UTF-8, and a header nested past what is kept.
+    #[test]
+    fn the_patched_parser_reads_what_rabbitmq_forwards() {
+        use lapin::types::{parsing, AMQPValue};
+        let (_, s) = parsing::parse_short_string(&b"\x04x\xff\xfey"[..]).unwrap();
+        assert_eq!(s.as_str(), "x\u{fffd}\u{fffd}y");
+        let mut nested = vec![b'V'];
+        for _ in 0..20_000 {
+            let len = u32::try_from(nested.len()).unwrap().to_be_bytes();
+            nested = [&b"A"[..], &len, &nested].concat();
+        }
+        let (rest, value) = parsing::parse_value(&nested[..]).unwrap();
+        assert!(rest.is_empty() && matches!(value, AMQPValue::FieldArray(_)));
     }
 }

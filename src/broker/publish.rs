@@ -62,9 +62,11 @@ impl Publisher {
     }
 
     /// Connects to `url` for publishing, with RabbitMQ 4's default message size limit (16 MiB)
-    /// and a 30 s confirm wait.
+    /// and a 30 s confirm wait. The tools' connection: it also reads dead letters, which hold
+    /// what clients wrote, so it takes the broker's frames.
     pub async fn connect(url: &str) -> Result<Self, BrokerError> {
-        let conn = super::connect(url).await?;
+        let conn =
+            super::runtime::connect_named(url, "aptix", super::runtime::Frames::Clients).await?;
         Self::open_with(conn, 16 * 1024 * 1024, Duration::from_secs(30)).await
     }
 

@@ -21,22 +21,43 @@ use super::stage_consumers::{consume_on, ended, StageConsumers};
 use super::wind_down::{dead, Ended, BROKEN_SETTLE};
 use super::{BrokerError, Handler, Publisher, StageName};
 
+/// The largest AMQP frame a connection reading clients' messages takes: RabbitMQ's default
+/// `frame_max`, which deploy/rabbitmq/rabbitmq.conf pins. RabbitMQ never splits a message's
+/// properties across frames, so a client may publish a properties frame as large as the broker
+/// takes; a reader with smaller frames has its connection closed by lapin, and the broker hands
+/// the message to the next reader, for ever.
+pub const CLIENT_FRAME_MAX: u32 = 131_072;
+
+/// The frames a connection reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frames {
+    /// 32 KiB: the pipeline's own messages (stage queues), whose properties it bounds.
+    Own,
+    /// [`CLIENT_FRAME_MAX`]: clients' messages (the ingress, dead letters, a tool's look).
+    Clients,
+}
+
 /// Opens a connection to `urls`: one broker URL, or a cluster's nodes separated by commas. The
 /// nodes are tried in turn from a random one, so a fleet spreads over the cluster and a node that
 /// is down costs one refused attempt; the error is the last node's. A short heartbeat notices a
 /// dead broker in seconds, not minutes.
 pub async fn connect(urls: &str) -> Result<Connection, BrokerError> {
-    connect_named(urls, "aptix").await
+    connect_named(urls, "aptix", Frames::Own).await
 }
 
-/// Like [`connect`], the connection carrying `name` (the management UI and API show it).
-pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerError> {
+/// Like [`connect`], the connection carrying `name` (the management UI and API show it) and
+/// reading `frames`.
+pub async fn connect_named(
+    urls: &str,
+    name: &str,
+    frames: Frames,
+) -> Result<Connection, BrokerError> {
     let nodes: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
     let start = if nodes.len() > 1 { rand::random_range(0..nodes.len()) } else { 0 };
     let mut last = BrokerError::Closed;
     for i in 0..nodes.len() {
         let node = nodes[(start + i) % nodes.len()];
-        match connect_node(node, name).await {
+        match connect_node(node, name, frames).await {
             Ok(conn) => return Ok(conn),
             Err(error) => {
                 if nodes.len() > 1 {
@@ -50,21 +71,35 @@ pub async fn connect_named(urls: &str, name: &str) -> Result<Connection, BrokerE
     Err(last)
 }
 
-async fn connect_node(url: &str, name: &str) -> Result<Connection, BrokerError> {
+async fn connect_node(url: &str, name: &str, frames: Frames) -> Result<Connection, BrokerError> {
     // A connection to a node that died unseen (no reset: a network partition, a frozen host) is
     // noticed only by its missed heartbeats, two intervals; 5 s is RabbitMQ's lowest recommended
     // value. (The 20 s holds once blamed on the 10 s default were `wind_down`'s.)
     let url = with_default(url, "heartbeat", "5");
     // lapin keeps 32 frames of `frame_max` per direction for every connection, zero-filled: 8 MiB
     // at RabbitMQ's 128 KiB, half the pipeline's heap under load; a usual stage message fits in
-    // one 32 KiB frame, and larger ones are split, as AMQP allows.
-    let url = with_default(&url, "frame_max", "32768");
+    // one 32 KiB frame, and larger ones are split, as AMQP allows. Clients' messages need the
+    // broker's frames (`CLIENT_FRAME_MAX`), on the few connections that read them.
+    let url = match frames {
+        Frames::Own => with_default(&url, "frame_max", "32768"),
+        Frames::Clients => with_frame_max(&url, CLIENT_FRAME_MAX),
+    };
     let props = ConnectionProperties::default().with_connection_name(name.into());
     // A node that accepts TCP and does not answer must not hold up the move to the next one.
     match tokio::time::timeout(NODE_CONNECT_TIMEOUT, Connection::connect(&url, props)).await {
         Ok(conn) => Ok(conn?),
         Err(_) => Err(BrokerError::SetupTimeout),
     }
+}
+
+/// `url` asking for frames of `frame_max`, whatever frame size the URL asks for.
+fn with_frame_max(url: &str, frame_max: u32) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return format!("{url}?frame_max={frame_max}");
+    };
+    let kept: Vec<&str> = query.split('&').filter(|p| !p.starts_with("frame_max=")).collect();
+    let sep = if kept.iter().any(|p| !p.is_empty()) { "&" } else { "" };
+    format!("{base}?{}{sep}frame_max={frame_max}", kept.join("&"))
 }
 
 /// `url` with `key=value` in its query, unless the URL sets `key` itself.
@@ -119,7 +154,7 @@ pub(super) async fn reconnecting<F, Fut>(
         } else if error.unreadable_delivery() {
             // Comes back on every connection: on a classic queue, until an operator removes it.
             tracing::error!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64,
-                "a message in this stage's queue cannot be read (a property not UTF-8) and is redelivered to every connection: see docs/tenancy.md §8");
+                "a message in this stage's queue cannot be read by the AMQP client and is redelivered to every connection: see docs/tenancy.md §8");
         } else {
             warn!(stage = stage.as_str(), %error, retry_in_ms = delay.as_millis() as u64, "broker connection lost, reconnecting");
         }
@@ -229,7 +264,9 @@ pub(super) async fn connections(
     stage: StageName,
 ) -> Result<(Connection, Publisher), BrokerError> {
     let name = super::management::worker_name(stage.as_str());
-    let consume_conn = connect_named(&settings.amqp_url, &name).await?;
+    // The ingress holds what clients wrote, properties frames as large as the broker takes.
+    let frames = if settings.topology.is_ingress(stage) { Frames::Clients } else { Frames::Own };
+    let consume_conn = connect_named(&settings.amqp_url, &name, frames).await?;
     let publish_conn = connect(&settings.amqp_url).await?;
     let publisher =
         Publisher::open_with(publish_conn, settings.max_message_bytes, settings.confirm_timeout)
@@ -276,4 +313,23 @@ pub async fn process_one(
     settler.settle(d, &acker).await;
     let _ = channel.close(200, "done".into()).await;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_frame_max;
+
+    #[test]
+    fn a_clients_reader_asks_for_the_brokers_frames_whatever_the_url_says() {
+        let url = "amqp://u:p@h:5672/%2f";
+        assert_eq!(with_frame_max(url, 9), format!("{url}?frame_max=9"));
+        assert_eq!(
+            with_frame_max(&format!("{url}?frame_max=4096"), 9),
+            format!("{url}?frame_max=9")
+        );
+        assert_eq!(
+            with_frame_max(&format!("{url}?heartbeat=5&frame_max=4096&channel_max=8"), 9),
+            format!("{url}?heartbeat=5&channel_max=8&frame_max=9")
+        );
+    }
 }

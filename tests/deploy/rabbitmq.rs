@@ -287,6 +287,16 @@ fn conf_settings(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The broker's frames are no larger than the workers read clients' messages with: RabbitMQ does
+/// not split properties across frames, so a larger `frame_max` lets a client publish a message
+/// no worker can read.
+#[test]
+fn broker_frames_are_the_size_workers_read_clients_messages_with() {
+    let conf = conf_settings(&read("deploy/rabbitmq/rabbitmq.conf"));
+    let broker: u32 = conf["frame_max"].parse().unwrap();
+    assert_eq!(broker, aptix::broker::CLIENT_FRAME_MAX);
+}
+
 #[test]
 fn broker_message_limit_equals_the_projects() {
     let conf = conf_settings(&read("deploy/rabbitmq/rabbitmq.conf"));

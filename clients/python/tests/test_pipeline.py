@@ -12,6 +12,7 @@ protocol v2 (the client does both when built with `schemas=` and `strict=True`).
 
 import json
 import os
+import struct
 import subprocess
 import urllib.request
 import uuid
@@ -353,6 +354,77 @@ def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):
     s.submit({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "now valid"}, reply_to=s.queue)
     final = s.next_event(WAIT, "t1")
     assert isinstance(final, Final) and final.message_id == f"reply:{s.session_id}:t1:step-0", final
+
+
+def _publish_raw(pipeline, session_id: str, body: dict, **properties) -> str:
+    """Publishes as a hostile client would, with properties pika sends byte for byte."""
+    conn = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        mid = str(uuid.uuid4())
+        ch.basic_publish(f"{pipeline.prefix}.requests", session_id, json.dumps(body).encode(),
+                         pika.BasicProperties(content_type="application/json", delivery_mode=2,
+                                              message_id=mid, **properties), mandatory=True)
+        return mid
+    finally:
+        conn.close()
+
+
+class _EncodedTable(dict):
+    """A headers table that pika sends as the given bytes."""
+
+    def __init__(self, raw: bytes):
+        super().__init__()
+        self.raw = raw
+
+
+def test_a_property_that_is_not_utf8_is_refused_and_intake_goes_on(client, pipeline, monkeypatch):
+    """RabbitMQ forwards short strings that are not UTF-8 and tables nested thousands deep; a
+    strict AMQP client cannot read such a message (or overflows its stack), and the broker
+    redelivers it to the next consumer forever (vendor/README.md). Both are answered, and the
+    next turn runs."""
+    s = client.open_session()
+    mid = _publish_raw(pipeline, s.session_id, {"SessionId": s.session_id, "TurnId": "t1", "Instruction": "x"},
+                       reply_to=f"{pipeline.prefix}.instance.\xff\xfe".encode("latin-1"))
+    reply = s.next_event(WAIT)
+    assert isinstance(reply, Refused) and reply.code == CODE_REPLY_TO_INVALID, reply
+    assert reply.correlation_id == mid and any("not UTF-8" in e.message for e in reply.errors), reply.errors
+
+    # A header nested 20,000 arrays deep (100 KB, within one frame): read, nesting past what the
+    # workers keep dropped; the turn itself is a valid one.
+    import pika.data
+    encode_table = pika.data.encode_table
+
+    def encode(pieces, table):
+        if isinstance(table, _EncodedTable):
+            pieces.append(table.raw)
+            return len(table.raw)
+        return encode_table(pieces, table)
+
+    monkeypatch.setattr(pika.data, "encode_table", encode)
+    nested = b"V"
+    for _ in range(20000):
+        nested = b"A" + struct.pack(">I", len(nested)) + nested
+    entry = bytes([4]) + b"deep" + nested
+    deep = _EncodedTable(struct.pack(">I", len(entry)) + entry)
+    _publish_raw(pipeline, s.session_id, {"SessionId": s.session_id, "TurnId": "t1", "Instruction": "deep"},
+                 headers=deep)
+    final = s.next_event(WAIT, "t1")
+    assert isinstance(final, Final) and "instruction: deep" in final.text.splitlines(), final
+
+    # A header of 40,000 characters: its properties frame is larger than the 32 KiB frames the
+    # workers read with (RabbitMQ never splits properties across frames).
+    _publish_raw(pipeline, s.session_id, {"SessionId": s.session_id, "TurnId": "t2", "Instruction": "big"},
+                 headers={"big": "x" * 40000})
+    final = s.next_event(WAIT, "t2")
+    assert isinstance(final, Final) and "instruction: big" in final.text.splitlines(), final
+
+    # Another session's turn: intake went on.
+    other = client.open_session()
+    other.submit_turn("t1", "after the hostile ones")
+    final = other.next_event(WAIT, "t1")
+    assert isinstance(final, Final), final
 
 
 # --- cancelling a turn (docs/client-protocol.md §7a) --------------------------------------------

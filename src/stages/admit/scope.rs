@@ -68,6 +68,13 @@ pub(super) fn reply_target(
 ) -> Result<Option<InstanceName>, ApiError> {
     let invalid = |m: String| ApiError::new(ErrorCode::RequestReplyToInvalid, m);
     let Some(queue) = reply_to.filter(|q| !q.is_empty()) else { return Ok(None) };
+    // Bytes that are not UTF-8 arrive as U+FFFD (vendor/README.md); no reply queue's name has it.
+    if queue.contains(char::REPLACEMENT_CHARACTER) {
+        return Err(invalid(
+            "reply_to is not UTF-8 (its invalid bytes read as U+FFFD); nothing was published to it"
+                .into(),
+        ));
+    }
     let scope = tenant.map_or_else(String::new, |t| format!("{t}."));
     if let Some(rest) = queue.strip_prefix(prefix).and_then(|q| q.strip_prefix(".instance.")) {
         let Some(name) = rest.strip_prefix(scope.as_str()) else {
@@ -210,6 +217,7 @@ mod tests {
         assert_eq!(target(Some("b"), &format!("p.session.a.{sid}")), refused);
         assert_eq!(target(Some("a"), &format!("p.session.{sid}")), refused);
         assert_eq!(target(Some("a"), "p.persist"), refused);
+        assert_eq!(target(None, "p.instance.web-\u{fffd}"), refused, "bytes that were not UTF-8");
         // Without tenants, as before.
         assert_eq!(target(None, "p.instance.a.web-1"), Ok(Some("a.web-1".into())));
         assert_eq!(target(None, &format!("p.session.{sid}")), Ok(None));
