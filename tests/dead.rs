@@ -72,8 +72,13 @@ async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once()
     let ids: Vec<String> = (0..4).map(|i| format!("forged-{i}")).collect();
     let publisher = aptix::broker::Publisher::connect(h.settings.amqp.url.expose()).await.unwrap();
     let retrieve = h.topology.stage_queue(aptix::broker::StageName::new("retrieve"));
+    // The last one's body is larger than a list keeps of each.
+    let big = aptix::broker::LISTED_BODY + 1000;
     for id in &ids {
-        let body = b"{not json".to_vec();
+        let mut body = b"{not json".to_vec();
+        if id == "forged-3" {
+            body.resize(big, b'x');
+        }
         let msg = aptix::broker::OutMessage::to_queue(retrieve.clone(), "turn", id.clone(), body);
         publisher.publish(&msg).await.unwrap();
     }
@@ -85,6 +90,15 @@ async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once()
     all.sort();
     assert_eq!(all, ["forged-0", "forged-1", "forged-2", "forged-3"]);
     assert_eq!(order(&until_listed(&h, 4).await), ids, "a look leaves them in place, in order");
+    // A list keeps a look at each body; `dead show` reads the one letter whole.
+    let listed = until_listed(&h, 4).await;
+    let large = listed.iter().find(|l| l["id"] == "forged-3").unwrap();
+    assert_eq!(large["body_bytes"], big);
+    assert_eq!(large["body"].as_str().unwrap().len(), aptix::broker::LISTED_BODY);
+    let (code, out) = h.aptix(&["dead", "show", "forged-3"]);
+    assert_eq!(code, 0, "{out}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["body"].as_str().unwrap().len(), big);
 
     let (code, out) = h.aptix(&["dead", "discard", &ids[1]]);
     assert_eq!(code, 0, "{out}");

@@ -20,6 +20,10 @@ use crate::contracts::headers;
 /// Most messages one look reads (each is held until the look ends).
 pub const MAX_LOOK: usize = 10_000;
 
+/// Most bytes of each body a list of dead letters keeps: a list shows a look at each, and a
+/// client can make letters of up to the broker's 16 MiB (200 of those would be 3 GiB).
+pub const LISTED_BODY: usize = 64 * 1024;
+
 /// One dead letter as the broker holds it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
@@ -43,9 +47,11 @@ pub struct DeadLetter {
     pub queue: String,
     /// Every text header.
     pub headers: BTreeMap<String, String>,
-    /// The body, as published.
+    /// The body, as published; in a list, its first [`LISTED_BODY`] bytes.
     #[serde(skip)]
     pub body: Vec<u8>,
+    /// The body's whole size, bytes.
+    pub body_bytes: usize,
 }
 
 impl DeadLetter {
@@ -71,9 +77,22 @@ impl DeadLetter {
             session_id: text(headers::SESSION_ID).or(session),
             turn_id: text(headers::TURN_ID).or(turn),
             body: d.data.clone(),
+            body_bytes: d.data.len(),
             queue: queue.to_owned(),
             headers,
         }
+    }
+
+    /// The letter as a list keeps it: its body cut to [`LISTED_BODY`] bytes.
+    fn listed(mut self) -> Self {
+        self.body.truncate(LISTED_BODY);
+        self.body.shrink_to_fit();
+        self
+    }
+
+    /// Whether the body is cut (a list's look at a larger one).
+    pub fn body_cut(&self) -> bool {
+        self.body.len() < self.body_bytes
     }
 
     /// The body as text when it is UTF-8.
@@ -119,7 +138,8 @@ pub enum DeadAction {
 
 impl Topology {
     /// Up to `limit` dead letters of `queues` (see [`Topology::dead_queues`]), each queue's
-    /// oldest first, left in their queues. A queue that does not exist has none.
+    /// oldest first, left in their queues, each with at most [`LISTED_BODY`] bytes of its body.
+    /// A queue that does not exist has none.
     pub async fn dead_letters(
         &self,
         publisher: &Publisher,
@@ -132,7 +152,7 @@ impl Topology {
             let ch = publisher.scratch_channel().await?;
             while out.len() < limit.min(MAX_LOOK) {
                 match get(&ch, queue).await {
-                    Ok(Some(m)) => out.push(DeadLetter::of(&m, queue)),
+                    Ok(Some(m)) => out.push(DeadLetter::of(&m, queue).listed()),
                     Ok(None) => break,
                     Err(e) if is_missing(&e) => break,
                     Err(e) => return Err(e),
@@ -141,6 +161,43 @@ impl Topology {
             let _ = ch.close(200, "looked".into()).await;
         }
         Ok(out)
+    }
+
+    /// The dead letter `id` of `queues`, whole, if one of the first [`MAX_LOOK`] of its queue;
+    /// left in its queue. Only that letter is kept while the others are read.
+    pub async fn dead_letter(
+        &self,
+        publisher: &Publisher,
+        queues: &[String],
+        id: &str,
+    ) -> Result<Option<DeadLetter>, BrokerError> {
+        for queue in queues {
+            let ch = publisher.scratch_channel().await?;
+            let mut found = None;
+            for _ in 0..MAX_LOOK {
+                match get(&ch, queue).await {
+                    Ok(Some(m))
+                        if m.delivery
+                            .properties
+                            .message_id()
+                            .as_ref()
+                            .is_some_and(|m| m.as_str() == id) =>
+                    {
+                        found = Some(DeadLetter::of(&m, queue));
+                        break;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) if is_missing(&e) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            let _ = ch.close(200, "looked".into()).await;
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
     }
 
     /// Replays or discards the dead letter `id`, looked for in `queues`. `check` may refuse

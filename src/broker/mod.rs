@@ -34,7 +34,7 @@ pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
 /// An error of a [`Handler`], whatever its type: the runtime logs it and decides by the call
 /// that failed, never by its text.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, MAX_LOOK};
+pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, LISTED_BODY, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
 /// The header that carries a stage message's MAC (hex): HMAC-SHA256 under the pipeline's keys
 /// over `aptix.stage/v1`, the AMQP type, the stage queue and the body. Every message published to

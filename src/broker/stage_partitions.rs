@@ -220,6 +220,7 @@ mod tests {
             queue: "t.dead".into(),
             headers: Default::default(),
             body: b"{}".to_vec(),
+            body_bytes: 2,
         };
         let replay = t.replay_of(&letter);
         assert_eq!((replay.exchange.as_str(), replay.routing_key.as_str()), ("", "t.invoke"));

@@ -66,16 +66,10 @@ pub fn run(settings: Settings, command: DeadCommand) -> anyhow::Result<ExitCode>
                 ExitCode::SUCCESS
             }
             DeadCommand::Show { id } => {
-                let letters = topology
-                    .dead_letters(
-                        &publisher,
-                        &crate::dead::queues(&settings),
-                        crate::broker::MAX_LOOK,
-                    )
-                    .await?;
-                match letters.iter().find(|l| l.id == id) {
+                let queues = crate::dead::queues(&settings);
+                match topology.dead_letter(&publisher, &queues, &id).await? {
                     Some(letter) => {
-                        print_one(letter)?;
+                        print_one(&letter)?;
                         ExitCode::SUCCESS
                     }
                     None => not_found(&id),

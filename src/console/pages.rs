@@ -182,7 +182,13 @@ fn dead_letter(d: &DeadLetter, admin: bool) -> Markup {
                 tr { th { "original queue" } td { (d.original_queue.as_deref().unwrap_or("-")) } }
                 tr { th { "session / turn" } td { (d.session_id.as_deref().unwrap_or("-")) " / " (d.turn_id.as_deref().unwrap_or("-")) } }
             }
-            details { summary { "body" } pre { (body) } }
+            details {
+                summary {
+                    "body"
+                    @if d.body_cut() { " (its first " (d.body.len()) " of " (d.body_bytes) " bytes: `aptix dead show` prints it whole)" }
+                }
+                pre { (body) }
+            }
             @if admin {
                 @for action in ["replay", "discard"] {
                     // The id is the client's message id: a form field, never part of a path.
