@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 use serde::Serialize;
 
@@ -57,25 +58,28 @@ pub struct DeadLetter {
 impl DeadLetter {
     fn of(message: &lapin::message::BasicGetMessage, queue: &str) -> Self {
         let d = &message.delivery;
-        let headers = d.properties.headers().as_ref().map(headers_of).unwrap_or_default();
+        let table = d.properties.headers().as_ref();
+        let headers = table.map(headers_of).unwrap_or_default();
         let text = |k: &str| headers.get(k).cloned();
         let (session, turn) = ids_in(&d.data);
         // A letter the broker dead-lettered carries the client's headers as they were; only
-        // the broker's own say where it came from.
-        let by_broker = headers.contains_key("x-first-death-reason");
+        // the broker's newest death says where it came from and why.
+        let death = table.and_then(broker_death);
+        let by_broker = death.is_some();
         let ours = |k: &str| if by_broker { None } else { text(k) };
         let kind = d.properties.kind().as_ref().map(|k| k.to_string()).filter(|k| k != "dead");
+        let (died_in, why) = death.map_or((None, None), |d| (d.queue, Some(d.reason)));
         DeadLetter {
             id: d.properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
             reason: ours(headers::REASON)
-                .or_else(|| text("x-first-death-reason").map(|r| format!("broker: {r}")))
+                .or_else(|| why.map(|r| format!("broker: {r}")))
                 .unwrap_or_else(|| "unknown".to_owned()),
             stage: ours(headers::STAGE),
-            original_queue: ours(headers::ORIGINAL_QUEUE).or_else(|| text("x-first-death-queue")),
+            original_queue: ours(headers::ORIGINAL_QUEUE).or(died_in),
             original_type: ours(headers::ORIGINAL_TYPE).or(kind),
             user: ours(headers::USER_ID),
-            session_id: text(headers::SESSION_ID).or(session),
-            turn_id: text(headers::TURN_ID).or(turn),
+            session_id: ours(headers::SESSION_ID).or(session),
+            turn_id: ours(headers::TURN_ID).or(turn),
             body: d.data.clone(),
             body_bytes: d.data.len(),
             queue: queue.to_owned(),
@@ -86,6 +90,12 @@ impl DeadLetter {
     /// The letter as a list keeps it: its body cut to [`LISTED_BODY`] bytes.
     fn listed(mut self) -> Self {
         self.body.truncate(LISTED_BODY);
+        // Not mid-character: a text body stays text.
+        if let Err(e) = std::str::from_utf8(&self.body) {
+            if e.error_len().is_none() && self.body.len() < self.body_bytes {
+                self.body.truncate(e.valid_up_to());
+            }
+        }
         self.body.shrink_to_fit();
         self
     }
@@ -98,6 +108,37 @@ impl DeadLetter {
     /// The body as text when it is UTF-8.
     pub fn body_text(&self) -> Option<&str> {
         std::str::from_utf8(&self.body).ok()
+    }
+}
+
+/// Where and why the broker dead-lettered a letter.
+struct Death {
+    queue: Option<String>,
+    reason: String,
+}
+
+/// The broker's newest death of a letter it dead-lettered; `None` for a worker's letter. The
+/// broker always adds its death at the head of `x-death`, and writes `x-first-death-*` except
+/// (RabbitMQ 3.10–3.12) on a message that already carried an `x-death`, which a client can set
+/// on its request, together with forged `x-first-death-*`: so the head of `x-death` is read.
+/// A worker's letter carries neither: it keeps only text and number headers (`headers_of`).
+fn broker_death(table: &FieldTable) -> Option<Death> {
+    let text = |t: &FieldTable, k: &str| match t.inner().get(k) {
+        Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+        Some(AMQPValue::ShortString(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    match table.inner().get("x-death") {
+        Some(AMQPValue::FieldArray(deaths)) => match deaths.as_slice().first() {
+            Some(AMQPValue::FieldTable(newest)) => Some(Death {
+                queue: text(newest, "queue"),
+                reason: text(newest, "reason").unwrap_or_else(|| "unknown".to_owned()),
+            }),
+            _ => Some(Death { queue: None, reason: "unknown".to_owned() }),
+        },
+        Some(_) => Some(Death { queue: None, reason: "unknown".to_owned() }),
+        None => text(table, "x-first-death-reason")
+            .map(|reason| Death { queue: text(table, "x-first-death-queue"), reason }),
     }
 }
 
@@ -315,4 +356,46 @@ async fn get(
     crate::metrics::metrics().amqp("basic.get");
     let options = BasicGetOptions { no_ack: false };
     Ok(ch.basic_get(queue.into(), options).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
+        let mut t = FieldTable::default();
+        for (k, v) in pairs {
+            t.insert(k.into(), v);
+        }
+        t
+    }
+
+    fn long(s: &str) -> AMQPValue {
+        AMQPValue::LongString(s.into())
+    }
+
+    #[test]
+    fn only_the_brokers_newest_death_describes_a_letter_it_made() {
+        assert!(broker_death(&table(vec![(headers::REASON, long("x"))])).is_none(), "a worker's");
+        // A client's request that came with a forged `x-death` and `x-first-death-*`,
+        // dead-lettered by the ingress queue: RabbitMQ 3.10 put its death first in `x-death`
+        // and left the forged `x-first-death-*` as they were.
+        let newest = table(vec![("queue", long("p.requests")), ("reason", long("expired"))]);
+        let forged = table(vec![("queue", long("p.persist")), ("reason", long("rejected"))]);
+        let deaths = vec![AMQPValue::FieldTable(newest), AMQPValue::FieldTable(forged)];
+        let letter = table(vec![
+            ("x-death", AMQPValue::FieldArray(deaths.into())),
+            ("x-first-death-queue", long("p.persist")),
+            ("x-first-death-reason", long("rejected")),
+        ]);
+        let death = broker_death(&letter).unwrap();
+        assert_eq!(
+            (death.queue.as_deref(), death.reason.as_str()),
+            (Some("p.requests"), "expired")
+        );
+        let odd = broker_death(&table(vec![("x-death", AMQPValue::Boolean(true))])).unwrap();
+        assert_eq!((odd.queue, odd.reason.as_str()), (None, "unknown"));
+        let first = table(vec![("x-first-death-reason", long("maxlen"))]);
+        assert_eq!(broker_death(&first).unwrap().reason, "maxlen");
+    }
 }

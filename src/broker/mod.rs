@@ -289,6 +289,10 @@ mod tests {
         use lapin::types::{parsing, AMQPValue};
         let (_, s) = parsing::parse_short_string(&b"\x04x\xff\xfey"[..]).unwrap();
         assert_eq!(s.as_str(), "x\u{fffd}\u{fffd}y");
+        // 255 bytes not UTF-8 read as at most 255 bytes: what is read can be written back.
+        let long = [&[255u8][..], &[0xff; 255]].concat();
+        let (_, s) = parsing::parse_short_string(&long[..]).unwrap();
+        assert!(s.as_str().len() <= 255 && s.as_str().ends_with('\u{fffd}'));
         let mut nested = vec![b'V'];
         for _ in 0..20_000 {
             let len = u32::try_from(nested.len()).unwrap().to_be_bytes();

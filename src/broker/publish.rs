@@ -62,11 +62,17 @@ impl Publisher {
     }
 
     /// Connects to `url` for publishing, with RabbitMQ 4's default message size limit (16 MiB)
-    /// and a 30 s confirm wait. The tools' connection: it also reads dead letters, which hold
-    /// what clients wrote, so it takes the broker's frames.
+    /// and a 30 s confirm wait.
     pub async fn connect(url: &str) -> Result<Self, BrokerError> {
-        let conn =
-            super::runtime::connect_named(url, "aptix", super::runtime::Frames::Clients).await?;
+        let conn = super::connect(url).await?;
+        Self::open_with(conn, 16 * 1024 * 1024, Duration::from_secs(30)).await
+    }
+
+    /// Like [`Publisher::connect`], on a connection that takes the broker's frames: the
+    /// operators' tools read dead letters with it, which hold what clients wrote.
+    pub async fn connect_reading_clients(url: &str) -> Result<Self, BrokerError> {
+        let clients = super::runtime::Frames::Clients;
+        let conn = super::runtime::connect_named(url, "aptix", clients).await?;
         Self::open_with(conn, 16 * 1024 * 1024, Duration::from_secs(30)).await
     }
 

@@ -50,9 +50,10 @@ pub fn run(settings: Settings, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// A connection to the broker, or exit code 2 with the reason on stderr (the operator
-/// commands' shared answer to an unreachable RabbitMQ).
+/// commands' shared answer to an unreachable RabbitMQ). It takes the broker's frames: `aptix
+/// dead` reads dead letters with it, which hold what clients wrote.
 pub(super) async fn broker(settings: &Settings) -> Result<Publisher, ExitCode> {
-    Publisher::connect(settings.amqp.url.expose()).await.map_err(|e| {
+    Publisher::connect_reading_clients(settings.amqp.url.expose()).await.map_err(|e| {
         eprintln!("RabbitMQ at {} cannot be reached: {e}", settings.amqp.url);
         ExitCode::from(2)
     })

@@ -51,7 +51,7 @@ impl Console {
     /// A console over `settings`' database and broker, with its `console` settings.
     pub async fn connect(settings: Settings) -> anyhow::Result<Self> {
         let store = Store::connect(settings.database.url.expose(), 4)?;
-        let publisher = Publisher::connect(settings.amqp.url.expose()).await?;
+        let publisher = Publisher::connect_reading_clients(settings.amqp.url.expose()).await?;
         let topology = crate::pipeline::topology(&settings);
         let token = settings.console.admin_token.clone();
         let admin_token = token.filter(|t| !t.expose().is_empty());

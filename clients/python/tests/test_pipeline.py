@@ -356,13 +356,13 @@ def test_a_reply_to_that_names_no_reply_queue_is_refused(client, pipeline):
     assert isinstance(final, Final) and final.message_id == f"reply:{s.session_id}:t1:step-0", final
 
 
-def _publish_raw(pipeline, session_id: str, body: dict, **properties) -> str:
+def _publish_raw(pipeline, session_id: str, body: dict, message_id=None, **properties):
     """Publishes as a hostile client would, with properties pika sends byte for byte."""
     conn = pika.BlockingConnection(pika.URLParameters(pipeline.amqp_url))
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        mid = str(uuid.uuid4())
+        mid = message_id or str(uuid.uuid4())
         ch.basic_publish(f"{pipeline.prefix}.requests", session_id, json.dumps(body).encode(),
                          pika.BasicProperties(content_type="application/json", delivery_mode=2,
                                               message_id=mid, **properties), mandatory=True)
@@ -390,6 +390,13 @@ def test_a_property_that_is_not_utf8_is_refused_and_intake_goes_on(client, pipel
     reply = s.next_event(WAIT)
     assert isinstance(reply, Refused) and reply.code == CODE_REPLY_TO_INVALID, reply
     assert reply.correlation_id == mid and any("not UTF-8" in e.message for e in reply.errors), reply.errors
+    # A message_id of 255 bytes that are not UTF-8 reads as 255 bytes again (U+FFFD takes three:
+    # cut to fit), so the refusal can carry it back as its correlation_id.
+    _publish_raw(pipeline, s.session_id, {"SessionId": s.session_id, "TurnId": "t1", "Instruction": "x"},
+                 message_id=b"\xff" * 255, reply_to=b"\xff")
+    reply = s.next_event(WAIT)
+    assert isinstance(reply, Refused) and reply.code == CODE_REPLY_TO_INVALID, reply
+    assert reply.correlation_id == "\ufffd" * 85, reply.correlation_id
 
     # A header nested 20,000 arrays deep (100 KB, within one frame): read, nesting past what the
     # workers keep dropped; the turn itself is a valid one.

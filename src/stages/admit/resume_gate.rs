@@ -24,8 +24,11 @@ const MAX_SESSIONS: usize = 100_000;
 
 /// Sessions one tenant may have counted at once, so that one tenant resuming sessions by the
 /// thousand (existing or not: the count comes before any read) fills its own share, not the
-/// table every tenant's resumes are counted in.
+/// table every tenant's resumes are counted in. Without tenants, the table is the share.
 const MAX_SESSIONS_PER_TENANT: usize = MAX_SESSIONS / 10;
+
+/// How often the windows that ended are dropped at most.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Who resumed which session: the caller's tenant (none in a single-tenant deployment).
 type Counted = (Option<String>, SessionId);
@@ -43,20 +46,24 @@ pub(super) struct ResumeGate {
 struct Windows {
     open: HashMap<Counted, (Instant, u32)>,
     per_tenant: HashMap<Option<String>, usize>,
+    /// When the windows that ended were last dropped: at most once a second, so a tenant that
+    /// keeps resuming new sessions at its share's end costs one pass a second, not one a resume.
+    swept: Option<Instant>,
 }
 
 impl Windows {
-    /// Room for a window of `key` at `now`: the windows that ended are dropped first when the
-    /// table or the tenant's share is full.
+    /// Room for a window of `key` at `now`. A tenant's share bounds its windows; a single-tenant
+    /// deployment's callers (no tenant) share the whole table.
     fn room_for(&mut self, key: &Counted, now: Instant) -> bool {
         if self.open.contains_key(key) {
             return true;
         }
         let full = |w: &Windows| {
-            w.open.len() >= MAX_SESSIONS
-                || w.per_tenant.get(&key.0).copied().unwrap_or(0) >= MAX_SESSIONS_PER_TENANT
+            let share = w.per_tenant.get(&key.0).copied().unwrap_or(0);
+            w.open.len() >= MAX_SESSIONS || (key.0.is_some() && share >= MAX_SESSIONS_PER_TENANT)
         };
-        if full(&*self) {
+        if full(&*self) && self.swept.is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY) {
+            self.swept = Some(now);
             self.open.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
             self.per_tenant.clear();
             for (tenant, _) in self.open.keys() {
@@ -126,6 +133,11 @@ mod tests {
         }
         assert!(!gate.admit(Some("flood"), new(), t0), "its share is full");
         assert!(gate.admit(Some("other"), new(), t0), "another tenant's resume is counted");
+        assert!(!gate.admit(Some("flood"), new(), t0), "no sweep again within the second");
         assert!(gate.admit(Some("flood"), new(), t0 + WINDOW), "the windows ended");
+        let single = ResumeGate::new(1);
+        for _ in 0..=MAX_SESSIONS_PER_TENANT {
+            assert!(single.admit(None, new(), t0), "without tenants the table is the share");
+        }
     }
 }

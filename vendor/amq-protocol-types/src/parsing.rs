@@ -218,12 +218,25 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
 // Aptix patch (vendor/README.md): a short string that is not UTF-8 is decoded lossily (invalid
 // bytes read as U+FFFD), as RabbitMQ's Java client does, instead of failing the whole frame:
 // RabbitMQ forwards such bytes unchecked, and a frame that cannot be parsed closes the
-// connection and is redelivered to the next consumer forever.
+// connection and is redelivered to the next consumer forever. U+FFFD takes three bytes, so a
+// decoded string longer than a short string may be is cut, ending in U+FFFD, to fit again:
+// what is read can be written back (a reply's `correlation_id`, a dead letter's properties).
 fn make_str<I: Input<Item = u8>>(i: I) -> String {
     let bytes: Vec<u8> = i.iter_elements().collect();
     match String::from_utf8(bytes) {
         Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        Err(e) => {
+            let mut s = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            if s.len() > usize::from(u8::MAX) {
+                let mut end = usize::from(u8::MAX) - char::REPLACEMENT_CHARACTER.len_utf8();
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s.truncate(end);
+                s.push(char::REPLACEMENT_CHARACTER);
+            }
+            s
+        }
     }
 }
 
@@ -552,6 +565,11 @@ mod test {
             parse_short_string(&[3, 0x61, 0xff, 0x62][..]),
             Ok((EMPTY, "a\u{fffd}b".into()))
         );
+        let mut long = vec![255];
+        long.extend([0xff; 255]);
+        let (_, s) = parse_short_string(&long[..]).unwrap();
+        assert!(s.as_str().len() <= 255, "{}", s.as_str().len());
+        assert!(s.as_str().chars().all(|c| c == '\u{fffd}'));
     }
 
     #[test]
