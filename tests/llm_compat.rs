@@ -112,6 +112,27 @@ async fn a_streamed_answer_repeating_a_call_id_is_invalid() {
     );
 }
 
+/// An answer larger than the broker could carry on (16 MiB), as JSON or as one endless stream
+/// line, fails the call as an invalid answer instead of filling the worker that holds every
+/// tenant's calls.
+#[tokio::test]
+async fn an_answer_past_16_mib_is_invalid_not_read_to_its_end() {
+    let (base, script) = server().await;
+    let big = "x".repeat(17 << 20);
+    let json = format!("{{\"id\":\"r\",\"status\":\"completed\",\"output\":[],\"pad\":\"{big}\"}}");
+    let e = call(&base, &script, "application/json", json).await.unwrap_err();
+    assert!(
+        matches!(&e, LlmError::InvalidResponse(m) if m.contains("larger than 16 MiB")),
+        "{e:?}"
+    );
+    let endless = format!("{}data: {big}", sse(&[created()]));
+    let e = call(&base, &script, "text/event-stream", endless).await.unwrap_err();
+    assert!(
+        matches!(&e, LlmError::InvalidResponse(m) if m.contains("larger than 16 MiB")),
+        "{e:?}"
+    );
+}
+
 #[tokio::test]
 async fn streams_without_a_terminal_event_are_errors() {
     let (base, script) = server().await;

@@ -15,6 +15,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Connection};
 use tokio::sync::Semaphore;
 
+use super::runtime::Frames;
 use super::{BrokerError, OutMessage};
 
 /// Most channels one publisher keeps open, i.e. publishes awaiting their confirm at once.
@@ -64,15 +65,17 @@ impl Publisher {
     /// Connects to `url` for publishing, with RabbitMQ 4's default message size limit (16 MiB)
     /// and a 30 s confirm wait.
     pub async fn connect(url: &str) -> Result<Self, BrokerError> {
-        let conn = super::connect(url).await?;
-        Self::open_with(conn, 16 * 1024 * 1024, Duration::from_secs(30)).await
+        Self::connect_framed(url, Frames::Own).await
     }
 
     /// Like [`Publisher::connect`], on a connection that takes the broker's frames: the
     /// operators' tools read dead letters with it, which hold what clients wrote.
     pub async fn connect_reading_clients(url: &str) -> Result<Self, BrokerError> {
-        let clients = super::runtime::Frames::Clients;
-        let conn = super::runtime::connect_named(url, "aptix", clients).await?;
+        Self::connect_framed(url, Frames::Clients).await
+    }
+
+    async fn connect_framed(url: &str, frames: Frames) -> Result<Self, BrokerError> {
+        let conn = super::runtime::connect_named(url, "aptix", frames).await?;
         Self::open_with(conn, 16 * 1024 * 1024, Duration::from_secs(30)).await
     }
 

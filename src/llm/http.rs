@@ -22,6 +22,7 @@ use super::retry::{
     classify_status, classify_transport, error_chain, transport_error, AttemptError, RetryCause,
     RetryPolicy,
 };
+use super::sse::MAX_EVENT_BYTES;
 use super::{map_response, stream, Endpoint, LlmClient, LlmRequest, LlmResponse};
 use crate::config::{redact_url, LlmSettings};
 
@@ -156,15 +157,7 @@ impl HttpLlmClient {
         let raw = if is_sse {
             stream::read(resp, deadline, self.idle_timeout, deltas).await?
         } else {
-            let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
-                Err(_) => {
-                    return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request)))
-                }
-                Ok(Err(e)) => {
-                    return Err(AttemptError::retryable(RetryCause::Transport(transport_error(&e))))
-                }
-                Ok(Ok(bytes)) => bytes,
-            };
+            let bytes = read_answer(resp, deadline).await?;
             serde_json::from_slice(&bytes).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(
                     "the response body is not JSON: {e}"
@@ -201,6 +194,33 @@ fn log_provider_error(
         );
     } else if stripped {
         tracing::warn!(status, attempts, %endpoint, provider_error = %detail, "llm call failed after retries");
+    }
+}
+
+/// Reads a JSON answer, at most [`MAX_EVENT_BYTES`]: a larger one could not be handed on (the
+/// broker's limit), and a runaway one must not fill the worker that holds every tenant's calls.
+async fn read_answer(
+    mut resp: reqwest::Response,
+    deadline: Instant,
+) -> Result<Vec<u8>, AttemptError> {
+    let mut body = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Err(_) => {
+                return Err(AttemptError::retryable(RetryCause::Timeout(TimeoutPhase::Request)))
+            }
+            Ok(Err(e)) => {
+                return Err(AttemptError::retryable(RetryCause::Transport(transport_error(&e))))
+            }
+            Ok(Ok(None)) => return Ok(body),
+            Ok(Ok(Some(chunk))) if body.len() + chunk.len() > MAX_EVENT_BYTES => {
+                return Err(AttemptError::Fatal(LlmError::InvalidResponse(format!(
+                    "the answer is larger than {} MiB",
+                    MAX_EVENT_BYTES >> 20
+                ))))
+            }
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+        }
     }
 }
 

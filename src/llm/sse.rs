@@ -5,22 +5,42 @@
 //! ignored, since dispatch goes by the JSON `type`. An event cut off by the end of the stream is
 //! dropped, as the SSE specification says.
 
+/// The longest line or event data taken: a provider's answer larger than the broker carries
+/// (16 MiB) could not be handed on anyway, and an endless one must not fill the worker.
+pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a stream cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SseError {
+    /// A line is not UTF-8.
+    #[error("stream line is not UTF-8: {0}")]
+    NotUtf8(#[from] std::str::Utf8Error),
+    /// A line or an event's data passed [`MAX_EVENT_BYTES`].
+    #[error("a stream line or event is larger than {} MiB", MAX_EVENT_BYTES >> 20)]
+    TooLarge,
+}
+
 /// Incremental decoder; feed it chunks as they arrive.
 #[derive(Debug, Default)]
 pub(crate) struct SseDecoder {
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no line end: a long line is scanned once, not again
+    /// with every chunk that extends it.
+    scanned: usize,
     data: String,
     has_data: bool,
 }
 
 impl SseDecoder {
     /// Adds a chunk and returns the data of every event it completes, in order.
-    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, std::str::Utf8Error> {
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, SseError> {
         self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
         let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
+        let mut from = self.scanned;
+        while let Some(pos) = self.buf[from..].iter().position(|&b| b == b'\n') {
+            let end = from + pos;
+            from = end + 1;
             let line = &self.buf[start..end];
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let line = std::str::from_utf8(line)?;
@@ -36,11 +56,18 @@ impl SseDecoder {
                     }
                     self.data.push_str(value.strip_prefix(' ').unwrap_or(value));
                     self.has_data = true;
+                    if self.data.len() > MAX_EVENT_BYTES {
+                        return Err(SseError::TooLarge);
+                    }
                 }
             }
             start = end + 1;
         }
         self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        if self.buf.len() > MAX_EVENT_BYTES {
+            return Err(SseError::TooLarge);
+        }
         Ok(events)
     }
 }
@@ -63,5 +90,20 @@ mod tests {
         assert_eq!(d.push(&text[7..]).unwrap(), vec!["é"]);
         // An unterminated event is not emitted.
         assert!(d.push(b"data: partial").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_line_without_end_stops_at_the_bound() {
+        let mut d = SseDecoder::default();
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..(MAX_EVENT_BYTES >> 20) {
+            assert!(d.push(&chunk).unwrap().is_empty());
+        }
+        assert!(matches!(d.push(b"y"), Err(SseError::TooLarge)));
+        // Lines end where they end, after a long one was scanned across chunks.
+        let mut d = SseDecoder::default();
+        assert!(d.push(b"data: ab").unwrap().is_empty());
+        assert!(d.push(b"cd").unwrap().is_empty());
+        assert_eq!(d.push(b"\n\ndata: e\n\n").unwrap(), vec!["abcd", "e"]);
     }
 }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::delta::{DeltaEvent, DeltaSink, StreamDelta};
 use super::error::{LlmError, ProviderError, TimeoutPhase};
 use super::retry::{transport_error, AttemptError, RetryCause};
-use super::sse::SseDecoder;
+use super::sse::{SseDecoder, MAX_EVENT_BYTES};
 
 /// A function call being streamed.
 #[derive(Debug)]
@@ -37,6 +37,10 @@ struct Accumulator {
     texts: HashMap<String, String>,
 }
 
+/// The most bytes one stream may take: its deltas and its terminal event each repeat the
+/// answer, which is at most [`MAX_EVENT_BYTES`], so three times that is room and a bound.
+const MAX_STREAM_BYTES: usize = 3 * MAX_EVENT_BYTES;
+
 /// Reads the stream to its terminal event. `deadline` bounds the whole attempt, `idle` each
 /// silence between chunks.
 pub(crate) async fn read(
@@ -49,6 +53,7 @@ pub(crate) async fn read(
     let mut decoder = SseDecoder::default();
     let mut acc = Accumulator::default();
     let mut sink = DeltaSink::new(tx);
+    let mut received = 0usize;
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let (wait, phase) = if idle < remaining {
@@ -66,9 +71,16 @@ pub(crate) async fn read(
             Ok(Some(Err(e))) => return Err(acc.broken(RetryCause::Transport(transport_error(&e)))),
             Ok(Some(Ok(chunk))) => chunk,
         };
-        let events = decoder.push(&chunk).map_err(|e| {
-            AttemptError::Fatal(LlmError::InvalidResponse(format!("stream line is not UTF-8: {e}")))
-        })?;
+        received += chunk.len();
+        if received > MAX_STREAM_BYTES {
+            return Err(AttemptError::Fatal(LlmError::InvalidResponse(format!(
+                "the stream passed {} MiB without ending",
+                MAX_STREAM_BYTES >> 20
+            ))));
+        }
+        let events = decoder
+            .push(&chunk)
+            .map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e.to_string())))?;
         for data in events {
             let event: Value = serde_json::from_str(&data).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(

@@ -6,8 +6,9 @@
 //! worker's memory; a handover to another worker starts it again, which a hostile client cannot
 //! cause. A client that publishes a session's requests under routing keys other than its
 //! SessionId reaches other ingress partitions, each counting on its own: the bound is then the
-//! partition count times the limit, still a bound (client protocol §9a says so). It counts per tenant and session, so another tenant's resumes of a session (refused
-//! with `session.unavailable`) spend that tenant's count, not the session's own clients'.
+//! partition count times the limit, still a bound (client protocol §9a says so). It counts per
+//! tenant and session, so another tenant's resumes of a session (refused with
+//! `session.unavailable`) spend that tenant's count, not the session's own clients'.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
