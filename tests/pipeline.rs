@@ -443,3 +443,19 @@ async fn a_refused_api_key_reaches_the_client_as_a_fixed_sentence() {
     assert!(!serde_json::to_string(&records).unwrap().contains("Incorrect API key"), "{records:?}");
     h.teardown().await;
 }
+
+/// An answer asking the client about more calls than one submission may answer
+/// (`limits.max_tool_results`) fails the turn instead of leaving the session waiting for
+/// results no client can send; the session takes its next turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn more_client_calls_than_a_client_may_answer_fail_the_turn() {
+    let h = Harness::start_with(1, |s| s.limits.max_tool_results = 1).await;
+    let s = new_session();
+    let r1 = one_final(&h, &s, user_turn(&s, "t1", "Everything at once @call(*)")).await;
+    assert_eq!(r1["Successful"], false, "{r1}");
+    assert_eq!(r1["Errors"][0]["Code"], "llm.invalid_response", "{r1}");
+    assert!(r1["Errors"][0]["Message"].as_str().unwrap().contains("limits.max_tool_results"));
+    let r2 = one_final(&h, &s, user_turn(&s, "t2", "hello")).await;
+    assert_eq!(r2["Result"]["Kind"], "final", "{r2}");
+    h.teardown().await;
+}

@@ -73,6 +73,17 @@ pub(super) fn route(outcome: Outcome, tools: &ServerTools, executed: &[ServerExe
     }
 }
 
+/// How many calls `routed` asks the client about, when more than the `max` results or
+/// decisions one submission may carry (`limits.max_tool_results`): no client could answer.
+pub(super) fn unanswerable(routed: &Routed, max: usize) -> Option<usize> {
+    let asked = match routed {
+        Routed::Client { outcome: Outcome::ClientToolContinuation(c), .. } => c.tool_calls().len(),
+        Routed::Approval { gated, .. } => gated.len(),
+        _ => 0,
+    };
+    (asked > max).then_some(asked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +124,16 @@ mod tests {
         let ids: Vec<&str> = c.tool_calls().iter().map(|c| c.tool_call_id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
         assert_eq!(server, [call("s", "search_code")]);
+    }
+
+    #[test]
+    fn more_calls_than_a_client_may_answer_at_once_are_unanswerable() {
+        let many: Vec<ToolCall> = (0..3).map(|i| call(&format!("c{i}"), "read_file")).collect();
+        let routed = route(calls(&many), &tools(), &[]);
+        assert_eq!(unanswerable(&routed, 2), Some(3));
+        assert_eq!(unanswerable(&routed, 3), None);
+        let server = route(calls(&[call("s", "search_code")]), &tools(), &[]);
+        assert_eq!(unanswerable(&server, 0), None, "the server's own calls ask the client nothing");
     }
 
     #[test]

@@ -38,7 +38,7 @@ impl Persist {
 
 mod calls;
 
-use calls::{route, Routed};
+use calls::{route, unanswerable, Routed};
 
 /// What a round trip's end writes, before the record.
 struct Ending {
@@ -156,7 +156,25 @@ impl Persist {
             .map(|c| c.server_tools.clone())
             .unwrap_or_default();
         let executed = serde_json::to_value(&job.admitted.executed)?;
-        let (outcome, step_outcome, kind) = match route(outcome, &tools, &job.admitted.executed) {
+        let give_up = |error: ApiError| -> Result<Ending, StageError> {
+            let mut e = failed(vec![error], Some(a.raw.clone()), "error")?;
+            e.provider_id = Some(a.response_id.clone());
+            e.usage = a.usage.as_ref().map(serde_json::to_value).transpose()?;
+            Ok(e)
+        };
+        let routed = route(outcome, &tools, &job.admitted.executed);
+        let max = self.settings.limits.max_tool_results;
+        if let Some(calls) = unanswerable(&routed, max) {
+            // The client could never send that many results or decisions back: the turn would
+            // wait on it for good.
+            return give_up(ApiError::new(
+                ErrorCode::LlmInvalidResponse,
+                format!(
+                    "the model asked the client about {calls} tool calls in one answer; a client can answer at most {max} (limits.max_tool_results)"
+                ),
+            ));
+        }
+        let (outcome, step_outcome, kind) = match routed {
             Routed::Final(o) => (Some(o), StepOutcome::Completed, "final"),
             Routed::Client { outcome, server } => {
                 let Outcome::ClientToolContinuation(c) = &outcome else {
@@ -196,16 +214,12 @@ impl Persist {
                 return Err(StageError::unusable("an approval request as the model's answer"))
             }
             Routed::TooManyRounds(max) => {
-                let error = ApiError::new(
+                return give_up(ApiError::new(
                     ErrorCode::ToolsServerRoundsExceeded,
                     format!(
                         "the model called server tools in more than {max} round trips of this turn"
                     ),
-                );
-                let mut e = failed(vec![error], Some(a.raw.clone()), "error")?;
-                e.provider_id = Some(a.response_id.clone());
-                e.usage = a.usage.as_ref().map(serde_json::to_value).transpose()?;
-                return Ok(e);
+                ));
             }
         };
         let reply = outcome.map(|outcome| {
