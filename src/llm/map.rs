@@ -7,7 +7,8 @@
 //! `incomplete` is a final answer with whatever text exists plus a user warning, and its
 //! function calls are dropped because their arguments may be cut off. A refusal part, or status
 //! `failed`, is an error; so are two function calls sharing a `call_id` (their results and
-//! approvals could not be told apart).
+//! approvals could not be told apart) and a NUL character in text or a call (PostgreSQL stores
+//! no NUL in text).
 
 use serde_json::Value;
 
@@ -121,6 +122,9 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
                         _ => {}
                     }
                 }
+                if text.contains('\0') {
+                    return Err(nul(i));
+                }
                 c.messages.push(text);
             }
             Some("function_call") => {
@@ -138,6 +142,12 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
                 };
                 // Results and approvals name a call by its id: two calls sharing one could
                 // never both be answered, and the turn would wait for an answer it cannot get.
+                // A NUL, raw or escaped in the arguments' JSON (which a server tool's record
+                // parses), is text PostgreSQL cannot store.
+                let escaped = arguments_json.contains("\\u0000");
+                if [call_id, name, &arguments_json].iter().any(|s| s.contains('\0')) || escaped {
+                    return Err(nul(i));
+                }
                 if c.calls.iter().any(|c| c.tool_call_id == call_id) {
                     return Err(LlmError::InvalidResponse(format!(
                         "output[{i}] is a function_call repeating an earlier call's call_id"
@@ -153,6 +163,13 @@ fn collect(items: &[Value]) -> Result<Collected, LlmError> {
         }
     }
     Ok(c)
+}
+
+/// The error of an output item holding a NUL character.
+fn nul(i: usize) -> LlmError {
+    LlmError::InvalidResponse(format!(
+        "output[{i}] holds a NUL character, which no stored text may hold"
+    ))
 }
 
 /// Maps `usage`, treating every detail as optional (providers and versions differ).
@@ -226,6 +243,16 @@ mod tests {
             map_response(resp("completed", json!([]))),
             Err(LlmError::InvalidResponse(_))
         ));
+    }
+
+    #[test]
+    fn a_nul_in_text_or_a_call_is_an_invalid_answer() {
+        let text = json!({"type":"message","content":[{"type":"output_text","text":"a\u{0}b"}]});
+        let args = json!({"type":"function_call","call_id":"c","name":"t","arguments":"{\"q\":\"\\u0000\"}"});
+        for item in [text, args] {
+            let r = map_response(resp("completed", json!([item])));
+            assert!(matches!(&r, Err(LlmError::InvalidResponse(m)) if m.contains("NUL")), "{r:?}");
+        }
     }
 
     #[test]
