@@ -133,6 +133,35 @@ async fn an_answer_past_16_mib_is_invalid_not_read_to_its_end() {
     );
 }
 
+/// One call, every attempt and wait included, ends at `llm.call_budget_ms`: a server that keeps
+/// a stream open with comments (each resets the idle timer) would otherwise hold the delivery
+/// for every attempt's whole `request_timeout_ms`, past the broker's ack timeout.
+#[tokio::test]
+async fn a_call_ends_at_its_budget_whatever_its_attempts_could_take() {
+    let drip = || {
+        let ticks = futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            Some((Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(b": x\n\n")), ()))
+        });
+        ([(header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(ticks))
+    };
+    let app = Router::new().route("/v1/responses", post(move || async move { drip() }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut settings = settings(&base);
+    (settings.request_timeout_ms, settings.max_retries, settings.call_budget_ms) = (400, 5, 500);
+    let client = HttpLlmClient::new(&settings).expect("client");
+    let endpoint = Endpoint::new(&base, None);
+    let request = RequestBody::new(&json!({"model":"m","input":"hi","stream":true}));
+    let e = client
+        .create(LlmRequest { endpoint: &endpoint, body: &request, deltas: None, once: false })
+        .await
+        .unwrap_err();
+    // Six attempts of 400 ms were allowed; the budget leaves room for two.
+    assert!(matches!(e, LlmError::Timeout { attempts: 1..=2, .. }), "{e:?}");
+}
+
 #[tokio::test]
 async fn streams_without_a_terminal_event_are_errors() {
     let (base, script) = server().await;

@@ -103,6 +103,7 @@ impl Settings {
             ("llm.connect_timeout_ms", self.llm.connect_timeout_ms),
             ("llm.request_timeout_ms", self.llm.request_timeout_ms),
             ("llm.stream_idle_timeout_ms", self.llm.stream_idle_timeout_ms),
+            ("llm.call_budget_ms", self.llm.call_budget_ms),
         ] {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));

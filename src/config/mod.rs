@@ -213,6 +213,15 @@ pub struct LlmSettings {
     pub retry_max_delay_ms: u64,
     /// Longest server-requested `Retry-After` honoured, milliseconds; a longer one ends the retries.
     pub retry_after_max_ms: u64,
+    /// Longest one call may take, every attempt and wait included, milliseconds: under
+    /// RabbitMQ's `consumer_timeout` (30 min by default), past which the broker takes back every
+    /// delivery the invoke worker holds.
+    #[serde(default = "default_call_budget_ms")]
+    pub call_budget_ms: u64,
+}
+
+fn default_call_budget_ms() -> u64 {
+    20 * 60 * 1000
 }
 
 /// Vector store settings.

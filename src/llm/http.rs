@@ -35,6 +35,8 @@ pub struct HttpLlmClient {
     http: reqwest::Client,
     policy: RetryPolicy,
     request_timeout: Duration,
+    /// Longest one call may take, every attempt and wait included.
+    call_budget: Duration,
     idle_timeout: Duration,
 }
 
@@ -51,6 +53,7 @@ impl HttpLlmClient {
             http,
             policy: RetryPolicy::from_settings(settings),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            call_budget: Duration::from_millis(settings.call_budget_ms),
             idle_timeout: Duration::from_millis(settings.stream_idle_timeout_ms),
         })
     }
@@ -80,12 +83,17 @@ impl HttpLlmClient {
         let url = request.endpoint.url("responses");
         let attempts = AtomicU32::new(0);
         let once = request.once;
+        // No attempt runs past the call's budget, and none starts after it.
+        let budget_end = Instant::now() + self.call_budget;
         let result = (|| {
             attempts.fetch_add(1, Ordering::Relaxed);
-            self.attempt(&url, request.endpoint, body.clone(), streaming, request.deltas)
+            let deadline = budget_end.min(Instant::now() + self.request_timeout);
+            self.attempt(&url, request.endpoint, body.clone(), streaming, request.deltas, deadline)
         })
         .retry(self.policy.backoff())
-        .when(|e| e.is_retryable() && !(once && e.may_have_been_billed()))
+        .when(|e| {
+            e.is_retryable() && !(once && e.may_have_been_billed()) && Instant::now() < budget_end
+        })
         .adjust(|e, backoff| self.policy.adjust(e, backoff))
         .notify(|e, wait| {
             let attempt = attempts.load(Ordering::Relaxed);
@@ -120,8 +128,8 @@ impl HttpLlmClient {
         body: Bytes,
         streaming: bool,
         deltas: Option<&mpsc::Sender<StreamDelta>>,
+        deadline: Instant,
     ) -> Result<(Value, Option<String>), AttemptError> {
-        let deadline = Instant::now() + self.request_timeout;
         let accept = if streaming { "text/event-stream" } else { "application/json" };
         let mut builder = self
             .http

@@ -36,6 +36,7 @@ pub fn settings(base_url: &str) -> LlmSettings {
         retry_initial_delay_ms: 10,
         retry_max_delay_ms: 40,
         retry_after_max_ms: 3000,
+        call_budget_ms: 60_000,
     }
 }
 
