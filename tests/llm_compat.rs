@@ -10,6 +10,7 @@ use crate::sim_support;
 
 use std::sync::{Arc, Mutex};
 
+use aptix::config::LlmSettings;
 use aptix::contracts::Outcome;
 use aptix::llm::{Endpoint, HttpLlmClient, LlmError, LlmRequest, LlmResponse, RequestBody};
 use axum::extract::State;
@@ -34,10 +35,15 @@ async fn server() -> (String, Script) {
             }),
         )
         .with_state(script.clone());
+    (serve(app).await, script)
+}
+
+/// Serves `app` on a free local port; its base URL (`…/v1`).
+async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}/v1"), script)
+    format!("http://{addr}/v1")
 }
 
 fn sse(events: &[Value]) -> String {
@@ -57,7 +63,12 @@ async fn call(
     *script.lock().expect("lock") = (kind, body);
     let mut settings = settings(base);
     settings.max_retries = 1;
-    let client = HttpLlmClient::new(&settings).expect("client");
+    create(base, &settings).await
+}
+
+/// One streamed call to `base` with `settings`.
+async fn create(base: &str, settings: &LlmSettings) -> Result<LlmResponse, LlmError> {
+    let client = HttpLlmClient::new(settings).expect("client");
     let endpoint = Endpoint::new(base, None);
     let request = RequestBody::new(&json!({"model":"m","input":"hi","stream":true}));
     client
@@ -120,17 +131,14 @@ async fn an_answer_past_16_mib_is_invalid_not_read_to_its_end() {
     let (base, script) = server().await;
     let big = "x".repeat(17 << 20);
     let json = format!("{{\"id\":\"r\",\"status\":\"completed\",\"output\":[],\"pad\":\"{big}\"}}");
-    let e = call(&base, &script, "application/json", json).await.unwrap_err();
-    assert!(
-        matches!(&e, LlmError::InvalidResponse(m) if m.contains("larger than 16 MiB")),
-        "{e:?}"
-    );
     let endless = format!("{}data: {big}", sse(&[created()]));
-    let e = call(&base, &script, "text/event-stream", endless).await.unwrap_err();
-    assert!(
-        matches!(&e, LlmError::InvalidResponse(m) if m.contains("larger than 16 MiB")),
-        "{e:?}"
-    );
+    for (kind, body) in [("application/json", json), ("text/event-stream", endless)] {
+        let e = call(&base, &script, kind, body).await.unwrap_err();
+        assert!(
+            matches!(&e, LlmError::InvalidResponse(m) if m.contains("larger than 16 MiB")),
+            "{kind}: {e:?}"
+        );
+    }
 }
 
 /// One call, every attempt and wait included, ends at `llm.call_budget_ms`: a server that keeps
@@ -145,19 +153,11 @@ async fn a_call_ends_at_its_budget_whatever_its_attempts_could_take() {
         });
         ([(header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(ticks))
     };
-    let app = Router::new().route("/v1/responses", post(move || async move { drip() }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base =
+        serve(Router::new().route("/v1/responses", post(move || async move { drip() }))).await;
     let mut settings = settings(&base);
     (settings.request_timeout_ms, settings.max_retries, settings.call_budget_ms) = (400, 5, 500);
-    let client = HttpLlmClient::new(&settings).expect("client");
-    let endpoint = Endpoint::new(&base, None);
-    let request = RequestBody::new(&json!({"model":"m","input":"hi","stream":true}));
-    let e = client
-        .create(LlmRequest { endpoint: &endpoint, body: &request, deltas: None, once: false })
-        .await
-        .unwrap_err();
+    let e = create(&base, &settings).await.unwrap_err();
     // Six attempts of 400 ms were allowed; the budget leaves room for two.
     assert!(matches!(e, LlmError::Timeout { attempts: 1..=2, .. }), "{e:?}");
 }
