@@ -282,3 +282,36 @@ async fn a_stage_message_without_the_pipelines_mac_is_dead_lettered_before_its_s
     assert_eq!(replies.last().unwrap().body["Successful"], true);
     h.teardown().await;
 }
+
+/// A request that names no session is not ordered: when a consumer dies on it, the ingress
+/// publishes it again with its redelivery count, under the pipeline's MAC (the ingress drops a
+/// client's own counts). The count survives each round, so a crash loop ends as poison after
+/// `max_redeliveries` even on a classic ingress, which has no delivery limit of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessionless_request_a_consumer_keeps_dying_on_ends_as_poison() {
+    let h = Harness::start(0).await;
+    let request = h.topology.request("-", "no-session".into(), br#"{"TurnId":"x"}"#.to_vec());
+    h.publisher.publish(&request).await.unwrap();
+    let ingress = h.topology.ingress_queues()[0].clone();
+    let validate = StageName::new("validate");
+    // As a pipeline process runs it: with the message key (`drive` runs without one).
+    let settings = aptix::pipeline::runtime_settings(&h.deps.settings, validate);
+    assert!(settings.keys.is_some());
+    let handler = aptix::pipeline::handler(&h.deps, validate).unwrap();
+    let limit = settings.max_redeliveries;
+    for round in 0..=limit {
+        // A consumer takes it and dies before acknowledging: the broker delivers it again.
+        let ch = h.conn.create_channel().await.unwrap();
+        let got = ch.basic_get(ingress.as_str().into(), BasicGetOptions::default()).await.unwrap();
+        assert!(got.is_some(), "round {round}: the request is not in the ingress queue");
+        ch.close(200, "died".into()).await.unwrap();
+        let handled = process_one(validate, &*handler, &h.conn, &h.publisher, &settings).await;
+        assert!(handled.unwrap(), "round {round}");
+    }
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let died = format!("poison: delivered to a consumer that died {} times", limit + 1);
+    assert_eq!(dead[0].0["x-aptix-reason"], died, "{:?}", dead[0].0);
+    assert!(h.take_all(&ingress).await.is_empty(), "nothing left to loop");
+    h.teardown().await;
+}

@@ -27,10 +27,11 @@ impl Job {
     pub(super) fn new(
         mut d: lapin::message::Delivery,
         ingress: bool,
-        handler: &dyn Handler,
+        worker: &Worker,
         in_flight: Option<&Arc<InFlight>>,
     ) -> Self {
-        let delivery = detach(&mut d, ingress, handler);
+        let keys = worker.settings.keys.as_ref();
+        let delivery = detach(&mut d, ingress, keys, worker.handler.as_ref());
         Job { acker: d.acker, delivery, _in_flight: in_flight.map(InFlight::enter) }
     }
 }

@@ -47,6 +47,13 @@ pub const MAC_HEADER: &str = headers::MAC;
 pub fn stage_mac_fields<'a>(kind: &'a str, queue: &'a str) -> [&'a str; 3] {
     ["aptix.stage/v1", kind, queue]
 }
+/// What the MAC of a copy the ingress republishes to itself (a redelivery's count, a retry
+/// through a delay queue) is over, before its body: its counters, which the ingress otherwise
+/// drops with a client's headers. A request that names no session is not ordered, so its
+/// crash loop is bounded by this count alone on a classic ingress.
+pub fn ingress_count_fields<'a>(attempt: &'a str, redeliveries: &'a str) -> [&'a str; 3] {
+    ["aptix.ingress-count/v1", attempt, redeliveries]
+}
 pub use delivery::header_text;
 pub use message::{HeaderValue, OutMessage};
 pub use partitioned::run_partitioned;

@@ -145,7 +145,7 @@ impl<'a> Partitions<'a> {
                 Event::Delivery(_, Err(e)) => return Err(e.into()),
                 Event::Delivery(p, Ok(d)) => {
                     let in_flight = self.held.get(&p).map(|h| &h.in_flight);
-                    let job = Job::new(d, true, worker.handler.as_ref(), in_flight);
+                    let job = Job::new(d, true, worker, in_flight);
                     ordered.route(job, worker, &self.tracker);
                 }
                 Event::Ended(p, generation) => {

@@ -215,7 +215,7 @@ async fn dispatch(
     consumer: &mut SelectAll<super::stage_consumers::Deliveries>,
     tracker: &TaskTracker,
 ) -> Result<(), BrokerError> {
-    let (stage, handler) = (worker.stage, &worker.handler);
+    let stage = worker.stage;
     let ingress = worker.settings.topology.is_ingress(stage);
     let mut ordered = Ordered::default();
     let mut watch = tokio::time::interval(Duration::from_secs(1));
@@ -237,7 +237,7 @@ async fn dispatch(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(d)) => d,
         };
-        let job = Job::new(delivery, ingress, handler.as_ref(), None);
+        let job = Job::new(delivery, ingress, worker, None);
         ordered.route(job, worker, tracker);
     }
 }
@@ -306,7 +306,8 @@ pub async fn process_one(
         }
     }
     let Some(mut msg) = got else { return Ok(false) };
-    let d = detach(&mut msg.delivery, settings.topology.is_ingress(stage), handler);
+    let keys = settings.keys.as_ref();
+    let d = detach(&mut msg.delivery, settings.topology.is_ingress(stage), keys, handler);
     let acker = msg.delivery.acker;
     let shutdown = CancellationToken::new();
     let settler = Settler { stage, handler, publisher, settings, shutdown: &shutdown };

@@ -22,8 +22,8 @@ mod give_up;
 use super::replies::{keep_unrouted, Handed, Refused};
 use super::settings::RuntimeSettings;
 use super::{
-    BrokerError, Delivery, Disposition, Handler, MessageKeys, OutMessage, Publisher, StageName,
-    MAC_HEADER,
+    BrokerError, Delivery, Disposition, Handler, HeaderValue, MessageKeys, OutMessage, Publisher,
+    StageName, MAC_HEADER,
 };
 use crate::contracts::headers;
 
@@ -222,7 +222,7 @@ impl Settler<'_> {
         if count > self.settings.max_redeliveries {
             return self.poison(d, count).await;
         }
-        let copy = copy_of(d, &self.queue(), headers::REDELIVERIES, count);
+        let copy = self.counted(copy_of(d, &self.queue(), headers::REDELIVERIES, count));
         self.publish(&[copy]).await?;
         Ok(Settled::Done("requeued"))
     }
@@ -236,7 +236,7 @@ impl Settler<'_> {
         let mut copy = copy_of(d, &self.queue(), headers::ATTEMPT, next);
         copy.exchange = self.settings.topology.delay_exchange(tier);
         copy.headers.insert(headers::LAST_ERROR.into(), reason.into());
-        self.publish(&[copy]).await?;
+        self.publish(&[self.counted(copy)]).await?;
         Ok(Settled::Done("retried"))
     }
 
@@ -254,6 +254,17 @@ impl Settler<'_> {
             return Ok(None);
         }
         Ok(Some((next, super::retry_tier_ms(d.attempt))))
+    }
+
+    /// `copy` with a MAC over its counts when it goes back to the ingress, which keeps the
+    /// counters of a client's message only with one (`delivery::keep_client_headers`).
+    fn counted(&self, copy: OutMessage) -> OutMessage {
+        let ingress = self.settings.topology.is_ingress(self.stage);
+        let Some(keys) = self.settings.keys.as_ref().filter(|_| ingress) else { return copy };
+        let count = |k: &str| copy.headers.get(k).map(HeaderValue::as_text).unwrap_or_default();
+        let (attempt, redeliveries) = (count(headers::ATTEMPT), count(headers::REDELIVERIES));
+        let mac = keys.sign(&super::ingress_count_fields(&attempt, &redeliveries), &copy.body);
+        copy.header(MAC_HEADER, mac)
     }
 
     /// Why a delivery of a stage after the ingress is not the pipeline's own (see `mac`).
