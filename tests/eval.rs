@@ -1,7 +1,9 @@
 //! `aptix eval` (issue 45) on the real pipeline's stored turns: a seeded conversation replayed on
 //! two arms, one worse by construction (its context caps answers at 16 output tokens, so the
-//! simulator cuts them short), and the report must say so; the command line resumes a run and
-//! prints its report as JSON.
+//! simulator cuts them short), and the report must say so; an arm whose model the provider
+//! rejects ran nothing and is left out of the comparison, not reported worse; an interrupted run
+//! judges nothing and says it is partial; the command line resumes a run and prints its report
+//! as JSON.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -10,7 +12,9 @@ use std::time::Duration;
 
 use aptix::eval::{Arm, EvalOptions, Judge, Scorers, ORIGINAL};
 use aptix::reprocess::Selection;
+use aptix::sim::Fault;
 use common::{new_session, user_turn, Harness};
+use tokio_util::sync::CancellationToken;
 
 const TURNS: usize = 8;
 /// What the judge may spend: enough for every answer of the test (24 judgements at about
@@ -99,6 +103,58 @@ async fn a_worse_arm_is_reported_worse_and_an_unchanged_one_is_not() {
     let kept = h.deps.store.eval_runs(10).await.unwrap();
     let (run, json, _) = kept.iter().find(|(run, _, _)| *run == opts.run).unwrap();
     assert_eq!((run.as_str(), json["version"].as_u64()), (opts.run.as_str(), Some(1)));
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_arm_that_ran_nothing_is_left_out_and_an_interrupted_run_judges_nothing() {
+    let h = Harness::start(1).await;
+    seeded(&h).await;
+    let mut opts = EvalOptions {
+        selection: Selection { all: true, ..Selection::default() },
+        run: format!("ev-gone-{}", h.id),
+        arms: vec![arm("control")],
+        baseline: "control".into(),
+        scorers: Scorers::default(),
+        judge: None,
+        rate: None,
+        concurrency: 4,
+    };
+    let (store, llm) = (&h.deps.store, h.deps.llm.clone());
+    let cancel = CancellationToken::new();
+    aptix::eval::run(store, h.settings.clone(), llm.clone(), &opts, &cancel).await.unwrap();
+    // A second arm on a model the provider does not serve: every one of its calls (one round
+    // trip per turn) is refused with 404 `model_not_found`, so its turns fail and write nothing.
+    h.sim.faults().fail_next(Fault::Status { status: 404 }, TURNS);
+    opts.arms.push(arm("gone:model=gpt-retired"));
+    let report =
+        aptix::eval::run(store, h.settings.clone(), llm.clone(), &opts, &cancel).await.unwrap();
+    eprintln!("{report}");
+    assert_eq!(h.sim.faults().queued(), 0, "the arm's turns were tried: {report}");
+    let not_run: Vec<(&str, usize)> =
+        report.arms.iter().map(|a| (a.name.as_str(), a.turns_not_run)).collect();
+    assert_eq!(not_run, [(ORIGINAL, 0), ("control", 0), ("gone", TURNS)]);
+    let gone = &report.arms[2];
+    assert_eq!((gone.round_trips, gone.turns_not_done), (0, TURNS), "{report}");
+    // Turns it never ran say nothing of its answers: no comparison, no regression.
+    assert!(gone.versus_baseline.is_empty(), "{report}");
+    assert!(report.regressions.is_empty(), "{report}");
+    assert!(report.to_string().contains(&format!("{TURNS} not run")), "{report}");
+    assert!(!report.interrupted);
+    // Interrupted (Ctrl-C before anything starts): no turn is replayed, the judge judges
+    // nothing, and the report kept says it is partial.
+    opts.judge =
+        Some(Judge { rubric: "Be whole.".into(), model: "gpt-5.1".into(), budget_usd: None });
+    let calls = h.sim.requests().len();
+    cancel.cancel();
+    let report = aptix::eval::run(store, h.settings.clone(), llm, &opts, &cancel).await.unwrap();
+    assert_eq!(h.sim.requests().len(), calls, "an interrupted run calls nothing: {report}");
+    assert!(report.interrupted, "{report}");
+    let judge = report.judge.as_ref().unwrap();
+    assert_eq!((judge.judged, judge.unjudged, judge.cost_usd), (0, 2 * TURNS, 0.0), "{report}");
+    assert_eq!(report.arms[1].round_trips, TURNS, "the records so far are still reported");
+    let kept = store.eval_run(&opts.run).await.unwrap().unwrap();
+    assert_eq!(kept["interrupted"], true);
     h.teardown().await;
 }
 

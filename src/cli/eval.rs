@@ -118,7 +118,7 @@ pub fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<ExitCode> {
         let cancel = crate::pipeline::shutdown_on_signals();
         let report = eval::run(&store, settings, llm, &opts, &cancel).await;
         finish(report, args.json, |r: &EvalReport| {
-            if r.arms.iter().any(|a| a.turns_not_done > 0) {
+            if r.interrupted || r.arms.iter().any(|a| a.turns_not_done > 0) {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS

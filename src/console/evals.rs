@@ -55,6 +55,10 @@ pub(super) async fn page(
         &format!("Evaluation {run}"),
         html! {
             p { "Baseline " strong { (report.baseline) } "; regressions by " strong { (report.primary) } "." }
+            @if report.interrupted { p.notice { "Interrupted: what ran before the stop, judged no further." } }
+            @for a in report.arms.iter().filter(|a| a.turns_not_run > 0) {
+                p.note { (a.name) ": " (a.turns_not_run) " turns not run, left out of the comparison." }
+            }
             @for name in &scorers {
                 @let bars: Vec<(String, f64, f64, f64)> = report.arms.iter().filter_map(|a| {
                     a.scores.get(*name).map(|e| (a.name.clone(), e.mean, e.low, e.high))

@@ -6,8 +6,10 @@
 //! nothing twice), and each result an immutable record linked to its original. The report
 //! gives each arm's mean per scorer with a 95 % interval, each arm against the baseline arm on
 //! the same round trips (mean difference, interval, sign test), and the worst regressions with
-//! both records' ids and the console's page of their turn. The built-in `original` arm is the
-//! stored records themselves. It is kept in PostgreSQL (`eval_runs`) for the console.
+//! both records' ids and the console's page of their turn. A turn an arm has no record of (never
+//! run, or no answer came) is left out of its comparison and counted apart. The built-in
+//! `original` arm is the stored records themselves. It is kept in PostgreSQL (`eval_runs`) for
+//! the console; an interrupted run's report is kept too, marked `interrupted`.
 
 mod judge;
 mod report;
@@ -93,6 +95,8 @@ pub struct EvalOptions {
 }
 
 /// Runs every arm, then scores and compares them; the report is also saved for the console.
+/// Once `cancel` is set no turn and no judgement starts (those in flight finish) and the report,
+/// saved all the same, is marked `interrupted`.
 pub async fn run(
     store: &Store,
     settings: Arc<Settings>,
@@ -134,14 +138,20 @@ pub async fn run(
             let endpoint = crate::llm::Endpoint::resolve(&settings.llm, None)
                 .map_err(|e| ReprocessError::Options(format!("the judge's endpoint: {e}")))?;
             let price = settings.price_of(&judge.model);
+            // Once cancelled the judge starts no judgement (those left are counted unjudged):
+            // it would spend on a partial run, which the next invocation judges again anyway.
             let (judged, spend) =
-                judge::run(judge, llm.as_ref(), &endpoint, price, &rows, opts.concurrency).await;
+                judge::run(judge, llm.as_ref(), &endpoint, price, &rows, opts.concurrency, cancel)
+                    .await;
             (judged, Some(spend))
         }
         None => Default::default(),
     };
     let mut report = report::build(opts, &rows, &runs, &settings.telemetry.prices, &judged);
     report.judge = spend;
+    // Kept although partial, for the console and because resuming checks its arms against it
+    // (`same_arms`: an arm's records so far were made with its model), but marked as partial.
+    report.interrupted = cancel.is_cancelled();
     let json = serde_json::to_value(&report).map_err(|e| ReprocessError::Options(e.to_string()))?;
     store.save_eval(&opts.run, &json).await?;
     Ok(report)

@@ -1,9 +1,11 @@
 //! The report of an evaluation (versioned JSON, kept in `eval_runs`): per arm the mean of each
 //! scorer with its 95 % interval and, against the baseline arm on the same round trips, the mean
 //! difference and the sign test; then the worst regressions of the primary scorer (`regex` when
-//! given, else `exact`), each with both records' ids and the console's page of its turn.
+//! given, else `exact`), each with both records' ids and the console's page of its turn. A turn
+//! an arm has no record of at all was never run and is left out of its comparison (counted in
+//! `turns_not_run`); a round trip it never reached within a turn it ran counts against it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -38,6 +40,11 @@ pub struct EvalReport {
     /// What the LLM judge did and spent, when there was one.
     #[serde(default)]
     pub judge: Option<super::JudgeSpend>,
+    /// The run was interrupted (Ctrl-C, shutdown): arms after that point ran nothing more and
+    /// the judge was not started or stopped early, so the report is partial. Running the same
+    /// `--run` again finishes it.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 /// One arm's results.
@@ -56,6 +63,12 @@ pub struct ArmReport {
     /// Turns it cannot replay (a steered follow-up, a turn whose saved inputs are gone).
     #[serde(default)]
     pub turns_not_replayable: usize,
+    /// Turns of the evaluation (those any arm has a record of) that this arm has no record of:
+    /// never run (interrupted before or during its arm) or failed without an answer (the
+    /// provider rejected its model, say). They are left out of `versus_baseline` and the
+    /// regressions, since they say nothing of how the arm answers.
+    #[serde(default)]
+    pub turns_not_run: usize,
     /// Per scorer: the mean and its interval.
     pub scores: BTreeMap<String, Estimate>,
     /// Per scorer: this arm minus the baseline on the round trips both have.
@@ -87,6 +100,9 @@ pub struct Regression {
 
 type Key = (Uuid, String, i32);
 
+/// Turns (session, turn id) an arm has a record of, at any round trip.
+type Turns<'a> = BTreeSet<(Uuid, &'a str)>;
+
 /// One arm's scored round trips: scores and the record each came from.
 type Scored = BTreeMap<Key, (BTreeMap<&'static str, f64>, Uuid)>;
 
@@ -116,6 +132,8 @@ pub fn build(
     let primary = if opts.scorers.expect.is_some() { "regex" } else { "exact" };
     let empty = Scored::new();
     let base = scored.get(&opts.baseline).unwrap_or(&empty);
+    // The originals of every arm's records: each turn some arm ran.
+    let every_turn = scored.get(ORIGINAL).map(turns).unwrap_or_default();
     let mut names: Vec<String> = vec![opts.baseline.clone()];
     if opts.baseline != ORIGINAL {
         names.insert(0, ORIGINAL.to_owned());
@@ -135,6 +153,7 @@ pub fn build(
             round_trips: mine.len(),
             turns_not_done: run.map_or(0, |r| r.failed + r.left),
             turns_not_replayable: run.map_or(0, |r| r.unavailable),
+            turns_not_run: every_turn.difference(&turns(mine)).count(),
             scores: means(mine),
             versus_baseline: if name == opts.baseline {
                 BTreeMap::new()
@@ -164,7 +183,13 @@ pub fn build(
         arms,
         regressions,
         judge: None,
+        interrupted: false,
     }
+}
+
+/// The turns `scored` has a record of.
+fn turns(scored: &Scored) -> Turns<'_> {
+    scored.keys().map(|(session, turn, _)| (*session, turn.as_str())).collect()
 }
 
 fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
@@ -177,21 +202,27 @@ fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
     values.into_iter().filter_map(|(n, xs)| Some((n.to_owned(), Estimate::of(&xs)?))).collect()
 }
 
-/// The arm's score of `name` on a round trip the baseline has: a round trip the arm never
-/// reached (its replay took another path and ended sooner) scores 0 where higher is better, and
-/// is left out where lower is (it cost and took nothing, which is no merit).
-fn arm_score(mine: &Scored, key: &Key, name: &str) -> Option<f64> {
+/// The arm's score of `name` on a round trip the baseline has, or none when it is left out.
+/// A turn the arm `ran` no part of is left out: it was never run (interrupted) or no answer came
+/// (the provider rejected the arm's model), which says nothing of how the arm answers. A round
+/// trip missing from a turn it ran was never reached (its replay took another path and ended
+/// sooner): it scores 0 where higher is better, and is left out where lower is (it cost and took
+/// nothing, which is no merit).
+fn arm_score(mine: &Scored, ran: &Turns<'_>, key: &Key, name: &str) -> Option<f64> {
     match mine.get(key) {
         Some((scores, _)) => scores.get(name).copied(),
+        None if !ran.contains(&(key.0, key.1.as_str())) => None,
         None => (!LOWER_IS_BETTER.contains(&name)).then_some(0.0),
     }
 }
 
+/// Per scorer, the arm against the baseline on the baseline's round trips (see [`arm_score`]).
 fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
+    let ran = turns(mine);
     let mut pairs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     for (key, (theirs, _)) in base {
         for (name, b) in theirs {
-            if let Some(a) = arm_score(mine, key, name) {
+            if let Some(a) = arm_score(mine, &ran, key, name) {
                 pairs.entry(name).or_default().push((*b, a));
             }
         }
@@ -202,11 +233,13 @@ fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
         .collect()
 }
 
+/// The baseline's round trips the arm did worse on by `scorer` (see [`arm_score`]).
 fn worse(arm: &str, scorer: &str, base: &Scored, mine: &Scored) -> Vec<Regression> {
     let lower_better = LOWER_IS_BETTER.contains(&scorer);
+    let ran = turns(mine);
     base.iter()
         .filter_map(|(key, (theirs, base_record))| {
-            let (b, a) = (*theirs.get(scorer)?, arm_score(mine, key, scorer)?);
+            let (b, a) = (*theirs.get(scorer)?, arm_score(mine, &ran, key, scorer)?);
             // A round trip the arm never reached has no record of its own: the turn's page.
             let record = mine.get(key).map_or(Uuid::nil(), |(_, r)| *r);
             let regressed = if lower_better { a > b } else { a < b };
@@ -232,6 +265,9 @@ impl std::fmt::Display for EvalReport {
             "eval {} (baseline {}, regressions by {})",
             self.run, self.baseline, self.primary
         )?;
+        if self.interrupted {
+            writeln!(f, "interrupted: partial report; run the same --run again to finish")?;
+        }
         for arm in &self.arms {
             let what = [
                 arm.model.as_deref().map(|m| format!("model {m}")),
@@ -241,10 +277,10 @@ impl std::fmt::Display for EvalReport {
             let what =
                 if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
             let (name, trips, left) = (&arm.name, arm.round_trips, arm.turns_not_done);
-            let never = arm.turns_not_replayable;
+            let (never, not_run) = (arm.turns_not_replayable, arm.turns_not_run);
             writeln!(
                 f,
-                "\narm {name}{what}: {trips} round trips, {left} turns not done, {never} not replayable"
+                "\narm {name}{what}: {trips} round trips, {left} turns not done, {never} not replayable, {not_run} not run (left out against the baseline)"
             )?;
             for (name, e) in &arm.scores {
                 write!(f, "  {name:<18} {:>10.4}  [{:.4}, {:.4}]", e.mean, e.low, e.high)?;
@@ -316,9 +352,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_round_trip_an_arm_never_reached_counts_against_it() {
-        let opts = EvalOptions {
+    /// Arms `a` (the baseline) and `b`, compared by `exact`.
+    fn opts() -> EvalOptions {
+        EvalOptions {
             selection: Selection::default(),
             run: "r".into(),
             arms: vec!["a".parse::<Arm>().unwrap(), "b".parse::<Arm>().unwrap()],
@@ -327,20 +363,95 @@ mod tests {
             judge: None,
             rate: None,
             concurrency: 1,
-        };
+        }
+    }
+
+    /// An arm's scored round trips: (turn, step, `exact`), each from record 3.
+    fn scored(trips: &[(&str, i32, f64)]) -> Scored {
+        trips
+            .iter()
+            .map(|(turn, step, exact)| {
+                let key = (Uuid::nil(), (*turn).to_owned(), *step);
+                (key, (BTreeMap::from([("exact", *exact)]), Uuid::from_u128(3)))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_trip_an_arm_never_reached_counts_against_it() {
         // Arm a replays both round trips of t1 as the original; arm b stops after the first.
         let rows = BTreeMap::from([
             ("a".to_owned(), vec![row("t1", 0, "x", "x"), row("t1", 1, "y", "y")]),
             ("b".to_owned(), vec![row("t1", 0, "x", "x")]),
         ]);
-        let report = build(&opts, &rows, &BTreeMap::new(), &[], &BTreeMap::new());
+        let report = build(&opts(), &rows, &BTreeMap::new(), &[], &BTreeMap::new());
         let b = report.arms.iter().find(|a| a.name == "b").unwrap();
         let exact = &b.versus_baseline["exact"];
         assert_eq!((exact.worse, exact.better, exact.difference.n), (1, 0, 2));
+        assert_eq!(b.turns_not_run, 0);
         assert_eq!(report.regressions.len(), 1);
         assert_eq!(
             (report.regressions[0].step, report.regressions[0].arm_record),
             (1, Uuid::nil())
         );
+    }
+
+    #[test]
+    fn a_turn_an_arm_never_ran_is_left_out_and_counted() {
+        // Arm a replays turns A and B whole; arm b ran A and stopped after its first round trip,
+        // and has nothing of B (interrupted, or its model rejected).
+        let rows = BTreeMap::from([
+            (
+                "a".to_owned(),
+                vec![
+                    row("A", 0, "x", "x"),
+                    row("A", 1, "y", "y"),
+                    row("B", 0, "x", "x"),
+                    row("B", 1, "y", "y"),
+                ],
+            ),
+            ("b".to_owned(), vec![row("A", 0, "x", "x")]),
+        ]);
+        let report = build(&opts(), &rows, &BTreeMap::new(), &[], &BTreeMap::new());
+        let not_run: Vec<(&str, usize)> =
+            report.arms.iter().map(|a| (a.name.as_str(), a.turns_not_run)).collect();
+        assert_eq!(not_run, [(ORIGINAL, 0), ("a", 0), ("b", 1)]);
+        // A step 0 ties, A step 1 (never reached) scores 0, B is not compared at all.
+        let exact = &report.arms[2].versus_baseline["exact"];
+        assert_eq!((exact.difference.n, exact.worse, exact.better), (2, 1, 0));
+        let listed: Vec<(&str, i32)> =
+            report.regressions.iter().map(|r| (r.turn_id.as_str(), r.step)).collect();
+        assert_eq!(listed, [("A", 1)]);
+        assert!(report.to_string().contains("1 not run"), "{report}");
+    }
+
+    #[test]
+    fn paired_and_worse_score_unreached_round_trips_and_skip_turns_not_run() {
+        let base = scored(&[("A", 0, 1.0), ("A", 1, 1.0), ("B", 0, 1.0), ("B", 1, 1.0)]);
+        let mine = scored(&[("A", 0, 1.0)]);
+        let exact = paired(&base, &mine)["exact"];
+        assert_eq!((exact.difference.n, exact.worse, exact.difference.mean), (2, 1, -0.5));
+        let regressions = worse("b", "exact", &base, &mine);
+        let got: Vec<_> =
+            regressions.iter().map(|r| (r.turn_id.as_str(), r.step, r.arm_score)).collect();
+        assert_eq!(got, [("A", 1, 0.0)]);
+        assert_eq!(regressions[0].arm_record, Uuid::nil());
+        // An arm that ran nothing is compared on nothing and regresses nowhere.
+        assert!(paired(&base, &Scored::new()).is_empty());
+        assert!(worse("b", "exact", &base, &Scored::new()).is_empty());
+    }
+
+    #[test]
+    fn a_report_stored_before_turns_not_run_still_reads() {
+        let rows = BTreeMap::from([("a".to_owned(), vec![row("A", 0, "x", "x")])]);
+        let report = build(&opts(), &rows, &BTreeMap::new(), &[], &BTreeMap::new());
+        let mut json = serde_json::to_value(&report).unwrap();
+        json.as_object_mut().unwrap().remove("interrupted");
+        for arm in json["arms"].as_array_mut().unwrap() {
+            arm.as_object_mut().unwrap().remove("turns_not_run");
+        }
+        let read: EvalReport = serde_json::from_value(json).unwrap();
+        assert!(!read.interrupted);
+        assert!(read.arms.iter().all(|a| a.turns_not_run == 0));
     }
 }

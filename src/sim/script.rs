@@ -193,7 +193,7 @@ pub(crate) fn reply(
         return reply(items, Status::Completed, tokens);
     }
     let mut text = match judged_answer(body, &s) {
-        Some(judged) => judgement(judged),
+        Some(judged) => judgement(&judged),
         None => answer(&s, &instruction, depth, system_messages, &not_offered),
     };
     let mut status = Status::Completed;
@@ -247,15 +247,18 @@ fn choose_calls<'a>(
     (calls, not_offered)
 }
 
-/// The answer a judgement request judges: the text after `[ANSWER]`, when the request asks for
+/// The answer a judgement request judges: the `answer` string of the JSON object the newest
+/// such user text holds (`{"instruction": …, "answer": …}`), when the request asks for
 /// structured output named `judgement` (`text.format`, as `aptix eval`'s judge does).
-fn judged_answer<'a>(body: &Value, s: &Seen<'a>) -> Option<&'a str> {
+fn judged_answer(body: &Value, s: &Seen<'_>) -> Option<String> {
     let format = body.pointer("/text/format")?;
     if format["type"] != "json_schema" || format["name"] != "judgement" {
         return None;
     }
-    let text = s.user_texts.iter().rev().find(|t| t.contains("[ANSWER]"))?;
-    text.split_once("[ANSWER]").map(|(_, answer)| answer)
+    s.user_texts.iter().rev().find_map(|t| {
+        let data: Value = serde_json::from_str(t).ok()?;
+        data.get("answer")?.as_str().map(str::to_owned)
+    })
 }
 
 /// The simulator's judgement, as JSON: score 1 when the judged answer is one of its own whole
