@@ -2,11 +2,13 @@
 //! done on the broker, and recorded in `operator_actions` before and after.
 
 use serde_json::json;
+use tracing::warn;
 
 pub use crate::broker::DeadSettled as Settled;
 use crate::broker::{DeadAction, DeadLetter, Publisher, Topology};
 use crate::config::Settings;
-use crate::store::Store;
+use crate::contracts::{headers, SessionId, TurnId, TurnKey};
+use crate::store::{Store, TurnState};
 
 /// The `operator_actions` outcome of `settled`.
 fn outcome(settled: &Settled) -> &'static str {
@@ -22,6 +24,15 @@ pub fn queues(settings: &Settings) -> Vec<String> {
     crate::pipeline::topology(settings).dead_queues(&settings.tenant_names())
 }
 
+/// A dead-letter action as it was recorded: its `operator_actions` row, and how it ended.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The row's id, from which the console tells what was done after redirecting.
+    pub action: i64,
+    /// How it ended.
+    pub settled: Settled,
+}
+
 /// Replays or discards the dead letter `id` as `actor`, and records it.
 pub async fn settle(
     settings: &Settings,
@@ -30,16 +41,18 @@ pub async fn settle(
     id: &str,
     action: DeadAction,
     actor: &str,
-) -> anyhow::Result<Settled> {
+) -> anyhow::Result<Recorded> {
     let name = match action {
         DeadAction::Replay => "dead.replay",
         DeadAction::Discard => "dead.discard",
     };
     let row = store.start_action(actor, name, id).await?;
-    let topology = crate::pipeline::topology(settings);
-    let check = |letter: &DeadLetter| match action {
-        DeadAction::Replay => replayable(settings, &topology, letter),
-        DeadAction::Discard => Ok::<(), NotReplayable>(()),
+    let topology = &crate::pipeline::topology(settings);
+    let check = |letter: DeadLetter| async move {
+        match action {
+            DeadAction::Replay => replayable(settings, topology, store, &letter).await,
+            DeadAction::Discard => Ok::<(), NotReplayable>(()),
+        }
     };
     let settled = match topology.settle_dead(publisher, &queues(settings), id, action, check).await
     {
@@ -58,14 +71,20 @@ pub async fn settle(
         Settled::Refused(reason) => json!({ "refused": reason }),
         Settled::NotFound => json!({}),
     };
-    store.finish_action(row, outcome(&settled), &detail).await?;
-    Ok(settled)
+    // What was done on the broker stands: a record that cannot be finished is no reason to
+    // report it failed (and have it done again).
+    if let Err(error) = store.finish_action(row, outcome(&settled), &detail).await {
+        warn!(action = row, %error, "dead-letter action done, its record not finished");
+    }
+    Ok(Recorded { action: row, settled })
 }
 
-/// Whether a replay can send `letter` where it came from as it was first sent.
-fn replayable(
+/// Whether a replay can send `letter` where it came from as it was first sent, and do something
+/// there.
+async fn replayable(
     settings: &Settings,
     topology: &Topology,
+    store: &Store,
     letter: &DeadLetter,
 ) -> Result<(), NotReplayable> {
     let Some(queue) = &letter.original_queue else {
@@ -86,7 +105,30 @@ fn replayable(
         let login = letter.user.as_deref().unwrap_or("unknown").to_owned();
         return Err(NotReplayable::TenantRequest(login));
     }
-    Ok(())
+    if ingress {
+        return Ok(());
+    }
+    running_its_step(store, letter).await
+}
+
+/// Whether the turn of a stage's `letter` still runs the step the letter is of. A stage gives
+/// a message up by ending its turn (the client gets the error reply), so its letter is worth
+/// replaying only when that could not be written; otherwise the stage would run (and a provider
+/// charge) for a turn no one waits for.
+async fn running_its_step(store: &Store, letter: &DeadLetter) -> Result<(), NotReplayable> {
+    let key = || {
+        let session_id: SessionId = letter.session_id.as_deref()?.parse().ok()?;
+        let turn_id: TurnId = letter.turn_id.as_deref()?.parse().ok()?;
+        Some(TurnKey { session_id, turn_id })
+    };
+    let Some(key) = key() else { return Err(NotReplayable::NoTurn) };
+    let step = letter.headers.get(headers::STEP).and_then(|s| s.parse::<i32>().ok());
+    let turn = store.turn(&key).await.map_err(|e| NotReplayable::Unread(e.to_string()))?;
+    match turn {
+        None => Err(NotReplayable::NoTurn),
+        Some(t) if t.state == TurnState::Running && step.is_none_or(|s| s == t.step) => Ok(()),
+        Some(t) => Err(NotReplayable::TurnMovedOn { state: t.state.as_str(), step: t.step }),
+    }
 }
 
 /// Why a dead letter cannot be replayed.
@@ -101,6 +143,20 @@ enum NotReplayable {
     /// A request without a session cannot be routed.
     #[error("the request names no SessionId, so it cannot be routed again")]
     NoSession,
+    /// A stage's message that names no turn the database holds.
+    #[error("the dead letter names no turn this pipeline holds")]
+    NoTurn,
+    /// Its turn ended, or runs another step, since it was given up.
+    #[error("its turn is {state} at step {step}: the turn has ended (its client has the answer or the error) or moved on, so a replay would run the stage for nothing")]
+    TurnMovedOn {
+        /// The turn's state.
+        state: &'static str,
+        /// The step the turn is at.
+        step: i32,
+    },
+    /// The turn could not be read.
+    #[error("its turn could not be read: {0}")]
+    Unread(String),
     /// A tenant's request would lose its tenant.
     #[error("a tenant's request is admitted under its publisher's login (here `{0}`); the tenant must resubmit it")]
     TenantRequest(String),

@@ -120,6 +120,8 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     assert_eq!(linked.status(), 200);
     let spoofed = get("/queues?notice=your+token+expired".into()).await;
     assert!(!spoofed.contains("token expired"), "{spoofed}");
+    let unknown = get("/queues?action=987654321".into()).await;
+    assert!(unknown.contains("no recorded action 987654321"), "{unknown}");
     // Without the right token nothing happens; a console without a token acts for nobody.
     let refused = http
         .post(format!("{base}/dead/replay"))
@@ -177,6 +179,14 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
             assert_eq!(seen["eval"]["bars"].as_array().unwrap().len(), 2, "{seen}");
             assert_eq!(seen["queues"]["dead_listed"], true, "{seen}");
             assert_eq!(seen["after"]["notice"], format!("replayed {dead_id}"), "{seen}");
+            // Answered by a redirect to a page read from the action's record: a refresh tells
+            // the same and acts no more (one replay in the log).
+            let url = seen["after"]["url"].as_str().unwrap();
+            assert!(url.starts_with(&format!("{base}/queues?action=")), "{seen}");
+            assert_eq!(seen["after"]["notice_on_reload"], seen["after"]["notice"], "{seen}");
+            let replays = seen["actions"]["rows"].as_array().unwrap();
+            let replays = replays.iter().filter(|r| r.to_string().contains("dead.replay"));
+            assert_eq!(replays.count(), 1, "{seen}");
             assert_eq!(seen["after"]["still_listed"], false, "{seen}");
             let rows = seen["actions"]["rows"].to_string();
             assert!(rows.contains("console") && rows.contains("dead.replay"), "{seen}");

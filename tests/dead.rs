@@ -1,6 +1,7 @@
 //! `aptix dead` against a live pipeline: a request given up while the database could not admit
 //! it is listed, shown, replayed, and its turn then completes; discards keep the others in
-//! order; two replays of one dead letter at once publish it once; every action is recorded.
+//! order; a stage's letter is replayed only while its turn runs its step, and two replays of it
+//! at once publish it once; every action is recorded.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -65,7 +66,7 @@ async fn a_request_given_up_is_replayed_and_its_turn_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once() {
+async fn discards_keep_the_others_in_order_and_two_at_once_settle_once() {
     let mut h = Harness::start(1).await;
     // Forged stage messages (an unreadable body on the retrieve queue) are refused into the
     // dead-letter queue with their ids.
@@ -105,23 +106,20 @@ async fn discards_keep_the_others_in_order_and_concurrent_replays_publish_once()
     let left = [ids[0].clone(), ids[2].clone(), ids[3].clone()];
     assert_eq!(order(&until_listed(&h, 3).await), left);
 
-    // Two operators replay the same dead letter at once: one holds it while the other looks.
-    // With no consumer on retrieve, the copy stays there instead of coming back as a new dead
-    // letter that the slower operator could then rightly replay.
-    h.stop_consumers().await;
-    let a = h.spawn_child(&["dead", "replay", &ids[2]]);
-    let b = h.spawn_child(&["dead", "replay", &ids[2]]);
+    // A forged stage message names no turn: a replay would only make the same letter again.
+    let (code, out) = h.aptix(&["dead", "replay", &ids[2]]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(order(&until_listed(&h, 3).await), left, "the refused letter stays");
+
+    // Two operators discard the same dead letter at once: one holds it while the other looks.
+    let a = h.spawn_child(&["dead", "discard", &ids[2]]);
+    let b = h.spawn_child(&["dead", "discard", &ids[2]]);
     let codes = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()]
         .map(|o| o.status.code().unwrap_or(-1));
     let mut sorted = codes;
     sorted.sort();
-    assert_eq!(sorted, [0, 1], "exactly one replay went through: {codes:?}");
+    assert_eq!(sorted, [0, 1], "exactly one discard went through: {codes:?}");
     assert_eq!(order(&until_listed(&h, 2).await), [ids[0].clone(), ids[3].clone()]);
-    let (code, status) = h.aptix(&["status", "--json"]);
-    assert_eq!(code, 1, "no consumers: {status}");
-    let queues: Vec<Value> = serde_json::from_str(&status).unwrap();
-    let retrieve = queues.iter().find(|q| q["stage"] == "retrieve").unwrap();
-    assert_eq!(retrieve["ready"], 1, "one copy published: {status}");
     h.teardown().await;
 }
 
@@ -146,13 +144,48 @@ async fn a_letter_given_up_after_a_delay_queue_is_described_and_replayed_as_the_
     assert_eq!(letter["original_type"], "turn", "{letter}");
     assert!(letter["reason"].as_str().unwrap().starts_with("retries exhausted"), "{letter}");
     let id = letter["id"].as_str().unwrap().to_owned();
+    // The give-up ended the turn (its client has `llm.unavailable`): a replay would call the
+    // provider for a turn no one waits for, and is refused, the letter kept.
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    assert_eq!(replies[0].body["Errors"][0]["Code"], "llm.unavailable", "{}", replies[0].body);
     h.stop_consumers().await;
     let (code, out) = h.aptix(&["dead", "replay", &id]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(code, 1, "{out}");
+    let refused: String = sqlx::query_scalar(
+        "SELECT detail->>'refused' FROM operator_actions WHERE outcome = 'refused'",
+    )
+    .fetch_one(h.deps.store.pool())
+    .await
+    .unwrap();
+    assert!(refused.starts_with("its turn is failed at step"), "{refused}");
+    until_listed(&h, 1).await;
+    // As if the give-up could not end the turn (the database failed under it): the turn still
+    // runs the letter's step, and the replay goes where the letter came from. Two operators
+    // replay it at once: one holds the letter while the other looks, so one copy goes.
+    let turn = format!("session_id = '{s}' AND turn_id = 't1'");
+    sql(&h, &format!("UPDATE turns SET state = 'running', step = 0 WHERE {turn}")).await;
+    let a = h.spawn_child(&["dead", "replay", &id]);
+    let b = h.spawn_child(&["dead", "replay", &id]);
+    let codes = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()]
+        .map(|o| o.status.code().unwrap_or(-1));
+    let mut sorted = codes;
+    sorted.sort();
+    assert_eq!(sorted, [0, 1], "exactly one replay went through: {codes:?}");
     let (_, status) = h.aptix(&["status", "--json"]);
     let queues: Vec<Value> = serde_json::from_str(&status).unwrap();
     let at = queues.iter().find(|q| q["stage"] == "invoke").unwrap();
-    assert_eq!(at["ready"], 1, "the replay reached the invoke queue: {status}");
+    assert_eq!(at["ready"], 1, "one copy reached the invoke queue: {status}");
+    // The turn ends before the copy is handled (it is then a late copy): invoke drops it
+    // without calling the provider or making another letter.
+    sql(&h, &format!("UPDATE turns SET state = 'failed' WHERE {turn}")).await;
+    let calls = h.sim.request_bodies().len();
+    let invoke = aptix::broker::StageName::new("invoke");
+    let handler = aptix::pipeline::handler(&h.deps, invoke).unwrap();
+    let settings = aptix::pipeline::runtime_settings(&h.deps.settings, invoke);
+    let handled = aptix::broker::process_one(invoke, &*handler, &h.conn, &h.publisher, &settings);
+    assert!(handled.await.unwrap(), "the replayed copy was in the invoke queue");
+    assert_eq!(h.sim.request_bodies().len(), calls, "the provider was called again");
+    assert!(h.dead_letters().await.is_empty(), "another dead letter was made");
     h.teardown().await;
 }
 

@@ -38,6 +38,15 @@ async fn publish_with_reply_to(h: &Harness, request: &Value, reply_to: &str) {
     let _ = ch.close(200, "published".into()).await;
 }
 
+/// Declares backend instance `name`'s queue as its client does (§4a), on a channel of its own.
+async fn instance_queue(h: &Harness, name: &str) -> (lapin::Channel, String) {
+    let instance = format!("{}.instance.{name}", h.topology.prefix());
+    let ch = h.conn.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(instance.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    (ch, instance)
+}
+
 async fn queue_exists(h: &Harness, queue: &str) -> bool {
     let ch = h.conn.create_channel().await.unwrap();
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
@@ -66,10 +75,7 @@ async fn read(h: &Harness, queue: &str, finals: usize) -> Vec<ReplyMsg> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_instance_queue_gets_every_sessions_replies_in_order() {
     let h = Harness::start(2).await;
-    let instance = format!("{}.instance.backend-1", h.topology.prefix());
-    let ch = h.conn.create_channel().await.unwrap();
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(instance.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    let (ch, instance) = instance_queue(&h, "backend-1").await;
     let sessions: Vec<String> = (0..6).map(|_| new_session()).collect();
     for t in 0..3 {
         for s in &sessions {
@@ -130,5 +136,36 @@ async fn a_reply_to_that_is_no_reply_queue_is_refused() {
     assert_eq!(error["Code"], "request.reply_to_invalid");
     assert!(error["Message"].as_str().unwrap().contains("`x\\0y`"), "{error}");
     assert_eq!(h.records(&s).await.len(), 1, "the refused turn was never admitted");
+    h.teardown().await;
+}
+
+/// A request given up before admission (the database failed under it) and replayed by an
+/// operator is sent again with the `reply_to` its client gave: both the first answer (that it
+/// could not be processed) and the replayed turn's reach the instance queue, and no session
+/// queue is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_request_answers_the_instance_queue_it_named() {
+    let h = Harness::start(1).await;
+    let (ch, instance) = instance_queue(&h, "backend-2").await;
+    let s = new_session();
+    let sql = |statement: &'static str| sqlx::query(statement).execute(h.deps.store.pool());
+    sql("ALTER TABLE turns RENAME TO turns_away").await.unwrap();
+    publish_with_reply_to(&h, &user_turn(&s, "t1", "hello"), &instance).await;
+    let first = read(&h, &instance, 1).await;
+    sql("ALTER TABLE turns_away RENAME TO turns").await.unwrap();
+    assert_eq!(first[0].body["Errors"][0]["Code"], "internal.error", "{}", first[0].body);
+    let (code, out) = h.aptix(&["dead", "list", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let listed: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[0]["headers"]["x-aptix-reply-to"], instance.as_str(), "{out}");
+    let id = listed[0]["id"].as_str().unwrap();
+    let (code, out) = h.aptix(&["dead", "replay", id]);
+    assert_eq!(code, 0, "{out}");
+    let replayed = read(&h, &instance, 1).await;
+    let last = replayed.iter().rfind(|r| r.is_final).unwrap();
+    assert_eq!(last.body["Successful"], true, "{}", last.body);
+    let queue = h.topology.session_queue(&s.parse().unwrap());
+    assert!(!queue_exists(&h, &queue).await, "no session queue is made: {queue}");
+    let _ = ch.queue_delete(instance.as_str().into(), Default::default()).await;
     h.teardown().await;
 }

@@ -61,6 +61,9 @@ try {
     notice: await page.$eval('p.notice', (p) => p.textContent).catch(() => null),
     still_listed: await page.$(form) !== null,
   };
+  // Refreshing the answer must not replay again (the action log is read below).
+  await page.reload({ waitUntil: 'load' });
+  seen.after.notice_on_reload = await page.$eval('p.notice', (p) => p.textContent).catch(() => null);
   await visit('actions', '/actions');
   seen.actions.rows = await page.$$eval('table tr', (rows) => rows.slice(1).map((r) => r.textContent));
   await visit('budgets', '/budgets');

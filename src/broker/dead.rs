@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use lapin::message::BasicGetMessage;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
@@ -56,7 +57,7 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    fn of(message: &lapin::message::BasicGetMessage, queue: &str) -> Self {
+    fn of(message: &BasicGetMessage, queue: &str) -> Self {
         let d = &message.delivery;
         let table = d.properties.headers().as_ref();
         let headers = table.map(headers_of).unwrap_or_default();
@@ -187,21 +188,18 @@ impl Topology {
         queues: &[String],
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let mut look = Look::new(publisher, queues);
         let mut out = Vec::new();
-        for queue in queues {
-            // One channel per queue: reading a queue that does not exist closes its channel.
-            let ch = publisher.scratch_channel().await?;
+        let read = async {
             while out.len() < limit.min(MAX_LOOK) {
-                match get(&ch, queue).await {
-                    Ok(Some(m)) => out.push(DeadLetter::of(&m, queue).listed()),
-                    Ok(None) => break,
-                    Err(e) if is_missing(&e) => break,
-                    Err(e) => return Err(e),
-                }
+                let Some((queue, m)) = look.next().await? else { break };
+                out.push(DeadLetter::of(&m, queue).listed());
             }
-            let _ = ch.close(200, "looked".into()).await;
-        }
-        Ok(out)
+            Ok(())
+        };
+        let read: Result<(), BrokerError> = read.await;
+        look.end().await;
+        read.map(|()| out)
     }
 
     /// The dead letter `id` of `queues`, whole, if one of the first [`MAX_LOOK`] of its queue;
@@ -212,76 +210,45 @@ impl Topology {
         queues: &[String],
         id: &str,
     ) -> Result<Option<DeadLetter>, BrokerError> {
-        for queue in queues {
-            let ch = publisher.scratch_channel().await?;
-            let mut found = None;
-            for _ in 0..MAX_LOOK {
-                match get(&ch, queue).await {
-                    Ok(Some(m))
-                        if m.delivery
-                            .properties
-                            .message_id()
-                            .as_ref()
-                            .is_some_and(|m| m.as_str() == id) =>
-                    {
-                        found = Some(DeadLetter::of(&m, queue));
-                        break;
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => break,
-                    Err(e) if is_missing(&e) => break,
-                    Err(e) => return Err(e),
+        let mut look = Look::new(publisher, queues);
+        let found = async {
+            while let Some((queue, m)) = look.next().await? {
+                if m.delivery.properties.message_id().as_ref().is_some_and(|m| m.as_str() == id) {
+                    return Ok(Some(DeadLetter::of(&m, queue)));
                 }
             }
-            let _ = ch.close(200, "looked".into()).await;
-            if found.is_some() {
-                return Ok(found);
-            }
-        }
-        Ok(None)
+            Ok(None)
+        };
+        let found = found.await;
+        look.end().await;
+        found
     }
 
-    /// Replays or discards the dead letter `id`, looked for in `queues`. `check` may refuse
-    /// the action (its reason) before anything is published or removed.
-    pub async fn settle_dead<E: std::fmt::Display>(
+    /// Replays or discards the dead letter `id`, looked for in `queues`. `check` (given a copy
+    /// of the letter) may refuse the action (its reason) before anything is published or
+    /// removed; meanwhile the letter is held, so no other operator acts on it.
+    pub async fn settle_dead<E, F>(
         &self,
         publisher: &Publisher,
         queues: &[String],
         id: &str,
         action: DeadAction,
-        check: impl FnOnce(&DeadLetter) -> Result<(), E>,
-    ) -> Result<Settled, BrokerError> {
-        let mut check = Some(check);
-        for queue in queues {
-            let ch = publisher.scratch_channel().await?;
-            let result = self.settle_on(&ch, queue, publisher, id, action, &mut check).await;
-            // Everything read and not acked goes back to the head of the queue, in order.
-            let _ = ch.close(200, "settled".into()).await;
-            match result {
-                Ok(Settled::NotFound) => continue,
-                Err(e) if is_missing(&e) => continue,
-                other => return other,
-            }
-        }
-        Ok(Settled::NotFound)
-    }
-
-    async fn settle_on<E: std::fmt::Display, F: FnOnce(&DeadLetter) -> Result<(), E>>(
-        &self,
-        ch: &Channel,
-        queue: &str,
-        publisher: &Publisher,
-        id: &str,
-        action: DeadAction,
-        check: &mut Option<F>,
-    ) -> Result<Settled, BrokerError> {
-        for _ in 0..MAX_LOOK {
-            let Some(m) = get(ch, queue).await? else { return Ok(Settled::NotFound) };
-            let letter = DeadLetter::of(&m, queue);
-            if letter.id != id {
-                continue;
-            }
-            if let Some(Err(reason)) = check.take().map(|check| check(&letter)) {
+        check: impl FnOnce(DeadLetter) -> F,
+    ) -> Result<Settled, BrokerError>
+    where
+        E: std::fmt::Display,
+        F: std::future::Future<Output = Result<(), E>>,
+    {
+        let mut look = Look::new(publisher, queues);
+        let settled = async {
+            let (letter, m) = loop {
+                let Some((queue, m)) = look.next().await? else { return Ok(Settled::NotFound) };
+                let letter = DeadLetter::of(&m, queue);
+                if letter.id == id {
+                    break (letter, m);
+                }
+            };
+            if let Err(reason) = check(letter.clone()).await {
                 return Ok(Settled::Refused(reason.to_string()));
             }
             if action == DeadAction::Replay {
@@ -289,9 +256,12 @@ impl Topology {
             }
             crate::metrics::metrics().amqp("basic.ack");
             m.delivery.acker.ack(BasicAckOptions::default()).await?;
-            return Ok(Settled::Done(letter));
-        }
-        Ok(Settled::NotFound)
+            Ok(Settled::Done(letter))
+        };
+        let settled = settled.await;
+        // Everything read and not acked goes back to the head of its queue, in order.
+        look.end().await;
+        settled
     }
 
     /// Whether `queue` is the ingress queue or one of its partitions.
@@ -312,6 +282,9 @@ impl Topology {
         if self.is_ingress_queue(&queue) {
             msg.exchange = self.requests_exchange();
             msg.routing_key = letter.session_id.clone().unwrap_or_default();
+            // Where its client reads its replies (a backend instance's queue); the ingress
+            // checks it again as any client's.
+            msg.reply_to = letter.headers.get(headers::REPLY_TO).cloned();
         }
         msg.headers = letter
             .headers
@@ -337,6 +310,7 @@ fn is_runtime_mark(key: &str) -> bool {
             | headers::ORIGINAL_TYPE
             | headers::USER_ID
             | headers::BODY_BYTES
+            | headers::REPLY_TO
             | headers::KIND
             | "x-delivery-count"
     ) || key.starts_with("x-first-death")
@@ -349,10 +323,60 @@ fn is_missing(e: &BrokerError) -> bool {
     matches!(e, BrokerError::Amqp(e) if super::layout::is_not_found(e))
 }
 
-async fn get(
-    ch: &Channel,
-    queue: &str,
-) -> Result<Option<lapin::message::BasicGetMessage>, BrokerError> {
+/// A look at `queues` in turn, each from its head and at most [`MAX_LOOK`] of it, a channel of
+/// its own per queue: reading a queue that does not exist closes its channel (and the queue is
+/// passed over), and closing a channel returns what was read and not acked to the head of its
+/// queue, in order. Ended with [`Look::end`].
+struct Look<'a> {
+    publisher: &'a Publisher,
+    queues: std::slice::Iter<'a, String>,
+    /// The queue being read, its channel, and how many of it were read.
+    current: Option<(&'a str, Channel, usize)>,
+}
+
+impl<'a> Look<'a> {
+    fn new(publisher: &'a Publisher, queues: &'a [String]) -> Self {
+        Look { publisher, queues: queues.iter(), current: None }
+    }
+
+    /// The next message and its queue; none once every queue was read.
+    async fn next(&mut self) -> Result<Option<(&'a str, BasicGetMessage)>, BrokerError> {
+        loop {
+            let (queue, ch, read) = match &mut self.current {
+                Some(current) => current,
+                None => {
+                    let Some(queue) = self.queues.next() else { return Ok(None) };
+                    let ch = self.publisher.scratch_channel().await?;
+                    self.current.insert((queue.as_str(), ch, 0))
+                }
+            };
+            let queue: &'a str = queue;
+            if *read < MAX_LOOK {
+                *read += 1;
+                match get(ch, queue).await {
+                    Ok(Some(m)) => return Ok(Some((queue, m))),
+                    Ok(None) => {}
+                    Err(e) if is_missing(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.close_current().await;
+        }
+    }
+
+    async fn close_current(&mut self) {
+        if let Some((_, ch, _)) = self.current.take() {
+            let _ = ch.close(200, "looked".into()).await;
+        }
+    }
+
+    /// Closes the channel of the queue being read.
+    async fn end(mut self) {
+        self.close_current().await;
+    }
+}
+
+async fn get(ch: &Channel, queue: &str) -> Result<Option<BasicGetMessage>, BrokerError> {
     crate::metrics::metrics().amqp("basic.get");
     let options = BasicGetOptions { no_ack: false };
     Ok(ch.basic_get(queue.into(), options).await?)

@@ -117,6 +117,9 @@ pub struct OutMessage {
     /// checks it; docs/tenancy.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
+    /// For a replayed request: the `reply_to` its client sent it with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
 }
 
 fn yes() -> bool {
@@ -139,6 +142,7 @@ impl OutMessage {
             create_queue: true,
             correlation_id: None,
             user_id: None,
+            reply_to: None,
         }
     }
 
@@ -186,6 +190,10 @@ impl OutMessage {
             .with_headers(table);
         let props = match &self.correlation_id {
             Some(id) => props.with_correlation_id(id.as_str().into()),
+            None => props,
+        };
+        let props = match &self.reply_to {
+            Some(to) => props.with_reply_to(to.as_str().into()),
             None => props,
         };
         match &self.user_id {

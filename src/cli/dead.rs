@@ -101,7 +101,7 @@ async fn act(
         return Ok(ExitCode::from(2));
     }
     let done = crate::dead::settle(settings, publisher, &store, id, action, &actor).await?;
-    Ok(match done {
+    Ok(match done.settled {
         Settled::Done(letter) => {
             let verb = if action == DeadAction::Replay { "replayed" } else { "discarded" };
             let to = letter.original_queue.as_deref().unwrap_or("-");

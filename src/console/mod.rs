@@ -31,8 +31,7 @@ use crate::broker::management::Management;
 use crate::broker::{with_activity, DeadAction, Publisher, Topology};
 use crate::config::{Secret, Settings};
 use crate::contracts::SessionId;
-use crate::dead::Settled;
-use crate::store::{SessionSearch, Store};
+use crate::store::{OperatorAction, SessionSearch, Store};
 
 /// What every page needs.
 #[derive(Debug)]
@@ -190,14 +189,28 @@ async fn turn_page(
     Ok(turn::page(&found.ok_or_else(|| not_found("no such turn"))?))
 }
 
-async fn queues(State(c): State<Arc<Console>>, Extension(scope): Extension<Scope>) -> Page {
-    queues_page(&c, &scope, "").await
+#[derive(Debug, Deserialize)]
+struct QueuesQuery {
+    /// An `operator_actions` row, told on top of the page: where an action redirects to.
+    action: Option<i64>,
 }
 
-/// The queues page, with `notice` (what an action just did) on top. The notice is never read
-/// from the address: a link could otherwise make the console say anything.
-async fn queues_page(c: &Console, scope: &Scope, notice: &str) -> Page {
-    everyone(scope)?;
+/// The queues page, with what recorded action `?action=` did on top. The notice is read from
+/// the action's record, never from the address: a link could otherwise make the console say
+/// anything.
+async fn queues(
+    State(c): State<Arc<Console>>,
+    Extension(scope): Extension<Scope>,
+    Query(q): Query<QueuesQuery>,
+) -> Page {
+    everyone(&scope)?;
+    let notice = match q.action {
+        None => String::new(),
+        Some(id) => match c.store.action(id).await.map_err(failed)? {
+            Some(recorded) => notice(&recorded),
+            None => format!("no recorded action {id}"),
+        },
+    };
     let mut states =
         c.topology.queue_states(&c.publisher, &c.settings.tenant_names()).await.map_err(failed)?;
     let rates = match &c.management {
@@ -212,8 +225,22 @@ async fn queues_page(c: &Console, scope: &Scope, notice: &str) -> Page {
         .await
         .map_err(failed)?;
     let missing = rates.err().unwrap_or_default();
-    let admin = c.admin() && *scope == Scope::Admin;
-    Ok(pages::queues(&states, &dead, admin, notice, &missing))
+    let admin = c.admin() && scope == Scope::Admin;
+    Ok(pages::queues(&states, &dead, admin, &notice, &missing))
+}
+
+/// What a recorded dead-letter action did, in a line.
+fn notice(a: &OperatorAction) -> String {
+    let id = &a.message_id;
+    let detail = |key: &str| a.detail.get(key).and_then(|v| v.as_str()).unwrap_or("-").to_owned();
+    match (a.action.as_str(), a.outcome.as_str()) {
+        ("dead.replay", "done") => format!("replayed {id}"),
+        (_, "done") => format!("discarded {id}"),
+        (_, "not_found") => format!("no dead letter {id} (another operator may hold it)"),
+        (_, "refused") => format!("not replayed: {}", detail("refused")),
+        (_, "failed") => format!("{} of {id} failed: {}", a.action, detail("error")),
+        _ => format!("{} of {id} has not finished", a.action),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,15 +270,13 @@ async fn dead_action(
         return (StatusCode::FORBIDDEN, pages::message("Refused", text)).into_response();
     }
     let done = crate::dead::settle(&c.settings, &c.publisher, &c.store, &id, action, "console");
-    let notice = match done.await {
-        Ok(Settled::Done(_)) if action == DeadAction::Replay => format!("replayed {id}"),
-        Ok(Settled::Done(_)) => format!("discarded {id}"),
-        Ok(Settled::NotFound) => format!("no dead letter {id} (another operator may hold it)"),
-        Ok(Settled::Refused(reason)) => format!("not replayed: {reason}"),
-        Err(e) => return failed(e).into_response(),
-    };
-    // The answer is the queues page itself rather than a redirect carrying the notice.
-    queues_page(&c, &scope, &notice).await.into_response()
+    match done.await {
+        // 303 to a page that reads the action's record: refreshing it does not act again.
+        Ok(recorded) => {
+            Redirect::to(&format!("/queues?action={}", recorded.action)).into_response()
+        }
+        Err(e) => failed(e).into_response(),
+    }
 }
 
 async fn actions(State(c): State<Arc<Console>>, Extension(scope): Extension<Scope>) -> Page {

@@ -55,6 +55,9 @@ pub const ORIGINAL_TYPE: &str = "x-aptix-original-type";
 pub const USER_ID: &str = "x-aptix-user-id";
 /// A dead letter's original size, when only its head is kept.
 pub const BODY_BYTES: &str = "x-aptix-body-bytes";
+/// On a client's message's dead letter: its `reply_to`, which a replay sends it with again (the
+/// worker's publish of the letter has a `reply_to` of its own to leave empty).
+pub const REPLY_TO: &str = "x-aptix-reply-to";
 /// On a replayed copy of a dead letter.
 pub const REPLAYED: &str = "x-aptix-replayed";
 

@@ -62,6 +62,18 @@ impl Store {
         Ok(())
     }
 
+    /// Action `id`, if it was recorded.
+    pub async fn action(&self, id: i64) -> Result<Option<OperatorAction>, StoreError> {
+        Ok(sqlx::query_as!(
+            OperatorAction,
+            "SELECT id, at, actor, action, message_id, detail, outcome FROM operator_actions
+             WHERE id = $1",
+            id
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The latest `limit` actions, newest first.
     pub async fn actions(&self, limit: i64) -> Result<Vec<OperatorAction>, StoreError> {
         Ok(sqlx::query_as!(

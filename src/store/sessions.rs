@@ -157,21 +157,23 @@ impl Store {
     }
 
     /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
-    /// the provider already answered (a redelivered message), and whether a cancel of the turn
-    /// was admitted. One query, on every invoke.
+    /// the provider already answered (a redelivered message), whether a cancel of the turn was
+    /// admitted, and whether the turn still runs that step. One query, on every invoke.
     pub async fn call_state(&self, key: &TurnKey, step: i32) -> Result<CallState, StoreError> {
         let row = sqlx::query!(
             r#"SELECT (SELECT aptix_deref_at(result, '{job,result,raw,tools}') FROM llm_results
                        WHERE session_id = $1 AND turn_id = $2 AND step = $3) AS saved,
-                      (SELECT cancel_requested_at IS NOT NULL FROM turns
-                       WHERE session_id = $1 AND turn_id = $2) AS cancelled"#,
+                      t.cancel_requested_at IS NOT NULL AS "cancelled!",
+                      COALESCE(t.state = 'running' AND t.step = $3, false) AS "running!"
+               FROM (SELECT 1) AS one
+               LEFT JOIN turns t ON t.session_id = $1 AND t.turn_id = $2"#,
             key.session_id.as_uuid(),
             key.turn_id.as_str(),
             step
         )
         .fetch_one(&self.pool)
         .await?;
-        let (saved, cancelled) = (row.saved, row.cancelled);
+        let (saved, cancelled, running) = (row.saved, row.cancelled, row.running);
         let saved = match saved {
             Some(saved) => {
                 let mut conn = self.pool.acquire().await?;
@@ -179,7 +181,7 @@ impl Store {
             }
             None => None,
         };
-        Ok(CallState { saved, cancelled: cancelled.unwrap_or(false) })
+        Ok(CallState { saved, cancelled, running })
     }
 
     /// Keeps a provider answer before it is forwarded; the first one written wins. Its chunk
@@ -224,6 +226,9 @@ pub struct CallState {
     pub saved: Option<Value>,
     /// Whether a cancel of the turn was admitted.
     pub cancelled: bool,
+    /// Whether the turn is running this step: otherwise the message is a late copy (a replayed
+    /// dead letter, a redelivery after the turn ended) that no provider call can serve.
+    pub running: bool,
 }
 
 /// A session with its turns and records, for `aptix session show`.

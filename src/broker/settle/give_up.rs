@@ -92,6 +92,9 @@ impl Settler<'_> {
         if let Some(user) = &d.user_id {
             msg = msg.header(headers::USER_ID, user.as_str());
         }
+        if let Some(to) = d.reply_to.as_deref().filter(|_| ingress) {
+            msg = msg.header(headers::REPLY_TO, to);
+        }
         if kept < d.body.len() {
             msg = msg.header(headers::BODY_BYTES, d.body.len() as u64);
         }

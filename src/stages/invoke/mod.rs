@@ -89,6 +89,12 @@ impl Stage for Invoke {
             info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
             return Ok(Output::Next(persist));
         }
+        if !state.running {
+            // A turn that ended (its client has the answer or the error) or moved on: a late
+            // copy, which a provider call would only charge for.
+            info!(session = %key.session_id, turn = %key.turn_id, step, "turn is not running this step; dropping a late copy");
+            return Ok(Output::Finish(None));
+        }
         let turn = job.admitted.user_turn().map_err(StageError::fail)?;
         let agent = super::agent_context(&self.settings, turn).ok();
         let endpoint =
