@@ -153,3 +153,45 @@ async fn parked_replies_are_bounded_per_queue_and_per_tenant() {
     assert_eq!(store.park_replies(&[reply("fresh", "other")]).await.unwrap(), 0, "room elsewhere");
     h.teardown().await;
 }
+
+/// A reply queue that dead-letters what it holds into the entry point (its client may publish
+/// there, so RabbitMQ lets it name `P.requests` as its dead-letter exchange) sends the
+/// pipeline's replies back to the ingress. They are dropped there unanswered: answered, each
+/// would come back again, for ever, through validate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replies_a_queue_dead_letters_into_the_ingress_are_dropped_there_unanswered() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let queue = format!("{}.session.{s}", h.topology.prefix());
+    let mut args = FieldTable::default();
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(0));
+    let requests = h.topology.requests_exchange();
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(requests.into()));
+    let ch = h.conn.create_channel().await.unwrap();
+    let options = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.as_str().into(), options, args).await.unwrap();
+    h.sessions.lock().unwrap().insert(s.parse().unwrap());
+    let mut turn = user_turn(&s, "t1", "hello");
+    turn["Stream"] = true.into();
+    h.publish_raw(serde_json::to_vec(&turn).unwrap()).await;
+    let state = "SELECT state FROM turns WHERE session_id = $1::uuid AND turn_id = 't1'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now: Option<String> =
+            sqlx::query_scalar(state).bind(&s).fetch_optional(h.deps.store.pool()).await.unwrap();
+        if now.as_deref() == Some("completed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the turn is {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its deltas and reply came back to validate meanwhile; let the last of them arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let answered = "SELECT count(*) FROM replies WHERE session_id = $1::uuid";
+    let answered: i64 =
+        sqlx::query_scalar(answered).bind(&s).fetch_one(h.deps.store.pool()).await.unwrap();
+    assert_eq!(answered, 0, "validate answered the pipeline's own messages");
+    assert!(h.dead_letters().await.is_empty(), "nothing to dead-letter either");
+    assert!(h.take_all(&h.topology.ingress_queues()[0]).await.is_empty(), "nothing loops");
+    h.teardown().await;
+}

@@ -170,6 +170,38 @@ async fn attaching_past_the_sessions_resume_limit_is_refused() {
     assert_eq!(no.len(), 1, "{got:?}");
     assert_eq!(no[0].body["Errors"][0]["Code"], "limit.resumes_per_minute");
     assert!(no[0].message_id.contains(":t1:rejected-resume-"), "{}", no[0].message_id);
+    // It answers the copy it refuses, and is kept as every refusal is (§9a).
+    assert!(no[0].correlation_id.is_some(), "{:?}", no[0]);
+    let kept = "SELECT count(*) FROM replies WHERE session_id = $1::uuid AND message_id = $2";
+    let kept: i64 = sqlx::query_scalar(kept)
+        .bind(&s)
+        .bind(&no[0].message_id)
+        .fetch_one(h.deps.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the refusal is not stored");
     assert_eq!(got.iter().filter(|m| answered(m)).count(), 1, "admitted once: {got:?}");
+    h.teardown().await;
+}
+
+/// A finished turn's request published again gets the stored final reply again, which sends
+/// again what was sent, as a resume does: counted as one, so past
+/// `pipeline.resumes_per_minute` the copy is refused with `limit.resumes_per_minute` and no
+/// copy of the answer is sent or stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resending_a_finished_turn_past_the_sessions_resume_limit_is_refused() {
+    let h = Harness::start_with(1, |s| s.pipeline.resumes_per_minute = 1).await;
+    let s = new_session();
+    let t1 = user_turn(&s, "t1", "hello");
+    h.submit(&t1).await;
+    h.replies(&s, 1, WAIT).await;
+    h.submit(&t1).await;
+    h.submit(&t1).await;
+    let outcome = |m: &ReplyMsg| m.headers.get("x-aptix-outcome").cloned().unwrap_or_default();
+    let got = read_until(&h, &s, |got| got.len() >= 2).await;
+    assert!(got[0].message_id.contains(":t1:resent-"), "{got:?}");
+    assert_eq!(outcome(&got[0]), "final", "{got:?}");
+    assert_eq!(outcome(&got[1]), "refused", "{got:?}");
+    assert_eq!(got[1].body["Errors"][0]["Code"], "limit.resumes_per_minute", "{:?}", got[1]);
     h.teardown().await;
 }

@@ -13,6 +13,12 @@ pub const CANCEL_TYPE: &str = "turn.cancel";
 /// The AMQP `type` that marks a message on the request entry point as a resume (§9a).
 pub const RESUME_TYPE: &str = "turn.resume";
 
+/// The AMQP `type`s of what the server sends (replies, deltas, the notice that ends a resume,
+/// dead letters). On the entry point they are the pipeline's own messages come back (a client's
+/// reply queue may dead-letter into it), never a submission: answering one would send it round
+/// again.
+pub const SERVER_TYPES: [&str; 4] = ["reply", "delta", "resumed", "dead"];
+
 /// A resume: the turn, and the `x-aptix-event-seq` after which its events are wanted (all of
 /// them when absent).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,8 @@ pub struct ReplyMsg {
     pub is_final: bool,
     pub body: Value,
     pub headers: HashMap<String, String>,
+    /// The request it answers, for replies that answer one submission (refusals).
+    pub correlation_id: Option<String>,
 }
 
 pub struct Harness {
@@ -327,6 +329,7 @@ pub fn reply_of(d: &lapin::message::Delivery) -> ReplyMsg {
         is_final: h.get("x-aptix-kind").map(String::as_str) == Some("reply"),
         body: serde_json::from_slice(&d.data).unwrap_or(Value::Null),
         headers: h.clone(),
+        correlation_id: d.properties.correlation_id().as_ref().map(|c| c.to_string()),
     }
 }
 

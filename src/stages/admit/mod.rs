@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{debug, info};
 
 use super::Deps;
 use crate::config::Settings;
@@ -14,7 +14,7 @@ use crate::contracts::{
     ValidatedRequest,
 };
 use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
-use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE};
+use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE, SERVER_TYPES};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{
     Admission, ContinuationAdmission, ResumeFound, SessionMeta, Store, StoredReply,
@@ -59,6 +59,13 @@ impl Stage for Admit {
     }
 
     async fn run(&self, s: Submission) -> Result<Output<AdmittedTurn>, StageError> {
+        if s.kind.as_deref().is_some_and(|k| SERVER_TYPES.contains(&k)) {
+            // A client's queue's dead-letter exchange may be the entry point (its write
+            // permission allows that): its replies come back here, and are dropped unanswered.
+            debug!(kind = s.kind.as_deref(), "dropping the pipeline's own message come back");
+            crate::metrics::metrics().message(Self::NAME, "returned_server_message");
+            return Ok(Output::Finish(None));
+        }
         // Replies that answer this submission rather than a turn's step get ids derived from
         // it, so a redelivered message yields the same id and the client can drop the copy.
         let submission = message_fingerprint(s.message_id.as_deref(), &s.body);
@@ -182,23 +189,29 @@ impl Admit {
                 continue;
             }
             r.correlation_id = message_id.map(str::to_owned);
-            (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
-            if self.foreign(&r.session, to).await? {
-                // Nothing is stored against another tenant's session.
-                continue;
-            }
-            let stored = StoredReply {
-                message_id: &r.message_id(),
-                session: &r.session,
-                turn_id: r.turn_id.as_deref(),
-                outcome: r.outcome,
-                body: &r.body,
-                tenant: to.tenant.as_ref(),
-            };
-            // Classified by what failed: a value the database refuses is no outage to wait out.
-            self.store.save_reply(&stored).await?;
+            self.keep_refusal(r, to).await?;
         }
         Ok(output)
+    }
+
+    /// Sends `r`, a reply to this submission, where it asked, and stores it (not against
+    /// another tenant's session).
+    async fn keep_refusal(&self, r: &mut ReplyOut, to: &ReplyAddress) -> Result<(), StageError> {
+        (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
+        if self.foreign(&r.session, to).await? {
+            return Ok(());
+        }
+        let stored = StoredReply {
+            message_id: &r.message_id(),
+            session: &r.session,
+            turn_id: r.turn_id.as_deref(),
+            outcome: r.outcome,
+            body: &r.body,
+            tenant: to.tenant.as_ref(),
+        };
+        // Classified by what failed: a value the database refuses is no outage to wait out.
+        self.store.save_reply(&stored).await?;
+        Ok(())
     }
 
     /// The refusal stored for this submission, if it was refused.
@@ -285,7 +298,11 @@ impl Admit {
                 }
                 (Admission::InFlight { mut outbox }, _) if attach => {
                     // Attaching sends what a resume sends, so it is counted as one.
-                    if let Some(refusal) = self.over_resume_limit(caller, key, submission) {
+                    if let Some(mut refusal) = self.over_resume_limit(caller, key, submission) {
+                        // Beside the outbox, still answered where the client asked, and kept.
+                        if let Outgoing::Reply(r) = &mut refusal {
+                            self.keep_refusal(r, to).await?;
+                        }
                         outbox.messages.push(refusal);
                         return Ok(Output::Committed(outbox));
                     }
@@ -295,6 +312,16 @@ impl Admit {
                         outbox.messages.extend(replay(key, to, found, None, submission));
                     }
                     return Ok(Output::Committed(outbox));
+                }
+                (Admission::Finished { reply }, _) => {
+                    // Sends again what was sent, as a resume does, and is kept: counted as one,
+                    // so a client cannot have its longest answer stored and sent again as fast
+                    // as it can publish.
+                    if let Some(refusal) = self.over_resume_limit(caller, key, submission) {
+                        return Ok(Output::Publish(vec![refusal]));
+                    }
+                    let finished = Admission::Finished { reply };
+                    return self.admitted(finished, session, turn_id, submission);
                 }
                 (other, _) => return self.admitted(other, session, turn_id, submission),
             }

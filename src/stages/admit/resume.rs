@@ -117,8 +117,8 @@ pub(super) fn replay(
     out
 }
 
-/// Names the submission a `resumed` notice answers (its `correlation_id`), so a client tells its
-/// own resume's notice from another's.
+/// Names the submission a `resumed` notice (or a refusal beside an outbox) answers (its
+/// `correlation_id`), so a client tells its own resume's notice from another's.
 pub(super) fn correlate_notices(output: &mut Output<AdmittedTurn>, message_id: Option<&str>) {
     let messages = match output {
         Output::Publish(m) => m,
@@ -126,8 +126,14 @@ pub(super) fn correlate_notices(output: &mut Output<AdmittedTurn>, message_id: O
         _ => return,
     };
     for m in messages {
-        if let Outgoing::Resumed(n) = m {
-            n.correlation_id = message_id.map(str::to_owned);
+        match m {
+            Outgoing::Resumed(n) => n.correlation_id = message_id.map(str::to_owned),
+            // A refusal beside an outbox (an attach over the resume limit): it answers this
+            // submission. A turn's replies there carry their step.
+            Outgoing::Reply(r) if r.step.is_none() => {
+                r.correlation_id = message_id.map(str::to_owned);
+            }
+            _ => {}
         }
     }
 }
