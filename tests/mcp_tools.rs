@@ -324,7 +324,7 @@ async fn a_context_that_does_not_list_the_server_cannot_reach_it() {
 }
 
 /// A `command` server (stdio, for local development) works the same: each worker starts its
-/// own, and it gets none of the worker's environment.
+/// own, it gets none of the worker's environment, and an answer line is bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stdio_server_is_started_by_the_worker_and_called() {
     let http = ToolServer::start(); // installs the environment; its own server is not used
@@ -335,8 +335,9 @@ async fn a_stdio_server_is_started_by_the_worker_and_called() {
     let config: McpServer = toml::from_str(&format!(
         r#"name = "local"
            command = ["{python}", "{script}", "--stdio", "--calls", "{}"]
-           allowed_tools = ["open_ticket", "environment"]
-           timeout_ms = 15000"#,
+           allowed_tools = ["open_ticket", "environment", "huge"]
+           timeout_ms = 15000
+           max_output_bytes = 65536"#,
         calls.display()
     ))
     .unwrap();
@@ -361,5 +362,17 @@ async fn a_stdio_server_is_started_by_the_worker_and_called() {
     assert!(!names.iter().any(|n| n == "CARGO_PKG_NAME" || n.starts_with("APTIX")), "{names:?}");
     let text = std::fs::read_to_string(&calls).unwrap();
     assert_eq!(text.lines().count(), 2, "{text}");
+
+    // An answer line over the SDK's 16 MiB is dropped unread, not buffered (a smaller one is
+    // read and clipped: "the tool ran, but …"); the call ends at its timeout and the server
+    // serves the next call.
+    let instruction =
+        r#"@call(local__huge, {"megabytes":17}) @call(local__open_ticket, {"title":"next"})"#;
+    h.submit(&user_turn(&s, "t2", instruction)).await;
+    let replies = h.replies(&s, 1, WAIT).await;
+    let done = executed(&replies.iter().rfind(|r| r.is_final).unwrap().body);
+    let error = done[0]["ErrorMessage"].as_str().unwrap_or_else(|| panic!("{}", done[0]));
+    assert!(error.starts_with("outcome unknown: the tool server did not answer"), "{error}");
+    assert!(done[1]["ResultJson"].as_str().is_some_and(|o| o.contains("next")), "{}", done[1]);
     h.teardown().await;
 }
