@@ -48,19 +48,12 @@ pub async fn settle(
     };
     let row = store.start_action(actor, name, id).await?;
     let topology = &crate::pipeline::topology(settings);
-    let check = |letter: DeadLetter| async move {
-        match action {
-            DeadAction::Replay => replayable(settings, topology, store, &letter).await,
-            DeadAction::Discard => Ok::<(), NotReplayable>(()),
-        }
-    };
-    let settled = match topology.settle_dead(publisher, &queues(settings), id, action, check).await
-    {
+    let settled = match settle_checked(settings, topology, (publisher, store), id, action).await {
         Ok(settled) => settled,
         Err(e) => {
             let detail = json!({ "error": e.to_string() });
             let _ = store.finish_action(row, "failed", &detail).await;
-            return Err(e.into());
+            return Err(e);
         }
     };
     let detail = match &settled {
@@ -79,13 +72,54 @@ pub async fn settle(
     Ok(Recorded { action: row, settled })
 }
 
-/// Whether a replay can send `letter` where it came from as it was first sent, and do something
-/// there.
-async fn replayable(
+/// The action, done unless the letter is not replayable. The turn a stage's letter names is
+/// read first, with no letter held: the letters a look reads stay hidden from every other
+/// operator (and consumer) until it ends, so it waits on nothing but the broker.
+async fn settle_checked(
     settings: &Settings,
     topology: &Topology,
+    (publisher, store): (&Publisher, &Store),
+    id: &str,
+    action: DeadAction,
+) -> anyhow::Result<Settled> {
+    let dead = queues(settings);
+    let turn = match action {
+        DeadAction::Replay => match topology.dead_letter(publisher, &dead, id).await? {
+            Some(letter) => turn_of(store, &letter).await?,
+            None => return Ok(Settled::NotFound),
+        },
+        DeadAction::Discard => None,
+    };
+    let check = |letter: &DeadLetter| match action {
+        DeadAction::Replay => replayable(settings, topology, letter, turn.as_ref()),
+        DeadAction::Discard => Ok(()),
+    };
+    Ok(topology.settle_dead(publisher, &dead, id, action, check).await?)
+}
+
+/// Where the turn `letter` names stands: its key, state and step; none when it names none the
+/// database holds.
+async fn turn_of(
     store: &Store,
     letter: &DeadLetter,
+) -> anyhow::Result<Option<(TurnKey, TurnState, i32)>> {
+    let Some(key) = key_of(letter) else { return Ok(None) };
+    Ok(store.turn(&key).await?.map(|t| (key, t.state, t.step)))
+}
+
+fn key_of(letter: &DeadLetter) -> Option<TurnKey> {
+    let session_id: SessionId = letter.session_id.as_deref()?.parse().ok()?;
+    let turn_id: TurnId = letter.turn_id.as_deref()?.parse().ok()?;
+    Some(TurnKey { session_id, turn_id })
+}
+
+/// Whether a replay can send `letter` where it came from as it was first sent, and do something
+/// there; `turn`: where the turn it names stood just before.
+fn replayable(
+    settings: &Settings,
+    topology: &Topology,
+    letter: &DeadLetter,
+    turn: Option<&(TurnKey, TurnState, i32)>,
 ) -> Result<(), NotReplayable> {
     let Some(queue) = &letter.original_queue else {
         return Err(NotReplayable::NoQueue);
@@ -108,27 +142,25 @@ async fn replayable(
     if ingress {
         return Ok(());
     }
-    running_its_step(store, letter).await
+    running_its_step(letter, turn)
 }
 
 /// Whether the turn of a stage's `letter` still runs the step the letter is of. A stage gives
 /// a message up by ending its turn (the client gets the error reply), so its letter is worth
 /// replaying only when that could not be written; otherwise the stage would run (and a provider
 /// charge) for a turn no one waits for.
-async fn running_its_step(store: &Store, letter: &DeadLetter) -> Result<(), NotReplayable> {
-    let key = || {
-        let session_id: SessionId = letter.session_id.as_deref()?.parse().ok()?;
-        let turn_id: TurnId = letter.turn_id.as_deref()?.parse().ok()?;
-        Some(TurnKey { session_id, turn_id })
-    };
-    let Some(key) = key() else { return Err(NotReplayable::NoTurn) };
+fn running_its_step(
+    letter: &DeadLetter,
+    turn: Option<&(TurnKey, TurnState, i32)>,
+) -> Result<(), NotReplayable> {
+    // The letter read again to be settled is the one whose turn was read.
+    let same = |(key, ..): &&(TurnKey, TurnState, i32)| key_of(letter).as_ref() == Some(key);
+    let Some((_, state, at)) = turn.filter(same) else { return Err(NotReplayable::NoTurn) };
     let step = letter.headers.get(headers::STEP).and_then(|s| s.parse::<i32>().ok());
-    let turn = store.turn(&key).await.map_err(|e| NotReplayable::Unread(e.to_string()))?;
-    match turn {
-        None => Err(NotReplayable::NoTurn),
-        Some(t) if t.state == TurnState::Running && step.is_none_or(|s| s == t.step) => Ok(()),
-        Some(t) => Err(NotReplayable::TurnMovedOn { state: t.state.as_str(), step: t.step }),
+    if *state == TurnState::Running && step.is_none_or(|s| s == *at) {
+        return Ok(());
     }
+    Err(NotReplayable::TurnMovedOn { state: state.as_str(), step: *at })
 }
 
 /// Why a dead letter cannot be replayed.
@@ -154,9 +186,6 @@ enum NotReplayable {
         /// The step the turn is at.
         step: i32,
     },
-    /// The turn could not be read.
-    #[error("its turn could not be read: {0}")]
-    Unread(String),
     /// A tenant's request would lose its tenant.
     #[error("a tenant's request is admitted under its publisher's login (here `{0}`); the tenant must resubmit it")]
     TenantRequest(String),

@@ -67,7 +67,7 @@ async fn a_request_given_up_is_replayed_and_its_turn_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn discards_keep_the_others_in_order_and_two_at_once_settle_once() {
-    let mut h = Harness::start(1).await;
+    let h = Harness::start(1).await;
     // Forged stage messages (an unreadable body on the retrieve queue) are refused into the
     // dead-letter queue with their ids.
     let ids: Vec<String> = (0..4).map(|i| format!("forged-{i}")).collect();

@@ -107,7 +107,8 @@ async fn a_worse_arm_is_reported_worse_and_an_unchanged_one_is_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_arm_that_ran_nothing_is_left_out_and_an_interrupted_run_judges_nothing() {
+async fn an_arm_its_model_failed_counts_one_never_run_is_left_out_and_an_interrupted_run_judges_nothing(
+) {
     let h = Harness::start(1).await;
     seeded(&h).await;
     let mut opts = EvalOptions {
@@ -125,31 +126,37 @@ async fn an_arm_that_ran_nothing_is_left_out_and_an_interrupted_run_judges_nothi
     aptix::eval::run(store, h.settings.clone(), llm.clone(), &opts, &cancel).await.unwrap();
     // A second arm on a model the provider does not serve: every one of its calls (one round
     // trip per turn) is refused with 404 `model_not_found`, so its turns fail and write nothing.
+    // Its model gave no answer: that counts against it, each round trip at 0.
     h.sim.faults().fail_next(Fault::Status { status: 404 }, TURNS);
     opts.arms.push(arm("gone:model=gpt-retired"));
     let report =
         aptix::eval::run(store, h.settings.clone(), llm.clone(), &opts, &cancel).await.unwrap();
-    eprintln!("{report}");
     assert_eq!(h.sim.faults().queued(), 0, "the arm's turns were tried: {report}");
     let not_run: Vec<(&str, usize)> =
         report.arms.iter().map(|a| (a.name.as_str(), a.turns_not_run)).collect();
-    assert_eq!(not_run, [(ORIGINAL, 0), ("control", 0), ("gone", TURNS)]);
+    assert_eq!(not_run, [(ORIGINAL, 0), ("control", 0), ("gone", 0)]);
     let gone = &report.arms[2];
     assert_eq!((gone.round_trips, gone.turns_not_done), (0, TURNS), "{report}");
-    // Turns it never ran say nothing of its answers: no comparison, no regression.
-    assert!(gone.versus_baseline.is_empty(), "{report}");
-    assert!(report.regressions.is_empty(), "{report}");
-    assert!(report.to_string().contains(&format!("{TURNS} not run")), "{report}");
+    let exact = &gone.versus_baseline["exact"];
+    assert_eq!((exact.difference.n, exact.worse), (TURNS, TURNS), "{report}");
+    assert!(!report.regressions.is_empty(), "{report}");
     assert!(!report.interrupted);
-    // Interrupted (Ctrl-C before anything starts): no turn is replayed, the judge judges
-    // nothing, and the report kept says it is partial.
+    // Interrupted (Ctrl-C before anything starts): no turn is replayed, a new arm's turns are
+    // never run (left out of the comparison: they say nothing of its answers), the judge
+    // judges nothing, and the report kept says it is partial.
     opts.judge =
         Some(Judge { rubric: "Be whole.".into(), model: "gpt-5.1".into(), budget_usd: None });
+    opts.arms.push(arm("late:model=gpt-5-mini"));
     let calls = h.sim.requests().len();
     cancel.cancel();
     let report = aptix::eval::run(store, h.settings.clone(), llm, &opts, &cancel).await.unwrap();
     assert_eq!(h.sim.requests().len(), calls, "an interrupted run calls nothing: {report}");
     assert!(report.interrupted, "{report}");
+    let late = report.arms.iter().find(|a| a.name == "late").unwrap();
+    assert_eq!(late.turns_not_run, TURNS, "{report}");
+    assert!(late.versus_baseline.is_empty(), "{report}");
+    assert!(report.regressions.iter().all(|r| r.arm != "late"), "{report}");
+    assert!(report.to_string().contains(&format!("{TURNS} not run")), "{report}");
     let judge = report.judge.as_ref().unwrap();
     assert_eq!((judge.judged, judge.unjudged, judge.cost_usd), (0, 2 * TURNS, 0.0), "{report}");
     assert_eq!(report.arms[1].round_trips, TURNS, "the records so far are still reported");

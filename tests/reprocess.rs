@@ -164,6 +164,14 @@ async fn reprocessing_links_new_records_resumes_and_touches_nothing_live() {
     assert_eq!((third.done, third.already_done), (0, 4), "{third}");
     assert_eq!(h.sim.requests().len(), calls);
     assert_eq!(run_records(&h, "r1").await.len(), records.len());
+    // The run again with another model is refused before anything runs: its records so far
+    // were made with the turns' own, and a run mixing two would report neither.
+    let mut other = options(everything.clone(), "r1");
+    other.model = Some("gpt-5-mini".into());
+    let refused = r.run(&other, &ProgressBar::hidden(), &CancellationToken::new()).await;
+    let refused = refused.expect_err("a run resumed with another model").to_string();
+    assert!(refused.starts_with("run `r1` was started with model None"), "{refused}");
+    assert_eq!(h.sim.requests().len(), calls);
 
     // New records: self-contained requests, the tool round trip replayed on the new chain.
     for rec in &records {

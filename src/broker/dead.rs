@@ -45,6 +45,8 @@ pub struct DeadLetter {
     pub session_id: Option<String>,
     /// The turn it belongs to, when known.
     pub turn_id: Option<String>,
+    /// For a client's message: the `reply_to` it came with, which a replay sends it with again.
+    pub reply_to: Option<String>,
     /// The dead-letter queue it is in (the shared one, or its tenant's).
     pub queue: String,
     /// Every text header.
@@ -81,6 +83,11 @@ impl DeadLetter {
             user: ours(headers::USER_ID),
             session_id: ours(headers::SESSION_ID).or(session),
             turn_id: ours(headers::TURN_ID).or(turn),
+            // The worker's copy carries it in a header; the broker's keeps the property.
+            reply_to: ours(headers::REPLY_TO).or_else(|| {
+                let property = d.properties.reply_to().as_ref().map(|r| r.to_string());
+                property.filter(|_| by_broker)
+            }),
             body: d.data.clone(),
             body_bytes: d.data.len(),
             queue: queue.to_owned(),
@@ -224,21 +231,17 @@ impl Topology {
         found
     }
 
-    /// Replays or discards the dead letter `id`, looked for in `queues`. `check` (given a copy
-    /// of the letter) may refuse the action (its reason) before anything is published or
-    /// removed; meanwhile the letter is held, so no other operator acts on it.
-    pub async fn settle_dead<E, F>(
+    /// Replays or discards the dead letter `id`, looked for in `queues`. `check` may refuse
+    /// the action (its reason) before anything is published or removed; meanwhile the letter is
+    /// held, so no other operator acts on it.
+    pub async fn settle_dead<E: std::fmt::Display>(
         &self,
         publisher: &Publisher,
         queues: &[String],
         id: &str,
         action: DeadAction,
-        check: impl FnOnce(DeadLetter) -> F,
-    ) -> Result<Settled, BrokerError>
-    where
-        E: std::fmt::Display,
-        F: std::future::Future<Output = Result<(), E>>,
-    {
+        check: impl FnOnce(&DeadLetter) -> Result<(), E>,
+    ) -> Result<Settled, BrokerError> {
         let mut look = Look::new(publisher, queues);
         let settled = async {
             let (letter, m) = loop {
@@ -248,7 +251,7 @@ impl Topology {
                     break (letter, m);
                 }
             };
-            if let Err(reason) = check(letter.clone()).await {
+            if let Err(reason) = check(&letter) {
                 return Ok(Settled::Refused(reason.to_string()));
             }
             if action == DeadAction::Replay {
@@ -284,7 +287,7 @@ impl Topology {
             msg.routing_key = letter.session_id.clone().unwrap_or_default();
             // Where its client reads its replies (a backend instance's queue); the ingress
             // checks it again as any client's.
-            msg.reply_to = letter.headers.get(headers::REPLY_TO).cloned();
+            msg.reply_to = letter.reply_to.clone();
         }
         msg.headers = letter
             .headers

@@ -63,11 +63,14 @@ fn keep_client_headers(
     keys: Option<&MessageKeys>,
     body: &[u8],
 ) {
-    let counted = keys.is_some_and(|keys| {
+    // Only a copy with counts and a MAC of the right shape is worth hashing the body for.
+    let claims = [headers::ATTEMPT, headers::REDELIVERIES].iter().any(|k| headers.contains_key(*k));
+    let mac = headers.get(headers::MAC).filter(|m| m.len() == 64 && claims);
+    let counted = keys.zip(mac).is_some_and(|(keys, mac)| {
         let count = |k: &str| headers.get(k).map_or("", String::as_str);
         let fields =
             super::ingress_count_fields(count(headers::ATTEMPT), count(headers::REDELIVERIES));
-        headers.get(headers::MAC).is_some_and(|mac| keys.verify(&fields, body, mac))
+        keys.verify(&fields, body, mac)
     });
     headers.retain(|k, v| {
         let client = CLIENT_HEADERS.contains(&k.as_str()) && v.len() <= MAX_CLIENT_HEADER;

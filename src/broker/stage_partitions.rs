@@ -217,6 +217,7 @@ mod tests {
             user: None,
             session_id: Some("s1".into()),
             turn_id: None,
+            reply_to: None,
             queue: "t.dead".into(),
             headers: Default::default(),
             body: b"{}".to_vec(),

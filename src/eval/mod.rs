@@ -115,15 +115,15 @@ pub async fn run(
         }
     }
     let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm.clone());
+    let arms: Vec<reprocess::Options> =
+        opts.arms.iter().map(|arm| arm_options(opts, arm)).collect();
+    // Every arm's options checked against its run's before any arm runs.
+    for o in &arms {
+        reprocess::claim(store, o).await?;
+    }
     let mut runs = BTreeMap::new();
-    for arm in &opts.arms {
-        let mut o =
-            reprocess::Options::new(opts.selection.clone(), format!("{}.{}", opts.run, arm.name));
-        o.model = arm.model.clone();
-        o.conversation_context = arm.conversation_context.clone();
-        o.rate = opts.rate;
-        o.concurrency = opts.concurrency;
-        let done = reprocessor.run(&o, &ProgressBar::hidden(), cancel).await?;
+    for (arm, o) in opts.arms.iter().zip(&arms) {
+        let done = reprocessor.run(o, &ProgressBar::hidden(), cancel).await?;
         runs.insert(arm.name.clone(), done);
     }
     let mut rows: BTreeMap<String, Vec<EvalRow>> = BTreeMap::new();
@@ -155,6 +155,17 @@ pub async fn run(
     let json = serde_json::to_value(&report).map_err(|e| ReprocessError::Options(e.to_string()))?;
     store.save_eval(&opts.run, &json).await?;
     Ok(report)
+}
+
+/// The reprocessing run of `arm`: `<run>.<arm>`, with the arm's model and context.
+fn arm_options(opts: &EvalOptions, arm: &Arm) -> reprocess::Options {
+    let mut o =
+        reprocess::Options::new(opts.selection.clone(), format!("{}.{}", opts.run, arm.name));
+    o.model = arm.model.clone();
+    o.conversation_context = arm.conversation_context.clone();
+    o.rate = opts.rate;
+    o.concurrency = opts.concurrency;
+    o
 }
 
 fn check(opts: &EvalOptions) -> Result<(), ReprocessError> {

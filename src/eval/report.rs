@@ -2,8 +2,9 @@
 //! scorer with its 95 % interval and, against the baseline arm on the same round trips, the mean
 //! difference and the sign test; then the worst regressions of the primary scorer (`regex` when
 //! given, else `exact`), each with both records' ids and the console's page of its turn. A turn
-//! an arm has no record of at all was never run and is left out of its comparison (counted in
-//! `turns_not_run`); a round trip it never reached within a turn it ran counts against it.
+//! an arm has no record of and did not fail was never run and is left out of its comparison
+//! (counted in `turns_not_run`); a round trip it never reached within a turn it ran, or that its
+//! model gave no answer to, counts against it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -146,6 +147,10 @@ pub fn build(
         let mine = scored.get(&name).unwrap_or(&empty);
         let arm = opts.arms.iter().find(|a| a.name == name);
         let run = runs.get(&name);
+        // Turns the arm answered, and those its model gave no answer to (which count against
+        // it); the others it never ran.
+        let mut ran = turns(mine);
+        ran.extend(run.iter().flat_map(|r| r.unanswered.iter().map(|(s, t)| (*s, t.as_str()))));
         arms.push(ArmReport {
             name: name.clone(),
             model: arm.and_then(|a| a.model.clone()),
@@ -153,16 +158,16 @@ pub fn build(
             round_trips: mine.len(),
             turns_not_done: run.map_or(0, |r| r.failed + r.left),
             turns_not_replayable: run.map_or(0, |r| r.unavailable),
-            turns_not_run: every_turn.difference(&turns(mine)).count(),
+            turns_not_run: every_turn.difference(&ran).count(),
             scores: means(mine),
             versus_baseline: if name == opts.baseline {
                 BTreeMap::new()
             } else {
-                paired(base, mine)
+                paired(base, mine, &ran)
             },
         });
         if name != opts.baseline && name != ORIGINAL {
-            regressions.extend(worse(&name, primary, base, mine));
+            regressions.extend(worse(&name, primary, base, (mine, &ran)));
         }
     }
     // Worst first within each arm, at most REGRESSIONS per arm (0/1 scores tie: one arm's
@@ -203,11 +208,11 @@ fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
 }
 
 /// The arm's score of `name` on a round trip the baseline has, or none when it is left out.
-/// A turn the arm `ran` no part of is left out: it was never run (interrupted) or no answer came
-/// (the provider rejected the arm's model), which says nothing of how the arm answers. A round
-/// trip missing from a turn it ran was never reached (its replay took another path and ended
-/// sooner): it scores 0 where higher is better, and is left out where lower is (it cost and took
-/// nothing, which is no merit).
+/// A turn the arm never `ran` is left out: it was never started (interrupted, `--limit`), which
+/// says nothing of how the arm answers. A round trip missing from a turn it ran was never
+/// reached (its replay took another path and ended sooner) or got no answer (the provider
+/// rejected the arm's model, or timed out): it scores 0 where higher is better, and is left out
+/// where lower is (it cost and took nothing, which is no merit).
 fn arm_score(mine: &Scored, ran: &Turns<'_>, key: &Key, name: &str) -> Option<f64> {
     match mine.get(key) {
         Some((scores, _)) => scores.get(name).copied(),
@@ -217,12 +222,11 @@ fn arm_score(mine: &Scored, ran: &Turns<'_>, key: &Key, name: &str) -> Option<f6
 }
 
 /// Per scorer, the arm against the baseline on the baseline's round trips (see [`arm_score`]).
-fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
-    let ran = turns(mine);
+fn paired(base: &Scored, mine: &Scored, ran: &Turns<'_>) -> BTreeMap<String, Paired> {
     let mut pairs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     for (key, (theirs, _)) in base {
         for (name, b) in theirs {
-            if let Some(a) = arm_score(mine, &ran, key, name) {
+            if let Some(a) = arm_score(mine, ran, key, name) {
                 pairs.entry(name).or_default().push((*b, a));
             }
         }
@@ -234,12 +238,16 @@ fn paired(base: &Scored, mine: &Scored) -> BTreeMap<String, Paired> {
 }
 
 /// The baseline's round trips the arm did worse on by `scorer` (see [`arm_score`]).
-fn worse(arm: &str, scorer: &str, base: &Scored, mine: &Scored) -> Vec<Regression> {
+fn worse(
+    arm: &str,
+    scorer: &str,
+    base: &Scored,
+    (mine, ran): (&Scored, &Turns<'_>),
+) -> Vec<Regression> {
     let lower_better = LOWER_IS_BETTER.contains(&scorer);
-    let ran = turns(mine);
     base.iter()
         .filter_map(|(key, (theirs, base_record))| {
-            let (b, a) = (*theirs.get(scorer)?, arm_score(mine, &ran, key, scorer)?);
+            let (b, a) = (*theirs.get(scorer)?, arm_score(mine, ran, key, scorer)?);
             // A round trip the arm never reached has no record of its own: the turn's page.
             let record = mine.get(key).map_or(Uuid::nil(), |(_, r)| *r);
             let regressed = if lower_better { a > b } else { a < b };
@@ -429,16 +437,23 @@ mod tests {
     fn paired_and_worse_score_unreached_round_trips_and_skip_turns_not_run() {
         let base = scored(&[("A", 0, 1.0), ("A", 1, 1.0), ("B", 0, 1.0), ("B", 1, 1.0)]);
         let mine = scored(&[("A", 0, 1.0)]);
-        let exact = paired(&base, &mine)["exact"];
+        let ran = turns(&mine);
+        let exact = paired(&base, &mine, &ran)["exact"];
         assert_eq!((exact.difference.n, exact.worse, exact.difference.mean), (2, 1, -0.5));
-        let regressions = worse("b", "exact", &base, &mine);
+        let regressions = worse("b", "exact", &base, (&mine, &ran));
         let got: Vec<_> =
             regressions.iter().map(|r| (r.turn_id.as_str(), r.step, r.arm_score)).collect();
         assert_eq!(got, [("A", 1, 0.0)]);
         assert_eq!(regressions[0].arm_record, Uuid::nil());
+        // B got no answer from the arm's model: it ran, and counts against the arm.
+        let mut answered_not = ran.clone();
+        answered_not.insert((Uuid::nil(), "B"));
+        let exact = paired(&base, &mine, &answered_not)["exact"];
+        assert_eq!((exact.difference.n, exact.worse), (4, 3));
         // An arm that ran nothing is compared on nothing and regresses nowhere.
-        assert!(paired(&base, &Scored::new()).is_empty());
-        assert!(worse("b", "exact", &base, &Scored::new()).is_empty());
+        let none = Scored::new();
+        assert!(paired(&base, &none, &turns(&none)).is_empty());
+        assert!(worse("b", "exact", &base, (&none, &turns(&none))).is_empty());
     }
 
     #[test]

@@ -73,6 +73,19 @@ pub enum ReprocessError {
     Store(#[from] StoreError),
 }
 
+/// Records `opts.run`'s model and context, or refuses them when the run was started with
+/// others: its records so far were made with those, and a run mixing two would report neither.
+pub async fn claim(store: &Store, opts: &Options) -> Result<(), ReprocessError> {
+    let (model, context) = (opts.model.as_deref(), opts.conversation_context.as_deref());
+    let Some((was_model, was_context)) = store.claim_run(&opts.run, model, context).await? else {
+        return Ok(());
+    };
+    Err(ReprocessError::Options(format!(
+        "run `{}` was started with model {was_model:?} and context {was_context:?}: resume it with those, or give another --run",
+        opts.run
+    )))
+}
+
 /// What to reprocess and how.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -133,6 +146,8 @@ enum Outcome {
     AlreadyDone,
     Unavailable(String),
     Failed(String),
+    /// Failed in its model call: no answer came.
+    Unanswered(String),
     Left,
 }
 
@@ -224,6 +239,7 @@ impl Reprocessor {
         cancel: &CancellationToken,
     ) -> Result<Report, ReprocessError> {
         let turns = self.select(opts).await?;
+        claim(&self.store, opts).await?;
         info!(run = %opts.run, selected = turns.len(), model = ?opts.model, conversation_context = ?opts.conversation_context, "reprocessing");
         progress.set_length(turns.len() as u64);
         let limiter = RateLimiter::new(opts.rate);
@@ -249,6 +265,12 @@ impl Reprocessor {
                 Outcome::Failed(why) => {
                     warn!(run = %opts.run, %session, %turn, reason = %why, "turn failed");
                     report.failed += 1;
+                    report.problem(session, turn, "failed", why);
+                }
+                Outcome::Unanswered(why) => {
+                    warn!(run = %opts.run, %session, %turn, reason = %why, "turn failed");
+                    report.failed += 1;
+                    report.unanswered.insert((t.session_id, t.turn_id.clone()));
                     report.problem(session, turn, "failed", why);
                 }
             }
@@ -295,7 +317,7 @@ impl Reprocessor {
         }
         let records = match replayer.replay(&inputs).await {
             Ok(records) => records,
-            Err(why) => return (Outcome::Failed(why.to_string()), count),
+            Err(why) => return (Outcome::Unanswered(why.to_string()), count),
         };
         match self.store.insert_reprocessed(&opts.run, &records).await {
             // Another copy of the run wrote this turn first.

@@ -28,6 +28,10 @@ pub struct Report {
     pub failed: usize,
     /// Turns not started: `--limit` reached or interrupted.
     pub left: usize,
+    /// Of the failed turns, those whose model call got no answer (rejected, timed out,
+    /// unavailable): an evaluation counts them against the arm, unlike turns never started.
+    #[serde(skip)]
+    pub unanswered: std::collections::BTreeSet<(uuid::Uuid, String)>,
     /// Whether the invocation was interrupted.
     pub interrupted: bool,
     /// The first failed or skipped turns, with the reason.

@@ -172,9 +172,37 @@ impl Store {
         .await?)
     }
 
-    /// Writes the records of one reprocessed turn in one transaction; a record the run already
-    /// wrote (another copy of the run got there first) is left as it is. Returns how many were
-    /// written.
+    /// Records that run `run` reprocesses with `model` and `context` (none: each turn's own),
+    /// unless it was started before; then returns what it was started with, if that differs.
+    pub async fn claim_run(
+        &self,
+        run: &str,
+        model: Option<&str>,
+        context: Option<&str>,
+    ) -> Result<Option<(Option<String>, Option<String>)>, StoreError> {
+        sqlx::query!(
+            "INSERT INTO reprocess_runs (run, model, conversation_context_id) VALUES ($1, $2, $3)
+             ON CONFLICT (run) DO NOTHING",
+            run,
+            model,
+            context
+        )
+        .execute(&self.pool)
+        .await?;
+        let was = sqlx::query!(
+            "SELECT model, conversation_context_id FROM reprocess_runs WHERE run = $1",
+            run
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let same =
+            was.model.as_deref() == model && was.conversation_context_id.as_deref() == context;
+        Ok((!same).then_some((was.model, was.conversation_context_id)))
+    }
+
+    /// Writes the records of one reprocessed turn in one transaction. When the run already
+    /// wrote one of them (another copy of the run got there first, with the turn's whole path),
+    /// none of this copy's is kept, so no turn mixes two paths. Returns how many were written.
     pub async fn insert_reprocessed(
         &self,
         run: &str,
@@ -205,12 +233,17 @@ impl Store {
                      rag_scope, reply, reprocess_of, reprocess_run, conversation_context_id,
                      context_versions, stage_timings
                  FROM jsonb_populate_record(NULL::response_records, $1)
-                 ON CONFLICT DO NOTHING",
+                 ON CONFLICT (reprocess_of, reprocess_run) WHERE reprocess_of IS NOT NULL
+                 DO NOTHING",
                 &row
             )
             .execute(&mut *tx)
             .await?;
-            written += done.rows_affected();
+            if done.rows_affected() == 0 {
+                tx.rollback().await?;
+                return Ok(0);
+            }
+            written += 1;
         }
         tx.commit().await?;
         Ok(written)

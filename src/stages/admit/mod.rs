@@ -3,9 +3,10 @@
 //! (contexts, idempotency, one turn at a time, tool continuations) inside one database
 //! transaction.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tracing::{debug, info};
+use tracing::{info, warn};
 
 use super::Deps;
 use crate::config::Settings;
@@ -13,7 +14,7 @@ use crate::contracts::{
     ApiError, ErrorCode, ReplyAddress, SessionId, TenantName, ToolContinuation, TurnKey, UserTurn,
     ValidatedRequest,
 };
-use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
+use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission, RESENT};
 use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE, SERVER_TYPES};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{
@@ -49,6 +50,25 @@ impl Admit {
     }
 }
 
+/// When a returned server message was last logged (Unix seconds).
+static RETURNED_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a server message that came back to the entry point, and says so at most once a
+/// minute: a queue that dead-letters into it sends back every reply and delta of its session.
+fn returned_server_message(kind: Option<&str>, body: &[u8]) {
+    crate::metrics::metrics().message(Admit::NAME, "returned_server_message");
+    let now = chrono::Utc::now().timestamp().max(0).unsigned_abs();
+    let last = RETURNED_LOGGED.load(Ordering::Relaxed);
+    let due = now >= last.saturating_add(60);
+    if due
+        && RETURNED_LOGGED.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    {
+        let (session, _) = turn_hint(body);
+        let session = session.map(|s| s.to_string());
+        warn!(kind, session, "the pipeline's own messages come back to the entry point (a reply queue dead-letters into it); dropped unanswered");
+    }
+}
+
 impl Stage for Admit {
     const NAME: &'static str = "validate";
     type In = Submission;
@@ -62,8 +82,7 @@ impl Stage for Admit {
         if s.kind.as_deref().is_some_and(|k| SERVER_TYPES.contains(&k)) {
             // A client's queue's dead-letter exchange may be the entry point (its write
             // permission allows that): its replies come back here, and are dropped unanswered.
-            debug!(kind = s.kind.as_deref(), "dropping the pipeline's own message come back");
-            crate::metrics::metrics().message(Self::NAME, "returned_server_message");
+            returned_server_message(s.kind.as_deref(), &s.body);
             return Ok(Output::Finish(None));
         }
         // Replies that answer this submission rather than a turn's step get ids derived from
@@ -195,10 +214,12 @@ impl Admit {
     }
 
     /// Sends `r`, a reply to this submission, where it asked, and stores it (not against
-    /// another tenant's session).
+    /// another tenant's session). A finished turn's reply sent again to a duplicate is not
+    /// stored again: its record holds it, and a client could otherwise have a copy of its
+    /// longest answer stored for every duplicate it publishes.
     async fn keep_refusal(&self, r: &mut ReplyOut, to: &ReplyAddress) -> Result<(), StageError> {
         (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
-        if self.foreign(&r.session, to).await? {
+        if r.tag.starts_with(RESENT) || self.foreign(&r.session, to).await? {
             return Ok(());
         }
         let stored = StoredReply {
@@ -312,16 +333,6 @@ impl Admit {
                         outbox.messages.extend(replay(key, to, found, None, submission));
                     }
                     return Ok(Output::Committed(outbox));
-                }
-                (Admission::Finished { reply }, _) => {
-                    // Sends again what was sent, as a resume does, and is kept: counted as one,
-                    // so a client cannot have its longest answer stored and sent again as fast
-                    // as it can publish.
-                    if let Some(refusal) = self.over_resume_limit(caller, key, submission) {
-                        return Ok(Output::Publish(vec![refusal]));
-                    }
-                    let finished = Admission::Finished { reply };
-                    return self.admitted(finished, session, turn_id, submission);
                 }
                 (other, _) => return self.admitted(other, session, turn_id, submission),
             }
