@@ -29,6 +29,13 @@ struct Files {
 
 const NOT_FOUND: &str = "no such file, or the link expired\n";
 
+/// Seconds a browser may keep a file: an hour, and never past its link's expiry (`expires`,
+/// Unix seconds).
+fn cache_for(expires: Option<i64>) -> i64 {
+    let left = expires.map_or(0, |e| e - chrono::Utc::now().timestamp());
+    left.clamp(0, 3600)
+}
+
 async fn serve(
     State(files): State<Files>,
     Path(sha256): Path<String>,
@@ -56,7 +63,11 @@ async fn serve(
                 (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
                 (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
                 (header::ETAG, format!("\"{sha256}\"")),
-                (header::CACHE_CONTROL, "private, max-age=3600, immutable".to_owned()),
+                // Kept by a browser no longer than the link serves it.
+                (
+                    header::CACHE_CONTROL,
+                    format!("private, max-age={}, immutable", cache_for(expires)),
+                ),
             ],
             Body::from(content),
         )

@@ -6,18 +6,23 @@
 
 use std::sync::Once;
 
-/// A builder of an async client, the TLS provider installed.
+/// A builder of an async client, the TLS provider installed, following no redirect: a server
+/// (a provider, a tenant's `llm_base_url`, a tool server) that answers with one could otherwise
+/// send the pipeline's request, with the headers configured for that server, to any address
+/// the worker reaches (an internal service, the cloud's metadata address). A redirect is an
+/// answer like any other status.
 pub fn client() -> reqwest::ClientBuilder {
     install_provider();
     #[allow(clippy::disallowed_methods)]
-    reqwest::Client::builder()
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
-/// A builder of a blocking client (for code outside any runtime), the TLS provider installed.
+/// A builder of a blocking client (for code outside any runtime), the TLS provider installed,
+/// following no redirect (see [`client`]).
 pub fn blocking() -> reqwest::blocking::ClientBuilder {
     install_provider();
     #[allow(clippy::disallowed_methods)]
-    reqwest::blocking::Client::builder()
+    reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
 fn install_provider() {

@@ -14,7 +14,7 @@ use aptix::config::LlmSettings;
 use aptix::contracts::Outcome;
 use aptix::llm::{Endpoint, HttpLlmClient, LlmError, LlmRequest, LlmResponse, RequestBody};
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
@@ -195,4 +195,33 @@ async fn error_events_json_answers_and_garbage() {
 
     let e = call(&base, &script, "application/json", "<html>".into()).await.unwrap_err();
     assert!(matches!(e, LlmError::InvalidResponse(_)), "{e:?}");
+}
+
+/// A provider that answers with a redirect (a hostile one, or a tenant's own `llm_base_url`)
+/// cannot send the worker's request, with its key, to another address (an internal service,
+/// the cloud's metadata address): the redirect is not followed, and the call fails as an
+/// invalid response naming the status.
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let reached = Arc::new(Mutex::new(0_usize));
+    let counted = reached.clone();
+    let elsewhere = Router::new().fallback(move || {
+        *counted.lock().expect("lock") += 1;
+        async { "internal" }
+    });
+    let target = serve(elsewhere).await;
+    let app = Router::new().route(
+        "/v1/responses",
+        post(move || {
+            let to = format!("{target}/metadata");
+            async move { (StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, to)]).into_response() }
+        }),
+    );
+    let base = serve(app).await;
+    let e = create(&base, &settings(&base)).await.unwrap_err();
+    assert!(
+        matches!(&e, LlmError::InvalidResponse(m) if m.contains("unexpected HTTP status 307")),
+        "{e:?}"
+    );
+    assert_eq!(*reached.lock().expect("lock"), 0, "the redirect was followed");
 }

@@ -183,30 +183,3 @@ async fn attaching_past_the_sessions_resume_limit_is_refused() {
     assert_eq!(got.iter().filter(|m| answered(m)).count(), 1, "admitted once: {got:?}");
     h.teardown().await;
 }
-
-/// A finished turn's request published again gets the stored final reply again (§7), each
-/// time, whatever the resume limit (it is the turn's result, not a resume); and no copy of it
-/// is stored: the turn's record holds it, so duplicates cannot make the server store a copy of
-/// a long answer each.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_finished_turns_duplicates_each_get_its_reply_and_store_nothing() {
-    let h = Harness::start_with(1, |s| s.pipeline.resumes_per_minute = 1).await;
-    let s = new_session();
-    let t1 = user_turn(&s, "t1", "hello");
-    h.submit(&t1).await;
-    h.replies(&s, 1, WAIT).await;
-    for _ in 0..3 {
-        h.submit(&t1).await;
-    }
-    let got = read_until(&h, &s, |got| got.len() >= 3).await;
-    assert_eq!(got.len(), 3, "{got:?}");
-    for m in &got {
-        assert!(m.message_id.contains(":t1:resent-"), "{got:?}");
-        assert_eq!(m.body["Successful"], true, "{got:?}");
-        assert!(m.correlation_id.is_some(), "{m:?}");
-    }
-    let kept = "SELECT count(*) FROM replies WHERE session_id = $1::uuid";
-    let kept: i64 = sqlx::query_scalar(kept).bind(&s).fetch_one(h.deps.store.pool()).await.unwrap();
-    assert_eq!(kept, 0, "copies of the turn's reply were stored");
-    h.teardown().await;
-}

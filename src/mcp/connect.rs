@@ -93,8 +93,10 @@ impl Connector {
 
     async fn open(&self) -> Result<Connection, McpError> {
         let c = &self.config;
-        let failed =
-            |e: &dyn std::fmt::Display| McpError::Connect(output::clip(&e.to_string(), 1024));
+        let failed = |e: &dyn std::fmt::Display| {
+            let text = output::without_url(&e.to_string(), c.url.as_deref());
+            McpError::Connect(output::clip(&text, 1024))
+        };
         if let Some(url) = &c.url {
             // Room for the output cap and the JSON-RPC envelope around it; more is cut off at
             // the transport, not buffered.

@@ -117,7 +117,7 @@ impl Hub {
         let left = deadline.saturating_duration_since(Instant::now());
         let result = match tokio::time::timeout(left, connection.call_tool(params)).await {
             Err(_) => Err(McpError::Timeout(config.timeout_ms)),
-            Ok(Err(e)) => Err(called(e, config.timeout_ms, max)),
+            Ok(Err(e)) => Err(called(e, config, max)),
             Ok(Ok(result)) => Ok(result),
         };
         let result = result.inspect_err(|e| {
@@ -132,11 +132,14 @@ impl Hub {
 
 /// What a failed `tools/call` means: the server answered with an error (it did not run the
 /// tool), or the request was sent and no answer came back (it may have).
-fn called(e: ServiceError, timeout_ms: u64, max: usize) -> McpError {
+fn called(e: ServiceError, config: &McpServer, max: usize) -> McpError {
     match e {
         ServiceError::McpError(e) => McpError::Refused(output::clip(&e.message, max)),
-        ServiceError::Timeout { .. } => McpError::Timeout(timeout_ms),
-        other => McpError::Call(output::clip(&other.to_string(), max)),
+        ServiceError::Timeout { .. } => McpError::Timeout(config.timeout_ms),
+        other => {
+            let text = output::without_url(&other.to_string(), config.url.as_deref());
+            McpError::Call(output::clip(&text, max))
+        }
     }
 }
 
@@ -201,7 +204,7 @@ impl Server {
             for _ in 0..MAX_PAGES {
                 let params = PaginatedRequestParams::default().with_cursor(cursor);
                 let page = connection.list_tools(Some(params)).await;
-                let page = page.map_err(|e| called(e, timeout_ms, 64 * 1024))?;
+                let page = page.map_err(|e| called(e, &self.config, 64 * 1024))?;
                 let page = serde_json::to_value(page).map_err(|e| McpError::Call(e.to_string()))?;
                 tools.extend(page["tools"].as_array().cloned().unwrap_or_default());
                 cursor = page["nextCursor"].as_str().map(str::to_owned);

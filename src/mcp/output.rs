@@ -77,6 +77,19 @@ pub(super) fn clip(text: &str, max: usize) -> String {
     text[..end].replace('\0', "")
 }
 
+/// `text` without the server's `url`, which the HTTP client names in its errors (`… for url
+/// (…)`): it may carry a key in its query or name an internal host, and the text reaches the
+/// model, the record and the client.
+pub(super) fn without_url(text: &str, url: Option<&str>) -> String {
+    let Some(url) = url.filter(|u| !u.is_empty()) else { return text.to_owned() };
+    // As the client prints it (normalised: a `/` added to a bare host, say), then as configured.
+    let parsed = url::Url::parse(url).map(String::from).unwrap_or_default();
+    [parsed.as_str(), url]
+        .into_iter()
+        .filter(|form| !form.is_empty())
+        .fold(text.to_owned(), |text, form| text.replace(form, "<the server's url>"))
+}
+
 /// The server's allowed tools (as `tools/list` gave them) as `/responses` function tools.
 pub(super) fn functions(config: &McpServer, listed: &[Value]) -> Vec<Value> {
     let mut out: Vec<Value> = listed
@@ -174,5 +187,21 @@ mod tests {
         assert_eq!(clip("ééé", 3), "é");
         let failed = json!({"content": [{"type": "text", "text": "x\u{0}y"}], "isError": true});
         assert!(matches!(text(&failed, 100), Err(McpError::Tool(t)) if t == "xy"));
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    #[test]
+    fn the_servers_url_is_not_in_what_the_model_reads() {
+        let url = "https://mcp.example.com?api_key=SECRET";
+        let error = "error sending request for url (https://mcp.example.com/?api_key=SECRET)";
+        let text = super::without_url(error, Some(url));
+        assert_eq!(text, "error sending request for url (<the server's url>)");
+        assert_eq!(
+            super::without_url("as configured: https://mcp.example.com?api_key=SECRET", Some(url)),
+            "as configured: <the server's url>"
+        );
+        assert_eq!(super::without_url("no url", None), "no url");
     }
 }

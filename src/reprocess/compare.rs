@@ -62,26 +62,37 @@ pub struct Difference {
 impl Comparison {
     /// Compares `pairs`; `original_steps` is the number of original round trips of their turns.
     pub fn of(pairs: &[EvalRow], turns: usize, original_steps: usize) -> Comparison {
-        let mut c = Comparison { turns, round_trips: pairs.len(), ..Comparison::default() };
-        c.round_trips_not_replayed = original_steps.saturating_sub(pairs.len());
-        for p in pairs {
-            add_usage(&mut c.original_usage, p.original_usage.as_ref());
-            add_usage(&mut c.new_usage, p.new_usage.as_ref());
-            let Some(diff) = difference(p) else {
-                c.identical += 1;
-                continue;
-            };
-            match diff.what {
-                "kind" => c.kind_changed += 1,
-                "text" => c.text_changed += 1,
-                "tool_calls" => c.tool_calls_changed += 1,
-                _ => c.errors_changed += 1,
-            }
-            if c.examples.len() < EXAMPLES {
-                c.examples.push(diff);
-            }
+        let mut c = Comparison::default();
+        pairs.iter().for_each(|p| c.add(p));
+        c.finish(turns, original_steps)
+    }
+
+    /// Counts one pair of records (a comparison is built one pair at a time).
+    pub fn add(&mut self, p: &EvalRow) {
+        self.round_trips += 1;
+        add_usage(&mut self.original_usage, p.original_usage.as_ref());
+        add_usage(&mut self.new_usage, p.new_usage.as_ref());
+        let Some(diff) = difference(p) else {
+            self.identical += 1;
+            return;
+        };
+        match diff.what {
+            "kind" => self.kind_changed += 1,
+            "text" => self.text_changed += 1,
+            "tool_calls" => self.tool_calls_changed += 1,
+            _ => self.errors_changed += 1,
         }
-        c
+        if self.examples.len() < EXAMPLES {
+            self.examples.push(diff);
+        }
+    }
+
+    /// The comparison of the pairs added, of `turns` turns with `original_steps` original
+    /// round trips.
+    pub fn finish(mut self, turns: usize, original_steps: usize) -> Comparison {
+        self.turns = turns;
+        self.round_trips_not_replayed = original_steps.saturating_sub(self.round_trips);
+        self
     }
 
     /// Round trips whose output differs.

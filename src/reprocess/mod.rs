@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt as _;
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use indicatif::ProgressBar;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -327,26 +327,26 @@ impl Reprocessor {
         }
     }
 
-    /// The run's records of the selected turns against their originals.
+    /// The run's records of the selected turns against their originals, read one pair at a
+    /// time: a run of millions of records is compared in the memory of one.
     async fn compare(
         &self,
         run: &str,
         steps: &HashMap<(Uuid, String), usize>,
     ) -> Result<Comparison, ReprocessError> {
-        let pairs: Vec<_> = self
-            .store
-            .eval_rows(run)
-            .await?
-            .into_iter()
-            .filter(|p| steps.contains_key(&(p.session_id, p.turn_id.clone())))
-            .collect();
+        let mut comparison = Comparison::default();
         let mut per_turn: HashMap<(Uuid, String), usize> = HashMap::new();
-        for p in &pairs {
-            *per_turn.entry((p.session_id, p.turn_id.clone())).or_default() += 1;
+        let mut pairs = std::pin::pin!(self.store.eval_rows_each(run));
+        while let Some(p) = pairs.try_next().await.map_err(StoreError::from)? {
+            let key = (p.session_id, p.turn_id.clone());
+            if steps.contains_key(&key) {
+                *per_turn.entry(key).or_default() += 1;
+                comparison.add(&p);
+            }
         }
         let originals: usize =
             per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
-        Ok(Comparison::of(&pairs, per_turn.len(), originals))
+        Ok(comparison.finish(per_turn.len(), originals))
     }
 }
 

@@ -2,6 +2,7 @@
 //! "Evaluation"): each record a reprocess run wrote, with its original and what the scorers need
 //! of both, and the reports of evaluation runs for the console.
 
+use futures_util::TryStreamExt as _;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -51,7 +52,16 @@ pub struct EvalRow {
 impl Store {
     /// Every record reprocess run `run` wrote, with its original, oldest original first.
     pub async fn eval_rows(&self, run: &str) -> Result<Vec<EvalRow>, StoreError> {
-        Ok(sqlx::query_as!(
+        Ok(self.eval_rows_each(run).try_collect().await?)
+    }
+
+    /// [`Store::eval_rows`] one at a time, as PostgreSQL sends them: a comparison of a large
+    /// run holds one pair of records at a time, not the run.
+    pub fn eval_rows_each<'a>(
+        &'a self,
+        run: &'a str,
+    ) -> impl futures_util::Stream<Item = Result<EvalRow, sqlx::Error>> + Send + 'a {
+        sqlx::query_as!(
             EvalRow,
             r#"SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
                       o.kind AS original_kind, o.reply AS original_reply,
@@ -67,8 +77,7 @@ impl Store {
                ORDER BY o.created_at, o.id"#,
             run
         )
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch(&self.pool)
     }
 
     /// Keeps an evaluation run's report (a later invocation of the same run replaces it).

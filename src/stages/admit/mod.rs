@@ -14,7 +14,7 @@ use crate::contracts::{
     ApiError, ErrorCode, ReplyAddress, SessionId, TenantName, ToolContinuation, TurnKey, UserTurn,
     ValidatedRequest,
 };
-use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission, RESENT};
+use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
 use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE, SERVER_TYPES};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{
@@ -214,12 +214,10 @@ impl Admit {
     }
 
     /// Sends `r`, a reply to this submission, where it asked, and stores it (not against
-    /// another tenant's session). A finished turn's reply sent again to a duplicate is not
-    /// stored again: its record holds it, and a client could otherwise have a copy of its
-    /// longest answer stored for every duplicate it publishes.
+    /// another tenant's session).
     async fn keep_refusal(&self, r: &mut ReplyOut, to: &ReplyAddress) -> Result<(), StageError> {
         (r.reply_to, r.tenant) = (to.instance.clone(), to.tenant.clone());
-        if r.tag.starts_with(RESENT) || self.foreign(&r.session, to).await? {
+        if self.foreign(&r.session, to).await? {
             return Ok(());
         }
         let stored = StoredReply {
