@@ -3,8 +3,60 @@
 //! rest of the dependency tree uses, installed once before the first client is built. Clients
 //! are built only through here (clippy.toml forbids `reqwest::Client::new` and its kin):
 //! reqwest 0.13 without a provider of its own panics on a client built before one is installed.
+//! And the one way the processes' listeners serve (`serve`): bounded in connections and time.
 
-use std::sync::Once;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio_util::sync::CancellationToken;
+
+/// Connections a listener serves at once; one more is closed as soon as it is accepted.
+const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to send a request's head (a slow one holds a connection and up
+/// to hyper's ~400 KB header buffer).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a connection lives, requests and their answers included.
+const CONNECTION_LIFE: Duration = Duration::from_secs(120);
+
+/// Serves `app` on `listener` until `shutdown`: at most [`MAX_CONNECTIONS`] at once, each
+/// sending its request head within [`HEAD_TIMEOUT`] and closed after [`CONNECTION_LIFE`].
+/// Listeners face clients (files) and whoever reaches the metrics port: axum's own serve
+/// bounds neither, and one client holding thousands of half-sent requests could fill the
+/// memory of a process that also runs pipeline stages.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        // A failed accept (a connection reset before it was taken, no file descriptor left)
+        // ends no listener: the next one is taken after a moment.
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let service = TowerToHyperService::new(app.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT);
+            let connection = http.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_LIFE, connection) => {}
+                _ = stop.cancelled() => {}
+            }
+            drop(slot);
+        });
+    }
+}
 
 /// A builder of an async client, the TLS provider installed, following no redirect: a server
 /// (a provider, a tenant's `llm_base_url`, a tool server) that answers with one could otherwise

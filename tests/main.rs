@@ -40,6 +40,7 @@ mod hardening;
 mod hostile;
 mod index_tree;
 mod instance_replies;
+mod listeners;
 mod llm;
 mod llm_compat;
 mod mcp_tools;

@@ -92,7 +92,7 @@ pub async fn serve(
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(Arc::new(console));
     info!(addr = %listener.local_addr()?, admin, "serving the console");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    crate::http::serve(listener, app, shutdown).await
 }
 
 /// Pages are self-contained: no script, no outside resource, no framing.

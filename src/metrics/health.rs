@@ -66,9 +66,7 @@ pub async fn serve_on(
         .route("/readyz", get(ready))
         .with_state(Arc::new(HealthState { database }))
         .merge(extra.unwrap_or_default());
-    let _ = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let _ = crate::http::serve(listener, app, shutdown).await;
 }
 
 /// Whether the broker and the database answer now, also kept as `aptix_dependency_up` so an
