@@ -1,5 +1,5 @@
 //! `GET /files/<sha256>?owner=&expires=&sig=`: the files server tools produced (`write_file`),
-//! served from PostgreSQL on each worker's HTTP listener. A `FileRef`'s `Url` is a capability:
+//! served from PostgreSQL on each worker's HTTP listener (or its own, `files.listen`). A `FileRef`'s `Url` is a capability:
 //! signed with the pipeline's keys over the owner (the tenant whose turn wrote it), the content
 //! hash and the expiry, valid until its `ContentExpires`. The bare hash, an expired or altered
 //! URL, or another tenant's file all get the same 404, so the store is no oracle of what exists.
@@ -11,7 +11,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tracing::warn;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use crate::config::{file_signature_valid, MessageKeys};
 use crate::store::Store;
@@ -28,6 +30,27 @@ struct Files {
 }
 
 const NOT_FOUND: &str = "no such file, or the link expired\n";
+
+/// Binds `listen` (`files.listen`) and serves `files` (the [`router`]) alone there until
+/// `shutdown`: no `/metrics` nor probes beside them.
+pub async fn serve_alone(listen: String, files: Router, shutdown: CancellationToken) {
+    match tokio::net::TcpListener::bind(listen.as_str()).await {
+        Ok(listener) => serve_alone_on(listener, files, shutdown).await,
+        Err(e) => warn!(%listen, error = %e, "cannot bind files.listen; not serving files"),
+    }
+}
+
+/// [`serve_alone`] on a listener already bound.
+pub async fn serve_alone_on(
+    listener: tokio::net::TcpListener,
+    files: Router,
+    shutdown: CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving files");
+    }
+    let _ = crate::http::serve(listener, files, shutdown).await;
+}
 
 /// Seconds a browser may keep a file: an hour, and never past its link's expiry (`expires`,
 /// Unix seconds).

@@ -15,25 +15,30 @@ use tokio_util::sync::CancellationToken;
 /// Connections a listener serves at once; one more is closed as soon as it is accepted.
 const MAX_CONNECTIONS: usize = 256;
 /// How long a client may take to send a request's head (a slow one holds a connection and up
-/// to hyper's ~400 KB header buffer).
+/// to hyper's ~400 KB header buffer); an idle kept-alive connection is closed after it too.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest a connection lives, requests and their answers included.
+/// After this long a connection takes no new request.
 const CONNECTION_LIFE: Duration = Duration::from_secs(120);
+/// How long a request in flight may still take once its connection stops taking new ones (a
+/// long time, a replay or a download, ends cut off after it).
+const GRACE: Duration = Duration::from_secs(30);
 
 /// Serves `app` on `listener` until `shutdown`: at most [`MAX_CONNECTIONS`] at once, each
-/// sending its request head within [`HEAD_TIMEOUT`] and closed after [`CONNECTION_LIFE`].
-/// Listeners face clients (files) and whoever reaches the metrics port: axum's own serve
-/// bounds neither, and one client holding thousands of half-sent requests could fill the
-/// memory of a process that also runs pipeline stages.
+/// sending its request head within [`HEAD_TIMEOUT`] and taking requests for
+/// [`CONNECTION_LIFE`]. Listeners face clients (files) and whoever reaches the metrics port:
+/// axum's own serve bounds neither, and one client holding thousands of half-sent requests
+/// could fill the memory of a process that also runs pipeline stages. On `shutdown`, requests
+/// in flight finish (within [`GRACE`]) before this returns.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let connections = tokio_util::task::TaskTracker::new();
     loop {
         let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         // A failed accept (a connection reset before it was taken, no file descriptor left)
@@ -44,18 +49,32 @@ pub async fn serve(
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
         let service = TowerToHyperService::new(app.clone());
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT);
-            let connection = http.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = tokio::time::timeout(CONNECTION_LIFE, connection) => {}
-                _ = stop.cancelled() => {}
-            }
-            drop(slot);
-        });
+        connections.spawn(connection(stream, service, shutdown.clone(), slot));
     }
+    connections.close();
+    let _ = tokio::time::timeout(GRACE, connections.wait()).await;
+    Ok(())
+}
+
+/// Serves one connection until it ends, its life is over or `stop`; then it takes no new
+/// request, and the one in flight gets [`GRACE`] to finish.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    service: TowerToHyperService<axum::Router>,
+    stop: CancellationToken,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT);
+    let connection = http.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        _ = tokio::time::sleep(CONNECTION_LIFE) => {}
+        _ = stop.cancelled() => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(GRACE, connection).await;
 }
 
 /// A builder of an async client, the TLS provider installed, following no redirect: a server

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::broker::StageName;
 use crate::config::Settings;
@@ -59,21 +60,36 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
             .await
             .context("starting the pipeline")?;
         let Some(deps) = deps else { return Ok(ExitCode::SUCCESS) };
-        let listen = deps.settings.telemetry.metrics_listen.clone();
-        if deps.settings.files_listen_is_wildcard() {
-            let url = deps.settings.files_base_url();
-            tracing::warn!(%listen, %url, "files.base_url is not set and the listener binds every address: file urls name loopback, which only this host reaches");
-        }
-        if !listen.is_empty() {
-            let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
-            let files = Some(crate::files::router(deps.store.clone(), deps.settings.pipeline.keys()));
-            tokio::spawn(crate::metrics::serve(listen, Some(database), files, shutdown.clone()));
-        }
+        serve_http(&deps, &shutdown);
         pipeline::prepare(&deps, &stages).await?;
         pipeline::run(Arc::new(deps), &stages, copies, shutdown).await;
         crate::otel::flush().await;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Serves metrics and health on `telemetry.metrics_listen`, and files there too or on
+/// `files.listen`.
+fn serve_http(deps: &crate::stages::Deps, shutdown: &CancellationToken) {
+    let settings = &deps.settings;
+    let listen = settings.telemetry.metrics_listen.clone();
+    if settings.files_listen_is_wildcard() {
+        let (at, url) = (settings.files_listen(), settings.files_base_url());
+        tracing::warn!(listen = at, %url, "files.base_url is not set and the listener binds every address: file urls name loopback, which only this host reaches");
+    }
+    let files = crate::files::router(deps.store.clone(), settings.pipeline.keys());
+    let (beside_metrics, own) = match settings.files.listen.as_str() {
+        "" => (Some(files), None),
+        own => (None, Some((own.to_owned(), files))),
+    };
+    if let Some((at, files)) = own {
+        tokio::spawn(crate::files::serve_alone(at, files, shutdown.clone()));
+    }
+    if !listen.is_empty() {
+        let database: Arc<dyn crate::metrics::Ready> = Arc::new(deps.store.clone());
+        let serve = crate::metrics::serve(listen, Some(database), beside_metrics, shutdown.clone());
+        tokio::spawn(serve);
+    }
 }
 
 /// Loads and validates settings, then starts logging in the configured format (and trace

@@ -186,6 +186,10 @@ fn file_urls_follow_the_listener_unless_a_base_url_is_set() {
     assert!(s.files_listen_is_wildcard(), "the workers warn at start");
     s.telemetry.metrics_listen = "[::]:9600".into();
     assert_eq!(s.files_base_url(), "http://[::1]:9600");
+    // A listener of their own: the URL follows it, not the metrics one.
+    s.files.listen = "10.0.0.5:9470".into();
+    assert_eq!(s.files_listen(), "10.0.0.5:9470");
+    assert_eq!(s.files_base_url(), "http://10.0.0.5:9470");
     s.files.base_url = Some("https://files.example.com/".into());
     assert_eq!(s.files_base_url(), "https://files.example.com");
     assert!(!s.files_listen_is_wildcard());

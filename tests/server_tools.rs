@@ -72,12 +72,9 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let b = base.clone();
     let h = Harness::start_with(1, move |s| s.files.base_url = Some(b)).await;
-    tokio::spawn(aptix::metrics::serve_on(
-        listener,
-        None,
-        Some(aptix::files::router(h.deps.store.clone(), h.deps.settings.pipeline.keys())),
-        h.shutdown.clone(),
-    ));
+    // Served alone, as with `files.listen`: what clients reach holds no metrics.
+    let files = aptix::files::router(h.deps.store.clone(), h.deps.settings.pipeline.keys());
+    tokio::spawn(aptix::files::serve_alone_on(listener, files, h.shutdown.clone()));
     let s = new_session();
     let content = "# Plan\n\n1. mail the invoice\n";
     let args = json!({"path": "notes/plan.md", "content": content, "mime_type": null});
@@ -106,6 +103,8 @@ async fn a_written_file_is_a_file_ref_whose_url_serves_the_hashed_bytes() {
     let hash = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
     assert_eq!(hash, file["ContentHash"].as_str().unwrap());
     assert_eq!(&bytes[..], content.as_bytes());
+    let metrics = aptix::http::get(format!("{base}/metrics")).await.unwrap();
+    assert_eq!(metrics.status(), 404, "the files listener serves metrics");
     let missing = aptix::http::get(format!("{base}/files/{}", "0".repeat(64))).await.unwrap();
     assert_eq!(missing.status(), 404);
     // The URL is a capability: the bare hash, an altered owner, expiry or signature, and

@@ -220,7 +220,7 @@ impl Topology {
         let mut look = Look::new(publisher, queues);
         let found = async {
             while let Some((queue, m)) = look.next().await? {
-                if m.delivery.properties.message_id().as_ref().is_some_and(|m| m.as_str() == id) {
+                if named(&m, id) {
                     return Ok(Some(DeadLetter::of(&m, queue)));
                 }
             }
@@ -246,9 +246,8 @@ impl Topology {
         let settled = async {
             let (letter, m) = loop {
                 let Some((queue, m)) = look.next().await? else { return Ok(Settled::NotFound) };
-                let letter = DeadLetter::of(&m, queue);
-                if letter.id == id {
-                    break (letter, m);
+                if named(&m, id) {
+                    break (DeadLetter::of(&m, queue), m);
                 }
             };
             if let Err(reason) = check(&letter) {
@@ -324,6 +323,12 @@ fn is_runtime_mark(key: &str) -> bool {
 /// letter).
 fn is_missing(e: &BrokerError) -> bool {
     matches!(e, BrokerError::Amqp(e) if super::layout::is_not_found(e))
+}
+
+/// Whether `m` is the dead letter `id` (its `message_id`; a letter without one is `""`, as
+/// [`DeadLetter::of`] names it), told without reading the rest of it.
+fn named(m: &BasicGetMessage, id: &str) -> bool {
+    m.delivery.properties.message_id().as_ref().map_or("", |m| m.as_str()) == id
 }
 
 /// A look at `queues` in turn, each from its head and at most [`MAX_LOOK`] of it, a channel of

@@ -310,15 +310,23 @@ pub struct PipelineSettings {
 }
 
 impl Settings {
+    /// The address that serves files: `files.listen`, else `telemetry.metrics_listen`.
+    pub fn files_listen(&self) -> &str {
+        match self.files.listen.as_str() {
+            "" => &self.telemetry.metrics_listen,
+            own => own,
+        }
+    }
+
     /// Where clients reach a worker's file listener, without a trailing `/`: `files.base_url`,
-    /// else `http://` and `telemetry.metrics_listen`, a wildcard host (`0.0.0.0`, `[::]`) read
+    /// else `http://` and [`Settings::files_listen`], a wildcard host (`0.0.0.0`, `[::]`) read
     /// as loopback (the workers warn at start that such a URL only serves this host).
     pub fn files_base_url(&self) -> String {
         if let Some(base) = &self.files.base_url {
             return base.trim_end_matches('/').to_owned();
         }
-        let listen = &self.telemetry.metrics_listen;
-        let (host, port) = listen.rsplit_once(':').unwrap_or((listen.as_str(), "9464"));
+        let listen = self.files_listen();
+        let (host, port) = listen.rsplit_once(':').unwrap_or((listen, "9464"));
         let host = if self.files_listen_is_wildcard() {
             if host.starts_with('[') {
                 "[::1]"
@@ -334,8 +342,8 @@ impl Settings {
     /// Whether the file URLs are derived from a listener bound to every address: the URL then
     /// names loopback, which only clients on the worker's own host can reach.
     pub fn files_listen_is_wildcard(&self) -> bool {
-        let listen = &self.telemetry.metrics_listen;
-        let host = listen.rsplit_once(':').map_or(listen.as_str(), |(h, _)| h);
+        let listen = self.files_listen();
+        let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
         self.files.base_url.is_none() && matches!(host, "0.0.0.0" | "[::]" | "" | "*")
     }
 }

@@ -83,6 +83,11 @@ pub struct FileSettings {
     /// see [`crate::config::Settings::files_base_url`]).
     #[serde(default)]
     pub base_url: Option<String>,
+    /// Where files are served when not on the metrics listener (`host:port`): the address to
+    /// publish to clients, which then reach neither `/metrics` (every tenant's spend) nor the
+    /// health probes. Empty: on `telemetry.metrics_listen`.
+    #[serde(default)]
+    pub listen: String,
     /// How long a produced file is served after it was last written.
     #[serde(default = "default_retention_hours")]
     pub retention_hours: u32,
@@ -95,6 +100,7 @@ impl Default for FileSettings {
     fn default() -> Self {
         FileSettings {
             base_url: None,
+            listen: String::new(),
             retention_hours: default_retention_hours(),
             max_bytes: default_max_bytes(),
         }

@@ -6,8 +6,9 @@
 //! nothing twice), and each result an immutable record linked to its original. The report
 //! gives each arm's mean per scorer with a 95 % interval, each arm against the baseline arm on
 //! the same round trips (mean difference, interval, sign test), and the worst regressions with
-//! both records' ids and the console's page of their turn. A turn an arm has no record of (never
-//! run, or no answer came) is left out of its comparison and counted apart. The built-in
+//! both records' ids and the console's page of their turn. A turn an arm never ran (it was
+//! never started) is left out of its comparison and counted apart; one the provider refused the
+//! arm's request for counts against the arm. The built-in
 //! `original` arm is the stored records themselves. It is kept in PostgreSQL (`eval_runs`) for
 //! the console; an interrupted run's report is kept too, marked `interrupted`.
 
@@ -185,7 +186,8 @@ fn check(opts: &EvalOptions) -> Result<(), ReprocessError> {
 }
 
 /// An arm resumed under the same run must be the same arm: its records so far were made with
-/// its model and context, and mixing two would report neither.
+/// its model and context, and mixing two would report neither. Read from the saved report, for
+/// runs begun before `reprocess_runs` kept each arm's options (`reprocess::claim`).
 async fn same_arms(store: &Store, opts: &EvalOptions) -> Result<(), ReprocessError> {
     let Some(previous) = store.eval_run(&opts.run).await? else { return Ok(()) };
     let Ok(previous) = serde_json::from_value::<EvalReport>(previous) else { return Ok(()) };

@@ -12,9 +12,11 @@
 //!   rehydrated into a new chain (see `rebuild`), so turns can be picked in any order and
 //!   compared one by one.
 //! - Resume: a turn is written in one transaction once all its round trips are done, with
-//!   `ON CONFLICT DO NOTHING` on the unique `(reprocess_of, reprocess_run)` index; before calling
-//!   the model a turn whose first record the run already has is skipped. Running the same
-//!   `--run` again therefore finishes the rest and never does a turn twice.
+//!   `ON CONFLICT DO NOTHING` on the unique `(reprocess_of, reprocess_run)` index, and none of it
+//!   is kept when another copy of the run wrote the turn first; before calling the model a turn
+//!   whose first record the run already has is skipped. Running the same `--run` again
+//!   therefore finishes the rest and never does a turn twice. A run keeps the model and context
+//!   it first wrote records with (`reprocess_runs`): resumed with others, it is refused.
 //! - Failures: when the model answers badly (refusal, `failed`, unreadable) the error is the
 //!   record, as in the pipeline; when no answer comes (unavailable, timeout, rejected request)
 //!   nothing is written and the next run of the same `--run` retries the turn.
@@ -48,11 +50,12 @@ pub use report::{Problem, Report};
 pub use select::{parse_time, parse_turn_list, Selection};
 
 use crate::config::Settings;
-use crate::llm::LlmClient;
+use crate::llm::{LlmClient, LlmError};
 use crate::store::{SelectedTurn, Store, StoreError};
 use rate::RateLimiter;
 use rebuild::TurnInputs;
 use turn::Replayer;
+use why::Unreplayable;
 
 /// Why a run could not start or finish.
 #[derive(Debug, thiserror::Error)]
@@ -317,7 +320,12 @@ impl Reprocessor {
         }
         let records = match replayer.replay(&inputs).await {
             Ok(records) => records,
-            Err(why) => return (Outcome::Unanswered(why.to_string()), count),
+            // The provider refused the arm's request (its model, its size): the arm failed the
+            // turn. A provider that was down or slow says nothing of the arm.
+            Err(why @ Unreplayable::Llm(LlmError::Rejected { .. })) => {
+                return (Outcome::Unanswered(why.to_string()), count)
+            }
+            Err(why) => return (Outcome::Failed(why.to_string()), count),
         };
         match self.store.insert_reprocessed(&opts.run, &records).await {
             // Another copy of the run wrote this turn first.

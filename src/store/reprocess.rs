@@ -173,7 +173,8 @@ impl Store {
     }
 
     /// Records that run `run` reprocesses with `model` and `context` (none: each turn's own),
-    /// unless it was started before; then returns what it was started with, if that differs.
+    /// unless it has records made with others; then returns what those were made with. A run
+    /// that wrote nothing yet (every call refused: a mistyped model) takes the new options.
     pub async fn claim_run(
         &self,
         run: &str,
@@ -182,7 +183,9 @@ impl Store {
     ) -> Result<Option<(Option<String>, Option<String>)>, StoreError> {
         sqlx::query!(
             "INSERT INTO reprocess_runs (run, model, conversation_context_id) VALUES ($1, $2, $3)
-             ON CONFLICT (run) DO NOTHING",
+             ON CONFLICT (run) DO UPDATE
+                 SET model = $2, conversation_context_id = $3, started_at = now()
+                 WHERE NOT EXISTS (SELECT 1 FROM response_records WHERE reprocess_run = $1)",
             run,
             model,
             context
