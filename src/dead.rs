@@ -97,12 +97,11 @@ async fn settle_checked(
     Ok(topology.settle_dead(publisher, &dead, id, action, check).await?)
 }
 
-/// Where the turn `letter` names stands: its key, state and step; none when it names none the
-/// database holds.
-async fn turn_of(
-    store: &Store,
-    letter: &DeadLetter,
-) -> anyhow::Result<Option<(TurnKey, TurnState, i32)>> {
+/// A turn's key, state and step.
+type TurnAt = (TurnKey, TurnState, i32);
+
+/// Where the turn `letter` names stands; none when it names none the database holds.
+async fn turn_of(store: &Store, letter: &DeadLetter) -> anyhow::Result<Option<TurnAt>> {
     let Some(key) = key_of(letter) else { return Ok(None) };
     Ok(store.turn(&key).await?.map(|t| (key, t.state, t.step)))
 }
@@ -119,7 +118,7 @@ fn replayable(
     settings: &Settings,
     topology: &Topology,
     letter: &DeadLetter,
-    turn: Option<&(TurnKey, TurnState, i32)>,
+    turn: Option<&TurnAt>,
 ) -> Result<(), NotReplayable> {
     let Some(queue) = &letter.original_queue else {
         return Err(NotReplayable::NoQueue);
@@ -149,12 +148,9 @@ fn replayable(
 /// a message up by ending its turn (the client gets the error reply), so its letter is worth
 /// replaying only when that could not be written; otherwise the stage would run (and a provider
 /// charge) for a turn no one waits for.
-fn running_its_step(
-    letter: &DeadLetter,
-    turn: Option<&(TurnKey, TurnState, i32)>,
-) -> Result<(), NotReplayable> {
+fn running_its_step(letter: &DeadLetter, turn: Option<&TurnAt>) -> Result<(), NotReplayable> {
     // The letter read again to be settled is the one whose turn was read.
-    let same = |(key, ..): &&(TurnKey, TurnState, i32)| key_of(letter).as_ref() == Some(key);
+    let same = |(key, ..): &&TurnAt| key_of(letter).as_ref() == Some(key);
     let Some((_, state, at)) = turn.filter(same) else { return Err(NotReplayable::NoTurn) };
     let step = letter.headers.get(headers::STEP).and_then(|s| s.parse::<i32>().ok());
     if *state == TurnState::Running && step.is_none_or(|s| s == *at) {

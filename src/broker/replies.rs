@@ -106,6 +106,13 @@ pub fn set_waiting_queues(queues: HashSet<String>) {
     }
 }
 
+/// Adds `queue` to the set of queues with replies waiting (this process just parked one).
+pub(super) fn mark_waiting(queue: &str) {
+    if let Ok(mut set) = waiting().lock() {
+        set.insert(queue.to_owned());
+    }
+}
+
 fn refused_lately(queue: &str) -> bool {
     if waiting().lock().is_ok_and(|set| set.contains(queue)) {
         return true;

@@ -18,8 +18,12 @@ use tracing::{debug, info, warn};
 
 mod forward;
 mod give_up;
+mod publish;
 
-use super::replies::{keep_unrouted, Handed, Refused};
+pub use publish::publish_all;
+use publish::{by_destination, publish_rest, publish_to_clients};
+
+use super::replies::{keep_unrouted, Refused};
 use super::settings::RuntimeSettings;
 use super::{
     BrokerError, Delivery, Disposition, Handler, HeaderValue, MessageKeys, OutMessage, Publisher,
@@ -284,15 +288,30 @@ impl Settler<'_> {
     /// (delivered later, `crate::redeliver`), or kept in `<prefix>.unrouted` when the database
     /// cannot take them. Either way the delivery goes on: the client's queue cost it nothing.
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
-        let refused = publish_all(self.publisher, self.settings, messages).await?;
+        let (to_clients, rest) = by_destination(messages);
+        // Refused replies are parked before the rest goes: the rest may start the session's
+        // next turn, whose replies must find them parked and wait behind them.
+        let refused = publish_to_clients(self.publisher, self.settings, &to_clients).await?;
+        self.park(refused).await?;
+        publish_rest(self.publisher, self.settings, &rest).await
+    }
+
+    async fn park(&self, refused: Vec<Refused>) -> Result<(), BrokerError> {
         if refused.is_empty() {
             return Ok(());
         }
         crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
-        let Err(error) = self.handler.park(refused.clone()).await else { return Ok(()) };
-        warn!(stage = self.stage.as_str(), %error, "refused replies not parked, keeping them in the unrouted queue");
-        for r in &refused {
-            keep_unrouted(self.publisher, &self.settings.topology, &r.message, &r.reason).await?;
+        match self.handler.park(refused.clone()).await {
+            // Known here at once, not at the next look at PostgreSQL: this process's next
+            // replies to those queues park behind them.
+            Ok(()) => refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue)),
+            Err(error) => {
+                warn!(stage = self.stage.as_str(), %error, "refused replies not parked, keeping them in the unrouted queue");
+                for r in &refused {
+                    keep_unrouted(self.publisher, &self.settings.topology, &r.message, &r.reason)
+                        .await?;
+                }
+            }
         }
         Ok(())
     }
@@ -312,48 +331,6 @@ fn copy_of(d: Delivery, queue: &str, counter: &str, value: u32) -> OutMessage {
     copy
 }
 
-/// Publishes with confirms. Replies and deltas go to their client's queue (see `replies`), one
-/// after the other and before everything else: a turn's reply is in its queue before the
-/// session's next turn (dispatched by the same commit) can produce one. Returns the replies
-/// their client's queue refused, for the caller to park; refused deltas are dropped here.
-pub async fn publish_all(
-    publisher: &Publisher,
-    settings: &RuntimeSettings,
-    messages: &[OutMessage],
-) -> Result<Vec<Refused>, BrokerError> {
-    let (to_clients, rest): (Vec<&OutMessage>, Vec<&OutMessage>) =
-        messages.iter().partition(|m| m.session.is_some() || m.instance.is_some());
-    let mut refused = Vec::new();
-    for m in to_clients {
-        if let Handed::Refused(reason) = publish_one(publisher, settings, m).await? {
-            if m.kind == "delta" {
-                crate::metrics::metrics().message("reply", "delta_dropped");
-                continue;
-            }
-            let queue = super::replies::client_queue(&settings.topology, m).unwrap_or_default();
-            refused.push(Refused { message: m.clone(), queue, reason });
-        }
-    }
-    let signed: Vec<std::borrow::Cow<'_, OutMessage>> =
-        rest.into_iter().map(|m| signed(settings, m)).collect();
-    let confirmed = signed.iter().map(|m| publish_one(publisher, settings, m));
-    let results: Result<Vec<Handed>, BrokerError> =
-        futures_util::future::join_all(confirmed).await.into_iter().collect();
-    results.map(|_| refused)
-}
-
-/// `m` with its MAC when it goes to a stage queue (and the process has keys).
-fn signed<'a>(settings: &RuntimeSettings, m: &'a OutMessage) -> std::borrow::Cow<'a, OutMessage> {
-    let Some(keys) = &settings.keys else { return std::borrow::Cow::Borrowed(m) };
-    // The MAC names the stage's single queue, whichever partition carries the message: the
-    // consumer checks it against the stage it is, not the queue it read.
-    let Some(queue) = settings.topology.inner_stage_destination(&m.exchange, &m.routing_key) else {
-        return std::borrow::Cow::Borrowed(m);
-    };
-    let mac = keys.sign(&super::stage_mac_fields(&m.kind, &queue), &m.body);
-    std::borrow::Cow::Owned(m.clone().header(MAC_HEADER, mac))
-}
-
 /// Why `d`, consumed from `queue`, is not to be trusted: a stage queue's message without a MAC
 /// that verifies under `keys`.
 fn unauthenticated(keys: &MessageKeys, queue: &str, d: &Delivery) -> Option<String> {
@@ -363,16 +340,4 @@ fn unauthenticated(keys: &MessageKeys, queue: &str, d: &Delivery) -> Option<Stri
         Some(mac) if keys.verify(&super::stage_mac_fields(kind, queue), &d.body, mac) => None,
         Some(_) => Some(format!("unauthenticated: {MAC_HEADER} does not verify")),
     }
-}
-
-async fn publish_one(
-    publisher: &Publisher,
-    settings: &RuntimeSettings,
-    m: &OutMessage,
-) -> Result<Handed, BrokerError> {
-    let publish = publisher.sessions().publish(publisher, &settings.topology, m);
-    // Declarations have no deadline of their own; a broker that stops answering must not hold
-    // the message forever.
-    let limit = settings.confirm_timeout * 3;
-    tokio::time::timeout(limit, publish).await.unwrap_or(Err(BrokerError::ConfirmTimeout))
 }
