@@ -128,11 +128,8 @@ pub async fn run(
         runs.insert(arm.name.clone(), done);
     }
     let mut rows: BTreeMap<String, Vec<EvalRow>> = BTreeMap::new();
-    for arm in &opts.arms {
-        rows.insert(
-            arm.name.clone(),
-            store.eval_rows(&format!("{}.{}", opts.run, arm.name)).await?,
-        );
+    for (arm, o) in opts.arms.iter().zip(&arms) {
+        rows.insert(arm.name.clone(), store.eval_rows(&o.run).await?);
     }
     let (judged, spend) = match &opts.judge {
         Some(judge) => {

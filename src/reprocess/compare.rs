@@ -60,13 +60,6 @@ pub struct Difference {
 }
 
 impl Comparison {
-    /// Compares `pairs`; `original_steps` is the number of original round trips of their turns.
-    pub fn of(pairs: &[EvalRow], turns: usize, original_steps: usize) -> Comparison {
-        let mut c = Comparison::default();
-        pairs.iter().for_each(|p| c.add(p));
-        c.finish(turns, original_steps)
-    }
-
     /// Counts one pair of records (a comparison is built one pair at a time).
     pub fn add(&mut self, p: &EvalRow) {
         self.round_trips += 1;
@@ -244,7 +237,9 @@ mod tests {
             pair(("final", "final"), (text("a\nb\nc"), text("a\nB\nc"))),
             pair(("final", "client_tool_continuation"), (text("a"), json!({}))),
         ];
-        let c = Comparison::of(&pairs, 3, 4);
+        let mut c = Comparison::default();
+        pairs.iter().for_each(|p| c.add(p));
+        let c = c.finish(3, 4);
         assert_eq!(
             (c.identical, c.text_changed, c.kind_changed, c.round_trips_not_replayed),
             (1, 1, 1, 1)
