@@ -37,7 +37,7 @@ macro_rules! error_codes {
 }
 
 error_codes! {
-    RequestTooLarge => "request.too_large", "the message body exceeds `limits.max_request_bytes`";
+    RequestTooLarge => "request.too_large", "the message body exceeds `limits.max_request_bytes` (a cancel's or a resume's: 4,096 bytes)";
     RequestInvalidUtf8 => "request.invalid_utf8", "the message body is not valid UTF-8";
     RequestInvalidJson => "request.invalid_json", "the message body is not well-formed JSON";
     RequestNotObject => "request.not_object", "the JSON document is not an object";

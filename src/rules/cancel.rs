@@ -1,6 +1,8 @@
 //! The bodies of a cancel (`type` = `turn.cancel`: `{"SessionId": "…", "TurnId": "…"}`) and of
 //! a resume (`type` = `turn.resume`: the same and an optional `AfterSeq`), and nothing else.
-//! Bounded like a request: the size first, then one parse of a small object.
+//! Bounded before they are parsed: at most [`MAX_CONTROL_BYTES`], then one parse of a small
+//! object. A JSON tree takes tens of times its text's bytes (an array of zeros, forty), so the
+//! request limit (megabytes) would let one cancel hold hundreds of megabytes of validate.
 
 use serde_json::{Map, Value};
 
@@ -18,6 +20,10 @@ pub const RESUME_TYPE: &str = "turn.resume";
 /// reply queue may dead-letter into it), never a submission: answering one would send it round
 /// again.
 pub const SERVER_TYPES: [&str; 4] = ["reply", "delta", "resumed", "dead"];
+
+/// The largest cancel or resume body, bytes: its fields are two ids and a number (under 200
+/// bytes), so this leaves room for whitespace and nothing else.
+pub const MAX_CONTROL_BYTES: usize = 4096;
 
 /// A resume: the turn, and the `x-aptix-event-seq` after which its events are wanted (all of
 /// them when absent).
@@ -60,8 +66,8 @@ fn object_of(
     what: &str,
 ) -> Result<Map<String, Value>, ValidationErrors> {
     let fail = |code, message: String| Err(ValidationErrors(vec![ApiError::new(code, message)]));
-    if bytes.len() > limits.max_request_bytes {
-        let max = limits.max_request_bytes;
+    let max = MAX_CONTROL_BYTES.min(limits.max_request_bytes);
+    if bytes.len() > max {
         return fail(
             ErrorCode::RequestTooLarge,
             format!("the {what} is {} bytes; the limit is {max}", bytes.len()),
@@ -184,8 +190,19 @@ mod tests {
             codes(r#"{"SessionId":"x","TurnId":5,"Instruction":"hi"}"#),
             ["request.unknown_field", "validation.session_id_invalid", "request.invalid_type"]
         );
-        let big = format!(r#"{{"SessionId":"{}"}}"#, "a".repeat(limits().max_request_bytes));
-        assert_eq!(codes(&big), ["request.too_large"]);
+        // Far below the request limit: a cancel is never parsed into a tree of megabytes.
+        let padded = |n| {
+            let body = r#"{"SessionId":"0b3f7c9e-1111-4222-8333-444455556666","TurnId":"t-1"}"#;
+            format!("{body}{}", " ".repeat(n - body.len()))
+        };
+        assert_eq!(codes(&padded(MAX_CONTROL_BYTES)), Vec::<&str>::new());
+        assert_eq!(codes(&padded(MAX_CONTROL_BYTES + 1)), ["request.too_large"]);
+        let zeros = format!(r#"{{"SessionId":"x","TurnId":"t","x":[{}0]}}"#, "0,".repeat(1 << 20));
+        assert_eq!(codes(&zeros), ["request.too_large"]);
+        assert_eq!(
+            resume_bytes(zeros.as_bytes(), &limits()).unwrap_err().0[0].code.as_str(),
+            "request.too_large"
+        );
         assert_eq!(
             cancel_bytes(&[0xff, 0xfe], &limits()).unwrap_err().0[0].code.as_str(),
             "request.invalid_utf8"

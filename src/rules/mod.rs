@@ -25,7 +25,9 @@ use serde::Deserialize as _;
 use crate::contracts::{AgentExecuteRequest, ApiError, ValidatedRequest};
 
 pub use crate::config::Limits;
-pub use cancel::{cancel_bytes, resume_bytes, Resume, CANCEL_TYPE, RESUME_TYPE, SERVER_TYPES};
+pub use cancel::{
+    cancel_bytes, resume_bytes, Resume, CANCEL_TYPE, MAX_CONTROL_BYTES, RESUME_TYPE, SERVER_TYPES,
+};
 pub use hint::{session_hint, turn_hint};
 pub use parse::parse_bytes;
 
