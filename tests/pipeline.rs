@@ -141,6 +141,45 @@ async fn duplicates_get_the_stored_reply_and_conflicts_are_refused() {
     assert_eq!(first, again);
     assert_eq!(h.sim.requests().len(), 1, "a duplicate must not call the LLM");
     assert_eq!(h.records(&s).await.len(), 1);
+    // The duplicate's copy is kept by reference to the turn's record (a tenant's duplicates of a
+    // long answer must not store it once each), and `aptix session show` gives it as sent.
+    let sid: aptix::contracts::SessionId = s.parse().unwrap();
+    let kept: Vec<(Option<Value>, bool)> =
+        sqlx::query_as("SELECT body, resent FROM replies WHERE session_id = $1")
+            .bind(sid.as_uuid())
+            .fetch_all(h.deps.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(kept, [(None, true)]);
+    let shown = h.deps.store.session_view(&sid).await.unwrap().unwrap().replies;
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0]["body"], again);
+    assert!(shown[0]["message_id"].as_str().unwrap().contains(":resent-"), "{}", shown[0]);
+    assert!(shown[0].get("resent").is_none(), "the row reads as before: {}", shown[0]);
+    // The query docs/client-protocol.md §13 gives.
+    let documented =
+        "SELECT message_id, body FROM replies_sent WHERE session_id = $1 ORDER BY created_at";
+    let sent: (String, Value) = sqlx::query_as(documented)
+        .bind(sid.as_uuid())
+        .fetch_one(h.deps.store.pool())
+        .await
+        .unwrap();
+    assert_eq!((sent.0.as_str(), &sent.1), (shown[0]["message_id"].as_str().unwrap(), &again));
+    // A turn finished before replies named their turn (its reply in `turns.last_reply`, before
+    // migration 0030): sent again with them added, and read back the same way.
+    let mut old = again.clone();
+    old.as_object_mut().unwrap().retain(|k, _| k != "SessionId" && k != "TurnId");
+    sqlx::query("UPDATE turns SET last_reply = $1 WHERE session_id = $2 AND turn_id = 't1'")
+        .bind(&old)
+        .bind(sid.as_uuid())
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+    let resent = one_final(&h, &s, user_turn(&s, "t1", "hello")).await;
+    assert_eq!((&resent["SessionId"], &resent["TurnId"]), (&json!(s), &json!("t1")));
+    let shown = h.deps.store.session_view(&sid).await.unwrap().unwrap().replies;
+    assert_eq!(shown.len(), 2);
+    assert!(shown.iter().all(|r| r["body"] == resent), "{shown:?}");
     let conflict = one_final(&h, &s, user_turn(&s, "t1", "different")).await;
     assert_eq!(conflict["Errors"][0]["Code"], "turn.conflict");
     h.teardown().await;

@@ -344,7 +344,7 @@ async fn stored_refusals_are_bounded_per_tenant() {
         session: &session,
         turn_id: None,
         outcome: aptix::messages::ReplyOutcome::Refused,
-        body: &body,
+        body: aptix::store::StoredBody::AsSent(&body),
         tenant: Some(tenant),
     };
     store.save_reply(&refusal("g-new", &greedy)).await.unwrap();
@@ -527,6 +527,69 @@ async fn per_minute_limits_count_exactly() {
         got.iter().map(|r| codes(r).first().cloned().unwrap_or_else(|| "ok".into())).collect();
     assert_eq!(outcomes.iter().filter(|c| *c == "ok").count(), 2, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|c| *c == "limit.turns_per_minute").count(), 2);
+    stop(t).await;
+}
+
+/// A message given up (poison, retries spent) fails the turn it admitted: never a turn of
+/// another tenant's session, however exactly the copy matches it (docs/tenancy.md §4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_given_up_copy_cannot_fail_another_tenants_turn() {
+    use aptix::broker::{process_one, Delivery, StageName};
+    let t = start(0, TenantLimits::default()).await;
+    let s = new_session();
+    let turn = user_turn(&s, "t1", "mine");
+    t.a.submit(&turn).await;
+    let validate = StageName::new("validate");
+    let handler = aptix::pipeline::handler(&t.h.deps, validate).unwrap();
+    let settings = aptix::pipeline::runtime_settings(&t.h.settings, validate);
+    assert!(process_one(validate, &*handler, &t.h.conn, &t.h.publisher, &settings).await.unwrap());
+    let state = || {
+        sqlx::query_scalar::<_, String>("SELECT state FROM turns WHERE session_id = $1::uuid")
+            .bind(s.clone())
+            .fetch_one(t.h.deps.store.pool())
+    };
+    assert_eq!(state().await.unwrap(), "running");
+    let copy = |user: &str| Delivery {
+        body: serde_json::to_vec(&turn).unwrap().into(),
+        headers: Default::default(),
+        message_id: Some("copy".into()),
+        reply_to: None,
+        user_id: Some(user.to_owned()),
+        kind: None,
+        redelivered: true,
+        attempt: 0,
+        hint: Default::default(),
+    };
+    handler.exhausted(copy(&t.b.user), "poison: test".into()).await;
+    assert_eq!(state().await.unwrap(), "running", "b's copy leaves a's turn alone");
+    handler.exhausted(copy(&t.a.user), "poison: test".into()).await;
+    assert_eq!(state().await.unwrap(), "failed", "a's own copy fails it");
+    drop(handler);
+    stop(t).await;
+}
+
+/// A reservation counts the tenant's largest round trip of the last two minutes only
+/// (docs/tenancy.md §7): one from an hour ago, not yet pruned (rows go when the tenant is next
+/// charged), does not refuse a turn admitted while another runs.
+#[tokio::test]
+async fn an_old_round_trip_reserves_nothing() {
+    let t = start(1, TenantLimits { tokens_per_minute: 50_000, ..Default::default() }).await;
+    let old = "INSERT INTO tenant_tokens (tenant, tokens, at)
+               VALUES ('ta', 1000000, now() - interval '1 hour')";
+    sqlx::query(old).execute(t.h.deps.store.pool()).await.unwrap();
+    t.h.sim.set_latency(Latency { fixed_ms: 3_000, ..Default::default() });
+    let (first, second) = (new_session(), new_session());
+    t.a.submit(&user_turn(&first, "t1", "first")).await;
+    let running = "SELECT count(*) FROM turns WHERE state = 'running'";
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sqlx::query_scalar::<_, i64>(running).fetch_one(t.h.deps.store.pool()).await.unwrap() == 0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the first turn never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.a.submit(&user_turn(&second, "t1", "second")).await;
+    let got = t.a.read(&t.a.queue(&second), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
     stop(t).await;
 }
 

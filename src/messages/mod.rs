@@ -23,7 +23,7 @@ pub use jobs::{
     with_owed_warnings, AdmittedTurn, Answer, AssembledTurn, EndedRoundTrip, RetrievedTurn,
     RoundTrip, SavedRoundTrip,
 };
-pub use outgoing::{LegacyMessage, Outgoing, Replay, ReplyOut, ReplyOutcome, Submission, RESENT};
+pub use outgoing::{LegacyMessage, Outgoing, Replay, ReplyOut, ReplyOutcome, Submission};
 pub use tools::{server_rounds, ServerExecution};
 
 use crate::contracts::ApiError;

@@ -213,24 +213,21 @@ impl ReplyOut {
         ReplyOut { tag, ..ReplyOut::bare(session, turn_id, ReplyOutcome::Refused, body) }
     }
 
-    /// A stored step reply sent again, under an id of its own (it answers another submission).
-    /// One stored before replies named their turn gets `SessionId` and `TurnId` added, as the
-    /// server writes them now (after the envelope's other properties).
-    pub fn resent(session: SessionId, turn_id: &str, submission: &str, mut stored: Value) -> Self {
-        if let Some(body) = stored.as_object_mut().filter(|b| b.contains_key("Successful")) {
-            if !body.contains_key("SessionId") {
-                body.insert("SessionId".to_owned(), Value::String(session.to_string()));
-            }
-            if !body.contains_key("TurnId") {
-                body.insert("TurnId".to_owned(), Value::String(turn_id.to_owned()));
-            }
-        }
+    /// A stored step reply sent again, under an id of its own (it answers another submission),
+    /// with the body [`resent_body`] gives.
+    pub fn resent(session: SessionId, turn_id: &str, submission: &str, stored: Value) -> Self {
+        let stored = resent_body(&session, turn_id, stored);
         let outcome = ReplyOutcome::of_stored(&stored);
         ReplyOut {
             tag: format!("{RESENT}{submission}"),
             create_queue: true,
             ..ReplyOut::bare(session, Some(turn_id.to_owned()), outcome, stored)
         }
+    }
+
+    /// Whether it is a turn's stored reply sent again ([`ReplyOut::resent`]).
+    pub fn is_resent(&self) -> bool {
+        self.tag.starts_with(RESENT)
     }
 
     /// The same reply, for the queue at `to` (a tenant's, an instance's).
@@ -259,6 +256,22 @@ impl ReplyOut {
     ) -> Option<&'a str> {
         message_id.strip_prefix(&id_prefix(session, turn_id))
     }
+}
+
+/// A finished turn's stored reply as it is sent again: one stored before replies named their
+/// turn gets `SessionId` and `TurnId` added, as the server writes them now (after the
+/// envelope's other properties). `aptix_resent_body` (migration 0032) reads a copy kept by
+/// reference the same way.
+fn resent_body(session: &SessionId, turn_id: &str, mut stored: Value) -> Value {
+    if let Some(body) = stored.as_object_mut().filter(|b| b.contains_key("Successful")) {
+        if !body.contains_key("SessionId") {
+            body.insert("SessionId".to_owned(), Value::String(session.to_string()));
+        }
+        if !body.contains_key("TurnId") {
+            body.insert("TurnId".to_owned(), Value::String(turn_id.to_owned()));
+        }
+    }
+    stored
 }
 
 /// What a reply tells its client, sent as the `x-aptix-outcome` header.

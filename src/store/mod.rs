@@ -54,7 +54,7 @@ pub use files::KeptFile;
 pub use new_record::NewRecord;
 pub use outbox::PendingOutbox;
 pub use records::Finished;
-pub use refusals::{StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
+pub use refusals::{StoredBody, StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
 pub use reprocess::{LinkedRecord, OriginalStep, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
 pub use sessions::{CallState, SessionOwner, SessionView, StateRead, StateToUpdate};

@@ -1,7 +1,9 @@
-//! The replies that answer a submission rather than a turn's step (refusals), kept as sent, at
-//! most [`MAX_STORED_REFUSALS_PER_TENANT`] per tenant: over it, that tenant's oldest go, so a
-//! tenant's flood of refused requests can neither grow the table without bound nor evict
-//! another tenant's.
+//! The replies that answer a submission rather than a turn's step (refusals, and a finished
+//! turn's reply sent again for a duplicate), at most [`MAX_STORED_REFUSALS_PER_TENANT`] per
+//! tenant: over it, that tenant's oldest go, so a tenant's flood of refused requests can neither
+//! grow the table without bound nor evict another tenant's. A reply sent again is kept by
+//! reference to its turn (a few hundred bytes, whatever the answer's size) and read back whole
+//! (the view `replies_sent`, migration 0032).
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -23,10 +25,20 @@ pub struct StoredReply<'a> {
     pub turn_id: Option<&'a str>,
     /// `refused`, `failed`, ...
     pub outcome: crate::messages::ReplyOutcome,
-    /// The body as sent.
-    pub body: &'a Value,
+    /// Its body.
+    pub body: StoredBody<'a>,
     /// The tenant it was sent to (none in a single-tenant deployment).
     pub tenant: Option<&'a TenantName>,
+}
+
+/// How a reply's body is kept.
+#[derive(Debug, Clone, Copy)]
+pub enum StoredBody<'a> {
+    /// As sent.
+    AsSent(&'a Value),
+    /// The reply of the turn it names, sent again ([`crate::messages::ReplyOut::resent`]): read
+    /// back from the turn's records, which are never changed.
+    TurnsReply,
 }
 
 impl Store {
@@ -34,12 +46,16 @@ impl Store {
     /// its tenant then has more than [`MAX_STORED_REFUSALS_PER_TENANT`], its oldest goes.
     pub async fn save_reply(&self, reply: &StoredReply<'_>) -> Result<(), StoreError> {
         let tenant = reply.tenant.map_or("", TenantName::as_str);
+        let (body, resent) = match reply.body {
+            StoredBody::AsSent(body) => (Some(body), false),
+            StoredBody::TurnsReply => (None, true),
+        };
         // The count is a row per tenant, bumped in the statement that stores, so checking the
         // quota never counts the table.
         let stored = sqlx::query_scalar!(
             "WITH kept AS (
-                 INSERT INTO replies (message_id, session_id, turn_id, outcome, body, tenant)
-                 VALUES ($1, $2, $3, $4, $5, $6)
+                 INSERT INTO replies (message_id, session_id, turn_id, outcome, body, tenant, resent)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (message_id) DO NOTHING RETURNING 1)
              INSERT INTO reply_counts (tenant, n) SELECT $6, 1 FROM kept
              ON CONFLICT (tenant) DO UPDATE SET n = reply_counts.n + 1
@@ -48,8 +64,9 @@ impl Store {
             reply.session.as_uuid(),
             reply.turn_id,
             reply.outcome.as_str(),
-            reply.body,
-            tenant
+            body,
+            tenant,
+            resent
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -87,16 +104,18 @@ impl Store {
     ) -> Result<Option<(String, Option<String>, Value)>, StoreError> {
         let row = sqlx::query!(
             "SELECT message_id, turn_id, body FROM replies
-             WHERE session_id = $1 AND outcome = 'refused' AND message_id LIKE '%-' || $2 LIMIT 1",
+             WHERE session_id = $1 AND outcome = 'refused' AND message_id LIKE '%-' || $2
+                 AND NOT resent LIMIT 1",
             session,
             submission
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| (r.message_id, r.turn_id, r.body)))
+        Ok(row.and_then(|r| Some((r.message_id, r.turn_id, r.body?))))
     }
 
-    /// The refusals sent to a session (its newest `newest`, with `Some`), oldest first.
+    /// The replies sent to a session that no record holds (its newest `newest`, with `Some`),
+    /// oldest first, each as sent (`replies_sent` puts back what a row keeps by reference).
     pub async fn session_replies(
         &self,
         session: Uuid,
@@ -105,7 +124,7 @@ impl Store {
         // `LIMIT NULL` is no limit.
         Ok(sqlx::query_scalar!(
             r#"SELECT to_jsonb(r) AS "row!" FROM (
-                   SELECT * FROM replies WHERE session_id = $1
+                   SELECT * FROM replies_sent WHERE session_id = $1
                    ORDER BY created_at DESC, message_id DESC LIMIT $2) r
                ORDER BY r.created_at, r.message_id"#,
             session,

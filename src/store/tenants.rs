@@ -199,7 +199,8 @@ async fn token_budget(
     let r = sqlx::query!(
         r#"SELECT COALESCE(sum(tokens) FILTER (
                        WHERE at > clock_timestamp() - interval '60 seconds'), 0)::bigint AS "used!",
-                  greatest($2, COALESCE(max(tokens), 0))::bigint AS "reserve!",
+                  greatest($2, COALESCE(max(tokens) FILTER (
+                       WHERE at > clock_timestamp() - interval '120 seconds'), 0))::bigint AS "reserve!",
                   (SELECT count(*) FROM turns WHERE tenant = $1
                        AND (state = 'running' OR (state = 'queued' AND NOT $3))) AS "in_flight!"
            FROM tenant_tokens WHERE tenant = $1"#,
@@ -225,13 +226,18 @@ pub(super) fn request_estimate(gate: &Gate, request: &serde_json::Value) -> i64 
     serde_json::to_vec(request).map_or(0, |b| i64::try_from(b.len() / 4).unwrap_or(i64::MAX))
 }
 
+/// Held turns started at most at once: the statement returns each with its request (up to
+/// `limits.max_request_bytes`) and makes its start message, and the periodic pass (`held`,
+/// twice a second) and every turn's end start more.
+const HELD_BATCH: i64 = 64;
+
 /// Starts the tenant's held turns, oldest first, while its limits allow (the lock is held).
 /// Returns the started turns.
 pub(super) async fn start_held(
     conn: &mut PgConnection,
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
-    let Ok(n) = room(conn, gate, 1000, 0).await? else { return Ok(Vec::new()) };
+    let Ok(n) = room(conn, gate, HELD_BATCH, 0).await? else { return Ok(Vec::new()) };
     // The turns it picks are held: queued, and their session's active turn.
     let to = transition(Some(Phase::Held), Event::RoomFreed)?;
     let mut rows = query_turns!(

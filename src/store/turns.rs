@@ -84,14 +84,9 @@ pub(super) async fn finished_reply(
     if let Some(reply) = &row.last_reply {
         return Ok(reply.clone());
     }
-    let reply = sqlx::query_scalar!(
-        "SELECT reply FROM response_records
-         WHERE session_id = $1 AND turn_id = $2 AND reprocess_of IS NULL
-         ORDER BY step DESC LIMIT 1",
-        row.session_id,
-        &row.turn_id
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
+    let reply =
+        sqlx::query_scalar!("SELECT aptix_turn_reply($1, $2)", row.session_id, &row.turn_id)
+            .fetch_one(&mut *conn)
+            .await?;
     Ok(reply.unwrap_or(Value::Null))
 }

@@ -4,7 +4,7 @@
 use tracing::debug;
 
 use crate::contracts::{ApiError, ErrorCode, SessionId, ValidatedRequest};
-use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, RESENT};
+use crate::messages::{AdmittedTurn, Outgoing, ReplyOut};
 use crate::rules::turn_hint;
 use crate::stage::{Cause, Output, StageError};
 use crate::store::Limit;
@@ -15,7 +15,7 @@ use crate::store::Limit;
 /// arrives as a new delivery and still gets the stored reply.
 pub(super) fn without_resent(mut output: Output<AdmittedTurn>) -> Output<AdmittedTurn> {
     if let Output::Publish(messages) = &mut output {
-        messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.tag.starts_with(RESENT)));
+        messages.retain(|m| !matches!(m, Outgoing::Reply(r) if r.is_resent()));
     }
     output
 }

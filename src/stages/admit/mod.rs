@@ -18,7 +18,7 @@ use crate::messages::{AdmittedTurn, Outgoing, ReplyOut, Submission};
 use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE, SERVER_TYPES};
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{
-    Admission, ContinuationAdmission, ResumeFound, SessionMeta, Store, StoredReply,
+    Admission, ContinuationAdmission, ResumeFound, SessionMeta, Store, StoredBody, StoredReply,
 };
 
 mod answers;
@@ -137,9 +137,19 @@ impl Stage for Admit {
         );
         let (session, turn) = turn_hint(&s.body);
         let Some(session) = session else { return Ok(Output::Publish(vec![])) };
+        let Ok(found) = scope::caller_of(&self.settings, s.user_id.as_deref()) else {
+            return Ok(Output::Publish(vec![]));
+        };
+        let caller = Caller::of(&found);
+        let prefix = &self.settings.amqp.prefix;
+        let instance = scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body);
+        let to = scope::address(caller, instance.ok().flatten());
         let parsed = turn.as_deref().and_then(|t| t.parse().ok());
-        if let (Some(turn_id), Ok(request)) =
-            (parsed, validate_bytes(&s.body, &self.settings.limits))
+        // Another tenant's turn is not this publisher's to fail, however exactly its copy
+        // matches (an unreadable owner counts as another's: the turn is left to its own).
+        let own = !self.foreign(&session, &to).await.unwrap_or(true);
+        if let (Some(turn_id), Ok(request), true) =
+            (parsed, validate_bytes(&s.body, &self.settings.limits), own)
         {
             let key = TurnKey { session_id: session, turn_id };
             let failed =
@@ -149,14 +159,7 @@ impl Stage for Admit {
             }
         }
         let tag = format!("exhausted-{submission}");
-        let Ok(found) = scope::caller_of(&self.settings, s.user_id.as_deref()) else {
-            return Ok(Output::Publish(vec![]));
-        };
-        let caller = Caller::of(&found);
-        let prefix = &self.settings.amqp.prefix;
-        let instance = scope::reply_target(prefix, caller.name, s.reply_to.as_deref(), &s.body);
         let reply = ReplyOut::refusal(session, turn.as_deref(), tag, vec![error]);
-        let to = scope::address(caller, instance.ok().flatten());
         Ok(Output::Publish(vec![Outgoing::Reply(reply.to(to))]))
     }
 
@@ -225,7 +228,9 @@ impl Admit {
             session: &r.session,
             turn_id: r.turn_id.as_deref(),
             outcome: r.outcome,
-            body: &r.body,
+            // A duplicate's copy of a turn's reply is kept by reference: a tenant's duplicates
+            // of a long answer must not store it once each.
+            body: if r.is_resent() { StoredBody::TurnsReply } else { StoredBody::AsSent(&r.body) },
             tenant: to.tenant.as_ref(),
         };
         // Classified by what failed: a value the database refuses is no outage to wait out.
