@@ -21,10 +21,21 @@ const OPEN: &str = r#"@call(tickets__open_ticket, {"title":"printer on fire","pr
 /// A harness whose default context offers the test server's tools, `open_ticket` gated by
 /// `rule` (all calls when `None`), requests expiring after `expiry` seconds.
 async fn harness(server: &ToolServer, rule: Option<(&str, &str)>, expiry: u32) -> Harness {
+    harness_timing(server, rule, expiry, None).await
+}
+
+/// [`harness`], with the server's `timeout_ms` when given.
+async fn harness_timing(
+    server: &ToolServer,
+    rule: Option<(&str, &str)>,
+    expiry: u32,
+    timeout_ms: Option<u64>,
+) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
-    let config = server.config(&token);
+    let mut config = server.config(&token);
+    config.timeout_ms = timeout_ms.unwrap_or(config.timeout_ms);
     std::mem::forget(dir); // the token file is read at each connection
     let rule = ApprovalRule {
         tool: "tickets__open_ticket".into(),
@@ -165,6 +176,36 @@ async fn mismatched_decisions_abort_and_a_rule_gates_only_what_it_matches() {
     let replies = h.replies(&s, 1, WAIT).await;
     assert_eq!(replies[0].body["Result"]["Kind"], "final", "{}", replies[0].body);
     assert_eq!(server.count("open_ticket"), 1);
+    h.teardown().await;
+}
+
+/// A cancel while approved calls run: the one running finishes, the others never start, and
+/// the turn ends cancelled (docs/tools.md "Effects"). Each call takes 8 s, so the cancel is
+/// marked long before the first ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_stops_approved_calls_not_yet_started() {
+    let server = ToolServer::start();
+    let h = harness_timing(&server, None, 3600, Some(20_000)).await;
+    let s = new_session();
+    let calls: String = ["a", "b", "c"]
+        .iter()
+        .map(|t| format!(r#" @call(tickets__open_ticket, {{"title":"{t}","delay_seconds":8}})"#))
+        .collect();
+    let result = asked(&h, &s, "t1", &calls).await;
+    let asked_for = result["ToolCalls"].as_array().unwrap();
+    assert_eq!(asked_for.len(), 3, "{result}");
+    let all: Vec<Value> = asked_for
+        .iter()
+        .map(|c| json!({ "ToolCallId": c["ToolCallId"], "Approved": true }))
+        .collect();
+    h.submit(&approvals(&s, "t1", Value::Array(all))).await;
+    server.wait_for("open_ticket").await;
+    h.cancel(&s, "t1").await;
+    // The turn's one reply comes after its calls: had the others run, they would have by now.
+    let replies = h.replies(&s, 1, WAIT).await;
+    let last = &replies.last().unwrap().body;
+    assert_eq!(last["Errors"][0]["Code"], "turn.cancelled", "{last}");
+    assert_eq!(server.count("open_ticket"), 1, "calls started after the cancel");
     h.teardown().await;
 }
 

@@ -68,6 +68,12 @@ impl Retrieve {
             }
             EffectStart::Fresh | EffectStart::CutShort { .. } => {}
         }
+        if self.cancelled(job).await? {
+            // Recorded like an outcome, so a redelivery answers the call the same way.
+            let produced = (Err(ToolFailure::NotRun("the turn was cancelled")), None);
+            self.store.end_effect(&key, &recorded(&produced)).await?;
+            return Ok(produced);
+        }
         let produced = self.run_tool(call, &key.idempotency_key(), turn, job, context).await?;
         let produced = match produced {
             (Err(ToolFailure::Mcp(e)), file) if e.sent_without_answer() => {
@@ -78,6 +84,15 @@ impl Retrieve {
         };
         self.store.end_effect(&key, &recorded(&produced)).await?;
         Ok(produced)
+    }
+}
+
+impl Retrieve {
+    /// Whether the turn's cancel (or an interrupting follow-up) came: a call about to run does
+    /// not. One started runs to its end (docs/tools.md, "Effects").
+    async fn cancelled(&self, job: &AdmittedTurn) -> Result<bool, StageError> {
+        let marked = self.store.cancel_requested(std::slice::from_ref(&job.key)).await?;
+        Ok(!marked.is_empty())
     }
 }
 
