@@ -99,3 +99,23 @@ fn the_simulator_doc_describes_every_control_command_and_fault() {
         );
     }
 }
+
+/// docs/contract.md §"limits" gives each limit's default: the value `Limits::default()` holds.
+#[test]
+fn the_contract_gives_the_limits_defaults() {
+    let doc = read("docs/contract.md");
+    let defaults = serde_json::to_value(aptix::config::Limits::default()).unwrap();
+    let rows: Vec<(&str, &str)> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `max_"))
+        .filter_map(|l| {
+            let (key, rest) = l.split_once("` | ")?;
+            Some((key, rest.split([' ', '|']).next()?))
+        })
+        .collect();
+    assert!(rows.len() >= 10, "{rows:?}");
+    for (key, value) in rows {
+        let key = format!("max_{key}");
+        assert_eq!(defaults[&key].to_string(), value, "docs/contract.md: {key}");
+    }
+}

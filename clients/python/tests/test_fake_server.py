@@ -1,5 +1,5 @@
 """The client's AMQP side against the real RabbitMQ, with a small fake server in a thread playing
-the pipeline's part of protocol v2 (entry exchange, ingress queue, replies exchange, typed headers).
+the pipeline's part of protocol v3 (entry exchange, ingress queue, replies exchange, typed headers).
 
 The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
 publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string.

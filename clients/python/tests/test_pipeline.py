@@ -7,7 +7,7 @@ cancels (protocol §7a): of a queued and of a streaming turn, of a turn waiting 
 and the refusals of cancels that change nothing.
 
 Every received body is checked against the repository's schemas and every header against
-protocol v2 (the client does both when built with `schemas=` and `strict=True`).
+protocol v3 (the client does both when built with `schemas=` and `strict=True`).
 """
 
 import json
@@ -17,6 +17,7 @@ import subprocess
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -179,6 +180,29 @@ def test_load_20_sessions_x_5_turns_exactly_once_in_order(client):
     for s in sessions:
         with pytest.raises(EventTimeout):
             s.next_event(0.2)
+
+
+def test_the_readme_example_runs_a_tool_round_trip(pipeline, capsys):
+    """The README's first example, run as printed (its URL, prefix and question replaced) on a
+    turn that calls one of the client's tools: it sends the tool's result and prints the final
+    answer, which the model wrote from that result."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    for old, new in (('"amqp://guest:guest@127.0.0.1:5672/%2f"', repr(pipeline.amqp_url)),
+                     ('prefix="aptix"', f"prefix={pipeline.prefix!r}"),
+                     ('"Where is the retry policy?"', repr("tools @call(run_tests)"))):
+        assert old in code, old
+        code = code.replace(old, new)
+    ran = []
+
+    def run_my_tool(name, arguments):
+        ran.append(name)
+        return {"passed": 7}
+
+    exec(compile(code, "README.md", "exec"), {"run_my_tool": run_my_tool, "may_run": lambda call: False})
+    printed = capsys.readouterr().out
+    assert ran == ["run_tests"], ran
+    assert "tool_output " in printed and "passed" in printed, printed
 
 
 def test_every_received_reply_is_stored_as_received(client, pipeline):

@@ -1,4 +1,4 @@
-"""The message_id grammar and the header checks of protocol v2, without a broker."""
+"""The message_id grammar and the header checks of protocol v3, without a broker."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 /**
  * The AMQP side: a `Client` (one amqplib connection) and its `Session`s (one confirm channel
- * each). A session follows protocol v2's reply-queue procedure literally: open a channel with
+ * each). A session follows protocol v3's reply-queue procedure literally: open a channel with
  * publisher confirms, declare `<prefix>.session.<SessionId>` durable with no arguments, consume
  * it with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
  * SessionId, persistent, JSON, a fresh message_id, mandatory, `userId` = the URL's user) and wait
@@ -111,7 +111,7 @@ export interface ClientOptions {
   prefix?: string;
   /** A Schemas, a directory, `true` to look for one (findSchemasDir), or nothing for no checks. */
   schemas?: Schemas | string | boolean;
-  /** Check reply headers against protocol v2, types included (default true). */
+  /** Check reply headers against protocol v3, types included (default true). */
   strict?: boolean;
   wireLog?: (direction: "in" | "out", message: WireMessage) => void;
   /**

@@ -194,7 +194,7 @@ function outcomeFromBody(body: Json): Outcome {
 
 /**
  * Builds the typed event of one reply-queue message. With `strict` (the default), headers are
- * checked against protocol v2, types included, and a body that disagrees with the outcome
+ * checked against protocol v3, types included, and a body that disagrees with the outcome
  * throws ProtocolError; without it, missing headers are inferred from the body.
  */
 export function parseEvent(m: RawMessage, strict = true): AptixEvent {

@@ -217,7 +217,7 @@ export interface DeltaId {
   seq: number;
 }
 
-/** A message on a reply queue breaks protocol v2 (missing or mistyped header, bad id, ...). */
+/** A message on a reply queue breaks protocol v3 (missing or mistyped header, bad id, ...). */
 export class ProtocolError extends Error {
   override name = "ProtocolError";
 }

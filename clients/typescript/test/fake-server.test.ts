@@ -1,5 +1,5 @@
 // The client's AMQP side against the real RabbitMQ, with a small fake server in the same process
-// playing the pipeline's part of protocol v2. `@stream` adds three deltas before the final
+// playing the pipeline's part of protocol v3. `@stream` adds three deltas before the final
 // reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
 // `x-aptix-final` as a string. A request whose `reply_to` names an instance queue (§4a) is
 // answered there, through the replies exchange with routing key `instance.<I>`, and the fake then

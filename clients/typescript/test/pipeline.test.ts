@@ -5,7 +5,7 @@
 // trip and a take-over by another instance, and the refusal of a `reply_to` that names no reply
 // queue. Then cancels (protocol §7a): of a queued and of a streaming turn, of a turn waiting for
 // tool results, and the refusals of cancels that change nothing. Every received body is checked
-// against the repository's schemas and every header against protocol v2.
+// against the repository's schemas and every header against protocol v3.
 // Needs APTIX_TEST_PREFIX and APTIX_TEST_SIM_URL; skipped without them unless
 // APTIX_TEST_REQUIRE_PIPELINE=1.
 import { after, before, describe, test } from "node:test";

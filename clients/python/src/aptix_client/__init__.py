@@ -1,4 +1,4 @@
-"""Aptix Orchestrator client (protocol v2): sessions, requests and typed reply events over RabbitMQ.
+"""Aptix Orchestrator client (protocol v3): sessions, requests and typed reply events over RabbitMQ.
 
     from aptix_client import Client, ToolResult, Final, ToolCalls, Delta
 

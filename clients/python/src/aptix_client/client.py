@@ -1,6 +1,6 @@
 """The AMQP side: a `Client` (one pika connection) and its `Session`s (one channel each).
 
-A session follows protocol v2's reply-queue procedure literally: open a channel, enable
+A session follows protocol v3's reply-queue procedure literally: open a channel, enable
 publisher confirms, declare `<prefix>.session.<SessionId>` durable with no arguments, consume it
 with manual acks, then publish requests to the `<prefix>.requests` exchange (routing key =
 SessionId, persistent, JSON, a fresh message_id, mandatory, `user_id` = the URL's user) and wait
@@ -171,7 +171,7 @@ class Client:
 
     `schemas`: a directory of the repository's JSON Schemas, `True` to look for one (see
     `find_schemas_dir`), or `None`/`False` for no schema checks. `strict` checks reply headers
-    against protocol v2, types included.
+    against protocol v3, types included.
 
     `instance`: this backend instance's name `I` (1-64 characters of `[A-Za-z0-9._-]`, stable
     across restarts, unique among instances) to receive the replies of all its sessions on one

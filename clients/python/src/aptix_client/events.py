@@ -246,7 +246,7 @@ def parse_event(
 ) -> AnyEvent:
     """Builds the typed event of one reply-queue message.
 
-    With `strict`, headers are checked against protocol v2 (types included) and a body that
+    With `strict`, headers are checked against protocol v3 (types included) and a body that
     disagrees with the outcome header raises ProtocolError; without it, missing headers are
     inferred from the body.
     """

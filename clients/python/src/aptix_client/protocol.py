@@ -243,7 +243,7 @@ def parse_message_id(message_id: str) -> "ReplyId | DeltaId":
 
 
 class ProtocolError(Exception):
-    """A message on the reply queue breaks protocol v2 (missing or mistyped header, bad id...)."""
+    """A message on the reply queue breaks protocol v3 (missing or mistyped header, bad id...)."""
 
 
 def _is_int(v: Any) -> bool:
