@@ -148,8 +148,9 @@ pub enum Command {
     /// (README, "Evaluation").
     Eval(eval::EvalArgs),
     /// Run a benchmark: `aptix bench ceiling --runs 3`, `aptix bench overhead`, ... (every
-    /// argument goes to the `aptix-bench` binary beside this one, built first under `cargo run`;
-    /// `aptix bench --help` lists them; figures in docs/benchmarks.md).
+    /// argument goes to the `aptix-bench` binary beside this one, which `cargo build --release
+    /// -p aptix-bench` builds, or run `cargo aptix-bench ...` from a checkout; `aptix bench
+    /// --help` lists them; figures in docs/benchmarks.md).
     #[command(disable_help_flag = true)]
     Bench {
         /// The benchmark and its options.
