@@ -280,3 +280,51 @@ async fn an_expiry_that_cannot_be_applied_makes_way_for_the_next() {
     assert!(later, "out of the way of the next passes");
     drop_database(store, &db).await;
 }
+
+/// A tenant that parks more gated turns than a pass decides (50) delays its own expiries, not
+/// another tenant's: a pass takes each tenant's earliest in turn. Every expiry here fails (an
+/// unusable reply address), so each turn a pass took is put an hour ahead.
+#[tokio::test]
+async fn one_tenants_expiries_do_not_hold_back_anothers() {
+    use crate::store_support::{drop_database, fresh_store};
+    use aptix::contracts::{SessionId, TurnKey};
+    let (store, db) = fresh_store().await;
+    let meta = aptix::store::SessionMeta::default();
+    let park = |tenant: &'static str, ago: &'static str| {
+        let store = &store;
+        let meta = &meta;
+        async move {
+            let session = uuid::Uuid::now_v7();
+            let key =
+                TurnKey { session_id: SessionId::new(session), turn_id: "t0".parse().unwrap() };
+            let request = json!({"SessionId": session, "TurnId": "t0", "Instruction": "hello"});
+            store.admit_user_turn(&key, "fp", &request, meta, None).await.unwrap();
+            sqlx::query(
+                "UPDATE turns SET state = 'awaiting_approval', reply_to = 'Not A Name!',
+                                  tenant = $2, approval_expires_at = now() - $3::interval
+                 WHERE session_id = $1",
+            )
+            .bind(session)
+            .bind(tenant)
+            .bind(ago)
+            .execute(store.pool())
+            .await
+            .unwrap();
+            session
+        }
+    };
+    for _ in 0..60 {
+        park("greedy", "10 minutes").await;
+    }
+    let other = park("other", "1 minute").await;
+    store.expire_approvals().await.unwrap();
+    let taken: bool = sqlx::query_scalar(
+        "SELECT approval_expires_at > now() + interval '50 minutes' FROM turns WHERE session_id = $1",
+    )
+    .bind(other)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(taken, "the first pass took the other tenant's expiry");
+    drop_database(store, &db).await;
+}

@@ -18,12 +18,18 @@ const BATCH: i64 = 50;
 
 impl Store {
     /// Denies the calls of approval requests that expired and resumes their turns; the start
-    /// messages to publish are returned.
+    /// messages to publish are returned. A pass takes each tenant's earliest in turn (every
+    /// tenant's first, then every tenant's second, ...), so a tenant that parks more gated
+    /// turns than a pass decides delays its own expiries, not the others'.
     pub async fn expire_approvals(&self) -> Result<PendingOutbox, StoreError> {
         let due = sqlx::query!(
-            r#"SELECT session_id AS "session_id!", turn_id AS "turn_id!" FROM turns
-               WHERE state = 'awaiting_approval' AND approval_expires_at < now()
-               ORDER BY approval_expires_at LIMIT $1"#,
+            r#"SELECT session_id AS "session_id!", turn_id AS "turn_id!" FROM (
+                   SELECT session_id, turn_id, approval_expires_at,
+                          row_number() OVER (PARTITION BY tenant
+                                             ORDER BY approval_expires_at) AS nth
+                   FROM turns
+                   WHERE state = 'awaiting_approval' AND approval_expires_at < now()) due
+               ORDER BY nth, approval_expires_at LIMIT $1"#,
             BATCH
         )
         .fetch_all(&self.pool)
