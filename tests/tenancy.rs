@@ -568,6 +568,37 @@ async fn a_given_up_copy_cannot_fail_another_tenants_turn() {
     stop(t).await;
 }
 
+/// Held turns reserve their own requests too (docs/tenancy.md §7): with `tokens_per_minute`
+/// below one turn's estimate, a second large turn stays held while the first runs (it started
+/// on the 1,000-token reservation before).
+#[tokio::test]
+async fn held_turns_reserve_their_own_requests() {
+    let limits = TenantLimits {
+        tokens_per_minute: 20_000,
+        over_limit: OverLimit::Queue,
+        ..Default::default()
+    };
+    let t = start(1, limits).await;
+    t.h.sim.set_latency(Latency { fixed_ms: 3_000, ..Default::default() });
+    let large = "x".repeat(100_000); // about 25,000 tokens by its size
+    let (first, second) = (new_session(), new_session());
+    t.a.submit(&user_turn(&first, "t1", &large)).await;
+    t.a.submit(&user_turn(&second, "t1", &large)).await;
+    let count =
+        |sql: &'static str| sqlx::query_scalar::<_, i64>(sql).fetch_one(t.h.deps.store.pool());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count("SELECT count(*) FROM turns").await.unwrap() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "both turns admitted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let estimates = count("SELECT min(token_estimate) FROM turns").await.unwrap();
+    assert!(estimates > 20_000, "{estimates}");
+    tokio::time::sleep(Duration::from_millis(500)).await; // the first turn's call takes 3 s
+    let started = count("SELECT count(*) FROM turns WHERE started_at IS NOT NULL").await.unwrap();
+    assert_eq!(started, 1, "one large turn in flight at a time");
+    stop(t).await;
+}
+
 /// A reservation counts the tenant's largest round trip of the last two minutes only
 /// (docs/tenancy.md §7): one from an hour ago, not yet pruned (rows go when the tenant is next
 /// charged), does not refuse a turn admitted while another runs.

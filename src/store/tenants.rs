@@ -118,13 +118,14 @@ pub(super) async fn room(
     }
     if l.tokens_per_minute > 0 {
         let limit = i64::try_from(l.tokens_per_minute).unwrap_or(i64::MAX);
-        let budget = token_budget(conn, gate, estimate).await?;
+        let budget = token_budget(conn, gate).await?;
         let left = limit.saturating_sub(budget.used).saturating_sub(budget.reserved);
         if left <= 0 {
             return Ok(Err(Limit::TokensPerMinute(l.tokens_per_minute)));
         }
         // Each turn started now reserves its share of what is left.
-        room = room.min((left + budget.reserve - 1) / budget.reserve);
+        let reserve = budget.reserve.max(estimate);
+        room = room.min((left + reserve - 1) / reserve);
     }
     Ok(Ok(room))
 }
@@ -179,42 +180,41 @@ pub const MIN_TOKEN_RESERVE: i64 = 1_000;
 struct TokenBudget {
     /// Charged by round trips recorded in the last 60 s.
     used: i64,
-    /// What one turn in flight reserves: the most of [`MIN_TOKEN_RESERVE`], the tenant's
-    /// largest round trip of the last two minutes and the asking turn's own estimate.
+    /// What a turn in flight reserves at least: the most of [`MIN_TOKEN_RESERVE`] and the
+    /// tenant's largest round trip of the last two minutes.
     reserve: i64,
-    /// `reserve` for each of its turns admitted and not yet waiting for tool results (their
-    /// calls are to come or running, uncharged).
+    /// What its turns admitted and not yet waiting for tool results (their calls are to come or
+    /// running, uncharged) reserve: each the most of `reserve` and its own request's estimate
+    /// (`turns.token_estimate`, migration 0033).
     reserved: i64,
 }
 
 /// Reads the tenant's token budget (the lock is held). Reserving closes the gap between a
 /// turn's admission and the charge of its round trip: without it, every turn admitted while
 /// the first ones run sees the minute's budget untouched (docs/tenancy.md §7).
-async fn token_budget(
-    conn: &mut PgConnection,
-    gate: &Gate,
-    estimate: i64,
-) -> Result<TokenBudget, StoreError> {
+async fn token_budget(conn: &mut PgConnection, gate: &Gate) -> Result<TokenBudget, StoreError> {
     // Turns whose calls are to come or running: held ones only once started.
     let r = sqlx::query!(
-        r#"SELECT COALESCE(sum(tokens) FILTER (
-                       WHERE at > clock_timestamp() - interval '60 seconds'), 0)::bigint AS "used!",
-                  greatest($2, COALESCE(max(tokens) FILTER (
-                       WHERE at > clock_timestamp() - interval '120 seconds'), 0))::bigint AS "reserve!",
-                  (SELECT count(*) FROM turns WHERE tenant = $1
-                       AND (state = 'running' OR (state = 'queued' AND NOT $3))) AS "in_flight!"
-           FROM tenant_tokens WHERE tenant = $1"#,
+        r#"WITH spent AS (
+               SELECT COALESCE(sum(tokens) FILTER (
+                          WHERE at > clock_timestamp() - interval '60 seconds'), 0)::bigint AS used,
+                      greatest($2::bigint, COALESCE(max(tokens) FILTER (
+                          WHERE at > clock_timestamp() - interval '120 seconds'), 0))::bigint
+                          AS reserve
+               FROM tenant_tokens WHERE tenant = $1)
+           SELECT used AS "used!", reserve AS "reserve!",
+                  (SELECT COALESCE(sum(greatest(spent.reserve, COALESCE(t.token_estimate, 0))), 0)
+                   FROM turns t WHERE t.tenant = $1
+                       AND (t.state = 'running' OR (t.state = 'queued' AND NOT $3)))::bigint
+                      AS "reserved!"
+           FROM spent"#,
         gate.tenant.as_str(),
-        MIN_TOKEN_RESERVE.max(estimate),
+        MIN_TOKEN_RESERVE,
         gate.queues()
     )
     .fetch_one(&mut *conn)
     .await?;
-    Ok(TokenBudget {
-        used: r.used,
-        reserve: r.reserve,
-        reserved: r.reserve.saturating_mul(r.in_flight),
-    })
+    Ok(TokenBudget { used: r.used, reserve: r.reserve, reserved: r.reserved })
 }
 
 /// The tokens a turn will at least use, from its request: its JSON's length over 4 (the usual
@@ -238,20 +238,40 @@ pub(super) async fn start_held(
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
     let Ok(n) = room(conn, gate, HELD_BATCH, 0).await? else { return Ok(Vec::new()) };
+    // With a token limit, each turn reserves the most of the tenant's reservation and its own
+    // estimate, and starts while what is left, less what the turns before it reserve, is
+    // positive: a batch of large requests starts one by one as the minute allows.
+    let (left, reserve) = match gate.limits.tokens_per_minute {
+        0 => (i64::MAX, 0),
+        limit => {
+            let budget = token_budget(conn, gate).await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            (limit.saturating_sub(budget.used).saturating_sub(budget.reserved), budget.reserve)
+        }
+    };
     // The turns it picks are held: queued, and their session's active turn.
     let to = transition(Some(Phase::Held), Event::RoomFreed)?;
     let mut rows = query_turns!(
         "UPDATE turns SET state = $3, started_at = clock_timestamp(), updated_at = now()
          WHERE (session_id, turn_id) IN (
-             SELECT t.session_id, t.turn_id FROM turns t
-             JOIN sessions s ON s.id = t.session_id AND s.active_turn_id = t.turn_id
-             WHERE t.tenant = $1 AND t.state = 'queued'
-             ORDER BY t.created_at LIMIT $2)
+             SELECT session_id, turn_id FROM (
+                 SELECT session_id, turn_id,
+                        sum(need) OVER (ORDER BY created_at, session_id
+                                        ROWS UNBOUNDED PRECEDING) - need AS before
+                 FROM (SELECT t.session_id, t.turn_id, t.created_at,
+                              greatest($5::bigint, COALESCE(t.token_estimate, 0)) AS need
+                       FROM turns t
+                       JOIN sessions s ON s.id = t.session_id AND s.active_turn_id = t.turn_id
+                       WHERE t.tenant = $1 AND t.state = 'queued'
+                       ORDER BY t.created_at LIMIT $2) held) ahead
+             WHERE before < $4::bigint)
          RETURNING ",
         "",
         gate.tenant.as_str(),
         n,
-        to.column().as_str()
+        to.column().as_str(),
+        left,
+        reserve
     )
     .fetch_all(&mut *conn)
     .await?;
