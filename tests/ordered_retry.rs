@@ -18,7 +18,7 @@ use aptix::broker::{
 use aptix::config::QueueType;
 use futures_util::future::BoxFuture;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +29,8 @@ enum First {
     GiveUp,
     /// Forwards one message to this queue.
     ForwardTo(String),
+    /// Forwards this reply, then one message to this queue.
+    ReplyThenForwardTo(Box<OutMessage>, String),
 }
 
 /// Treats `m1` as `first` says, forwards nothing for the rest, and keeps the order it was called
@@ -40,6 +42,8 @@ struct Recording {
     redeliveries: Arc<AtomicU32>,
     arrived: mpsc::UnboundedSender<()>,
     go: Arc<Semaphore>,
+    /// Replies parked (refused by their client's queue), counted as `park` is asked.
+    parked: Arc<AtomicU32>,
 }
 
 impl Handler for Recording {
@@ -64,6 +68,10 @@ impl Handler for Recording {
                     let out = OutMessage::to_queue(queue.clone(), "turn", id, b"{}".to_vec());
                     Disposition::forward(vec![out])
                 }
+                (First::ReplyThenForwardTo(reply, queue), "m1") => {
+                    let out = OutMessage::to_queue(queue.clone(), "turn", id, b"{}".to_vec());
+                    Disposition::forward(vec![(**reply).clone(), out])
+                }
                 _ => Disposition::forward(vec![]),
             }
         })
@@ -84,12 +92,22 @@ impl Handler for Recording {
         let count = self.redeliveries.fetch_add(1, Ordering::SeqCst) + 1;
         Box::pin(async move { Ok(Some(count)) })
     }
+
+    fn park(
+        &self,
+        refused: Vec<aptix::broker::Refused>,
+    ) -> BoxFuture<'_, Result<(), aptix::broker::BoxError>> {
+        let n = u32::try_from(refused.len()).unwrap();
+        self.parked.fetch_add(n, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A worker consuming the first stage with a `Recording` handler.
 struct Running {
     seen: Arc<Mutex<Vec<(String, u32)>>>,
     redeliveries: Arc<AtomicU32>,
+    parked: Arc<AtomicU32>,
     go: Arc<Semaphore>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -100,19 +118,20 @@ impl Running {
     async fn start(first: First, settings: RuntimeSettings) -> Running {
         let (tx, mut arrived) = mpsc::unbounded_channel();
         let (seen, go) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Semaphore::new(0)));
-        let redeliveries = Arc::new(AtomicU32::new(0));
+        let (redeliveries, parked) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
         let handler = Recording {
             first,
             seen: seen.clone(),
             redeliveries: redeliveries.clone(),
             arrived: tx,
             go: go.clone(),
+            parked: parked.clone(),
         };
         let shutdown = CancellationToken::new();
         let stage: StageName = aptix::stages::names()[0];
         let task = tokio::spawn(run_stage(stage, Arc::new(handler), settings, shutdown.clone()));
         tokio::time::timeout(Duration::from_secs(30), arrived.recv()).await.unwrap();
-        Running { seen, redeliveries, go, shutdown, task }
+        Running { seen, redeliveries, parked, go, shutdown, task }
     }
 
     async fn stop(self) {
@@ -236,4 +255,46 @@ async fn a_publish_refused_for_longer_than_the_tiers_last_gives_the_turn_up() {
     assert_eq!((outage.next, outage.dead), (Some(0), Some(1)), "m1 given up");
     let reason = outage.dead_reason.unwrap_or_default();
     assert!(reason.starts_with("retries exhausted: publish failed"), "reason {reason:?}");
+}
+
+/// A delivery's outputs published again in place while the next stage's queue is gone for 4 s:
+/// the reply among them, which its client's queue refuses (it takes no message), is parked
+/// once, not at every try (each try parked another copy, filling the queue's 1,000 waiting
+/// replies with one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_reply_is_parked_once_however_often_the_rest_is_published_again() {
+    use aptix::contracts::{ReplyAddress, SessionId};
+    let common::Declared { topology, publisher, conn, .. } =
+        common::declared((1, QueueType::Classic), &["m1"]).await;
+    let session = SessionId::new(uuid::Uuid::new_v4());
+    let queue = topology.session_queue(&session);
+    let mut args = FieldTable::default();
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    let ch = conn.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.as_str().into(), durable, args).await.unwrap();
+    let id = format!("reply:{session}:t1:step-0");
+    let mut reply = OutMessage::to_queue(String::new(), "reply", id, b"{}".to_vec());
+    reply.exchange = topology.replies_exchange();
+    reply.session = Some(session);
+    let reply = Box::new(reply.to(&ReplyAddress::default()));
+    let next = topology.stage_queue(aptix::stages::names()[1]);
+    // The tiers of 4 attempts last 0.5 + 2 + 10 s, longer than the outage.
+    let settings =
+        RuntimeSettings { prefetch: 4, max_attempts: 4, ..common::runtime_settings(&topology) };
+    let worker = Running::start(First::ReplyThenForwardTo(reply, next.clone()), settings).await;
+    ch.queue_delete(next.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    worker.go.add_permits(1);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    topology.declare(publisher.channel()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while depth(&conn, &next).await < Some(1) {
+        assert!(tokio::time::Instant::now() < deadline, "m1's output never went");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(worker.parked.load(Ordering::SeqCst), 1, "parked once");
+    worker.stop().await;
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    common::delete_topology(&ch, &topology, &[]).await;
 }

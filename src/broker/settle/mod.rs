@@ -288,11 +288,25 @@ impl Settler<'_> {
     /// (delivered later, `crate::redeliver`), or kept in `<prefix>.unrouted` when the database
     /// cannot take them. Either way the delivery goes on: the client's queue cost it nothing.
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
+        self.publish_from(messages, &mut false).await
+    }
+
+    /// [`Self::publish`], the clients' part left out once `handed` (by an earlier try: handed
+    /// over or parked), so that a try again after the rest failed neither parks a refused reply
+    /// a second time nor offers a handed one again.
+    async fn publish_from(
+        &self,
+        messages: &[OutMessage],
+        handed: &mut bool,
+    ) -> Result<(), BrokerError> {
         let (to_clients, rest) = by_destination(messages);
-        // Refused replies are parked before the rest goes: the rest may start the session's
-        // next turn, whose replies must find them parked and wait behind them.
-        let refused = publish_to_clients(self.publisher, self.settings, &to_clients).await?;
-        self.park(refused).await?;
+        if !*handed {
+            // Refused replies are parked before the rest goes: the rest may start the
+            // session's next turn, whose replies must find them parked and wait behind them.
+            let refused = publish_to_clients(self.publisher, self.settings, &to_clients).await?;
+            self.park(refused).await?;
+            *handed = true;
+        }
         publish_rest(self.publisher, self.settings, &rest).await
     }
 
