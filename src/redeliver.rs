@@ -3,6 +3,9 @@
 //! queue, backing off while the queue keeps refusing. It runs in every process that runs a
 //! stage; PostgreSQL's row claims make the loops of many processes deliver each reply once.
 //! A reply that waited longer than a session queue lives unused is kept in `<prefix>.unrouted`.
+//! The heads of a batch (one per queue) are offered at once, each tenant's in turn, so queues
+//! whose confirms never come (their node down) cost a batch one wait, not one each, and hold
+//! back neither other tenants' replies nor the refresh of the waiting list.
 
 use std::time::Duration;
 
@@ -19,6 +22,8 @@ const EVERY: Duration = Duration::from_millis(500);
 const WAITING_LIMIT: i64 = 100_000;
 /// Replies claimed at once.
 const BATCH: i64 = 64;
+/// How long a pass goes on claiming due replies before the waiting list is read again.
+const PASS: Duration = Duration::from_secs(1);
 /// How long a reply waits for its queue before it is kept in `<prefix>.unrouted` instead: the
 /// unused lifetime of a session queue under the shipped policy.
 const KEEP: Duration = Duration::from_secs(24 * 3600);
@@ -32,12 +37,14 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
             _ = tokio::time::sleep(EVERY) => {}
         }
         // New replies to a queue with replies waiting park behind them, in every process.
+        let read_at = std::time::Instant::now();
         match store.parked_queues(WAITING_LIMIT).await {
-            Ok(queues) => crate::broker::set_waiting_queues(queues.into_iter().collect()),
+            Ok(queues) => crate::broker::set_waiting_queues(queues.into_iter().collect(), read_at),
             Err(error) => debug!(%error, "parked queues not read"),
         }
-        // Everything due, batch after batch: a queue that came back gets its replies at once.
-        loop {
+        // What is due, batch after batch (a queue that came back gets its replies at once), for
+        // a second at most: the waiting list is read again at least that often.
+        while read_at.elapsed() < PASS {
             let claimed = match store.claim_parked(BATCH).await {
                 Ok(claimed) if claimed.is_empty() => break,
                 Ok(claimed) => claimed,
@@ -54,9 +61,9 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
                     break;
                 }
             };
-            for parked in claimed {
-                offer(&store, &p, &settings, parked).await;
-            }
+            // One head per queue: offering them together keeps each queue's order.
+            let offers = claimed.into_iter().map(|parked| offer(&store, &p, &settings, parked));
+            futures_util::future::join_all(offers).await;
             if shutdown.is_cancelled() {
                 break;
             }

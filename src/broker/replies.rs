@@ -94,27 +94,40 @@ fn refusing() -> &'static Mutex<HashMap<String, Instant>> {
 
 /// Queues with parked replies, as PostgreSQL last said (`crate::redeliver` refreshes it twice a
 /// second in every stage process): a new reply to one of them parks behind the waiting ones.
-fn waiting() -> &'static Mutex<HashSet<String>> {
-    static WAITING: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+fn waiting() -> &'static Mutex<Waiting> {
+    static WAITING: OnceLock<Mutex<Waiting>> = OnceLock::new();
     WAITING.get_or_init(Default::default)
 }
 
-/// Replaces the set of queues that have replies waiting in PostgreSQL.
-pub fn set_waiting_queues(queues: HashSet<String>) {
-    if let Ok(mut set) = waiting().lock() {
-        *set = queues;
+/// The queues with replies waiting, and those this process parked for lately, with when: a
+/// list read from PostgreSQL before such a park does not hold it yet, and must not drop it.
+#[derive(Default)]
+struct Waiting {
+    queues: HashSet<String>,
+    parked_here: HashMap<String, Instant>,
+}
+
+/// Replaces the set of queues that have replies waiting in PostgreSQL with `queues`, as read
+/// from a query begun at `read_at`; queues this process parked for since then stay in it.
+pub fn set_waiting_queues(queues: HashSet<String>, read_at: Instant) {
+    if let Ok(mut w) = waiting().lock() {
+        w.parked_here.retain(|_, at| *at >= read_at);
+        let newer: Vec<String> = w.parked_here.keys().cloned().collect();
+        w.queues = queues;
+        w.queues.extend(newer);
     }
 }
 
 /// Adds `queue` to the set of queues with replies waiting (this process just parked one).
 pub(super) fn mark_waiting(queue: &str) {
-    if let Ok(mut set) = waiting().lock() {
-        set.insert(queue.to_owned());
+    if let Ok(mut w) = waiting().lock() {
+        w.queues.insert(queue.to_owned());
+        w.parked_here.insert(queue.to_owned(), Instant::now());
     }
 }
 
 fn refused_lately(queue: &str) -> bool {
-    if waiting().lock().is_ok_and(|set| set.contains(queue)) {
+    if waiting().lock().is_ok_and(|w| w.queues.contains(queue)) {
         return true;
     }
     let Ok(map) = refusing().lock() else { return false };
@@ -382,5 +395,22 @@ impl LazyPublisher {
         if let Some(p) = self.publisher.lock().await.take() {
             p.close(limit).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_read_before_a_park_keeps_that_queue_waiting() {
+        let read_at = Instant::now();
+        mark_waiting("q-parked-after-the-read");
+        set_waiting_queues(HashSet::from(["q-listed".to_owned()]), read_at);
+        assert!(refused_lately("q-parked-after-the-read"), "dropped by an older list");
+        assert!(refused_lately("q-listed"));
+        // A list read after it that no longer holds it (delivered meanwhile) drops it.
+        set_waiting_queues(HashSet::new(), Instant::now());
+        assert!(!refused_lately("q-parked-after-the-read"));
     }
 }

@@ -81,14 +81,22 @@ impl Store {
     /// Claims up to `limit` due replies, each the oldest of its queue (a later one waits for
     /// it), for [`CLAIM`].
     pub async fn claim_parked(&self, limit: i64) -> Result<Vec<Parked>, StoreError> {
+        // Each tenant's heads in turn (every tenant's oldest, then every tenant's second, ...),
+        // so one tenant's many refusing queues do not hold back another's replies.
         let rows = sqlx::query!(
             r#"UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
                WHERE u.id IN (
-                   SELECT d.id FROM undelivered d
-                   WHERE d.next_try_at <= now()
-                     AND NOT EXISTS (
-                         SELECT 1 FROM undelivered e WHERE e.queue = d.queue AND e.id < d.id)
-                   ORDER BY d.id LIMIT $1 FOR UPDATE SKIP LOCKED)
+                   SELECT l.id FROM undelivered l
+                   WHERE l.next_try_at <= now() AND l.id IN (
+                       SELECT id FROM (
+                           SELECT d.id, row_number() OVER (PARTITION BY d.tenant ORDER BY d.id)
+                                      AS nth
+                           FROM undelivered d
+                           WHERE d.next_try_at <= now()
+                             AND NOT EXISTS (SELECT 1 FROM undelivered e
+                                             WHERE e.queue = d.queue AND e.id < d.id)) heads
+                       ORDER BY nth, id LIMIT $1)
+                   FOR UPDATE SKIP LOCKED)
                RETURNING u.id, u.queue, u.message, u.tries,
                          extract(epoch FROM now() - u.created_at)::float8 AS "age!""#,
             limit,
