@@ -599,6 +599,43 @@ async fn held_turns_reserve_their_own_requests() {
     stop(t).await;
 }
 
+/// An image counts 1,000 tokens in a turn's estimate, not its base64's length / 4: a turn
+/// carrying a 300 KB screenshot (100,000 "tokens" of base64) does not refuse the tenant's next
+/// turn while it runs.
+#[tokio::test]
+async fn an_image_counts_as_an_image_not_as_its_base64() {
+    use base64::Engine as _;
+    let t = start(1, TenantLimits { tokens_per_minute: 50_000, ..Default::default() }).await;
+    t.h.sim.set_latency(Latency { fixed_ms: 3_000, ..Default::default() });
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.resize(300_000, 7);
+    let data = base64::engine::general_purpose::STANDARD.encode(&png);
+    let (first, second) = (new_session(), new_session());
+    let mut turn = user_turn(&first, "t1", "what is on the screen?");
+    turn["ClipboardImages"] =
+        json!([{ "Id": "shot", "MimeType": "image/png", "DataBase64": data }]);
+    t.a.submit(&turn).await;
+    let running = "SELECT count(*) FROM turns WHERE state = 'running'";
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sqlx::query_scalar::<_, i64>(running).fetch_one(t.h.deps.store.pool()).await.unwrap() == 0
+    {
+        if tokio::time::Instant::now() > deadline {
+            let got = t.a.read(&t.a.queue(&first), 1, Duration::from_secs(1)).await;
+            panic!("the first turn never ran: {:?}", got.first().map(|r| &r.body));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let estimate: i64 = sqlx::query_scalar("SELECT token_estimate FROM turns")
+        .fetch_one(t.h.deps.store.pool())
+        .await
+        .unwrap();
+    assert!(estimate < 2_000, "{estimate}");
+    t.a.submit(&user_turn(&second, "t1", "and now?")).await;
+    let got = t.a.read(&t.a.queue(&second), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    stop(t).await;
+}
+
 /// A reservation counts the tenant's largest round trip of the last two minutes only
 /// (docs/tenancy.md §7): one from an hour ago, not yet pruned (rows go when the tenant is next
 /// charged), does not refuse a turn admitted while another runs.

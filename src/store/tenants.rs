@@ -217,13 +217,23 @@ async fn token_budget(conn: &mut PgConnection, gate: &Gate) -> Result<TokenBudge
     Ok(TokenBudget { used: r.used, reserve: r.reserve, reserved: r.reserved })
 }
 
+/// What an image of a request counts for in an estimate, tokens (a high-detail image is billed
+/// about this much, whatever its base64's length).
+const IMAGE_TOKENS: i64 = 1_000;
+
 /// The tokens a turn will at least use, from its request: its JSON's length over 4 (the usual
-/// characters per token), before anything is retrieved or answered.
+/// characters per token), its images [`IMAGE_TOKENS`] each instead of their base64, before
+/// anything is retrieved or answered. Migration 0033's trigger counts the same for each turn.
 pub(super) fn request_estimate(gate: &Gate, request: &serde_json::Value) -> i64 {
     if gate.limits.tokens_per_minute == 0 {
         return 0;
     }
-    serde_json::to_vec(request).map_or(0, |b| i64::try_from(b.len() / 4).unwrap_or(i64::MAX))
+    let size = |v: &serde_json::Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+    let images = request.get("ClipboardImages").filter(|i| i.is_array());
+    let text = size(request).saturating_sub(images.map_or(0, size));
+    let count = images.and_then(serde_json::Value::as_array).map_or(0, Vec::len);
+    let per_text = i64::try_from(text / 4).unwrap_or(i64::MAX);
+    per_text.saturating_add(IMAGE_TOKENS.saturating_mul(i64::try_from(count).unwrap_or(0)))
 }
 
 /// Held turns started at most at once: the statement returns each with its request (up to
