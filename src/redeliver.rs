@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -22,8 +23,15 @@ const EVERY: Duration = Duration::from_millis(500);
 const WAITING_LIMIT: i64 = 100_000;
 /// Replies claimed at once.
 const BATCH: i64 = 64;
-/// How long a pass goes on claiming due replies before the waiting list is read again.
+/// How long a pass goes on claiming due replies before the waiting list is read again (it
+/// claims one batch at least).
 const PASS: Duration = Duration::from_secs(1);
+/// Offers made at once (each may wait for its queue's confirm): a bound on the publishes and
+/// the database statements the loop adds to its process's.
+const OFFERS_AT_ONCE: usize = 16;
+/// How long one offer may take, its confirm and its row's update included; past it the reply
+/// is offered again later (a copy, if the first went after all, is dropped by message id).
+const OFFER_LIMIT: Duration = Duration::from_secs(10);
 /// How long a reply waits for its queue before it is kept in `<prefix>.unrouted` instead: the
 /// unused lifetime of a session queue under the shipped policy.
 const KEEP: Duration = Duration::from_secs(24 * 3600);
@@ -44,7 +52,8 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
         }
         // What is due, batch after batch (a queue that came back gets its replies at once), for
         // a second at most: the waiting list is read again at least that often.
-        while read_at.elapsed() < PASS {
+        let pass = std::time::Instant::now();
+        loop {
             let claimed = match store.claim_parked(BATCH).await {
                 Ok(claimed) if claimed.is_empty() => break,
                 Ok(claimed) => claimed,
@@ -62,14 +71,26 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
                 }
             };
             // One head per queue: offering them together keeps each queue's order.
-            let offers = claimed.into_iter().map(|parked| offer(&store, &p, &settings, parked));
-            futures_util::future::join_all(offers).await;
-            if shutdown.is_cancelled() {
+            let offers = claimed.into_iter().map(|parked| bounded(&store, &p, &settings, parked));
+            futures_util::stream::iter(offers)
+                .buffer_unordered(OFFERS_AT_ONCE)
+                .collect::<Vec<()>>()
+                .await;
+            if shutdown.is_cancelled() || pass.elapsed() >= PASS {
                 break;
             }
         }
     }
     publisher.close(Duration::from_secs(2)).await;
+}
+
+/// [`offer`], for [`OFFER_LIMIT`] at most: then the reply is due again after a back-off.
+async fn bounded(store: &Store, publisher: &Publisher, settings: &RuntimeSettings, p: Parked) {
+    let (id, tries) = (p.id, p.tries);
+    if tokio::time::timeout(OFFER_LIMIT, offer(store, publisher, settings, p)).await.is_err() {
+        debug!(id, "parked reply's offer took too long; offered again later");
+        let _ = store.park_again(id, backoff(tries)).await;
+    }
 }
 
 /// Offers one parked reply to its queue again.

@@ -197,22 +197,25 @@ async fn replies_a_queue_dead_letters_into_the_ingress_are_dropped_there_unanswe
 }
 
 /// The redelivery loop claims each tenant's waiting heads in turn: one tenant with more
-/// refusing queues than a batch (64) does not hold back another tenant's reply.
+/// refusing queues than a batch (64) does not hold back another tenant's reply. A reply parked
+/// again (its delivery handled again) is not parked twice.
 #[tokio::test]
 async fn parked_replies_are_claimed_each_tenants_in_turn() {
     use crate::store_support::{drop_database, fresh_store};
     use aptix::store::ParkReply;
     let (store, db) = fresh_store().await;
     let reply = |tenant: &str, queue: String| ParkReply {
+        message: serde_json::json!({ "message_id": format!("reply:{queue}") }),
         queue,
         session: None,
         tenant: Some(tenant.to_owned()),
-        message: serde_json::json!({}),
         reason: "refused".into(),
     };
     let many: Vec<ParkReply> = (0..70).map(|i| reply("greedy", format!("q-greedy-{i}"))).collect();
     assert_eq!(store.park_replies(&many).await.unwrap(), 0);
     assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
+    assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
+    assert_eq!(store.parked_len().await.unwrap(), 71, "parked once");
     let claimed = store.claim_parked(64).await.unwrap();
     assert_eq!(claimed.len(), 64);
     assert!(claimed.iter().any(|p| p.queue == "q-other"), "the other tenant's reply waits on");

@@ -50,16 +50,23 @@ const CLAIM: Duration = Duration::from_secs(30);
 
 impl Store {
     /// Parks `replies`; returns how many were not parked because their queue holds
-    /// [`MAX_PARKED_PER_QUEUE`] already, or their tenant [`MAX_PARKED_PER_TENANT`].
+    /// [`MAX_PARKED_PER_QUEUE`] already, or their tenant [`MAX_PARKED_PER_TENANT`]. A reply
+    /// parked already for its queue (same `message_id`: a delivery handled again) is not parked
+    /// twice.
     pub async fn park_replies(&self, replies: &[ParkReply]) -> Result<usize, StoreError> {
         let mut over = 0;
         let mut tx = self.pool.begin().await?;
         for r in replies {
-            let parked = sqlx::query!(
-                "INSERT INTO undelivered (queue, session_id, tenant, message, reason)
-                 SELECT $1, $2, $3, $4, $5
-                 WHERE (SELECT count(*) FROM undelivered WHERE queue = $1) < $6
-                   AND (SELECT count(*) FROM undelivered WHERE tenant IS NOT DISTINCT FROM $3) < $7",
+            let room = sqlx::query_scalar!(
+                r#"WITH room AS (
+                       SELECT (SELECT count(*) FROM undelivered WHERE queue = $1) < $6
+                          AND (SELECT count(*) FROM undelivered
+                               WHERE tenant IS NOT DISTINCT FROM $3) < $7 AS ok),
+                   kept AS (
+                       INSERT INTO undelivered (queue, session_id, tenant, message, reason)
+                       SELECT $1, $2, $3, $4, $5 FROM room WHERE ok
+                       ON CONFLICT (queue, (message ->> 'message_id')) DO NOTHING RETURNING 1)
+                   SELECT ok AS "ok!" FROM room"#,
                 &r.queue,
                 r.session,
                 r.tenant.as_deref(),
@@ -68,9 +75,9 @@ impl Store {
                 MAX_PARKED_PER_QUEUE,
                 MAX_PARKED_PER_TENANT
             )
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
-            if parked.rows_affected() == 0 {
+            if !room {
                 over += 1;
             }
         }
@@ -82,21 +89,22 @@ impl Store {
     /// it), for [`CLAIM`].
     pub async fn claim_parked(&self, limit: i64) -> Result<Vec<Parked>, StoreError> {
         // Each tenant's heads in turn (every tenant's oldest, then every tenant's second, ...),
-        // so one tenant's many refusing queues do not hold back another's replies.
+        // so one tenant's many refusing queues do not hold back another's replies. The limit
+        // counts rows this process could lock: another's claims are skipped, not counted.
         let rows = sqlx::query!(
             r#"UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
                WHERE u.id IN (
                    SELECT l.id FROM undelivered l
-                   WHERE l.next_try_at <= now() AND l.id IN (
-                       SELECT id FROM (
-                           SELECT d.id, row_number() OVER (PARTITION BY d.tenant ORDER BY d.id)
-                                      AS nth
-                           FROM undelivered d
-                           WHERE d.next_try_at <= now()
-                             AND NOT EXISTS (SELECT 1 FROM undelivered e
-                                             WHERE e.queue = d.queue AND e.id < d.id)) heads
-                       ORDER BY nth, id LIMIT $1)
-                   FOR UPDATE SKIP LOCKED)
+                   JOIN (SELECT d.id, row_number() OVER (PARTITION BY d.tenant ORDER BY d.id)
+                                    AS nth
+                         FROM undelivered d
+                         WHERE d.next_try_at <= now()
+                           AND NOT EXISTS (SELECT 1 FROM undelivered e
+                                           WHERE e.queue = d.queue AND e.id < d.id)) heads
+                     ON heads.id = l.id
+                   WHERE l.next_try_at <= now()
+                   ORDER BY heads.nth, l.id LIMIT $1
+                   FOR UPDATE OF l SKIP LOCKED)
                RETURNING u.id, u.queue, u.message, u.tries,
                          extract(epoch FROM now() - u.created_at)::float8 AS "age!""#,
             limit,
