@@ -599,6 +599,20 @@ async fn held_turns_reserve_their_own_requests() {
     stop(t).await;
 }
 
+/// Waits until a turn of tenant A runs; fails with what `session`'s queue got if none does.
+async fn until_running(t: &Two, session: &str) {
+    let running = "SELECT count(*) FROM turns WHERE state = 'running'";
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sqlx::query_scalar::<_, i64>(running).fetch_one(t.h.deps.store.pool()).await.unwrap() == 0
+    {
+        if tokio::time::Instant::now() > deadline {
+            let got = t.a.read(&t.a.queue(session), 1, Duration::from_secs(1)).await;
+            panic!("the turn never ran: {:?}", got.first().map(|r| &r.body));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// An image counts 1,000 tokens in a turn's estimate, not its base64's length / 4: a turn
 /// carrying a 300 KB screenshot (100,000 "tokens" of base64) does not refuse the tenant's next
 /// turn while it runs.
@@ -615,16 +629,7 @@ async fn an_image_counts_as_an_image_not_as_its_base64() {
     turn["ClipboardImages"] =
         json!([{ "Id": "shot", "MimeType": "image/png", "DataBase64": data }]);
     t.a.submit(&turn).await;
-    let running = "SELECT count(*) FROM turns WHERE state = 'running'";
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while sqlx::query_scalar::<_, i64>(running).fetch_one(t.h.deps.store.pool()).await.unwrap() == 0
-    {
-        if tokio::time::Instant::now() > deadline {
-            let got = t.a.read(&t.a.queue(&first), 1, Duration::from_secs(1)).await;
-            panic!("the first turn never ran: {:?}", got.first().map(|r| &r.body));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_running(&t, &first).await;
     let estimate: i64 = sqlx::query_scalar("SELECT token_estimate FROM turns")
         .fetch_one(t.h.deps.store.pool())
         .await
@@ -648,13 +653,7 @@ async fn an_old_round_trip_reserves_nothing() {
     t.h.sim.set_latency(Latency { fixed_ms: 3_000, ..Default::default() });
     let (first, second) = (new_session(), new_session());
     t.a.submit(&user_turn(&first, "t1", "first")).await;
-    let running = "SELECT count(*) FROM turns WHERE state = 'running'";
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while sqlx::query_scalar::<_, i64>(running).fetch_one(t.h.deps.store.pool()).await.unwrap() == 0
-    {
-        assert!(tokio::time::Instant::now() < deadline, "the first turn never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_running(&t, &first).await;
     t.a.submit(&user_turn(&second, "t1", "second")).await;
     let got = t.a.read(&t.a.queue(&second), 1, WAIT).await;
     assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);

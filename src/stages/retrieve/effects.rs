@@ -85,9 +85,7 @@ impl Retrieve {
         self.store.end_effect(&key, &recorded(&produced)).await?;
         Ok(produced)
     }
-}
 
-impl Retrieve {
     /// Whether the turn's cancel (or an interrupting follow-up) came: a call about to run does
     /// not. One started runs to its end (docs/tools.md, "Effects").
     async fn cancelled(&self, job: &AdmittedTurn) -> Result<bool, StageError> {
