@@ -145,12 +145,16 @@ async fn parked_replies_are_bounded_per_queue_and_per_tenant() {
         queue: queue.into(),
         session: None,
         tenant: Some(tenant.into()),
+        instance: false,
         message: serde_json::json!({}),
         reason: "test".into(),
     };
     assert_eq!(store.park_replies(&[reply("q-new", "greedy")]).await.unwrap(), 1, "tenant bound");
     assert_eq!(store.park_replies(&[reply("full", "other")]).await.unwrap(), 1, "queue bound");
     assert_eq!(store.park_replies(&[reply("fresh", "other")]).await.unwrap(), 0, "room elsewhere");
+    // An instance's queue serves many sessions: it may hold its tenant's whole bound.
+    let to_instance = aptix::store::ParkReply { instance: true, ..reply("full", "other") };
+    assert_eq!(store.park_replies(&[to_instance]).await.unwrap(), 0, "an instance's queue");
     h.teardown().await;
 }
 
@@ -209,6 +213,7 @@ async fn parked_replies_are_claimed_each_tenants_in_turn() {
         queue,
         session: None,
         tenant: Some(tenant.to_owned()),
+        instance: false,
         reason: "refused".into(),
     };
     let many: Vec<ParkReply> = (0..70).map(|i| reply("greedy", format!("q-greedy-{i}"))).collect();

@@ -221,6 +221,7 @@ pub fn park_reply(r: &Refused) -> Result<ParkReply, serde_json::Error> {
         queue: r.queue.clone(),
         session: r.message.session.map(|s| s.as_uuid()),
         tenant: r.message.tenant.as_ref().map(ToString::to_string),
+        instance: r.message.instance.is_some(),
         message,
         reason: r.reason.clone(),
     })

@@ -8,8 +8,10 @@ use uuid::Uuid;
 
 use super::{Store, StoreError};
 
-/// Parked replies one queue may hold; past it, a refused reply is not parked (it stays in
-/// PostgreSQL with its turn's record or in `replies`, where `aptix session show` reads it).
+/// Parked replies one session's queue may hold; past it, a refused reply is not parked (it
+/// stays in PostgreSQL with its turn's record or in `replies`, where `aptix session show` reads
+/// it). An instance's queue (client protocol §4a), which serves many sessions, may hold its
+/// tenant's whole [`MAX_PARKED_PER_TENANT`].
 pub const MAX_PARKED_PER_QUEUE: i64 = 1_000;
 /// Parked replies one tenant's queues may hold together (all of a single-tenant deployment's),
 /// so that a tenant with many refusing queues cannot make the table grow without bound.
@@ -24,6 +26,8 @@ pub struct ParkReply {
     pub session: Option<Uuid>,
     /// The tenant whose queue it is.
     pub tenant: Option<String>,
+    /// Whether the queue is a backend instance's (many sessions'), not one session's.
+    pub instance: bool,
     /// The reply as the broker module publishes it.
     pub message: serde_json::Value,
     /// Why the queue did not take it.
@@ -72,7 +76,7 @@ impl Store {
                 r.tenant.as_deref(),
                 &r.message,
                 &r.reason,
-                MAX_PARKED_PER_QUEUE,
+                if r.instance { MAX_PARKED_PER_TENANT } else { MAX_PARKED_PER_QUEUE },
                 MAX_PARKED_PER_TENANT
             )
             .fetch_one(&mut *tx)
