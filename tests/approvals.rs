@@ -252,32 +252,11 @@ async fn an_approved_call_cut_short_by_sigkill_runs_at_most_once() {
 #[tokio::test]
 async fn an_expiry_that_cannot_be_applied_makes_way_for_the_next() {
     use crate::store_support::{drop_database, fresh_store};
-    use aptix::contracts::{SessionId, TurnKey};
     let (store, db) = fresh_store().await;
-    let session = uuid::Uuid::now_v7();
-    let key = TurnKey { session_id: SessionId::new(session), turn_id: "t0".parse().unwrap() };
-    let request = json!({"SessionId": session, "TurnId": "t0", "Instruction": "hello"});
-    let meta = aptix::store::SessionMeta::default();
-    store.admit_user_turn(&key, "fp", &request, &meta, None).await.unwrap();
-    sqlx::query(
-        "UPDATE turns SET state = 'awaiting_approval', reply_to = 'Not A Name!',
-                          approval_expires_at = now() - interval '1 minute'
-         WHERE session_id = $1",
-    )
-    .bind(session)
-    .execute(store.pool())
-    .await
-    .unwrap();
+    let session = park_unexpirable(&store, None, "1 minute").await;
     let started = store.expire_approvals().await.unwrap();
     assert!(started.messages.is_empty(), "nothing could be started");
-    let later: bool = sqlx::query_scalar(
-        "SELECT approval_expires_at > now() + interval '50 minutes' FROM turns WHERE session_id = $1",
-    )
-    .bind(session)
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert!(later, "out of the way of the next passes");
+    assert!(put_ahead(&store, session).await, "out of the way of the next passes");
     drop_database(store, &db).await;
 }
 
@@ -287,44 +266,50 @@ async fn an_expiry_that_cannot_be_applied_makes_way_for_the_next() {
 #[tokio::test]
 async fn one_tenants_expiries_do_not_hold_back_anothers() {
     use crate::store_support::{drop_database, fresh_store};
-    use aptix::contracts::{SessionId, TurnKey};
     let (store, db) = fresh_store().await;
-    let meta = aptix::store::SessionMeta::default();
-    let park = |tenant: &'static str, ago: &'static str| {
-        let store = &store;
-        let meta = &meta;
-        async move {
-            let session = uuid::Uuid::now_v7();
-            let key =
-                TurnKey { session_id: SessionId::new(session), turn_id: "t0".parse().unwrap() };
-            let request = json!({"SessionId": session, "TurnId": "t0", "Instruction": "hello"});
-            store.admit_user_turn(&key, "fp", &request, meta, None).await.unwrap();
-            sqlx::query(
-                "UPDATE turns SET state = 'awaiting_approval', reply_to = 'Not A Name!',
-                                  tenant = $2, approval_expires_at = now() - $3::interval
-                 WHERE session_id = $1",
-            )
-            .bind(session)
-            .bind(tenant)
-            .bind(ago)
-            .execute(store.pool())
-            .await
-            .unwrap();
-            session
-        }
-    };
     for _ in 0..60 {
-        park("greedy", "10 minutes").await;
+        park_unexpirable(&store, Some("greedy"), "10 minutes").await;
     }
-    let other = park("other", "1 minute").await;
+    let other = park_unexpirable(&store, Some("other"), "1 minute").await;
     store.expire_approvals().await.unwrap();
-    let taken: bool = sqlx::query_scalar(
-        "SELECT approval_expires_at > now() + interval '50 minutes' FROM turns WHERE session_id = $1",
+    assert!(put_ahead(&store, other).await, "the first pass took the other tenant's expiry");
+    drop_database(store, &db).await;
+}
+
+/// A turn of `tenant` awaiting approval since `ago` whose expiry cannot be applied (its reply
+/// address unusable); its session.
+async fn park_unexpirable(
+    store: &aptix::store::Store,
+    tenant: Option<&str>,
+    ago: &str,
+) -> uuid::Uuid {
+    use aptix::contracts::{SessionId, TurnKey};
+    let session = uuid::Uuid::now_v7();
+    let key = TurnKey { session_id: SessionId::new(session), turn_id: "t0".parse().unwrap() };
+    let request = json!({"SessionId": session, "TurnId": "t0", "Instruction": "hello"});
+    let meta = aptix::store::SessionMeta::default();
+    store.admit_user_turn(&key, "fp", &request, &meta, None).await.unwrap();
+    sqlx::query(
+        "UPDATE turns SET state = 'awaiting_approval', reply_to = 'Not A Name!',
+                          tenant = $2, approval_expires_at = now() - $3::interval
+         WHERE session_id = $1",
     )
-    .bind(other)
-    .fetch_one(store.pool())
+    .bind(session)
+    .bind(tenant)
+    .bind(ago)
+    .execute(store.pool())
     .await
     .unwrap();
-    assert!(taken, "the first pass took the other tenant's expiry");
-    drop_database(store, &db).await;
+    session
+}
+
+/// Whether an expiry pass took `session`'s turn and, failing to apply it, put it an hour ahead.
+async fn put_ahead(store: &aptix::store::Store, session: uuid::Uuid) -> bool {
+    sqlx::query_scalar(
+        "SELECT approval_expires_at > now() + interval '50 minutes' FROM turns WHERE session_id = $1",
+    )
+    .bind(session)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
 }

@@ -613,6 +613,14 @@ async fn until_running(t: &Two, session: &str) {
     }
 }
 
+/// Submits a turn of tenant A in `session` (while another runs) and checks it gets its answer,
+/// not a refusal.
+async fn second_turn_runs(t: &Two, session: &str) {
+    t.a.submit(&user_turn(session, "t1", "and now?")).await;
+    let got = t.a.read(&t.a.queue(session), 1, WAIT).await;
+    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+}
+
 /// An image counts 1,000 tokens in a turn's estimate, not its base64's length / 4: a turn
 /// carrying a 300 KB screenshot (100,000 "tokens" of base64) does not refuse the tenant's next
 /// turn while it runs.
@@ -635,9 +643,7 @@ async fn an_image_counts_as_an_image_not_as_its_base64() {
         .await
         .unwrap();
     assert!(estimate < 2_000, "{estimate}");
-    t.a.submit(&user_turn(&second, "t1", "and now?")).await;
-    let got = t.a.read(&t.a.queue(&second), 1, WAIT).await;
-    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    second_turn_runs(&t, &second).await;
     stop(t).await;
 }
 
@@ -654,9 +660,7 @@ async fn an_old_round_trip_reserves_nothing() {
     let (first, second) = (new_session(), new_session());
     t.a.submit(&user_turn(&first, "t1", "first")).await;
     until_running(&t, &first).await;
-    t.a.submit(&user_turn(&second, "t1", "second")).await;
-    let got = t.a.read(&t.a.queue(&second), 1, WAIT).await;
-    assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    second_turn_runs(&t, &second).await;
     stop(t).await;
 }
 

@@ -88,6 +88,16 @@ pub(super) async fn session_allowed(
     Ok(if n <= i64::from(max) { Ok(()) } else { Err(Limit::SessionsPerMinute(max)) })
 }
 
+/// What a tenant's limits leave room for now.
+pub(super) struct Room {
+    /// Turns that may start.
+    turns: i64,
+    /// Tokens of the minute left (`i64::MAX` without `tokens_per_minute`).
+    tokens_left: i64,
+    /// What a turn in flight reserves at least (0 without `tokens_per_minute`).
+    reserve: i64,
+}
+
 /// How many more turns may start now (refuse mode: be admitted), up to `want` (the lock is
 /// held); the first limit in the way when none may. `estimate`: the tokens the turn asking
 /// will at least use, from its request (0 when unknown).
@@ -96,25 +106,25 @@ pub(super) async fn room(
     gate: &Gate,
     want: i64,
     estimate: i64,
-) -> Result<Result<i64, Limit>, StoreError> {
+) -> Result<Result<Room, Limit>, StoreError> {
     let (l, tenant) = (&gate.limits, &gate.tenant);
     if let Some(e) = super::budget::tenant_over(conn, tenant, l.budget()).await? {
         return Ok(Err(Limit::Budget(e.period, e.budget)));
     }
-    let mut room = want;
+    let mut room = Room { turns: want, tokens_left: i64::MAX, reserve: 0 };
     if l.turns_in_flight > 0 {
         let left = i64::from(l.turns_in_flight) - open_turns(conn, gate).await?;
         if left <= 0 {
             return Ok(Err(Limit::TurnsInFlight(l.turns_in_flight)));
         }
-        room = room.min(left);
+        room.turns = room.turns.min(left);
     }
     if l.turns_per_minute > 0 {
         let left = i64::from(l.turns_per_minute) - recent_turns(conn, gate).await?;
         if left <= 0 {
             return Ok(Err(Limit::TurnsPerMinute(l.turns_per_minute)));
         }
-        room = room.min(left);
+        room.turns = room.turns.min(left);
     }
     if l.tokens_per_minute > 0 {
         let limit = i64::try_from(l.tokens_per_minute).unwrap_or(i64::MAX);
@@ -125,7 +135,8 @@ pub(super) async fn room(
         }
         // Each turn started now reserves its share of what is left.
         let reserve = budget.reserve.max(estimate);
-        room = room.min((left + reserve - 1) / reserve);
+        room.turns = room.turns.min((left + reserve - 1) / reserve);
+        (room.tokens_left, room.reserve) = (left, budget.reserve);
     }
     Ok(Ok(room))
 }
@@ -247,18 +258,10 @@ pub(super) async fn start_held(
     conn: &mut PgConnection,
     gate: &Gate,
 ) -> Result<Vec<TurnRow>, StoreError> {
-    let Ok(n) = room(conn, gate, HELD_BATCH, 0).await? else { return Ok(Vec::new()) };
+    let Ok(room) = room(conn, gate, HELD_BATCH, 0).await? else { return Ok(Vec::new()) };
     // With a token limit, each turn reserves the most of the tenant's reservation and its own
     // estimate, and starts while what is left, less what the turns before it reserve, is
     // positive: a batch of large requests starts one by one as the minute allows.
-    let (left, reserve) = match gate.limits.tokens_per_minute {
-        0 => (i64::MAX, 0),
-        limit => {
-            let budget = token_budget(conn, gate).await?;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            (limit.saturating_sub(budget.used).saturating_sub(budget.reserved), budget.reserve)
-        }
-    };
     // The turns it picks are held: queued, and their session's active turn.
     let to = transition(Some(Phase::Held), Event::RoomFreed)?;
     let mut rows = query_turns!(
@@ -278,10 +281,10 @@ pub(super) async fn start_held(
          RETURNING ",
         "",
         gate.tenant.as_str(),
-        n,
+        room.turns,
         to.column().as_str(),
-        left,
-        reserve
+        room.tokens_left,
+        room.reserve
     )
     .fetch_all(&mut *conn)
     .await?;
