@@ -141,6 +141,22 @@ async fn an_arm_its_model_failed_counts_one_never_run_is_left_out_and_an_interru
     assert_eq!((exact.difference.n, exact.worse), (TURNS, TURNS), "{report}");
     assert!(!report.regressions.is_empty(), "{report}");
     assert!(!report.interrupted);
+    // An arm whose calls the provider refuses for the account (a revoked key: 401) says
+    // nothing of its model: its turns were not run, not failed by it.
+    // (An evaluation of its own, the arm first: this one's `gone` arm is tried again by every
+    // invocation.)
+    let mut locked_run = opts.clone();
+    locked_run.run = format!("ev-locked-{}", h.id);
+    locked_run.arms = vec![arm("locked:model=gpt-5-mini"), arm("control")];
+    h.sim.faults().fail_next(Fault::Status { status: 401 }, TURNS);
+    let report = aptix::eval::run(store, h.settings.clone(), llm.clone(), &locked_run, &cancel)
+        .await
+        .unwrap();
+    assert_eq!(h.sim.faults().queued(), 0, "the arm's turns were tried: {report}");
+    let locked = report.arms.iter().find(|a| a.name == "locked").unwrap();
+    assert_eq!((locked.round_trips, locked.turns_not_run), (0, TURNS), "{report}");
+    assert!(locked.versus_baseline.is_empty(), "{report}");
+    assert!(report.regressions.iter().all(|r| r.arm != "locked"), "{report}");
     // Interrupted (Ctrl-C before anything starts): no turn is replayed, a new arm's turns are
     // never run (left out of the comparison: they say nothing of its answers), the judge
     // judges nothing, and the report kept says it is partial.

@@ -292,6 +292,53 @@ async fn overrides_show_in_the_stored_requests_and_failures_are_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_invocation_holds_a_run_and_turns_in_flight_wait_for_their_end() {
+    let h = Harness::start(1).await;
+    let a = new_session();
+    one_final(&h, &a, user_turn(&a, "t1", "Where is VAT computed?")).await;
+    // t2 waits for its client's tool results: a turn in flight, with one round trip so far.
+    let r2 = one_final(&h, &a, user_turn(&a, "t2", "Read the file @call(read_file)")).await;
+    assert_eq!(r2["Result"]["Kind"], "client_tool_continuation", "{r2}");
+    let session = Selection { session: Some(a.parse().unwrap()), ..Selection::default() };
+    let r = reprocessor(&h);
+    let mut opts = options(session, "held");
+
+    // While one invocation holds the run, another (even with another model, which the
+    // first has not written a record with yet) is refused before it calls anything.
+    let hold = aptix::reprocess::claim(&h.deps.store, &opts).await.expect("hold the run");
+    let calls = h.sim.requests().len();
+    let mut other = opts.clone();
+    other.model = Some("gpt-test-mini".into());
+    let refused = r.run(&other, &ProgressBar::hidden(), &CancellationToken::new()).await;
+    assert!(
+        matches!(&refused, Err(aptix::reprocess::ReprocessError::Held(run)) if run == "held"),
+        "{refused:?}"
+    );
+    assert_eq!(h.sim.requests().len(), calls);
+    hold.release().await;
+
+    // The turn in flight is skipped, not replayed with the round trips it has so far.
+    opts.concurrency = 1;
+    let first = run(&r, &opts).await;
+    assert_eq!((first.done, first.unavailable), (1, 1), "{first}");
+    assert!(first.to_string().contains("still awaiting_tool_results"), "{first}");
+    assert_eq!(run_records(&h, "held").await.len(), 1);
+    // Once it has ended, the same run does it, and only it.
+    let call = r2["Result"]["ToolCalls"][0]["ToolCallId"].clone();
+    let results = json!({"SessionId": a, "TurnId": "t2",
+        "ToolResults": [{"ToolCallId": call, "ExecutionMs": 3, "ResultJson": "{}"}]});
+    one_final(&h, &a, results).await;
+    let second = run(&r, &opts).await;
+    assert_eq!((second.done, second.already_done, second.unavailable), (1, 1, 0), "{second}");
+    assert_eq!(run_records(&h, "held").await.len(), 3);
+    // --limit takes its places among turns it runs: a run with nothing left runs nothing.
+    opts.limit = Some(1);
+    let third = run(&r, &opts).await;
+    assert_eq!((third.done, third.already_done, third.left), (0, 2, 0), "{third}");
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_command_line_dry_runs_runs_and_reports_as_json() {
     let h = Harness::start(1).await;
     let s = new_session();

@@ -118,18 +118,22 @@ pub async fn run(
     let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm.clone());
     let arms: Vec<reprocess::Options> =
         opts.arms.iter().map(|arm| arm_options(opts, arm)).collect();
-    // Every arm's options checked against its run's before any arm runs.
+    // Every arm's run held and its options checked against the run's before any arm runs.
+    let mut holds = Vec::with_capacity(arms.len());
     for o in &arms {
-        reprocess::claim(store, o).await?;
+        holds.push(reprocess::claim(store, o).await?);
     }
     let mut runs = BTreeMap::new();
-    for (arm, o) in opts.arms.iter().zip(&arms) {
-        let done = reprocessor.run(o, &ProgressBar::hidden(), cancel).await?;
+    for ((arm, o), hold) in opts.arms.iter().zip(&arms).zip(&mut holds) {
+        let done = reprocessor.run_held(o, hold, &ProgressBar::hidden(), cancel).await?;
         runs.insert(arm.name.clone(), done);
     }
     let mut rows: BTreeMap<String, Vec<EvalRow>> = BTreeMap::new();
-    for (arm, o) in opts.arms.iter().zip(&arms) {
-        rows.insert(arm.name.clone(), store.eval_rows(&o.run).await?);
+    for (arm, hold) in opts.arms.iter().zip(&mut holds) {
+        rows.insert(arm.name.clone(), hold.eval_rows().await?);
+    }
+    for hold in holds {
+        hold.release().await;
     }
     let (judged, spend) = match &opts.judge {
         Some(judge) => {

@@ -208,10 +208,11 @@ fn means(scored: &Scored) -> BTreeMap<String, Estimate> {
 }
 
 /// The arm's score of `name` on a round trip the baseline has, or none when it is left out.
-/// A turn the arm never `ran` is left out: it was never started (interrupted, `--limit`), which
-/// says nothing of how the arm answers. A round trip missing from a turn it ran was never
-/// reached (its replay took another path and ended sooner) or got no answer (the provider
-/// rejected the arm's model, or timed out): it scores 0 where higher is better, and is left out
+/// A turn the arm never `ran` is left out: it was never started (interrupted), or its provider
+/// was down, slow or refused the account, which says nothing of how the arm answers. A round
+/// trip missing from a turn it ran was never reached (its replay took another path and ended
+/// sooner) or got no answer (the provider refused the arm's model or request): it scores
+/// 0 where higher is better, and is left out
 /// where lower is (it cost and took nothing, which is no merit).
 fn arm_score(mine: &Scored, ran: &Turns<'_>, key: &Key, name: &str) -> Option<f64> {
     match mine.get(key) {

@@ -13,10 +13,12 @@
 //!   compared one by one.
 //! - Resume: a turn is written in one transaction once all its round trips are done, with
 //!   `ON CONFLICT DO NOTHING` on the unique `(reprocess_of, reprocess_run)` index, and none of it
-//!   is kept when another copy of the run wrote the turn first; before calling the model a turn
-//!   whose first record the run already has is skipped. Running the same `--run` again
-//!   therefore finishes the rest and never does a turn twice. A run keeps the model and context
-//!   it first wrote records with (`reprocess_runs`): resumed with others, it is refused.
+//!   is kept when another copy of the run wrote the turn first; a turn whose first record the
+//!   run already has is skipped before its inputs are read. Running the same `--run` again
+//!   therefore finishes the rest and never does a turn twice. One invocation holds a run at a
+//!   time ([`claim`], [`RunHold`]); a turn still in flight is skipped until it has ended. A run
+//!   keeps the model and context it first wrote records with (`reprocess_runs`): resumed with
+//!   others, it is refused.
 //! - Failures: when the model answers badly (refusal, `failed`, unreadable) the error is the
 //!   record, as in the pipeline; when no answer comes (unavailable, timeout, rejected request)
 //!   nothing is written and the next run of the same `--run` retries the turn.
@@ -24,6 +26,7 @@
 //!   that many turns; cancelling stops starting turns and lets those in flight finish.
 
 mod compare;
+mod places;
 mod plan;
 mod rate;
 mod rebuild;
@@ -34,7 +37,6 @@ mod turn;
 mod why;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -51,7 +53,8 @@ pub use select::{parse_time, parse_turn_list, Selection};
 
 use crate::config::Settings;
 use crate::llm::{LlmClient, LlmError};
-use crate::store::{SelectedTurn, Store, StoreError};
+use crate::store::{RunHold, SelectedTurn, Store, StoreError, TurnSelector};
+use places::Places;
 use rate::RateLimiter;
 use rebuild::TurnInputs;
 use turn::Replayer;
@@ -71,17 +74,28 @@ pub enum ReprocessError {
         /// What is wrong.
         message: String,
     },
+    /// Another invocation holds the run (`aptix reprocess` or `aptix eval` with the same
+    /// `--run`, in this or another process).
+    #[error(
+        "run `{0}` is running in another invocation: wait for it to end, or give another --run"
+    )]
+    Held(String),
     /// PostgreSQL.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// Records `opts.run`'s model and context, or refuses them when the run was started with
-/// others: its records so far were made with those, and a run mixing two would report neither.
-pub async fn claim(store: &Store, opts: &Options) -> Result<(), ReprocessError> {
+/// Holds `opts.run` for this invocation and records its model and context, or refuses them
+/// when the run was started with others: its records so far were made with those, and a run
+/// mixing two would report neither. Refused too while another invocation holds the run: both
+/// would pay for the same turns' model calls.
+pub async fn claim(store: &Store, opts: &Options) -> Result<RunHold, ReprocessError> {
+    let Some(mut hold) = store.hold_run(&opts.run).await? else {
+        return Err(ReprocessError::Held(opts.run.clone()));
+    };
     let (model, context) = (opts.model.as_deref(), opts.conversation_context.as_deref());
-    let Some((was_model, was_context)) = store.claim_run(&opts.run, model, context).await? else {
-        return Ok(());
+    let Some((was_model, was_context)) = hold.claim(model, context).await? else {
+        return Ok(hold);
     };
     Err(ReprocessError::Options(format!(
         "run `{}` was started with model {was_model:?} and context {was_context:?}: resume it with those, or give another --run",
@@ -161,8 +175,8 @@ impl Reprocessor {
         Reprocessor { store, settings, llm }
     }
 
-    /// Checks the options and selects the turns.
-    async fn select(&self, opts: &Options) -> Result<Vec<SelectedTurn>, ReprocessError> {
+    /// Checks the options; returns the selection's conditions.
+    fn check(&self, opts: &Options) -> Result<TurnSelector, ReprocessError> {
         let run_ok = !opts.run.is_empty()
             && opts.run.len() <= 128
             && opts.run.chars().all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
@@ -182,8 +196,7 @@ impl Reprocessor {
         if opts.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(ReprocessError::Options("--model must not be empty".into()));
         }
-        let selector = opts.selection.to_selector()?;
-        Ok(self.store.reprocess_select(&selector).await?)
+        opts.selection.to_selector()
     }
 
     /// Loads a turn and decides whether it can run.
@@ -192,6 +205,14 @@ impl Reprocessor {
         opts: &Options,
         t: &SelectedTurn,
     ) -> Result<(Prepared<'_>, usize), StoreError> {
+        if t.done {
+            return Ok((Prepared::AlreadyDone, round_trips(t)));
+        }
+        if !matches!(t.turn_state.as_str(), "completed" | "failed" | "steered") {
+            // Replayed now, it would count as done with the round trips it has so far.
+            let why = format!("the turn is still {}: reprocess it once it has ended", t.turn_state);
+            return Ok((Prepared::Unavailable(why), round_trips(t)));
+        }
         let steps = rebuild::originals(&self.store, t.session_id, &t.turn_id).await?;
         let count = steps.len();
         let Some(first) = steps.first() else {
@@ -201,9 +222,6 @@ impl Reprocessor {
             // Its instruction was part of another turn's call, which replays it.
             let why = "it steered another turn, whose replay carries its instruction";
             return Ok((Prepared::Unavailable(why.into()), count));
-        }
-        if self.store.reprocess_done(first.original.id, &opts.run).await? {
-            return Ok((Prepared::AlreadyDone, count));
         }
         let inputs =
             match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
@@ -241,12 +259,27 @@ impl Reprocessor {
         progress: &ProgressBar,
         cancel: &CancellationToken,
     ) -> Result<Report, ReprocessError> {
-        let turns = self.select(opts).await?;
-        claim(&self.store, opts).await?;
+        self.check(opts)?;
+        let mut hold = claim(&self.store, opts).await?;
+        let report = self.run_held(opts, &mut hold, progress, cancel).await;
+        hold.release().await;
+        report
+    }
+
+    /// [`Reprocessor::run`] of a run this invocation already holds ([`claim`]).
+    pub async fn run_held(
+        &self,
+        opts: &Options,
+        hold: &mut RunHold,
+        progress: &ProgressBar,
+        cancel: &CancellationToken,
+    ) -> Result<Report, ReprocessError> {
+        let selector = self.check(opts)?;
+        let turns = hold.select(&selector).await?;
         info!(run = %opts.run, selected = turns.len(), model = ?opts.model, conversation_context = ?opts.conversation_context, "reprocessing");
         progress.set_length(turns.len() as u64);
         let limiter = RateLimiter::new(opts.rate);
-        let budget = AtomicUsize::new(opts.limit.unwrap_or(usize::MAX));
+        let budget = Places::new(opts.limit);
         let mut report =
             Report { run: opts.run.clone(), selected: turns.len(), ..Report::default() };
         let mut steps: HashMap<(Uuid, String), usize> = HashMap::new();
@@ -287,7 +320,7 @@ impl Reprocessor {
         }
         drop(results);
         report.interrupted = cancel.is_cancelled();
-        report.comparison = self.compare(&opts.run, &steps).await?;
+        report.comparison = compare(hold, &steps).await?;
         info!(run = %opts.run, done = report.done, already_done = report.already_done, failed = report.failed, left = report.left, "reprocessing finished");
         Ok(report)
     }
@@ -297,23 +330,30 @@ impl Reprocessor {
         opts: &Options,
         t: &SelectedTurn,
         limiter: &RateLimiter,
-        budget: &AtomicUsize,
+        budget: &Places,
         cancel: &CancellationToken,
     ) -> (Outcome, usize) {
         if cancel.is_cancelled() {
             return (Outcome::Left, 0);
         }
-        let (inputs, replayer, count) = match self.prepare(opts, t).await {
-            Err(e) => return (Outcome::Failed(e.to_string()), 0),
-            Ok((Prepared::AlreadyDone, n)) => return (Outcome::AlreadyDone, n),
-            Ok((Prepared::Unavailable(why), n)) => return (Outcome::Unavailable(why), n),
-            Ok((Prepared::Ready(inputs, replayer), n)) => (inputs, replayer, n),
-        };
-        let claimed =
-            budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok();
-        if !claimed {
-            return (Outcome::Left, count);
+        if t.done {
+            return (Outcome::AlreadyDone, round_trips(t));
         }
+        // A place under --limit before the turn's inputs are read (see `places`).
+        let place = tokio::select! {
+            _ = cancel.cancelled() => None,
+            place = budget.take() => place,
+        };
+        let Some(place) = place else { return (Outcome::Left, round_trips(t)) };
+        let (inputs, replayer, count) = match self.prepare(opts, t).await {
+            Ok((Prepared::Ready(inputs, replayer), n)) => {
+                place.keep();
+                (inputs, replayer, n)
+            }
+            Err(e) => return (Outcome::Failed(e.to_string()), 0),
+            Ok((Prepared::Unavailable(why), n)) => return (Outcome::Unavailable(why), n),
+            Ok((Prepared::AlreadyDone, n)) => return (Outcome::AlreadyDone, n),
+        };
         tokio::select! {
             _ = cancel.cancelled() => return (Outcome::Left, count),
             _ = limiter.wait() => {}
@@ -321,8 +361,9 @@ impl Reprocessor {
         let records = match replayer.replay(&inputs).await {
             Ok(records) => records,
             // The provider refused the arm's request (its model, its size): the arm failed the
-            // turn. A provider that was down or slow says nothing of the arm.
-            Err(why @ Unreplayable::Llm(LlmError::Rejected { .. })) => {
+            // turn. A provider that was down or slow, or refused the account (its key, 401; its
+            // access, 403; its quota, 429 `insufficient_quota`), says nothing of the arm.
+            Err(why @ Unreplayable::Llm(LlmError::Rejected { .. })) if !account_refused(&why) => {
                 return (Outcome::Unanswered(why.to_string()), count)
             }
             Err(why) => return (Outcome::Failed(why.to_string()), count),
@@ -334,28 +375,39 @@ impl Reprocessor {
             Err(e) => (Outcome::Failed(e.to_string()), count),
         }
     }
+}
 
-    /// The run's records of the selected turns against their originals, read one pair at a
-    /// time: a run of millions of records is compared in the memory of one.
-    async fn compare(
-        &self,
-        run: &str,
-        steps: &HashMap<(Uuid, String), usize>,
-    ) -> Result<Comparison, ReprocessError> {
-        let mut comparison = Comparison::default();
-        let mut per_turn: HashMap<(Uuid, String), usize> = HashMap::new();
-        let mut pairs = std::pin::pin!(self.store.eval_rows_each(run));
-        while let Some(p) = pairs.try_next().await.map_err(StoreError::from)? {
-            let key = (p.session_id, p.turn_id.clone());
-            if steps.contains_key(&key) {
-                *per_turn.entry(key).or_default() += 1;
-                comparison.add(&p);
-            }
+/// The run's records of the selected turns against their originals, read one pair at a time:
+/// a run of millions of records is compared in the memory of one.
+async fn compare(
+    hold: &mut RunHold,
+    steps: &HashMap<(Uuid, String), usize>,
+) -> Result<Comparison, ReprocessError> {
+    let mut comparison = Comparison::default();
+    let mut per_turn: HashMap<(Uuid, String), usize> = HashMap::new();
+    let mut pairs = std::pin::pin!(hold.eval_rows_each());
+    while let Some(p) = pairs.try_next().await? {
+        let key = (p.session_id, p.turn_id.clone());
+        if steps.contains_key(&key) {
+            *per_turn.entry(key).or_default() += 1;
+            comparison.add(&p);
         }
-        let originals: usize =
-            per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
-        Ok(comparison.finish(per_turn.len(), originals))
     }
+    let originals: usize =
+        per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
+    Ok(comparison.finish(per_turn.len(), originals))
+}
+
+/// Whether the provider refused the account rather than the request.
+fn account_refused(why: &Unreplayable) -> bool {
+    let Unreplayable::Llm(LlmError::Rejected { status, error }) = why else { return false };
+    matches!(status, 401 | 403)
+        || (*status == 429 && error.code.as_deref() == Some("insufficient_quota"))
+}
+
+/// A selected turn's original round trips so far.
+fn round_trips(t: &SelectedTurn) -> usize {
+    usize::try_from(t.round_trips).unwrap_or(0)
 }
 
 /// The `context_versions` of a replay's records: the ConversationContext it ran with (the run's

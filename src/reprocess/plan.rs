@@ -69,7 +69,8 @@ fn estimate(json: &str) -> u64 {
 impl Reprocessor {
     /// What [`Reprocessor::run`] would do with `opts`.
     pub async fn dry_run(&self, opts: &Options) -> Result<DryRun, ReprocessError> {
-        let turns = self.select(opts).await?;
+        let selector = self.check(opts)?;
+        let turns = self.store.reprocess_select(&selector, &opts.run).await?;
         let mut plan = DryRun { run: opts.run.clone(), ..DryRun::default() };
         let mut budget = opts.limit.unwrap_or(usize::MAX);
         for t in &turns {

@@ -28,8 +28,9 @@ pub struct Report {
     pub failed: usize,
     /// Turns not started: `--limit` reached or interrupted.
     pub left: usize,
-    /// Of the failed turns, those whose model call got no answer (rejected, timed out,
-    /// unavailable): an evaluation counts them against the arm, unlike turns never started.
+    /// Of the failed turns, those whose request the provider refused (the model or the
+    /// request): an evaluation counts them against the arm, unlike turns never started or whose
+    /// provider was down, slow or refused the account.
     #[serde(skip)]
     pub unanswered: std::collections::BTreeSet<(uuid::Uuid, String)>,
     /// Whether the invocation was interrupted.

@@ -60,6 +60,7 @@ impl Selection {
 /// Parses a turn list; errors name the line.
 pub fn parse_turn_list(text: &str) -> Result<Vec<(SessionId, TurnId)>, ReprocessError> {
     let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (n, line) in (1..).zip(text.lines()) {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -85,7 +86,7 @@ pub fn parse_turn_list(text: &str) -> Result<Vec<(SessionId, TurnId)>, Reprocess
         };
         let session: SessionId = session.parse().map_err(|(_, m): (_, String)| bad(m))?;
         let turn: TurnId = turn.parse().map_err(|(_, m): (_, String)| bad(m))?;
-        if !out.iter().any(|(s, t)| *s == session && *t == turn) {
+        if seen.insert((session, turn.clone())) {
             out.push((session, turn));
         }
     }

@@ -2,7 +2,6 @@
 //! "Evaluation"): each record a reprocess run wrote, with its original and what the scorers need
 //! of both, and the reports of evaluation runs for the console.
 
-use futures_util::TryStreamExt as _;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -49,37 +48,32 @@ pub struct EvalRow {
     pub new_timings: Option<Value>,
 }
 
+/// Every record reprocess run `run` wrote, with its original, oldest original first, as
+/// PostgreSQL sends them (read through a [`super::RunHold`]'s connection).
+pub(super) fn eval_rows_each<'e>(
+    conn: &'e mut sqlx::PgConnection,
+    run: &'e str,
+) -> impl futures_util::Stream<Item = Result<EvalRow, sqlx::Error>> + Send + 'e {
+    sqlx::query_as!(
+        EvalRow,
+        r#"SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
+                  o.kind AS original_kind, o.reply AS original_reply,
+                  o.usage AS original_usage, o.retrieved_chunks AS "original_chunks?",
+                  o.request_payload->>'model' AS original_model, o.instruction,
+                  n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply,
+                  n.usage AS new_usage, n.retrieved_chunks AS "new_chunks?",
+                  n.request_payload->>'model' AS new_model,
+                  aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools,
+                  n.stage_timings AS new_timings
+           FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
+           WHERE n.reprocess_run = $1 AND n.reprocess_of IS NOT NULL
+           ORDER BY o.created_at, o.id"#,
+        run
+    )
+    .fetch(conn)
+}
+
 impl Store {
-    /// Every record reprocess run `run` wrote, with its original, oldest original first.
-    pub async fn eval_rows(&self, run: &str) -> Result<Vec<EvalRow>, StoreError> {
-        Ok(self.eval_rows_each(run).try_collect().await?)
-    }
-
-    /// [`Store::eval_rows`] one at a time, as PostgreSQL sends them: a comparison of a large
-    /// run holds one pair of records at a time, not the run.
-    pub fn eval_rows_each<'a>(
-        &'a self,
-        run: &'a str,
-    ) -> impl futures_util::Stream<Item = Result<EvalRow, sqlx::Error>> + Send + 'a {
-        sqlx::query_as!(
-            EvalRow,
-            r#"SELECT o.id AS original_id, o.session_id, o.turn_id, o.step,
-                      o.kind AS original_kind, o.reply AS original_reply,
-                      o.usage AS original_usage, o.retrieved_chunks AS "original_chunks?",
-                      o.request_payload->>'model' AS original_model, o.instruction,
-                      n.id AS new_id, n.kind AS new_kind, n.reply AS new_reply,
-                      n.usage AS new_usage, n.retrieved_chunks AS "new_chunks?",
-                      n.request_payload->>'model' AS new_model,
-                      aptix_deref_at(n.request_payload, '{tools}')->'tools' AS new_tools,
-                      n.stage_timings AS new_timings
-               FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
-               WHERE n.reprocess_run = $1
-               ORDER BY o.created_at, o.id"#,
-            run
-        )
-        .fetch(&self.pool)
-    }
-
     /// Keeps an evaluation run's report (a later invocation of the same run replaces it).
     pub async fn save_eval(&self, run: &str, report: &Value) -> Result<(), StoreError> {
         sqlx::query!(

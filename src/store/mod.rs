@@ -23,6 +23,7 @@ mod records;
 mod refusals;
 mod reprocess;
 mod resume;
+mod run_hold;
 mod session_lock;
 mod sessions;
 mod steer;
@@ -57,6 +58,7 @@ pub use records::Finished;
 pub use refusals::{StoredBody, StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
 pub use reprocess::{LinkedRecord, OriginalStep, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
+pub use run_hold::RunHold;
 pub use sessions::{CallState, SessionOwner, SessionView, StateRead, StateToUpdate};
 pub use step_end::{FinishStep, StepOutcome};
 pub use stream_events::{Replayed, Resumable, ResumeFound, KEPT_STEPS};
@@ -262,8 +264,17 @@ impl Store {
 
     /// Applies pending migrations (safe to run from many processes: sqlx takes an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
-        Ok(())
+        // On a connection of its own without the pool's statement timeout: a migration that
+        // reads a large table (an index build, a backfill) takes longer than 15 s, and cut
+        // short it would stop every worker's start.
+        use sqlx::Connection as _;
+        let mut conn = self.pool.acquire().await?.detach();
+        sqlx::query!("SELECT set_config('statement_timeout', '0', false) AS unset")
+            .fetch_one(&mut conn)
+            .await?;
+        let migrated = MIGRATOR.run(&mut conn).await;
+        let _ = conn.close().await;
+        Ok(migrated?)
     }
 
     /// Whether the database answers.

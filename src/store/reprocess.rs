@@ -33,6 +33,12 @@ pub struct SelectedTurn {
     pub turn_id: String,
     /// When the turn's first record (step 0) was written.
     pub created_at: DateTime<Utc>,
+    /// The turn's state now: a turn still in flight has only its round trips so far.
+    pub turn_state: String,
+    /// Its original round trips so far.
+    pub round_trips: i64,
+    /// Whether the run already has its first record (then it has the whole turn).
+    pub done: bool,
 }
 
 /// One original record of a turn, with the invoke stage's saved round trip for it.
@@ -71,33 +77,52 @@ pub struct LinkedRecord {
     pub record: NewRecord,
 }
 
+/// The stored turns matching `selector`, oldest first, each marked done when run `run` has its
+/// first record. A turn is selected by its step-0 original record; turns that never got one
+/// (rejected at admission) are not stored turns.
+pub(super) async fn select_turns<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    selector: &TurnSelector,
+    run: &str,
+) -> Result<Vec<SelectedTurn>, StoreError> {
+    let (sessions, turns): (Vec<Uuid>, Vec<String>) =
+        selector.turns.iter().flatten().map(|(s, t)| (*s, t.clone())).unzip();
+    Ok(sqlx::query_as!(
+        SelectedTurn,
+        r#"SELECT r.session_id, r.turn_id, r.created_at, t.state AS "turn_state!",
+                  (SELECT count(*) FROM response_records s
+                   WHERE s.session_id = r.session_id AND s.turn_id = r.turn_id
+                     AND s.reprocess_of IS NULL) AS "round_trips!",
+                  EXISTS (SELECT 1 FROM response_records n
+                          WHERE n.reprocess_of = r.id AND n.reprocess_run = $7) AS "done!"
+           FROM response_records r
+           JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
+           WHERE r.reprocess_of IS NULL AND r.step = 0
+             AND ($1::uuid IS NULL OR r.session_id = $1)
+             AND ($2::timestamptz IS NULL OR r.created_at >= $2)
+             AND ($3::timestamptz IS NULL OR r.created_at < $3)
+             AND (NOT $4 OR (r.session_id, r.turn_id) IN (SELECT * FROM unnest($5::uuid[], $6::text[])))
+           ORDER BY r.created_at, r.id"#,
+        selector.session,
+        selector.since,
+        selector.until,
+        selector.turns.is_some(),
+        &sessions,
+        &turns,
+        run
+    )
+    .fetch_all(executor)
+    .await?)
+}
+
 impl Store {
-    /// The stored turns matching `selector`, oldest first. A turn is selected by its step-0
-    /// original record; turns that never got one (rejected at admission) are not stored turns.
+    /// [`select_turns`] on the pool (a dry run, which holds no run).
     pub async fn reprocess_select(
         &self,
         selector: &TurnSelector,
+        run: &str,
     ) -> Result<Vec<SelectedTurn>, StoreError> {
-        let (sessions, turns): (Vec<Uuid>, Vec<String>) =
-            selector.turns.iter().flatten().map(|(s, t)| (*s, t.clone())).unzip();
-        Ok(sqlx::query_as!(
-            SelectedTurn,
-            "SELECT r.session_id, r.turn_id, r.created_at FROM response_records r
-             WHERE r.reprocess_of IS NULL AND r.step = 0
-               AND ($1::uuid IS NULL OR r.session_id = $1)
-               AND ($2::timestamptz IS NULL OR r.created_at >= $2)
-               AND ($3::timestamptz IS NULL OR r.created_at < $3)
-               AND (NOT $4 OR (r.session_id, r.turn_id) IN (SELECT * FROM unnest($5::uuid[], $6::text[])))
-             ORDER BY r.created_at, r.id",
-            selector.session,
-            selector.since,
-            selector.until,
-            selector.turns.is_some(),
-            &sessions,
-            &turns
-        )
-        .fetch_all(&self.pool)
-        .await?)
+        select_turns(&self.pool, selector, run).await
     }
 
     /// The original records of a turn, by step, each with its saved round trip.
@@ -158,49 +183,6 @@ impl Store {
             *value = texts::read_saved(&mut conn, &self.texts, std::mem::take(value)).await?;
         }
         Ok(saved)
-    }
-
-    /// Whether run `run` already reprocessed the original record `original`.
-    pub async fn reprocess_done(&self, original: Uuid, run: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar!(
-            r#"SELECT EXISTS (SELECT 1 FROM response_records
-                              WHERE reprocess_of = $1 AND reprocess_run = $2) AS "done!""#,
-            original,
-            run
-        )
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
-    /// Records that run `run` reprocesses with `model` and `context` (none: each turn's own),
-    /// unless it has records made with others; then returns what those were made with. A run
-    /// that wrote nothing yet (every call refused: a mistyped model) takes the new options.
-    pub async fn claim_run(
-        &self,
-        run: &str,
-        model: Option<&str>,
-        context: Option<&str>,
-    ) -> Result<Option<(Option<String>, Option<String>)>, StoreError> {
-        sqlx::query!(
-            "INSERT INTO reprocess_runs (run, model, conversation_context_id) VALUES ($1, $2, $3)
-             ON CONFLICT (run) DO UPDATE
-                 SET model = $2, conversation_context_id = $3, started_at = now()
-                 WHERE NOT EXISTS (SELECT 1 FROM response_records WHERE reprocess_run = $1)",
-            run,
-            model,
-            context
-        )
-        .execute(&self.pool)
-        .await?;
-        let was = sqlx::query!(
-            "SELECT model, conversation_context_id FROM reprocess_runs WHERE run = $1",
-            run
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let same =
-            was.model.as_deref() == model && was.conversation_context_id.as_deref() == context;
-        Ok((!same).then_some((was.model, was.conversation_context_id)))
     }
 
     /// Writes the records of one reprocessed turn in one transaction. When the run already
