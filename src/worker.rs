@@ -14,12 +14,41 @@ use crate::config::Settings;
 use crate::pipeline;
 use crate::telemetry::{self, LogFormat};
 
-/// The whole of a worker binary: load configuration, start logging, run stage `name` until
-/// SIGTERM.
+/// A worker binary's command line: what `aptix worker <stage>` takes, the stage fixed.
+#[derive(Debug, clap::Parser)]
+#[command(version, about = "Runs one stage of the Aptix pipeline until SIGINT or SIGTERM.")]
+struct WorkerArgs {
+    /// Configuration file (default: `APTIX_CONFIG`, then built-in defaults; `APTIX__*`
+    /// environment variables override either).
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Log format: `pretty` or `json` (default: `telemetry.format`).
+    #[arg(long)]
+    log_format: Option<LogFormat>,
+    /// Consumers of the stage in this process.
+    #[arg(long, default_value_t = 1)]
+    copies: usize,
+}
+
+/// The whole of a worker binary: read its arguments (an unknown one, or `--help`, starts
+/// nothing), load configuration, start logging, run stage `name` until SIGTERM.
 pub fn main(name: &str) -> ExitCode {
+    use clap::{CommandFactory as _, FromArgMatches as _};
     let service = format!("aptix-{name}");
-    let result = load_settings_with(None, None, telemetry::DEFAULT_FILTER, &service)
-        .and_then(|s| run(s, &[name.to_owned()], 1));
+    // The binary's own name in its help and errors (clap takes a name that lives for good).
+    let name: &'static str = Box::leak(service.clone().into_boxed_str());
+    let matches = WorkerArgs::command().name(name).get_matches();
+    let args = match WorkerArgs::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    let result = load_settings_with(
+        args.config.as_deref(),
+        args.log_format,
+        telemetry::DEFAULT_FILTER,
+        &service,
+    )
+    .and_then(|s| run(s, &[name.to_owned()], args.copies));
     match result {
         Ok(code) => code,
         Err(e) => {

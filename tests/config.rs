@@ -52,6 +52,11 @@ fn layers_validation_and_redaction() {
     );
     let s = Settings::load(Some(file.path())).unwrap();
     assert_eq!(s.conversation_context(None).unwrap().mode, "DDR_CREATION");
+    // The example's `default` context, which this file neither names nor makes the default,
+    // is not offered: a client naming it would get a model, tools and budget nobody set.
+    let ids: Vec<&str> = s.conversation_contexts.keys().map(String::as_str).collect();
+    assert_eq!(ids, ["DDR"]);
+    assert!(s.agent_contexts.contains_key("default"), "still the default agent context");
     let printed = format!("{s:?} {}", toml::to_string(&s).unwrap());
     assert!(!printed.contains("s3cret"), "password leaked: {printed}");
 
@@ -68,6 +73,11 @@ fn layers_validation_and_redaction() {
     }
     std::env::remove_var("APTIX__LIMITS__MAX_ARTIFACTS");
     assert_eq!(s.amqp.draining_stage_partitions, [2, 4]);
+    // One earlier value, as docs/deploy.md sets it (the environment reads it as a number).
+    std::env::set_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS", "4");
+    let one = Settings::load(Some(file.path()));
+    std::env::remove_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS");
+    assert_eq!(one.expect("one draining value").amqp.draining_stage_partitions, [4]);
     assert_eq!(s.amqp.prefix, "from-env");
     assert_eq!(s.limits.max_artifacts, 3);
     assert_eq!(s.llm.api_key.as_ref().map(|k| k.expose()), Some("sk-test-key"));
@@ -93,6 +103,11 @@ fn layers_validation_and_redaction() {
         "conversation_contexts.default.temperature"
     );
 
+    assert_eq!(invalid_key("[pipeline]\nconfirm_timeout_ms = 0"), "pipeline.confirm_timeout_ms");
+    assert_eq!(
+        invalid_key("[telemetry]\nmetrics_listen = \"localhost:9464\""),
+        "telemetry.metrics_listen"
+    );
     // Unknown keys are load errors that name the key.
     let err = Settings::load(Some(write("[amqp]\nurll = \"x\"").path())).unwrap_err().to_string();
     assert!(err.contains("urll"), "{err}");
@@ -117,6 +132,10 @@ const SECRET_FILE: &str = r#"
     embeddings_api_key = "pw-emb-key"
     [telemetry]
     otlp_endpoint = "http://otel:pw-otlp@collector:4318/v1/traces?token=pw-otlp-query"
+    [[conversation_contexts.default.server_tools.mcp]]
+    name = "tickets"
+    url = "https://mcp:pw-mcp@tools.example/mcp?api_key=pw-mcp-query"
+    allowed_tools = ["open_ticket"]
     [agent_contexts.tenant]
     collection = "tenant"
     llm_base_url = "https://tenant.example/v1?apikey=pw-tenant-query&sslpassword=pw-ssl"
@@ -153,6 +172,7 @@ fn secrets_anywhere_are_redacted() {
         "postgres://aptix@db:5432/aptix?password=***&sslmode=require",
         "http://otel:***@collector:4318/v1/traces?token=***",
         "https://tenant.example/v1?apikey=***&sslpassword=***",
+        "https://mcp:***@tools.example/mcp?api_key=***",
     ] {
         assert!(stdout.contains(kept), "missing {kept} in\n{stdout}");
     }
@@ -218,4 +238,50 @@ fn a_budget_needs_a_capped_context_and_a_priced_model() {
     assert!(err.contains("usd_per_day") || err.contains("-1"), "{err}");
     let too_small = "[conversation_contexts.default]\nmax_output_tokens = 8";
     assert_eq!(invalid_key(too_small), "conversation_contexts.default.max_output_tokens");
+}
+
+/// Runs `command`, killed after 30 s (a worker that ignored its arguments would run on).
+fn finished(mut command: std::process::Command) -> std::process::Output {
+    let mut child = command
+        .env_remove("APTIX_CONFIG")
+        .env("APTIX__AMQP__PREFIX", format!("cfg-{}", std::process::id()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..300 {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    panic!("still running after 30 s: {:?}", child.wait_with_output().unwrap());
+}
+
+#[test]
+fn worker_binaries_and_aptix_config_check_what_they_are_given() {
+    use std::process::Command;
+    // `aptix config` refuses what every worker would refuse at start.
+    let file = write("[pipeline.prefetch]\ninvok = 8\n");
+    let mut config = Command::new(env!("CARGO_BIN_EXE_aptix"));
+    config.args(["config", "--config"]).arg(file.path());
+    let out = finished(config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invok"), "{stderr}");
+    // A worker binary reads the file it is given (a missing one stops it at once, named) and
+    // answers --help without starting.
+    let mut missing = Command::new(env!("CARGO_BIN_EXE_aptix-validate"));
+    missing.args(["--config", "/nonexistent/aptix-prod.toml"]);
+    let out = finished(missing);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("aptix-prod.toml"), "{stderr}");
+    let mut help = Command::new(env!("CARGO_BIN_EXE_aptix-invoke"));
+    help.arg("--help");
+    let out = finished(help);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("--config"), "{stdout}");
+    assert!(stdout.contains("aptix-invoke"), "{stdout}");
 }

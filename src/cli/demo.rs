@@ -70,12 +70,15 @@ async fn demo(mut settings: Settings) -> anyhow::Result<ExitCode> {
     // The embedded store flushes when the last handle drops: before its directory goes.
     drop(deps);
     let _ = std::fs::remove_dir_all(&work);
+    // Commands to paste: the demo's database, not the configured one, and a sign-in for the
+    // console, which serves nothing without one.
+    let token = format!("{:032x}", rand::random::<u128>());
     println!(
-        "\nInspect it again with: aptix session show {session}  (database {})",
+        "\nInspect it again with:\n  APTIX__DATABASE__URL='{}' aptix session show {session}",
         settings.database.url
     );
     println!(
-        "Or look at it in the console:\n  APTIX__DATABASE__URL='{}' APTIX__AMQP__PREFIX={} aptix console\n  then open http://{}/sessions/{session}",
+        "Or look at it in the console:\n  APTIX__DATABASE__URL='{}' APTIX__AMQP__PREFIX={} APTIX__CONSOLE__VIEWER_TOKEN={token} aptix console\n  then open http://{}/sessions/{session} and sign in as `viewer` with {token}",
         settings.database.url, settings.amqp.prefix, settings.console.listen
     );
     Ok(if ok? { ExitCode::SUCCESS } else { ExitCode::from(1) })

@@ -119,7 +119,8 @@ pub enum Command {
     #[command(subcommand)]
     Dead(dead::DeadCommand),
     /// Serve the web console until Ctrl-C or SIGTERM: sessions, turns, queues, dead letters.
-    /// Read-only unless `console.admin_token` is set (APTIX__CONSOLE__ADMIN_TOKEN).
+    /// Every page needs a sign-in (`console.admin_token`, `viewer_token`, `tenant_tokens` or
+    /// `trusted_scope_header`); replay and discard need `admin` (docs/deploy.md, "Console").
     Console {
         /// Where to listen (overrides console.listen).
         #[arg(long)]
@@ -235,6 +236,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Config => {
             let settings = load_settings(cli.config.as_deref(), cli.log_format)?;
+            // What a worker checks at start too: per-stage tables name stages of the pipeline.
+            crate::worker::stages(&settings, &[])?;
             println!("{}", toml::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -286,9 +289,11 @@ fn console(settings: crate::config::Settings) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(&settings.console.listen).await?;
         println!("console at http://{}/", listener.local_addr()?);
         let c = &settings.console;
-        let none = c.admin_token.is_none()
-            && c.viewer_token.is_none()
-            && c.tenant_tokens.is_empty()
+        // An empty token signs no one in (compose passes unset ones as empty).
+        let unset = |t: Option<&crate::config::Secret>| t.is_none_or(|t| t.expose().is_empty());
+        let none = unset(c.admin_token.as_ref())
+            && unset(c.viewer_token.as_ref())
+            && c.tenant_tokens.values().all(|t| unset(Some(t)))
             && c.trusted_scope_header.trim().is_empty();
         if none {
             eprintln!("warning: no sign-in is configured (console.admin_token, viewer_token, tenant_tokens or trusted_scope_header): every page but /healthz answers 401");

@@ -109,6 +109,23 @@ impl Settings {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
         }
+        // Not below the heartbeat: a broker that blocks publishers (a memory or disk alarm)
+        // must not make every publish time out and every message be redelivered.
+        if self.pipeline.confirm_timeout_ms < 5_000 {
+            return Err(ConfigError::invalid(
+                "pipeline.confirm_timeout_ms",
+                "must be at least 5000 (the heartbeat, 5 s)",
+            ));
+        }
+        let metrics = &self.telemetry.metrics_listen;
+        if !metrics.is_empty() && metrics.parse::<std::net::SocketAddr>().is_err() {
+            // Checked here, not only when the listener binds: a worker without its probes would
+            // run on while its orchestrator restarts it.
+            return Err(ConfigError::invalid(
+                "telemetry.metrics_listen",
+                format!("`{metrics}` is not an IP address and port (`0.0.0.0:9464`), nor empty"),
+            ));
+        }
         self.validate_pipeline()?;
         self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.validate_contexts()?;

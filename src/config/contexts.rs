@@ -234,3 +234,31 @@ impl ConversationContext {
         Ok(())
     }
 }
+
+/// The name of the built-in contexts of the defaults file.
+const BUILT_IN: &str = "default";
+
+impl super::Settings {
+    /// Drops the defaults file's `default` contexts when the operator's own sources (`own`: the
+    /// file and the environment) make another the default and never name `default` (neither
+    /// its table nor a tenant's list): a client naming `default` would otherwise get the
+    /// example's model, tools and no budget, which the operator never configured.
+    pub(super) fn drop_unnamed_defaults(&mut self, own: &config::Config) {
+        let named = |table: &str| own.get_table(table).is_ok_and(|t| t.contains_key(BUILT_IN));
+        let listed = |list: fn(&super::Tenant) -> &Vec<String>| {
+            self.tenants.values().any(|t| list(t).iter().any(|c| c == BUILT_IN))
+        };
+        let drop_conversation = self.default_conversation_context != BUILT_IN
+            && !named("conversation_contexts")
+            && !listed(|t| &t.conversation_contexts);
+        let drop_agent = self.default_agent_context != BUILT_IN
+            && !named("agent_contexts")
+            && !listed(|t| &t.agent_contexts);
+        if drop_conversation {
+            self.conversation_contexts.remove(BUILT_IN);
+        }
+        if drop_agent {
+            self.agent_contexts.remove(BUILT_IN);
+        }
+    }
+}

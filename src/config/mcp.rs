@@ -20,9 +20,10 @@ pub struct McpServer {
     /// Its name in the context: letters, digits and `-`, at most 24 characters; the prefix of
     /// its tools' function names.
     pub name: String,
-    /// Its Streamable HTTP endpoint (`https://tools.example.com/mcp`).
+    /// Its Streamable HTTP endpoint (`https://tools.example.com/mcp`); a password or a secret
+    /// query value in it (`?api_key=`) is hidden wherever it is printed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub url: Option<super::ConnectionUrl>,
     /// Or a program and its arguments that speak MCP over stdio (local development: each
     /// worker process starts its own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -96,7 +97,10 @@ impl McpServer {
             (Some(_), false) | (None, true) => {
                 return bad("url", "give exactly one of `url` (HTTP) and `command` (stdio)".into())
             }
-            (Some(url), true) if !(url.starts_with("https://") || url.starts_with("http://")) => {
+            (Some(url), true)
+                if !(url.expose().starts_with("https://")
+                    || url.expose().starts_with("http://")) =>
+            {
                 return bad("url", format!("`{url}` is not an http(s) URL"));
             }
             _ => {}

@@ -159,7 +159,7 @@ pub struct AmqpSettings {
     /// Earlier values of `stage_partitions` whose queues every worker also declares and
     /// consumes while the setting changes, so that what workers of the old value left there is
     /// drained (docs/deploy.md, "Partitioned stage queues"); empty otherwise.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "one_or_many")]
     pub draining_stage_partitions: Vec<u16>,
     /// The kind of every queue except session reply queues.
     pub queue_type: QueueType,
@@ -450,6 +450,38 @@ pub struct TelemetrySettings {
     pub prices: Vec<ModelPrice>,
 }
 
+/// A list of numbers given as a list, or as one number (what the environment's
+/// `APTIX__AMQP__DRAINING_STAGE_PARTITIONS=4` reads as), or as a comma-separated string.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u16>, D::Error> {
+    struct Numbers;
+    impl<'de> serde::de::Visitor<'de> for Numbers {
+        type Value = Vec<u16>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of numbers, a number, or numbers separated by commas")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Vec<u16>, E> {
+            u16::try_from(v).map(|v| vec![v]).map_err(E::custom)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Vec<u16>, E> {
+            u16::try_from(v).map(|v| vec![v]).map_err(E::custom)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<u16>, E> {
+            let items = v.split(',').map(str::trim).filter(|s| !s.is_empty());
+            items
+                .map(|n| n.parse().map_err(|_| E::custom(format!("`{n}` is not a number"))))
+                .collect()
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u16>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(n) = seq.next_element()? {
+                out.push(n);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Numbers)
+}
+
 impl Settings {
     /// Loads defaults, then `path` (or `APTIX_CONFIG`), then the environment, and validates.
     pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
@@ -457,21 +489,25 @@ impl Settings {
         let file = path.map(Path::to_path_buf).or(env_path);
         let mut builder = config::Config::builder()
             .add_source(config::File::from_str(DEFAULTS_TOML, config::FileFormat::Toml));
+        // The operator's own sources, without the defaults: what they name.
+        let mut own = config::Config::builder();
         if let Some(file) = file {
-            builder = builder.add_source(config::File::from(file).required(true));
+            builder = builder.add_source(config::File::from(file.clone()).required(true));
+            own = own.add_source(config::File::from(file).required(true));
         }
-        let built = builder
-            .add_source(
-                config::Environment::with_prefix("APTIX")
-                    .separator("__")
-                    .try_parsing(true)
-                    // The one list an operator sets from the environment during a rollout
-                    // (APTIX__AMQP__DRAINING_STAGE_PARTITIONS=2,4).
-                    .list_separator(",")
-                    .with_list_parse_key("amqp.draining_stage_partitions"),
-            )
-            .build()?;
+        let environment = || {
+            config::Environment::with_prefix("APTIX")
+                .separator("__")
+                .try_parsing(true)
+                // The one list an operator sets from the environment during a rollout
+                // (APTIX__AMQP__DRAINING_STAGE_PARTITIONS=2,4).
+                .list_separator(",")
+                .with_list_parse_key("amqp.draining_stage_partitions")
+        };
+        let built = builder.add_source(environment()).build()?;
+        let own = own.add_source(environment()).build()?;
         let mut settings: Settings = built.try_deserialize()?;
+        settings.drop_unnamed_defaults(&own);
         if settings.llm.api_key.is_none() {
             settings.llm.api_key =
                 std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()).map(Secret::new);

@@ -94,7 +94,10 @@ impl Connector {
     async fn open(&self) -> Result<Connection, McpError> {
         let c = &self.config;
         let failed = |e: &dyn std::fmt::Display| {
-            let text = output::without_url(&e.to_string(), c.url.as_deref());
+            let text = output::without_url(
+                &e.to_string(),
+                c.url.as_ref().map(crate::config::ConnectionUrl::expose),
+            );
             McpError::Connect(output::clip(&text, 1024))
         };
         if let Some(url) = &c.url {
@@ -102,7 +105,7 @@ impl Connector {
             // the transport, not buffered.
             let limit = c.max_output_bytes.saturating_mul(2).saturating_add(64 * 1024);
             let headers = output::headers(&c.headers).map_err(|e| failed(&e))?;
-            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.expose())
                 .custom_headers(headers)
                 .max_json_response_size(limit)
                 .max_sse_event_size(limit);

@@ -137,7 +137,10 @@ fn called(e: ServiceError, config: &McpServer, max: usize) -> McpError {
         ServiceError::McpError(e) => McpError::Refused(output::clip(&e.message, max)),
         ServiceError::Timeout { .. } => McpError::Timeout(config.timeout_ms),
         other => {
-            let text = output::without_url(&other.to_string(), config.url.as_deref());
+            let text = output::without_url(
+                &other.to_string(),
+                config.url.as_ref().map(crate::config::ConnectionUrl::expose),
+            );
             McpError::Call(output::clip(&text, max))
         }
     }
