@@ -169,3 +169,30 @@ async fn a_replayed_request_answers_the_instance_queue_it_named() {
     let _ = ch.queue_delete(instance.as_str().into(), Default::default()).await;
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_instance_queue_gets_its_reply_kept_and_its_deltas_dropped() {
+    let h = Harness::start(1).await;
+    // A backend that named its queue in reply_to without declaring it (or deleted it).
+    let instance = format!("{}.instance.gone", h.topology.prefix());
+    let s = new_session();
+    let mut request = user_turn(&s, "t0", "go");
+    request["Stream"] = json!(true);
+    publish_with_reply_to(&h, &request, &instance).await;
+    // Deltas go out during the model call, before the reply: once the reply is kept, every
+    // delta was handled.
+    let unrouted = h.topology.unrouted();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while h.peek_count(&unrouted).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the reply never reached {unrouted}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = h.take_all(&unrouted).await;
+    let replies = kept.iter().filter(|(_, body)| {
+        serde_json::from_slice::<Value>(body).is_ok_and(|b| b.get("Successful").is_some())
+    });
+    assert_eq!(replies.count(), 1, "the reply is kept for the operator");
+    assert_eq!(kept.len(), 1, "no delta is kept beside it: {} messages", kept.len());
+    assert!(!queue_exists(&h, &instance).await, "an instance queue is never made here");
+    h.teardown().await;
+}

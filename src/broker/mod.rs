@@ -10,6 +10,7 @@ mod lanes;
 mod layout;
 pub mod management;
 mod message;
+mod offer_slots;
 mod partitioned;
 mod publish;
 mod replies;

@@ -10,7 +10,8 @@
 //! to it meanwhile are parked behind the first without being offered (so they stay in order),
 //! and its deltas are dropped at once (the final reply carries the whole answer). A reply for a
 //! queue that does not exist and may not be created here (a refusal for a session nobody
-//! declared, an instance queue the client deleted) is kept in `<prefix>.unrouted`.
+//! declared, an instance queue the client deleted) is kept in `<prefix>.unrouted`; a delta for
+//! it is dropped, as are the next few seconds' deltas for it, unlooked at.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
@@ -31,9 +32,15 @@ const CAPACITY: usize = 100_000;
 const REFUSING_FOR: Duration = Duration::from_secs(5);
 /// The longest a client's queue may take to take a reply (declare, publish, confirm).
 const CLIENT_WAIT: Duration = Duration::from_secs(5);
+/// The longest an offer waits for a place among the publisher's channels (`offer_slots`), kept
+/// short: with the client's own time it bounds how long a stage's settling takes.
+const PLACE_WAIT: Duration = Duration::from_secs(1);
 /// Tries of one publish to a client's queue on fresh channels: a second one covers a channel
 /// opened at a bad moment of a node loss, more would only hold the stage.
 const CLIENT_TRIES: u32 = 2;
+
+/// Why a delta for a queue that does not exist was not published.
+const NO_QUEUE: &str = "its queue does not exist";
 
 /// What became of a message offered to a client's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,10 +92,40 @@ pub fn client_queue(topology: &Topology, m: &OutMessage) -> Option<String> {
     Target::of(topology, m).map(|t| t.queue)
 }
 
+/// Queues noted lately, and when: at most [`CAPACITY`] (the oldest dropped first when full).
+#[derive(Debug, Default)]
+struct Recent(Mutex<HashMap<String, Instant>>);
+
+impl Recent {
+    fn within(&self, queue: &str, age: Duration) -> bool {
+        let Ok(map) = self.0.lock() else { return false };
+        map.get(queue).is_some_and(|at| at.elapsed() < age)
+    }
+
+    /// Notes `queue` now; entries older than `age` go first when the map is full.
+    fn note(&self, queue: &str, age: Duration) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= CAPACITY {
+                map.retain(|_, at| at.elapsed() < age);
+                if map.len() >= CAPACITY {
+                    map.clear();
+                }
+            }
+            map.insert(queue.to_owned(), Instant::now());
+        }
+    }
+
+    fn remove(&self, queue: &str) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(queue);
+        }
+    }
+}
+
 /// Queues that refused a reply in this process, and when. Process-wide: the publisher that
 /// parks a reply and the one that delivers it later (`crate::redeliver`) are not the same.
-fn refusing() -> &'static Mutex<HashMap<String, Instant>> {
-    static REFUSING: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+fn refusing() -> &'static Recent {
+    static REFUSING: OnceLock<Recent> = OnceLock::new();
     REFUSING.get_or_init(Default::default)
 }
 
@@ -130,50 +167,49 @@ fn refused_lately(queue: &str) -> bool {
     if waiting().lock().is_ok_and(|w| w.queues.contains(queue)) {
         return true;
     }
-    let Ok(map) = refusing().lock() else { return false };
-    map.get(queue).is_some_and(|at| at.elapsed() < REFUSING_FOR)
+    refusing().within(queue, REFUSING_FOR)
 }
 
 fn mark_refusing(queue: &str, refusing_now: bool) {
-    if let Ok(mut map) = refusing().lock() {
-        if refusing_now {
-            if map.len() >= CAPACITY {
-                map.retain(|_, at| at.elapsed() < REFUSING_FOR);
-            }
-            map.insert(queue.to_owned(), Instant::now());
-        } else {
-            map.remove(queue);
-        }
+    if refusing_now {
+        refusing().note(queue, REFUSING_FOR);
+    } else {
+        refusing().remove(queue);
     }
 }
 
 /// Reply queues this process declared and bound recently.
 #[derive(Debug, Default)]
 pub struct SessionQueues {
-    ensured: Mutex<HashMap<String, Instant>>,
+    ensured: Recent,
     /// Channels the declarations use, kept between them.
     spare: super::spare::SpareChannels,
+    /// Places for offers, taken before the client's time starts.
+    slots: super::offer_slots::OfferSlots,
+    /// Queues found missing lately, for deltas.
+    missing: Recent,
 }
 
 impl SessionQueues {
     fn fresh(&self, queue: &str) -> bool {
-        let Ok(map) = self.ensured.lock() else { return false };
-        map.get(queue).is_some_and(|at| at.elapsed() < TRUST)
+        self.ensured.within(queue, TRUST)
     }
 
     fn remember(&self, queue: &str) {
-        if let Ok(mut map) = self.ensured.lock() {
-            if map.len() >= CAPACITY {
-                map.clear();
-            }
-            map.insert(queue.to_owned(), Instant::now());
-        }
+        self.ensured.note(queue, TRUST);
+    }
+
+    /// Whether `queue` was found missing lately: a delta for it is dropped without a look.
+    fn missing_lately(&self, queue: &str) -> bool {
+        self.missing.within(queue, REFUSING_FOR)
+    }
+
+    fn mark_missing(&self, queue: &str) {
+        self.missing.note(queue, REFUSING_FOR);
     }
 
     fn forget(&self, queue: &str) {
-        if let Ok(mut map) = self.ensured.lock() {
-            map.remove(queue);
-        }
+        self.ensured.remove(queue);
     }
 
     /// Makes sure the target queue exists (created when allowed) and is bound. `Ok(false)`: the
@@ -254,6 +290,9 @@ impl SessionQueues {
         if !parked && refused_lately(&target.queue) {
             return Ok(Handed::Refused("behind a reply waiting for this queue".into()));
         }
+        if m.kind == "delta" && self.missing_lately(&target.queue) {
+            return Ok(Handed::Refused(NO_QUEUE.into()));
+        }
         self.offer(publisher, topology, &target, m, parked).await
     }
 
@@ -265,6 +304,12 @@ impl SessionQueues {
         m: &OutMessage,
         parked: bool,
     ) -> Result<Handed, BrokerError> {
+        let Some(_slot) = self.slots.take(m.tenant.as_ref(), PLACE_WAIT).await else {
+            // Other offers hold the places: the wait was the pipeline's, so the queue is not
+            // marked as refusing (its next message is offered as usual).
+            crate::metrics::metrics().message("reply", "no_place_to_offer");
+            return Ok(Handed::Refused("no place to offer it: other offers held them".into()));
+        };
         let tried =
             tokio::time::timeout(CLIENT_WAIT, self.try_offer(publisher, topology, target, m));
         // `Ok(())`: the queue does not exist and may not be created here.
@@ -281,6 +326,12 @@ impl SessionQueues {
         };
         let error = match missing {
             Ok(()) if parked => return Ok(Handed::Refused("its queue does not exist now".into())),
+            // A delta is not worth keeping for an operator (the final reply carries the whole
+            // answer), nor a look for each of the stream's next ones.
+            Ok(()) if m.kind == "delta" => {
+                self.mark_missing(&target.queue);
+                return Ok(Handed::Refused(NO_QUEUE.into()));
+            }
             Ok(()) => return keep_unrouted(publisher, topology, m, "no such queue").await,
             Err(e) => e,
         };

@@ -20,7 +20,8 @@ use crate::contracts::ErrorCode;
 pub enum TimeoutPhase {
     /// The TCP/TLS connection was not established in time (`llm.connect_timeout_ms`).
     Connect,
-    /// One attempt exceeded `llm.request_timeout_ms`.
+    /// One attempt exceeded `llm.request_timeout_ms`, or reached the end of the call's budget
+    /// (`llm.call_budget_ms`), whichever came first.
     Request,
     /// A stream stayed silent longer than `llm.stream_idle_timeout_ms`.
     StreamIdle,
@@ -170,8 +171,9 @@ pub enum LlmError {
         /// Which timeout fired last.
         phase: TimeoutPhase,
     },
-    /// A stream broke after delivering events; it is not retried because its tokens were
-    /// already forwarded.
+    /// A stream broke after delivering events. The client does not resend it (its tokens were
+    /// already forwarded); the stage may call again ([`LlmError::is_transient`]), and the step
+    /// then streams again from `Seq` 0 (docs/client-protocol.md §9).
     #[error("llm stream interrupted after {events} event(s): {cause}")]
     StreamInterrupted {
         /// Events received before the break.
