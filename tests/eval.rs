@@ -239,3 +239,50 @@ async fn the_judge_never_spends_more_than_its_budget() {
     assert!(judge.cost_usd <= budget, "{judge:?}");
     h.teardown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_round_trip_no_replay_reached_counts_against_the_arm() {
+    let h = Harness::start_with(1, |s| {
+        // A context that offers no tools: the replay answers at once, so the original's
+        // second round trip (after the tool's result) is never reached.
+        let mut bare = s.conversation_contexts["default"].clone();
+        bare.tools.clear();
+        s.conversation_contexts.insert("bare".into(), bare);
+    })
+    .await;
+    let s = new_session();
+    h.submit(&user_turn(&s, "t1", "Read the file @call(read_file)")).await;
+    let first = h.replies(&s, 1, Duration::from_secs(60)).await;
+    let asked = first.iter().rfind(|r| r.is_final).unwrap();
+    assert_eq!(asked.body["Result"]["Kind"], "client_tool_continuation", "{}", asked.body);
+    let call = asked.body["Result"]["ToolCalls"][0]["ToolCallId"].clone();
+    h.submit(&serde_json::json!({"SessionId": s, "TurnId": "t1",
+        "ToolResults": [{"ToolCallId": call, "ExecutionMs": 3, "ResultJson": "{}"}]}))
+        .await;
+    let done = h.replies(&s, 1, Duration::from_secs(60)).await;
+    assert_eq!(done.iter().rfind(|r| r.is_final).unwrap().body["Result"]["Kind"], "final");
+
+    let opts = EvalOptions {
+        selection: Selection { session: Some(s.parse().unwrap()), ..Selection::default() },
+        run: format!("ev-bare-{}", h.id),
+        arms: vec![arm("bare:context=bare")],
+        baseline: ORIGINAL.into(),
+        scorers: Scorers::default(),
+        judge: None,
+        rate: None,
+        concurrency: 1,
+    };
+    let cancel = CancellationToken::new();
+    let report =
+        aptix::eval::run(&h.deps.store, h.settings.clone(), h.deps.llm.clone(), &opts, &cancel)
+            .await
+            .unwrap();
+    // The baseline has both of the turn's round trips, not only the one the replay reached,
+    // and the arm scores 0 on the one it never reached.
+    assert_eq!(report.arms[0].round_trips, 2, "{report}");
+    let bare = report.arms.iter().find(|a| a.name == "bare").unwrap();
+    assert_eq!(bare.round_trips, 1, "{report}");
+    let exact = &bare.versus_baseline["exact"];
+    assert_eq!((exact.difference.n, exact.worse), (2, 2), "{report}");
+    h.teardown().await;
+}

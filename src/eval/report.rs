@@ -119,8 +119,11 @@ pub fn build(
     let mut scored: BTreeMap<String, Scored> = BTreeMap::new();
     for (arm, list) in rows {
         for r in list {
-            let own = (opts.scorers.score(r, false, prices), r.new_id);
-            scored.entry(arm.clone()).or_default().insert(key(r), own);
+            // A round trip the arm never reached has only its original (`new_id` nil).
+            if !r.new_id.is_nil() {
+                let own = (opts.scorers.score(r, false, prices), r.new_id);
+                scored.entry(arm.clone()).or_default().insert(key(r), own);
+            }
             let original = (opts.scorers.score(r, true, prices), r.original_id);
             scored.entry(ORIGINAL.to_owned()).or_default().entry(key(r)).or_insert(original);
         }

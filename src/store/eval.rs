@@ -30,7 +30,7 @@ pub struct EvalRow {
     pub original_model: Option<String>,
     /// The turn's instruction (for the judge).
     pub instruction: Option<String>,
-    /// The new record.
+    /// The new record (nil: none, the replay never reached this round trip).
     pub new_id: Uuid,
     /// Its kind.
     pub new_kind: String,
@@ -71,6 +71,56 @@ pub(super) fn eval_rows_each<'e>(
         run
     )
     .fetch(conn)
+}
+
+/// The original records of the turns run `run` replayed that it has no record of: the round
+/// trips its replays never reached (they took another path and ended sooner), as rows with no
+/// new record (`new_id` nil), oldest first.
+pub(super) async fn unreached_originals(
+    conn: &mut sqlx::PgConnection,
+    run: &str,
+) -> Result<Vec<EvalRow>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"WITH replayed AS (
+               SELECT DISTINCT o.session_id, o.turn_id
+               FROM response_records n JOIN response_records o ON o.id = n.reprocess_of
+               WHERE n.reprocess_run = $1 AND n.reprocess_of IS NOT NULL)
+           SELECT o.id, o.session_id, o.turn_id, o.step, o.kind, o.reply, o.usage,
+                  o.retrieved_chunks AS "chunks?", o.request_payload->>'model' AS model,
+                  o.instruction
+           FROM replayed t
+           JOIN response_records o
+               ON o.session_id = t.session_id AND o.turn_id = t.turn_id AND o.reprocess_of IS NULL
+           WHERE NOT EXISTS (SELECT 1 FROM response_records n
+                             WHERE n.reprocess_of = o.id AND n.reprocess_run = $1)
+           ORDER BY o.created_at, o.id"#,
+        run
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|o| EvalRow {
+            original_id: o.id,
+            session_id: o.session_id,
+            turn_id: o.turn_id,
+            step: o.step,
+            original_kind: o.kind,
+            original_reply: o.reply,
+            original_usage: o.usage,
+            original_chunks: o.chunks,
+            original_model: o.model,
+            instruction: o.instruction,
+            new_id: Uuid::nil(),
+            new_kind: String::new(),
+            new_reply: Value::Null,
+            new_usage: None,
+            new_chunks: None,
+            new_model: None,
+            new_tools: None,
+            new_timings: None,
+        })
+        .collect())
 }
 
 impl Store {

@@ -11,7 +11,7 @@
 use futures_util::TryStreamExt as _;
 use sqlx::{Connection as _, PgConnection};
 
-use super::eval::{eval_rows_each, EvalRow};
+use super::eval::{eval_rows_each, unreached_originals, EvalRow};
 use super::reprocess::{select_turns, SelectedTurn, TurnSelector};
 use super::{Store, StoreError};
 
@@ -114,8 +114,12 @@ impl RunHold {
         eval_rows_each(&mut self.conn, &self.run).map_err(StoreError::from)
     }
 
-    /// [`RunHold::eval_rows_each`], collected.
+    /// [`RunHold::eval_rows_each`], collected, and the original round trips of the same turns
+    /// the run never reached, with no new record (`new_id` nil): a baseline of the originals
+    /// holds every round trip of the turns replayed, not only those some replay reached.
     pub async fn eval_rows(&mut self) -> Result<Vec<EvalRow>, StoreError> {
-        self.eval_rows_each().try_collect().await
+        let mut rows: Vec<EvalRow> = self.eval_rows_each().try_collect().await?;
+        rows.extend(unreached_originals(&mut self.conn, &self.run).await?);
+        Ok(rows)
     }
 }
