@@ -222,7 +222,7 @@ pub(crate) fn shorten_entry(entry: &mut TranscriptEntry, budget: usize) -> bool 
 }
 
 /// Keeps the start of `text` within `max` characters, noting how much was cut.
-fn shorten(text: &mut String, max: usize) -> bool {
+pub(crate) fn shorten(text: &mut String, max: usize) -> bool {
     let total = chars(text);
     if total <= max {
         return false;

@@ -19,6 +19,11 @@ use crate::contracts::ToolCall;
 /// Most chunk ids remembered per chain. Forgetting the oldest only means a chunk retrieved
 /// again is sent again, which is harmless, while an unbounded list would grow for 30 days.
 const CHAIN_CHUNK_ID_CAP: usize = 4096;
+/// Most characters an open turn's instruction grows to with the follow-ups that steered it
+/// (twice the default `limits.max_instruction_chars`): the state is rewritten every round trip
+/// and a new chain restates it, so a turn steered round trip after round trip must not grow it
+/// without bound. What does not fit is cut, noted, and was sent on the chain it steered.
+const OPEN_INSTRUCTION_MAX_CHARS: usize = 400_000;
 
 /// Everything assembly needs to know about a session between turns, its history's chunks and
 /// files held as `C` and `F` ([`History`]).
@@ -314,10 +319,7 @@ impl<C: Kept<Chunk> + Clone, F: Kept<StoredFile> + Clone> SessionStateOf<C, F> {
             (TurnKind::ToolContinuation, Some(mut open)) if open.turn_id == update.turn_id => {
                 // A continuation's instruction is what follow-ups that steered the turn added.
                 if let Some(added) = &update.instruction {
-                    open.instruction = Some(match open.instruction.take() {
-                        Some(own) => format!("{own}\n\n{added}"),
-                        None => added.clone(),
-                    });
+                    open.instruction = Some(steered(open.instruction.take(), added));
                 }
                 open
             }
@@ -363,5 +365,42 @@ impl<C: Kept<Chunk> + Clone, F: Kept<StoredFile> + Clone> SessionStateOf<C, F> {
     /// Whether there is anything to rehydrate a new chain with.
     pub fn has_history(&self) -> bool {
         self.solution_context.is_some() || !self.history.is_empty()
+    }
+}
+
+/// An open turn's instruction with what follow-ups that steered it `added`, within
+/// [`OPEN_INSTRUCTION_MAX_CHARS`] (the turn's own instruction is never cut).
+fn steered(own: Option<String>, added: &str) -> String {
+    let Some(mut own) = own else {
+        let mut added = added.to_owned();
+        super::history::shorten(&mut added, OPEN_INSTRUCTION_MAX_CHARS);
+        return added;
+    };
+    let room = OPEN_INSTRUCTION_MAX_CHARS.saturating_sub(super::history::chars(&own) + 2);
+    let mut added = added.to_owned();
+    super::history::shorten(&mut added, room);
+    if !added.is_empty() {
+        own.push_str("\n\n");
+        own.push_str(&added);
+    }
+    own
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_ups_grow_an_open_instruction_only_so_far() {
+        assert_eq!(steered(Some("own".into()), "more"), "own\n\nmore");
+        let own = "o".repeat(1_000);
+        let mut text = Some(own.clone());
+        // Fifty round trips, each steered by eight of the largest follow-ups.
+        for _ in 0..50 {
+            text = Some(steered(text, &"s".repeat(8 * 200_000)));
+        }
+        let text = text.unwrap();
+        assert!(super::super::history::chars(&text) <= OPEN_INSTRUCTION_MAX_CHARS);
+        assert!(text.starts_with(&own), "the turn's own instruction is kept whole");
     }
 }

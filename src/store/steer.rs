@@ -21,6 +21,10 @@ use crate::messages::{Outgoing, ReplyOut};
 /// Follow-ups one model call takes in at most; more wait for the next round trip (or run as
 /// turns of their own), so a flood of them cannot grow one request without bound.
 pub const STEERS_PER_CALL: i64 = 8;
+/// Bytes of follow-up instructions one call takes in at most (the oldest is always taken): a
+/// call's stage messages carry them about three times (taken in, in the request, in the
+/// state's update), which must stay far below `amqp.max_message_bytes`.
+pub const STEER_BYTES_PER_CALL: usize = 1 << 20;
 
 /// Aims the queued turn `turn` at the session's active turn `active`.
 pub(super) async fn aim(
@@ -188,11 +192,43 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         // Admission let only a turn with an instruction steer; one without is left to run.
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| {
-                r.instruction.map(|instruction| Steer { turn_id: r.turn_id, instruction })
-            })
-            .collect())
+        Ok(within_bytes(rows.into_iter().filter_map(|r| {
+            r.instruction.map(|instruction| Steer { turn_id: r.turn_id, instruction })
+        })))
+    }
+}
+
+/// The oldest of `steers` whose instructions fit [`STEER_BYTES_PER_CALL`] together, the first
+/// whatever its size; the rest wait for the next call.
+fn within_bytes(steers: impl Iterator<Item = Steer>) -> Vec<Steer> {
+    let mut total = 0;
+    let mut out = Vec::new();
+    for steer in steers {
+        total += steer.instruction.len();
+        if !out.is_empty() && total > STEER_BYTES_PER_CALL {
+            break;
+        }
+        out.push(steer);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_call_takes_in_the_oldest_follow_ups_that_fit() {
+        let steer = |n: usize, bytes: usize| Steer {
+            turn_id: format!("s{n}"),
+            instruction: "é".repeat(bytes / 2),
+        };
+        let big = (0..8).map(|n| steer(n, 800_000));
+        let taken: Vec<String> = within_bytes(big).into_iter().map(|s| s.turn_id).collect();
+        assert_eq!(taken, ["s0"], "one large follow-up a call; the others wait");
+        let small = (0..8).map(|n| steer(n, 1_000));
+        assert_eq!(within_bytes(small).len(), 8);
+        let huge = std::iter::once(steer(0, 3 << 20));
+        assert_eq!(within_bytes(huge).len(), 1, "the oldest is taken whatever its size");
     }
 }
