@@ -36,8 +36,8 @@ pub fn main(name: &str) -> ExitCode {
     use clap::{CommandFactory as _, FromArgMatches as _};
     let service = format!("aptix-{name}");
     // The binary's own name in its help and errors (clap takes a name that lives for good).
-    let name: &'static str = Box::leak(service.clone().into_boxed_str());
-    let matches = WorkerArgs::command().name(name).get_matches();
+    let bin: &'static str = Box::leak(service.clone().into_boxed_str());
+    let matches = WorkerArgs::command().name(bin).get_matches();
     let args = match WorkerArgs::from_arg_matches(&matches) {
         Ok(args) => args,
         Err(e) => e.exit(),

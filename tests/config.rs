@@ -278,6 +278,22 @@ fn worker_binaries_and_aptix_config_check_what_they_are_given() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("aptix-prod.toml"), "{stderr}");
+    // With a configuration it starts its stage: it waits for its broker and database (both
+    // unreachable here) rather than stopping at once.
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_aptix-persist"))
+        .env_remove("APTIX_CONFIG")
+        .env("APTIX__AMQP__URL", "amqp://guest:guest@127.0.0.1:1/%2f")
+        .env("APTIX__DATABASE__URL", "postgres://postgres@127.0.0.1:1/none")
+        .env("APTIX__TELEMETRY__METRICS_LISTEN", "")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let exited = worker.try_wait().unwrap();
+    worker.kill().unwrap();
+    let out = worker.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(exited.is_none(), "aptix-persist stopped at start ({exited:?}): {stderr}");
     let mut help = Command::new(env!("CARGO_BIN_EXE_aptix-invoke"));
     help.arg("--help");
     let out = finished(help);

@@ -22,7 +22,8 @@ const CHAIN_CHUNK_ID_CAP: usize = 4096;
 /// Most characters an open turn's instruction grows to with the follow-ups that steered it
 /// (twice the default `limits.max_instruction_chars`): the state is rewritten every round trip
 /// and a new chain restates it, so a turn steered round trip after round trip must not grow it
-/// without bound. What does not fit is cut, noted, and was sent on the chain it steered.
+/// without bound. What does not fit is cut (noted where the note fits) and was sent on the
+/// chain it steered.
 const OPEN_INSTRUCTION_MAX_CHARS: usize = 400_000;
 
 /// Everything assembly needs to know about a session between turns, its history's chunks and

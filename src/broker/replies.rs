@@ -92,7 +92,8 @@ pub fn client_queue(topology: &Topology, m: &OutMessage) -> Option<String> {
     Target::of(topology, m).map(|t| t.queue)
 }
 
-/// Queues noted lately, and when: at most [`CAPACITY`] (the oldest dropped first when full).
+/// Queues noted lately, and when: at most [`CAPACITY`] (when full, those older than the age
+/// asked for go, and all of them if none is).
 #[derive(Debug, Default)]
 struct Recent(Mutex<HashMap<String, Instant>>);
 
@@ -306,7 +307,8 @@ impl SessionQueues {
     ) -> Result<Handed, BrokerError> {
         let Some(_slot) = self.slots.take(m.tenant.as_ref(), PLACE_WAIT).await else {
             // Other offers hold the places: the wait was the pipeline's, so the queue is not
-            // marked as refusing (its next message is offered as usual).
+            // marked as refusing. A delta is dropped; a reply is parked like a refused one
+            // (its queue's next replies park behind it until the redelivery loop sends them).
             crate::metrics::metrics().message("reply", "no_place_to_offer");
             return Ok(Handed::Refused("no place to offer it: other offers held them".into()));
         };
@@ -316,6 +318,7 @@ impl SessionQueues {
         let missing = match tried.await {
             Ok(Ok(true)) => {
                 mark_refusing(&target.queue, false);
+                self.missing.remove(&target.queue);
                 return Ok(Handed::Done);
             }
             Ok(Ok(false)) => Ok(()),

@@ -118,7 +118,11 @@ pub async fn run(
     let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm.clone());
     let arms: Vec<reprocess::Options> =
         opts.arms.iter().map(|arm| arm_options(opts, arm)).collect();
-    // Every arm's run held and its options checked against the run's before any arm runs.
+    // Every arm's options checked, then its run held and its options checked against the
+    // run's, before any arm runs.
+    for o in &arms {
+        reprocessor.check(o)?;
+    }
     let mut holds = Vec::with_capacity(arms.len());
     for o in &arms {
         holds.push(reprocess::claim(store, o).await?);

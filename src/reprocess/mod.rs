@@ -97,6 +97,7 @@ pub async fn claim(store: &Store, opts: &Options) -> Result<RunHold, ReprocessEr
     let Some((was_model, was_context)) = hold.claim(model, context).await? else {
         return Ok(hold);
     };
+    hold.release().await;
     Err(ReprocessError::Options(format!(
         "run `{}` was started with model {was_model:?} and context {was_context:?}: resume it with those, or give another --run",
         opts.run
@@ -176,7 +177,7 @@ impl Reprocessor {
     }
 
     /// Checks the options; returns the selection's conditions.
-    fn check(&self, opts: &Options) -> Result<TurnSelector, ReprocessError> {
+    pub(crate) fn check(&self, opts: &Options) -> Result<TurnSelector, ReprocessError> {
         let run_ok = !opts.run.is_empty()
             && opts.run.len() <= 128
             && opts.run.chars().all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
@@ -289,27 +290,7 @@ impl Reprocessor {
             .buffer_unordered(opts.concurrency.max(1));
         while let Some((t, (outcome, count))) = results.next().await {
             steps.insert((t.session_id, t.turn_id.clone()), count);
-            let (session, turn) = (t.session_id.to_string(), t.turn_id.clone());
-            match outcome {
-                Outcome::Done => report.done += 1,
-                Outcome::AlreadyDone => report.already_done += 1,
-                Outcome::Left => report.left += 1,
-                Outcome::Unavailable(why) => {
-                    report.unavailable += 1;
-                    report.problem(session, turn, "skipped", why);
-                }
-                Outcome::Failed(why) => {
-                    warn!(run = %opts.run, %session, %turn, reason = %why, "turn failed");
-                    report.failed += 1;
-                    report.problem(session, turn, "failed", why);
-                }
-                Outcome::Unanswered(why) => {
-                    warn!(run = %opts.run, %session, %turn, reason = %why, "turn failed");
-                    report.failed += 1;
-                    report.unanswered.insert((t.session_id, t.turn_id.clone()));
-                    report.problem(session, turn, "failed", why);
-                }
-            }
+            tally(&mut report, t, outcome);
             progress.inc(1);
             progress.set_message(format!(
                 "{} done, {} skipped, {} failed",
@@ -396,6 +377,31 @@ async fn compare(
     let originals: usize =
         per_turn.iter().map(|(k, n)| steps.get(k).copied().unwrap_or(0).max(*n)).sum();
     Ok(comparison.finish(per_turn.len(), originals))
+}
+
+/// Counts what became of turn `t` in `report`.
+fn tally(report: &mut Report, t: &SelectedTurn, outcome: Outcome) {
+    let (session, turn) = (t.session_id.to_string(), t.turn_id.clone());
+    match outcome {
+        Outcome::Done => report.done += 1,
+        Outcome::AlreadyDone => report.already_done += 1,
+        Outcome::Left => report.left += 1,
+        Outcome::Unavailable(why) => {
+            report.unavailable += 1;
+            report.problem(session, turn, "skipped", why);
+        }
+        Outcome::Failed(why) => {
+            warn!(run = %report.run, %session, %turn, reason = %why, "turn failed");
+            report.failed += 1;
+            report.problem(session, turn, "failed", why);
+        }
+        Outcome::Unanswered(why) => {
+            warn!(run = %report.run, %session, %turn, reason = %why, "turn failed");
+            report.failed += 1;
+            report.unanswered.insert((t.session_id, t.turn_id.clone()));
+            report.problem(session, turn, "failed", why);
+        }
+    }
 }
 
 /// Whether the provider refused the account rather than the request.

@@ -264,17 +264,24 @@ impl Store {
 
     /// Applies pending migrations (safe to run from many processes: sqlx takes an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        // On a connection of its own without the pool's statement timeout: a migration that
-        // reads a large table (an index build, a backfill) takes longer than 15 s, and cut
-        // short it would stop every worker's start.
+        // A migration that reads a large table (an index build, a backfill) takes longer than
+        // 15 s, and cut short it would stop every worker's start.
         use sqlx::Connection as _;
+        let mut conn = self.long_connection().await?;
+        let migrated = MIGRATOR.run(&mut conn).await;
+        let _ = conn.close().await;
+        Ok(migrated?)
+    }
+
+    /// A connection of its own, out of the pool, without the pool's statement timeout, for
+    /// statements that read a whole table or run (migrations, a reprocess run's selection and
+    /// comparison). Dropped, it is closed (and what it held let go).
+    pub(crate) async fn long_connection(&self) -> Result<sqlx::PgConnection, StoreError> {
         let mut conn = self.pool.acquire().await?.detach();
         sqlx::query!("SELECT set_config('statement_timeout', '0', false) AS unset")
             .fetch_one(&mut conn)
             .await?;
-        let migrated = MIGRATOR.run(&mut conn).await;
-        let _ = conn.close().await;
-        Ok(migrated?)
+        Ok(conn)
     }
 
     /// Whether the database answers.

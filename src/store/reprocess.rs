@@ -116,13 +116,17 @@ pub(super) async fn select_turns<'e>(
 }
 
 impl Store {
-    /// [`select_turns`] on the pool (a dry run, which holds no run).
+    /// [`select_turns`] on a connection of its own (a dry run, which holds no run).
     pub async fn reprocess_select(
         &self,
         selector: &TurnSelector,
         run: &str,
     ) -> Result<Vec<SelectedTurn>, StoreError> {
-        select_turns(&self.pool, selector, run).await
+        use sqlx::Connection as _;
+        let mut conn = self.long_connection().await?;
+        let selected = select_turns(&mut conn, selector, run).await;
+        let _ = conn.close().await;
+        selected
     }
 
     /// The original records of a turn, by step, each with its saved round trip.

@@ -26,10 +26,7 @@ impl Store {
     /// Holds reprocess run `run` for this invocation, or `None` when another invocation (of any
     /// process, on any machine using this database) holds it.
     pub async fn hold_run(&self, run: &str) -> Result<Option<RunHold>, StoreError> {
-        let mut conn = self.pool.acquire().await?.detach();
-        sqlx::query!("SELECT set_config('statement_timeout', '0', false) AS unset")
-            .fetch_one(&mut conn)
-            .await?;
+        let mut conn = self.long_connection().await?;
         let held = sqlx::query_scalar!(
             r#"SELECT pg_try_advisory_lock(hashtextextended('aptix.reprocess-run:' || $1, 0))
                    AS "held!""#,
@@ -58,11 +55,6 @@ impl RunHold {
         .fetch_one(&mut self.conn)
         .await;
         let _ = self.conn.close().await;
-    }
-
-    /// The run held.
-    pub fn run(&self) -> &str {
-        &self.run
     }
 
     /// The stored turns matching `selector`, oldest first, each marked done when this run has

@@ -176,7 +176,7 @@ pub(super) fn host_end(phase: Phase) -> Option<HostEnd> {
 
 impl Store {
     /// The instructions of follow-ups waiting to steer the session's turn `host`, oldest first,
-    /// at most [`STEERS_PER_CALL`].
+    /// at most [`STEERS_PER_CALL`] and [`STEER_BYTES_PER_CALL`] (the oldest always).
     pub async fn steers_for(
         &self,
         session: &SessionId,
