@@ -78,6 +78,13 @@ fn layers_validation_and_redaction() {
     let one = Settings::load(Some(file.path()));
     std::env::remove_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS");
     assert_eq!(one.expect("one draining value").amqp.draining_stage_partitions, [4]);
+    // Spaces after commas, and an empty value (none draining), as an operator may write them.
+    for (value, want) in [("2, 4", vec![2, 4]), ("", vec![])] {
+        std::env::set_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS", value);
+        let loaded = Settings::load(Some(file.path()));
+        std::env::remove_var("APTIX__AMQP__DRAINING_STAGE_PARTITIONS");
+        assert_eq!(loaded.expect(value).amqp.draining_stage_partitions, want, "{value:?}");
+    }
     assert_eq!(s.amqp.prefix, "from-env");
     assert_eq!(s.limits.max_artifacts, 3);
     assert_eq!(s.llm.api_key.as_ref().map(|k| k.expose()), Some("sk-test-key"));
@@ -104,6 +111,7 @@ fn layers_validation_and_redaction() {
     );
 
     assert_eq!(invalid_key("[pipeline]\nconfirm_timeout_ms = 0"), "pipeline.confirm_timeout_ms");
+    assert_eq!(invalid_key("[pipeline.prefetch]\ninvoke = 0"), "pipeline.prefetch.invoke");
     assert_eq!(
         invalid_key("[telemetry]\nmetrics_listen = \"localhost:9464\""),
         "telemetry.metrics_listen"

@@ -134,6 +134,15 @@ impl Settings {
     }
 
     fn validate_pipeline(&self) -> Result<(), ConfigError> {
+        for (stage, &n) in &self.pipeline.prefetch.0 {
+            if n == 0 {
+                // Refused rather than read as 1: to AMQP a prefetch of 0 means no limit.
+                return Err(ConfigError::invalid(
+                    format!("pipeline.prefetch.{stage}"),
+                    "must be at least 1 (messages a consumer holds and handles at once)",
+                ));
+            }
+        }
         for (stage, &n) in &self.pipeline.max_attempts.0 {
             if n == 0 {
                 let key = format!("pipeline.max_attempts.{stage}");
