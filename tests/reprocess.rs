@@ -200,6 +200,9 @@ async fn reprocessing_links_new_records_resumes_and_touches_nothing_live() {
     let t2 = records.iter().find(|r| r["turn_id"] == "t2").unwrap();
     assert_eq!(t2["chain"]["status"], "rehydrated", "{}", t2["chain"]);
     assert!(t2["request_payload"].to_string().contains("send_invoice_email"));
+    // t3's history is t1 and t2 (replayed once per session and run, then turn by turn).
+    let t3_request = t3[0]["request_payload"].to_string();
+    assert!(t3_request.contains("send_invoice_email") && t3_request.contains("vat_for_line"));
 
     // Compared with the originals: first turns and the tool call are identical, later turns differ.
     let c = &third.comparison;

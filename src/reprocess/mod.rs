@@ -10,7 +10,9 @@
 //!
 //! - Input: each turn is rebuilt as a self-contained request, the session's earlier history
 //!   rehydrated into a new chain (see `rebuild`), so turns can be picked in any order and
-//!   compared one by one.
+//!   compared one by one. The session before a turn is replayed from the state kept after its
+//!   turn before, when this reprocessor replayed that one (`history`), so a session's turns
+//!   taken in order read its history once, not once per turn.
 //! - Resume: a turn is written in one transaction once all its round trips are done, with
 //!   `ON CONFLICT DO NOTHING` on the unique `(reprocess_of, reprocess_run)` index, and none of it
 //!   is kept when another copy of the run wrote the turn first; a turn whose first record the
@@ -26,6 +28,7 @@
 //!   that many turns; cancelling stops starting turns and lets those in flight finish.
 
 mod compare;
+mod history;
 mod places;
 mod plan;
 mod rate;
@@ -149,6 +152,8 @@ pub struct Reprocessor {
     store: Store,
     settings: Arc<Settings>,
     llm: Arc<dyn LlmClient>,
+    /// Sessions replayed so far (by every run of this reprocessor: eval's arms share them).
+    histories: Arc<history::Histories>,
 }
 
 /// A selected turn, ready to run or not.
@@ -173,7 +178,7 @@ impl Reprocessor {
     /// A reprocessor over `store`, calling the LLM through `llm` with `settings`' endpoints,
     /// contexts and assembly policy.
     pub fn new(store: Store, settings: Arc<Settings>, llm: Arc<dyn LlmClient>) -> Self {
-        Reprocessor { store, settings, llm }
+        Reprocessor { store, settings, llm, histories: Default::default() }
     }
 
     /// Checks the options; returns the selection's conditions.
@@ -224,8 +229,9 @@ impl Reprocessor {
             let why = "it steered another turn, whose replay carries its instruction";
             return Ok((Prepared::Unavailable(why.into()), count));
         }
+        let policy = &self.settings.assemble;
         let inputs =
-            match rebuild::load(&self.store, &self.settings.assemble, t.session_id, steps).await? {
+            match rebuild::load(&self.store, policy, &self.histories, t.session_id, steps).await? {
                 Ok(inputs) => inputs,
                 Err(why) => return Ok((Prepared::Unavailable(why.to_string()), count)),
             };

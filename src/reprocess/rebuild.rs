@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::history::Histories;
 use super::why::Unreplayable;
 use crate::assemble::{
     assemble, AnswerOutcome, AssembleInput, AssemblePolicy, Assembled, ProviderAnswer,
@@ -78,10 +79,12 @@ pub(crate) async fn originals(
         .collect())
 }
 
-/// The inputs of a turn, or why it cannot be run again.
+/// The inputs of a turn, or why it cannot be run again. The session before it is replayed
+/// from the latest state `histories` keeps for it, and kept there in turn.
 pub(crate) async fn load(
     store: &Store,
     policy: &AssemblePolicy,
+    histories: &Histories,
     session: Uuid,
     steps: Vec<StepInput>,
 ) -> Result<Result<TurnInputs, Unreplayable>, StoreError> {
@@ -98,8 +101,12 @@ pub(crate) async fn load(
     else {
         return Ok(Err(Unreplayable::NoUserTurn));
     };
-    let earlier = store.saved_steps_before(session, first.original.seq, 0).await?;
-    let mut state = replay_state(&earlier, policy);
+    let seq = first.original.seq;
+    let (from, start) =
+        histories.before(session, seq).unwrap_or((i64::MIN, SessionState::default()));
+    let earlier = store.saved_steps_between(session, from, seq).await?;
+    let mut state = replay_state(start, &earlier, policy);
+    histories.keep(session, seq, &state);
     let chunks = assembled.retrieved_chunks(&state);
     state.chain = None;
     state.chain_reset = None;
@@ -107,9 +114,13 @@ pub(crate) async fn load(
     Ok(Ok(TurnInputs { session, turn: turn.clone(), chunks, state, steps }))
 }
 
-/// The session state the pipeline had after the saved round trips `saved`, in order.
-pub(crate) fn replay_state(saved: &[Value], policy: &AssemblePolicy) -> SessionState {
-    let mut state = SessionState::default();
+/// The session state the pipeline had after `state` and then the saved round trips `saved`,
+/// in order.
+pub(crate) fn replay_state(
+    mut state: SessionState,
+    saved: &[Value],
+    policy: &AssemblePolicy,
+) -> SessionState {
     for value in saved {
         let job = match SavedRoundTrip::read(value.clone()) {
             Ok(job) => job,

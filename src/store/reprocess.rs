@@ -160,13 +160,13 @@ impl Store {
         Ok(steps)
     }
 
-    /// The saved round trips of the session's original records that came before step `step` of
-    /// the turn with arrival order `seq`, in the order the pipeline applied them.
-    pub async fn saved_steps_before(
+    /// The saved round trips of the session's original records of the turns with arrival order
+    /// from `from_seq` up to but not including `seq`, in the order the pipeline applied them.
+    pub async fn saved_steps_between(
         &self,
         session: Uuid,
+        from_seq: i64,
         seq: i64,
-        step: i32,
     ) -> Result<Vec<Value>, StoreError> {
         let mut saved = sqlx::query_scalar!(
             r#"SELECT aptix_deref_at(l.result, '{job,result,raw,tools}') AS "saved!"
@@ -174,11 +174,12 @@ impl Store {
                JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
                JOIN llm_results l
                    ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
-               WHERE r.session_id = $1 AND r.reprocess_of IS NULL AND (t.seq, r.step) < ($2, $3)
+               WHERE r.session_id = $1 AND r.reprocess_of IS NULL
+                 AND t.seq >= $2 AND t.seq < $3
                ORDER BY t.seq, r.step"#,
             session,
-            seq,
-            step
+            from_seq,
+            seq
         )
         .fetch_all(&self.pool)
         .await?;
