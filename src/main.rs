@@ -6,11 +6,12 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = aptix::cli::Cli::parse();
+    let failed = cli.failure_code();
     match aptix::cli::run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(failed)
         }
     }
 }

@@ -112,6 +112,7 @@ fn layers_validation_and_redaction() {
 
     assert_eq!(invalid_key("[pipeline]\nconfirm_timeout_ms = 0"), "pipeline.confirm_timeout_ms");
     assert_eq!(invalid_key("[pipeline.prefetch]\ninvoke = 0"), "pipeline.prefetch.invoke");
+    assert_eq!(invalid_key("[files]\nretention_hours = 0"), "files.retention_hours");
     assert_eq!(
         invalid_key("[telemetry]\nmetrics_listen = \"localhost:9464\""),
         "telemetry.metrics_listen"
@@ -308,4 +309,31 @@ fn worker_binaries_and_aptix_config_check_what_they_are_given() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("--config"), "{stdout}");
     assert!(stdout.contains("aptix-invoke"), "{stdout}");
+}
+
+/// A command that cannot reach what it needs exits 3 where 2 means something of its own
+/// (`submit`: a timeout; `reprocess`: bad options), and 2 where that is its documented failure.
+#[test]
+fn a_command_that_cannot_run_is_not_read_as_its_own_exit_two() {
+    use std::process::Command;
+    let unreachable = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_aptix"));
+        command
+            .args(args)
+            .env("APTIX__AMQP__URL", "amqp://guest:guest@127.0.0.1:1/%2f")
+            .env("APTIX__DATABASE__URL", "postgres://postgres@127.0.0.1:1/none");
+        let out = finished(command);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let request = write(
+        r#"{"SessionId":"5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f","TurnId":"t1","Instruction":"hi"}"#,
+    );
+    let path = request.path().to_str().unwrap();
+    for args in [&["submit", path, "--wait", "--timeout", "5"][..], &["reprocess", "--all"]] {
+        let (code, stderr) = unreachable(args);
+        assert_eq!(code, Some(3), "{args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+    }
+    let (code, stderr) = unreachable(&["status"]);
+    assert_eq!(code, Some(2), "status: {stderr}");
 }

@@ -1,6 +1,6 @@
 //! `aptix eval`: stored turns replayed on several arms, scored and compared (see
 //! [`crate::eval`]). Exit 0 when every arm replayed every selected turn, 1 when some were left
-//! (run the same `--run` again to finish), 2 on bad options.
+//! (run the same `--run` again to finish), 2 on bad options, 3 when it could not run.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -96,7 +96,7 @@ pub enum Command {
         from: u16,
     },
     /// Publish a request; with --wait print each reply of the turn as a JSON line until the
-    /// final one. Exit 0 success, 1 error reply, 2 timeout.
+    /// final one. Exit 0 success, 1 error reply, 2 timeout, 3 could not run.
     Submit {
         /// Request file, or - for standard input.
         file: PathBuf,
@@ -143,7 +143,7 @@ pub enum Command {
     },
     /// Run stored turns again (optionally with another model or conversation context) into new
     /// records linked to the originals; nothing is published. Exit 0 all done, 1 some failed or
-    /// left (resume with the same --run), 2 bad options.
+    /// left (resume with the same --run), 2 bad options, 3 could not run.
     Reprocess(reprocess::ReprocessArgs),
     /// Replay stored turns on several arms (models, ConversationContexts), score and compare them
     /// (README, "Evaluation").
@@ -175,6 +175,22 @@ pub enum SessionCommand {
         /// The new name: 1-80 characters, no control characters.
         name: String,
     },
+}
+
+impl Cli {
+    /// The exit code for a command that could not run at all (its configuration unreadable,
+    /// PostgreSQL or RabbitMQ unreachable): 3 where the command gives 2 a meaning of its own
+    /// (a timeout, bad options, a bad name), so that a script never reads a failure as one; 2
+    /// elsewhere (for `status` and `dead`, 2 is that failure).
+    pub fn failure_code(&self) -> u8 {
+        match &self.command {
+            Command::Submit { .. }
+            | Command::Reprocess(_)
+            | Command::Eval(_)
+            | Command::Session(SessionCommand::Rename { .. }) => 3,
+            _ => 2,
+        }
+    }
 }
 
 /// Runs the parsed command line; the returned code is the process exit status.

@@ -126,6 +126,12 @@ impl Settings {
                 format!("`{metrics}` is not an IP address and port (`0.0.0.0:9464`), nor empty"),
             ));
         }
+        if self.files.retention_hours == 0 {
+            return Err(ConfigError::invalid(
+                "files.retention_hours",
+                "must be at least 1: a file kept 0 hours is gone before its link reaches anyone",
+            ));
+        }
         self.validate_pipeline()?;
         self.limits.check().map_err(|(key, message)| ConfigError::invalid(key, message))?;
         self.validate_contexts()?;
