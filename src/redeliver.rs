@@ -3,12 +3,16 @@
 //! queue, backing off while the queue keeps refusing. It runs in every process that runs a
 //! stage; PostgreSQL's row claims make the loops of many processes deliver each reply once.
 //! A reply that waited longer than a session queue lives unused is kept in `<prefix>.unrouted`.
-//! The heads of a batch (one per queue) are offered at once, each tenant's in turn, so queues
-//! whose confirms never come (their node down) cost a batch one wait, not one each, and hold
-//! back neither other tenants' replies nor the refresh of the waiting list.
+//! Offers run side by side, each queue's head claimed when a place frees (not batch after
+//! batch: one queue whose confirms never come held a whole batch back, and the batch's last
+//! offers outlived their claims), at most [`PER_TENANT`] of a tenant's at once, so queues of
+//! one tenant that never confirm hold back neither another tenant's replies nor the refresh of
+//! the waiting list, which runs on a clock of its own.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -16,19 +20,16 @@ use tracing::{debug, info, warn};
 use crate::broker::{keep_unrouted, Handed, LazyPublisher, OutMessage, Publisher, RuntimeSettings};
 use crate::store::{Parked, Store};
 
-/// How often the loop looks for due replies.
+/// How often the loop reads the waiting list and looks for due replies.
 const EVERY: Duration = Duration::from_millis(500);
 /// Queues with waiting replies this process learns of at once (past it, a new reply to one of
 /// the others is offered to its queue first and parked when refused).
 const WAITING_LIMIT: i64 = 100_000;
-/// Replies claimed at once.
-const BATCH: i64 = 64;
-/// How long a pass goes on claiming due replies before the waiting list is read again (it
-/// claims one batch at least).
-const PASS: Duration = Duration::from_secs(1);
 /// Offers made at once (each may wait for its queue's confirm): a bound on the publishes and
 /// the database statements the loop adds to its process's.
 const OFFERS_AT_ONCE: usize = 16;
+/// Offers of one tenant's replies made at once (a deployment without tenants: all of them).
+const PER_TENANT: usize = 4;
 /// How long one offer may take, its confirm and its row's update included; past it the reply
 /// is offered again later (a copy, if the first went after all, is dropped by message id).
 const OFFER_LIMIT: Duration = Duration::from_secs(10);
@@ -36,52 +37,103 @@ const OFFER_LIMIT: Duration = Duration::from_secs(10);
 /// unused lifetime of a session queue under the shipped policy.
 const KEEP: Duration = Duration::from_secs(24 * 3600);
 
-/// Runs until `shutdown`.
+/// Offers in flight, by tenant.
+#[derive(Debug, Default)]
+struct Places {
+    by_tenant: HashMap<Option<String>, usize>,
+    total: usize,
+}
+
+impl Places {
+    fn free(&self) -> usize {
+        OFFERS_AT_ONCE - self.total
+    }
+
+    /// Tenants that hold all the places one may ([`PER_TENANT`]; no tenant is never full).
+    fn full(&self) -> Vec<String> {
+        let full = self.by_tenant.iter().filter(|(_, n)| **n >= PER_TENANT);
+        full.filter_map(|(t, _)| t.clone()).collect()
+    }
+
+    fn take(&mut self, tenant: &Option<String>) {
+        *self.by_tenant.entry(tenant.clone()).or_default() += 1;
+        self.total += 1;
+    }
+
+    fn give_back(&mut self, tenant: &Option<String>) {
+        if let Some(n) = self.by_tenant.get_mut(tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_tenant.remove(tenant);
+            }
+        }
+        self.total -= 1;
+    }
+}
+
+/// Runs until `shutdown`; offers in flight then end (each within [`OFFER_LIMIT`]).
 pub async fn run(store: Store, settings: RuntimeSettings, shutdown: CancellationToken) {
     let publisher = LazyPublisher::new(settings.clone());
+    let mut places = Places::default();
+    let mut offers = FuturesUnordered::new();
+    let mut clock = tokio::time::interval(EVERY);
+    clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether due replies may be left (the last claim filled the places it was given).
+    let mut more = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(EVERY) => {}
-        }
-        // New replies to a queue with replies waiting park behind them, in every process.
-        let read_at = std::time::Instant::now();
-        match store.parked_queues(WAITING_LIMIT).await {
-            Ok(queues) => crate::broker::set_waiting_queues(queues.into_iter().collect(), read_at),
-            Err(error) => debug!(%error, "parked queues not read"),
-        }
-        // What is due, batch after batch (a queue that came back gets its replies at once), for
-        // a second at most: the waiting list is read again at least that often.
-        let pass = std::time::Instant::now();
-        loop {
-            let claimed = match store.claim_parked(BATCH).await {
-                Ok(claimed) if claimed.is_empty() => break,
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    debug!(%error, "parked replies not read");
-                    break;
-                }
-            };
-            // Unreachable, the claimed replies are offered again once their claim runs out.
-            let p = match publisher.publisher().await {
-                Ok(p) => p,
-                Err(error) => {
-                    debug!(%error, "parked replies wait for the broker");
-                    break;
-                }
-            };
-            // One head per queue: offering them together keeps each queue's order.
-            let offers = claimed.into_iter().map(|parked| bounded(&store, &p, &settings, parked));
-            futures_util::stream::iter(offers)
-                .buffer_unordered(OFFERS_AT_ONCE)
-                .collect::<Vec<()>>()
-                .await;
-            if shutdown.is_cancelled() || pass.elapsed() >= PASS {
-                break;
+            _ = clock.tick() => {
+                refresh_waiting(&store).await;
+                more = true;
             }
+            Some(tenant) = offers.next(), if !offers.is_empty() => places.give_back(&tenant),
+        }
+        if !more || places.free() == 0 {
+            continue;
+        }
+        let free = places.free();
+        let claimed = match store.claim_parked(free as i64, &places.full()).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                debug!(%error, "parked replies not read");
+                Vec::new()
+            }
+        };
+        more = claimed.len() == free;
+        if claimed.is_empty() {
+            continue;
+        }
+        // Unreachable, the claimed replies are offered again once their claim runs out.
+        let p = match publisher.publisher().await {
+            Ok(p) => p,
+            Err(error) => {
+                debug!(%error, "parked replies wait for the broker");
+                more = false;
+                continue;
+            }
+        };
+        for parked in claimed {
+            places.take(&parked.tenant);
+            let (store, settings, p) = (store.clone(), settings.clone(), p.clone());
+            offers.push(async move {
+                let tenant = parked.tenant.clone();
+                bounded(&store, &p, &settings, parked).await;
+                tenant
+            });
         }
     }
+    while offers.next().await.is_some() {}
     publisher.close(Duration::from_secs(2)).await;
+}
+
+/// Reads which queues have replies waiting: new replies to them, in every process, park behind.
+async fn refresh_waiting(store: &Store) {
+    let read_at = std::time::Instant::now();
+    match store.parked_queues(WAITING_LIMIT).await {
+        Ok(queues) => crate::broker::set_waiting_queues(queues.into_iter().collect(), read_at),
+        Err(error) => debug!(%error, "parked queues not read"),
+    }
 }
 
 /// [`offer`], for [`OFFER_LIMIT`] at most: then the reply is due again after a back-off.
@@ -143,6 +195,23 @@ fn backoff(tries: i32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_is_full_at_its_share_of_the_places_and_no_tenant_never_is() {
+        let mut places = Places::default();
+        let (a, b, none) = (Some("a".to_owned()), Some("b".to_owned()), None);
+        for _ in 0..PER_TENANT {
+            places.take(&a);
+            places.take(&none);
+        }
+        places.take(&b);
+        assert_eq!(places.full(), ["a"]);
+        assert_eq!(places.free(), OFFERS_AT_ONCE - 2 * PER_TENANT - 1);
+        places.give_back(&a);
+        assert!(places.full().is_empty());
+        places.give_back(&b);
+        assert!(!places.by_tenant.contains_key(&b));
+    }
 
     #[test]
     fn offers_back_off_to_ten_seconds() {

@@ -201,8 +201,9 @@ async fn replies_a_queue_dead_letters_into_the_ingress_are_dropped_there_unanswe
 }
 
 /// The redelivery loop claims each tenant's waiting heads in turn: one tenant with more
-/// refusing queues than a batch (64) does not hold back another tenant's reply. A reply parked
-/// again (its delivery handled again) is not parked twice.
+/// refusing queues than a claim takes does not hold back another tenant's reply, nor does one
+/// whose share of the loop's offers is in flight. A reply parked again (its delivery handled
+/// again) is not parked twice.
 #[tokio::test]
 async fn parked_replies_are_claimed_each_tenants_in_turn() {
     use crate::store_support::{drop_database, fresh_store};
@@ -221,8 +222,12 @@ async fn parked_replies_are_claimed_each_tenants_in_turn() {
     assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
     assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
     assert_eq!(store.parked_len().await.unwrap(), 71, "parked once");
-    let claimed = store.claim_parked(64).await.unwrap();
+    let claimed = store.claim_parked(64, &[]).await.unwrap();
     assert_eq!(claimed.len(), 64);
-    assert!(claimed.iter().any(|p| p.queue == "q-other"), "the other tenant's reply waits on");
+    let other = claimed.iter().find(|p| p.queue == "q-other").expect("the other tenant's reply");
+    assert_eq!(other.tenant.as_deref(), Some("other"));
+    // A tenant whose share of the loop's offers is taken gets none of its replies claimed.
+    assert!(store.claim_parked(16, &["greedy".into()]).await.unwrap().is_empty());
+    assert_eq!(store.claim_parked(16, &[]).await.unwrap().len(), 7);
     drop_database(store, &db).await;
 }

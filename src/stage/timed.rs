@@ -41,7 +41,8 @@ pub async fn every<F, Fut>(
     }
 }
 
-/// Publishes started turns' messages, then deletes their outbox rows.
+/// Publishes started turns' messages, then deletes the outbox rows of those published. One
+/// that fails stays for a later pass and holds back none of the others.
 async fn publish(
     store: &Store,
     route: &Route,
@@ -50,17 +51,20 @@ async fn publish(
     what: &'static str,
 ) {
     debug!(turns = out.ids.len(), what, "starting turns");
-    for m in out.messages {
+    let mut published_ids = Vec::with_capacity(out.ids.len());
+    for (id, m) in out.ids.into_iter().zip(out.messages) {
         let published: Result<_, BoxError> = match route.outgoing(m) {
             Ok(msg) => publisher.publish(msg).await.map_err(Into::into),
             Err(e) => Err(e.into()),
         };
-        if let Err(error) = published {
-            warn!(%error, what, "a start was not published; it is tried again later");
-            return;
+        match published {
+            Ok(()) => published_ids.push(id),
+            Err(error) => {
+                warn!(outbox_id = id, %error, what, "a start was not published; it is tried again later")
+            }
         }
     }
-    if let Err(error) = store.delete_outbox(&out.ids).await {
+    if let Err(error) = store.delete_outbox(&published_ids).await {
         warn!(%error, "published outbox rows not deleted; they are published again later");
     }
 }

@@ -128,6 +128,6 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        super::outbox::decode(&rows)
+        Ok(super::outbox::decode_each(&rows))
     }
 }

@@ -331,29 +331,40 @@ pub(super) async fn charge_tokens(
 impl Store {
     /// Starts the held turns of every tenant in `gates` that its limits now allow (called
     /// periodically: a per-minute window frees room without any turn ending). Their start
-    /// messages are in the returned outbox.
+    /// messages are in the returned outbox. A tenant whose turns cannot be started now (a
+    /// database error, a stored request no longer readable) is logged and passed over: it
+    /// holds back neither the others nor the starts already committed.
     pub async fn start_held_turns(&self, gates: &[Gate]) -> Result<PendingOutbox, StoreError> {
         let mut out = PendingOutbox::default();
         for gate in gates.iter().filter(|g| g.queues()) {
-            let mut tx = self.pool.begin().await?;
-            let held = sqlx::query!(
-                "SELECT 1 AS one FROM turns t JOIN sessions s
-                     ON s.id = t.session_id AND s.active_turn_id = t.turn_id
-                 WHERE t.tenant = $1 AND t.state = 'queued' LIMIT 1",
-                gate.tenant.as_str()
-            )
-            .fetch_optional(&mut *tx)
-            .await?;
-            if held.is_none() {
-                continue;
+            match self.start_held_of(gate).await {
+                Ok(one) => out.append(one),
+                Err(error) => {
+                    tracing::warn!(tenant = %gate.tenant, %error, "held turns of a tenant not started this pass");
+                }
             }
-            lock(&mut tx, &gate.tenant).await?;
-            let rows = start_held(&mut tx, gate).await?;
-            let one = start_messages(&mut tx, &rows).await?;
-            tx.commit().await?;
-            out.append(one);
         }
         Ok(out)
+    }
+
+    async fn start_held_of(&self, gate: &Gate) -> Result<PendingOutbox, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let held = sqlx::query!(
+            "SELECT 1 AS one FROM turns t JOIN sessions s
+                 ON s.id = t.session_id AND s.active_turn_id = t.turn_id
+             WHERE t.tenant = $1 AND t.state = 'queued' LIMIT 1",
+            gate.tenant.as_str()
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            return Ok(PendingOutbox::default());
+        }
+        lock(&mut tx, &gate.tenant).await?;
+        let rows = start_held(&mut tx, gate).await?;
+        let one = start_messages(&mut tx, &rows).await?;
+        tx.commit().await?;
+        Ok(one)
     }
 
     /// Start messages of tenants' turns left unpublished for `age` (their publisher stopped
@@ -375,6 +386,6 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        outbox::decode(&rows)
+        Ok(outbox::decode_each(&rows))
     }
 }

@@ -41,6 +41,8 @@ pub struct Parked {
     pub id: i64,
     /// Its queue.
     pub queue: String,
+    /// The tenant whose queue it is.
+    pub tenant: Option<String>,
     /// The reply.
     pub message: serde_json::Value,
     /// Offers made before this one.
@@ -90,8 +92,12 @@ impl Store {
     }
 
     /// Claims up to `limit` due replies, each the oldest of its queue (a later one waits for
-    /// it), for [`CLAIM`].
-    pub async fn claim_parked(&self, limit: i64) -> Result<Vec<Parked>, StoreError> {
+    /// it), for [`CLAIM`]; none of the tenants in `full` (their share of offers is taken).
+    pub async fn claim_parked(
+        &self,
+        limit: i64,
+        full: &[String],
+    ) -> Result<Vec<Parked>, StoreError> {
         // Each tenant's heads in turn (every tenant's oldest, then every tenant's second, ...),
         // so one tenant's many refusing queues do not hold back another's replies. The limit
         // counts rows this process could lock: another's claims are skipped, not counted.
@@ -103,16 +109,18 @@ impl Store {
                                     AS nth
                          FROM undelivered d
                          WHERE d.next_try_at <= now()
+                           AND (d.tenant IS NULL OR d.tenant <> ALL($3::text[]))
                            AND NOT EXISTS (SELECT 1 FROM undelivered e
                                            WHERE e.queue = d.queue AND e.id < d.id)) heads
                      ON heads.id = l.id
                    WHERE l.next_try_at <= now()
                    ORDER BY heads.nth, l.id LIMIT $1
                    FOR UPDATE OF l SKIP LOCKED)
-               RETURNING u.id, u.queue, u.message, u.tries,
+               RETURNING u.id, u.queue, u.tenant, u.message, u.tries,
                          extract(epoch FROM now() - u.created_at)::float8 AS "age!""#,
             limit,
-            CLAIM.as_secs_f64()
+            CLAIM.as_secs_f64(),
+            full
         )
         .fetch_all(&self.pool)
         .await?;
@@ -121,6 +129,7 @@ impl Store {
             .map(|r| Parked {
                 id: r.id,
                 queue: r.queue,
+                tenant: r.tenant,
                 message: r.message,
                 tries: r.tries,
                 age: Duration::from_secs_f64(r.age.max(0.0)),
