@@ -76,3 +76,65 @@ async fn a_stage_added_between_retrieve_and_assemble_runs_in_the_pipeline() {
         .await;
     h.teardown().await;
 }
+
+/// A stage with a bug that one turn's content sets off.
+#[derive(Debug)]
+struct Buggy;
+
+impl Buggy {
+    fn new(_: &Deps) -> Self {
+        Buggy
+    }
+}
+
+/// What sets the bug off.
+const TRIGGER: &str = "sets-off-the-bug-4f1e";
+
+impl Stage for Buggy {
+    const NAME: &'static str = "buggy";
+    type In = RetrievedTurn;
+    type Out = RetrievedTurn;
+
+    async fn run(&self, job: RetrievedTurn) -> Result<Output<RetrievedTurn>, StageError> {
+        let seen = serde_json::to_string(&job.admitted).unwrap();
+        assert!(!seen.contains(TRIGGER), "a bug met by this turn");
+        Ok(Output::Next(job))
+    }
+}
+
+/// A message whose handling panics is returned to the broker as if its worker had died: it is
+/// redelivered, counted and given up, its turn answered; it holds no prefetch slot and stops
+/// nobody. (Unacked after the panic, it held its slot until the worker restarted, and the
+/// session never heard of its turn.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_whose_handling_panics_is_given_up_and_holds_nothing() {
+    let mut h = Harness::start_with(0, |s| {
+        s.pipeline.max_redeliveries = 2;
+        s.pipeline.prefetch.0.insert("buggy".into(), 1);
+    })
+    .await;
+    let chain = Chain::ingress(admit::Admit::new)
+        .then(retrieve::Retrieve::new)
+        .then(Buggy::new)
+        .then(assemble::Assemble::new)
+        .then(invoke::Invoke::new)
+        .finish(persist::Persist::new);
+    h.run_chain(chain, 1);
+    let hit = new_session();
+    h.submit(&user_turn(&hit, "t1", &format!("this one {TRIGGER}"))).await;
+    // With a prefetch of 1, a slot held by the first would stop this one.
+    let other = new_session();
+    h.submit(&user_turn(&other, "t1", "and this one?")).await;
+    let replies = h.replies(&other, 1, Duration::from_secs(60)).await;
+    assert_eq!(replies.last().expect("a reply").body["Successful"], true);
+    let replies = h.replies(&hit, 1, Duration::from_secs(60)).await;
+    let reply = &replies.last().expect("the turn that set the bug off is answered").body;
+    assert_eq!(reply["Successful"], false, "{reply}");
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1, "given up once: {dead:?}");
+    let ch = h.conn.create_channel().await.unwrap();
+    let _ = ch
+        .queue_delete(format!("{}.buggy", h.topology.prefix()).as_str().into(), Default::default())
+        .await;
+    h.teardown().await;
+}

@@ -2,9 +2,11 @@
 //! bounded concurrency, and per-partition in-flight counts for a clean hand-over.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures_util::FutureExt as _;
 use lapin::Acker;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -110,7 +112,20 @@ impl Worker {
             settings: &self.settings,
             shutdown: &self.shutdown,
         };
-        settler.settle(job.delivery, &job.acker).await;
+        let settled = settler.settle(job.delivery, &job.acker);
+        if AssertUnwindSafe(settled).catch_unwind().await.is_err() {
+            // A bug met while handling this message. Unacked, it would hold its prefetch slot
+            // (and its session's lane, whose task ended with it) until the worker restarts.
+            // Returned as if its worker had died instead: redelivered, counted, and given up
+            // as poison if it keeps failing.
+            tracing::error!(
+                stage = self.stage.as_str(),
+                "handling a message panicked; returning it to the broker"
+            );
+            crate::metrics::metrics().message(self.stage.as_str(), "panicked");
+            let requeue = lapin::options::BasicNackOptions { requeue: true, ..Default::default() };
+            let _ = job.acker.nack(requeue).await;
+        }
     }
 }
 
