@@ -28,6 +28,7 @@ mod client_queues;
 mod cluster;
 mod console;
 mod contracts;
+mod database_failures;
 mod dead;
 mod demo;
 mod deploy;

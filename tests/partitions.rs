@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use aptix::balance::share;
 use common::{new_session, terminate, user_turn, Harness};
-use lapin::options::QueueDeclareOptions;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
 const PARTITIONS: u16 = 8;
@@ -244,5 +244,65 @@ async fn repartition_moves_waiting_requests_without_reordering_a_session() {
     let _ = ch
         .exchange_delete(h.topology.partition_exchange(4).as_str().into(), Default::default())
         .await;
+    h.teardown().await;
+}
+
+/// A request without a readable SessionId that comes back redelivered (its worker died holding
+/// it) ends as a dead letter on a partitioned ingress too. Its counted copy went to
+/// `P.requests`, which a partitioned ingress does not have: unroutable, nacked, redelivered, for
+/// ever on classic queues, holding a validate permit each time round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redelivered_request_without_a_session_ends_on_a_partitioned_ingress() {
+    setup_broker();
+    let mut h = Harness::start_with(0, |s| s.amqp.ingress_partitions = 4).await;
+    h.publish_raw(b"{not json".to_vec()).await;
+    // Taken and let go unacked, as by a worker that died holding it: back, redelivered.
+    let ch = h.conn.create_channel().await.unwrap();
+    let mut taken = false;
+    for queue in h.topology.ingress_queues() {
+        let got = ch.basic_get(queue.as_str().into(), BasicGetOptions::default()).await.unwrap();
+        if got.is_some() {
+            taken = true;
+            break;
+        }
+    }
+    assert!(taken, "the request is in one of the partitions");
+    ch.close(200, "died holding it".into()).await.unwrap();
+    h.run(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut dead = Vec::new();
+    while dead.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        dead = h.dead_letters().await;
+    }
+    assert_eq!(dead.len(), 1, "the redelivered request was never given up: {dead:?}");
+    assert!(dead[0].0["x-aptix-reason"].contains("SessionId"), "{:?}", dead[0].0);
+
+    // `aptix submit` run with the defaults (one partition) against this ingress binds nothing:
+    // its request is answered, and no single `P.requests` collects copies of every request.
+    let s = new_session();
+    let file = h.dir.join("request.json");
+    std::fs::write(&file, user_turn(&s, "t1", "from the command line").to_string()).unwrap();
+    let args = ["submit", "request.json", "--wait", "--timeout", "60"];
+    let status = aptix(&h, 1, &args).current_dir(&h.dir).status().unwrap();
+    assert!(status.success(), "aptix submit: {status}\n{}", tail_of_log(&h, &args));
+    let ch = h.conn.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let single = h.topology.ingress_queues_of(1);
+    let declared = ch.queue_declare(single[0].as_str().into(), passive, FieldTable::default());
+    assert!(declared.await.is_err(), "a client bound `{}` to the entry exchange", single[0]);
+
+    // A repartition from a layout that is not there, or still consumed, binds nothing.
+    for (from, why) in [(2, "no ingress of 2"), (4, "consumer(s) still read")] {
+        let args = ["repartition", "--from", &from.to_string()];
+        let args: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
+        let status = aptix(&h, 8, &args).status().unwrap();
+        let said = tail_of_log(&h, &args);
+        assert!(!status.success() && said.contains(why), "repartition --from {from}: {said}");
+    }
+    let ch = h.conn.create_channel().await.unwrap();
+    let eight = h.topology.ingress_queues_of(8);
+    let declared = ch.queue_declare(eight[0].as_str().into(), passive, FieldTable::default());
+    assert!(declared.await.is_err(), "a refused repartition declared the new layout");
     h.teardown().await;
 }

@@ -27,12 +27,25 @@ pub struct SessionClient {
 }
 
 impl SessionClient {
-    /// Connects to `url` and declares `topology` (idempotent).
+    /// Connects to `url` and declares the entry exchange (idempotent), nothing behind it: the
+    /// ingress layout is the validate workers' and `aptix repartition`'s to bind. A client
+    /// whose `amqp.ingress_partitions` is not the deployment's (a tool run with the defaults
+    /// against a partitioned ingress) bound the single `P.requests` to it again, and every
+    /// request was also copied into a queue nobody reads. A request published before any
+    /// worker declared the layout is refused as unroutable.
     pub async fn connect(url: &str, topology: Topology) -> Result<Self, BrokerError> {
         let conn = connect(url).await?;
         let publisher = Publisher::connect(url).await?;
-        topology.declare(publisher.channel()).await?;
+        topology.declare_entry(publisher.channel()).await?;
         Ok(SessionClient { conn, publisher, topology, tenant: None, user_id: None })
+    }
+
+    /// Connects to `url` and declares the whole `topology` (idempotent): for `aptix demo`,
+    /// which runs the pipeline it talks to with the same settings.
+    pub async fn connect_declaring(url: &str, topology: Topology) -> Result<Self, BrokerError> {
+        let client = Self::connect(url, topology).await?;
+        client.topology.declare(client.publisher.channel()).await?;
+        Ok(client)
     }
 
     /// Connects to `url` as a user of `tenant`, which may declare nothing but its own reply

@@ -63,7 +63,8 @@ impl Topology {
         Ok(())
     }
 
-    async fn declare_entry(&self, ch: &Channel) -> Result<(), lapin::Error> {
+    /// The entry exchange alone, where clients publish.
+    pub async fn declare_entry(&self, ch: &Channel) -> Result<(), lapin::Error> {
         // Topic, bound with `#`: every routing key (the SessionId) reaches the ingress layout,
         // and the layout behind it can change without clients noticing.
         exchange(ch, &self.requests_exchange(), ExchangeKind::Topic).await

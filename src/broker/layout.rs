@@ -52,6 +52,23 @@ impl Topology {
         Ok(total)
     }
 
+    /// How many queues of the ingress layout of `partitions` partitions exist, and how many
+    /// consumers they have together.
+    pub async fn ingress_presence_of(
+        &self,
+        publisher: &Publisher,
+        partitions: u16,
+    ) -> Result<(usize, u32), BrokerError> {
+        let (mut found, mut consumers) = (0, 0);
+        for queue in self.ingress_queues_of(partitions) {
+            if let Some((_, c)) = passive_counts(publisher, &queue).await? {
+                found += 1;
+                consumers += c;
+            }
+        }
+        Ok((found, consumers))
+    }
+
     /// Deletes the ingress layout of `partitions` partitions: its queues if empty and unused,
     /// and its hash exchange. Returns how many queues were deleted.
     pub async fn delete_ingress_of(

@@ -112,6 +112,9 @@ pub enum BrokerError {
     /// The publisher was shut down.
     #[error("publisher closed")]
     Closed,
+    /// Replies a client's queue refused could not be parked in PostgreSQL.
+    #[error("refused replies not parked: {0}")]
+    NotParked(String),
 }
 
 impl BrokerError {

@@ -1,5 +1,5 @@
 //! Partitioned stage queues (`amqp.stage_partitions` = N > 1): in front of each stage after the
-//! ingress, a consistent-hash exchange `P.<stage>.p<N>` routes every message by its SessionId to
+//! ingress, a consistent-hash exchange `P.<stage>.p<N>` routes every message by a random key to
 //! one of N queues `P.<stage>.p<N>.<i>`. One queue is one Erlang process on one node (one Raft
 //! leader on a quorum cluster), so one stage's traffic can only spread over a cluster this way.
 //!
@@ -68,12 +68,13 @@ impl Topology {
         queues
     }
 
-    /// A message for `stage` about session `session`: straight to the stage's queue, or through
-    /// its hash exchange to the session's partition.
+    /// A message for `stage`: straight to the stage's queue, or through its hash exchange to a
+    /// partition chosen at random. Not by SessionId, which a client chooses: a tenant could pick
+    /// sessions that all hash to one partition and crowd the few places each worker gives it
+    /// (prefetch ÷ N), while stage queues keep no order that a key would serve.
     pub fn stage_message(
         &self,
         stage: StageName,
-        session: &str,
         kind: &str,
         message_id: String,
         body: Vec<u8>,
@@ -82,7 +83,8 @@ impl Topology {
         if !self.is_partitioned(stage) {
             return OutMessage::to_queue(self.stage_queue(stage), kind, message_id, body);
         }
-        let mut m = OutMessage::to_queue(session.to_owned(), kind, message_id, body);
+        let key = format!("{:016x}", rand::random::<u64>());
+        let mut m = OutMessage::to_queue(key, kind, message_id, body);
         m.exchange = self.stage_exchange(stage);
         m
     }
@@ -161,7 +163,7 @@ mod tests {
         let t = topology(1);
         let retrieve = StageName::new("retrieve");
         assert_eq!(t.consumed_queues(retrieve), ["t.retrieve"]);
-        let m = t.stage_message(retrieve, "s1", "turn", "id".into(), vec![]);
+        let m = t.stage_message(retrieve, "turn", "id".into(), vec![]);
         assert_eq!((m.exchange.as_str(), m.routing_key.as_str()), ("", "t.retrieve"));
         assert_eq!(t.inner_stage_destination("", "t.retrieve").as_deref(), Some("t.retrieve"));
     }
@@ -174,8 +176,11 @@ mod tests {
         assert_eq!(queues.len(), 17);
         assert_eq!((queues[0].as_str(), queues[1].as_str()), ("t.invoke", "t.invoke.p16.00"));
         assert_eq!(queues[16], "t.invoke.p16.15");
-        let m = t.stage_message(invoke, "s1", "turn", "id".into(), vec![]);
-        assert_eq!((m.exchange.as_str(), m.routing_key.as_str()), ("t.invoke.p16", "s1"));
+        let m = t.stage_message(invoke, "turn", "id".into(), vec![]);
+        let again = t.stage_message(invoke, "turn", "id".into(), vec![]);
+        assert_eq!(m.exchange, "t.invoke.p16");
+        // A key of its own each time, whatever the session: no client steers the partition.
+        assert_ne!(m.routing_key, again.routing_key);
         let dest = t.inner_stage_destination(&m.exchange, &m.routing_key);
         assert_eq!(dest.as_deref(), Some("t.invoke"));
         // A partition of another layout is still the stage's (a replayed dead letter).
@@ -200,7 +205,7 @@ mod tests {
             t.stage_layouts(retrieve).into_iter().map(|l| l.exchange).collect();
         assert_eq!(layouts, ["t.retrieve.p4", "t.retrieve.p2"]);
         // A message goes to the current layout only.
-        let m = t.stage_message(retrieve, "s1", "turn", "id".into(), vec![]);
+        let m = t.stage_message(retrieve, "turn", "id".into(), vec![]);
         assert_eq!(m.exchange, "t.retrieve.p4");
     }
 

@@ -158,9 +158,11 @@ struct Client {
 
 impl Client {
     async fn connect(settings: &Settings) -> anyhow::Result<Client> {
-        let inner =
-            SessionClient::connect(settings.amqp.url.expose(), pipeline::topology(settings))
-                .await?;
+        let inner = SessionClient::connect_declaring(
+            settings.amqp.url.expose(),
+            pipeline::topology(settings),
+        )
+        .await?;
         Ok(Client { inner })
     }
 

@@ -2,7 +2,8 @@
 //! configured `amqp.ingress_partitions`, without reordering any session (docs/deploy.md,
 //! "Changing the number of ingress partitions").
 //!
-//! Run it while no validate worker runs. It binds the entry exchange to the new layout and
+//! Run it while no validate worker runs (it refuses while the old layout has consumers, or does
+//! not exist). It binds the entry exchange to the new layout and
 //! unbinds the old one (from then on requests wait in the new layout), admits everything left in
 //! the old layout with the validate stage, in order, then deletes the old layout. Validate
 //! workers started afterwards with the new setting find only new requests behind the old ones.
@@ -42,6 +43,17 @@ pub fn run(settings: Settings, from: u16) -> anyhow::Result<ExitCode> {
         let url = deps.settings.amqp.url.expose().to_owned();
         let new = pipeline::topology(&deps.settings);
         let publisher = Publisher::connect(&url).await.context("connecting to RabbitMQ")?;
+        // Checked before anything is bound: a wrong --from left both layouts bound (the old
+        // one's unbinding failed), and every request was copied into both from then on.
+        let (found, consumers) = new.ingress_presence_of(&publisher, from).await?;
+        anyhow::ensure!(
+            found > 0,
+            "no ingress of {from} partition(s) here: --from is the number requests went to until now"
+        );
+        anyhow::ensure!(
+            consumers == 0,
+            "{consumers} consumer(s) still read the {from}-partition ingress: stop every validate worker first"
+        );
         new.declare(publisher.channel()).await.context("declaring the new layout")?;
         new.unbind_ingress_of(&publisher, from).await.context("unbinding the old layout")?;
         println!("requests now go to {to} partition(s); draining the {from} old one(s)");

@@ -66,7 +66,7 @@ impl Route {
         let session = key.session_id.to_string();
         Ok(self
             .topology
-            .stage_message(stage, &session, "turn", id, body)
+            .stage_message(stage, "turn", id, body)
             .header(headers::SESSION_ID, session)
             .header(headers::TURN_ID, key.turn_id.to_string()))
     }

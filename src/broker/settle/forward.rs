@@ -45,6 +45,12 @@ impl Settler<'_> {
             Err(error) => error,
         };
         let reason = match &error {
+            // The database could not park a refused reply: handled again after the delay
+            // tiers' pause, as a handler's own database failure is, not as a crash redelivery
+            // (counted at once, a few seconds of outage would make it poison).
+            BrokerError::NotParked(_) if !ordered => {
+                return self.retry_later(d.clone(), error.to_string()).await.map(Some);
+            }
             // Never publishable: the turn ends here instead of retrying forever.
             BrokerError::TooLarge { .. } => format!("{}: {error}", super::super::UNDELIVERABLE),
             _ if ordered => format!("retries exhausted: publish failed: {error}"),

@@ -23,7 +23,7 @@ mod publish;
 pub use publish::publish_all;
 use publish::{by_destination, publish_rest, publish_to_clients};
 
-use super::replies::{keep_unrouted, Refused};
+use super::replies::Refused;
 use super::settings::RuntimeSettings;
 use super::{
     BrokerError, Delivery, Disposition, Handler, HeaderValue, MessageKeys, OutMessage, Publisher,
@@ -226,7 +226,7 @@ impl Settler<'_> {
         if count > self.settings.max_redeliveries {
             return self.poison(d, count).await;
         }
-        let copy = self.counted(copy_of(d, &self.queue(), headers::REDELIVERIES, count));
+        let copy = self.counted(copy_of(d, &self.copies_to(), headers::REDELIVERIES, count));
         self.publish(&[copy]).await?;
         Ok(Settled::Done("requeued"))
     }
@@ -237,7 +237,7 @@ impl Settler<'_> {
             return Ok(Settled::Done("dead_lettered"));
         };
         info!(stage = self.stage.as_str(), attempt = next, delay_ms = tier, %reason, "retrying later");
-        let mut copy = copy_of(d, &self.queue(), headers::ATTEMPT, next);
+        let mut copy = copy_of(d, &self.copies_to(), headers::ATTEMPT, next);
         copy.exchange = self.settings.topology.delay_exchange(tier);
         copy.headers.insert(headers::LAST_ERROR.into(), reason.into());
         self.publish(&[self.counted(copy)]).await?;
@@ -284,9 +284,25 @@ impl Settler<'_> {
         self.settings.topology.stage_queue(self.stage)
     }
 
+    /// Where copies of a message go (a counted redelivery, a retry through a delay tier): the
+    /// stage's queue, or a partitioned ingress's first partition, since `P.requests` does not
+    /// exist then (a copy sent there came back unroutable, for ever on classic queues, or was
+    /// dropped by its delay tier). Only requests without a session are copied at the ingress
+    /// (a session's retry in place, in order), so any partition will do.
+    fn copies_to(&self) -> String {
+        let topology = &self.settings.topology;
+        if topology.is_ingress(self.stage) {
+            if let Some(first) = topology.ingress_queues().into_iter().next() {
+                return first;
+            }
+        }
+        self.queue()
+    }
+
     /// Publishes `messages`; the replies their client's queue refused are parked in PostgreSQL
-    /// (delivered later, `crate::redeliver`), or kept in `<prefix>.unrouted` when the database
-    /// cannot take them. Either way the delivery goes on: the client's queue cost it nothing.
+    /// (delivered later, `crate::redeliver`), and the delivery goes on: the client's queue cost
+    /// it nothing. When the database cannot take them, that is the pipeline's failure: the
+    /// delivery is handled again, like one whose publish failed.
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
         self.publish_from(messages, &mut false).await
     }
@@ -315,18 +331,15 @@ impl Settler<'_> {
             return Ok(());
         }
         crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
-        match self.handler.park(refused.clone()).await {
-            // Known here at once, not at the next look at PostgreSQL: this process's next
-            // replies to those queues park behind them.
-            Ok(()) => refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue)),
-            Err(error) => {
-                warn!(stage = self.stage.as_str(), %error, "refused replies not parked, keeping them in the unrouted queue");
-                for r in &refused {
-                    keep_unrouted(self.publisher, &self.settings.topology, &r.message, &r.reason)
-                        .await?;
-                }
-            }
-        }
+        // Not kept in `<prefix>.unrouted` instead: the client would never get the reply, and
+        // the queue, not known as waiting, would take the session's next ones before it.
+        self.handler
+            .park(refused.clone())
+            .await
+            .map_err(|e| BrokerError::NotParked(e.to_string()))?;
+        // Known here at once, not at the next look at PostgreSQL: this process's next replies
+        // to those queues park behind them.
+        refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue));
         Ok(())
     }
 }

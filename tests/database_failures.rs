@@ -1,0 +1,92 @@
+//! PostgreSQL failing the way a failover makes it fail: a node that answers read-only for a
+//! while (25006, a demoted primary or a standby behind a switched address), and a database that
+//! cannot take the replies a client's queue refused. Each is the pipeline's own failure, to be
+//! waited out: no turn fails for it and no reply is lost.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{new_session, user_turn, Harness};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+/// Makes every write to `table` fail with `code` until [`mend`] (a trigger, as a database that
+/// refuses them would).
+async fn refuse_writes(h: &Harness, table: &str, code: &str) {
+    let pool = h.deps.store.pool();
+    let function = format!(
+        "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger AS $$ BEGIN
+           RAISE EXCEPTION 'refused by the test' USING ERRCODE = '{code}'; END $$ LANGUAGE plpgsql"
+    );
+    sqlx::raw_sql(&function).execute(pool).await.unwrap();
+    let trigger = format!(
+        "CREATE TRIGGER test_refuse BEFORE INSERT OR UPDATE ON {table}
+         FOR EACH ROW EXECUTE FUNCTION test_refuse()"
+    );
+    sqlx::raw_sql(&trigger).execute(pool).await.unwrap();
+}
+
+async fn mend(h: &Harness, table: &str) {
+    let drop = format!("DROP TRIGGER test_refuse ON {table}");
+    sqlx::raw_sql(&drop).execute(h.deps.store.pool()).await.unwrap();
+}
+
+/// A database that answers read-only for a few seconds delays a turn; it does not fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_database_for_a_while_delays_a_turn_and_fails_none() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    refuse_writes(&h, "turns", "25006").await;
+    h.submit(&user_turn(&s, "t1", "hello")).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    mend(&h, "turns").await;
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    let last = replies.iter().rfind(|r| r.is_final).expect("a final reply");
+    assert_eq!(last.body["Successful"], true, "{}", last.body);
+    assert!(h.dead_letters().await.is_empty(), "a read-only database gave a turn up");
+    h.teardown().await;
+}
+
+/// A reply its queue refused while the database cannot park it is not sent to the unrouted
+/// queue, where its client would never get it: the delivery is handled again until it parks,
+/// and the reply arrives once the queue takes messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let queue = format!("{}.session.{s}", h.topology.prefix());
+    let mut args = FieldTable::default();
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    let ch = h.conn.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.as_str().into(), durable, args).await.unwrap();
+    h.sessions.lock().unwrap().insert(s.parse().unwrap());
+    refuse_writes(&h, "undelivered", "P0001").await;
+    h.publish_raw(serde_json::to_vec(&user_turn(&s, "t1", "hello")).unwrap()).await;
+    // The turn completes; its reply is refused by the queue and not parked.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while h.records(&s).await.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(h.deps.store.parked_len().await.unwrap(), 0);
+    mend(&h, "undelivered").await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while h.deps.store.parked_len().await.unwrap() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(h.deps.store.parked_len().await.unwrap(), 1, "the reply was never parked");
+    // The client mends its queue: the reply arrives, once.
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
+    let finals: Vec<_> = replies.iter().filter(|r| r.is_final).collect();
+    assert_eq!(finals.len(), 1, "{replies:?}");
+    assert_eq!(finals[0].body["Successful"], true);
+    assert!(h.dead_letters().await.is_empty(), "no message was given up");
+    assert_eq!(h.records(&s).await.len(), 1, "one record");
+    h.teardown().await;
+}
