@@ -49,10 +49,10 @@ impl Places {
         OFFERS_AT_ONCE - self.total
     }
 
-    /// Tenants that hold all the places one may ([`PER_TENANT`]; no tenant is never full).
-    fn full(&self) -> Vec<String> {
-        let full = self.by_tenant.iter().filter(|(_, n)| **n >= PER_TENANT);
-        full.filter_map(|(t, _)| t.clone()).collect()
+    /// Tenants with offers in flight, and how many (no tenant is never capped).
+    fn busy(&self) -> Vec<(String, i64)> {
+        let busy = self.by_tenant.iter().filter_map(|(t, n)| Some((t.clone()?, *n as i64)));
+        busy.collect()
     }
 
     fn take(&mut self, tenant: &Option<String>) {
@@ -93,7 +93,8 @@ pub async fn run(store: Store, settings: RuntimeSettings, shutdown: Cancellation
             continue;
         }
         let free = places.free();
-        let claimed = match store.claim_parked(free as i64, &places.full()).await {
+        let busy = places.busy();
+        let claimed = match store.claim_parked(free as i64, PER_TENANT as i64, &busy).await {
             Ok(claimed) => claimed,
             Err(error) => {
                 debug!(%error, "parked replies not read");
@@ -197,7 +198,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tenant_is_full_at_its_share_of_the_places_and_no_tenant_never_is() {
+    fn places_count_each_tenants_offers_and_no_tenant_is_never_capped() {
         let mut places = Places::default();
         let (a, b, none) = (Some("a".to_owned()), Some("b".to_owned()), None);
         for _ in 0..PER_TENANT {
@@ -205,10 +206,11 @@ mod tests {
             places.take(&none);
         }
         places.take(&b);
-        assert_eq!(places.full(), ["a"]);
+        let mut busy = places.busy();
+        busy.sort();
+        assert_eq!(busy, [("a".to_owned(), PER_TENANT as i64), ("b".to_owned(), 1)]);
         assert_eq!(places.free(), OFFERS_AT_ONCE - 2 * PER_TENANT - 1);
         places.give_back(&a);
-        assert!(places.full().is_empty());
         places.give_back(&b);
         assert!(!places.by_tenant.contains_key(&b));
     }

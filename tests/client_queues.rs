@@ -222,12 +222,14 @@ async fn parked_replies_are_claimed_each_tenants_in_turn() {
     assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
     assert_eq!(store.park_replies(&[reply("other", "q-other".into())]).await.unwrap(), 0);
     assert_eq!(store.parked_len().await.unwrap(), 71, "parked once");
-    let claimed = store.claim_parked(64, &[]).await.unwrap();
+    let claimed = store.claim_parked(64, 64, &[]).await.unwrap();
     assert_eq!(claimed.len(), 64);
     let other = claimed.iter().find(|p| p.queue == "q-other").expect("the other tenant's reply");
     assert_eq!(other.tenant.as_deref(), Some("other"));
-    // A tenant whose share of the loop's offers is taken gets none of its replies claimed.
-    assert!(store.claim_parked(16, &["greedy".into()]).await.unwrap().is_empty());
-    assert_eq!(store.claim_parked(16, &[]).await.unwrap().len(), 7);
+    // A tenant gets no more claimed than its share of the loop's offers less those in flight,
+    // in one claim as across them.
+    assert_eq!(store.claim_parked(16, 4, &[]).await.unwrap().len(), 4);
+    assert_eq!(store.claim_parked(16, 4, &[("greedy".into(), 2)]).await.unwrap().len(), 2);
+    assert!(store.claim_parked(16, 4, &[("greedy".into(), 4)]).await.unwrap().is_empty());
     drop_database(store, &db).await;
 }

@@ -28,6 +28,19 @@ async fn refuse_writes(h: &Harness, table: &str, code: &str) {
     sqlx::raw_sql(&trigger).execute(pool).await.unwrap();
 }
 
+/// Declares `session`'s queue as a hostile client would: it takes no message at all.
+async fn refusing_queue(h: &Harness, session: &str) -> (lapin::Channel, String) {
+    let queue = format!("{}.session.{session}", h.topology.prefix());
+    let mut args = FieldTable::default();
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    let ch = h.conn.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.as_str().into(), durable, args).await.unwrap();
+    h.sessions.lock().unwrap().insert(session.parse().unwrap());
+    (ch, queue)
+}
+
 async fn mend(h: &Harness, table: &str) {
     let drop = format!("DROP TRIGGER test_refuse ON {table}");
     sqlx::raw_sql(&drop).execute(h.deps.store.pool()).await.unwrap();
@@ -56,15 +69,9 @@ async fn a_read_only_database_for_a_while_delays_a_turn_and_fails_none() {
 async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
     let h = Harness::start(1).await;
     let s = new_session();
-    let queue = format!("{}.session.{s}", h.topology.prefix());
-    let mut args = FieldTable::default();
-    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
-    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
-    let ch = h.conn.create_channel().await.unwrap();
+    let (ch, queue) = refusing_queue(&h, &s).await;
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(queue.as_str().into(), durable, args).await.unwrap();
-    h.sessions.lock().unwrap().insert(s.parse().unwrap());
-    refuse_writes(&h, "undelivered", "P0001").await;
+    refuse_writes(&h, "undelivered", "25006").await;
     h.publish_raw(serde_json::to_vec(&user_turn(&s, "t1", "hello")).unwrap()).await;
     // The turn completes; its reply is refused by the queue and not parked.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -88,5 +95,33 @@ async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
     assert_eq!(finals[0].body["Successful"], true);
     assert!(h.dead_letters().await.is_empty(), "no message was given up");
     assert_eq!(h.records(&s).await.len(), 1, "one record");
+    h.teardown().await;
+}
+
+/// A refusal that repeats a NUL a client put in its message id (as its correlation id) parks:
+/// `jsonb` holds no NUL, and the refusal's park failed for ever, holding validate's slot and the
+/// session's lane while it was tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_repeating_a_nul_of_its_client_parks_and_holds_nothing() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    let (ch, queue) = refusing_queue(&h, &s).await;
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    // No TurnId: refused, and the refusal names the message id.
+    let body = serde_json::to_vec(&serde_json::json!({"SessionId": s, "Instruction": "x"}));
+    let request = h.topology.request(&s, "hostile\0id".into(), body.unwrap());
+    h.publisher.publish(&request).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.deps.store.parked_len().await.unwrap() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(h.deps.store.parked_len().await.unwrap(), 1, "the refusal never parked");
+    // The same session's next request is answered once its queue takes messages.
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    h.submit(&user_turn(&s, "t1", "and now?")).await;
+    let replies = h.replies(&s, 2, Duration::from_secs(60)).await;
+    let correlations: Vec<_> = replies.iter().map(|r| r.body["Successful"].clone()).collect();
+    assert_eq!(correlations, [false, true], "the refusal, then the turn's answer");
     h.teardown().await;
 }

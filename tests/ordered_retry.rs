@@ -96,7 +96,7 @@ impl Handler for Recording {
     fn park(
         &self,
         refused: Vec<aptix::broker::Refused>,
-    ) -> BoxFuture<'_, Result<(), aptix::broker::BoxError>> {
+    ) -> BoxFuture<'_, Result<(), aptix::broker::ParkError>> {
         let n = u32::try_from(refused.len()).unwrap();
         self.parked.fetch_add(n, Ordering::SeqCst);
         Box::pin(async { Ok(()) })

@@ -112,19 +112,36 @@ impl Worker {
             settings: &self.settings,
             shutdown: &self.shutdown,
         };
-        let settled = settler.settle(job.delivery, &job.acker);
-        if AssertUnwindSafe(settled).catch_unwind().await.is_err() {
-            // A bug met while handling this message. Unacked, it would hold its prefetch slot
-            // (and its session's lane, whose task ended with it) until the worker restarts.
-            // Returned as if its worker had died instead: redelivered, counted, and given up
-            // as poison if it keeps failing.
-            tracing::error!(
-                stage = self.stage.as_str(),
-                "handling a message panicked; returning it to the broker"
-            );
-            crate::metrics::metrics().message(self.stage.as_str(), "panicked");
-            let requeue = lapin::options::BasicNackOptions { requeue: true, ..Default::default() };
-            let _ = job.acker.nack(requeue).await;
+        // An ordered message's copy, to handle again where it stands should its handling panic.
+        let ordered = self.handler.ordering_key(&job.delivery).is_some();
+        let mut again = ordered.then(|| job.delivery.clone());
+        let mut settled = settler.settle(job.delivery, &job.acker);
+        // A bug met while handling a message. Unacked, it would hold its prefetch slot (and its
+        // session's lane, whose task would end with it) until the worker restarts.
+        for panics in 1u32.. {
+            if AssertUnwindSafe(settled).catch_unwind().await.is_ok() {
+                return;
+            }
+            let stage = self.stage.as_str();
+            tracing::error!(stage, panics, "handling a message panicked");
+            crate::metrics::metrics().message(stage, "panicked");
+            match again.take() {
+                // Handled again in place as a redelivery (counted, given up as poison past the
+                // limit): a nack would return it behind the next message of its session, which
+                // this lane already holds.
+                Some(mut d) if panics <= self.settings.max_redeliveries.saturating_add(1) => {
+                    d.redelivered = true;
+                    again = Some(d.clone());
+                    settled = settler.settle(d, &job.acker);
+                }
+                // Returned as if its worker had died: redelivered, counted, given up.
+                _ => {
+                    let requeue =
+                        lapin::options::BasicNackOptions { requeue: true, ..Default::default() };
+                    let _ = job.acker.nack(requeue).await;
+                    return;
+                }
+            }
         }
     }
 }

@@ -35,6 +35,15 @@ pub use crate::config::{MessageKeys, MIN_KEY_BYTES};
 /// An error of a [`Handler`], whatever its type: the runtime logs it and decides by the call
 /// that failed, never by its text.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why replies a client's queue refused were not parked.
+#[derive(Debug)]
+pub enum ParkError {
+    /// Worth waiting for: the database unreachable, restarting, read-only for a while.
+    Transient(BoxError),
+    /// Never to be parked (what the store refuses to hold): kept in `<prefix>.unrouted`.
+    Permanent(BoxError),
+}
 pub use dead::{DeadAction, DeadLetter, Settled as DeadSettled, LISTED_BODY, MAX_LOOK};
 pub use declare::QUORUM_DELIVERY_LIMIT;
 /// The header that carries a stage message's MAC (hex): HMAC-SHA256 under the pipeline's keys
@@ -112,7 +121,8 @@ pub enum BrokerError {
     /// The publisher was shut down.
     #[error("publisher closed")]
     Closed,
-    /// Replies a client's queue refused could not be parked in PostgreSQL.
+    /// Replies a client's queue refused could not be parked in PostgreSQL yet (a transient
+    /// failure that outlasted the wait).
     #[error("refused replies not parked: {0}")]
     NotParked(String),
 }
@@ -264,11 +274,11 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// Keeps replies their client's queue refused in durable storage, to be offered to their
-    /// queue again later (`crate::redeliver`). `Err`: not kept (the runtime keeps them in
-    /// `<prefix>.unrouted` instead).
-    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), BoxError>> {
+    /// queue again later (`crate::redeliver`). A transient error is waited out (the delivery
+    /// tried again); a permanent one keeps them in `<prefix>.unrouted` instead.
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), ParkError>> {
         let _ = refused;
-        Box::pin(async { Err("this handler parks nothing".into()) })
+        Box::pin(async { Err(ParkError::Permanent("this handler parks nothing".into())) })
     }
 
     /// The messages of a [`Disposition::Forward`] were confirmed; clean up their outbox rows.

@@ -9,7 +9,9 @@ use tracing::{debug, warn};
 
 use super::trip::Trip;
 use super::{Inbound, Output, Route, Stage, StageError, TurnHint};
-use crate::broker::{BoxError, Delivery, Disposition, Handler, OutMessage, Refused, UNDELIVERABLE};
+use crate::broker::{
+    BoxError, Delivery, Disposition, Handler, OutMessage, ParkError, Refused, UNDELIVERABLE,
+};
 use crate::contracts::{ApiError, ErrorCode};
 use crate::store::{ParkReply, StoreError};
 
@@ -171,10 +173,17 @@ impl<S: Stage> Handler for Runner<S> {
         Box::pin(async move { Ok(Some(self.ledger.count_redelivery(key).await?)) })
     }
 
-    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), BoxError>> {
+    fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), ParkError>> {
         Box::pin(async move {
-            let replies = refused.iter().map(park_reply).collect::<Result<Vec<_>, _>>()?;
-            Ok(self.ledger.park(replies).await?)
+            let replies = refused.iter().map(park_reply).collect::<Result<Vec<_>, _>>();
+            let replies = replies.map_err(|e| ParkError::Permanent(e.into()))?;
+            self.ledger.park(replies).await.map_err(|e| {
+                if e.is_transient() {
+                    ParkError::Transient(e.into())
+                } else {
+                    ParkError::Permanent(e.into())
+                }
+            })
         })
     }
 
@@ -214,9 +223,30 @@ pub fn message_fingerprint(message_id: Option<&str>, body: &[u8]) -> String {
     hex::encode(&hash.finalize()[..12])
 }
 
+/// `value` with every NUL in its strings and keys replaced by U+FFFD.
+fn without_nul(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{fffd}"),
+        Value::Array(items) => items.iter_mut().for_each(without_nul),
+        Value::Object(map) if map.keys().any(|k| k.contains('\0')) => {
+            let taken = std::mem::take(map);
+            for (k, mut v) in taken {
+                without_nul(&mut v);
+                map.insert(k.replace('\0', "\u{fffd}"), v);
+            }
+        }
+        Value::Object(map) => map.values_mut().for_each(without_nul),
+        _ => {}
+    }
+}
+
 /// A refused reply as its parked row holds it.
 pub fn park_reply(r: &Refused) -> Result<ParkReply, serde_json::Error> {
-    let message = serde_json::to_value(&r.message)?;
+    let mut message = serde_json::to_value(&r.message)?;
+    // PostgreSQL's `jsonb` holds no NUL, which a client may put in what a reply repeats (its
+    // message id, as the reply's correlation id): such a reply would never park.
+    without_nul(&mut message);
     Ok(ParkReply {
         queue: r.queue.clone(),
         session: r.message.session.map(|s| s.as_uuid()),

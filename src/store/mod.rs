@@ -145,24 +145,28 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
         // Serialization failures, deadlocks, statement and lock timeouts, too many connections,
         // shutdowns, lost connections, a full disk or memory, and a node that answers read-only
         // (25006: a demoted primary, or a standby behind an address a failover has not moved
-        // yet) pass; constraint and data errors are bugs that a retry only repeats.
-        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
-            code.starts_with("08")
-                || matches!(
-                    code.as_ref(),
-                    "40001"
-                        | "40P01"
-                        | "57014"
-                        | "55P03"
-                        | "53100"
-                        | "53200"
-                        | "53300"
-                        | "57P01"
-                        | "57P02"
-                        | "57P03"
-                        | "25006"
-                )
-        }),
+        // yet) pass; constraint and data errors are bugs that a retry only repeats, and so are
+        // the protocol's own refusals (08P01, 08004: a pooler's unknown database, say).
+        sqlx::Error::Database(e) => matches!(
+            e.code().as_deref(),
+            Some(
+                "40001"
+                    | "40P01"
+                    | "57014"
+                    | "55P03"
+                    | "53100"
+                    | "53200"
+                    | "53300"
+                    | "57P01"
+                    | "57P02"
+                    | "57P03"
+                    | "25006"
+                    | "08000"
+                    | "08001"
+                    | "08003"
+                    | "08006"
+            )
+        ),
         // A column that does not decode (a turn state no version wrote) is corrupt stored
         // data: a retry reads the same.
         sqlx::Error::ColumnDecode { .. } => false,

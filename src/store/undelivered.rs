@@ -92,12 +92,15 @@ impl Store {
     }
 
     /// Claims up to `limit` due replies, each the oldest of its queue (a later one waits for
-    /// it), for [`CLAIM`]; none of the tenants in `full` (their share of offers is taken).
+    /// it), for [`CLAIM`]; of a tenant, no more than `per_tenant` less what it has in flight
+    /// (`busy`: tenants and their offers in flight). Replies of no tenant are not capped.
     pub async fn claim_parked(
         &self,
         limit: i64,
-        full: &[String],
+        per_tenant: i64,
+        busy: &[(String, i64)],
     ) -> Result<Vec<Parked>, StoreError> {
+        let (busy_tenants, busy_offers): (Vec<String>, Vec<i64>) = busy.iter().cloned().unzip();
         // Each tenant's heads in turn (every tenant's oldest, then every tenant's second, ...),
         // so one tenant's many refusing queues do not hold back another's replies. The limit
         // counts rows this process could lock: another's claims are skipped, not counted.
@@ -105,22 +108,27 @@ impl Store {
             r#"UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
                WHERE u.id IN (
                    SELECT l.id FROM undelivered l
-                   JOIN (SELECT d.id, row_number() OVER (PARTITION BY d.tenant ORDER BY d.id)
-                                    AS nth
+                   JOIN (SELECT d.id, d.tenant,
+                                row_number() OVER (PARTITION BY d.tenant ORDER BY d.id) AS nth
                          FROM undelivered d
                          WHERE d.next_try_at <= now()
-                           AND (d.tenant IS NULL OR d.tenant <> ALL($3::text[]))
                            AND NOT EXISTS (SELECT 1 FROM undelivered e
                                            WHERE e.queue = d.queue AND e.id < d.id)) heads
                      ON heads.id = l.id
+                   LEFT JOIN unnest($3::text[], $4::int8[]) AS busy (tenant, offers)
+                     ON busy.tenant = heads.tenant
                    WHERE l.next_try_at <= now()
+                     AND (heads.tenant IS NULL
+                          OR heads.nth + coalesce(busy.offers, 0) <= $5)
                    ORDER BY heads.nth, l.id LIMIT $1
                    FOR UPDATE OF l SKIP LOCKED)
                RETURNING u.id, u.queue, u.tenant, u.message, u.tries,
                          extract(epoch FROM now() - u.created_at)::float8 AS "age!""#,
             limit,
             CLAIM.as_secs_f64(),
-            full
+            &busy_tenants,
+            &busy_offers,
+            per_tenant
         )
         .fetch_all(&self.pool)
         .await?;

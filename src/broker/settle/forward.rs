@@ -72,9 +72,9 @@ impl Settler<'_> {
     ) -> Result<(), BrokerError> {
         let stage = self.stage.as_str();
         let (since, mut pause) = (Instant::now(), FIRST_PAUSE);
-        let mut handed = false;
+        let mut part = super::ClientsPart::default();
         loop {
-            let error = match self.publish_from(messages, &mut handed).await {
+            let error = match self.publish_from(messages, &mut part).await {
                 Err(error) if !matches!(error, BrokerError::TooLarge { .. }) => error,
                 other => return other,
             };

@@ -23,11 +23,11 @@ mod publish;
 pub use publish::publish_all;
 use publish::{by_destination, publish_rest, publish_to_clients};
 
-use super::replies::Refused;
+use super::replies::{keep_unrouted, Refused};
 use super::settings::RuntimeSettings;
 use super::{
-    BrokerError, Delivery, Disposition, Handler, HeaderValue, MessageKeys, OutMessage, Publisher,
-    StageName, MAC_HEADER,
+    BrokerError, Delivery, Disposition, Handler, HeaderValue, MessageKeys, OutMessage, ParkError,
+    Publisher, StageName, MAC_HEADER,
 };
 use crate::contracts::headers;
 
@@ -301,47 +301,89 @@ impl Settler<'_> {
 
     /// Publishes `messages`; the replies their client's queue refused are parked in PostgreSQL
     /// (delivered later, `crate::redeliver`), and the delivery goes on: the client's queue cost
-    /// it nothing. When the database cannot take them, that is the pipeline's failure: the
-    /// delivery is handled again, like one whose publish failed.
+    /// it nothing. A database that cannot take them for a while is waited for ([`Self::park`]).
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
-        self.publish_from(messages, &mut false).await
+        self.publish_from(messages, &mut ClientsPart::default()).await
     }
 
-    /// [`Self::publish`], the clients' part left out once `handed` (by an earlier try: handed
-    /// over or parked), so that a try again after the rest failed neither parks a refused reply
-    /// a second time nor offers a handed one again.
+    /// [`Self::publish`], the clients' part taken up where an earlier try left it (`part`), so
+    /// that a try again after the rest failed neither offers a handed reply again nor parks a
+    /// refused one a second time.
     async fn publish_from(
         &self,
         messages: &[OutMessage],
-        handed: &mut bool,
+        part: &mut ClientsPart,
     ) -> Result<(), BrokerError> {
         let (to_clients, rest) = by_destination(messages);
-        if !*handed {
-            // Refused replies are parked before the rest goes: the rest may start the
-            // session's next turn, whose replies must find them parked and wait behind them.
+        if matches!(part, ClientsPart::NotOffered) {
             let refused = publish_to_clients(self.publisher, self.settings, &to_clients).await?;
+            *part = ClientsPart::Refused(refused);
+        }
+        if let ClientsPart::Refused(refused) = part {
+            // Parked before the rest goes: the rest may start the session's next turn, whose
+            // replies must find them parked and wait behind them.
             self.park(refused).await?;
-            *handed = true;
+            *part = ClientsPart::Handed;
         }
         publish_rest(self.publisher, self.settings, &rest).await
     }
 
-    async fn park(&self, refused: Vec<Refused>) -> Result<(), BrokerError> {
+    /// Parks `refused`. A database that cannot take them now is tried again, backing off, for
+    /// [`PARK_PATIENCE`] (then `NotParked`: the delivery is tried again, these replies still
+    /// not offered twice); one that never will (a permanent error) has them kept in
+    /// `<prefix>.unrouted`, so a reply the store refuses holds nothing up.
+    async fn park(&self, refused: &[Refused]) -> Result<(), BrokerError> {
         if refused.is_empty() {
             return Ok(());
         }
         crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
-        // Not kept in `<prefix>.unrouted` instead: the client would never get the reply, and
-        // the queue, not known as waiting, would take the session's next ones before it.
-        self.handler
-            .park(refused.clone())
-            .await
-            .map_err(|e| BrokerError::NotParked(e.to_string()))?;
-        // Known here at once, not at the next look at PostgreSQL: this process's next replies
-        // to those queues park behind them.
-        refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue));
-        Ok(())
+        let (since, mut pause) = (std::time::Instant::now(), forward::FIRST_PAUSE);
+        loop {
+            let error = match self.handler.park(refused.to_vec()).await {
+                Ok(()) => {
+                    // Known here at once, not at the next look at PostgreSQL: this process's
+                    // next replies to those queues park behind them.
+                    refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue));
+                    return Ok(());
+                }
+                Err(ParkError::Permanent(error)) => {
+                    warn!(stage = self.stage.as_str(), %error, "refused replies cannot be parked, keeping them in the unrouted queue");
+                    for r in refused {
+                        keep_unrouted(
+                            self.publisher,
+                            &self.settings.topology,
+                            &r.message,
+                            &r.reason,
+                        )
+                        .await?;
+                    }
+                    return Ok(());
+                }
+                Err(ParkError::Transient(error)) => error,
+            };
+            if since.elapsed() >= PARK_PATIENCE || self.paused(pause).await {
+                return Err(BrokerError::NotParked(error.to_string()));
+            }
+            warn!(stage = self.stage.as_str(), %error, "refused replies not parked yet, trying again");
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
     }
+}
+
+/// How long a delivery waits for the database to park its refused replies before it is tried
+/// again as a whole (a failover takes about this long).
+const PARK_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How far a delivery's messages to clients' queues got, kept across tries of its publish.
+#[derive(Debug, Default)]
+pub(super) enum ClientsPart {
+    /// Not offered yet.
+    #[default]
+    NotOffered,
+    /// Offered; these were refused and wait to be parked.
+    Refused(Vec<Refused>),
+    /// Handed over or parked.
+    Handed,
 }
 
 /// The delivery re-published to `queue` with `counter` set to `value`.
