@@ -145,8 +145,9 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
         // Serialization failures, deadlocks, statement and lock timeouts, too many connections,
         // shutdowns, lost connections, a full disk or memory, and a node that answers read-only
         // (25006: a demoted primary, or a standby behind an address a failover has not moved
-        // yet) pass; constraint and data errors are bugs that a retry only repeats, and so are
-        // the protocol's own refusals (08P01, 08004: a pooler's unknown database, say).
+        // yet) pass, and so does 08P01, which PgBouncer answers while its server is away
+        // (`query_wait_timeout`, a failover); constraint and data errors are bugs that a retry
+        // only repeats.
         sqlx::Error::Database(e) => matches!(
             e.code().as_deref(),
             Some(
@@ -165,6 +166,7 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
                     | "08001"
                     | "08003"
                     | "08006"
+                    | "08P01"
             )
         ),
         // A column that does not decode (a turn state no version wrote) is corrupt stored

@@ -45,12 +45,6 @@ impl Settler<'_> {
             Err(error) => error,
         };
         let reason = match &error {
-            // The database could not park a refused reply: handled again after the delay
-            // tiers' pause, as a handler's own database failure is, not as a crash redelivery
-            // (counted at once, a few seconds of outage would make it poison).
-            BrokerError::NotParked(_) if !ordered => {
-                return self.retry_later(d.clone(), error.to_string()).await.map(Some);
-            }
             // Never publishable: the turn ends here instead of retrying forever.
             BrokerError::TooLarge { .. } => format!("{}: {error}", super::super::UNDELIVERABLE),
             _ if ordered => format!("retries exhausted: publish failed: {error}"),
@@ -80,7 +74,10 @@ impl Settler<'_> {
             };
             // Every refused try counts: a lane held this way pages (alerts.yml).
             crate::metrics::metrics().message(stage, "publish_failed");
-            if since.elapsed() >= limit {
+            // A database that cannot park refused replies spends no try: the turn is not the
+            // one failing, and giving it up would lose them (`Settler::park` waited already).
+            let parking = matches!(error, BrokerError::NotParked(_));
+            if since.elapsed() >= limit && !parking {
                 return Err(error);
             }
             let retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);

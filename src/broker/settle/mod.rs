@@ -301,9 +301,19 @@ impl Settler<'_> {
 
     /// Publishes `messages`; the replies their client's queue refused are parked in PostgreSQL
     /// (delivered later, `crate::redeliver`), and the delivery goes on: the client's queue cost
-    /// it nothing. A database that cannot take them for a while is waited for ([`Self::park`]).
+    /// it nothing. A database that cannot take them for a while is waited for ([`Self::park`]),
+    /// for as long as it takes.
     async fn publish(&self, messages: &[OutMessage]) -> Result<(), BrokerError> {
-        self.publish_from(messages, &mut ClientsPart::default()).await
+        let mut part = ClientsPart::default();
+        loop {
+            // Held until the replies park, as an ordered message is: re-handled through the
+            // delay tiers it would offer its delivered replies again, and a dead letter each
+            // time round while the database stays down.
+            match self.publish_from(messages, &mut part).await {
+                Err(BrokerError::NotParked(_)) if !self.shutdown.is_cancelled() => {}
+                other => return other,
+            }
+        }
     }
 
     /// [`Self::publish`], the clients' part taken up where an earlier try left it (`part`), so
@@ -329,8 +339,8 @@ impl Settler<'_> {
     }
 
     /// Parks `refused`. A database that cannot take them now is tried again, backing off, for
-    /// [`PARK_PATIENCE`] (then `NotParked`: the delivery is tried again, these replies still
-    /// not offered twice); one that never will (a permanent error) has them kept in
+    /// [`PARK_PATIENCE`], then `NotParked` (the caller tries again where it stands, these
+    /// replies not offered twice); one that never will (a permanent error) has them kept in
     /// `<prefix>.unrouted`, so a reply the store refuses holds nothing up.
     async fn park(&self, refused: &[Refused]) -> Result<(), BrokerError> {
         if refused.is_empty() {
@@ -370,8 +380,8 @@ impl Settler<'_> {
     }
 }
 
-/// How long a delivery waits for the database to park its refused replies before it is tried
-/// again as a whole (a failover takes about this long).
+/// How long one wait for the database to park refused replies lasts before its caller hears of
+/// it (and waits again, where it stands).
 const PARK_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How far a delivery's messages to clients' queues got, kept across tries of its publish.
