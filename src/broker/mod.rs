@@ -274,8 +274,8 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// Keeps replies their client's queue refused in durable storage, to be offered to their
-    /// queue again later (`crate::redeliver`). A transient error is waited out (the delivery
-    /// tried again); a permanent one keeps them in `<prefix>.unrouted` instead.
+    /// queue again later (`crate::redeliver`). A transient error is waited out, the delivery
+    /// held where it stands; a permanent one keeps them in `<prefix>.unrouted` instead.
     fn park(&self, refused: Vec<Refused>) -> BoxFuture<'_, Result<(), ParkError>> {
         let _ = refused;
         Box::pin(async { Err(ParkError::Permanent("this handler parks nothing".into())) })

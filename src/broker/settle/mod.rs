@@ -346,11 +346,11 @@ impl Settler<'_> {
         if refused.is_empty() {
             return Ok(());
         }
-        crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
         let (since, mut pause) = (std::time::Instant::now(), forward::FIRST_PAUSE);
         loop {
             let error = match self.handler.park(refused.to_vec()).await {
                 Ok(()) => {
+                    crate::metrics::metrics().message(self.stage.as_str(), "reply_parked");
                     // Known here at once, not at the next look at PostgreSQL: this process's
                     // next replies to those queues park behind them.
                     refused.iter().for_each(|r| super::replies::mark_waiting(&r.queue));

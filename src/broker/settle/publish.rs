@@ -51,16 +51,12 @@ pub(super) async fn publish_to_clients(
     let queue_of = |m: &OutMessage| client_queue(topology, m).unwrap_or_default();
     let offer = |m| publish_one(publisher, settings, m);
     let refused = offer_in_turn(to_clients, CLIENTS_TIME, queue_of, offer).await?;
-    let refused = refused.into_iter().map(|(m, reason)| Refused {
-        message: m.clone(),
-        queue: queue_of(m),
-        reason,
-    });
-    Ok(refused.collect())
+    let refused = refused.into_iter();
+    Ok(refused.map(|(m, queue, reason)| Refused { message: m.clone(), queue, reason }).collect())
 }
 
 /// Offers each message with `offer`, in order, while `time` lasts from the first; returns the
-/// replies refused or left, with why (deltas refused or left are dropped). A reply never
+/// replies refused or left, with their queue and why (deltas refused or left are dropped). A reply never
 /// overtakes one refused before it: once its queue (`queue_of`) refused one, or the time is
 /// out, what is left for it is refused without an offer, to be parked behind.
 async fn offer_in_turn<'m, F, Fut>(
@@ -68,7 +64,7 @@ async fn offer_in_turn<'m, F, Fut>(
     time: Duration,
     queue_of: impl Fn(&OutMessage) -> String,
     mut offer: F,
-) -> Result<Vec<(&'m OutMessage, String)>, BrokerError>
+) -> Result<Vec<(&'m OutMessage, String, String)>, BrokerError>
 where
     F: FnMut(&'m OutMessage) -> Fut,
     Fut: std::future::Future<Output = Result<Handed, BrokerError>>,
@@ -91,8 +87,8 @@ where
                 crate::metrics::metrics().message("reply", "delta_dropped");
                 continue;
             }
-            refusing.insert(queue);
-            refused.push((m, reason));
+            refusing.insert(queue.clone());
+            refused.push((m, queue, reason));
         }
     }
     Ok(refused)
@@ -176,10 +172,11 @@ mod tests {
             .filter(|m| m.kind == "reply")
             .map(|m| m.message_id.as_str())
             .collect();
-        let ids: Vec<&str> = refused.iter().map(|(m, _)| m.message_id.as_str()).collect();
+        let ids: Vec<&str> = refused.iter().map(|(m, ..)| m.message_id.as_str()).collect();
         assert_eq!(ids, expected);
-        assert_eq!(refused[0].1, OUT_OF_TIME);
-        assert!(refused[1..].iter().all(|(_, why)| why == BEHIND), "{refused:?}");
+        assert_eq!(refused[0].2, OUT_OF_TIME);
+        assert!(refused[1..].iter().all(|(.., why)| why == BEHIND), "{refused:?}");
+        assert!(refused.iter().all(|(_, queue, _)| queue == "q"));
     }
 
     /// One delivery's replies to one queue (a resume's step replies): the second must not be
@@ -211,7 +208,7 @@ mod tests {
         .await
         .unwrap();
         let refused: Vec<(&str, &str)> =
-            refused.iter().map(|(m, why)| (m.message_id.as_str(), why.as_str())).collect();
+            refused.iter().map(|(m, _, why)| (m.message_id.as_str(), why.as_str())).collect();
         assert_eq!(refused, [("m-1", "no place to offer it"), ("m-3", BEHIND)]);
         assert_eq!(offered.into_inner().unwrap(), ["m-0", "m-1", "m-4", "m-5"]);
     }
