@@ -48,6 +48,15 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     assert!(found.contains(&format!("/sessions/{done}")) && !found.contains(&stuck), "{found}");
     let session = get(format!("/sessions/{done}")).await;
     assert!(session.contains(&format!("/sessions/{done}/turns/t1")), "{session}");
+    // Duplicates of the finished turn are each sent its reply again, kept by reference: the
+    // session page names them and does not fill each in with the turn's whole answer.
+    for _ in 0..2 {
+        h.submit(&user_turn(&done, "t1", "how is the invoice e-mail sent")).await;
+    }
+    assert_eq!(h.replies(&done, 2, Duration::from_secs(60)).await.len(), 2);
+    let session = get(format!("/sessions/{done}")).await;
+    assert_eq!(session.matches("sent again").count(), 2, "{session}");
+    assert!(!session.contains("PrimaryOutputText"), "a resent reply filled in: {session}");
     let turn = get(format!("/sessions/{done}/turns/t1")).await;
     for needle in [
         "Timeline",

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -79,6 +80,10 @@ impl Store {
 /// Most turns and refusals the console's session and turn pages read of one session.
 pub const CONSOLE_ROWS: i64 = 200;
 
+/// Characters of a reply's body the console's session page shows (`aptix session show` prints
+/// them whole).
+pub const CONSOLE_BODY_CHARS: i32 = 4_096;
+
 impl Store {
     /// A session as the console shows it, whatever the session holds: its newest
     /// [`CONSOLE_ROWS`] turns without their requests, its newest refusals, and for `turn` that
@@ -92,8 +97,14 @@ impl Store {
     ) -> Result<Option<super::sessions::SessionView>, StoreError> {
         let id = session.as_uuid();
         let Some(view) = self.session_row(session).await? else { return Ok(None) };
+        // Of the other turns, what the pages show and nothing more: their stored answers,
+        // continuations and tool results could be megabytes each.
         let turns = sqlx::query_scalar!(
-            r#"SELECT CASE WHEN t.turn_id = $3 THEN to_jsonb(t) ELSE to_jsonb(t) - 'request' END
+            r#"SELECT CASE WHEN t.turn_id = $3 THEN to_jsonb(t)
+                      ELSE jsonb_build_object('seq', t.seq, 'turn_id', t.turn_id,
+                                              'state', t.state, 'step', t.step,
+                                              'created_at', t.created_at,
+                                              'updated_at', t.updated_at) END
                    AS "row!"
                FROM turns t
                WHERE t.session_id = $1
@@ -112,7 +123,31 @@ impl Store {
             Some(turn) => self.session_records(id, Some(turn)).await?,
             None => Vec::new(),
         };
-        let replies = self.session_replies(id, Some(CONSOLE_ROWS)).await?;
+        let replies = self.console_replies(id).await?;
         Ok(Some(super::sessions::SessionView { session: view, turns, records, replies }))
+    }
+
+    /// The session's newest [`CONSOLE_ROWS`] replies that no record holds, oldest first, each
+    /// cut to [`CONSOLE_BODY_CHARS`] of its body; a reply sent again (a duplicate of a finished
+    /// turn, kept by reference) is named, not filled in with the turn's whole answer, which a
+    /// client could have sent again hundreds of times.
+    async fn console_replies(&self, session: Uuid) -> Result<Vec<Value>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT jsonb_build_object(
+                   'message_id', r.message_id, 'turn_id', r.turn_id, 'outcome', r.outcome,
+                   'created_at', r.created_at,
+                   'body', CASE WHEN r.resent THEN to_jsonb('the turn''s reply, sent again'::text)
+                                WHEN length(r.body::text) > $3
+                                THEN to_jsonb(left(r.body::text, $3::int) || '…')
+                                ELSE r.body END) AS "row!"
+               FROM (SELECT * FROM replies WHERE session_id = $1
+                     ORDER BY created_at DESC, message_id DESC LIMIT $2) r
+               ORDER BY r.created_at, r.message_id"#,
+            session,
+            CONSOLE_ROWS,
+            CONSOLE_BODY_CHARS
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 }
