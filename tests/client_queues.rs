@@ -15,7 +15,7 @@ use lapin::options::{BasicAckOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
 /// Declares the session's reply queue as a hostile client would: it takes no message at all.
-async fn declare_refusing_queue(h: &Harness, session: &str) -> String {
+pub(crate) async fn declare_refusing_queue(h: &Harness, session: &str) -> String {
     let queue = format!("{}.session.{session}", h.topology.prefix());
     let mut args = FieldTable::default();
     args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
@@ -30,10 +30,7 @@ async fn declare_refusing_queue(h: &Harness, session: &str) -> String {
 /// Replaces the refusing queue by a plain one, as the docs say a client declares it, and reads
 /// it until `count` messages arrived or `wait` passed.
 async fn mend_and_read(h: &Harness, queue: &str, count: usize, wait: Duration) -> Vec<ReplyMsg> {
-    let ch = h.conn.create_channel().await.unwrap();
-    ch.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
-    let options = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(queue.into(), options, FieldTable::default()).await.unwrap();
+    mend_queue(h, queue).await;
     let session = queue.rsplit('.').next().unwrap();
     let (_ch, mut consumer) = h.consume_replies(session).await;
     let deadline = tokio::time::Instant::now() + wait;
@@ -46,6 +43,14 @@ async fn mend_and_read(h: &Harness, queue: &str, count: usize, wait: Duration) -
         out.push(common::reply_of(&d));
     }
     out
+}
+
+/// Replaces the refusing queue by a plain one, as the docs say a client declares it.
+pub(crate) async fn mend_queue(h: &Harness, queue: &str) {
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
+    let options = QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(queue.into(), options, FieldTable::default()).await.unwrap();
 }
 
 async fn parked(h: &Harness) -> i64 {

@@ -8,9 +8,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::client_queues::{declare_refusing_queue, mend_queue};
 use common::{new_session, user_turn, Harness};
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable};
 
 /// Makes every write to `table` fail with `code` until [`mend`] (a trigger, as a database that
 /// refuses them would).
@@ -28,17 +27,13 @@ async fn refuse_writes(h: &Harness, table: &str, code: &str) {
     sqlx::raw_sql(&trigger).execute(pool).await.unwrap();
 }
 
-/// Declares `session`'s queue as a hostile client would: it takes no message at all.
-async fn refusing_queue(h: &Harness, session: &str) -> (lapin::Channel, String) {
-    let queue = format!("{}.session.{session}", h.topology.prefix());
-    let mut args = FieldTable::default();
-    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
-    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
-    let ch = h.conn.create_channel().await.unwrap();
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    ch.queue_declare(queue.as_str().into(), durable, args).await.unwrap();
-    h.sessions.lock().unwrap().insert(session.parse().unwrap());
-    (ch, queue)
+/// Waits up to `wait` for a reply to be parked; how many are.
+async fn until_parked(h: &Harness, wait: Duration) -> i64 {
+    let deadline = Instant::now() + wait;
+    while h.deps.store.parked_len().await.unwrap() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    h.deps.store.parked_len().await.unwrap()
 }
 
 async fn mend(h: &Harness, table: &str) {
@@ -69,8 +64,7 @@ async fn a_read_only_database_for_a_while_delays_a_turn_and_fails_none() {
 async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
     let h = Harness::start(1).await;
     let s = new_session();
-    let (ch, queue) = refusing_queue(&h, &s).await;
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    let queue = declare_refusing_queue(&h, &s).await;
     refuse_writes(&h, "undelivered", "25006").await;
     h.publish_raw(serde_json::to_vec(&user_turn(&s, "t1", "hello")).unwrap()).await;
     // The turn completes; its reply is refused by the queue and not parked.
@@ -81,14 +75,9 @@ async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(h.deps.store.parked_len().await.unwrap(), 0);
     mend(&h, "undelivered").await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while h.deps.store.parked_len().await.unwrap() == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(h.deps.store.parked_len().await.unwrap(), 1, "the reply was never parked");
+    assert_eq!(until_parked(&h, Duration::from_secs(60)).await, 1, "the reply was never parked");
     // The client mends its queue: the reply arrives, once.
-    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    mend_queue(&h, &queue).await;
     let replies = h.replies(&s, 1, Duration::from_secs(60)).await;
     let finals: Vec<_> = replies.iter().filter(|r| r.is_final).collect();
     assert_eq!(finals.len(), 1, "{replies:?}");
@@ -105,23 +94,17 @@ async fn a_refused_reply_the_database_cannot_park_waits_and_arrives() {
 async fn a_refusal_repeating_a_nul_of_its_client_parks_and_holds_nothing() {
     let h = Harness::start(1).await;
     let s = new_session();
-    let (ch, queue) = refusing_queue(&h, &s).await;
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    let queue = declare_refusing_queue(&h, &s).await;
     // No TurnId: refused, and the refusal names the message id.
     let body = serde_json::to_vec(&serde_json::json!({"SessionId": s, "Instruction": "x"}));
     let request = h.topology.request(&s, "hostile\0id".into(), body.unwrap());
     h.publisher.publish(&request).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while h.deps.store.parked_len().await.unwrap() == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(h.deps.store.parked_len().await.unwrap(), 1, "the refusal never parked");
+    assert_eq!(until_parked(&h, Duration::from_secs(30)).await, 1, "the refusal never parked");
     // The same session's next request is answered once its queue takes messages.
-    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    ch.queue_declare(queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    mend_queue(&h, &queue).await;
     h.submit(&user_turn(&s, "t1", "and now?")).await;
     let replies = h.replies(&s, 2, Duration::from_secs(60)).await;
-    let correlations: Vec<_> = replies.iter().map(|r| r.body["Successful"].clone()).collect();
-    assert_eq!(correlations, [false, true], "the refusal, then the turn's answer");
+    let outcomes: Vec<_> = replies.iter().map(|r| r.body["Successful"].clone()).collect();
+    assert_eq!(outcomes, [false, true], "the refusal, then the turn's answer");
     h.teardown().await;
 }
