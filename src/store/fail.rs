@@ -26,7 +26,8 @@ impl Store {
         let turn = key.turn_id.as_str();
         let mut tx = self.pool.begin().await?;
         let locked = super::session_lock::lock_active(&mut tx, session).await?;
-        let (active, tenant) = locked.ok_or(sqlx::Error::RowNotFound)?;
+        // A session swept away since holds no open turn; a missing row is the same on every try.
+        let Some((active, tenant)) = locked else { return Ok(None) };
         let Some(row) = turn_row(&mut tx, session, turn).await? else { return Ok(None) };
         let ours = row.fingerprint == fingerprint
             || row.continuation_fingerprint.as_deref() == Some(fingerprint);

@@ -45,6 +45,7 @@ use sqlx::{ConnectOptions as _, PgPool};
 pub use actions::OperatorAction;
 pub use admission::Admission;
 pub use admit::SessionMeta;
+pub use admit_ways::MAX_QUEUED_PER_SESSION;
 pub use approvals::EXPIRY_MESSAGE;
 pub use browse::{SessionSearch, SessionSummary, CONSOLE_ROWS};
 pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
@@ -109,6 +110,10 @@ pub enum StoreError {
         /// The turn.
         turn: String,
     },
+    /// A session created (or found) a moment ago was gone when locked: the expiry sweep took it
+    /// in between. Retrying creates it afresh.
+    #[error("session `{0}` vanished while it was opened")]
+    Vanished(uuid::Uuid),
     /// The session's previous turn ended moments ago and its reply is still being published: a
     /// new turn waits, so it cannot overtake that reply.
     #[error("the session's previous reply is still being published")]
@@ -133,6 +138,7 @@ impl StoreError {
             | StoreError::NotRunning { .. }
             | StoreError::Transition(_) => false,
             StoreError::ReplyInFlight
+            | StoreError::Vanished(_)
             | StoreError::AdmittedMeanwhile { .. }
             | StoreError::Changed { .. } => true,
             StoreError::Shared(e) => e.is_transient(),
@@ -169,10 +175,18 @@ fn sqlx_transient(e: &sqlx::Error) -> bool {
                     | "08P01"
             )
         ),
-        // A column that does not decode (a turn state no version wrote) is corrupt stored
-        // data: a retry reads the same.
-        sqlx::Error::ColumnDecode { .. } => false,
-        _ => true,
+        // The connection, its pool or its TLS failed: another connection, or the same one a
+        // moment later, can succeed. A protocol error is a stream cut mid-message.
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // A column that does not decode (a turn state no version wrote), a row that is not
+        // there, a value that does not encode and a schema or setting that does not match are
+        // the same on every try: retrying them only holds the message (and its session) longer.
+        _ => false,
     }
 }
 
@@ -335,5 +349,23 @@ impl Store {
     pub async fn close(&self) {
         self.pool.close().await;
         self.sweep.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_retried_and_a_missing_row_or_bad_value_is_not() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        for e in [io, sqlx::Error::PoolTimedOut, sqlx::Error::Protocol("cut".into())] {
+            assert!(StoreError::Db(e).is_transient());
+        }
+        let decode = sqlx::Error::Decode("not a state".into());
+        let not_found = sqlx::Error::ColumnNotFound("state".into());
+        for e in [sqlx::Error::RowNotFound, decode, not_found] {
+            assert!(!StoreError::Db(e).is_transient(), "retried");
+        }
     }
 }

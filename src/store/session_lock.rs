@@ -86,7 +86,7 @@ pub(super) async fn open_session(
         return Ok((locked, false));
     }
     let created = create_session(conn, session, meta).await?;
-    let locked = lock_session(conn, session, turn).await?.ok_or(sqlx::Error::RowNotFound)?;
+    let locked = lock_session(conn, session, turn).await?.ok_or(StoreError::Vanished(session))?;
     Ok((locked, created))
 }
 
