@@ -33,12 +33,24 @@ pub struct Recorded {
     pub settled: Settled,
 }
 
-/// Replays or discards the dead letter `id` as `actor`, and records it.
+/// The dead-letter queues to look in for one letter: all of them, or the one named (none when
+/// it names no dead-letter queue of the deployment). A message id is the client's to choose, so
+/// two letters in two queues can share one; naming the queue picks the letter the operator saw.
+pub fn queues_to_look(settings: &Settings, queue: Option<&str>) -> Vec<String> {
+    let all = queues(settings);
+    match queue {
+        Some(q) => all.into_iter().filter(|d| d == q).collect(),
+        None => all,
+    }
+}
+
+/// Replays or discards the dead letter `id` (in `queue`, when named) as `actor`, and records
+/// it.
 pub async fn settle(
     settings: &Settings,
     publisher: &Publisher,
     store: &Store,
-    id: &str,
+    (id, queue): (&str, Option<&str>),
     action: DeadAction,
     actor: &str,
 ) -> anyhow::Result<Recorded> {
@@ -48,17 +60,19 @@ pub async fn settle(
     };
     let row = store.start_action(actor, name, id).await?;
     let topology = &crate::pipeline::topology(settings);
-    let settled = match settle_checked(settings, topology, (publisher, store), id, action).await {
-        Ok(settled) => settled,
-        Err(e) => {
-            let detail = json!({ "error": e.to_string() });
-            let _ = store.finish_action(row, "failed", &detail).await;
-            return Err(e);
-        }
-    };
+    let dead = queues_to_look(settings, queue);
+    let settled =
+        match settle_checked(settings, topology, (publisher, store), (id, &dead), action).await {
+            Ok(settled) => settled,
+            Err(e) => {
+                let detail = json!({ "error": e.to_string() });
+                let _ = store.finish_action(row, "failed", &detail).await;
+                return Err(e);
+            }
+        };
     let detail = match &settled {
         Settled::Done(l) => json!({
-            "reason": l.reason, "stage": l.stage, "original_queue": l.original_queue,
+            "reason": l.reason, "stage": l.stage, "original_queue": l.original_queue, "queue": l.queue,
             "session_id": l.session_id, "turn_id": l.turn_id,
         }),
         Settled::Refused(reason) => json!({ "refused": reason }),
@@ -79,12 +93,11 @@ async fn settle_checked(
     settings: &Settings,
     topology: &Topology,
     (publisher, store): (&Publisher, &Store),
-    id: &str,
+    (id, dead): (&str, &[String]),
     action: DeadAction,
 ) -> anyhow::Result<Settled> {
-    let dead = queues(settings);
     let turn = match action {
-        DeadAction::Replay => match topology.dead_letter(publisher, &dead, id).await? {
+        DeadAction::Replay => match topology.dead_letter(publisher, dead, id).await? {
             Some(letter) => turn_of(store, &letter).await?,
             None => return Ok(Settled::NotFound),
         },
@@ -94,7 +107,7 @@ async fn settle_checked(
         DeadAction::Replay => replayable(settings, topology, letter, turn.as_ref()),
         DeadAction::Discard => Ok(()),
     };
-    Ok(topology.settle_dead(publisher, &dead, id, action, check).await?)
+    Ok(topology.settle_dead(publisher, dead, id, action, check).await?)
 }
 
 /// A turn's key, state and step.

@@ -73,6 +73,13 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
         assert!(turn.contains(needle), "missing {needle}");
     }
     assert!(turn.contains("<svg class=\"waterfall\""), "the turn's waterfall is drawn");
+    reprocessed_many_times(&h, &done).await;
+    let turn = get(format!("/sessions/{done}/turns/t1")).await;
+    let live = h.records(&done).await.into_iter().find(|r| r["reprocess_of"].is_null()).unwrap();
+    let live = format!(">record {}", live["id"].as_str().unwrap());
+    assert!(turn.contains(&live), "the live record is shown");
+    let shown = turn.matches("replayed by run").count() as i64;
+    assert_eq!(shown, aptix::store::CONSOLE_ROWS - 1, "reprocessed records shown");
     // Spend of two tenants on two days (rows as the invoke stage reserves and persist settles
     // them): the admin's chart stacks both, a tenant's operator sees its own only.
     let today = spend_rows(&h).await;
@@ -208,6 +215,24 @@ async fn an_operator_follows_a_turn_and_replays_a_dead_letter_in_the_browser() {
     }
     stop(&mut admin);
     h.teardown().await;
+}
+
+/// Reprocessing runs add records to a turn without bound: `t1` of `session` gets more than the
+/// console's page reads, each as a run of its own.
+async fn reprocessed_many_times(h: &Harness, session: &str) {
+    sqlx::query(
+        "INSERT INTO response_records
+         SELECT (jsonb_populate_record(r, jsonb_build_object(
+                     'id', gen_random_uuid(), 'reprocess_of', r.id,
+                     'reprocess_run', 'run-' || n, 'created_at', now()))).*
+           FROM response_records r, generate_series(1, $2) n
+          WHERE r.session_id = $1::uuid AND r.turn_id = 't1' AND r.reprocess_of IS NULL",
+    )
+    .bind(session)
+    .bind(aptix::store::CONSOLE_ROWS + 20)
+    .execute(h.deps.store.pool())
+    .await
+    .unwrap();
 }
 
 /// Settled spend rows: tenant `acme` $0.25 today, `other` $1 today and $0.5 yesterday. Returns

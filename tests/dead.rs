@@ -91,6 +91,11 @@ async fn discards_keep_the_others_in_order_and_two_at_once_settle_once() {
     all.sort();
     assert_eq!(all, ["forged-0", "forged-1", "forged-2", "forged-3"]);
     assert_eq!(order(&until_listed(&h, 4).await), ids, "a look leaves them in place, in order");
+    // A list that has read its budget of bytes (the broker sends each letter whole) ends.
+    let dead = [h.topology.dead()];
+    let budget = h.topology.dead_letters(&h.publisher, &dead, (10, 1)).await.unwrap();
+    let read: Vec<&str> = budget.iter().map(|l| l.id.as_str()).collect();
+    assert_eq!(read, [ids[0].as_str()], "a look past its bytes");
     // A list keeps a look at each body; `dead show` reads the one letter whole.
     let listed = until_listed(&h, 4).await;
     let large = listed.iter().find(|l| l["id"] == "forged-3").unwrap();
@@ -255,4 +260,46 @@ async fn actions(h: &Harness) -> Vec<(String, String, String, String)> {
         .fetch_all(h.deps.store.pool())
         .await
         .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_letter_named_with_its_queue_is_the_one_acted_on_when_two_share_an_id() {
+    let h = Harness::start(1).await;
+    // A client chooses message ids: the shared queue and a tenant's each hold a letter `same`.
+    let mut settings = (*h.settings).clone();
+    let tenant = aptix::config::Tenant {
+        users: vec!["acme-user".into()],
+        agent_contexts: vec!["default".into()],
+        conversation_contexts: vec!["default".into()],
+        limits: Default::default(),
+    };
+    settings.tenants.insert("acme".into(), tenant);
+    let [shared, own] = [h.topology.dead(), h.topology.dead_of(Some(&"acme".parse().unwrap()))];
+    let ch = h.conn.create_channel().await.unwrap();
+    let durable = lapin::options::QueueDeclareOptions { durable: true, ..Default::default() };
+    ch.queue_declare(own.as_str().into(), durable, Default::default()).await.unwrap();
+    for (queue, body) in [(&shared, "the shared one"), (&own, "acme's")] {
+        let (id, body) = ("same".to_owned(), body.as_bytes().to_vec());
+        let msg = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", id, body);
+        h.publisher.publish(&msg).await.unwrap();
+    }
+    let discard = |queue: Option<String>| {
+        let (settings, publisher, store) = (&settings, &h.publisher, &h.deps.store);
+        async move {
+            let which = ("same", queue.as_deref());
+            let action = aptix::broker::DeadAction::Discard;
+            aptix::dead::settle(settings, publisher, store, which, action, "test").await.unwrap()
+        }
+    };
+    // Named with its queue, the tenant's letter goes; the shared one, read first, stays.
+    match discard(Some(own.clone())).await.settled {
+        aptix::dead::Settled::Done(letter) => assert_eq!(letter.body, b"acme's"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((h.peek_count(&shared).await, h.peek_count(&own).await), (1, 0));
+    // A queue that is not one of the deployment's dead-letter queues holds no letter of its.
+    let stage = h.topology.stage_queue(aptix::broker::StageName::new("retrieve"));
+    assert!(matches!(discard(Some(stage)).await.settled, aptix::dead::Settled::NotFound));
+    assert_eq!(h.peek_count(&shared).await, 1);
+    h.teardown().await;
 }

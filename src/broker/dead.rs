@@ -187,19 +187,22 @@ pub enum DeadAction {
 
 impl Topology {
     /// Up to `limit` dead letters of `queues` (see [`Topology::dead_queues`]), each queue's
-    /// oldest first, left in their queues, each with at most [`LISTED_BODY`] bytes of its body.
-    /// A queue that does not exist has none.
+    /// oldest first, left in their queues, each with at most [`LISTED_BODY`] bytes of its body;
+    /// no more once the letters read come to `bytes` (the broker sends each whole: a page that
+    /// lists them must not move gigabytes). A queue that does not exist has none.
     pub async fn dead_letters(
         &self,
         publisher: &Publisher,
         queues: &[String],
-        limit: usize,
+        (limit, bytes): (usize, usize),
     ) -> Result<Vec<DeadLetter>, BrokerError> {
         let mut look = Look::new(publisher, queues);
         let mut out = Vec::new();
+        let mut read_bytes = 0usize;
         let read = async {
-            while out.len() < limit.min(MAX_LOOK) {
+            while out.len() < limit.min(MAX_LOOK) && read_bytes < bytes {
                 let Some((queue, m)) = look.next().await? else { break };
+                read_bytes = read_bytes.saturating_add(m.delivery.data.len());
                 out.push(DeadLetter::of(&m, queue).listed());
             }
             Ok(())

@@ -29,11 +29,19 @@ pub enum DeadCommand {
     Show {
         /// Its message id (`aptix dead list`).
         id: String,
+        /// The dead-letter queue it is in (`queue` in `list --json`), when letters of two
+        /// queues share its id (a client chooses message ids).
+        #[arg(long)]
+        queue: Option<String>,
     },
     /// Publish the dead letter again where it came from, then remove it.
     Replay {
         /// Its message id.
         id: String,
+        /// The dead-letter queue it is in (`queue` in `list --json`), when letters of two
+        /// queues share its id (a client chooses message ids).
+        #[arg(long)]
+        queue: Option<String>,
         /// Who does it, for the record (default: $USER).
         #[arg(long)]
         actor: Option<String>,
@@ -42,6 +50,10 @@ pub enum DeadCommand {
     Discard {
         /// Its message id.
         id: String,
+        /// The dead-letter queue it is in (`queue` in `list --json`), when letters of two
+        /// queues share its id (a client chooses message ids).
+        #[arg(long)]
+        queue: Option<String>,
         /// Who does it, for the record (default: $USER).
         #[arg(long)]
         actor: Option<String>,
@@ -60,13 +72,13 @@ pub fn run(settings: Settings, command: DeadCommand) -> anyhow::Result<ExitCode>
         let code = match command {
             DeadCommand::List { limit, json } => {
                 let letters = topology
-                    .dead_letters(&publisher, &crate::dead::queues(&settings), limit)
+                    .dead_letters(&publisher, &crate::dead::queues(&settings), (limit, usize::MAX))
                     .await?;
                 print_list(&letters, json)?;
                 ExitCode::SUCCESS
             }
-            DeadCommand::Show { id } => {
-                let queues = crate::dead::queues(&settings);
+            DeadCommand::Show { id, queue } => {
+                let queues = crate::dead::queues_to_look(&settings, queue.as_deref());
                 match topology.dead_letter(&publisher, &queues, &id).await? {
                     Some(letter) => {
                         print_one(&letter)?;
@@ -75,11 +87,13 @@ pub fn run(settings: Settings, command: DeadCommand) -> anyhow::Result<ExitCode>
                     None => not_found(&id),
                 }
             }
-            DeadCommand::Replay { id, actor } => {
-                act(&settings, &publisher, &id, DeadAction::Replay, actor).await?
+            DeadCommand::Replay { id, queue, actor } => {
+                let which = (id.as_str(), queue.as_deref());
+                act(&settings, &publisher, which, DeadAction::Replay, actor).await?
             }
-            DeadCommand::Discard { id, actor } => {
-                act(&settings, &publisher, &id, DeadAction::Discard, actor).await?
+            DeadCommand::Discard { id, queue, actor } => {
+                let which = (id.as_str(), queue.as_deref());
+                act(&settings, &publisher, which, DeadAction::Discard, actor).await?
             }
         };
         publisher.close(std::time::Duration::from_secs(5)).await;
@@ -90,7 +104,7 @@ pub fn run(settings: Settings, command: DeadCommand) -> anyhow::Result<ExitCode>
 async fn act(
     settings: &Settings,
     publisher: &Publisher,
-    id: &str,
+    (id, queue): (&str, Option<&str>),
     action: DeadAction,
     actor: Option<String>,
 ) -> anyhow::Result<ExitCode> {
@@ -100,7 +114,8 @@ async fn act(
         eprintln!("PostgreSQL at {} cannot be reached", settings.database.url);
         return Ok(ExitCode::from(2));
     }
-    let done = crate::dead::settle(settings, publisher, &store, id, action, &actor).await?;
+    let done =
+        crate::dead::settle(settings, publisher, &store, (id, queue), action, &actor).await?;
     Ok(match done.settled {
         Settled::Done(letter) => {
             let verb = if action == DeadAction::Replay { "replayed" } else { "discarded" };

@@ -101,26 +101,28 @@ pub async fn require(
     }
 }
 
-/// Refuses what a browser says another site asked for (`Sec-Fetch-Site: cross-site`), except
-/// following a link to a page: a signed-in operator's browser sends its sign-in with any
+/// Refuses what a browser says another origin asked for (`Sec-Fetch-Site: cross-site` or
+/// `same-site`), except following a link to a page: a signed-in operator's browser sends its sign-in with any
 /// request, so a hostile page could otherwise make the console read a session or 200 dead
 /// letters for it, again and again, unseen. Requests without the header (older browsers, `curl`)
 /// pass: they are not a browser acting for another site.
 pub async fn same_site(request: Request, next: Next) -> Response {
     if cross_site(request.method(), request.headers()) {
-        let text = "refused: another site asked for this (Sec-Fetch-Site: cross-site); open the console's pages from the console\n";
+        let text = "refused: another site asked for this (Sec-Fetch-Site: cross-site or same-site); open the console's pages from the console\n";
         return (StatusCode::FORBIDDEN, text).into_response();
     }
     next.run(request).await
 }
 
-/// Whether the request comes from another site and is not a link followed to a page.
+/// Whether the request comes from another origin and is not a link followed to a page. A
+/// same-site origin is another origin too: a tenant's app on a sibling subdomain is as foreign
+/// to the console as another site.
 fn cross_site(method: &axum::http::Method, headers: &HeaderMap) -> bool {
     let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
     let navigation = method == axum::http::Method::GET
         && value("sec-fetch-mode") == "navigate"
         && matches!(value("sec-fetch-dest"), "document" | "");
-    value("sec-fetch-site") == "cross-site" && !navigation
+    matches!(value("sec-fetch-site"), "cross-site" | "same-site") && !navigation
 }
 
 #[cfg(test)]
@@ -188,10 +190,12 @@ mod tests {
         ]);
         assert!(!cross_site(&get, &link));
         assert!(cross_site(&axum::http::Method::POST, &link), "a form posted from elsewhere");
-        for site in ["same-origin", "same-site", "none"] {
+        for site in ["same-origin", "none"] {
             let own = headers(&[("sec-fetch-site", site), ("sec-fetch-mode", "no-cors")]);
             assert!(!cross_site(&get, &own), "{site}");
         }
+        let sibling = headers(&[("sec-fetch-site", "same-site"), ("sec-fetch-mode", "no-cors")]);
+        assert!(cross_site(&get, &sibling), "a sibling subdomain's page");
         assert!(!cross_site(&get, &HeaderMap::new()), "no header: not a browser's request");
     }
 

@@ -146,12 +146,8 @@ async fn visible(
     turn: Option<&str>,
 ) -> Result<crate::store::SessionView, (StatusCode, Markup)> {
     let session: SessionId = id.parse().map_err(|_| not_found("no such session"))?;
-    let view = c.store.console_view(&session, turn).await.map_err(failed)?;
-    let view = view.ok_or_else(|| not_found("no such session"))?;
-    match scope.tenant() {
-        Some(t) if view.session["tenant"].as_str() != Some(t) => Err(not_found("no such session")),
-        _ => Ok(view),
-    }
+    let view = c.store.console_view(&session, turn, scope.tenant()).await.map_err(failed)?;
+    view.ok_or_else(|| not_found("no such session"))
 }
 
 async fn sessions(
@@ -221,13 +217,17 @@ async fn queues(
     };
     let dead = c
         .topology
-        .dead_letters(&c.publisher, &crate::dead::queues(&c.settings), 200)
+        .dead_letters(&c.publisher, &crate::dead::queues(&c.settings), DEAD_LISTED)
         .await
         .map_err(failed)?;
     let missing = rates.err().unwrap_or_default();
     let admin = c.admin() && scope == Scope::Admin;
     Ok(pages::queues(&states, &dead, admin, &notice, &missing))
 }
+
+/// Most dead letters the queues page lists, and most bytes of them it reads: a client can make
+/// letters of the broker's 16 MiB, and every load reads each whole.
+const DEAD_LISTED: (usize, usize) = (200, 32 * 1024 * 1024);
 
 /// What a recorded dead-letter action did, in a line.
 fn notice(a: &OperatorAction) -> String {
@@ -246,6 +246,8 @@ fn notice(a: &OperatorAction) -> String {
 #[derive(Debug, Deserialize)]
 struct ActionForm {
     id: String,
+    /// The dead-letter queue the page listed it in: two letters can share a client's id.
+    queue: Option<String>,
     token: String,
 }
 
@@ -269,7 +271,8 @@ async fn dead_action(
         let text = "the admin token is wrong; nothing was done";
         return (StatusCode::FORBIDDEN, pages::message("Refused", text)).into_response();
     }
-    let done = crate::dead::settle(&c.settings, &c.publisher, &c.store, &id, action, "console");
+    let which = (id.as_str(), form.queue.as_deref());
+    let done = crate::dead::settle(&c.settings, &c.publisher, &c.store, which, action, "console");
     match done.await {
         // 303 to a page that reads the action's record: refreshing it does not act again.
         Ok(recorded) => {

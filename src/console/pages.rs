@@ -185,7 +185,7 @@ fn dead_letter(d: &DeadLetter, admin: bool) -> Markup {
             details {
                 summary {
                     "body"
-                    @if d.body_cut() { " (its first " (d.body.len()) " of " (d.body_bytes) " bytes: `aptix dead show` prints it whole)" }
+                    @if d.body_cut() { " (its first " (d.body.len()) " of " (d.body_bytes) " bytes: `aptix dead show " (d.id) " --queue " (d.queue) "` prints it whole)" }
                 }
                 pre { (body) }
             }
@@ -194,6 +194,7 @@ fn dead_letter(d: &DeadLetter, admin: bool) -> Markup {
                     // The id is the client's message id: a form field, never part of a path.
                     form.inline method="post" action=(format!("/dead/{action}")) {
                         input type="hidden" name="id" value=(d.id);
+                        input type="hidden" name="queue" value=(d.queue);
                         input type="password" name="token" placeholder="admin token" required;
                         " " button type="submit" name="do" value=(action) { (action) }
                     }

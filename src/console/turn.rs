@@ -10,7 +10,7 @@ use super::pages::{json_block, layout, text};
 use crate::config::ModelPrice;
 use crate::contracts::Usage;
 use crate::messages::hops;
-use crate::store::SessionView;
+use crate::store::{SessionView, CONSOLE_ROWS};
 
 /// A turn, its records and what happened when.
 pub struct Turn<'a> {
@@ -200,6 +200,9 @@ pub fn page(t: &Turn<'_>) -> Markup {
             }
             h2 { "Request as the client sent it" }
             (json_block(&t.row["request"]))
+            @if t.records.len() as i64 >= CONSOLE_ROWS {
+                p.note { "The turn's records and its newest reprocessed ones, " (CONSOLE_ROWS) " in all; `aptix session show " (t.session_id) "` prints them all." }
+            }
             @for r in &t.records { (record(r)) }
         },
     )

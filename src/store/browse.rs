@@ -87,15 +87,27 @@ pub const CONSOLE_BODY_CHARS: i32 = 4_096;
 impl Store {
     /// A session as the console shows it, whatever the session holds: its newest
     /// [`CONSOLE_ROWS`] turns without their requests, its newest refusals, and for `turn` that
-    /// turn's request and records. A client can give one session any number of turns and
-    /// refusals of megabytes each; reading them all (as [`Store::session_view`] does for
-    /// `aptix session show`) would let it take the console's memory.
+    /// turn's request and its newest [`CONSOLE_ROWS`] records. A client can give one session
+    /// any number of turns and refusals of megabytes each; reading them all (as
+    /// [`Store::session_view`] does for `aptix session show`) would let it take the console's
+    /// memory.
+    /// With `tenant`, another tenant's session reads as missing before anything else of it is
+    /// read.
     pub async fn console_view(
         &self,
         session: &crate::contracts::SessionId,
         turn: Option<&str>,
+        tenant: Option<&str>,
     ) -> Result<Option<super::sessions::SessionView>, StoreError> {
         let id = session.as_uuid();
+        if let Some(tenant) = tenant {
+            let owner = sqlx::query_scalar!("SELECT tenant FROM sessions WHERE id = $1", id)
+                .fetch_optional(&self.pool)
+                .await?;
+            if owner.flatten().as_deref() != Some(tenant) {
+                return Ok(None);
+            }
+        }
         let Some(view) = self.session_row(session).await? else { return Ok(None) };
         // Of the other turns, what the pages show and nothing more: their stored answers,
         // continuations and tool results could be megabytes each.
@@ -118,9 +130,10 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        // The session page shows no record: only a turn's page reads its own.
+        // The session page shows no record: only a turn's page reads its own, the newest
+        // (reprocessing and evaluation runs add records to a turn without bound).
         let records = match turn {
-            Some(turn) => self.session_records(id, Some(turn)).await?,
+            Some(turn) => self.session_records(id, Some(turn), Some(CONSOLE_ROWS)).await?,
             None => Vec::new(),
         };
         let replies = self.console_replies(id).await?;

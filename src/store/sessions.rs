@@ -275,27 +275,33 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        let records = self.session_records(id, None).await?;
+        let records = self.session_records(id, None, None).await?;
         let replies = self.session_replies(id, None).await?;
         Ok(Some(SessionView { session, turns, records, replies }))
     }
 
     /// A session's records (of turn `turn` only, with `Some`), oldest first, their tool
-    /// definitions put back in.
+    /// definitions put back in; with `newest`, only that many: the live records first, then
+    /// the newest reprocessed ones.
     pub(super) async fn session_records(
         &self,
         session: uuid::Uuid,
         turn: Option<&str>,
+        newest: Option<i64>,
     ) -> Result<Vec<Value>, StoreError> {
+        // `LIMIT NULL` is no limit.
         Ok(sqlx::query_scalar!(
             r#"SELECT to_jsonb(r) || jsonb_build_object(
                    'request_payload', aptix_deref_at(r.request_payload, '{tools}'),
                    'response_payload', aptix_deref_at(r.response_payload, '{tools}')) AS "row!"
-               FROM response_records r
-               WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2)
-               ORDER BY created_at, id"#,
+               FROM (SELECT * FROM response_records
+                     WHERE session_id = $1 AND ($2::text IS NULL OR turn_id = $2)
+                     ORDER BY reprocess_of IS NULL DESC, created_at DESC, id DESC
+                     LIMIT $3) r
+               ORDER BY r.created_at, r.id"#,
             session,
-            turn
+            turn,
+            newest
         )
         .fetch_all(&self.pool)
         .await?)
