@@ -2,7 +2,8 @@
 //! queues") wait in PostgreSQL, and this loop offers each to its queue again, oldest first per
 //! queue, backing off while the queue keeps refusing. It runs in every process that runs a
 //! stage; PostgreSQL's row claims make the loops of many processes deliver each reply once.
-//! A reply that waited longer than a session queue lives unused is kept in `<prefix>.unrouted`.
+//! A reply that waited longer than a session queue lives unused is kept in `<prefix>.unrouted`,
+//! and so is one no worker could read for as long.
 //! Offers run side by side, each queue's head claimed when a place frees (not batch after
 //! batch: one queue whose confirms never come held a whole batch back, and the batch's last
 //! offers outlived their claims), at most [`PER_TENANT`] of a tenant's at once, so queues of
@@ -14,8 +15,9 @@ use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt as _;
+use serde::Deserialize as _;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::broker::{keep_unrouted, Handed, LazyPublisher, OutMessage, Publisher, RuntimeSettings};
 use crate::store::{Parked, Store};
@@ -149,14 +151,9 @@ async fn bounded(store: &Store, publisher: &Publisher, settings: &RuntimeSetting
 /// Offers one parked reply to its queue again.
 async fn offer(store: &Store, publisher: &Publisher, settings: &RuntimeSettings, p: Parked) {
     let topology = &settings.topology;
-    let message: OutMessage = match serde_json::from_value(p.message) {
+    let message = match OutMessage::deserialize(&p.message) {
         Ok(m) => m,
-        Err(error) => {
-            // Written by this module's writer; unreadable means a newer version wrote it.
-            warn!(id = p.id, queue = %p.queue, %error, "parked reply unreadable, left for a newer worker");
-            let _ = store.park_again(p.id, KEEP).await;
-            return;
-        }
+        Err(error) => return unreadable(store, publisher, topology, p, &error).await,
     };
     let handed = if p.age > KEEP {
         keep_unrouted(publisher, topology, &message, "waited a day for its queue").await
@@ -181,6 +178,38 @@ async fn offer(store: &Store, publisher: &Publisher, settings: &RuntimeSettings,
     if let Err(error) = settled {
         // The claim runs out and the reply is offered again: a copy, dropped by message id.
         debug!(id = p.id, %error, "parked reply's row not updated");
+    }
+}
+
+/// A parked reply this version does not read. Unreadable means a newer version wrote it: it is
+/// offered again as soon as a refused one, for a worker of that version to take, so the
+/// queue's later replies wait behind it no longer than an upgrade lasts. One no version read
+/// in a day is kept in `<prefix>.unrouted` as stored, its queue's later replies then going on.
+async fn unreadable(
+    store: &Store,
+    publisher: &Publisher,
+    topology: &crate::broker::Topology,
+    p: Parked,
+    error: &serde_json::Error,
+) {
+    if p.age <= KEEP {
+        warn!(id = p.id, queue = %p.queue, %error, "parked reply unreadable, left for a newer worker");
+        let _ = store.park_again(p.id, backoff(p.tries)).await;
+        return;
+    }
+    let message_id = p.message.get("message_id").and_then(|m| m.as_str()).unwrap_or_default();
+    let stored = serde_json::to_vec(&p.message).unwrap_or_default();
+    let mut raw = OutMessage::to_queue(p.queue.clone(), "parked", message_id.to_owned(), stored);
+    raw.tenant = p.tenant.as_deref().and_then(|t| t.parse().ok());
+    let reason = "unreadable for a day: kept as stored";
+    match keep_unrouted(publisher, topology, &raw, reason).await {
+        Ok(Handed::Done) => {
+            error!(id = p.id, queue = %p.queue, %error, "parked reply no worker read in a day, kept in the unrouted queue as stored");
+            let _ = store.unpark(p.id).await;
+        }
+        _ => {
+            let _ = store.park_again(p.id, backoff(0)).await;
+        }
     }
 }
 

@@ -238,3 +238,43 @@ async fn parked_replies_are_claimed_each_tenants_in_turn() {
     assert!(store.claim_parked(16, 4, &[("greedy".into(), 4)]).await.unwrap().is_empty());
     drop_database(store, &db).await;
 }
+
+/// A parked reply this version cannot read (a newer version wrote it, or it is corrupt) is
+/// offered again as soon as a refused one, for a worker that reads it, instead of holding its
+/// queue's later replies for a day; one no worker read in a day is kept in the unrouted queue
+/// as stored, and leaves its queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_parked_reply_is_offered_again_soon_and_kept_aside_after_a_day() {
+    let h = Harness::start(1).await;
+    let pool = h.deps.store.pool();
+    sqlx::query(
+        r#"INSERT INTO undelivered (queue, message, reason, created_at) VALUES
+           ('q-fresh', '{"v": 99}', 'test', now()),
+           ('q-old', '{"v": 99, "message_id": "old"}', 'test', now() - interval '25 hours')"#,
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let fresh = "SELECT tries, extract(epoch FROM next_try_at - now())::float8 FROM undelivered
+                 WHERE queue = 'q-fresh'";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (tries, due_in) = loop {
+        let (tries, due_in): (i32, f64) = sqlx::query_as(fresh).fetch_one(pool).await.unwrap();
+        let old: i64 = sqlx::query_scalar("SELECT count(*) FROM undelivered WHERE queue = 'q-old'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if tries >= 2 && old == 0 {
+            break (tries, due_in);
+        }
+        assert!(Instant::now() < deadline, "fresh offered {tries} times, old rows {old}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(due_in <= 10.5, "offered again in {due_in} s after {tries} offers");
+    let kept = h.take_all(&h.topology.unrouted()).await;
+    assert_eq!(kept.len(), 1, "the old one is kept aside once");
+    let (headers, body) = &kept[0];
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(body).unwrap()["v"], 99);
+    assert_eq!(headers.get("x-aptix-unrouted-routing-key").map(String::as_str), Some("q-old"));
+    h.teardown().await;
+}

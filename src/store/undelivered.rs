@@ -64,10 +64,14 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for r in replies {
             let room = sqlx::query_scalar!(
+                // Each count stops at its bound, on an index (`undelivered_queue`,
+                // `undelivered_tenant`): a refusal costs at most the bound's rows to count.
                 r#"WITH room AS (
-                       SELECT (SELECT count(*) FROM undelivered WHERE queue = $1) < $6
-                          AND (SELECT count(*) FROM undelivered
-                               WHERE tenant IS NOT DISTINCT FROM $3) < $7 AS ok),
+                       SELECT (SELECT count(*) FROM (SELECT 1 FROM undelivered
+                                                     WHERE queue = $1 LIMIT $6) q) < $6
+                          AND (SELECT count(*) FROM (SELECT 1 FROM undelivered
+                                                     WHERE coalesce(tenant, '') = coalesce($3, '')
+                                                     LIMIT $7) t) < $7 AS ok),
                    kept AS (
                        INSERT INTO undelivered (queue, session_id, tenant, message, reason)
                        SELECT $1, $2, $3, $4, $5 FROM room WHERE ok
@@ -103,17 +107,20 @@ impl Store {
         let (busy_tenants, busy_offers): (Vec<String>, Vec<i64>) = busy.iter().cloned().unzip();
         // Each tenant's heads in turn (every tenant's oldest, then every tenant's second, ...),
         // so one tenant's many refusing queues do not hold back another's replies. The limit
-        // counts rows this process could lock: another's claims are skipped, not counted.
+        // counts rows this process could lock: another's claims are skipped, not counted. The
+        // queues are walked on their index, one step each (`aptix_parked_queues`), and only
+        // each one's oldest reply is read: a queue's thousand waiting replies cost one.
         let rows = sqlx::query!(
             r#"UPDATE undelivered u SET next_try_at = now() + make_interval(secs => $2)
                WHERE u.id IN (
                    SELECT l.id FROM undelivered l
                    JOIN (SELECT d.id, d.tenant,
                                 row_number() OVER (PARTITION BY d.tenant ORDER BY d.id) AS nth
-                         FROM undelivered d
-                         WHERE d.next_try_at <= now()
-                           AND NOT EXISTS (SELECT 1 FROM undelivered e
-                                           WHERE e.queue = d.queue AND e.id < d.id)) heads
+                         FROM aptix_parked_queues() q (queue)
+                         CROSS JOIN LATERAL (SELECT h.id, h.tenant, h.next_try_at
+                                             FROM undelivered h WHERE h.queue = q.queue
+                                             ORDER BY h.id LIMIT 1) d
+                         WHERE d.next_try_at <= now()) heads
                      ON heads.id = l.id
                    LEFT JOIN unnest($3::text[], $4::int8[]) AS busy (tenant, offers)
                      ON busy.tenant = heads.tenant
@@ -179,9 +186,13 @@ impl Store {
 
     /// The queues that have replies parked (at most `limit`).
     pub async fn parked_queues(&self, limit: i64) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar!("SELECT DISTINCT queue FROM undelivered LIMIT $1", limit)
-            .fetch_all(&self.pool)
-            .await?)
+        // Walked on the queue index, one step per queue, however many replies each holds.
+        Ok(sqlx::query_scalar!(
+            r#"SELECT q AS "queue!" FROM aptix_parked_queues() q LIMIT $1"#,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// Replies parked now, in all.
