@@ -77,14 +77,24 @@ async fn a_stage_added_between_retrieve_and_assemble_runs_in_the_pipeline() {
     h.teardown().await;
 }
 
-/// A stage with a bug that one turn's content sets off.
+/// A stage with a bug that one turn's content sets off; in `give_up` too when `twice`.
 #[derive(Debug)]
-struct Buggy;
+struct Buggy {
+    twice: bool,
+}
 
 impl Buggy {
     fn new(_: &Deps) -> Self {
-        Buggy
+        Buggy { twice: false }
     }
+
+    fn twice(_: &Deps) -> Self {
+        Buggy { twice: true }
+    }
+}
+
+fn met_by(job: &RetrievedTurn) -> bool {
+    serde_json::to_string(&job.admitted).unwrap().contains(TRIGGER)
 }
 
 /// What sets the bug off.
@@ -96,9 +106,17 @@ impl Stage for Buggy {
     type Out = RetrievedTurn;
 
     async fn run(&self, job: RetrievedTurn) -> Result<Output<RetrievedTurn>, StageError> {
-        let seen = serde_json::to_string(&job.admitted).unwrap();
-        assert!(!seen.contains(TRIGGER), "a bug met by this turn");
+        assert!(!met_by(&job), "a bug met by this turn");
         Ok(Output::Next(job))
+    }
+
+    async fn give_up(
+        &self,
+        job: RetrievedTurn,
+        error: aptix::contracts::ApiError,
+    ) -> Result<Output<RetrievedTurn>, StageError> {
+        assert!(!(self.twice && met_by(&job)), "the same bug, met giving up");
+        Ok(Output::Finish(aptix::stage::Inbound::fail(job, vec![error])))
     }
 }
 
@@ -136,5 +154,38 @@ async fn a_message_whose_handling_panics_is_given_up_and_holds_nothing() {
     let _ = ch
         .queue_delete(format!("{}.buggy", h.topology.prefix()).as_str().into(), Default::default())
         .await;
+    h.teardown().await;
+}
+
+/// A message whose stage panics giving it up too (the same bug) is given up once, its turn ended
+/// without the stage (its client answered), rather than handled and given up again for ever (a
+/// queue with no delivery limit would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_whose_giving_up_panics_too_is_dead_lettered_once() {
+    let mut h = Harness::start_with(0, |s| {
+        s.pipeline.max_redeliveries = 1;
+    })
+    .await;
+    let chain = Chain::ingress(admit::Admit::new)
+        .then(retrieve::Retrieve::new)
+        .then(Buggy::twice)
+        .then(assemble::Assemble::new)
+        .then(invoke::Invoke::new)
+        .finish(persist::Persist::new);
+    h.run_chain(chain, 1);
+    let hit = new_session();
+    h.submit(&user_turn(&hit, "t1", &format!("this one {TRIGGER}"))).await;
+    let replies = h.replies(&hit, 1, Duration::from_secs(60)).await;
+    let reply = &replies.last().expect("the turn is answered").body;
+    assert_eq!(reply["Successful"], false, "{reply}");
+    let other = new_session();
+    h.submit(&user_turn(&other, "t1", "and this one?")).await;
+    let replies = h.replies(&other, 1, Duration::from_secs(60)).await;
+    assert_eq!(replies.last().expect("a reply").body["Successful"], true);
+    assert_eq!(h.dead_letters().await.len(), 1, "given up once");
+    let buggy = format!("{}.buggy", h.topology.prefix());
+    assert_eq!(h.peek_count(&buggy).await, 0, "nothing left to loop");
+    let ch = h.conn.create_channel().await.unwrap();
+    let _ = ch.queue_delete(buggy.as_str().into(), Default::default()).await;
     h.teardown().await;
 }

@@ -1,9 +1,11 @@
 //! The one adapter between a [`Stage`] and the broker runtime: decode the input once, run the
 //! stage, route its output, and turn each error class into what happens to the message.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use futures_util::FutureExt as _;
 use sha2::{Digest as _, Sha256};
 use tracing::{debug, warn};
 
@@ -102,13 +104,25 @@ impl<S: Stage> Runner<S> {
     }
 
     /// The messages that end an input's turn with `error` (nothing if it cannot be decoded).
+    /// A stage whose own ending panics (the bug its handling met, met again) has its turn ended
+    /// the way a stage that says nothing ends one: its client still gets the error reply.
     async fn give_up(&self, d: &Delivery, error: ApiError) -> Vec<OutMessage> {
         let Ok(input) = S::In::decode(d) else { return vec![] };
-        let output = match self.stage.give_up(input, error).await {
-            Ok(o) => o,
-            Err(e) => {
+        let ending = AssertUnwindSafe(self.stage.give_up(input, error.clone())).catch_unwind();
+        let output = match ending.await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
                 tracing::error!(stage = S::NAME, error = %e, "could not end a given-up message's turn");
                 return vec![];
+            }
+            Err(_) => {
+                tracing::error!(
+                    stage = S::NAME,
+                    "ending a given-up message's turn panicked; ended without the stage"
+                );
+                // It decoded a moment ago; it decodes again.
+                let Ok(input) = S::In::decode(d) else { return vec![] };
+                Output::Finish(input.fail(vec![error]))
             }
         };
         // Outbox rows of a give-up are published with the dead letter and stay until a

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+
 use tracing::{error, warn};
 
 use super::{Settled, Settler};
@@ -22,8 +24,20 @@ impl Settler<'_> {
     }
 
     /// The turn ends here: the handler's fallback messages (an error reply) and a dead letter.
+    /// A handler whose giving up panics (a stage's own ending is caught by its runner; this is
+    /// what is left, decoding say) gives up with no messages of its own: the dead letter still
+    /// goes, or the message would come back to panic again for ever on a queue with no delivery
+    /// limit.
     pub(super) async fn give_up(&self, d: Delivery, reason: String) -> Result<(), BrokerError> {
-        let messages = self.handler.exhausted(d.clone(), reason.clone()).await;
+        let exhausted = self.handler.exhausted(d.clone(), reason.clone());
+        let messages = match std::panic::AssertUnwindSafe(exhausted).catch_unwind().await {
+            Ok(messages) => messages,
+            Err(_) => {
+                error!(stage = self.stage.as_str(), %reason, "giving a message up panicked: dead-lettered without its error reply");
+                crate::metrics::metrics().message(self.stage.as_str(), "panicked");
+                Vec::new()
+            }
+        };
         self.dead_letter_with(&d, &reason, messages).await
     }
 
