@@ -139,11 +139,21 @@ pub fn account_problem(status: Option<u16>, error: &ProviderError) -> Option<&'s
     }
 }
 
+/// Most characters of the provider's own words a client is given (the log has them whole): an
+/// error reply and its record must not carry what a provider chose to send at length.
+const CLIENT_TEXT_CHARS: usize = 1_000;
+
 /// The provider's error as a client may see it.
 fn client_text(status: Option<u16>, error: &ProviderError) -> Cow<'static, str> {
     match account_problem(status, error) {
         Some(sentence) => Cow::Borrowed(sentence),
-        None => Cow::Owned(error.to_string()),
+        None => {
+            let text = error.to_string();
+            match text.char_indices().nth(CLIENT_TEXT_CHARS) {
+                Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
+                None => Cow::Owned(text),
+            }
+        }
     }
 }
 
@@ -277,6 +287,15 @@ impl LlmError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_providers_long_words_reach_a_client_cut() {
+        let error = ProviderError { message: "é".repeat(100_000), ..Default::default() };
+        let e = LlmError::Rejected { status: 400, error: Box::new(error) };
+        let shown = e.to_string();
+        assert!(shown.chars().count() < CLIENT_TEXT_CHARS + 100, "{} chars", shown.len());
+        assert!(shown.ends_with('…'));
+    }
 
     #[test]
     fn reads_nested_flat_and_garbage_error_bodies() {

@@ -166,6 +166,7 @@ impl HttpLlmClient {
             stream::read(resp, deadline, self.idle_timeout, deltas).await?
         } else {
             let bytes = read_answer(resp, deadline).await?;
+            super::nodes::within(&bytes, super::nodes::MAX_ANSWER_NODES)?;
             serde_json::from_slice(&bytes).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(
                     "the response body is not JSON: {e}"

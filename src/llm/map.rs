@@ -172,9 +172,16 @@ fn nul(i: usize) -> LlmError {
     ))
 }
 
-/// Maps `usage`, treating every detail as optional (providers and versions differ).
+/// Most tokens one figure of a call's usage is read as (2³²; no call comes near). A provider
+/// that reports more is believed up to it: summed over a month and priced, the figures must
+/// stay far inside PostgreSQL's `bigint`, or every budget check of the tenant (and of each
+/// tenant sharing its context's budget) would fail until the month ends.
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 32;
+
+/// Maps `usage`, treating every detail as optional (providers and versions differ), each figure
+/// at most [`MAX_REPORTED_TOKENS`].
 pub fn map_usage(u: &Value) -> Option<Usage> {
-    let n = |p: &str| u.pointer(p).and_then(Value::as_u64);
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).map(|t| t.min(MAX_REPORTED_TOKENS));
     let input_tokens = n("/input_tokens")?;
     let output_tokens = n("/output_tokens").unwrap_or(0);
     Some(Usage {
@@ -191,6 +198,14 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_usage_past_any_call_is_read_as_the_most_one_can_report() {
+        let huge = json!({"input_tokens": u64::MAX, "output_tokens": 1_000_000_000_000_000_000u64});
+        let u = map_usage(&huge).unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens), (MAX_REPORTED_TOKENS, MAX_REPORTED_TOKENS));
+        assert_eq!(u.total_tokens, 2 * MAX_REPORTED_TOKENS, "the sum neither wraps nor panics");
+    }
 
     fn resp(status: &str, output: Value) -> Value {
         json!({"id":"resp_1","status":status,"output":output,"incomplete_details":{"reason":"max_output_tokens"},

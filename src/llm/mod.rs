@@ -17,6 +17,7 @@ mod error;
 mod genai;
 mod http;
 mod map;
+mod nodes;
 mod retry;
 mod sse;
 mod stream;

@@ -35,6 +35,9 @@ struct Accumulator {
     items: BTreeMap<u64, Value>,
     calls: HashMap<String, CallAcc>,
     texts: HashMap<String, String>,
+    /// Values of the events a stream keeps (all but deltas): its items and its terminal event,
+    /// which repeats them.
+    kept_nodes: usize,
 }
 
 /// The most bytes one stream may take: its deltas and its terminal event each repeat the
@@ -82,11 +85,13 @@ pub(crate) async fn read(
             .push(&chunk)
             .map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e.to_string())))?;
         for data in events {
+            let nodes = super::nodes::within(data.as_bytes(), super::nodes::MAX_ANSWER_NODES)?;
             let event: Value = serde_json::from_str(&data).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(
                     "a stream event is not JSON: {e}"
                 )))
             })?;
+            acc.keep(&event, nodes)?;
             acc.events += 1;
             if let Some(done) = acc.apply(event, &mut sink).await? {
                 return Ok(done);
@@ -96,6 +101,23 @@ pub(crate) async fn read(
 }
 
 impl Accumulator {
+    /// Counts `event`'s values against what one stream may keep: deltas are dropped once
+    /// forwarded, everything else may be kept until the stream ends.
+    fn keep(&mut self, event: &Value, nodes: usize) -> Result<(), AttemptError> {
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind.ends_with(".delta") {
+            return Ok(());
+        }
+        self.kept_nodes += nodes;
+        let most = 2 * super::nodes::MAX_ANSWER_NODES;
+        if self.kept_nodes > most {
+            return Err(AttemptError::Fatal(LlmError::InvalidResponse(format!(
+                "the stream's items hold more than the {most} JSON values any answer may"
+            ))));
+        }
+        Ok(())
+    }
+
     /// A broken stream: retryable before the first event, reported as it is after.
     fn broken(&self, cause: RetryCause) -> AttemptError {
         if self.events == 0 {

@@ -1,6 +1,6 @@
 //! A server's connection: opened once at a time (waiters share the attempt), within the caller's
-//! deadline, not tried again for a moment after it failed, and dropped when a call found it
-//! broken. A `command` server is a child process that gets no environment of the worker's (its
+//! deadline, not tried again for a moment after it failed, dropped when a call found it broken,
+//! and for a `url` server replaced after a while. A `command` server is a child process that gets no environment of the worker's (its
 //! keys and URLs) beyond what a program needs to start.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,13 +19,19 @@ pub(super) type Connection = RunningService<RoleClient, ()>;
 
 /// After a failed attempt, how long callers are told at once that the server is unreachable.
 const CONNECT_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a `url` server's connection is used for new calls before another is opened. The
+/// transport keeps what the server sends it for the connection's life (the tool headers of
+/// every listing), and reopens its event stream as soon as the server asks: a fresh connection
+/// now and then bounds both. A `command` server keeps its process.
+const HTTP_CONNECTION_AGE: Duration = Duration::from_secs(600);
 
 /// Variables a `command` server inherits from the worker; nothing else of its environment.
 const CHILD_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"];
 
 pub(super) struct Connector {
     config: McpServer,
-    open: Mutex<Option<Arc<Connection>>>,
+    /// The connection and when it was opened.
+    open: Mutex<Option<(Instant, Arc<Connection>)>>,
     /// Held while a connection is being opened: one attempt at a time.
     opening: tokio::sync::Mutex<()>,
     /// When the last attempt failed, and why.
@@ -44,7 +50,8 @@ impl Connector {
 
     fn live(&self) -> Option<Arc<Connection>> {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        open.as_ref().filter(|c| !c.is_closed()).cloned()
+        let young = |at: &Instant| self.config.url.is_none() || at.elapsed() < HTTP_CONNECTION_AGE;
+        open.as_ref().filter(|(at, c)| young(at) && !c.is_closed()).map(|(_, c)| c.clone())
     }
 
     /// The open connection, or a new one, by `deadline`.
@@ -70,7 +77,8 @@ impl Connector {
         match opened {
             Ok(c) => {
                 let c = Arc::new(c);
-                *self.open.lock().unwrap_or_else(PoisonError::into_inner) = Some(c.clone());
+                *self.open.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((Instant::now(), c.clone()));
                 *self.down.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 Ok(c)
             }
@@ -86,7 +94,7 @@ impl Connector {
     /// Drops `broken`, so that the next call connects again.
     pub(super) fn forget(&self, broken: &Arc<Connection>) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if open.as_ref().is_some_and(|c| Arc::ptr_eq(c, broken)) {
+        if open.as_ref().is_some_and(|(_, c)| Arc::ptr_eq(c, broken)) {
             *open = None;
         }
     }
@@ -108,7 +116,11 @@ impl Connector {
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.expose())
                 .custom_headers(headers)
                 .max_json_response_size(limit)
-                .max_sse_event_size(limit);
+                .max_sse_event_size(limit)
+                // A call the server answers "session expired" (404) may have run: sent again on
+                // a new session, a tool with effects would run twice. It fails as any broken
+                // call does (outcome unknown), and the next call connects afresh.
+                .reinit_on_expired_session(false);
             if let Some(file) = &c.token_file {
                 // Read at each connection: a rotated token is used from the next one on.
                 let token = std::fs::read_to_string(file).map_err(|e| failed(&e))?;

@@ -33,6 +33,10 @@ const TOOLS_KEPT: Duration = Duration::from_secs(300);
 const LISTING_BACKOFF: Duration = Duration::from_secs(30);
 /// Pages of `tools/list` read at most (a server that pages forever is cut off).
 const MAX_PAGES: usize = 8;
+/// How long a turn's assembly waits for a server's first listing (or its server's timeout, if
+/// shorter); past it the turn goes on without the server's tools while the listing goes on for
+/// later turns. A listing due again never holds a turn: it gets the kept list meanwhile.
+const FIRST_LISTING_WAIT: Duration = Duration::from_secs(5);
 
 /// The MCP servers of every context, as this process reaches them: one entry per distinct
 /// server configuration, so a server two contexts list alike shares its connection and its
@@ -49,6 +53,8 @@ struct Server {
     tools: Mutex<Option<(Instant, Vec<Value>)>>,
     /// When listing last failed, and why.
     failed: Mutex<Option<(Instant, McpError)>>,
+    /// Held while the server is listed: one listing at a time, whatever the turns asking.
+    listing: Arc<tokio::sync::Mutex<()>>,
     slots: Semaphore,
 }
 
@@ -154,35 +160,70 @@ impl Server {
             connector: Connector::new(config),
             tools: Mutex::new(None),
             failed: Mutex::new(None),
+            listing: Arc::new(tokio::sync::Mutex::new(())),
             slots: Semaphore::new(slots),
         }
     }
 
-    /// The allowed tools as function tools, listed again once [`TOOLS_KEPT`] passed.
-    async fn tools(&self) -> Result<Vec<Value>, McpError> {
-        let kept = self.tools.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    /// The allowed tools as function tools, listed again once [`TOOLS_KEPT`] passed: in the
+    /// background, the kept list served meanwhile (and while the server cannot be listed); a
+    /// first listing is waited for [`FIRST_LISTING_WAIT`] at most.
+    async fn tools(self: Arc<Self>) -> Result<Vec<Value>, McpError> {
+        let kept = self.kept();
         if let Some((at, tools)) = &kept {
             if at.elapsed() < TOOLS_KEPT {
                 return Ok(tools.clone());
             }
         }
-        let recent = self.failed.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let listed = match recent {
-            Some((at, e)) if at.elapsed() < LISTING_BACKOFF => Err(e),
-            _ => self.list().await,
-        };
-        let listed = match listed {
-            Ok(listed) => listed,
-            Err(e) => {
-                self.listing_failed(&e);
-                // A server that was listed before keeps its tools while it cannot be listed.
-                return kept.map(|(_, tools)| tools).ok_or(e);
+        if let Some(e) = self.recent_failure() {
+            return kept.map(|(_, tools)| tools).ok_or(e);
+        }
+        // One listing at a time: a turn that finds one running starts none of its own.
+        if let Ok(one) = Arc::clone(&self.listing).try_lock_owned() {
+            tokio::spawn(Arc::clone(&self).refresh(one));
+        }
+        if let Some((_, tools)) = kept {
+            return Ok(tools);
+        }
+        // The first listing (this turn's or another's), waited for a while at most.
+        let timeout_ms = self.config.timeout_ms;
+        let wait = FIRST_LISTING_WAIT.min(Duration::from_millis(timeout_ms));
+        if tokio::time::timeout(wait, self.listing.lock()).await.is_err() {
+            let waited = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(server = %self.config.name, waited_ms = waited, "mcp server still listing its tools; this turn goes on without them");
+            return Err(McpError::Timeout(waited));
+        }
+        match self.kept() {
+            Some((_, tools)) => Ok(tools),
+            None => Err(self.recent_failure().unwrap_or(McpError::Timeout(timeout_ms))),
+        }
+    }
+
+    fn kept(&self) -> Option<(Instant, Vec<Value>)> {
+        self.tools.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Why listing failed, within [`LISTING_BACKOFF`] of it.
+    fn recent_failure(&self) -> Option<McpError> {
+        let failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.as_ref().filter(|(at, _)| at.elapsed() < LISTING_BACKOFF).map(|(_, e)| e.clone())
+    }
+
+    /// Lists the server and keeps the list (or the failure), holding `_one` meanwhile; nothing
+    /// when another listing kept a fresh list (or failed) since this one was asked for.
+    async fn refresh(self: Arc<Self>, _one: tokio::sync::OwnedMutexGuard<()>) {
+        let fresh = self.kept().is_some_and(|(at, _)| at.elapsed() < TOOLS_KEPT);
+        if fresh || self.recent_failure().is_some() {
+            return;
+        }
+        match self.list().await {
+            Ok(listed) => {
+                let tools = output::functions(&self.config, &listed);
+                *self.tools.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((Instant::now(), tools));
             }
-        };
-        let tools = output::functions(&self.config, &listed);
-        *self.tools.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((Instant::now(), tools.clone()));
-        Ok(tools)
+            Err(e) => self.listing_failed(&e),
+        }
     }
 
     fn listing_failed(&self, e: &McpError) {
@@ -224,5 +265,42 @@ impl Server {
             self.connector.forget(&connection);
         }
         listed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that takes connections and never answers.
+    async fn hanging() -> (tokio::net::TcpListener, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        (listener, url)
+    }
+
+    #[tokio::test]
+    async fn a_list_due_again_is_served_at_once_while_the_server_hangs() {
+        let (_listener, url) = hanging().await;
+        let config: McpServer = toml::from_str(&format!(
+            "name = \"slow\"\nurl = \"{url}\"\nallowed_tools = [\"t\"]\ntimeout_ms = 60000"
+        ))
+        .unwrap();
+        let server = Arc::new(Server::new(&config));
+        let old = vec![json!({"name": "slow__t"})];
+        let Some(stale) = Instant::now().checked_sub(TOOLS_KEPT * 2) else {
+            eprintln!("skipped: the host's clock started less than 10 minutes ago");
+            return;
+        };
+        *server.tools.lock().unwrap() = Some((stale, old.clone()));
+        let started = Instant::now();
+        let asked = (0..8).map(|_| Arc::clone(&server).tools());
+        for listed in futures_util::future::join_all(asked).await {
+            assert_eq!(listed.unwrap(), old);
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+        // One listing runs meanwhile, not one per turn that asked.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(server.listing.try_lock().is_err(), "the listing goes on in the background");
     }
 }

@@ -90,22 +90,38 @@ pub(super) fn without_url(text: &str, url: Option<&str>) -> String {
         .fold(text.to_owned(), |text, form| text.replace(form, "<the server's url>"))
 }
 
-/// The server's allowed tools (as `tools/list` gave them) as `/responses` function tools.
+/// Most bytes of a listed tool's description offered to the model (the rest is cut).
+pub const MAX_TOOL_DESCRIPTION_BYTES: usize = 4 * 1024;
+/// Most bytes of a listed tool's input schema, as JSON; a tool with a larger one is left out.
+/// Every definition goes into every `/responses` body of the context, whoever's turn it is.
+pub const MAX_TOOL_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// The server's allowed tools (as `tools/list` gave them) as `/responses` function tools, each
+/// bounded: its description cut to [`MAX_TOOL_DESCRIPTION_BYTES`], a schema larger than
+/// [`MAX_TOOL_SCHEMA_BYTES`] (or holding a NUL, which no stored request may) leaving it out.
 pub(super) fn functions(config: &McpServer, listed: &[Value]) -> Vec<Value> {
     let mut out: Vec<Value> = listed
         .iter()
         .filter_map(|t| {
             let name = t.get("name")?.as_str()?;
-            config.allowed_tools.iter().any(|a| a == name).then(|| {
-                let schema = t.get("inputSchema").filter(|s| s.is_object()).cloned();
-                json!({
-                    "type": "function",
-                    "name": config.function_name(name),
-                    "description": t.get("description").and_then(Value::as_str).unwrap_or(""),
-                    "parameters": schema.unwrap_or_else(|| json!({"type": "object"})),
-                    "strict": false,
-                })
-            })
+            if !config.allowed_tools.iter().any(|a| a == name) {
+                return None;
+            }
+            let schema = t.get("inputSchema").filter(|s| s.is_object());
+            let written = schema.map(Value::to_string).unwrap_or_default();
+            if written.len() > MAX_TOOL_SCHEMA_BYTES || written.contains("\\u0000") {
+                let bytes = written.len();
+                tracing::warn!(server = %config.name, tool = name, bytes, "tool left out: its input schema is too large or holds a NUL");
+                return None;
+            }
+            let description = t.get("description").and_then(Value::as_str).unwrap_or("");
+            Some(json!({
+                "type": "function",
+                "name": config.function_name(name),
+                "description": clip(description, MAX_TOOL_DESCRIPTION_BYTES),
+                "parameters": schema.cloned().unwrap_or_else(|| json!({"type": "object"})),
+                "strict": false,
+            }))
         })
         .collect();
     out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
@@ -166,6 +182,23 @@ mod tests {
         assert_eq!(tools.len(), 1);
         assert_eq!(tools[0]["name"], "tickets__open_ticket");
         assert_eq!(tools[0]["parameters"]["properties"]["title"]["type"], "string");
+    }
+
+    #[test]
+    fn a_tools_definition_is_bounded_or_left_out() {
+        let long = "d".repeat(MAX_TOOL_DESCRIPTION_BYTES * 2);
+        let huge = json!({"type": "object", "description": "x".repeat(MAX_TOOL_SCHEMA_BYTES)});
+        let mut config = server();
+        config.allowed_tools.push("huge".into());
+        config.allowed_tools.push("nul".into());
+        let listed = [
+            json!({"name": "open_ticket", "description": long, "inputSchema": {"type": "object"}}),
+            json!({"name": "huge", "inputSchema": huge}),
+            json!({"name": "nul", "inputSchema": {"type": "object", "description": "a\u{0}b"}}),
+        ];
+        let tools = functions(&config, &listed);
+        assert_eq!(tools.len(), 1, "{tools:?}");
+        assert_eq!(tools[0]["description"].as_str().unwrap().len(), MAX_TOOL_DESCRIPTION_BYTES);
     }
 
     #[test]

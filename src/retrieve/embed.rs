@@ -32,6 +32,25 @@ struct EmbeddingItem {
     embedding: Vec<f32>,
 }
 
+/// Most bytes of an error answer read (the status alone classifies it).
+const ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// `response`'s body, or `None` once it passes `most` bytes: the endpoint's answer is read
+/// whole before it is parsed, and a runaway one must not fill the worker.
+async fn read_at_most(
+    mut response: reqwest::Response,
+    most: usize,
+) -> Result<Option<Vec<u8>>, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > most {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body))
+}
+
 impl Embedder {
     /// The configured embedder, or `None` when `vector.embeddings_url` is unset.
     pub fn from_settings(settings: &Settings) -> Result<Option<Self>, RetrieveError> {
@@ -93,14 +112,21 @@ impl Embedder {
         let status = response.status();
         if !status.is_success() {
             let retryable = status.as_u16() == 429 || status.is_server_error();
-            let text = response.text().await.unwrap_or_default();
-            let error = crate::llm::ProviderError::from_body(text.as_bytes());
+            let text = read_at_most(response, ERROR_BODY_BYTES).await.ok().flatten();
+            let error = crate::llm::ProviderError::from_body(&text.unwrap_or_default());
             let code = error.code.as_deref().or(error.kind.as_deref()).unwrap_or("no code");
             warn!(status = status.as_u16(), provider_error = %error, "embeddings endpoint refused the request");
             return Err(fail(format!("HTTP {} ({code})", status.as_u16()), retryable));
         }
+        // The vectors asked for, as JSON (pretty-printed floats take some 30 bytes each), with
+        // room to spare: anything larger is not an answer.
+        let most = texts.len().saturating_mul(self.dimension).saturating_mul(64) + (1 << 20);
+        let body = read_at_most(response, most)
+            .await
+            .map_err(|e| fail(e.without_url().to_string(), true))?
+            .ok_or_else(|| fail(format!("the answer is larger than {most} bytes"), false))?;
         let parsed: EmbeddingsResponse =
-            response.json().await.map_err(|e| fail(e.to_string(), false))?;
+            serde_json::from_slice(&body).map_err(|e| fail(e.to_string(), false))?;
         let mut vectors = vec![Vec::new(); texts.len()];
         for item in parsed.data {
             if item.embedding.len() != self.dimension {
