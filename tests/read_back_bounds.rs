@@ -3,7 +3,7 @@
 //! each, and the console reads its newest `CONSOLE_ROWS` turns without their requests, and one
 //! turn's request only on that turn's page (`aptix session show` still reads everything); a
 //! turn driven through any number of steps keeps, and a resume sends again, the deltas of its
-//! latest `KEPT_STEPS` steps.
+//! latest `KEPT_STEPS` steps; a session holds at most `MAX_QUEUED_PER_SESSION` turns waiting.
 #![allow(clippy::unwrap_used)]
 
 use aptix::contracts::{SessionId, TurnKey};
@@ -39,18 +39,21 @@ async fn the_console_reads_a_sessions_newest_turns_and_only_the_named_turns_requ
     let sid = SessionId::new(session);
     let has_request = |t: &serde_json::Value| t.get("request").is_some();
 
-    let view = store.console_view(&sid, None).await.unwrap().unwrap();
+    let view = store.console_view(&sid, None, None).await.unwrap().unwrap();
     assert_eq!(view.turns.len() as i64, CONSOLE_ROWS);
     assert_eq!(view.turns.last().unwrap()["turn_id"], "x202", "the newest, in order");
     assert_eq!(view.turns[0]["turn_id"], "x3");
     assert!(!view.turns.iter().any(has_request), "no request on the session page");
 
     // The oldest turn's page: its request, beside the newest turns without theirs.
-    let view = store.console_view(&sid, Some("t0")).await.unwrap().unwrap();
+    let view = store.console_view(&sid, Some("t0"), None).await.unwrap().unwrap();
     assert_eq!(view.turns.len() as i64, CONSOLE_ROWS + 1);
     assert_eq!(view.turns[0]["turn_id"], "t0");
     assert_eq!(view.turns[0]["request"]["Instruction"], "hello");
     assert!(!view.turns[1..].iter().any(has_request));
+
+    // A tenant's operator asking for another's session (this one has none) reads nothing of it.
+    assert!(store.console_view(&sid, Some("t0"), Some("acme")).await.unwrap().is_none());
 
     let all = store.session_view(&sid).await.unwrap().unwrap();
     assert_eq!(all.turns.len() as i64, CONSOLE_ROWS + 3, "`aptix session show` reads them all");
@@ -84,5 +87,44 @@ async fn a_turn_keeps_the_deltas_of_its_latest_steps_only() {
         .collect();
     assert_eq!(steps, (7 - KEPT_STEPS..7).collect(), "the latest {KEPT_STEPS} steps' deltas");
     assert_eq!(found.events.len(), 3 * KEPT_STEPS as usize);
+    drop_database(store, &db).await;
+}
+
+#[tokio::test]
+async fn a_session_holds_a_bounded_queue_behind_its_active_turn() {
+    use aptix::store::{Admission, MAX_QUEUED_PER_SESSION};
+    let (store, db) = fresh_store().await;
+    let (session, _) = a_turn(&store).await;
+    // t0 runs; all but one of the turns a session may hold wait behind it.
+    sqlx::query(
+        "INSERT INTO turns SELECT (jsonb_populate_record(NULL::turns, to_jsonb(t)
+             || jsonb_build_object('turn_id', 'q' || g, 'seq', t.seq + g, 'state', 'queued'))).*
+         FROM turns t, generate_series(1, $2) g WHERE t.session_id = $1",
+    )
+    .bind(session)
+    .bind(MAX_QUEUED_PER_SESSION - 1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let admit = |turn: &'static str| {
+        let store = &store;
+        async move {
+            let key =
+                TurnKey { session_id: SessionId::new(session), turn_id: turn.parse().unwrap() };
+            let request = json!({"SessionId": session, "TurnId": turn, "Instruction": "more"});
+            store
+                .admit_user_turn(&key, turn, &request, &SessionMeta::default(), None)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(admit("last").await, Admission::Accepted { queued: true, .. }));
+    match admit("over").await {
+        Admission::QueueFull { turn_id } => assert_eq!(turn_id, "t0"),
+        other => panic!("admitted past the bound: {other:?}"),
+    }
+    let over = "SELECT count(*) FROM turns WHERE session_id = $1 AND turn_id = 'over'";
+    let stored: i64 = sqlx::query_scalar(over).bind(session).fetch_one(store.pool()).await.unwrap();
+    assert_eq!(stored, 0, "nothing stored");
     drop_database(store, &db).await;
 }

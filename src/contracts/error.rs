@@ -94,6 +94,7 @@ error_codes! {
     TurnNotAwaitingToolResults => "turn.not_awaiting_tool_results", "a tool continuation names a turn that is not waiting for tool results";
     TurnNotAwaitingApproval => "turn.not_awaiting_approval", "a Tool Approval Submission names a turn that is not waiting for approval (it never asked, or it was answered already with other decisions)";
     SessionBusy => "session.busy", "the session is busy with another turn and the turn rejects follow-ups (its `FollowUp`, or its ConversationContext's `follow_up = \"reject\"`); nothing was stored";
+    SessionQueueFull => "session.queue_full", "the session already has 256 turns waiting behind its active turn (queued, or steering it; `MAX_QUEUED_PER_SESSION`); nothing was stored";
     SessionAwaitingToolResults => "session.awaiting_tool_results", "a new user turn that neither interrupts nor steers arrived while the session waits for tool results";
     SessionAwaitingApproval => "session.awaiting_approval", "a new user turn that neither interrupts nor steers arrived while the session waits for the client's approval of tool calls";
     SessionUnavailable => "session.unavailable", "the `SessionId` belongs to another tenant; choose another (nothing about that session is stored, read or revealed)";

@@ -39,6 +39,12 @@ pub enum Admission {
         /// The session's active turn.
         turn_id: String,
     },
+    /// The session already has [`MAX_QUEUED_PER_SESSION`](super::MAX_QUEUED_PER_SESSION)
+    /// turns waiting behind its active turn: nothing written.
+    QueueFull {
+        /// The session's active turn.
+        turn_id: String,
+    },
     /// The turn chose a `FollowUp` its mode does not allow: nothing written.
     FollowUpNotAllowed,
     /// The session waits for tool results of another turn.

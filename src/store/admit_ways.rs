@@ -22,6 +22,22 @@ use crate::lifecycle::Event;
 /// turn of the session publishes it itself: longer than a reconnect and a redelivery take.
 const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Most turns one session holds waiting behind its active turn (queued, or steering it).
+pub const MAX_QUEUED_PER_SESSION: i64 = 256;
+
+/// How many of `session`'s turns wait (queued), counted up to [`MAX_QUEUED_PER_SESSION`].
+async fn queued_behind(conn: &mut PgConnection, session: Uuid) -> Result<i64, StoreError> {
+    let n = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM (SELECT 1 FROM turns
+               WHERE session_id = $1 AND state = 'queued' LIMIT $2) q"#,
+        session,
+        MAX_QUEUED_PER_SESSION
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n)
+}
+
 impl Store {
     /// Admits `a` behind the session's active turn `active` (`host`: its state and mode), as
     /// `follow_up` decides: queued, steering it, or interrupting it; refused when that turn
@@ -51,6 +67,11 @@ impl Store {
         }
         if follow_up == FollowUp::Reject {
             return Ok(Admission::Busy { turn_id: active.to_owned() });
+        }
+        // Turns waiting behind a turn that waits for the client (or runs long) are rows no
+        // limit counts in `queue` mode, nor at all without limits: a session's queue is bounded.
+        if queued_behind(&mut tx, session).await? >= MAX_QUEUED_PER_SESSION {
+            return Ok(Admission::QueueFull { turn_id: active.to_owned() });
         }
         // Refused turns count from admission: this one will start whatever happens.
         if let Some(limit) = refused_by(&mut tx, a.gate, a.request).await? {

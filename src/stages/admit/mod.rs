@@ -19,6 +19,7 @@ use crate::rules::{turn_hint, validate_bytes, CANCEL_TYPE, RESUME_TYPE, SERVER_T
 use crate::stage::{message_fingerprint, Cause, Output, Stage, StageError, TurnHint};
 use crate::store::{
     Admission, ContinuationAdmission, ResumeFound, SessionMeta, Store, StoredBody, StoredReply,
+    MAX_QUEUED_PER_SESSION,
 };
 
 mod answers;
@@ -383,6 +384,13 @@ impl Admit {
                 vec![ApiError::new(
                     ErrorCode::SessionBusy,
                     format!("the session is busy with turn `{running}` and this turn rejects follow-ups; submit it again, under a new message_id, once that turn ended"),
+                )],
+            ),
+            Admission::QueueFull { turn_id: running } => refuse(
+                "rejected-busy",
+                vec![ApiError::new(
+                    ErrorCode::SessionQueueFull,
+                    format!("the session already has {MAX_QUEUED_PER_SESSION} turns waiting behind turn `{running}`; submit this one again, under a new message_id, once fewer wait"),
                 )],
             ),
             Admission::AwaitingApproval { turn_id: waiting } => refuse(
