@@ -52,6 +52,33 @@ pub async fn serve_alone_on(
     let _ = crate::http::serve(listener, files, shutdown).await;
 }
 
+/// How often a stage process deletes expired files.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// Files one statement deletes at most (their contents are up to `files.max_bytes` each).
+const SWEEP_BATCH: u32 = 200;
+
+/// Deletes expired files (an hour after they expired, `FILE_GRACE`) every ten minutes, in
+/// batches, until `shutdown`; every worker process that serves files runs it, and their
+/// deletes pass over each other's rows.
+pub async fn sweep(store: Store, shutdown: CancellationToken) {
+    loop {
+        loop {
+            match store.delete_expired_files(SWEEP_BATCH).await {
+                Ok(n) if n == u64::from(SWEEP_BATCH) && !shutdown.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    warn!(%error, "expired files not deleted; trying again later");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
+}
+
 /// Seconds a browser may keep a file: an hour, and never past its link's expiry (`expires`,
 /// Unix seconds).
 fn cache_for(expires: Option<i64>) -> i64 {

@@ -98,9 +98,10 @@ pub fn run(settings: Settings, names: &[String], copies: usize) -> anyhow::Resul
 }
 
 /// Serves metrics and health on `telemetry.metrics_listen`, and files there too or on
-/// `files.listen`.
+/// `files.listen`; deletes the files that expired.
 fn serve_http(deps: &crate::stages::Deps, shutdown: &CancellationToken) {
     let settings = &deps.settings;
+    tokio::spawn(crate::files::sweep(deps.store.clone(), shutdown.clone()));
     let listen = settings.telemetry.metrics_listen.clone();
     if settings.files_listen_is_wildcard() {
         let (at, url) = (settings.files_listen(), settings.files_base_url());

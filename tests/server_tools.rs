@@ -168,3 +168,25 @@ async fn a_step_with_both_kinds_returns_only_the_client_calls() {
     assert_eq!(kinds(&h.records(&s).await), ["client_tool_continuation", "final"]);
     h.teardown().await;
 }
+
+/// A written file is kept no longer than it is served: an hour after it expired it is deleted,
+/// and a file still served (or expired less than an hour ago) stays.
+#[tokio::test]
+async fn expired_files_are_deleted_an_hour_after() {
+    use crate::store_support::{drop_database, fresh_store};
+    let (store, db) = fresh_store().await;
+    let now = chrono::Utc::now();
+    for (content, expires) in [
+        (&b"long gone"[..], now - chrono::Duration::hours(2)),
+        (b"just expired", now - chrono::Duration::minutes(5)),
+        (b"still served", now + chrono::Duration::hours(1)),
+    ] {
+        store.put_file("acme", content, expires).await.unwrap();
+    }
+    assert_eq!(store.delete_expired_files(10).await.unwrap(), 1);
+    assert_eq!(store.delete_expired_files(10).await.unwrap(), 0);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM files").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(left, 2);
+    drop_database(store, &db).await;
+}

@@ -1,10 +1,14 @@
 //! Files that server tools produce, kept per owner (the tenant whose turn wrote them) by the
 //! SHA-256 of their content: written once (the owner's new write of the same content only
-//! extends its expiry), read while they have not expired.
+//! extends its expiry), read while they have not expired, and deleted an hour after.
 
 use chrono::{DateTime, Utc};
 
 use super::{Store, StoreError};
+
+/// How long after it expired a file is deleted at the earliest: a request for it that started
+/// just before it expired is still answered.
+pub const FILE_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A stored file's content address, and until when it is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +47,23 @@ impl Store {
         .fetch_one(&self.pool)
         .await?;
         Ok(KeptFile { sha256, size_bytes: content.len() as u64, expires_at })
+    }
+
+    /// Deletes up to `batch` files that expired more than [`FILE_GRACE`] ago (another worker's
+    /// rows being deleted are passed over); how many went. A file is served until it expires,
+    /// and kept no longer than that: server tools write as many as the model asks for.
+    pub async fn delete_expired_files(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM files WHERE (owner, sha256) IN (
+                 SELECT owner, sha256 FROM files
+                 WHERE expires_at < now() - make_interval(secs => $2)
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)",
+            i64::from(batch),
+            FILE_GRACE.as_secs_f64()
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// The content `owner` stored under `sha256`, unless it expired or never existed.
