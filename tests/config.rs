@@ -336,4 +336,12 @@ fn a_command_that_cannot_run_is_not_read_as_its_own_exit_two() {
     }
     let (code, stderr) = unreachable(&["status"]);
     assert_eq!(code, Some(2), "status: {stderr}");
+    // A mistyped flag is not a timeout either; `reprocess`'s 2 means bad options already.
+    let (code, stderr) = unreachable(&["submit", path, "--wiat"]);
+    assert_eq!(code, Some(3), "submit --wiat: {stderr}");
+    assert!(stderr.contains("--wiat"), "{stderr}");
+    let (code, stderr) = unreachable(&["reprocess", "--al"]);
+    assert_eq!(code, Some(2), "reprocess --al: {stderr}");
+    let (code, _) = unreachable(&["submit", "--help"]);
+    assert_eq!(code, Some(0), "help");
 }

@@ -193,6 +193,22 @@ impl Cli {
     }
 }
 
+/// The exit status of a command line that does not parse (`error`, from `args`): 0 for
+/// `--help` and `--version`, 3 for `submit`, whose 2 is a timeout (a mistyped flag must not read
+/// as one), and clap's 2 elsewhere (for `reprocess` and `eval`, 2 is "bad options" anyway).
+pub fn usage_code(error: &clap::Error, args: &[std::ffi::OsString]) -> u8 {
+    if !error.use_stderr() {
+        return 0;
+    }
+    // Parsed again, leniently, only to learn which command was meant.
+    let meant =
+        <Cli as clap::CommandFactory>::command().ignore_errors(true).try_get_matches_from(args);
+    match meant.ok().as_ref().and_then(clap::ArgMatches::subcommand_name) {
+        Some("submit") => 3,
+        _ => 2,
+    }
+}
+
 /// Runs the parsed command line; the returned code is the process exit status.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || load_settings(cli.config.as_deref(), cli.log_format);
