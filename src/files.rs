@@ -64,7 +64,11 @@ pub async fn sweep(store: Store, shutdown: CancellationToken) {
     loop {
         loop {
             match store.delete_expired_files(SWEEP_BATCH).await {
-                Ok(n) if n == u64::from(SWEEP_BATCH) && !shutdown.is_cancelled() => continue,
+                // A full batch: more may wait (the first sweep after an upgrade finds every file
+                // ever written), deleted at a pace the database's WAL can follow.
+                Ok(n) if n == u64::from(SWEEP_BATCH) && !shutdown.is_cancelled() => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
                 Ok(_) => break,
                 Err(error) => {
                     warn!(%error, "expired files not deleted; trying again later");

@@ -193,7 +193,10 @@ async fn unreadable(
     error: &serde_json::Error,
 ) {
     if p.age <= KEEP {
-        warn!(id = p.id, queue = %p.queue, %error, "parked reply unreadable, left for a newer worker");
+        // Once per reply: offered again every few seconds, it would fill the log for a day.
+        if p.tries == 0 {
+            warn!(id = p.id, queue = %p.queue, %error, "parked reply unreadable, left for a newer worker");
+        }
         let _ = store.park_again(p.id, backoff(p.tries)).await;
         return;
     }

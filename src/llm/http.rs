@@ -131,6 +131,8 @@ impl HttpLlmClient {
         deadline: Instant,
     ) -> Result<(Value, Option<String>), AttemptError> {
         let accept = if streaming { "text/event-stream" } else { "application/json" };
+        // The answer may repeat it: what it holds bounds what the answer may (`nodes`).
+        let request = body.clone();
         let mut builder = self
             .http
             .post(url)
@@ -163,10 +165,11 @@ impl HttpLlmClient {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         // A server that ignores `stream: true` and answers JSON is read as JSON.
         let raw = if is_sse {
-            stream::read(resp, deadline, self.idle_timeout, deltas).await?
+            let bound = super::nodes::Bound::new(&request);
+            stream::read(resp, (deadline, self.idle_timeout), &bound, deltas).await?
         } else {
             let bytes = read_answer(resp, deadline).await?;
-            super::nodes::within(&bytes, super::nodes::MAX_ANSWER_NODES)?;
+            super::nodes::within(&bytes, &super::nodes::Bound::new(&request))?;
             serde_json::from_slice(&bytes).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(
                     "the response body is not JSON: {e}"

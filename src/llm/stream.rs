@@ -48,8 +48,8 @@ const MAX_STREAM_BYTES: usize = 3 * MAX_EVENT_BYTES;
 /// silence between chunks.
 pub(crate) async fn read(
     resp: reqwest::Response,
-    deadline: Instant,
-    idle: Duration,
+    (deadline, idle): (Instant, Duration),
+    bound: &super::nodes::Bound<'_>,
     tx: Option<&mpsc::Sender<StreamDelta>>,
 ) -> Result<Value, AttemptError> {
     let mut body = resp.bytes_stream();
@@ -85,13 +85,13 @@ pub(crate) async fn read(
             .push(&chunk)
             .map_err(|e| AttemptError::Fatal(LlmError::InvalidResponse(e.to_string())))?;
         for data in events {
-            let nodes = super::nodes::within(data.as_bytes(), super::nodes::MAX_ANSWER_NODES)?;
+            let nodes = super::nodes::within(data.as_bytes(), bound)?;
             let event: Value = serde_json::from_str(&data).map_err(|e| {
                 AttemptError::Fatal(LlmError::InvalidResponse(format!(
                     "a stream event is not JSON: {e}"
                 )))
             })?;
-            acc.keep(&event, nodes)?;
+            acc.keep(&event, nodes, bound)?;
             acc.events += 1;
             if let Some(done) = acc.apply(event, &mut sink).await? {
                 return Ok(done);
@@ -101,19 +101,25 @@ pub(crate) async fn read(
 }
 
 impl Accumulator {
-    /// Counts `event`'s values against what one stream may keep: deltas are dropped once
-    /// forwarded, everything else may be kept until the stream ends.
-    fn keep(&mut self, event: &Value, nodes: usize) -> Result<(), AttemptError> {
+    /// Counts `event`'s values against what one stream may keep: its items and its terminal
+    /// event, which repeats them (twice what one answer may hold). Deltas are dropped once
+    /// forwarded, and of the opening events only the response's id is kept.
+    fn keep(
+        &mut self,
+        event: &Value,
+        nodes: usize,
+        bound: &super::nodes::Bound<'_>,
+    ) -> Result<(), AttemptError> {
         let kind = event.get("type").and_then(Value::as_str).unwrap_or_default();
-        if kind.ends_with(".delta") {
+        let opening =
+            matches!(kind, "response.created" | "response.in_progress" | "response.queued");
+        if opening || kind.ends_with(".delta") {
             return Ok(());
         }
         self.kept_nodes += nodes;
         let most = 2 * super::nodes::MAX_ANSWER_NODES;
-        if self.kept_nodes > most {
-            return Err(AttemptError::Fatal(LlmError::InvalidResponse(format!(
-                "the stream's items hold more than the {most} JSON values any answer may"
-            ))));
+        if self.kept_nodes > most && self.kept_nodes > 2 * bound.most() {
+            return Err(super::nodes::too_many(self.kept_nodes, 2 * bound.most()));
         }
         Ok(())
     }
@@ -239,5 +245,26 @@ impl Accumulator {
             _ => {}
         }
         item
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::nodes::{Bound, MAX_ANSWER_NODES};
+
+    #[test]
+    fn a_stream_keeps_count_of_its_items_not_of_its_opening_events() {
+        let bound = Bound::new(b"{}");
+        let mut acc = Accumulator::default();
+        let event = |kind: &str| serde_json::json!({ "type": kind });
+        // Each opening event repeats the request's tools: only the response's id is kept.
+        for kind in ["response.created", "response.in_progress", "response.output_text.delta"] {
+            assert!(acc.keep(&event(kind), MAX_ANSWER_NODES, &bound).is_ok(), "{kind}");
+        }
+        let done = event("response.output_item.done");
+        assert!(acc.keep(&done, MAX_ANSWER_NODES, &bound).is_ok());
+        assert!(acc.keep(&done, MAX_ANSWER_NODES, &bound).is_ok());
+        assert!(acc.keep(&done, 10, &bound).is_err(), "past twice an answer's values");
     }
 }

@@ -216,9 +216,14 @@ impl Server {
         if fresh || self.recent_failure().is_some() {
             return;
         }
-        match self.list().await {
-            Ok(listed) => {
-                let tools = output::functions(&self.config, &listed);
+        // A listing that panics (a bug a server's answer sets off) is a failed one: without
+        // its backoff every turn would start another.
+        let listed = async { self.list().await.map(|l| output::functions(&self.config, &l)) };
+        let listed = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(listed))
+            .await
+            .unwrap_or_else(|_| Err(McpError::Call("listing the tools panicked".into())));
+        match listed {
+            Ok(tools) => {
                 *self.tools.lock().unwrap_or_else(PoisonError::into_inner) =
                     Some((Instant::now(), tools));
             }

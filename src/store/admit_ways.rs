@@ -25,13 +25,19 @@ const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Most turns one session holds waiting behind its active turn (queued, or steering it).
 pub const MAX_QUEUED_PER_SESSION: i64 = 256;
 
-/// How many of `session`'s turns wait (queued), counted up to [`MAX_QUEUED_PER_SESSION`].
-async fn queued_behind(conn: &mut PgConnection, session: Uuid) -> Result<i64, StoreError> {
+/// How many of `session`'s turns wait (queued) behind its active turn `active` (itself queued
+/// when its tenant holds it), counted up to [`MAX_QUEUED_PER_SESSION`].
+async fn queued_behind(
+    conn: &mut PgConnection,
+    session: Uuid,
+    active: &str,
+) -> Result<i64, StoreError> {
     let n = sqlx::query_scalar!(
         r#"SELECT count(*) AS "n!" FROM (SELECT 1 FROM turns
-               WHERE session_id = $1 AND state = 'queued' LIMIT $2) q"#,
+               WHERE session_id = $1 AND state = 'queued' AND turn_id <> $3 LIMIT $2) q"#,
         session,
-        MAX_QUEUED_PER_SESSION
+        MAX_QUEUED_PER_SESSION,
+        active
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -70,7 +76,7 @@ impl Store {
         }
         // Turns waiting behind a turn that waits for the client (or runs long) are rows no
         // limit counts in `queue` mode, nor at all without limits: a session's queue is bounded.
-        if queued_behind(&mut tx, session).await? >= MAX_QUEUED_PER_SESSION {
+        if queued_behind(&mut tx, session, active).await? >= MAX_QUEUED_PER_SESSION {
             return Ok(Admission::QueueFull { turn_id: active.to_owned() });
         }
         // Refused turns count from admission: this one will start whatever happens.
