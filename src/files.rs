@@ -52,7 +52,7 @@ pub async fn serve_alone_on(
     let _ = crate::http::serve(listener, files, shutdown).await;
 }
 
-/// How often a stage process deletes expired files.
+/// How often a worker process deletes expired files.
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 /// Files one statement deletes at most (their contents are up to `files.max_bytes` each).
 const SWEEP_BATCH: u32 = 200;

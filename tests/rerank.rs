@@ -93,6 +93,16 @@ impl Buggy {
     }
 }
 
+/// The pipeline with `buggy` (made by it) between retrieve and assemble.
+fn with_buggy(buggy: fn(&Deps) -> Buggy) -> Chain<Deps> {
+    Chain::ingress(admit::Admit::new)
+        .then(retrieve::Retrieve::new)
+        .then(buggy)
+        .then(assemble::Assemble::new)
+        .then(invoke::Invoke::new)
+        .finish(persist::Persist::new)
+}
+
 fn met_by(job: &RetrievedTurn) -> bool {
     serde_json::to_string(&job.admitted).unwrap().contains(TRIGGER)
 }
@@ -131,13 +141,7 @@ async fn a_message_whose_handling_panics_is_given_up_and_holds_nothing() {
         s.pipeline.prefetch.0.insert("buggy".into(), 1);
     })
     .await;
-    let chain = Chain::ingress(admit::Admit::new)
-        .then(retrieve::Retrieve::new)
-        .then(Buggy::new)
-        .then(assemble::Assemble::new)
-        .then(invoke::Invoke::new)
-        .finish(persist::Persist::new);
-    h.run_chain(chain, 1);
+    h.run_chain(with_buggy(Buggy::new), 1);
     let hit = new_session();
     h.submit(&user_turn(&hit, "t1", &format!("this one {TRIGGER}"))).await;
     // With a prefetch of 1, a slot held by the first would stop this one.
@@ -166,13 +170,7 @@ async fn a_message_whose_giving_up_panics_too_is_dead_lettered_once() {
         s.pipeline.max_redeliveries = 1;
     })
     .await;
-    let chain = Chain::ingress(admit::Admit::new)
-        .then(retrieve::Retrieve::new)
-        .then(Buggy::twice)
-        .then(assemble::Assemble::new)
-        .then(invoke::Invoke::new)
-        .finish(persist::Persist::new);
-    h.run_chain(chain, 1);
+    h.run_chain(with_buggy(Buggy::twice), 1);
     let hit = new_session();
     h.submit(&user_turn(&hit, "t1", &format!("this one {TRIGGER}"))).await;
     let replies = h.replies(&hit, 1, Duration::from_secs(60)).await;

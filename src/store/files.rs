@@ -51,7 +51,8 @@ impl Store {
 
     /// Deletes up to `batch` files that expired more than [`FILE_GRACE`] ago (another worker's
     /// rows being deleted are passed over); how many went. A file is served until it expires,
-    /// and kept no longer than that: server tools write as many as the model asks for.
+    /// and kept an hour past that at most (once a sweep ran): server tools write as many as
+    /// the model asks for.
     pub async fn delete_expired_files(&self, batch: u32) -> Result<u64, StoreError> {
         let done = sqlx::query!(
             "DELETE FROM files WHERE (owner, sha256) IN (
