@@ -306,6 +306,9 @@ class NackingChannel:
     def queue_declare(self, queue, durable=False, arguments=None):
         self.log.append(("declare", queue))
 
+    def add_on_cancel_callback(self, callback):
+        pass
+
     def basic_consume(self, queue, callback, auto_ack=False):
         self.log.append(("consume", queue))
         return "ctag"

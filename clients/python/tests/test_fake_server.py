@@ -2,7 +2,10 @@
 the pipeline's part of protocol v3 (entry exchange, ingress queue, replies exchange, typed headers).
 
 The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
-publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string.
+publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string,
+`@hold` sends nothing until `finish(turn)`, `@refuse` refuses the submission (`turn.conflict`,
+the turn going on). A `turn.resume` is answered with a `resumed` notice, or refused
+(`turn.not_found`) while `refuse_resumes` is set.
 A request whose `reply_to` names an instance queue (§4a) is answered there, through the replies
 exchange with routing key `instance.<I>`, and the fake then declares no session queue. Tenants:
 `fake.tenants` maps a request's `user_id` (as the broker checked it) to a tenant `T`, whose
@@ -12,12 +15,13 @@ session replies go to `<prefix>.session.T.<SessionId>`.
 import json
 import threading
 import time
+import uuid
 
 import pika
 import pytest
 
-from aptix_client import (Client, Delta, Final, ProtocolError, PublishError, ToolResult, session_queue,
-                          url_user)
+from aptix_client import (Client, Delta, Final, ProtocolError, PublishError, Refused, ToolResult,
+                          session_queue, url_user)
 from conftest import queue_exists
 
 S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
@@ -39,6 +43,10 @@ class FakeServer(threading.Thread):
         #: user_id -> tenant, for replies to a tenant's session queue.
         self.tenants = {}
         self.queues = set()
+        #: Answer a turn.resume with a refusal (turn.not_found) instead of a notice.
+        self.refuse_resumes = False
+        #: Turns sent with @hold: TurnId -> (routing key, SessionId).
+        self.held = {}
 
     def run(self):
         self.ch.start_consuming()
@@ -59,6 +67,41 @@ class FakeServer(threading.Thread):
         self.ch.basic_publish(f"{self.prefix}.replies", key, json.dumps(body).encode(), props,
                               mandatory=True)
 
+    def refusal(self, key, s, t, tag, code, correlation_id):
+        headers = {"x-aptix-session-id": s, "x-aptix-turn-id": t, "x-aptix-kind": "reply",
+                   "x-aptix-final": True, "x-aptix-outcome": "refused"}
+        body = {"Successful": False, "Result": None, "Warnings": [], "SessionId": s, "TurnId": t,
+                "Errors": [{"Code": code, "Message": f"refused by the fake: {code}"}]}
+        props = pika.BasicProperties(type="reply", message_id=f"reply:{s}:{t}:{tag}-{uuid.uuid4().hex[:24]}",
+                                     correlation_id=correlation_id, content_type="application/json",
+                                     delivery_mode=2, headers=headers)
+        self.ch.basic_publish(f"{self.prefix}.replies", key, json.dumps(body).encode(), props, mandatory=True)
+
+    def finish(self, turn):
+        """Answers a turn sent with @hold, from the fake's own thread."""
+        wait_for(lambda: turn in self.held)
+        key, s = self.held.pop(turn)
+        self.conn.add_callback_threadsafe(lambda: self.final(key, s, turn, f"echo: finished {turn}"))
+
+    def final(self, key, s, t, text):
+        headers = {"x-aptix-session-id": s, "x-aptix-turn-id": t, "x-aptix-kind": "reply",
+                   "x-aptix-final": True, "x-aptix-step": 0, "x-aptix-outcome": "final"}
+        body = {"Successful": True, "Errors": [], "Warnings": [], "Result": {
+            "SessionId": s, "TurnId": t, "ModeDisplayName": "General", "Kind": "final", "PrimaryOutputText": text}}
+        self.publish(key, f"reply:{s}:{t}:step-0", "reply", headers, body)
+
+    def on_resume(self, ch, props, req, key):
+        s, t = req["SessionId"], req["TurnId"]
+        if self.refuse_resumes:
+            self.refusal(key, s, t, "rejected-resume", "turn.not_found", props.message_id)
+        else:
+            notice = {"Resumed": True, "SessionId": s, "TurnId": t, "AfterSeq": req.get("AfterSeq"),
+                      "UpToSeq": None, "Ended": False}
+            p = pika.BasicProperties(type="resumed", message_id=f"resumed:{s}:{t}:resumed-{uuid.uuid4().hex[:24]}",
+                                     correlation_id=props.message_id, content_type="application/json",
+                                     delivery_mode=2, headers={"x-aptix-session-id": s, "x-aptix-turn-id": t})
+            self.ch.basic_publish(f"{self.prefix}.replies", key, json.dumps(notice).encode(), p, mandatory=True)
+
     def on_request(self, ch, method, props, raw):
         req = json.loads(raw)
         self.requests.append((props, req, method.routing_key))
@@ -76,6 +119,16 @@ class FakeServer(threading.Thread):
             ch.queue_bind(q, f"{self.prefix}.replies", key)
             self.queues.add(q)
         common = {"x-aptix-session-id": s, "x-aptix-turn-id": t}
+        if props.type == "turn.resume":
+            self.on_resume(ch, props, req, key)
+            ch.basic_ack(method.delivery_tag)
+            return
+        if "@hold" in text or "@refuse" in text:
+            self.held[t] = (key, s)
+            if "@refuse" in text:
+                self.refusal(key, s, t, "conflict", "turn.conflict", props.message_id)
+            ch.basic_ack(method.delivery_tag)
+            return
         answer = ""
         if "@stream" in text:
             for seq, piece in enumerate(["a", "b", "c"]):
@@ -346,3 +399,89 @@ def test_a_tenant_instance_turn_on_the_wire(fake, broker):
     assert isinstance(reply, Final) and reply.session_id == s.session_id
     props = fake.requests[0][0]
     assert props.reply_to == sub.reply_to == queue and props.user_id == url_user(broker)
+
+
+# --- resuming by itself, and a queue the broker stopped consuming ------------------------------
+
+
+def test_a_refused_resume_the_client_sent_by_itself_is_not_the_turns_reply(fake, broker):
+    """A resume the client sends on its own (here: its channel replaced, as after a nack or a
+    reconnect) that the server refuses is not handed to the application: the turn's own reply
+    is what ends `turn_events`."""
+    fake.refuse_resumes = True
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@hold", stream=True)
+        s._reopen()  # what a nack or a reconnect does: the streamed turn is resumed
+        wait_for(lambda: any(r[0].type == "turn.resume" for r in fake.requests))
+        c.pump(0.3)  # the refusal arrives
+        fake.finish("t1")
+        events = list(s.turn_events("t1", 10))
+        assert s.resumes == 1
+    assert [type(e) for e in events] == [Final], events
+
+
+def test_a_refused_submission_of_a_streamed_turn_does_not_end_its_resuming(fake, broker):
+    """A refusal is final for its own submission only (§6): the turn goes on, and the client
+    still resumes it when its channel is replaced."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@refuse", stream=True)
+        refused = s.next_event(10, "t1")
+        assert isinstance(refused, Refused) and refused.code == "turn.conflict", refused
+        s._reopen()
+        wait_for(lambda: any(r[0].type == "turn.resume" for r in fake.requests))
+        c.pump(0.3)  # the notice
+        fake.finish("t1")
+        assert isinstance(s.next_event(10, "t1"), Final)
+
+
+def test_a_session_whose_queue_the_broker_deleted_consumes_it_again(fake, broker):
+    """The broker cancels the consumer of a deleted queue (as when the queue's node is lost):
+    the session declares and consumes it again, and the next reply arrives."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "one")
+        assert isinstance(s.next_event(10), Final)
+        admin = pika.BlockingConnection(pika.URLParameters(broker))
+        admin.channel().queue_delete(s.queue)
+        admin.close()
+        c.pump(0.3)  # the broker's basic.cancel
+        s.submit_turn("t2", "two")
+        e = s.next_event(10)
+        assert isinstance(e, Final) and e.turn_id == "t2", e
+        assert s.restores == 1
+
+
+def test_a_session_whose_channel_the_broker_closed_consumes_its_queue_again(fake, broker):
+    """The broker closes the session's channel (here an ack of a delivery tag it never gave, as
+    its consumer timeout would): the next `next_event` opens a channel, declares and consumes
+    the queue again, and the reply published meanwhile arrives."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@hold")
+        s._ch.basic_ack(delivery_tag=999_999)  # 406 PRECONDITION_FAILED closes the channel
+        c.pump(0.3)
+        assert not s._ch.is_open
+        fake.finish("t1")
+        e = s.next_event(10)
+        assert isinstance(e, Final) and e.turn_id == "t1", e
+        assert s.restores == 1
+
+
+def test_an_upper_case_session_id_is_written_in_lower_case(fake, broker):
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session(S2.upper())
+        assert s.session_id == S2 and s.queue.endswith(S2)
+        s.submit_turn("t1", "hello")
+        assert s.next_event(10).session_id == S2
+        with pytest.raises(ValueError):
+            c.open_session(S2 + "\n")
+    assert fake.requests[0][1]["SessionId"] == S2
+
+
+def wait_for(cond, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -40,6 +40,9 @@ class FakeChannel:
         self.declared.append(dict(queue=queue, passive=passive, durable=durable, exclusive=exclusive,
                                   auto_delete=auto_delete, arguments=arguments))
 
+    def add_on_cancel_callback(self, callback):
+        self.on_cancel = callback
+
     def basic_consume(self, queue, callback, auto_ack=False):
         self.consumers.append((queue, callback, auto_ack))
         return "ctag"

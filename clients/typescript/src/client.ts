@@ -68,6 +68,11 @@ export const HEALTHY_AFTER_MS = 30_000;
 export const DEFAULT_PUBLISH_ATTEMPTS = 6;
 /** Pause between publish attempts, ms: the first, doubled up to the second. */
 export const PUBLISH_BACKOFF_MS: readonly [number, number] = [50, 1_000];
+/**
+ * Pause between attempts to declare and consume a queue the broker stopped consuming (its node
+ * down, the queue deleted, the channel closed), ms: the first, doubled up to the second.
+ */
+export const RESTORE_BACKOFF_MS: readonly [number, number] = [100, 5_000];
 
 type Connection = Awaited<ReturnType<typeof amqp.connect>>;
 type Json = Record<string, unknown>;
@@ -372,8 +377,8 @@ export class Client {
       if (this.closing) return;
       try {
         await this.open();
-        if (this.instanceQueue) await this.instanceQueue.reopen();
-        else for (const s of this.sessions) await s.reopen();
+        if (this.instanceQueue) await reopenOrLater(this.instanceQueue);
+        else for (const s of this.sessions) await reopenOrLater(s);
         this.reconnects++;
         return;
       } catch (e) {
@@ -411,6 +416,9 @@ export class Client {
    */
   async openSession(sessionId: string = randomUUID()): Promise<Session> {
     if (!isSessionId(sessionId)) throw new Error(`SessionId must be a UUID, got ${sessionId}`);
+    // The server writes SessionIds in lower case (§1): a GUID spelt in upper case would declare a
+    // queue no reply reaches.
+    sessionId = sessionId.toLowerCase();
     if (this.instanceQueue) {
       const s = this.instanceQueue.open(sessionId);
       this.sessions.add(s);
@@ -459,10 +467,10 @@ function eventSeq(e: AptixEvent): number | undefined {
 }
 
 /** The turn a `resumed` notice names. */
-function resumedTurn(content: Buffer): string | undefined {
+function resumedNotice(content: Buffer): { turn: string; ended: boolean } | undefined {
   try {
-    const turn = JSON.parse(content.toString()).TurnId;
-    return typeof turn === "string" ? turn : undefined;
+    const body = JSON.parse(content.toString());
+    return typeof body?.TurnId === "string" ? { turn: body.TurnId, ended: body.Ended === true } : undefined;
   } catch {
     return undefined;
   }
@@ -473,6 +481,50 @@ function resumedTurn(content: Buffer): string | undefined {
  * Otherwise (connection lost, channel replaced) the broker delivers it again and the copy is
  * dropped by message_id.
  */
+/** A queue's holder: a session with a queue of its own, or an instance. */
+interface Reopens {
+  reopen(): Promise<void>;
+  restoreSoon(ch: ConfirmChannel | null): void;
+}
+
+/**
+ * Declares and consumes a queue again after a reconnect. One the broker refuses to declare now
+ * (404: its node is down; a channel error, not the connection's) is tried again with back-off by
+ * its holder, and the client's other queues go on.
+ */
+async function reopenOrLater(holder: Reopens): Promise<void> {
+  try {
+    await holder.reopen();
+  } catch (e) {
+    if (!isChannelError(e)) throw e;
+    holder.restoreSoon(null);
+  }
+}
+
+/** Whether an error closed a channel only (the broker's reply code to a channel method). */
+function isChannelError(e: unknown): boolean {
+  const code = (e as { code?: unknown } | null)?.code;
+  return typeof code === "number" && [403, 404, 405, 406].includes(code);
+}
+
+/**
+ * Declares and consumes a queue again, at once and then with back-off, until it works, its
+ * holder fails or is closed (`gone`), or the client reconnects (which declares it again).
+ */
+async function restoreLoop(client: Client, holder: Reopens, gone: () => boolean): Promise<boolean> {
+  let delay = RESTORE_BACKOFF_MS[0];
+  for (;;) {
+    if (gone() || client.reconnecting) return false;
+    try {
+      await holder.reopen();
+      return true;
+    } catch {
+      await sleep(delay);
+      delay = Math.min(delay * 2, RESTORE_BACKOFF_MS[1]);
+    }
+  }
+}
+
 function ackOn(ch: ConfirmChannel, current: ConfirmChannel, msg: ConsumeMessage): void {
   if (ch !== current) return;
   try {
@@ -505,6 +557,8 @@ export class Instance {
   private readonly waiting = new Map<string, ConsumeMessage[]>();
   private readonly seenIds = new Map<string, Set<string>>();
   private failure: Error | null = null;
+  private reopening: Promise<void> | null = null;
+  private restoring: Promise<boolean> | null = null;
 
   private constructor(
     readonly client: Client,
@@ -526,15 +580,22 @@ export class Instance {
     ch.on("return", (m: { properties: MessageProperties }) => {
       if (m.properties.messageId) this.returned.add(String(m.properties.messageId));
     });
-    const failed = (e?: Error) =>
-      setImmediate(() => {
-        // A channel replaced, or closed with a connection being taken again, is not a failure.
-        if (ch === this.channel && !this.client.reconnecting) this.fail(e);
-      });
-    ch.on("error", failed);
-    ch.on("close", () => failed());
+    // The broker closed the channel (an unknown ack, its consumer timeout) or cancelled the
+    // consumer (the queue deleted, its node lost): declare and consume it again. A channel
+    // replaced, or closed with a connection being taken again, is not this queue's trouble.
+    const stopped = () => setImmediate(() => this.restoreSoon(ch));
+    ch.on("error", () => undefined); // "close" follows
+    ch.on("close", stopped);
     await ch.assertQueue(this.queue, { durable: true, exclusive: false, autoDelete: false, arguments: {} });
-    await ch.consume(this.queue, (m) => m && this.dispatch(m, ch), { noAck: false });
+    await ch.consume(this.queue, (m) => (m ? this.dispatch(m, ch) : stopped()), { noAck: false });
+  }
+
+  /** @internal declares and consumes the queue again unless `ch` was replaced (null: whatever the channel). */
+  restoreSoon(ch: ConfirmChannel | null): void {
+    if (this.restoring || this.failure || (ch !== null && ch !== this.channel) || this.client.reconnecting) return;
+    this.restoring = restoreLoop(this.client, this, () => this.failure !== null).finally(() => {
+      this.restoring = null;
+    });
   }
 
   /** @internal the channel failed for good: waiting calls of every session reject. */
@@ -548,7 +609,15 @@ export class Instance {
    * declared and consumed again. Messages not acked on the old one come again, so those kept for
    * sessions not open are forgotten; copies of handed-out ones are dropped by message_id.
    */
-  async reopen(): Promise<void> {
+  reopen(): Promise<void> {
+    // Two callers at once (nacks of two sessions' publishes) get one channel, one consumer.
+    this.reopening ??= this.freshChannel().finally(() => {
+      this.reopening = null;
+    });
+    return this.reopening;
+  }
+
+  private async freshChannel(): Promise<void> {
     const old = this.channel;
     this.channel = await this.client.conn.createConfirmChannel();
     old.close().catch(() => undefined);
@@ -658,6 +727,15 @@ export class Session {
   private readonly resuming = new Map<string, { after: number; held: Item[]; messageId: string }>();
   /** How many times this session resumed a turn's stream by itself after a reconnect. */
   resumes = 0;
+  /**
+   * How many times it declared and consumed its queue again while connected (§4 step 2), its
+   * channel closed or its consumer cancelled by the broker.
+   */
+  restores = 0;
+  /** message_ids of the resumes this session sent by itself: their refusals are its own. */
+  private readonly autoResumes = new Set<string>();
+  private reopening: Promise<void> | null = null;
+  private restoring: Promise<boolean> | null = null;
 
   constructor(
     readonly client: Client,
@@ -690,15 +768,31 @@ export class Session {
     ch.on("return", (m: { properties: MessageProperties }) => {
       if (m.properties.messageId) this.returned.add(String(m.properties.messageId));
     });
-    const failed = (e?: Error) =>
-      setImmediate(() => {
-        // A channel replaced, or closed with a connection being taken again, is not a failure.
-        if (ch === this.ownCh && !this.client.reconnecting) this.fail(e);
-      });
-    ch.on("error", failed);
-    ch.on("close", () => failed());
+    // The broker closed the channel (an unknown ack, its consumer timeout) or cancelled the
+    // consumer (the queue deleted, its node lost): declare and consume it again. A channel
+    // replaced, or closed with a connection being taken again, is not this queue's trouble.
+    const stopped = () => setImmediate(() => this.restoreSoon(ch));
+    ch.on("error", () => undefined); // "close" follows
+    ch.on("close", stopped);
     await ch.assertQueue(this.queue, { durable: true, arguments: {} });
-    await ch.consume(this.queue, (m) => m && this.deliver(m, ch), { noAck: false });
+    await ch.consume(this.queue, (m) => (m ? this.deliver(m, ch) : stopped()), { noAck: false });
+  }
+
+  /** @internal declares and consumes the queue again unless `ch` was replaced (null: whatever the channel). */
+  restoreSoon(ch: ConfirmChannel | null): void {
+    if (this.instance) {
+      this.instance.restoreSoon(ch);
+      return;
+    }
+    if (this.restoring || this.failure || (ch !== null && ch !== this.ownCh) || this.client.reconnecting) return;
+    this.restoring = restoreLoop(this.client, this, () => this.failure !== null)
+      .then((done) => {
+        if (done) this.restores++;
+        return done;
+      })
+      .finally(() => {
+        this.restoring = null;
+      });
   }
 
   /**
@@ -706,8 +800,16 @@ export class Session {
    * declared and consumed again. Messages not acked on the old one come again; copies of those
    * already taken are dropped by message_id, errors not yet read are dropped (they come again).
    */
-  async reopen(): Promise<void> {
+  reopen(): Promise<void> {
     if (this.instance) return this.instance.reopen();
+    // Two callers at once (two nacked publishes) get one channel, one consumer.
+    this.reopening ??= this.freshChannel().finally(() => {
+      this.reopening = null;
+    });
+    return this.reopening;
+  }
+
+  private async freshChannel(): Promise<void> {
     if (this.failure) return;
     const old = this.ownCh;
     this.ownCh = await this.client.conn.createConfirmChannel();
@@ -715,11 +817,12 @@ export class Session {
     this.inbox = this.inbox.filter((it) => !(it.error && it.ch === old));
     await this.start();
     // What was published while the queue was gone (its node down, deleted) is not in it:
-    // streamed turns still running are resumed from the last event handed out.
+    // streamed turns still running are resumed from the last event handed out. Not awaited:
+    // a resume's publish that fails waits for the client's recovery, which may be this call.
     for (const [turnId, last] of this.streaming) {
       if (this.resuming.has(turnId)) continue;
       this.resumes++;
-      await this.resumeTurn(turnId, last >= 0 ? last : undefined);
+      this.startResume(turnId, last >= 0 ? last : undefined, true).catch(() => undefined);
     }
   }
 
@@ -738,9 +841,14 @@ export class Session {
     const body: Json = { SessionId: this.sessionId, TurnId: turnId };
     if (instruction !== undefined) body.Instruction = instruction;
     if (opts.stream !== undefined) body.Stream = opts.stream;
-    if (opts.stream && !this.instance && !this.streaming.has(turnId)) this.streaming.set(turnId, -1);
+    // Tracked before the publish: its first events may arrive while the confirm is awaited.
+    const track = opts.stream === true && !this.instance && !this.streaming.has(turnId);
+    if (track) this.streaming.set(turnId, -1);
     Object.assign(body, opts.fields ?? {});
-    return this.submit(body, opts);
+    return this.submit(body, opts).catch((e: unknown) => {
+      if (track) this.streaming.delete(turnId);
+      throw e;
+    });
   }
 
   /**
@@ -835,11 +943,20 @@ export class Session {
    * itself after a reconnect for every streamed turn not yet over.
    */
   resumeTurn(turnId: string, after?: number): Promise<Submission> {
+    return this.startResume(turnId, after, false);
+  }
+
+  /**
+   * A resume; `auto` for one the client sends by itself, whose refusal is not the application's
+   * (a turn not admitted yet while its request is sent again, a session resumed too often).
+   */
+  private startResume(turnId: string, after: number | undefined, auto: boolean): Promise<Submission> {
     const body: Json = { SessionId: this.sessionId, TurnId: turnId };
     if (after !== undefined) body.AfterSeq = after;
     // The notice (or a refusal) names this message_id as its correlation_id.
     const messageId = randomUUID();
     this.resuming.set(turnId, { after: after ?? -1, held: [], messageId });
+    if (auto) this.autoResumes.add(messageId);
     return this.submit(body, { messageId, validate: false, type: RESUME_TYPE }).catch((e: unknown) => {
       this.release(turnId);
       throw e;
@@ -897,9 +1014,14 @@ export class Session {
     const id = p.messageId ? String(p.messageId) : "";
     if (p.type === KIND_RESUMED) {
       ackOn(ch, this.ch, msg);
-      const turn = resumedTurn(msg.content);
+      const notice = resumedNotice(msg.content);
+      if (p.correlationId) this.autoResumes.delete(String(p.correlationId));
       // Another resume's notice (an attach, another process's) ends nothing of this one.
-      if (turn !== undefined && this.resuming.get(turn)?.messageId === p.correlationId) this.release(turn);
+      if (notice !== undefined && this.resuming.get(notice.turn)?.messageId === p.correlationId) {
+        this.release(notice.turn);
+        // Its end was among what came again (or handed out before): nothing live follows.
+        if (notice.ended) this.streaming.delete(notice.turn);
+      }
       this.notify();
       return;
     }
@@ -928,10 +1050,19 @@ export class Session {
       else if ((event.type === "final" || event.type === "failed") && event.turnId) this.pendingCalls.delete(event.turnId);
       this.client.wireLog?.("in", { queue: this.queue, properties: wireProps(p), headers: { ...(p.headers ?? {}) }, body: event.body });
       const resuming = event.turnId ? this.resuming.get(event.turnId) : undefined;
-      if (resuming && event.correlationId === resuming.messageId) {
+      const answers = event.correlationId ?? null;
+      if (resuming && answers === resuming.messageId) {
         // The resume itself was refused (an unknown turn): no notice comes.
         this.release(event.turnId ?? undefined);
-      } else if (resuming) {
+      }
+      if (event.type === "refused" && answers !== null && this.autoResumes.delete(answers)) {
+        // A resume the client sent by itself was refused: nothing of the application's ended,
+        // and the turn stays tracked (its events still come live).
+        ackOn(ch, this.ch, msg);
+        this.notify();
+        return;
+      }
+      if (resuming && answers !== resuming.messageId) {
         resuming.held.push({ msg, ch, event });
         return;
       }
@@ -949,7 +1080,8 @@ export class Session {
     if (e && turn && this.streaming.has(turn)) {
       const n = eventSeq(e);
       if (n !== undefined) this.streaming.set(turn, Math.max(this.streaming.get(turn)!, n));
-      if ("final" in e && e.final) this.streaming.delete(turn);
+      // A refusal is final for its submission only (§6): the turn ends with final or failed.
+      if (e.type === "final" || e.type === "failed") this.streaming.delete(turn);
     }
     this.inbox.push(item);
   }
@@ -1094,8 +1226,11 @@ export class Session {
   }
 
   /**
-   * Deletes the reply queue (the server re-creates it for the next admitted turn). Not for a
-   * session of an instance, which has no queue of its own: see `Instance.deleteQueue`.
+   * Deletes the reply queue. The broker then cancels this session's consumer, and the session
+   * declares and consumes the queue again (the server declares it too, at the session's next
+   * admitted turn); what it held is gone, and replies the server could not deliver meanwhile wait
+   * in PostgreSQL for it (§12). Not for a session of an instance, which has no queue of its own:
+   * see `Instance.deleteQueue`.
    */
   async deleteQueue(): Promise<void> {
     if (this.instance) throw new Error(`session ${this.sessionId} reads the instance queue ${this.queue}; it has no queue of its own to delete`);

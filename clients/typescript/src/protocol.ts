@@ -92,6 +92,11 @@ export const CODE_CONTEXT_FIXED = "session.context_fixed";
 export const KIND_RESUMED = "resumed";
 
 export const CODE_SESSION_BUSY = "session.busy";
+/**
+ * 256 turns already wait behind the session's active turn (§11, tag `rejected-busy`): nothing was
+ * stored; send it again later under a new messageId.
+ */
+export const CODE_SESSION_QUEUE_FULL = "session.queue_full";
 /** The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11). */
 export const CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed";
 /**

@@ -1,7 +1,9 @@
 // The client's AMQP side against the real RabbitMQ, with a small fake server in the same process
 // playing the pipeline's part of protocol v3. `@stream` adds three deltas before the final
 // reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
-// `x-aptix-final` as a string. A request whose `reply_to` names an instance queue (§4a) is
+// `x-aptix-final` as a string, `@hold` sends nothing until `finish(turn)`, `@refuse` refuses the
+// submission (`turn.conflict`, the turn going on). A `turn.resume` is answered with a `resumed`
+// notice, or refused (`turn.not_found`) while `refuseResumes` is set. A request whose `reply_to` names an instance queue (§4a) is
 // answered there, through the replies exchange with routing key `instance.<I>`, and the fake then
 // declares no session queue. Tenants: `fake.tenants` maps a request's `user_id` (as the broker
 // checked it) to a tenant `T`, whose session replies go to `<prefix>.session.T.<SessionId>`.
@@ -24,6 +26,10 @@ class FakeServer {
   /** user_id -> tenant, for replies to a tenant's session queue. */
   readonly tenants = new Map<string, string>();
   readonly queues = new Set<string>();
+  /** Answer a turn.resume with a refusal (turn.not_found) instead of a notice. */
+  refuseResumes = false;
+  /** Turns sent with @hold: TurnId -> [routing key, SessionId]. */
+  readonly held = new Map<string, [string, string]>();
   conn!: Conn;
   ch!: amqp.ConfirmChannel;
 
@@ -37,6 +43,39 @@ class FakeServer {
   private publish(key: string, id: string, type: string, headers: Record<string, unknown>, body: unknown): void {
     this.ch.publish(`${this.prefix}.replies`, key, Buffer.from(JSON.stringify(body)), {
       type, messageId: id, contentType: "application/json", deliveryMode: 2, headers, mandatory: true,
+    });
+  }
+
+  private refusal(key: string, s: string, t: string, tag: string, code: string, correlationId: string): void {
+    const headers = { "x-aptix-session-id": s, "x-aptix-turn-id": t, "x-aptix-kind": "reply", "x-aptix-final": true, "x-aptix-outcome": "refused" };
+    const body = { Successful: false, Result: null, Warnings: [], SessionId: s, TurnId: t, Errors: [{ Code: code, Message: `refused by the fake: ${code}` }] };
+    this.ch.publish(`${this.prefix}.replies`, key, Buffer.from(JSON.stringify(body)), {
+      type: "reply", messageId: `reply:${s}:${t}:${tag}-${randomUUID().replace(/-/g, "").slice(0, 24)}`,
+      correlationId, contentType: "application/json", deliveryMode: 2, headers, mandatory: true,
+    });
+  }
+
+  /** Answers a turn sent with @hold. */
+  async finish(turn: string): Promise<void> {
+    for (let i = 0; i < 250 && !this.held.has(turn); i++) await new Promise((r) => setTimeout(r, 20));
+    const [key, s] = this.held.get(turn)!;
+    this.held.delete(turn);
+    const headers = { "x-aptix-session-id": s, "x-aptix-turn-id": turn, "x-aptix-kind": "reply", "x-aptix-final": true, "x-aptix-step": 0, "x-aptix-outcome": "final" };
+    const body = { Successful: true, Errors: [], Warnings: [], Result: { SessionId: s, TurnId: turn, ModeDisplayName: "General", Kind: "final", PrimaryOutputText: `echo: finished ${turn}` } };
+    this.publish(key, `reply:${s}:${turn}:step-0`, "reply", headers, body);
+    await this.ch.waitForConfirms();
+  }
+
+  private resume(m: amqp.ConsumeMessage, key: string, s: string, t: string, after: unknown): void {
+    const correlationId = String(m.properties.messageId);
+    if (this.refuseResumes) {
+      this.refusal(key, s, t, "rejected-resume", "turn.not_found", correlationId);
+      return;
+    }
+    const notice = { Resumed: true, SessionId: s, TurnId: t, AfterSeq: after ?? null, UpToSeq: null, Ended: false };
+    this.ch.publish(`${this.prefix}.replies`, key, Buffer.from(JSON.stringify(notice)), {
+      type: "resumed", messageId: `resumed:${s}:${t}:resumed-${randomUUID().replace(/-/g, "").slice(0, 24)}`,
+      correlationId, contentType: "application/json", deliveryMode: 2, headers: { "x-aptix-session-id": s, "x-aptix-turn-id": t }, mandatory: true,
     });
   }
 
@@ -60,6 +99,14 @@ class FakeServer {
       this.queues.add(q);
     }
     const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
+    if (m.properties.type === "turn.resume" || text.includes("@hold") || text.includes("@refuse")) {
+      if (m.properties.type === "turn.resume") this.resume(m, key, s, t, req.AfterSeq);
+      else this.held.set(t, [key, s]);
+      if (text.includes("@refuse")) this.refusal(key, s, t, "conflict", "turn.conflict", String(m.properties.messageId));
+      await this.ch.waitForConfirms();
+      this.ch.ack(m);
+      return;
+    }
     let answer = "";
     if (text.includes("@stream")) {
       ["a", "b", "c"].forEach((piece, seq) => {
@@ -366,4 +413,120 @@ test("a tenant instance turn on the wire", async () => {
   assert.equal(req?.properties.replyTo, queue);
   assert.equal(sub.replyTo, queue);
   assert.equal(req?.properties.userId, urlUser(ADMIN));
+});
+
+// --- resuming by itself, and a queue the broker stopped consuming ------------------------------
+
+async function until(cond: () => boolean, ms = 5_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, "timed out");
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const resumesOf = (turn: string) =>
+  fake.requests.filter((m) => m.properties.type === "turn.resume" && JSON.parse(m.content.toString()).TurnId === turn);
+
+test("a refused resume the client sent by itself is not the turn's reply", async () => {
+  fake.refuseResumes = true;
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "@hold", { stream: true });
+    await s.reopen(); // what a nack or a reconnect does: the streamed turn is resumed
+    await until(() => resumesOf("t1").some((m) => m.fields.routingKey === s.sessionId));
+    await new Promise((r) => setTimeout(r, 300)); // the refusal arrives
+    await fake.finish("t1");
+    const events = [];
+    for await (const e of s.turnEvents("t1", { timeoutMs: 10_000 })) events.push(e.type);
+    assert.deepEqual(events, ["final"]);
+    assert.equal(s.resumes, 1);
+  } finally {
+    fake.refuseResumes = false;
+    await c.close();
+  }
+});
+
+test("a refused submission of a streamed turn does not end its resuming", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "@refuse", { stream: true });
+    const refused = await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" });
+    assert.equal(refused.type === "refused" && refused.code, "turn.conflict");
+    await s.reopen();
+    await until(() => resumesOf("t1").some((m) => m.fields.routingKey === s.sessionId));
+    await fake.finish("t1");
+    assert.equal((await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" })).type, "final");
+  } finally {
+    await c.close();
+  }
+});
+
+test("a session whose queue the broker deleted consumes it again", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "one");
+    assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).type, "final");
+    const admin = await amqp.connect(ADMIN);
+    await (await admin.createChannel()).deleteQueue(s.queue); // the broker cancels the consumer
+    await admin.close();
+    await until(() => s.restores === 1);
+    await s.submitTurn("t2", "two");
+    const e = await s.nextEvent({ timeoutMs: 10_000 });
+    assert.deepEqual([e.type, e.turnId], ["final", "t2"]);
+  } finally {
+    await c.close();
+  }
+});
+
+test("a session whose channel the broker closed consumes its queue again", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "@hold");
+    // An ack of a delivery tag the broker never gave (as its consumer timeout would): 406 closes the channel.
+    const ch = (s as unknown as { ch: amqp.ConfirmChannel }).ch;
+    ch.ack({ fields: { deliveryTag: 999_999 } } as amqp.Message);
+    await until(() => s.restores === 1);
+    await fake.finish("t1");
+    const e = await s.nextEvent({ timeoutMs: 10_000 });
+    assert.deepEqual([e.type, e.turnId], ["final", "t1"]);
+  } finally {
+    await c.close();
+  }
+});
+
+test("two fresh channels asked for at once make one consumer", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  const admin = await amqp.connect(ADMIN);
+  try {
+    const s = await c.openSession();
+    await Promise.all([s.reopen(), s.reopen()]);
+    const { consumerCount } = await (await admin.createChannel()).checkQueue(s.queue);
+    assert.equal(consumerCount, 1);
+    await s.submitTurn("t1", "one");
+    assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).type, "final");
+  } finally {
+    await admin.close();
+    await c.close();
+  }
+});
+
+test("an upper-case SessionId is written in lower case", async () => {
+  const sid = randomUUID();
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession(sid.toUpperCase());
+    assert.equal(s.sessionId, sid);
+    assert.ok(s.queue.endsWith(sid));
+    const sub = await s.submitTurn("t1", "hello");
+    assert.equal((await s.nextEvent({ timeoutMs: 10_000 })).sessionId, sid);
+    const req = fake.requests.find((m) => m.properties.messageId === sub.messageId);
+    assert.equal(JSON.parse(req!.content.toString()).SessionId, sid);
+  } finally {
+    await c.close();
+  }
 });

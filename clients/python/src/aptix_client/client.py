@@ -67,6 +67,9 @@ HEALTHY_AFTER = 30.0
 DEFAULT_PUBLISH_ATTEMPTS = 6
 #: Pause between publish attempts, seconds: the first, doubled up to the second.
 PUBLISH_BACKOFF = (0.05, 1.0)
+#: Pause between attempts to declare and consume a queue the broker stopped consuming (its node
+#: down, the queue deleted), seconds: the first, doubled up to the second.
+RESTORE_BACKOFF = (0.1, 5.0)
 
 #: Waits between attempts; tests replace it.
 _sleep = time.sleep
@@ -260,6 +263,10 @@ class Client:
         already open on this instance.
         """
         sid = session_id or str(uuid.uuid4())
+        if p.is_session_id(sid):
+            # The server writes SessionIds in lower case (§1): a GUID spelt in upper case would
+            # declare a queue no reply reaches.
+            sid = sid.lower()
         try:
             s = Session(self, sid) if self.instance is None else self.instance._open(sid)
         except pika.exceptions.AMQPConnectionError as e:
@@ -317,10 +324,10 @@ class Client:
             try:
                 self._conn = self._connect()
                 if self.instance is not None:
-                    self.instance._reopen()
+                    _reopen_or_later(self.instance)
                 else:
                     for s in self._sessions:
-                        s._reopen()
+                        _reopen_or_later(s)
             except pika.exceptions.AMQPError as e:
                 last = e
                 continue
@@ -343,6 +350,16 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _reopen_or_later(holder: Any) -> None:
+    """Declares and consumes a session's or instance's queue again after a reconnect. A queue
+    the broker cannot declare now (404: its node is down) is that queue's trouble, not the
+    connection's: its channel stays closed and its next `next_event` tries again."""
+    try:
+        holder._reopen()
+    except pika.exceptions.AMQPChannelError:
+        pass
 
 
 def _event_seq(event: Any) -> Optional[int]:
@@ -428,14 +445,24 @@ class Instance:
         self._waiting: Dict[str, List[_Delivery]] = {}
         self._seen: Dict[str, Set[str]] = {}
         self.channel: Any = None
+        #: Whether the broker cancelled the consumer of the current channel.
+        self.cancelled = False
         self._open_channel()
 
     def _open_channel(self) -> None:
         ch = self.client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, exclusive=False, auto_delete=False, arguments={})
+        ch.add_on_cancel_callback(lambda _frame: self._on_cancel(ch))
         ch.basic_consume(self.queue, self._on_message, auto_ack=False)
         self.channel = ch
+        self.cancelled = False
+
+    def _on_cancel(self, ch: Any) -> None:
+        """The broker cancelled the consumer (the queue was deleted, or its node lost): the next
+        `next_event` of a session declares and consumes the queue again."""
+        if ch is self.channel:
+            self.cancelled = True
 
     def _reopen(self) -> None:
         """A fresh channel (after a reconnect, or instead of one that nacked): the queue declared
@@ -532,6 +559,13 @@ class Session:
         self._resuming: Dict[str, Tuple[int, List[_Item], str]] = {}
         #: How many times this session resumed a turn's stream by itself after a reconnect.
         self.resumes = 0
+        #: How many times it declared and consumed its queue again while connected (§4 step 2),
+        #: its channel closed or its consumer cancelled by the broker.
+        self.restores = 0
+        self._restore_delay = RESTORE_BACKOFF[0]
+        self._cancelled = False
+        # message_ids of the resumes this session sent by itself: their refusals are its own.
+        self._auto_resumes: Set[str] = set()
         if instance is not None:
             #: The queue this session's messages arrive on.
             self.queue = instance.queue
@@ -553,8 +587,38 @@ class Session:
         ch = self.client._conn.channel()
         ch.confirm_delivery()
         ch.queue_declare(queue=self.queue, durable=True, arguments={})
+        ch.add_on_cancel_callback(lambda _frame: self._on_cancel(ch))
         self._consumer_tag = ch.basic_consume(self.queue, self._on_message, auto_ack=False)
         self._own_ch = ch
+        self._cancelled = False
+
+    def _on_cancel(self, ch: Any) -> None:
+        """The broker cancelled the consumer (the queue was deleted, or its node lost): the next
+        `next_event` declares and consumes the queue again."""
+        if ch is self._own_ch:
+            self._cancelled = True
+
+    def _consuming_lost(self) -> bool:
+        """Whether this session's queue is no longer consumed while the connection lives: the
+        broker closed the channel (an ack it did not know, its consumer timeout, a declaration
+        it refused) or cancelled the consumer."""
+        if self._instance is not None:
+            return not self._instance.channel.is_open or self._instance.cancelled
+        return not self._own_ch.is_open or self._cancelled
+
+    def _restore(self, deadline: float) -> None:
+        """Declares and consumes the queue again, as after a reconnect (streamed turns resumed).
+        A queue the broker cannot declare yet (404: its node is down) is tried again with
+        back-off, up to `deadline`."""
+        try:
+            self._reopen()
+            self._restore_delay = RESTORE_BACKOFF[0]
+            self.restores += 1
+        except pika.exceptions.AMQPChannelError:
+            _sleep(max(0.0, min(self._restore_delay, deadline - time.monotonic())))
+            self._restore_delay = min(self._restore_delay * 2, RESTORE_BACKOFF[1])
+        except pika.exceptions.AMQPConnectionError as e:
+            self.client._recover(e)
 
     def _reopen(self) -> None:
         """A fresh channel (after a reconnect, or instead of one that nacked): the queue declared
@@ -573,8 +637,17 @@ class Session:
         # streamed turns still running are resumed from the last event handed out.
         for turn_id, last in list(self._streaming.items()):
             if turn_id not in self._resuming:
-                self.resume_turn(turn_id, after=last if last >= 0 else None)
-                self.resumes += 1
+                self._resume_by_itself(turn_id, last)
+
+    def _resume_by_itself(self, turn_id: str, last: int) -> None:
+        """A resume the client sends on its own: its refusal is not the application's (a turn
+        not admitted yet when its request is sent again, a session resumed too often), and its
+        failure to publish leaves the turn tracked, to be resumed at the next reconnect."""
+        self.resumes += 1
+        try:
+            self.resume_turn(turn_id, after=last if last >= 0 else None, _auto=True)
+        except (PublishError, pika.exceptions.AMQPChannelError):
+            pass
 
     @property
     def instance(self) -> Optional[Instance]:
@@ -601,9 +674,16 @@ class Session:
         if stream is not None:
             body["Stream"] = stream
         body.update(fields)
-        if stream and self._instance is None:
-            self._streaming.setdefault(turn_id, -1)
-        return self.submit(body, message_id=message_id, traceparent=traceparent)
+        track = stream and self._instance is None and turn_id not in self._streaming
+        if track:
+            # Tracked before the publish: its first events may arrive while the confirm is awaited.
+            self._streaming[turn_id] = -1
+        try:
+            return self.submit(body, message_id=message_id, traceparent=traceparent)
+        except BaseException:
+            if track:
+                self._streaming.pop(turn_id, None)
+            raise
 
     def submit_tool_results(
         self,
@@ -707,7 +787,7 @@ class Session:
         return self.submit(body, message_id=message_id, traceparent=traceparent, validate=False,
                            kind=p.CANCEL_TYPE)
 
-    def resume_turn(self, turn_id: str, *, after: Optional[int] = None) -> Submission:
+    def resume_turn(self, turn_id: str, *, after: Optional[int] = None, _auto: bool = False) -> Submission:
         """Publishes a resume of turn `turn_id`'s stream (protocol §9a) after event `after` (an
         `x-aptix-event-seq`; everything when None). The turn's events are then held until the
         server's `resumed` notice and handed out in event order, each once. The client does this
@@ -717,6 +797,8 @@ class Session:
             body["AfterSeq"] = after
         mid = str(uuid.uuid4())
         self._resuming[turn_id] = (-1 if after is None else after, [], mid)
+        if _auto:
+            self._auto_resumes.add(mid)
         try:
             return self.submit(body, message_id=mid, validate=False, kind=p.RESUME_TYPE)
         except BaseException:
@@ -810,10 +892,17 @@ class Session:
         if self.client.wire_log:
             self.client.wire_log("in", _wire_in(self.queue, props, event.body))
         held = self._resuming.get(event.turn_id or "")
-        if held is not None and getattr(event, "correlation_id", None) == held[2]:
+        answers = getattr(event, "correlation_id", None)
+        if held is not None and answers == held[2]:
             # The resume itself was refused (an unknown turn): no notice comes.
             self._release(event.turn_id or "")
-        elif held is not None:
+        if answers in self._auto_resumes and isinstance(event, Refused):
+            # A resume the client sent by itself was refused: nothing of the application's
+            # ended, and the turn stays tracked (its events still come live).
+            self._auto_resumes.discard(answers)
+            _ack(delivery, self._ch)
+            return
+        if held is not None and answers != held[2]:
             held[1].append(_Item(delivery, event))
             return
         self._hand_out(_Item(delivery, event))
@@ -826,7 +915,8 @@ class Session:
             n = _event_seq(event)
             if n is not None:
                 self._streaming[turn] = max(self._streaming[turn], n)
-            if getattr(event, "final", False):
+            # A refusal is final for its submission only (§6): the turn ends with Final or Failed.
+            if isinstance(event, (Final, Failed)):
                 del self._streaming[turn]
         self._inbox.append(item)
 
@@ -835,13 +925,18 @@ class Session:
         cursor, each once; a notice this session did not ask for ends nothing."""
         _ack(delivery, self._ch)
         try:
-            turn = json.loads(delivery.body).get("TurnId")
-        except ValueError:
+            notice = json.loads(delivery.body)
+            turn = notice.get("TurnId")
+        except (ValueError, AttributeError):
             return
         held = self._resuming.get(turn)
+        self._auto_resumes.discard(delivery.props.correlation_id)
         # Another resume's notice (an attach, another process's) ends nothing of this one.
         if held is not None and delivery.props.correlation_id == held[2]:
             self._release(turn)
+            if notice.get("Ended") is True:
+                # Its end was among what came again (or handed out before): nothing live follows.
+                self._streaming.pop(turn, None)
 
     def _release(self, turn: str) -> None:
         """Hands out a resumed turn's held events: in event order, after the cursor."""
@@ -873,12 +968,14 @@ class Session:
                     if isinstance(item, Exception):
                         raise item
                     return item
-            if not self._ch.is_open and self.client._conn.is_open:
-                raise pika.exceptions.ChannelClosed(0, f"the channel of {self.queue} is closed")
+            lost = self._consuming_lost() and self.client._conn.is_open
+            if lost:
+                self._restore(deadline)
+                lost = self._consuming_lost()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EventTimeout(f"no event for {turn_id or 'the session'} within {timeout}s")
-            self.client.pump(left)
+            self.client.pump(min(left, RESTORE_BACKOFF[0]) if lost else left)
 
     def events(self, timeout: float = 60.0) -> Iterator[AnyEvent]:
         """Every event of the session, as it arrives; stops when none came within `timeout`."""
@@ -962,7 +1059,10 @@ class Session:
             self.client._sessions.remove(self)
 
     def delete_queue(self) -> None:
-        """Deletes the reply queue (the server re-creates it for the next admitted turn).
+        """Deletes the reply queue. The broker then cancels this session's consumer, and the
+        session's next `next_event` declares and consumes the queue again (the server declares it
+        too, at the session's next admitted turn); what it held is gone, and replies the server
+        could not deliver meanwhile wait in PostgreSQL for it (§12).
 
         Not for a session of an instance, which has no queue of its own (RuntimeError): see
         `Instance.delete_queue`."""

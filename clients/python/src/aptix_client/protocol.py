@@ -93,6 +93,9 @@ CODE_SESSION_UNAVAILABLE = "session.unavailable"
 CODE_CONTEXT_FIXED = "session.context_fixed"
 #: The session is busy and the turn rejects follow-ups (its `FollowUp` or its mode's policy, §11).
 CODE_SESSION_BUSY = "session.busy"
+#: 256 turns already wait behind the session's active turn (§11, tag `rejected-busy`): nothing was
+#: stored; send it again later under a new message_id.
+CODE_SESSION_QUEUE_FULL = "session.queue_full"
 #: The turn's `FollowUp` is one its ConversationContext does not let a request choose (§11).
 CODE_FOLLOW_UP_NOT_ALLOWED = "context.follow_up_not_allowed"
 #: Tenant mode: the tenant is over one of its limits and its configuration says refuse;
@@ -181,7 +184,9 @@ def is_turn_id(value: str) -> bool:
 
 
 def is_session_id(value: str) -> bool:
-    return bool(_UUID.match(value))
+    """Whether `value` is a UUID in its 36-character form (either case: the client writes it
+    in lower case, as the server does)."""
+    return isinstance(value, str) and bool(_UUID.fullmatch(value))
 
 
 @dataclass(frozen=True)
