@@ -215,6 +215,28 @@ def test_an_instance_queue_is_declared_and_consumed_again(fake, proxies):
         assert s.duplicates_dropped == 1  # t1, not acked before the loss
 
 
+def test_a_queue_the_broker_refuses_after_a_reconnect_does_not_stop_the_other_sessions(fake, broker, proxies):
+    """After a reconnect, one session's queue cannot be declared (as while its node is down:
+    here it was declared again with other arguments, so the broker refuses the client's): the
+    client's other sessions go on, and the refused one declares its queue once it can."""
+    admin = pika.BlockingConnection(pika.URLParameters(broker))
+    ch = admin.channel()
+    with Client([p.url for p in proxies], fake.prefix, reconnect_backoff=(0.05, 0.2), reconnect_timeout=5) as c:
+        a, b = c.open_session(), c.open_session()
+        for p in proxies:
+            p.drop()
+        ch.queue_delete(a.queue)
+        ch.queue_declare(a.queue, durable=True, arguments={"x-max-length": 5})
+        b.submit_turn("t1", "for b")  # notices the loss, reconnects: a's declaration is refused (406)
+        assert b.next_event(10).turn_id == "t1"
+        assert c.reconnects == 1
+        ch.queue_delete(a.queue)
+        a.submit_turn("t2", "for a")
+        e = a.next_event(10)
+        assert isinstance(e, Final) and e.turn_id == "t2", e  # its publish took a fresh channel
+    admin.close()
+
+
 def delete_queue(broker, queue):
     admin = pika.BlockingConnection(pika.URLParameters(broker))
     admin.channel().queue_delete(queue)

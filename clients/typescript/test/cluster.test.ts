@@ -222,6 +222,32 @@ test("an instance queue is declared and consumed again", () =>
     await c.close();
   }));
 
+test("a queue the broker refuses after a reconnect does not stop the other sessions", () =>
+  withProxies(2, async (proxies) => {
+    // After a reconnect one session's queue cannot be declared (as while its node is down: here
+    // it was declared again with other arguments, so the broker refuses the client's, 406).
+    const c = await Client.connect({ url: proxies.map((p) => p.url), prefix: echo.prefix, reconnectBackoffMs: [50, 200], reconnectTimeoutMs: 5_000 });
+    const admin = await amqp.connect(ADMIN);
+    const ch = await admin.createChannel();
+    try {
+      const [a, b] = [await c.openSession(), await c.openSession()];
+      echo.queues.add(a.queue).add(b.queue);
+      for (const p of proxies) p.drop();
+      await ch.deleteQueue(a.queue);
+      await ch.assertQueue(a.queue, { durable: true, arguments: { "x-max-length": 5 } });
+      await b.submitTurn("t1", "for b"); // notices the loss, reconnects: a's declaration is refused
+      assert.equal((await b.nextEvent({ timeoutMs: 10_000 })).turnId, "t1");
+      assert.equal(c.reconnects, 1);
+      await ch.deleteQueue(a.queue); // a declares it again by itself, with back-off
+      await a.submitTurn("t2", "for a");
+      const e = await a.nextEvent({ timeoutMs: 10_000 });
+      assert.equal(e.type === "final" && e.turnId, "t2");
+    } finally {
+      await admin.close();
+      await c.close();
+    }
+  }));
+
 test("no node left: waiting calls reject with ConnectionLost", () =>
   withProxies(1, async ([one]) => {
     const c = await Client.connect({ url: one.url, prefix: echo.prefix, reconnectBackoffMs: [50, 100], reconnectTimeoutMs: 500 });
