@@ -60,7 +60,7 @@ pub async fn build_deps(
         .with_tenants(gates(&settings))
         .with_versions(crate::config::ContextVersions::of(&settings));
     if settings.pipeline.migrate_on_start {
-        store.migrate().await?;
+        store.migrate_as_worker().await?;
     }
     let settings = with_message_key(settings, &store).await?;
     let llm = match llm {

@@ -87,6 +87,17 @@ fn layers_validation_and_redaction() {
     }
     assert_eq!(s.amqp.prefix, "from-env");
     assert_eq!(s.limits.max_artifacts, 3);
+    // A secret of digits is taken as written: not read as a number first, which would drop its
+    // leading zeros (or round a long one as a float).
+    let digits = "00123456789012345678901234567890";
+    std::env::set_var("APTIX__CONSOLE__ADMIN_TOKEN", digits);
+    std::env::set_var("APTIX__PIPELINE__MIGRATE_ON_START", "FALSE");
+    let loaded = Settings::load(Some(file.path()));
+    std::env::remove_var("APTIX__CONSOLE__ADMIN_TOKEN");
+    std::env::remove_var("APTIX__PIPELINE__MIGRATE_ON_START");
+    let loaded = loaded.expect("digits and a bool from the environment");
+    assert_eq!(loaded.console.admin_token.as_ref().map(|t| t.expose()), Some(digits));
+    assert!(!loaded.pipeline.migrate_on_start, "a bool read from its text");
     assert_eq!(s.llm.api_key.as_ref().map(|k| k.expose()), Some("sk-test-key"));
     assert!(!format!("{s:?}").contains("sk-test-key"));
     std::env::remove_var("OPENAI_API_KEY");

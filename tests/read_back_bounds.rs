@@ -128,3 +128,30 @@ async fn a_session_holds_a_bounded_queue_behind_its_active_turn() {
     assert_eq!(stored, 0, "nothing stored");
     drop_database(store, &db).await;
 }
+
+/// Follow-ups already taken into the active turn as steers wait for its end too (it copies its
+/// reply to each): they count against the same bound, or a turn that loops on client tools
+/// takes in eight steers a round trip without limit.
+#[tokio::test]
+async fn steers_taken_into_the_active_turn_count_against_the_sessions_bound() {
+    use aptix::store::{Admission, MAX_QUEUED_PER_SESSION};
+    let (store, db) = fresh_store().await;
+    let (session, _) = a_turn(&store).await;
+    sqlx::query(
+        "INSERT INTO turns SELECT (jsonb_populate_record(NULL::turns, to_jsonb(t)
+             || jsonb_build_object('turn_id', 's' || g, 'seq', t.seq + g, 'state', 'steered',
+                                   'steers', 't0'))).*
+         FROM turns t, generate_series(1, $2) g WHERE t.session_id = $1",
+    )
+    .bind(session)
+    .bind(MAX_QUEUED_PER_SESSION)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let key = TurnKey { session_id: SessionId::new(session), turn_id: "over".parse().unwrap() };
+    let request = json!({"SessionId": session, "TurnId": "over", "Instruction": "more"});
+    let got =
+        store.admit_user_turn(&key, "over", &request, &SessionMeta::default(), None).await.unwrap();
+    assert!(matches!(got, Admission::QueueFull { .. }), "admitted past the bound: {got:?}");
+    drop_database(store, &db).await;
+}

@@ -415,3 +415,23 @@ async fn state_row(h: &Harness, session: &str) -> serde_json::Value {
         .await
         .unwrap()
 }
+
+/// A worker of the previous build that starts while a newer build's migrations are applied (a
+/// scale-up or a crash restart during a rollout or a rollback) runs on that database; only
+/// `aptix migrate` refuses migrations it does not know.
+#[tokio::test]
+async fn a_worker_starts_on_a_database_a_newer_build_migrated() {
+    use crate::store_support::{drop_database, fresh_store};
+    let (store, db) = fresh_store().await;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99999, 'a newer build''s', true, '\\x00', 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.migrate_as_worker().await.expect("a worker starts");
+    let refused = store.migrate().await.expect_err("aptix migrate refuses what it does not know");
+    assert!(refused.to_string().contains("99999"), "{refused}");
+    drop_database(store, &db).await;
+}

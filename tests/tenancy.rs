@@ -684,3 +684,23 @@ async fn the_token_budget_is_charged_from_usage() {
     assert_eq!(codes(&got[0]), ["limit.tokens_per_minute"]);
     stop(t).await;
 }
+
+/// A call the provider answered with a refusal was billed: its usage is charged like an
+/// answer's, so a tenant whose every call is refused still reaches `tokens_per_minute`.
+#[tokio::test]
+async fn a_refused_answer_is_charged_too() {
+    let t = start(1, TenantLimits { tokens_per_minute: 1, ..Default::default() }).await;
+    let s = new_session();
+    t.a.submit(&user_turn(&s, "t1", "@refuse")).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(codes(&got[0]), ["llm.refused"], "{}", got[0].body);
+    let charged: Option<i64> = sqlx::query_scalar("SELECT sum(tokens)::bigint FROM tenant_tokens")
+        .fetch_one(t.h.deps.store.pool())
+        .await
+        .unwrap();
+    assert!(charged.is_some_and(|n| n > 0), "the refusal's usage was not charged: {charged:?}");
+    t.a.submit(&user_turn(&s, "t2", "again")).await;
+    let got = t.a.read(&t.a.queue(&s), 1, WAIT).await;
+    assert_eq!(codes(&got[0]), ["limit.tokens_per_minute"]);
+    stop(t).await;
+}

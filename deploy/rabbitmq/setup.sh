@@ -206,14 +206,24 @@ fi
 # (amqp.ingress_partitions > 1). It ships with RabbitMQ. Enabled already (compose's
 # enabled_plugins, the cluster operator's additionalPlugins), nothing is written: the operator's
 # plugins file is read-only.
-plugins=(rabbitmq-plugins -q)
-[[ -n "${APTIX_RABBITMQ_NODE:-}" ]] && plugins+=(-n "$APTIX_RABBITMQ_NODE")
 # The management API gives `aptix status` and the console their rates and each queue's workers
-# (amqp.management_url), and KEDA its depths.
-for plugin in rabbitmq_consistent_hash_exchange rabbitmq_management; do
-  if ! "${plugins[@]}" is_enabled "$plugin" >/dev/null 2>&1; then
-    "${plugins[@]}" enable "$plugin" >/dev/null
-  fi
+# (amqp.management_url), and KEDA its depths. Plugins are enabled per node, unlike users and
+# policies: every running node of a cluster gets them (a worker connects to any node, and one
+# without the exchange type cannot declare the partitions' exchanges).
+nodes=()
+if status=$("${ctl[@]}" cluster_status --formatter json 2>/dev/null); then
+  mapfile -t nodes < <(printf '%s' "$status" | python3 -c \
+    'import json, sys; print("\n".join(json.load(sys.stdin).get("running_nodes", [])))' 2>/dev/null)
+fi
+[[ ${#nodes[@]} -gt 0 && -n "${nodes[0]}" ]] || nodes=("${APTIX_RABBITMQ_NODE:-}")
+for node in "${nodes[@]}"; do
+  plugins=(rabbitmq-plugins -q)
+  [[ -n "$node" ]] && plugins+=(-n "$node")
+  for plugin in rabbitmq_consistent_hash_exchange rabbitmq_management; do
+    if ! "${plugins[@]}" is_enabled "$plugin" >/dev/null 2>&1; then
+      "${plugins[@]}" enable "$plugin" >/dev/null
+    fi
+  done
 done
 users="$worker, $client, $monitor and $console"
 $shared_client || users="$worker, $monitor and $console"

@@ -154,8 +154,8 @@ pub struct AmqpSettings {
     /// spread sessions over that many queues by consistent hash of the SessionId.
     pub ingress_partitions: u16,
     /// Partitions of each stage queue after the ingress, a power of two: 1 is one queue per
-    /// stage; more spread each stage's messages by consistent hash of the SessionId over that
-    /// many queues, every one consumed by every worker of the stage.
+    /// stage; more spread each stage's messages at random over that many queues (a
+    /// consistent-hash exchange, random keys), every one consumed by every worker of the stage.
     pub stage_partitions: u16,
     /// Earlier values of `stage_partitions` whose queues every worker also declares and
     /// consumes while the setting changes, so that what workers of the old value left there is
@@ -465,13 +465,12 @@ impl Settings {
             own = own.add_source(config::File::from(file).required(true));
         }
         let environment = || {
-            config::Environment::with_prefix("APTIX")
-                .separator("__")
-                .try_parsing(true)
-                // The one list an operator sets from the environment during a rollout
-                // (APTIX__AMQP__DRAINING_STAGE_PARTITIONS=2,4).
-                .list_separator(",")
-                .with_list_parse_key("amqp.draining_stage_partitions")
+            // Values stay text: a number or a bool is read from it where a setting is one, and
+            // a secret of digits keeps its leading zeros and every digit (parsed first, the
+            // `config` crate would hand `0012…` back as `12…`). The one list an operator sets
+            // from the environment during a rollout (APTIX__AMQP__DRAINING_STAGE_PARTITIONS=2,4)
+            // splits its text itself (`numbers::one_or_many`).
+            config::Environment::with_prefix("APTIX").separator("__").try_parsing(false)
         };
         let built = builder.add_source(environment()).build()?;
         let own = own.add_source(environment()).build()?;

@@ -1,6 +1,5 @@
-//! Forms a list setting may take where the environment sets it: the `config` crate reads
-//! `APTIX__…=4` as a number and `=2, 4` (or an empty value) as a list of untrimmed strings, and
-//! a file gives a TOML array.
+//! Forms a list setting may take: the environment gives its text (`APTIX__…=4`, `=2, 4`, or an
+//! empty value), a file a TOML array.
 
 use serde::de::{Deserializer, Error, SeqAccess, Visitor};
 

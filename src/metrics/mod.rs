@@ -125,7 +125,7 @@ impl Metrics {
         let messages = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "stage_messages",
-            "Messages handled per stage by outcome (forwarded, retried, requeued, dead_lettered, returned, publish_failed; validate counts publish_failed per refused try)",
+            "Messages handled per stage by outcome (forwarded, retried, requeued, dead_lettered, unauthenticated (MAC not verified, dead-lettered), returned, publish_failed; validate counts publish_failed per refused try)",
             messages.clone(),
         );
         let in_flight = Family::<StageLabel, Gauge>::default();

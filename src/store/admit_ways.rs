@@ -25,8 +25,9 @@ const REPLY_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Most turns one session holds waiting behind its active turn (queued, or steering it).
 pub const MAX_QUEUED_PER_SESSION: i64 = 256;
 
-/// How many of `session`'s turns wait (queued) behind its active turn `active` (itself queued
-/// when its tenant holds it), counted up to [`MAX_QUEUED_PER_SESSION`].
+/// How many of `session`'s turns wait behind its active turn `active` (itself queued when its
+/// tenant holds it): queued, or taken into it as steers (a steered row waits for its host's end,
+/// which copies the host's reply to each), counted up to [`MAX_QUEUED_PER_SESSION`].
 async fn queued_behind(
     conn: &mut PgConnection,
     session: Uuid,
@@ -34,7 +35,8 @@ async fn queued_behind(
 ) -> Result<i64, StoreError> {
     let n = sqlx::query_scalar!(
         r#"SELECT count(*) AS "n!" FROM (SELECT 1 FROM turns
-               WHERE session_id = $1 AND state = 'queued' AND turn_id <> $3 LIMIT $2) q"#,
+               WHERE session_id = $1 AND state IN ('queued', 'steered') AND turn_id <> $3
+               LIMIT $2) q"#,
         session,
         MAX_QUEUED_PER_SESSION,
         active

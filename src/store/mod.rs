@@ -70,6 +70,18 @@ pub use undelivered::{ParkReply, Parked, MAX_PARKED_PER_QUEUE, MAX_PARKED_PER_TE
 /// Embedded migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The same migrations as a worker applies them when it starts (`migrate_on_start`): a database
+/// a newer build already migrated is not refused. Every migration is additive while two builds
+/// run side by side (docs/reliability.md, "Upgrades"), so a worker of the previous build that
+/// starts during a rollout or a rollback (a scale-up, a crash restart) runs; `aptix migrate`
+/// still refuses a database it does not know.
+static WORKER_MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| {
+        let mut migrator = sqlx::migrate!("./migrations");
+        migrator.set_ignore_missing(true);
+        migrator
+    });
+
 /// Why a database operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -299,13 +311,42 @@ impl Store {
 
     /// Applies pending migrations (safe to run from many processes: sqlx takes an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.run_migrations(&MIGRATOR).await.map(drop)
+    }
+
+    /// Applies pending migrations as a starting worker does: a database that holds migrations
+    /// this build does not know (a newer build's) is used as it is, with a warning.
+    pub async fn migrate_as_worker(&self) -> Result<(), StoreError> {
+        let newest = self.run_migrations(&WORKER_MIGRATOR).await?;
+        let known = MIGRATOR.iter().map(|m| m.version).max();
+        if let (Some(newest), Some(known)) = (newest, known) {
+            if newest > known {
+                tracing::warn!(
+                    database = newest,
+                    build = known,
+                    "database migrated by a newer build; running on it"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `migrator`; the newest migration the database then holds.
+    async fn run_migrations(
+        &self,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<Option<i64>, StoreError> {
         // A migration that reads a large table (an index build, a backfill) takes longer than
         // 15 s, and cut short it would stop every worker's start.
+        use sqlx::migrate::Migrate as _;
         use sqlx::Connection as _;
         let mut conn = self.long_connection().await?;
-        let migrated = MIGRATOR.run(&mut conn).await;
+        let applied = match migrator.run(&mut conn).await {
+            Ok(()) => conn.list_applied_migrations().await,
+            Err(e) => Err(e),
+        };
         let _ = conn.close().await;
-        Ok(migrated?)
+        Ok(applied?.iter().map(|m| m.version).max())
     }
 
     /// A connection of its own, out of the pool, without the pool's statement timeout, for

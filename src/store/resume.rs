@@ -199,10 +199,12 @@ fn answers_pending(row: &TurnRow, parsed: &ToolContinuation) -> bool {
 }
 
 /// Whether the turn's approval request is past its expiry (read under the session's lock by
-/// a client's decisions and by the expiry alike).
+/// a client's decisions and by the expiry alike). The clock is read now, not at the start of
+/// the transaction, which began before the wait for the lock: decisions that got the lock after
+/// the expiry are refused, as docs/tools.md says.
 pub(super) async fn expired(tx: &mut PgConnection, row: &TurnRow) -> Result<bool, StoreError> {
     let due = sqlx::query_scalar!(
-        r#"SELECT approval_expires_at <= now() AS "due!" FROM turns
+        r#"SELECT approval_expires_at <= clock_timestamp() AS "due!" FROM turns
            WHERE session_id = $1 AND turn_id = $2 AND approval_expires_at IS NOT NULL"#,
         row.session_id,
         &row.turn_id

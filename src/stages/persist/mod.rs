@@ -126,7 +126,16 @@ impl Persist {
     async fn ending(&self, job: &EndedRoundTrip) -> Result<Ending, StageError> {
         match &job.result {
             RoundTrip::Answered(a) => self.answered(job, a).await,
-            RoundTrip::Failed { errors, raw } => failed(errors.clone(), raw.clone(), "error"),
+            RoundTrip::Failed { errors, raw } => {
+                let mut e = failed(errors.clone(), raw.clone(), "error")?;
+                // A refusal or a failed response the provider answered was billed: its usage
+                // counts against the tenant's tokens as an answer's does, or a tenant whose
+                // every call is refused would spend without limit (docs/tenancy.md §7).
+                let usage =
+                    raw.as_ref().and_then(|r| r.get("usage")).and_then(crate::llm::map_usage);
+                e.usage = usage.as_ref().map(serde_json::to_value).transpose()?;
+                Ok(e)
+            }
             RoundTrip::Cancelled { streamed, answered, estimate } => {
                 let raw = json!({ "cancelled": true, "streamed_text": streamed,
                                   "answer": answered.as_ref().map(|a| &a.raw),
