@@ -76,6 +76,16 @@ def test_a_user_turn_gets_its_final_reply(client):
         s.next_event(1.0)
 
 
+def test_a_session_id_spelt_in_upper_case_gets_its_replies(client):
+    """A GUID as .NET or Windows writes it: the client writes it in lower case, as the server
+    does, so its queue is the one the replies go to."""
+    sid = str(uuid.uuid4())
+    s = client.open_session(sid.upper())
+    assert s.session_id == sid
+    reply = s.run_turn("t1", "hello in capitals", timeout=WAIT)
+    assert isinstance(reply, Final) and reply.session_id == sid, reply
+
+
 def test_a_clients_trace_context_is_continued_with_its_sampling_decision(client):
     # docs/client-protocol.md: a client's traceparent is continued by every message of the turn.
     s = client.open_session()

@@ -100,6 +100,16 @@ describe("real pipeline", { skip: ready ? false : "no pipeline: run clients/run-
     await assert.rejects(s.nextEvent({ timeoutMs: 1000 }), /no event/);
   });
 
+  test("a SessionId spelt in upper case gets its replies", async () => {
+    // A GUID as .NET or Windows writes it: the client writes it in lower case, as the server does.
+    const sid = randomUUID();
+    const s = await client.openSession(sid.toUpperCase());
+    assert.equal(s.sessionId, sid);
+    const reply = await s.runTurn("t1", "hello in capitals", { timeoutMs: WAIT.timeoutMs });
+    assert.equal(reply.type, "final");
+    assert.equal(reply.sessionId, sid);
+  });
+
   test("a client's trace context is continued with its sampling decision", async () => {
     // docs/client-protocol.md: a client's traceparent is continued by every message of the turn.
     const s = await client.openSession();
