@@ -17,7 +17,7 @@ import pika
 import pytest
 
 import aptix_client.client as client_mod
-from aptix_client import Client, ConnectionLost, Final, PublishError, parse_urls, redact_url
+from aptix_client import Client, ConnectionLost, EventTimeout, Final, PublishError, parse_urls, redact_url
 from aptix_client.client import Session
 
 BROKER = ("127.0.0.1", 5672)
@@ -231,9 +231,12 @@ def test_a_queue_the_broker_refuses_after_a_reconnect_does_not_stop_the_other_se
         assert b.next_event(10).turn_id == "t1"
         assert c.reconnects == 1
         ch.queue_delete(a.queue)
+        with pytest.raises(EventTimeout):
+            a.next_event(1)  # declares and consumes its queue again, with back-off
+        assert a.restores == 1
         a.submit_turn("t2", "for a")
         e = a.next_event(10)
-        assert isinstance(e, Final) and e.turn_id == "t2", e  # its publish took a fresh channel
+        assert isinstance(e, Final) and e.turn_id == "t2", e
     admin.close()
 
 

@@ -4,7 +4,7 @@ the pipeline's part of protocol v3 (entry exchange, ingress queue, replies excha
 The fake answers each request with a final reply; `@stream` adds three deltas first, `@dup`
 publishes the reply twice under one message_id, `@badheader` sends `x-aptix-final` as a string,
 `@hold` sends nothing until `finish(turn)`, `@refuse` refuses the submission (`turn.conflict`,
-the turn going on). A `turn.resume` is answered with a `resumed` notice, or refused
+the turn going on), `@busy` refuses it with `session.busy` (nothing stored). A `turn.resume` is answered with a `resumed` notice, or refused
 (`turn.not_found`) while `refuse_resumes` is set.
 A request whose `reply_to` names an instance queue (§4a) is answered there, through the replies
 exchange with routing key `instance.<I>`, and the fake then declares no session queue. Tenants:
@@ -121,6 +121,10 @@ class FakeServer(threading.Thread):
         common = {"x-aptix-session-id": s, "x-aptix-turn-id": t}
         if props.type == "turn.resume":
             self.on_resume(ch, props, req, key)
+            ch.basic_ack(method.delivery_tag)
+            return
+        if "@busy" in text:
+            self.refusal(key, s, t, "rejected-busy", "session.busy", props.message_id)
             ch.basic_ack(method.delivery_tag)
             return
         if "@hold" in text or "@refuse" in text:
@@ -422,11 +426,13 @@ def test_a_refused_resume_the_client_sent_by_itself_is_not_the_turns_reply(fake,
 
 
 def test_a_refused_submission_of_a_streamed_turn_does_not_end_its_resuming(fake, broker):
-    """A refusal is final for its own submission only (§6): the turn goes on, and the client
-    still resumes it when its channel is replaced."""
+    """A refusal is final for its own submission only (§6): another submission of a running
+    turn refused, the turn goes on, and the client still resumes it when its channel is
+    replaced."""
     with Client(broker, fake.prefix) as c:
         s = c.open_session()
-        s.submit_turn("t1", "@refuse", stream=True)
+        s.submit_turn("t1", "@hold", stream=True)
+        s.submit({"SessionId": s.session_id, "TurnId": "t1", "Instruction": "@refuse"})
         refused = s.next_event(10, "t1")
         assert isinstance(refused, Refused) and refused.code == "turn.conflict", refused
         s._reopen()
@@ -434,6 +440,21 @@ def test_a_refused_submission_of_a_streamed_turn_does_not_end_its_resuming(fake,
         c.pump(0.3)  # the notice
         fake.finish("t1")
         assert isinstance(s.next_event(10, "t1"), Final)
+
+
+def test_a_streamed_turn_whose_own_request_is_refused_is_not_resumed(fake, broker):
+    """The request that would start the turn refused (nothing stored): there is no turn to
+    resume, so a replaced channel sends no resume for it."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@busy", stream=True)
+        refused = s.next_event(10, "t1")
+        assert isinstance(refused, Refused) and refused.code == "session.busy", refused
+        s.submit_turn("t2", "@hold", stream=True)
+        s._reopen()
+        wait_for(lambda: any(r[0].type == "turn.resume" for r in fake.requests))
+        resumed = [r[1]["TurnId"] for r in fake.requests if r[0].type == "turn.resume"]
+        assert resumed == ["t2"] and s.resumes == 1, resumed
 
 
 def test_a_session_whose_queue_the_broker_deleted_consumes_it_again(fake, broker):

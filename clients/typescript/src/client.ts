@@ -286,6 +286,8 @@ export class Client {
   private closing = false;
   private recovering: Promise<void> | null = null;
   private lostError: Error | null = null;
+  /** Holders whose queue the broker refused to declare during the current recovery. */
+  private readonly toRestore: Reopens[] = [];
 
   private constructor(
     private readonly opts: ClientOptions,
@@ -350,6 +352,9 @@ export class Client {
     }
     this.recovering = this.recover(cause).finally(() => {
       this.recovering = null;
+      // Queues the broker refused to declare during the recovery are tried again now that
+      // channel closes are their holders' business again.
+      for (const holder of this.toRestore.splice(0)) holder.restoreSoon(null);
     });
     this.recovering.catch(() => undefined);
   }
@@ -377,8 +382,8 @@ export class Client {
       if (this.closing) return;
       try {
         await this.open();
-        if (this.instanceQueue) await reopenOrLater(this.instanceQueue);
-        else for (const s of this.sessions) await reopenOrLater(s);
+        if (this.instanceQueue) await reopenOrLater(this.instanceQueue, this.toRestore);
+        else for (const s of this.sessions) await reopenOrLater(s, this.toRestore);
         this.reconnects++;
         return;
       } catch (e) {
@@ -426,7 +431,12 @@ export class Client {
     }
     await this.connected();
     const s = new Session(this, sessionId, await this.conn.createConfirmChannel());
-    await s.start();
+    try {
+      await s.start();
+    } catch (e) {
+      s.fail(e as Error); // the application never gets this session: nothing of it goes on
+      throw e;
+    }
     this.sessions.add(s);
     return s;
   }
@@ -489,15 +499,15 @@ interface Reopens {
 
 /**
  * Declares and consumes a queue again after a reconnect. One the broker refuses to declare now
- * (404: its node is down; a channel error, not the connection's) is tried again with back-off by
- * its holder, and the client's other queues go on.
+ * (404: its node is down; a channel error, not the connection's) is put in `later`, tried again
+ * with back-off by its holder once the recovery is over, and the client's other queues go on.
  */
-async function reopenOrLater(holder: Reopens): Promise<void> {
+async function reopenOrLater(holder: Reopens, later: Reopens[]): Promise<void> {
   try {
     await holder.reopen();
   } catch (e) {
     if (!isChannelError(e)) throw e;
-    holder.restoreSoon(null);
+    later.push(holder);
   }
 }
 
@@ -723,6 +733,8 @@ export class Session {
   readonly pendingCalls = new Map<string, string[]>();
   /** Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet). */
   private readonly streaming = new Map<string, number>();
+  /** The messageId of the request that started each tracked turn: its refusal ends the tracking. */
+  private readonly startedBy = new Map<string, string>();
   /** Turns being resumed (§9a): the cursor sent, and their events held until the notice. */
   private readonly resuming = new Map<string, { after: number; held: Item[]; messageId: string }>();
   /** How many times this session resumed a turn's stream by itself after a reconnect. */
@@ -812,7 +824,13 @@ export class Session {
   private async freshChannel(): Promise<void> {
     if (this.failure) return;
     const old = this.ownCh;
-    this.ownCh = await this.client.conn.createConfirmChannel();
+    const ch = await this.client.conn.createConfirmChannel();
+    if (this.failure) {
+      // Closed while the channel was being opened: it consumes nothing.
+      ch.close().catch(() => undefined);
+      return;
+    }
+    this.ownCh = ch;
     old.close().catch(() => undefined);
     this.inbox = this.inbox.filter((it) => !(it.error && it.ch === old));
     await this.start();
@@ -842,11 +860,15 @@ export class Session {
     if (instruction !== undefined) body.Instruction = instruction;
     if (opts.stream !== undefined) body.Stream = opts.stream;
     // Tracked before the publish: its first events may arrive while the confirm is awaited.
+    const messageId = opts.messageId ?? randomUUID();
     const track = opts.stream === true && !this.instance && !this.streaming.has(turnId);
-    if (track) this.streaming.set(turnId, -1);
+    if (track) {
+      this.streaming.set(turnId, -1);
+      this.startedBy.set(turnId, messageId);
+    }
     Object.assign(body, opts.fields ?? {});
-    return this.submit(body, opts).catch((e: unknown) => {
-      if (track) this.streaming.delete(turnId);
+    return this.submit(body, { ...opts, messageId }).catch((e: unknown) => {
+      if (track) this.untrack(turnId);
       throw e;
     });
   }
@@ -958,6 +980,7 @@ export class Session {
     this.resuming.set(turnId, { after: after ?? -1, held: [], messageId });
     if (auto) this.autoResumes.add(messageId);
     return this.submit(body, { messageId, validate: false, type: RESUME_TYPE }).catch((e: unknown) => {
+      this.autoResumes.delete(messageId);
       this.release(turnId);
       throw e;
     });
@@ -1020,7 +1043,7 @@ export class Session {
       if (notice !== undefined && this.resuming.get(notice.turn)?.messageId === p.correlationId) {
         this.release(notice.turn);
         // Its end was among what came again (or handed out before): nothing live follows.
-        if (notice.ended) this.streaming.delete(notice.turn);
+        if (notice.ended) this.untrack(notice.turn);
       }
       this.notify();
       return;
@@ -1080,10 +1103,19 @@ export class Session {
     if (e && turn && this.streaming.has(turn)) {
       const n = eventSeq(e);
       if (n !== undefined) this.streaming.set(turn, Math.max(this.streaming.get(turn)!, n));
-      // A refusal is final for its submission only (§6): the turn ends with final or failed.
-      if (e.type === "final" || e.type === "failed") this.streaming.delete(turn);
+      // A refusal is final for its submission only (§6): the turn ends with final or failed, or
+      // never starts when the request that started it is refused (nothing was stored).
+      const startedBy = this.startedBy.get(turn);
+      if (e.type === "final" || e.type === "failed" || (e.type === "refused" && startedBy !== undefined && e.correlationId === startedBy)) {
+        this.untrack(turn);
+      }
     }
     this.inbox.push(item);
+  }
+
+  private untrack(turn: string): void {
+    this.streaming.delete(turn);
+    this.startedBy.delete(turn);
   }
 
   /** Hands out a resumed turn's held events: in event order, after the cursor, each once. */

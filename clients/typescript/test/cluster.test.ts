@@ -239,6 +239,8 @@ test("a queue the broker refuses after a reconnect does not stop the other sessi
       assert.equal((await b.nextEvent({ timeoutMs: 10_000 })).turnId, "t1");
       assert.equal(c.reconnects, 1);
       await ch.deleteQueue(a.queue); // a declares it again by itself, with back-off
+      for (let i = 0; i < 250 && a.restores < 1; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.equal(a.restores, 1);
       await a.submitTurn("t2", "for a");
       const e = await a.nextEvent({ timeoutMs: 10_000 });
       assert.equal(e.type === "final" && e.turnId, "t2");

@@ -2,7 +2,8 @@
 // playing the pipeline's part of protocol v3. `@stream` adds three deltas before the final
 // reply, `@dup` publishes the reply twice under one message_id, `@badheader` sends
 // `x-aptix-final` as a string, `@hold` sends nothing until `finish(turn)`, `@refuse` refuses the
-// submission (`turn.conflict`, the turn going on). A `turn.resume` is answered with a `resumed`
+// submission (`turn.conflict`, the turn going on), `@busy` refuses it with `session.busy` (nothing
+// stored). A `turn.resume` is answered with a `resumed`
 // notice, or refused (`turn.not_found`) while `refuseResumes` is set. A request whose `reply_to` names an instance queue (§4a) is
 // answered there, through the replies exchange with routing key `instance.<I>`, and the fake then
 // declares no session queue. Tenants: `fake.tenants` maps a request's `user_id` (as the broker
@@ -99,6 +100,12 @@ class FakeServer {
       this.queues.add(q);
     }
     const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
+    if (text.includes("@busy")) {
+      this.refusal(key, s, t, "rejected-busy", "session.busy", String(m.properties.messageId));
+      await this.ch.waitForConfirms();
+      this.ch.ack(m);
+      return;
+    }
     if (m.properties.type === "turn.resume" || text.includes("@hold") || text.includes("@refuse")) {
       if (m.properties.type === "turn.resume") this.resume(m, key, s, t, req.AfterSeq);
       else this.held.set(t, [key, s]);
@@ -449,16 +456,36 @@ test("a refused resume the client sent by itself is not the turn's reply", async
 });
 
 test("a refused submission of a streamed turn does not end its resuming", async () => {
+  // Another submission of a running turn refused: the turn goes on, and is resumed.
   const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
   try {
     const s = await c.openSession();
-    await s.submitTurn("t1", "@refuse", { stream: true });
+    await s.submitTurn("t1", "@hold", { stream: true });
+    await s.submit({ SessionId: s.sessionId, TurnId: "t1", Instruction: "@refuse" });
     const refused = await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" });
     assert.equal(refused.type === "refused" && refused.code, "turn.conflict");
     await s.reopen();
     await until(() => resumesOf("t1").some((m) => m.fields.routingKey === s.sessionId));
     await fake.finish("t1");
     assert.equal((await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" })).type, "final");
+  } finally {
+    await c.close();
+  }
+});
+
+test("a streamed turn whose own request is refused is not resumed", async () => {
+  // The request that would start it refused (nothing stored): there is no turn to resume.
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "@busy", { stream: true });
+    const refused = await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" });
+    assert.equal(refused.type === "refused" && refused.code, "session.busy");
+    await s.submitTurn("t2", "@hold", { stream: true });
+    await s.reopen();
+    await until(() => resumesOf("t2").some((m) => m.fields.routingKey === s.sessionId));
+    assert.equal(resumesOf("t1").filter((m) => m.fields.routingKey === s.sessionId).length, 0);
+    assert.equal(s.resumes, 1);
   } finally {
     await c.close();
   }

@@ -554,6 +554,9 @@ class Session:
         self._pending_calls: Dict[str, List[str]] = {}
         # Streamed turns not yet over: the last x-aptix-event-seq handed out (-1: none yet).
         self._streaming: Dict[str, int] = {}
+        # The message_id of the request that started each tracked turn: its refusal (nothing
+        # stored: busy, limited, invalid) ends the tracking too.
+        self._started_by: Dict[str, str] = {}
         # Turns being resumed (§9a): the cursor sent, their events held until the notice, and
         # the resume's message_id, which the notice (or a refusal) names as its correlation_id.
         self._resuming: Dict[str, Tuple[int, List[_Item], str]] = {}
@@ -674,16 +677,22 @@ class Session:
         if stream is not None:
             body["Stream"] = stream
         body.update(fields)
+        mid = message_id or str(uuid.uuid4())
         track = stream and self._instance is None and turn_id not in self._streaming
         if track:
             # Tracked before the publish: its first events may arrive while the confirm is awaited.
             self._streaming[turn_id] = -1
+            self._started_by[turn_id] = mid
         try:
-            return self.submit(body, message_id=message_id, traceparent=traceparent)
+            return self.submit(body, message_id=mid, traceparent=traceparent)
         except BaseException:
             if track:
-                self._streaming.pop(turn_id, None)
+                self._untrack(turn_id)
             raise
+
+    def _untrack(self, turn_id: str) -> None:
+        self._streaming.pop(turn_id, None)
+        self._started_by.pop(turn_id, None)
 
     def submit_tool_results(
         self,
@@ -802,6 +811,7 @@ class Session:
         try:
             return self.submit(body, message_id=mid, validate=False, kind=p.RESUME_TYPE)
         except BaseException:
+            self._auto_resumes.discard(mid)
             self._release(turn_id)
             raise
 
@@ -915,9 +925,12 @@ class Session:
             n = _event_seq(event)
             if n is not None:
                 self._streaming[turn] = max(self._streaming[turn], n)
-            # A refusal is final for its submission only (§6): the turn ends with Final or Failed.
-            if isinstance(event, (Final, Failed)):
-                del self._streaming[turn]
+            # A refusal is final for its submission only (§6): the turn ends with Final or
+            # Failed, or never starts when the request that started it is refused.
+            started_by = self._started_by.get(turn)
+            if isinstance(event, (Final, Failed)) or (
+                    isinstance(event, Refused) and started_by is not None and event.correlation_id == started_by):
+                self._untrack(turn)
         self._inbox.append(item)
 
     def _resumed(self, delivery: "_Delivery") -> None:
@@ -936,7 +949,7 @@ class Session:
             self._release(turn)
             if notice.get("Ended") is True:
                 # Its end was among what came again (or handed out before): nothing live follows.
-                self._streaming.pop(turn, None)
+                self._untrack(turn)
 
     def _release(self, turn: str) -> None:
         """Hands out a resumed turn's held events: in event order, after the cursor."""
