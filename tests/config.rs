@@ -107,6 +107,11 @@ fn layers_validation_and_redaction() {
     assert_eq!(invalid_key("[database]\nurl = \"mysql://x\""), "database.url");
     assert_eq!(invalid_key("[pipeline]\nmessage_key = \"short\""), "pipeline.message_key");
     assert_eq!(invalid_key("[pipeline]\nworker_threads = 5000"), "pipeline.worker_threads");
+    // A collection's name is a directory of the embedded store's: never a path.
+    for name in ["../acme", "./acme", "acme/", "x/../acme", ".", "a\\b", ""] {
+        let text = format!("[agent_contexts.x]\ncollection = {name:?}");
+        assert_eq!(invalid_key(&text), "agent_contexts.x.collection", "{name:?}");
+    }
     // A layout being drained is an earlier one, never the current one (nor 1).
     let draining = "[amqp]\nstage_partitions = 8\ndraining_stage_partitions = [8]";
     assert_eq!(invalid_key(draining), "amqp.draining_stage_partitions");

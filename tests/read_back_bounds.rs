@@ -153,5 +153,13 @@ async fn steers_taken_into_the_active_turn_count_against_the_sessions_bound() {
     let got =
         store.admit_user_turn(&key, "over", &request, &SessionMeta::default(), None).await.unwrap();
     assert!(matches!(got, Admission::QueueFull { .. }), "admitted past the bound: {got:?}");
+    // An interrupt ends the active turn and its steers with it: they do not refuse it.
+    let key = TurnKey { session_id: SessionId::new(session), turn_id: "stop".parse().unwrap() };
+    let request = json!({"SessionId": session, "TurnId": "stop", "Instruction": "stop that",
+                         "FollowUp": "interrupt"});
+    let meta =
+        SessionMeta { follow_up: aptix::config::FollowUp::Interrupt, ..SessionMeta::default() };
+    let got = store.admit_user_turn(&key, "stop", &request, &meta, None).await.unwrap();
+    assert!(!matches!(got, Admission::QueueFull { .. }), "an interrupt refused: {got:?}");
     drop_database(store, &db).await;
 }

@@ -680,6 +680,21 @@ fn limit_cases() -> Vec<(Limits, Value, &'static str, &'static str)> {
             "InputArtifacts[0].RelativePath",
             "max_path_chars",
         ),
+        // Within the limit as sent, over it once NFKC-normalised (U+FDFA is 18 characters).
+        (
+            tight.clone(),
+            user(json!({"InputArtifacts": [artifact(json!({"RelativePath": "a/\u{FDFA}"}))]})),
+            "InputArtifacts[0].RelativePath",
+            "max_path_chars",
+        ),
+        (
+            tight.clone(),
+            user(
+                json!({"InputArtifacts": [artifact(json!({"RelativePath": "a", "FileName": "\u{FDFA}"}))]}),
+            ),
+            "InputArtifacts[0].FileName",
+            "max_name_chars",
+        ),
         (
             tight.clone(),
             user(

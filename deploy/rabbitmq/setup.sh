@@ -211,20 +211,31 @@ fi
 # policies: every running node of a cluster gets them (a worker connects to any node, and one
 # without the exchange type cannot declare the partitions' exchanges).
 nodes=()
-if status=$("${ctl[@]}" cluster_status --formatter json 2>/dev/null); then
+if ! command -v python3 >/dev/null; then
+  echo "setup.sh: no python3 to read the cluster's nodes: enabling the plugins on one node only" >&2
+elif status=$("${ctl[@]}" cluster_status --formatter json 2>/dev/null); then
   mapfile -t nodes < <(printf '%s' "$status" | python3 -c \
     'import json, sys; print("\n".join(json.load(sys.stdin).get("running_nodes", [])))' 2>/dev/null)
 fi
 [[ ${#nodes[@]} -gt 0 && -n "${nodes[0]}" ]] || nodes=("${APTIX_RABBITMQ_NODE:-}")
+plugins_missing=()
 for node in "${nodes[@]}"; do
   plugins=(rabbitmq-plugins -q)
   [[ -n "$node" ]] && plugins+=(-n "$node")
   for plugin in rabbitmq_consistent_hash_exchange rabbitmq_management; do
-    if ! "${plugins[@]}" is_enabled "$plugin" >/dev/null 2>&1; then
-      "${plugins[@]}" enable "$plugin" >/dev/null
+    if ! "${plugins[@]}" is_enabled "$plugin" >/dev/null 2>&1 \
+        && ! "${plugins[@]}" enable "$plugin" >/dev/null; then
+      plugins_missing+=("$plugin on ${node:-the local node}")
     fi
   done
 done
+# Everything else is in place; a node whose plugins could not be enabled (unreachable from here,
+# its configuration directory read-only) is named, and the script fails so that it is noticed.
+if [[ ${#plugins_missing[@]} -gt 0 ]]; then
+  printf 'setup.sh: could not enable %s: run `rabbitmq-plugins enable` there, or list it in that node'"'"'s enabled_plugins\n' \
+    "${plugins_missing[@]}" >&2
+  exit 1
+fi
 users="$worker, $client, $monitor and $console"
 $shared_client || users="$worker, $monitor and $console"
 $dev && echo "setup.sh: --dev: passwords not given are the development ones (never on a shared broker)"

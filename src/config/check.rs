@@ -183,10 +183,15 @@ impl Settings {
             ctx.check(&format!("conversation_contexts.{id}"))?;
         }
         for (id, ctx) in &self.agent_contexts {
-            if ctx.collection.trim().is_empty() {
+            // The embedded store keeps a collection in a directory of that name: a name that
+            // is a path (`../x`, `./acme`, `acme/`) would reach outside the data directory, or
+            // another tenant's collection under a name that differs as a string only.
+            let name = ctx.collection.as_str();
+            let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if name.is_empty() || name.len() > 255 || name.starts_with('.') || !plain {
                 return Err(ConfigError::invalid(
                     format!("agent_contexts.{id}.collection"),
-                    "must not be empty",
+                    "must be 1-255 characters of A-Z, a-z, 0-9, '.', '_' or '-', not starting with '.'",
                 ));
             }
         }

@@ -21,6 +21,17 @@ use super::RetrieveError;
 /// Warning code put on the final response when a scope condition was ignored.
 pub const SCOPE_KEY_IGNORED: &str = "retrieval.scope_key_ignored";
 
+/// Warning code put on the final response when substring values past
+/// [`MAX_SUBSTRING_VALUES`] were left out of the filter.
+pub const SCOPE_SUBSTRINGS_CUT: &str = "retrieval.scope_substrings_cut";
+
+/// Most `contains` / `does_not_contain` values on `language` and `repo` one search applies.
+/// Each is an unindexed scan of every candidate point (11–16 ms per condition at 20k points,
+/// measured for `super::payload::path_components`), and a request may name 2,048 values:
+/// enough to hold the store's query slots, shared by every tenant, for seconds per search.
+/// RagScope is advisory (AGN-034), so the rest are left out with a warning.
+pub const MAX_SUBSTRING_VALUES: usize = 8;
+
 /// One field condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cond {
@@ -72,6 +83,8 @@ pub fn payload_field(key: &str) -> Option<&'static str> {
 pub fn build(repo: Option<&str>, scope: &[ScopeCondition]) -> (FilterSpec, Vec<UserWarning>) {
     let mut spec = FilterSpec::default();
     let mut warnings = Vec::new();
+    let mut substrings = 0usize;
+    let mut cut = 0usize;
     if let Some(repo) = repo.filter(|r| !r.trim().is_empty()) {
         spec.must.push(Cond::Keyword { field: "repo", values: vec![repo.to_owned()] });
     }
@@ -93,11 +106,35 @@ pub fn build(repo: Option<&str>, scope: &[ScopeCondition]) -> (FilterSpec, Vec<U
         match cond.operator() {
             ScopeOperator::Eq => spec.must.push(Cond::Keyword { field, values }),
             ScopeOperator::Ne => spec.must_not.push(Cond::Keyword { field, values }),
-            ScopeOperator::Contains => spec.must.extend(values.iter().map(|v| contains(field, v))),
-            ScopeOperator::DoesNotContain => {
-                spec.must_not.extend(values.iter().map(|v| contains(field, v)))
+            ScopeOperator::Contains | ScopeOperator::DoesNotContain => {
+                let mut kept = Vec::new();
+                for v in &values {
+                    let c = contains(field, v);
+                    if matches!(c, Cond::Substring { .. }) {
+                        if substrings == MAX_SUBSTRING_VALUES {
+                            cut += 1;
+                            continue;
+                        }
+                        substrings += 1;
+                    }
+                    kept.push(c);
+                }
+                if cond.operator() == ScopeOperator::Contains {
+                    spec.must.extend(kept);
+                } else {
+                    spec.must_not.extend(kept);
+                }
             }
         }
+    }
+    if cut > 0 {
+        warnings.push(UserWarning {
+            code: SCOPE_SUBSTRINGS_CUT.to_owned(),
+            message: format!(
+                "RagScope names {} `contains`/`does_not_contain` values on language or repo; the first {MAX_SUBSTRING_VALUES} were applied and {cut} left out",
+                MAX_SUBSTRING_VALUES + cut
+            ),
+        });
     }
     (spec, warnings)
 }

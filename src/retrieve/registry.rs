@@ -20,6 +20,16 @@ use crate::contracts::{ScopeCondition, UserWarning};
 /// Warning code when dense retrieval failed and the turn fell back to BM25 only.
 pub const DENSE_UNAVAILABLE: &str = "retrieval.dense_unavailable";
 
+/// Most characters of a query searched for: an instruction may hold 200,000, every distinct
+/// term of which the BM25 query would carry, and the embeddings endpoint (its key shared by
+/// every tenant) would refuse or bill in full; what a turn is about is in its first lines.
+pub const MAX_QUERY_CHARS: usize = 8_000;
+
+/// The first [`MAX_QUERY_CHARS`] characters of `text`.
+fn query_head(text: &str) -> &str {
+    text.char_indices().nth(MAX_QUERY_CHARS).map_or(text, |(at, _)| &text[..at])
+}
+
 /// One retrieval for one turn.
 #[derive(Debug, Clone, Copy)]
 pub struct SearchRequest<'a> {
@@ -140,9 +150,10 @@ impl Retrieval {
             return Ok(SearchOutcome { chunks: Vec::new(), warnings });
         }
         let store = self.store(req.collection).await?;
-        let sparse = self.inner.encoder.query(req.query_text);
+        let query = query_head(req.query_text);
+        let sparse = self.inner.encoder.query(query);
         let dense = match (&self.inner.embedder, store.dense_dimension()) {
-            (Some(embedder), Some(_)) => match embedder.embed(&[req.query_text.to_owned()]).await {
+            (Some(embedder), Some(_)) => match embedder.embed(&[query.to_owned()]).await {
                 Ok(mut v) => v.pop(),
                 Err(e) => {
                     // A turn is still useful with lexical context alone; say so instead of failing it.
@@ -173,5 +184,18 @@ impl Retrieval {
             "retrieval done"
         );
         Ok(SearchOutcome { chunks, warnings })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_is_cut_at_a_character_boundary() {
+        let short = "é".repeat(MAX_QUERY_CHARS);
+        assert_eq!(query_head(&short), short);
+        let long = format!("{short}tail");
+        assert_eq!(query_head(&long), short, "cut after the bound, on a character");
     }
 }

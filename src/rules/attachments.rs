@@ -89,6 +89,9 @@ fn artifact_path(
         return None;
     }
     match raw.parse::<RelativePath>() {
+        // NFKC may lengthen a path (U+FDFA is 18 characters): the limit holds for what is
+        // stored and sent on too.
+        Ok(p) if e.chars_limit(field, p.as_str(), "max_path_chars", limits.max_path_chars) => None,
         Ok(p) if !paths.insert(p.as_str().to_owned()) => {
             e.at(
                 ErrorCode::PathDuplicate,

@@ -100,5 +100,7 @@ pub(super) fn file_name(
     if too_long || disguised.is_some() || raw.contains('\0') {
         return None;
     }
-    Some(raw.nfkc().collect())
+    // NFKC may lengthen a name (U+FDFA is 18 characters): the limit holds for what is kept.
+    let name: String = raw.nfkc().collect();
+    (!e.chars_limit(field, &name, "max_name_chars", limits.max_name_chars)).then_some(name)
 }

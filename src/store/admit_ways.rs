@@ -27,19 +27,23 @@ pub const MAX_QUEUED_PER_SESSION: i64 = 256;
 
 /// How many of `session`'s turns wait behind its active turn `active` (itself queued when its
 /// tenant holds it): queued, or taken into it as steers (a steered row waits for its host's end,
-/// which copies the host's reply to each), counted up to [`MAX_QUEUED_PER_SESSION`].
+/// which copies the host's reply to each) unless `steered` is false (an interrupt ends them),
+/// counted up to [`MAX_QUEUED_PER_SESSION`].
 async fn queued_behind(
     conn: &mut PgConnection,
     session: Uuid,
     active: &str,
+    steered: bool,
 ) -> Result<i64, StoreError> {
     let n = sqlx::query_scalar!(
         r#"SELECT count(*) AS "n!" FROM (SELECT 1 FROM turns
-               WHERE session_id = $1 AND state IN ('queued', 'steered') AND turn_id <> $3
+               WHERE session_id = $1 AND turn_id <> $3
+                 AND (state = 'queued' OR ($4 AND state = 'steered'))
                LIMIT $2) q"#,
         session,
         MAX_QUEUED_PER_SESSION,
-        active
+        active,
+        steered
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -78,7 +82,8 @@ impl Store {
         }
         // Turns waiting behind a turn that waits for the client (or runs long) are rows no
         // limit counts in `queue` mode, nor at all without limits: a session's queue is bounded.
-        if queued_behind(&mut tx, session, active).await? >= MAX_QUEUED_PER_SESSION {
+        let steered = follow_up != FollowUp::Interrupt;
+        if queued_behind(&mut tx, session, active, steered).await? >= MAX_QUEUED_PER_SESSION {
             return Ok(Admission::QueueFull { turn_id: active.to_owned() });
         }
         // Refused turns count from admission: this one will start whatever happens.

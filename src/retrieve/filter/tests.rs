@@ -105,3 +105,27 @@ fn server_translation_matches_the_edge_one() {
     assert!(matches!(m, MatchValue::Keywords(k) if k.strings == ["rust", "go"]));
     assert_eq!(server_match(&f.must_not[0]), ("language".into(), MatchValue::Text("ty".into())));
 }
+
+#[test]
+fn substring_values_past_the_bound_are_left_out_with_a_warning() {
+    let many: Vec<String> = (0..64).map(|i| format!("zq{i:02}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let scope = [
+        cond("language", ScopeOperator::DoesNotContain, &many),
+        cond("repo", ScopeOperator::Contains, &many),
+        // Indexed lookups are not counted: every one of them is kept.
+        cond("path", ScopeOperator::DoesNotContain, &many),
+    ];
+    let (spec, warnings) = build(None, &scope);
+    let substrings =
+        |conds: &[Cond]| conds.iter().filter(|c| matches!(c, Cond::Substring { .. })).count();
+    assert_eq!(substrings(&spec.must) + substrings(&spec.must_not), MAX_SUBSTRING_VALUES);
+    assert_eq!(spec.must_not.len(), MAX_SUBSTRING_VALUES + 64, "every path value kept");
+    assert!(spec.must.is_empty(), "the bound was spent on the first condition");
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].code, SCOPE_SUBSTRINGS_CUT);
+    assert!(warnings[0].message.contains("120 left out"), "{}", warnings[0].message);
+    // Within the bound, nothing is left out and nothing is said.
+    let (spec, warnings) = build(None, &[cond("repo", ScopeOperator::Contains, &many[..8])]);
+    assert_eq!((spec.must.len(), warnings.len()), (8, 0));
+}

@@ -309,21 +309,24 @@ fn check_path(path: &str) -> Result<(), ToolFailure> {
     if path.starts_with(['/', '\\']) || path.contains(':') {
         return bad("must be workspace-relative (no leading separator, no drive or `:`)");
     }
-    if path.chars().any(|c| c.is_control() || is_format(c)) {
+    let line_break = |c| matches!(c, '\u{2028}' | '\u{2029}');
+    if crate::contracts::ids::disguising_character(path).is_some()
+        || path.contains('\0')
+        || path.chars().any(line_break)
+    {
         return bad("must not contain control or invisible format characters");
+    }
+    // Look-alikes (`‥`, fullwidth `．．`, ...) are what a client that normalises names would
+    // turn into a traversal: a path is written in the form request paths are kept in.
+    if !unicode_normalization::is_nfkc(path) {
+        return bad(
+            "must be written in Unicode NFKC form (no compatibility look-alike characters)",
+        );
     }
     if path.split(['/', '\\']).any(|s| matches!(s.trim(), "" | "." | "..")) {
         return bad("must not have empty, `.` or `..` segments");
     }
     Ok(())
-}
-
-/// Invisible format characters (Unicode Cf) that could disguise a name: bidi controls,
-/// zero-width characters, the BOM.
-fn is_format(c: char) -> bool {
-    matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
-        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}'
-        | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
 }
 
 /// MIME types a `FileRef` may declare: plain data and text a client shows as text.
@@ -379,6 +382,10 @@ mod tests {
             "a//b",
             "./a",
             "evil\u{202E}txt.exe",
+            "\u{2025}/x",
+            "\u{FF0E}\u{FF0E}/x",
+            "notes\u{E0041}.md",
+            "a\u{2028}b",
         ];
         for bad in bad {
             assert!(check_path(bad).is_err(), "{bad:?}");
