@@ -12,6 +12,10 @@ use crate::config::AssemblePolicy;
 
 /// Most paths remembered as cut: enough to name them, bounded like everything else here.
 const FILES_CUT_CAP: usize = 64;
+/// Most files a history keeps, whatever their size: the budget counts text, and a session that
+/// sends many empty files under new paths would otherwise grow its state (rewritten every round
+/// trip) with each turn. The oldest beyond it are cut like those over the budget.
+pub(crate) const HISTORY_FILE_CAP: usize = 256;
 
 /// Bounded session history, oldest first in every list. Its chunks and files are `C` and `F`:
 /// with their texts (`Chunk`, `StoredFile`) where assembly renders them, by reference where
@@ -195,8 +199,11 @@ impl<C: Kept<Chunk>, F: Kept<StoredFile>> History<C, F> {
             self.files.push(F::kept(file));
         }
         self.files.retain(|f| !skipped_paths.iter().any(|p| p == f.key()));
-        for dropped in trim_oldest(&mut self.files, policy.rehydrate_file_chars) {
-            self.note_file_cut(dropped.key().to_owned());
+        let mut dropped = trim_oldest(&mut self.files, policy.rehydrate_file_chars);
+        let excess = self.files.len().saturating_sub(HISTORY_FILE_CAP);
+        dropped.extend(self.files.drain(..excess));
+        for file in dropped {
+            self.note_file_cut(file.key().to_owned());
         }
     }
 }
@@ -296,6 +303,29 @@ mod tests {
         let ids: Vec<_> = h.chunks.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids, ["b", "a"], "a chunk sent again moves to the newest end");
         assert!(h.chunks.iter().all(|c| c.score.is_none() && c.repo.is_some()));
+    }
+
+    #[test]
+    fn empty_files_under_new_paths_are_kept_to_a_count() {
+        let file = |n: usize| StoredFile {
+            path: format!("dir/{n}.rs"),
+            sha256: String::new(),
+            language: "rust".into(),
+            text: String::new(),
+        };
+        let mut h: History = History::default();
+        let policy = AssemblePolicy::default();
+        for turn in 0..8 {
+            let files: Vec<_> = (turn * 64..(turn + 1) * 64).map(file).collect();
+            h.record_sent(&[], &files, &[], &policy);
+        }
+        assert_eq!(h.files.len(), HISTORY_FILE_CAP);
+        assert_eq!(
+            h.files[0].path,
+            format!("dir/{}.rs", 8 * 64 - HISTORY_FILE_CAP),
+            "the newest kept"
+        );
+        assert_eq!(h.files_cut.len(), FILES_CUT_CAP, "the cut are named, to a bound");
     }
 
     #[test]

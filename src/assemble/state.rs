@@ -19,6 +19,9 @@ use crate::contracts::ToolCall;
 /// Most chunk ids remembered per chain. Forgetting the oldest only means a chunk retrieved
 /// again is sent again, which is harmless, while an unbounded list would grow for 30 days.
 const CHAIN_CHUNK_ID_CAP: usize = 4096;
+/// Most files remembered per chain, likewise: a file forgotten is only sent again if it comes
+/// again unchanged, while a session sending new paths turn after turn would grow the list.
+const CHAIN_FILE_CAP: usize = 1024;
 /// Most characters an open turn's instruction grows to with the follow-ups that steered it
 /// (twice the default `limits.max_instruction_chars`): the state is rewritten every round trip
 /// and a new chain restates it, so a turn steered round trip after round trip must not grow it
@@ -296,6 +299,8 @@ impl<C: Kept<Chunk> + Clone, F: Kept<StoredFile> + Clone> SessionStateOf<C, F> {
             chain.files.push(file);
         }
         chain.files.retain(|f| !update.skipped_paths.contains(&f.path));
+        let excess = chain.files.len().saturating_sub(CHAIN_FILE_CAP);
+        chain.files.drain(..excess);
         if update.solution_context_sent_sha256.is_some() {
             chain.solution_context_sha256.clone_from(&update.solution_context_sent_sha256);
         }
