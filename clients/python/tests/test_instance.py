@@ -12,6 +12,7 @@ import pika
 import pytest
 
 from aptix_client import Client, Final, Instance, ProtocolError, Refused, ToolResult, shared_user, url_user
+import aptix_client.client as client_mod
 from aptix_client.client import Session
 
 PREFIX = "unit"
@@ -196,6 +197,25 @@ def test_copies_are_dropped_by_message_id_even_after_close(setup):
     late = final(client._conn, A, "t0")
     client.pump(0)
     assert inst.duplicates_dropped == 1 and late in ch.acked and inst.pending_sessions() == []
+
+
+def test_the_ids_remembered_are_bounded(setup, monkeypatch):
+    """A session remembers the newest ids only, and an instance the ids of its newest closed
+    sessions only: a backend that lives for months does not keep every id it ever saw."""
+    ids = client_mod.SeenIds(bound=3)
+    for mid in "abcd":
+        ids.add(mid)
+    assert "a" not in ids and list(ids) == ["b", "c", "d"]
+    ids.add("b")  # seen again: now the newest
+    ids.add("e")
+    assert list(ids) == ["d", "b", "e"]
+    monkeypatch.setattr(client_mod, "SEEN_CLOSED_SESSIONS", 1)
+    client, inst, _ = setup
+    for sid in (A, B):
+        open_session(client, inst, sid).close()
+    still = open_session(client, inst, C)
+    assert set(inst._seen) == {B, C}, "the oldest closed session's ids are forgotten"
+    assert still.seen is inst._seen[C]
 
 
 def test_unread_messages_go_back_to_the_session_when_it_is_reopened(setup):

@@ -74,6 +74,29 @@ export const PUBLISH_BACKOFF_MS: readonly [number, number] = [50, 1_000];
  */
 export const RESTORE_BACKOFF_MS: readonly [number, number] = [100, 5_000];
 
+/**
+ * message_ids remembered per session to drop copies: the newest this many. A copy comes from a
+ * redelivery of what was not acked yet or from a re-send of something recent, while a session
+ * that lives for months streams millions of ids.
+ */
+export const SEEN_PER_SESSION = 65_536;
+/** Sessions an instance remembers the ids of once they are closed (the oldest forgotten first). */
+export const SEEN_CLOSED_SESSIONS = 4_096;
+
+/** The message_ids a session handled, the newest `bound` of them (a `Set` that forgets the oldest). */
+export class SeenIds extends Set<string> {
+  constructor(private readonly bound: number = SEEN_PER_SESSION) {
+    super();
+  }
+
+  override add(id: string): this {
+    super.delete(id); // seen again: now the newest
+    super.add(id);
+    if (this.size > this.bound) super.delete(this.values().next().value as string);
+    return this;
+  }
+}
+
 type Connection = Awaited<ReturnType<typeof amqp.connect>>;
 type Json = Record<string, unknown>;
 
@@ -565,7 +588,7 @@ export class Instance {
   readonly returned = new Set<string>();
   private readonly sessions = new Map<string, Session>();
   private readonly waiting = new Map<string, ConsumeMessage[]>();
-  private readonly seenIds = new Map<string, Set<string>>();
+  private readonly seenIds = new Map<string, SeenIds>();
   private failure: Error | null = null;
   private reopening: Promise<void> | null = null;
   private restoring: Promise<boolean> | null = null;
@@ -641,12 +664,16 @@ export class Instance {
   }
 
   /**
-   * The message_ids handled for a session on this instance (kept while the client lives, so
-   * that late copies are dropped even after the session was closed).
+   * The message_ids handled for a session on this instance (kept after the session closed, so
+   * that late copies are dropped, for the newest `keepClosed` closed sessions).
    */
-  seen(sessionId: string): Set<string> {
+  seen(sessionId: string, keepClosed: number = SEEN_CLOSED_SESSIONS): SeenIds {
     let ids = this.seenIds.get(sessionId);
-    if (!ids) this.seenIds.set(sessionId, (ids = new Set()));
+    if (!ids) {
+      this.seenIds.set(sessionId, (ids = new SeenIds()));
+      const closed = [...this.seenIds.keys()].filter((sid) => sid !== sessionId && !this.sessions.has(sid));
+      for (const sid of closed.slice(0, Math.max(0, closed.length - keepClosed))) this.seenIds.delete(sid);
+    }
     return ids;
   }
 
@@ -722,7 +749,7 @@ export class Session {
   readonly queue: string;
   /** The `reply_to` of this session's requests: the instance queue, or null (no property) per session. */
   readonly replyTo: string | null;
-  readonly seen: Set<string>;
+  readonly seen: SeenIds;
   duplicatesDropped = 0;
   private inbox: Item[] = [];
   private handled: Item[] = [];
@@ -764,7 +791,7 @@ export class Session {
     } else {
       this.queue = sessionQueue(client.prefix, sessionId, client.tenant ?? null);
       this.replyTo = null;
-      this.seen = new Set();
+      this.seen = new SeenIds();
       this.returned = new Set();
     }
   }

@@ -7,7 +7,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { ConfirmChannel, ConsumeMessage } from "amqplib";
 
-import { Client, Instance, ProtocolError, Session, ToolResult } from "../src";
+import { Client, Instance, ProtocolError, SeenIds, Session, ToolResult } from "../src";
 
 const PREFIX = "unit";
 const QUEUE = `${PREFIX}.instance.pod-1`;
@@ -292,4 +292,24 @@ test("a tenant's session queue carries its name", async () => {
   await s.submitTurn("t1", "x");
   assert.equal(ch.published[0].props.replyTo, undefined);
   assert.equal(ch.published[0].props.userId, "tenant-user");
+});
+
+test("the ids remembered are bounded", () => {
+  // A session remembers the newest ids only: a backend that lives for months does not keep
+  // every id it ever saw.
+  const ids = new SeenIds(3);
+  for (const id of ["a", "b", "c", "d"]) ids.add(id);
+  assert.deepEqual([...ids], ["b", "c", "d"]);
+  ids.add("b"); // seen again: now the newest
+  ids.add("e");
+  assert.deepEqual([...ids], ["d", "b", "e"]);
+});
+
+test("an instance forgets the ids of its oldest closed sessions", async () => {
+  const { inst } = await setup();
+  for (const sid of [A, B]) await inst.open(sid).close();
+  const ids = inst.seen(C, 1); // as if at most one closed session were remembered
+  assert.ok(inst.seen(B) !== ids && inst.seen(C) === ids);
+  const a = inst.seen(A, 1);
+  assert.equal(a.size, 0, "A's ids were forgotten when C's were first kept");
 });

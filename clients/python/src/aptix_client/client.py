@@ -74,6 +74,40 @@ RESTORE_BACKOFF = (0.1, 5.0)
 #: Waits between attempts; tests replace it.
 _sleep = time.sleep
 
+#: message_ids remembered per session to drop copies: the newest this many. A copy comes from a
+#: redelivery of what was not acked yet or from a re-send of something recent, while a session
+#: that lives for months streams millions of ids.
+SEEN_PER_SESSION = 65_536
+#: Sessions an instance remembers the ids of once they are closed (the oldest forgotten first).
+SEEN_CLOSED_SESSIONS = 4_096
+
+
+class SeenIds:
+    """The message_ids a session handled, the newest `SEEN_PER_SESSION` of them: `in`, `add`,
+    `discard`, `len`."""
+
+    def __init__(self, bound: int = SEEN_PER_SESSION):
+        self._ids: Dict[str, None] = {}
+        self._bound = bound
+
+    def __contains__(self, mid: object) -> bool:
+        return mid in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def add(self, mid: str) -> None:
+        self._ids.pop(mid, None)
+        self._ids[mid] = None
+        if len(self._ids) > self._bound:
+            del self._ids[next(iter(self._ids))]
+
+    def discard(self, mid: str) -> None:
+        self._ids.pop(mid, None)
+
 #: Receives every message the client sends ("out") or accepts ("in") as a dict of
 #: exchange/routing key or queue, properties, headers and body: for logs and wire captures.
 WireLog = Callable[[str, Dict[str, Any]], None]
@@ -443,7 +477,7 @@ class Instance:
         self.unroutable: List[p.ProtocolError] = []
         self._sessions: Dict[str, Session] = {}
         self._waiting: Dict[str, List[_Delivery]] = {}
-        self._seen: Dict[str, Set[str]] = {}
+        self._seen: Dict[str, SeenIds] = {}
         self.channel: Any = None
         #: Whether the broker cancelled the consumer of the current channel.
         self.cancelled = False
@@ -476,10 +510,17 @@ class Instance:
         """SessionIds with messages received for them while they were not open on this client."""
         return [sid for sid, waiting in self._waiting.items() if waiting]
 
-    def seen(self, session_id: str) -> Set[str]:
-        """The message_ids handled for a session on this instance (kept while the client lives,
-        so that late copies are dropped even after the session was closed)."""
-        return self._seen.setdefault(session_id, set())
+    def seen(self, session_id: str) -> SeenIds:
+        """The message_ids handled for a session on this instance (kept after the session
+        closed, so that late copies are dropped, for the newest `SEEN_CLOSED_SESSIONS` closed
+        sessions)."""
+        ids = self._seen.get(session_id)
+        if ids is None:
+            ids = self._seen[session_id] = SeenIds()
+            closed = [sid for sid in self._seen if sid not in self._sessions and sid != session_id]
+            for sid in closed[:max(0, len(closed) - SEEN_CLOSED_SESSIONS)]:
+                del self._seen[sid]
+        return ids
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         delivery = _Delivery(method.delivery_tag, props, body, ch)
@@ -574,11 +615,11 @@ class Session:
             self.queue = instance.queue
             #: The `reply_to` of this session's requests (None per session: no property).
             self.reply_to: Optional[str] = instance.queue
-            self.seen: Set[str] = instance.seen(session_id)
+            self.seen: SeenIds = instance.seen(session_id)
             return
         self.queue = p.session_queue(client.prefix, session_id, getattr(client, "tenant", None))
         self.reply_to = None
-        self.seen = set()
+        self.seen = SeenIds()
         self._open_channel()
 
     @property
