@@ -283,29 +283,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Reads a file, or standard input for `-`.
-/// `text` safe for an operator's terminal: control characters (ESC and the rest of C0 and C1)
-/// and invisible format characters (bidi overrides, zero-width) are shown escaped (`\u{1b}`),
-/// so client-supplied ids and reasons cannot move the cursor, recolour or hide text.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let hidden = |c: char| {
-        c == '\0'
-            || crate::contracts::ids::disguising_character(c.encode_utf8(&mut [0; 4])).is_some()
-    };
-    if !text.chars().any(hidden) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if hidden(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
+pub use crate::contracts::ids::printable;
 
+/// Reads a file, or standard input for `-`.
 pub fn read_input(path: &Path) -> std::io::Result<Vec<u8>> {
     if path == Path::new("-") {
         let mut buf = Vec::new();

@@ -73,9 +73,11 @@ impl SelectionArgs {
 
 /// `--rate` checked: turns per second, `None` for no limit.
 pub fn rate(rate: f64) -> Result<Option<f64>, ReprocessError> {
-    if !rate.is_finite() || rate < 0.0 {
+    // A rate so low that one turn's interval is no Duration (over about 584 billion years)
+    // would panic the pacing instead of being refused.
+    if !rate.is_finite() || rate < 0.0 || (rate > 0.0 && rate < 1e-9) {
         return Err(ReprocessError::Options(format!(
-            "--rate {rate} must be a positive number of turns per second (0: no limit)"
+            "--rate {rate} must be 0 (no limit) or a number of turns per second from 1e-9"
         )));
     }
     Ok((rate > 0.0).then_some(rate))

@@ -327,6 +327,25 @@ pub(crate) fn disguising_character(s: &str) -> Option<char> {
         .find(|&c| c != '\0' && (c.is_control() || c.general_category() == GeneralCategory::Format))
 }
 
+/// `text` safe for an operator's terminal: control characters (ESC and the rest of C0 and C1)
+/// and invisible format characters (bidi overrides, zero-width) are shown escaped (`\u{1b}`),
+/// so client-supplied ids and reasons cannot move the cursor, recolour or hide text.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| c == '\0' || disguising_character(c.encode_utf8(&mut [0; 4])).is_some();
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Shortens user-supplied text quoted back in an error message, escaping what is not printable
 /// (NUL included), so a quoted value can always be stored and shown.
 pub(crate) fn clip(s: &str) -> String {

@@ -129,6 +129,10 @@ pub async fn run(
     }
     let mut runs = BTreeMap::new();
     for ((arm, o), hold) in opts.arms.iter().zip(&arms).zip(&mut holds) {
+        // A reprocessor of its own per arm: the session states one keeps are after the last
+        // turn its run replayed, which no turn of the next arm's run could start from, so a
+        // shared one would rebuild every turn of the later arms from its session's beginning.
+        let reprocessor = Reprocessor::new(store.clone(), settings.clone(), llm.clone());
         let done = reprocessor.run_held(o, hold, &ProgressBar::hidden(), cancel).await?;
         runs.insert(arm.name.clone(), done);
     }

@@ -2,6 +2,7 @@
 //! records (this invocation's and those of earlier, interrupted ones) compare with the
 //! originals (see `compare`).
 
+use crate::contracts::ids::printable;
 use std::fmt;
 
 use serde::Serialize;
@@ -116,17 +117,25 @@ impl fmt::Display for Report {
         if !c.examples.is_empty() {
             writeln!(f, "  differences (first {}):", c.examples.len())?;
             for d in &c.examples {
+                // Stored and replayed answers are a tenant's text (it can echo an instruction
+                // holding ESC): shown escaped, they cannot rewrite the operator's terminal.
                 writeln!(
                     f,
                     "    {} {} step {} [{}]\n      was: {}\n      now: {}",
-                    d.session_id, d.turn_id, d.step, d.what, d.original, d.new
+                    d.session_id,
+                    printable(&d.turn_id),
+                    d.step,
+                    d.what,
+                    printable(&d.original),
+                    printable(&d.new)
                 )?;
             }
         }
         if !self.problems.is_empty() {
             writeln!(f, "  not reprocessed (first {}):", self.problems.len())?;
             for p in &self.problems {
-                writeln!(f, "    {} {}: {}: {}", p.session_id, p.turn_id, p.outcome, p.reason)?;
+                let (turn, reason) = (printable(&p.turn_id), printable(&p.reason));
+                writeln!(f, "    {} {turn}: {}: {reason}", p.session_id, p.outcome)?;
             }
         }
         if self.failed > 0 || self.left > 0 {
@@ -159,5 +168,27 @@ mod tests {
         let shown = report.to_string();
         assert!(shown.contains("1 done, 0 skipped"), "{shown}");
         assert!(shown.contains("run `aptix reprocess --run r`"), "{shown}");
+    }
+
+    #[test]
+    fn stored_text_is_shown_escaped() {
+        let mut report = Report { run: "r".into(), ..Report::default() };
+        report.comparison.examples.push(super::super::compare::Difference {
+            session_id: "s".into(),
+            turn_id: "t".into(),
+            step: 0,
+            what: "text",
+            original: "\u{1b}]52;c;aGk=\u{7}was".into(),
+            new: "now\u{202e}".into(),
+        });
+        report.problems.push(Problem {
+            session_id: "s".into(),
+            turn_id: "t\u{1b}[2J".into(),
+            outcome: "failed",
+            reason: "boom\u{1b}[8m".into(),
+        });
+        let shown = report.to_string();
+        assert!(!shown.contains('\u{1b}') && !shown.contains('\u{202e}'), "{shown:?}");
+        assert!(shown.contains("\\u{1b}]52;c;aGk=\\u{7}was"), "{shown}");
     }
 }
