@@ -385,3 +385,28 @@ async fn the_command_line_dry_runs_runs_and_reports_as_json() {
     assert!(String::from_utf8_lossy(&unselected.stderr).contains("--all"));
     h.teardown().await;
 }
+
+/// A session's history is rebuilt a page at a time (`SAVED_PAGE` round trips): the last turn of
+/// a session longer than a page, reprocessed alone, is sent with the history of the turns of
+/// both pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_history_longer_than_a_page_is_rebuilt_whole() {
+    let h = Harness::start(1).await;
+    let s = new_session();
+    for n in 1..=20 {
+        one_final(&h, &s, user_turn(&s, &format!("t{n}"), &format!("question number {n} here")))
+            .await;
+    }
+    let r = reprocessor(&h);
+    let last = (aptix::contracts::SessionId::new(s.parse().unwrap()), "t20".parse().unwrap());
+    let only = Selection { turns: Some(vec![last]), ..Selection::default() };
+    let report = run(&r, &options(only, "long")).await;
+    assert_eq!((report.done, report.failed), (1, 0), "{report}");
+    let records = run_records(&h, "long").await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let sent = records[0]["request_payload"].to_string();
+    for n in [2, 16, 17, 19] {
+        assert!(sent.contains(&format!("question number {n} here")), "turn {n} missing: {sent}");
+    }
+    h.teardown().await;
+}

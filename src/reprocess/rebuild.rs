@@ -104,8 +104,18 @@ pub(crate) async fn load(
     let seq = first.original.seq;
     let (from, start) =
         histories.before(session, seq).unwrap_or((i64::MIN, SessionState::default()));
-    let earlier = store.saved_steps_between(session, from, seq).await?;
-    let mut state = replay_state(start, &earlier, policy);
+    let mut state = start;
+    let mut after = None;
+    loop {
+        let page = store.saved_steps_page(session, (from, seq), after, SAVED_PAGE).await?;
+        let full = page.len() as i64 == SAVED_PAGE;
+        after = page.last().map(|(place, _)| *place);
+        let saved: Vec<Value> = page.into_iter().map(|(_, saved)| saved).collect();
+        state = replay_state(state, &saved, policy);
+        if !full {
+            break;
+        }
+    }
     histories.keep(session, seq, &state);
     let chunks = assembled.retrieved_chunks(&state);
     state.chain = None;
@@ -113,6 +123,9 @@ pub(crate) async fn load(
     state.open_turn = None;
     Ok(Ok(TurnInputs { session, turn: turn.clone(), chunks, state, steps }))
 }
+
+/// Saved round trips read at a time while a session's history is rebuilt.
+pub(crate) const SAVED_PAGE: i64 = 16;
 
 /// The session state the pipeline had after `state` and then the saved round trips `saved`,
 /// in order.

@@ -160,34 +160,47 @@ impl Store {
         Ok(steps)
     }
 
-    /// The saved round trips of the session's original records of the turns with arrival order
-    /// from `from_seq` up to but not including `seq`, in the order the pipeline applied them.
-    pub async fn saved_steps_between(
+    /// A page of the saved round trips of the session's original records of the turns with
+    /// arrival order from `from_seq` up to but not including `seq`, in the order the pipeline
+    /// applied them: the `limit` after `after` (a turn's order and a step; `None` from the
+    /// first), each with its place. A session's history is read a page at a time: a long one
+    /// (each round trip tens of KB, up to megabytes with its artifacts) read whole would take
+    /// the memory of every tenant's batch and the statement's time.
+    pub async fn saved_steps_page(
         &self,
         session: Uuid,
-        from_seq: i64,
-        seq: i64,
-    ) -> Result<Vec<Value>, StoreError> {
-        let mut saved = sqlx::query_scalar!(
-            r#"SELECT aptix_deref_at(l.result, '{job,result,raw,tools}') AS "saved!"
+        (from_seq, seq): (i64, i64),
+        after: Option<(i64, i32)>,
+        limit: i64,
+    ) -> Result<Vec<((i64, i32), Value)>, StoreError> {
+        let (after_seq, after_step) = after.unwrap_or((i64::MIN, i32::MIN));
+        let rows = sqlx::query!(
+            r#"SELECT t.seq, r.step,
+                      aptix_deref_at(l.result, '{job,result,raw,tools}') AS "saved!"
                FROM response_records r
                JOIN turns t ON t.session_id = r.session_id AND t.turn_id = r.turn_id
                JOIN llm_results l
                    ON l.session_id = r.session_id AND l.turn_id = r.turn_id AND l.step = r.step
                WHERE r.session_id = $1 AND r.reprocess_of IS NULL
-                 AND t.seq >= $2 AND t.seq < $3
-               ORDER BY t.seq, r.step"#,
+                 AND t.seq >= $2 AND t.seq < $3 AND (t.seq, r.step) > ($4, $5)
+               ORDER BY t.seq, r.step
+               LIMIT $6"#,
             session,
             from_seq,
-            seq
+            seq,
+            after_seq,
+            after_step,
+            limit
         )
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.pool.acquire().await?;
-        for value in &mut saved {
-            *value = texts::read_saved(&mut conn, &self.texts, std::mem::take(value)).await?;
+        let mut page = Vec::with_capacity(rows.len());
+        for row in rows {
+            let saved = texts::read_saved(&mut conn, &self.texts, row.saved).await?;
+            page.push(((row.seq, row.step), saved));
         }
-        Ok(saved)
+        Ok(page)
     }
 
     /// Writes the records of one reprocessed turn in one transaction. When the run already
