@@ -111,6 +111,9 @@ fn layers_validation_and_redaction() {
     for name in ["../acme", "./acme", "acme/", "x/../acme", ".", "a\\b", ""] {
         let text = format!("[agent_contexts.x]\ncollection = {name:?}");
         assert_eq!(invalid_key(&text), "agent_contexts.x.collection", "{name:?}");
+        // `aptix index --collection` names one too.
+        let given = Some(name.to_owned());
+        assert!(aptix::cli::index::resolve_collection(&s, given, None).is_err(), "{name:?}");
     }
     // A layout being drained is an earlier one, never the current one (nor 1).
     let draining = "[amqp]\nstage_partitions = 8\ndraining_stage_partitions = [8]";

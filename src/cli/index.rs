@@ -39,6 +39,12 @@ pub fn resolve_collection(
     agent: Option<&str>,
 ) -> anyhow::Result<String> {
     if let Some(c) = collection {
+        // The same rule as a configured collection's: this name is a directory of the store.
+        anyhow::ensure!(
+            crate::config::is_collection_name(&c),
+            "--collection `{c}` {}",
+            crate::config::COLLECTION_RULE
+        );
         return Ok(c);
     }
     let id = agent

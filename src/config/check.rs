@@ -186,12 +186,10 @@ impl Settings {
             // The embedded store keeps a collection in a directory of that name: a name that
             // is a path (`../x`, `./acme`, `acme/`) would reach outside the data directory, or
             // another tenant's collection under a name that differs as a string only.
-            let name = ctx.collection.as_str();
-            let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-            if name.is_empty() || name.len() > 255 || name.starts_with('.') || !plain {
+            if !is_collection_name(&ctx.collection) {
                 return Err(ConfigError::invalid(
                     format!("agent_contexts.{id}.collection"),
-                    "must be 1-255 characters of A-Z, a-z, 0-9, '.', '_' or '-', not starting with '.'",
+                    COLLECTION_RULE,
                 ));
             }
         }
@@ -212,4 +210,16 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// What a collection's name must be ([`is_collection_name`]).
+pub const COLLECTION_RULE: &str =
+    "must be 1-255 characters of A-Z, a-z, 0-9, '.', '_' or '-', not starting with '.'";
+
+/// Whether `name` may name a collection: the embedded store keeps one in a directory of that
+/// name, so a name that is a path (`../x`, `./acme`, `acme/`) would reach outside the data
+/// directory, or another tenant's collection under a name that differs as a string only.
+pub fn is_collection_name(name: &str) -> bool {
+    let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    !name.is_empty() && name.len() <= 255 && !name.starts_with('.') && plain
 }

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use approvals::{ApprovalRule, Pattern};
 pub use assemble_policy::{AssemblePolicy, PromptCacheKey};
 pub use budget::{Budget, Usd};
+pub use check::{is_collection_name, COLLECTION_RULE};
 pub use contexts::{AgentContext, ConversationContext, FollowUp, FunctionTool};
 pub use keys::{file_signature, file_signature_valid, file_url, MessageKeys, MIN_KEY_BYTES};
 pub use limits::Limits;

@@ -123,8 +123,12 @@ class FakeServer(threading.Thread):
             self.on_resume(ch, props, req, key)
             ch.basic_ack(method.delivery_tag)
             return
-        if "@busy" in text:
-            self.refusal(key, s, t, "rejected-busy", "session.busy", props.message_id)
+        if "@busy" in text or "@attached" in text:
+            # @attached: the request was a copy of a running turn's, refused as an attach past the
+            # resume limit (the turn goes on).
+            code = "session.busy" if "@busy" in text else "limit.resumes_per_minute"
+            self.refusal(key, s, t, "rejected-busy" if "@busy" in text else "rejected-resume", code,
+                         props.message_id)
             ch.basic_ack(method.delivery_tag)
             return
         if "@hold" in text or "@refuse" in text:
@@ -455,6 +459,19 @@ def test_a_streamed_turn_whose_own_request_is_refused_is_not_resumed(fake, broke
         wait_for(lambda: any(r[0].type == "turn.resume" for r in fake.requests))
         resumed = [r[1]["TurnId"] for r in fake.requests if r[0].type == "turn.resume"]
         assert resumed == ["t2"] and s.resumes == 1, resumed
+
+
+def test_a_copy_of_a_streamed_turns_request_refused_as_an_attach_keeps_it_resumable(fake, broker):
+    """A request sent again (a lost confirm) is an attach, refused past the resume limit: the
+    turn exists and runs, so it is still resumed."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.submit_turn("t1", "@attached", stream=True)
+        refused = s.next_event(10, "t1")
+        assert isinstance(refused, Refused) and refused.code == "limit.resumes_per_minute", refused
+        s._reopen()
+        wait_for(lambda: any(r[0].type == "turn.resume" for r in fake.requests))
+        assert s.resumes == 1
 
 
 def test_a_session_whose_queue_the_broker_deleted_consumes_it_again(fake, broker):

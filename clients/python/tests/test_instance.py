@@ -211,10 +211,10 @@ def test_the_ids_remembered_are_bounded(setup, monkeypatch):
     assert list(ids) == ["d", "b", "e"]
     monkeypatch.setattr(client_mod, "SEEN_CLOSED_SESSIONS", 1)
     client, inst, _ = setup
-    for sid in (A, B):
+    for sid in (B, A, B):  # B opened first, but closed last
         open_session(client, inst, sid).close()
     still = open_session(client, inst, C)
-    assert set(inst._seen) == {B, C}, "the oldest closed session's ids are forgotten"
+    assert set(inst._seen) == {B, C}, "the ids of the session closed longest ago are forgotten"
     assert still.seen is inst._seen[C]
 
 

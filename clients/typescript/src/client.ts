@@ -35,6 +35,8 @@ import type { ConfirmChannel, ConsumeMessage, MessageProperties } from "amqplib"
 import { AptixEvent, Final, Failed, Refused, Reply, ToolCall, ToolDecision, ToolResult, parseEvent } from "./events";
 import {
   CANCEL_TYPE,
+  CODE_RESUMES_LIMIT,
+  CODE_TURN_CONFLICT,
   CONTENT_TYPE,
   H_SESSION_ID,
   H_EVENT_SEQ,
@@ -404,6 +406,7 @@ export class Client {
       this.delay = Math.min(this.delay * 2, longest);
       if (this.closing) return;
       try {
+        this.toRestore.length = 0; // what an earlier attempt could not declare, this one tries again
         await this.open();
         if (this.instanceQueue) await reopenOrLater(this.instanceQueue, this.toRestore);
         else for (const s of this.sessions) await reopenOrLater(s, this.toRestore);
@@ -715,6 +718,12 @@ export class Instance {
   /** @internal a session closed: what it had not handed out waits again for the next open. */
   detach(s: Session, unread: ConsumeMessage[]): void {
     if (this.sessions.get(s.sessionId) === s) this.sessions.delete(s.sessionId);
+    const ids = this.seenIds.get(s.sessionId);
+    if (ids) {
+      // Closed now: the newest closed session, the last its ids are forgotten.
+      this.seenIds.delete(s.sessionId);
+      this.seenIds.set(s.sessionId, ids);
+    }
     if (unread.length > 0) this.waiting.set(s.sessionId, [...unread, ...(this.waiting.get(s.sessionId) ?? [])]);
   }
 
@@ -771,8 +780,11 @@ export class Session {
    * channel closed or its consumer cancelled by the broker.
    */
   restores = 0;
-  /** message_ids of the resumes this session sent by itself: their refusals are its own. */
-  private readonly autoResumes = new Set<string>();
+  /**
+   * message_ids of the resumes this session sent by itself, the newest 256: their refusals are
+   * its own (kept when a publish failed: an earlier attempt may have gone).
+   */
+  private readonly autoResumes = new SeenIds(256);
   private reopening: Promise<void> | null = null;
   private restoring: Promise<boolean> | null = null;
 
@@ -860,7 +872,12 @@ export class Session {
     this.ownCh = ch;
     old.close().catch(() => undefined);
     this.inbox = this.inbox.filter((it) => !(it.error && it.ch === old));
-    await this.start();
+    try {
+      await this.start();
+    } catch (e) {
+      if (this.failure) return; // closed meanwhile: nothing to declare any more
+      throw e;
+    }
     // What was published while the queue was gone (its node down, deleted) is not in it:
     // streamed turns still running are resumed from the last event handed out. Not awaited:
     // a resume's publish that fails waits for the client's recovery, which may be this call.
@@ -1007,7 +1024,6 @@ export class Session {
     this.resuming.set(turnId, { after: after ?? -1, held: [], messageId });
     if (auto) this.autoResumes.add(messageId);
     return this.submit(body, { messageId, validate: false, type: RESUME_TYPE }).catch((e: unknown) => {
-      this.autoResumes.delete(messageId);
       this.release(turnId);
       throw e;
     });
@@ -1132,10 +1148,12 @@ export class Session {
       if (n !== undefined) this.streaming.set(turn, Math.max(this.streaming.get(turn)!, n));
       // A refusal is final for its submission only (§6): the turn ends with final or failed, or
       // never starts when the request that started it is refused (nothing was stored).
+      // ... except when the refusal says the turn exists: a copy of the request answered as an
+      // attach past the resume limit, or a TurnId another body already started.
       const startedBy = this.startedBy.get(turn);
-      if (e.type === "final" || e.type === "failed" || (e.type === "refused" && startedBy !== undefined && e.correlationId === startedBy)) {
-        this.untrack(turn);
-      }
+      const refusedStart =
+        e.type === "refused" && startedBy !== undefined && e.correlationId === startedBy && e.code !== CODE_TURN_CONFLICT && e.code !== CODE_RESUMES_LIMIT;
+      if (e.type === "final" || e.type === "failed" || refusedStart) this.untrack(turn);
     }
     this.inbox.push(item);
   }

@@ -92,6 +92,13 @@ export const CODE_CONTEXT_FIXED = "session.context_fixed";
 export const KIND_RESUMED = "resumed";
 
 export const CODE_SESSION_BUSY = "session.busy";
+/** A request reusing a TurnId with another body (§11): the turn exists, started by that body. */
+export const CODE_TURN_CONFLICT = "turn.conflict";
+/**
+ * A resume, or a copy of a running turn's request answered as one, past the session's
+ * `pipeline.resumes_per_minute` (§9a, tag `rejected-resume`).
+ */
+export const CODE_RESUMES_LIMIT = "limit.resumes_per_minute";
 /**
  * 256 turns already wait behind the session's active turn (§11, tag `rejected-busy`): nothing was
  * stored; send it again later under a new messageId.

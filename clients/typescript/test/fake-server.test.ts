@@ -100,8 +100,11 @@ class FakeServer {
       this.queues.add(q);
     }
     const common = { "x-aptix-session-id": s, "x-aptix-turn-id": t };
-    if (text.includes("@busy")) {
-      this.refusal(key, s, t, "rejected-busy", "session.busy", String(m.properties.messageId));
+    if (text.includes("@busy") || text.includes("@attached")) {
+      // @attached: the request was a copy of a running turn's, refused as an attach past the
+      // resume limit (the turn goes on).
+      const busy = text.includes("@busy");
+      this.refusal(key, s, t, busy ? "rejected-busy" : "rejected-resume", busy ? "session.busy" : "limit.resumes_per_minute", String(m.properties.messageId));
       await this.ch.waitForConfirms();
       this.ch.ack(m);
       return;
@@ -485,6 +488,21 @@ test("a streamed turn whose own request is refused is not resumed", async () => 
     await s.reopen();
     await until(() => resumesOf("t2").some((m) => m.fields.routingKey === s.sessionId));
     assert.equal(resumesOf("t1").filter((m) => m.fields.routingKey === s.sessionId).length, 0);
+    assert.equal(s.resumes, 1);
+  } finally {
+    await c.close();
+  }
+});
+
+test("a copy of a streamed turn's request refused as an attach keeps it resumable", async () => {
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    await s.submitTurn("t1", "@attached", { stream: true });
+    const refused = await s.nextEvent({ timeoutMs: 10_000, turnId: "t1" });
+    assert.equal(refused.type === "refused" && refused.code, "limit.resumes_per_minute");
+    await s.reopen();
+    await until(() => resumesOf("t1").some((m) => m.fields.routingKey === s.sessionId));
     assert.equal(s.resumes, 1);
   } finally {
     await c.close();

@@ -306,10 +306,18 @@ test("the ids remembered are bounded", () => {
 });
 
 test("an instance forgets the ids of its oldest closed sessions", async () => {
-  const { inst } = await setup();
-  for (const sid of [A, B]) await inst.open(sid).close();
-  const ids = inst.seen(C, 1); // as if at most one closed session were remembered
-  assert.ok(inst.seen(B) !== ids && inst.seen(C) === ids);
-  const a = inst.seen(A, 1);
-  assert.equal(a.size, 0, "A's ids were forgotten when C's were first kept");
+  const { ch, inst } = await setup();
+  for (const sid of [B, A]) {
+    const s = inst.open(sid);
+    ch.final(sid, "t0");
+    assert.equal((await next(s)).turnId, "t0");
+    await s.close();
+  }
+  // B was opened first but closed first too; reopened and closed again, it is the newest closed.
+  const b = inst.open(B);
+  await b.close();
+  assert.equal(inst.seen(B).size, 1);
+  inst.seen(C, 1); // as if at most one closed session were remembered
+  assert.equal(inst.seen(B, 2).size, 1, "B, closed last, is remembered");
+  assert.equal(inst.seen(A, 2).size, 0, "A's ids were forgotten when C's were first kept");
 });

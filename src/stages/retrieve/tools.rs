@@ -257,9 +257,10 @@ impl Retrieve {
             Err(e) => return Ok((Err(e.into()), None)),
         };
         let files = &self.settings.files;
-        if let Err(why) = check_path(&args.path) {
-            return Ok((Err(why), None));
-        }
+        let path = match checked_path(&args.path) {
+            Ok(path) => path,
+            Err(why) => return Ok((Err(why), None)),
+        };
         if args.content.len() > files.max_bytes {
             let why = ToolFailure::TooLarge { bytes: args.content.len(), max: files.max_bytes };
             return Ok((Err(why), None));
@@ -273,13 +274,10 @@ impl Retrieve {
         };
         let owner = tenant.map(ToString::to_string).unwrap_or_default();
         let kept = self.store.put_file(&owner, args.content.as_bytes(), until).await?;
-        let name = args.path.rsplit(['/', '\\']).next().unwrap_or(&args.path).to_owned();
+        let name = path.rsplit(['/', '\\']).next().unwrap_or(&path).to_owned();
         let file = FileRef {
             name,
-            mime_type: args
-                .mime_type
-                .filter(|m| valid_mime(m))
-                .unwrap_or_else(|| mime_of(&args.path)),
+            mime_type: args.mime_type.filter(|m| valid_mime(m)).unwrap_or_else(|| mime_of(&path)),
             url: crate::config::file_url(
                 &self.settings.files_base_url(),
                 &keys,
@@ -289,18 +287,35 @@ impl Retrieve {
             ),
             size_bytes: kept.size_bytes,
             content_hash: format!("sha256:{}", kept.sha256),
-            description: Some(format!("written by write_file as `{}`", args.path)),
+            description: Some(format!("written by write_file as `{path}`")),
             content_expires: Some(
                 kept.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             ),
         };
-        let result = json!({"Path": args.path, "Url": file.url, "SizeBytes": file.size_bytes,
+        let result = json!({"Path": path, "Url": file.url, "SizeBytes": file.size_bytes,
                             "ContentHash": file.content_hash, "MimeType": file.mime_type});
         Ok((Ok(result.to_string()), Some(file)))
     }
 }
 
-/// A workspace-relative path a file may be written as: its name is what a client saves it as.
+/// A workspace-relative path a file may be written as, in the NFKC form request paths are kept
+/// in (a CJK name's fullwidth brackets become ASCII ones): its name is what a client saves it
+/// as. The checks run on that form, so a look-alike (`‥`, fullwidth `．．`, `：`) is refused as
+/// what a client that normalises names would make of it.
+fn checked_path(path: &str) -> Result<String, ToolFailure> {
+    let line_break = |c| matches!(c, '\u{2028}' | '\u{2029}');
+    if crate::contracts::ids::disguising_character(path).is_some()
+        || path.contains('\0')
+        || path.chars().any(line_break)
+    {
+        return Err(ToolFailure::Path("must not contain control or invisible format characters"));
+    }
+    let path: String = unicode_normalization::UnicodeNormalization::nfkc(path).collect();
+    check_path(&path)?;
+    Ok(path)
+}
+
+/// The rules of [`checked_path`] on a path in NFKC form.
 fn check_path(path: &str) -> Result<(), ToolFailure> {
     let bad = |why: &'static str| Err(ToolFailure::Path(why));
     if path.trim().is_empty() || path.len() > 512 {
@@ -308,20 +323,6 @@ fn check_path(path: &str) -> Result<(), ToolFailure> {
     }
     if path.starts_with(['/', '\\']) || path.contains(':') {
         return bad("must be workspace-relative (no leading separator, no drive or `:`)");
-    }
-    let line_break = |c| matches!(c, '\u{2028}' | '\u{2029}');
-    if crate::contracts::ids::disguising_character(path).is_some()
-        || path.contains('\0')
-        || path.chars().any(line_break)
-    {
-        return bad("must not contain control or invisible format characters");
-    }
-    // Look-alikes (`‥`, fullwidth `．．`, ...) are what a client that normalises names would
-    // turn into a traversal: a path is written in the form request paths are kept in.
-    if !unicode_normalization::is_nfkc(path) {
-        return bad(
-            "must be written in Unicode NFKC form (no compatibility look-alike characters)",
-        );
     }
     if path.split(['/', '\\']).any(|s| matches!(s.trim(), "" | "." | "..")) {
         return bad("must not have empty, `.` or `..` segments");
@@ -369,7 +370,9 @@ mod tests {
 
     #[test]
     fn paths_stay_in_the_workspace() {
-        assert!(check_path("docs/plan.md").is_ok());
+        assert_eq!(checked_path("docs/plan.md").ok().as_deref(), Some("docs/plan.md"));
+        // A CJK name is written as NFKC makes it, not refused.
+        assert_eq!(checked_path("報告書（案）.md").ok().as_deref(), Some("報告書(案).md"));
         let bad = [
             "",
             "/etc/passwd",
@@ -388,7 +391,7 @@ mod tests {
             "a\u{2028}b",
         ];
         for bad in bad {
-            assert!(check_path(bad).is_err(), "{bad:?}");
+            assert!(checked_path(bad).is_err(), "{bad:?}");
         }
         assert_eq!(mime_of("fix.patch"), "text/x-diff");
         assert_eq!(mime_of("README"), "text/plain");

@@ -37,7 +37,7 @@ import os
 import random
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set,
                     Tuple, TypeVar, Union)
@@ -87,7 +87,7 @@ class SeenIds:
     `discard`, `len`."""
 
     def __init__(self, bound: int = SEEN_PER_SESSION):
-        self._ids: Dict[str, None] = {}
+        self._ids: "OrderedDict[str, None]" = OrderedDict()
         self._bound = bound
 
     def __contains__(self, mid: object) -> bool:
@@ -100,10 +100,10 @@ class SeenIds:
         return iter(self._ids)
 
     def add(self, mid: str) -> None:
-        self._ids.pop(mid, None)
         self._ids[mid] = None
+        self._ids.move_to_end(mid)
         if len(self._ids) > self._bound:
-            del self._ids[next(iter(self._ids))]
+            self._ids.popitem(last=False)
 
     def discard(self, mid: str) -> None:
         self._ids.pop(mid, None)
@@ -554,6 +554,9 @@ class Instance:
         """A session closed: what it had not handed out waits again for the next open."""
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
+        if session.session_id in self._seen:
+            # Closed now: the newest closed session, the last its ids are forgotten.
+            self._seen[session.session_id] = self._seen.pop(session.session_id)
         if unread:
             self._waiting[session.session_id] = unread + self._waiting.get(session.session_id, [])
 
@@ -608,8 +611,9 @@ class Session:
         self.restores = 0
         self._restore_delay = RESTORE_BACKOFF[0]
         self._cancelled = False
-        # message_ids of the resumes this session sent by itself: their refusals are its own.
-        self._auto_resumes: Set[str] = set()
+        # message_ids of the resumes this session sent by itself, the newest 256: their
+        # refusals are its own (kept when a publish failed: an earlier attempt may have gone).
+        self._auto_resumes = SeenIds(bound=256)
         if instance is not None:
             #: The queue this session's messages arrive on.
             self.queue = instance.queue
@@ -852,7 +856,6 @@ class Session:
         try:
             return self.submit(body, message_id=mid, validate=False, kind=p.RESUME_TYPE)
         except BaseException:
-            self._auto_resumes.discard(mid)
             self._release(turn_id)
             raise
 
@@ -969,8 +972,12 @@ class Session:
             # A refusal is final for its submission only (§6): the turn ends with Final or
             # Failed, or never starts when the request that started it is refused.
             started_by = self._started_by.get(turn)
-            if isinstance(event, (Final, Failed)) or (
-                    isinstance(event, Refused) and started_by is not None and event.correlation_id == started_by):
+            # ... except when the refusal says the turn exists: a copy of the request answered
+            # as an attach past the resume limit, or a TurnId another body already started.
+            refused_start = (isinstance(event, Refused) and started_by is not None
+                             and event.correlation_id == started_by
+                             and event.code not in (p.CODE_TURN_CONFLICT, p.CODE_RESUMES_LIMIT))
+            if isinstance(event, (Final, Failed)) or refused_start:
                 self._untrack(turn)
         self._inbox.append(item)
 

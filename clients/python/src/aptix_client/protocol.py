@@ -79,6 +79,11 @@ CODE_TURN_FINISHED = "turn.finished"
 #: A cancel (`rejected-cancel-…`) or a continuation (`rejected-continuation-…`) refused because
 #: its turn does not exist in the session.
 CODE_TURN_NOT_FOUND = "turn.not_found"
+#: A request reusing a TurnId with another body (§11): the turn exists, started by that body.
+CODE_TURN_CONFLICT = "turn.conflict"
+#: A resume, or a copy of a running turn's request answered as one, past the session's
+#: `pipeline.resumes_per_minute` (§9a, tag `rejected-resume`).
+CODE_RESUMES_LIMIT = "limit.resumes_per_minute"
 #: Tool results refused (`rejected-continuation-…`) because their turn was cancelled (§7a).
 CODE_TOOL_RESULTS_TURN_CANCELLED = "tool_results.turn_cancelled"
 
