@@ -523,3 +523,17 @@ def wait_for(cond, seconds=5.0):
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_a_queue_the_user_may_not_declare_is_an_error_not_a_wait(fake, broker):
+    """Restoring a queue the broker refuses for good (403: the user may not declare it; here a
+    reserved `amq.` name) raises the broker's refusal instead of trying until the timeout."""
+    with Client(broker, fake.prefix) as c:
+        s = c.open_session()
+        s.queue = "amq.aptix-forbidden"
+        s._ch.basic_ack(delivery_tag=999_999)  # the broker closes the channel: it is restored
+        c.pump(0.3)
+        started = time.monotonic()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            s.next_event(10)
+        assert refused.value.reply_code == 403 and time.monotonic() - started < 5

@@ -521,7 +521,11 @@ function resumedNotice(content: Buffer): { turn: string; ended: boolean } | unde
 interface Reopens {
   reopen(): Promise<void>;
   restoreSoon(ch: ConfirmChannel | null): void;
+  fail(e?: Error): void;
 }
+
+/** The broker's reply code for a queue the user may not declare or read: not tried again. */
+const ACCESS_REFUSED = 403;
 
 /**
  * Declares and consumes a queue again after a reconnect. One the broker refuses to declare now
@@ -554,7 +558,11 @@ async function restoreLoop(client: Client, holder: Reopens, gone: () => boolean)
     try {
       await holder.reopen();
       return true;
-    } catch {
+    } catch (e) {
+      if ((e as { code?: unknown }).code === ACCESS_REFUSED) {
+        holder.fail(e as Error); // waiting changes nothing: the application gets the cause
+        return false;
+      }
       await sleep(delay);
       delay = Math.min(delay * 2, RESTORE_BACKOFF_MS[1]);
     }

@@ -575,3 +575,19 @@ test("an upper-case SessionId is written in lower case", async () => {
     await c.close();
   }
 });
+
+test("a queue the user may not declare is an error, not a wait", async () => {
+  // Restoring a queue the broker refuses for good (403: the user may not declare it; here a
+  // reserved `amq.` name) fails the session with the broker's refusal.
+  const c = await Client.connect({ url: ADMIN, prefix: fake.prefix });
+  try {
+    const s = await c.openSession();
+    (s as unknown as { queue: string }).queue = "amq.aptix-forbidden";
+    (s as unknown as { ch: amqp.ConfirmChannel }).ch.ack({ fields: { deliveryTag: 999_999 } } as amqp.Message);
+    const started = Date.now();
+    await assert.rejects(s.nextEvent({ timeoutMs: 10_000 }), /ACCESS_REFUSED|403/);
+    assert.ok(Date.now() - started < 5_000);
+  } finally {
+    await c.close();
+  }
+});

@@ -70,6 +70,8 @@ PUBLISH_BACKOFF = (0.05, 1.0)
 #: Pause between attempts to declare and consume a queue the broker stopped consuming (its node
 #: down, the queue deleted), seconds: the first, doubled up to the second.
 RESTORE_BACKOFF = (0.1, 5.0)
+#: The broker's reply code for a queue the user may not declare or read: not tried again.
+ACCESS_REFUSED = 403
 
 #: Waits between attempts; tests replace it.
 _sleep = time.sleep
@@ -662,7 +664,9 @@ class Session:
             self._reopen()
             self._restore_delay = RESTORE_BACKOFF[0]
             self.restores += 1
-        except pika.exceptions.AMQPChannelError:
+        except pika.exceptions.AMQPChannelError as e:
+            if getattr(e, "reply_code", None) == ACCESS_REFUSED:
+                raise  # the user may not declare or read this queue: waiting changes nothing
             _sleep(max(0.0, min(self._restore_delay, deadline - time.monotonic())))
             self._restore_delay = min(self._restore_delay * 2, RESTORE_BACKOFF[1])
         except pika.exceptions.AMQPConnectionError as e:
