@@ -410,3 +410,32 @@ async fn a_history_longer_than_a_page_is_rebuilt_whole() {
     }
     h.teardown().await;
 }
+
+/// One turn whose stored rows cannot be read back (here a NUL in its saved round trip, which
+/// the live path's `json` column kept and the reprocess read's `jsonb` refuses) is that turn's
+/// problem: a dry run over every turn plans the others instead of stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_plans_around_a_turn_it_cannot_read() {
+    let h = Harness::start(1).await;
+    let (_, b) = conversation(&h).await;
+    sqlx::query(
+        r#"UPDATE llm_results SET result = '{"job": {"note": "\u0000"}}'::json
+           WHERE session_id = $1::uuid"#,
+    )
+    .bind(&b)
+    .execute(h.deps.store.pool())
+    .await
+    .unwrap();
+    let everything = Selection { all: true, ..Selection::default() };
+    let plan = reprocessor(&h).dry_run(&options(everything, "nul")).await.expect("a plan");
+    assert_eq!(plan.turns.len(), 4, "{plan}");
+    let unreadable: Vec<_> =
+        plan.turns.iter().filter(|t| t.status == "not reprocessable").collect();
+    assert_eq!(unreadable.len(), 1, "{plan}");
+    assert_eq!(unreadable[0].session_id, b);
+    assert!(
+        unreadable[0].reason.as_deref().is_some_and(|r| r.contains("cannot be read")),
+        "{plan}"
+    );
+    h.teardown().await;
+}

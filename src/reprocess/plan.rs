@@ -74,7 +74,16 @@ impl Reprocessor {
         let mut plan = DryRun { run: opts.run.clone(), ..DryRun::default() };
         let mut budget = opts.limit.unwrap_or(usize::MAX);
         for t in &turns {
-            let (prepared, round_trips) = self.prepare(opts, t).await?;
+            let (prepared, round_trips) = match self.prepare(opts, t).await {
+                Ok(prepared) => prepared,
+                // A turn whose stored rows PostgreSQL cannot read back (a value its `jsonb`
+                // refuses, which the live path's `json` columns kept) is that turn's problem, as
+                // in a run: the plan goes on with the others. A lost database stops it.
+                Err(e) if !e.is_transient() => {
+                    (Prepared::Unavailable(format!("its stored rows cannot be read: {e}")), 0)
+                }
+                Err(e) => return Err(e.into()),
+            };
             let mut planned = PlannedTurn {
                 session_id: t.session_id.to_string(),
                 turn_id: t.turn_id.clone(),
