@@ -7,6 +7,7 @@ Without them those tests are skipped, unless `APTIX_TEST_REQUIRE_PIPELINE=1` mak
 
 import json
 import os
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -101,3 +102,11 @@ def queue_exists(url: str, queue: str) -> bool:
     finally:
         if conn.is_open:
             conn.close()
+
+
+def wait_for(cond, seconds: float = 5.0) -> None:
+    """Waits until `cond()` holds, failing the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -169,13 +169,6 @@ def test_a_node_that_refuses_or_is_silent_is_skipped(broker, prefix, silent):
 # --- reconnecting ---------------------------------------------------------------------------------
 
 
-def wait_for(cond, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_a_lost_connection_is_taken_again_and_the_session_queue_consumed_again(fake, proxies):
     with Client([p.url for p in proxies], fake.prefix, reconnect_backoff=(0.05, 0.2)) as c:
         s = c.open_session()

@@ -22,7 +22,7 @@ import pytest
 
 from aptix_client import (Client, Delta, Final, ProtocolError, PublishError, Refused, ToolResult,
                           session_queue, url_user)
-from conftest import queue_exists
+from conftest import queue_exists, wait_for
 
 S2 = "5f0c6f7e-8a1b-4c2d-9e3f-0a1b2c3d4e5f"
 
@@ -516,13 +516,6 @@ def test_an_upper_case_session_id_is_written_in_lower_case(fake, broker):
         with pytest.raises(ValueError):
             c.open_session(S2 + "\n")
     assert fake.requests[0][1]["SessionId"] == S2
-
-
-def wait_for(cond, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_queue_the_user_may_not_declare_is_an_error_not_a_wait(fake, broker):

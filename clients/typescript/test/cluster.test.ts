@@ -12,6 +12,7 @@ import { randomUUID } from "node:crypto";
 import * as net from "node:net";
 import * as amqp from "amqplib";
 import { declareStandIn } from "./stand-in";
+import { until } from "./support";
 
 import { Client, ConnectionLost, PublishError, Session, connectAny, parseUrls, redactUrl } from "../src";
 
@@ -239,7 +240,7 @@ test("a queue the broker refuses after a reconnect does not stop the other sessi
       assert.equal((await b.nextEvent({ timeoutMs: 10_000 })).turnId, "t1");
       assert.equal(c.reconnects, 1);
       await ch.deleteQueue(a.queue); // a declares it again by itself, with back-off
-      for (let i = 0; i < 250 && a.restores < 1; i++) await new Promise((r) => setTimeout(r, 20));
+      await until(() => a.restores >= 1);
       assert.equal(a.restores, 1);
       await a.submitTurn("t2", "for a");
       const e = await a.nextEvent({ timeoutMs: 10_000 });

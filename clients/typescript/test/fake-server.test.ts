@@ -13,6 +13,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 import { declareStandIn, queueExists } from "./stand-in";
+import { until } from "./support";
 
 import { CANCEL_TYPE, Client, PublishError, Schemas, ToolResult, WireMessage, findSchemasDir, sessionQueue, urlUser } from "../src";
 
@@ -58,7 +59,7 @@ class FakeServer {
 
   /** Answers a turn sent with @hold. */
   async finish(turn: string): Promise<void> {
-    for (let i = 0; i < 250 && !this.held.has(turn); i++) await new Promise((r) => setTimeout(r, 20));
+    await until(() => this.held.has(turn));
     const [key, s] = this.held.get(turn)!;
     this.held.delete(turn);
     const headers = { "x-aptix-session-id": s, "x-aptix-turn-id": turn, "x-aptix-kind": "reply", "x-aptix-final": true, "x-aptix-step": 0, "x-aptix-outcome": "final" };
@@ -426,14 +427,6 @@ test("a tenant instance turn on the wire", async () => {
 });
 
 // --- resuming by itself, and a queue the broker stopped consuming ------------------------------
-
-async function until(cond: () => boolean, ms = 5_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!cond()) {
-    assert.ok(Date.now() < deadline, "timed out");
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 const resumesOf = (turn: string) =>
   fake.requests.filter((m) => m.properties.type === "turn.resume" && JSON.parse(m.content.toString()).TurnId === turn);

@@ -1,4 +1,4 @@
-/** What the tests against the real pipeline share. */
+/** What the tests share: the simulator's control (against the real pipeline), a wait. */
 import assert from "node:assert/strict";
 
 /** `POST /_sim/control` on the simulator the pipeline calls (docs/simulator.md). */
@@ -10,4 +10,13 @@ export async function simControl(command: unknown): Promise<void> {
     body: JSON.stringify(command),
   });
   assert.equal(res.status, 204, await res.text());
+}
+
+/** Waits until `cond()` holds, failing the test after `ms`. */
+export async function until(cond: () => boolean, ms = 5_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, "timed out");
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
