@@ -33,6 +33,9 @@ pub enum StartError {
     /// The configuration (read again at start: the message key file).
     #[error("configuration: {0}")]
     Config(crate::config::ConfigError),
+    /// The database lacks migrations of this build, and `pipeline.migrate_on_start` is off.
+    #[error("the database lacks migrations {0:?} of this build: apply them with `aptix migrate` (the migrate job) before starting its workers, or set pipeline.migrate_on_start")]
+    NotMigrated(Vec<i64>),
 }
 
 /// The queue names configured in `settings`, with the pipeline's stages.
@@ -61,6 +64,11 @@ pub async fn build_deps(
         .with_versions(crate::config::ContextVersions::of(&settings));
     if settings.pipeline.migrate_on_start {
         store.migrate_as_worker().await?;
+    } else {
+        let missing = store.missing_migrations().await?;
+        if !missing.is_empty() {
+            return Err(StartError::NotMigrated(missing));
+        }
     }
     let settings = with_message_key(settings, &store).await?;
     let llm = match llm {

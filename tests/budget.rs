@@ -218,6 +218,7 @@ async fn every_attempt_of_a_call_counts_whole_until_its_round_trip_settles() {
         tenant: Some((&tenant, limits.budget())),
         context: ("default", aptix::config::Budget::default()),
         worst: Usd::from_micros(300_000),
+        earlier: aptix::store::Settle::AtReservation,
     };
     // Three attempts of one call (its worker died twice in it): each may have been billed, so
     // the earlier ones settle at their reservation and the three fill $0.90 of the $1.
@@ -230,5 +231,29 @@ async fn every_attempt_of_a_call_counts_whole_until_its_round_trip_settles() {
     let refused = t.h.deps.store.reserve_call(&attempt).await.unwrap().unwrap_err();
     assert_eq!((refused.spent.micros(), refused.open.micros()), (900_000, 0), "{refused:?}");
     assert_eq!(spend(&t, "ta").await, (900_000, 900_000, 0));
+    tenancy::stop(t).await;
+}
+
+/// A chain the provider lost (`previous_response_not_found`, a 400 it does not bill) is rebuilt
+/// and called again under a reservation of its own: the refused call's reservation settles at
+/// nothing, so the round trip is charged only what the rebuilt call cost.
+#[tokio::test]
+async fn a_call_refused_for_a_lost_chain_is_not_charged() {
+    let limits = TenantLimits { usd_per_day: usd(1000.0), ..Default::default() };
+    let t = tenancy::start_with(1, |s| budgeted(s, limits)).await;
+    let s = new_session();
+    for (turn, forget) in [("t1", false), ("t2", true)] {
+        if forget {
+            t.h.sim.forget_stored_responses();
+        }
+        t.a.submit(&user_turn(&s, turn, "spend")).await;
+        let got = t.a.read(&t.a.queue(&s), 1, tenancy::WAIT).await;
+        assert_eq!(got[0].headers["x-aptix-outcome"], "final", "{}", got[0].body);
+    }
+    assert_eq!(t.h.sim.stats().requests, 3, "t2's chain was lost, then rebuilt");
+    let (total, settled, open) = spend(&t, "ta").await;
+    let recorded = recorded_cost(&t, "ta").await;
+    assert_eq!(open, 0);
+    assert_eq!(u64::try_from(settled).unwrap(), recorded, "spend {total} µ$, usage {recorded} µ$");
     tenancy::stop(t).await;
 }

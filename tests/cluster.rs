@@ -272,6 +272,10 @@ async fn a_killed_broker_node_loses_no_turn() {
         assert_eq!(h.records(s).await.len(), TURNS, "session {s}: one record per turn");
     }
     assert!(gap < MAX_SILENCE, "the pipeline stalled {gap:?} after the kill");
+    // Copies of invoke messages ran beside their originals (a killed connection's stage goes on
+    // with what it holds while the broker delivers it again): each turn's call was made once.
+    let calls = h.sim.stats().requests;
+    assert_eq!(calls, total as u64, "provider calls: one per turn, none twice");
     let dead = h.dead_letters().await;
     let reasons: Vec<String> =
         dead.iter().map(|(hd, _)| hd.get("x-aptix-reason").cloned().unwrap_or_default()).collect();

@@ -21,6 +21,7 @@ mod bad_input;
 mod broker_cut;
 mod broker_permissions;
 mod budget;
+mod call_claims;
 mod cancel;
 mod chaos;
 mod cli;

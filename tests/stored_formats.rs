@@ -7,19 +7,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use aptix::broker::{process_one, StageName};
+use aptix::broker::StageName;
 use common::{new_session, user_turn, Harness};
 use lapin::options::BasicGetOptions;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn drive(h: &Harness, stage: &'static str) -> bool {
-    let stage = StageName::new(stage);
-    let handler = aptix::pipeline::handler(&h.deps, stage).unwrap();
-    let settings = aptix::pipeline::runtime_settings(&h.settings, stage);
-    process_one(stage, &*handler, &h.conn, &h.publisher, &settings).await.unwrap()
-}
 
 async fn take(h: &Harness, stage: &'static str) -> Vec<u8> {
     let ch = h.conn.create_channel().await.unwrap();
@@ -34,7 +27,7 @@ async fn an_outbox_row_in_the_old_format_is_published_when_its_turn_is_found_aga
     let s = new_session();
     let request = user_turn(&s, "t1", "hello");
     h.submit(&request).await;
-    assert!(drive(&h, "validate").await);
+    assert!(h.drive("validate").await);
     // The old version crashed after its commit and before its publish: its row holds the
     // message itself (exchange, routing key, headers, body), and nothing was published.
     let body = take(&h, "retrieve").await;
@@ -79,7 +72,7 @@ async fn a_saved_answer_without_its_body_or_in_the_old_format_is_forwarded_witho
     let s = new_session();
     h.submit(&user_turn(&s, "t1", "what does send_invoice_email do?")).await;
     for stage in ["validate", "retrieve", "assemble"] {
-        assert!(drive(&h, stage).await, "{stage}");
+        assert!(h.drive(stage).await, "{stage}");
     }
     let invoke = take(&h, "invoke").await;
     let sent: serde_json::Value =
@@ -95,7 +88,7 @@ async fn a_saved_answer_without_its_body_or_in_the_old_format_is_forwarded_witho
         let copy = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", "copy".into(), body);
         h.publisher.publish(&copy).await.unwrap();
     }
-    assert!(drive(&h, "invoke").await);
+    assert!(h.drive("invoke").await);
     assert_eq!(h.sim.stats().requests, 1);
     let saved: serde_json::Value = sqlx::query_scalar(
         "SELECT result FROM llm_results WHERE session_id = $1::uuid AND turn_id = 't1'",
@@ -106,7 +99,7 @@ async fn a_saved_answer_without_its_body_or_in_the_old_format_is_forwarded_witho
     .unwrap();
     assert_eq!(saved["v"], 2, "written with its version: {saved}");
     assert!(saved["job"]["assembled"]["body"].is_null(), "the body is not stored again");
-    assert!(drive(&h, "invoke").await, "the second copy");
+    assert!(h.drive("invoke").await, "the second copy");
     assert_eq!(h.sim.stats().requests, 1, "the saved answer was used");
 
     // Its chunk texts are kept once, in session_texts, by reference.
@@ -134,10 +127,10 @@ async fn a_saved_answer_without_its_body_or_in_the_old_format_is_forwarded_witho
     .execute(h.deps.store.pool())
     .await
     .unwrap();
-    assert!(drive(&h, "invoke").await, "the third copy, with chunks");
+    assert!(h.drive("invoke").await, "the third copy, with chunks");
     assert_eq!(h.sim.stats().requests, 1, "the old-format answer was used");
     for _ in 0..3 {
-        assert!(drive(&h, "persist").await);
+        assert!(h.drive("persist").await);
     }
     assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
     let records = h.records(&s).await;
@@ -371,7 +364,7 @@ async fn persist_builds_on_the_carried_state_and_reads_the_row_for_an_older_mess
     for (turn, carried) in [("t1", true), ("t2", true), ("t3", false)] {
         h.submit(&user_turn(&s, turn, "what does send_invoice_email do?")).await;
         for stage in ["validate", "retrieve", "assemble"] {
-            assert!(drive(&h, stage).await, "{turn} {stage}");
+            assert!(h.drive(stage).await, "{turn} {stage}");
         }
         let mut invoke: serde_json::Value =
             serde_json::from_slice(&take(&h, "invoke").await).unwrap();
@@ -389,8 +382,8 @@ async fn persist_builds_on_the_carried_state_and_reads_the_row_for_an_older_mess
         let body = serde_json::to_vec(&invoke).unwrap();
         let copy = aptix::broker::OutMessage::to_queue(queue.clone(), "turn", turn.into(), body);
         h.publisher.publish(&copy).await.unwrap();
-        assert!(drive(&h, "invoke").await, "{turn} invoke");
-        assert!(drive(&h, "persist").await, "{turn} persist");
+        assert!(h.drive("invoke").await, "{turn} invoke");
+        assert!(h.drive("persist").await, "{turn} persist");
         let reply = h.replies(&s, 1, WAIT).await.pop().unwrap().body;
         assert_eq!(reply["Successful"], true, "{turn}: {reply}");
     }
@@ -433,5 +426,33 @@ async fn a_worker_starts_on_a_database_a_newer_build_migrated() {
     store.migrate_as_worker().await.expect("a worker starts");
     let refused = store.migrate().await.expect_err("aptix migrate refuses what it does not know");
     assert!(refused.to_string().contains("99999"), "{refused}");
+    drop_database(store, &db).await;
+}
+
+/// A worker that does not migrate itself (`pipeline.migrate_on_start` off, the migrate job's
+/// layout) refuses to start on a database behind its build, instead of failing every turn
+/// that reaches a table or function of the migration not applied yet.
+#[tokio::test]
+async fn a_worker_that_does_not_migrate_refuses_a_database_behind_its_build() {
+    use crate::store_support::{drop_database, fresh_store};
+    let (store, db) = fresh_store().await;
+    assert_eq!(store.missing_migrations().await.unwrap(), Vec::<i64>::new());
+    let newest: i64 = sqlx::query_scalar(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)
+         RETURNING version",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(store.missing_migrations().await.unwrap(), vec![newest]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::test_settings(&db, "http://127.0.0.1:9", dir.path());
+    settings.pipeline.migrate_on_start = false;
+    let refused = aptix::pipeline::build_deps(std::sync::Arc::new(settings), None)
+        .await
+        .map(drop)
+        .expect_err("a worker does not start on a database behind its build");
+    let said = refused.to_string();
+    assert!(said.contains(&newest.to_string()) && said.contains("aptix migrate"), "{said}");
     drop_database(store, &db).await;
 }

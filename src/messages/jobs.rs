@@ -351,6 +351,19 @@ impl SavedRoundTrip {
         job
     }
 
+    /// `first`, the answer saved first, in place of `ours`, another call's answer to the same
+    /// round trip that was not kept: with the body and session state `ours` carries, where
+    /// `first` was saved without its body.
+    pub fn in_place_of(mut first: EndedRoundTrip, ours: EndedRoundTrip) -> EndedRoundTrip {
+        let body = ours.assembled.map(|a| a.body);
+        if let (Some(a), Some(body)) = (first.assembled.as_mut().filter(|a| a.body.is_null()), body)
+        {
+            a.body = body;
+        }
+        first.session_state = ours.session_state;
+        first
+    }
+
     /// The round trip, if this build reads its version.
     pub fn into_job(self) -> Result<EndedRoundTrip, DecodeError> {
         match self {

@@ -68,6 +68,10 @@ pub struct CallReservation<'a> {
     pub context: (&'a str, Budget),
     /// What the call can cost at most.
     pub worst: Usd,
+    /// How an earlier reservation of the same round trip still open is settled: at its
+    /// reservation (its attempt may have been billed), or at `Cost(ZERO)` when the provider
+    /// refused that call without billing it (a lost chain, called again rebuilt).
+    pub earlier: Settle,
 }
 
 /// Spend of a scope in the current UTC day and month, open reservations at their amount.
@@ -166,7 +170,7 @@ impl Store {
     /// Reserves a call's worst case against its budgets, or says which ceiling it would pass
     /// (nothing is reserved then). An earlier attempt of the same round trip still open (its
     /// worker died in the call, or the call failed in a way the provider may have billed) is
-    /// settled at its reservation first: each attempt that may have been billed counts whole.
+    /// settled first (`r.earlier`): each attempt that may have been billed counts whole.
     pub async fn reserve_call(
         &self,
         r: &CallReservation<'_>,
@@ -182,7 +186,7 @@ impl Store {
             lock(&mut tx, &format!("context:{context}")).await?;
         }
         let key = (r.key.session_id.as_uuid(), r.key.turn_id.as_str(), r.step);
-        settle(&mut tx, key, Settle::AtReservation).await?;
+        settle(&mut tx, key, r.earlier).await?;
         let mut over_one = None;
         if let Some((name, budget)) = tenant {
             let spent = spent(&mut tx, Scope::Tenant(name.as_str())).await?;

@@ -9,6 +9,7 @@ mod approvals;
 mod browse;
 mod budget;
 mod cancel;
+mod claims;
 mod effects;
 mod eval;
 mod fail;
@@ -50,6 +51,7 @@ pub use approvals::EXPIRY_MESSAGE;
 pub use browse::{SessionSearch, SessionSummary, CONSOLE_ROWS};
 pub use budget::{CallReservation, Exhausted, Period, Settle, Spent};
 pub use cancel::{cancelled, CancelAdmission};
+pub use claims::{CallState, CLAIM_LEASE};
 pub use effects::{EffectKey, EffectStart};
 pub use eval::EvalRow;
 pub use files::KeptFile;
@@ -60,7 +62,7 @@ pub use refusals::{StoredBody, StoredReply, MAX_STORED_REFUSALS_PER_TENANT};
 pub use reprocess::{LinkedRecord, OriginalStep, SelectedTurn, TurnSelector};
 pub use resume::ContinuationAdmission;
 pub use run_hold::RunHold;
-pub use sessions::{CallState, SessionOwner, SessionView, StateRead, StateToUpdate};
+pub use sessions::{SessionOwner, SessionView, StateRead, StateToUpdate};
 pub use step_end::{FinishStep, StepOutcome};
 pub use stream_events::{Replayed, Resumable, ResumeFound, KEPT_STEPS};
 pub use tenants::{Gate, Limit, MIN_TOKEN_RESERVE};
@@ -329,6 +331,27 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The migrations this build knows that the database does not hold: a worker that does not
+    /// migrate itself (`pipeline.migrate_on_start` off) refuses to start on such a database,
+    /// whose missing tables and functions would fail every turn that reaches them.
+    pub async fn missing_migrations(&self) -> Result<Vec<i64>, StoreError> {
+        use sqlx::migrate::Migrate as _;
+        let mut conn = self.pool.acquire().await?;
+        let applied = match conn.list_applied_migrations().await {
+            Ok(applied) => applied,
+            // No migrations table: nothing applied yet.
+            Err(sqlx::migrate::MigrateError::Execute(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some("42P01") =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let held: std::collections::HashSet<i64> = applied.iter().map(|m| m.version).collect();
+        let known = MIGRATOR.iter().filter(|m| m.migration_type.is_up_migration());
+        Ok(known.map(|m| m.version).filter(|v| !held.contains(v)).collect())
     }
 
     /// Runs `migrator`; the newest migration the database then holds.

@@ -156,53 +156,29 @@ impl Store {
         Ok(state.unwrap_or_else(|| Value::Object(Default::default())))
     }
 
-    /// Where round trip `step` of a turn stands before its provider call: the saved answer, if
-    /// the provider already answered (a redelivered message), whether a cancel of the turn was
-    /// admitted, and whether the turn still runs that step. One query, on every invoke.
-    pub async fn call_state(&self, key: &TurnKey, step: i32) -> Result<CallState, StoreError> {
-        let row = sqlx::query!(
-            r#"SELECT (SELECT aptix_deref_at(result, '{job,result,raw,tools}') FROM llm_results
-                       WHERE session_id = $1 AND turn_id = $2 AND step = $3) AS saved,
-                      t.cancel_requested_at IS NOT NULL AS "cancelled!",
-                      COALESCE(t.state = 'running' AND t.step = $3, false) AS "running!"
-               FROM (SELECT 1) AS one
-               LEFT JOIN turns t ON t.session_id = $1 AND t.turn_id = $2"#,
-            key.session_id.as_uuid(),
-            key.turn_id.as_str(),
-            step
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let (saved, cancelled, running) = (row.saved, row.cancelled, row.running);
-        let saved = match saved {
-            Some(saved) => {
-                let mut conn = self.pool.acquire().await?;
-                Some(super::texts::read_saved(&mut conn, &self.texts, saved).await?)
-            }
-            None => None,
-        };
-        Ok(CallState { saved, cancelled, running })
-    }
-
     /// Keeps a provider answer before it is forwarded; the first one written wins. Its chunk
     /// and file texts go to `session_texts` in the same statement (persist stores the same
-    /// texts there for the session state a moment later; they are kept once).
+    /// texts there for the session state a moment later; they are kept once), and the call's
+    /// claim ([`Store::claim_call`]) goes: copies waiting on it find the answer. False when
+    /// another answer to the round trip was saved first, which is kept.
     pub async fn save_llm_result(
         &self,
         key: &TurnKey,
         step: i32,
         result: Value,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let (mut result, mut texts) = super::texts::take_texts(result, Holder::SavedAnswer);
         if let Some(raw) = result.pointer_mut("/job/result/raw") {
             super::tool_refs::value_by_ref(raw, &mut texts)?;
         }
         texts.retain(|sha| !self.texts.holds(sha));
         texts.sort();
-        sqlx::query!(
+        let done = sqlx::query!(
             "WITH texts AS (
                  INSERT INTO session_texts (sha256, body)
-                 SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING)
+                 SELECT * FROM unnest($5::text[], $6::text[]) ON CONFLICT (sha256) DO NOTHING),
+             released AS (
+                 DELETE FROM llm_claims WHERE session_id = $1 AND turn_id = $2 AND step = $3)
              INSERT INTO llm_results (session_id, turn_id, step, result) VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
             key.session_id.as_uuid(),
@@ -215,20 +191,8 @@ impl Store {
         .execute(&self.pool)
         .await?;
         self.texts.keep(&texts);
-        Ok(())
+        Ok(done.rows_affected() == 1)
     }
-}
-
-/// Where a round trip stands before its provider call ([`Store::call_state`]).
-#[derive(Debug)]
-pub struct CallState {
-    /// The provider's saved answer, when it already answered.
-    pub saved: Option<Value>,
-    /// Whether a cancel of the turn was admitted.
-    pub cancelled: bool,
-    /// Whether the turn is running this step: otherwise the message is a late copy (a replayed
-    /// dead letter, a redelivery after the turn ended) that no provider call can serve.
-    pub running: bool,
 }
 
 /// A session with its turns and records, for `aptix session show`.

@@ -138,6 +138,16 @@ impl Harness {
         }));
     }
 
+    /// Takes one message of `stage`'s queues and handles it as its worker would; false when
+    /// they were empty.
+    pub async fn drive(&self, stage: &'static str) -> bool {
+        let stage = aptix::broker::StageName::new(stage);
+        let handler = pipeline::handler(&self.deps, stage).unwrap();
+        let settings = pipeline::runtime_settings(&self.settings, stage);
+        let conn = (&self.conn, &self.publisher);
+        aptix::broker::process_one(stage, &*handler, conn.0, conn.1, &settings).await.unwrap()
+    }
+
     /// Stops the in-process consumers and waits for them.
     pub async fn stop_consumers(&mut self) {
         self.shutdown.cancel();

@@ -13,7 +13,7 @@ use crate::contracts::{ApiError, ErrorCode};
 use crate::llm::RequestBody;
 use crate::messages::AdmittedTurn;
 use crate::stage::StageError;
-use crate::store::{CallReservation, Exhausted, Store};
+use crate::store::{CallReservation, Exhausted, Settle, Store};
 
 /// Longest a call waits for the calls in flight to settle when only their reservations keep it
 /// from its budget.
@@ -40,7 +40,8 @@ pub(super) enum Reserved {
     Cancelled,
 }
 
-/// Reserves the call's worst case where a budget applies. When only other calls' reservations
+/// Reserves the call's worst case where a budget applies, settling an earlier attempt's
+/// reservation still open as `earlier` says. When only other calls' reservations
 /// are in the way (it fits once they settle), it waits for them, up to [`SETTLE_WAIT`]:
 /// reservations are worst cases, and refusing then would refuse turns the budget can pay for.
 pub(super) async fn reserve(
@@ -49,6 +50,7 @@ pub(super) async fn reserve(
     job: &AdmittedTurn,
     body: &RequestBody,
     cancel: &CancellationToken,
+    earlier: Settle,
 ) -> Result<Reserved, StageError> {
     if !settings.budgets_configured() {
         return Ok(Reserved::Made { budgeted: false });
@@ -69,6 +71,7 @@ pub(super) async fn reserve(
         tenant,
         context: (context_id, context),
         worst,
+        earlier,
     };
     let deadline = Instant::now() + SETTLE_WAIT;
     loop {

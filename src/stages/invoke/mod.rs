@@ -1,6 +1,8 @@
 //! Invoke: the `/responses` body in; the provider's answer (or why there is none) out. A
 //! completed call is saved before it is forwarded, so a redelivered message never calls the
-//! provider twice; a lost chain (`previous_response_not_found`) is rebuilt and called again.
+//! provider twice, and a call is claimed before it is made, so a copy running meanwhile waits
+//! for its answer (`claim`); a lost chain (`previous_response_not_found`) is rebuilt and called
+//! again.
 //! A turn its client cancelled is not called, or its call is aborted (`watch`).
 
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use tracing::{info, warn};
 
 use super::Deps;
 use crate::assemble::SessionState;
-use crate::config::Settings;
+use crate::config::{Settings, Usd};
 use crate::contracts::{ApiError, ErrorCode};
 use crate::llm::{
     DeltaEvent, Endpoint, LlmClient, LlmError, LlmRequest, LlmResponse, RequestBody, StreamDelta,
@@ -19,10 +21,11 @@ use crate::llm::{
 use crate::messages::{
     AdmittedTurn, Answer, AssembledTurn, EndedRoundTrip, RoundTrip, SavedRoundTrip,
 };
-use crate::stage::{DeltaSink, Output, Stage, StageError};
-use crate::store::Store;
+use crate::stage::{Cause, DeltaSink, Output, Stage, StageError};
+use crate::store::{Settle, Store};
 
 mod budget;
+mod claim;
 mod watch;
 
 use watch::CancelWatch;
@@ -80,7 +83,7 @@ impl Stage for Invoke {
     async fn run(&self, job: AssembledTurn) -> Result<Output<EndedRoundTrip>, StageError> {
         let (key, step) = (job.admitted.key.clone(), job.admitted.step);
         let watched = self.cancels.watch(&key);
-        let state = self.store.call_state(&key, step).await?;
+        let (state, held) = claim::take(&self.store, &key, step, &watched.token).await?;
         if let Some(saved) = state.saved {
             // An unreadable saved answer is not "not answered": calling again could charge twice.
             let persist = SavedRoundTrip::read(saved)
@@ -103,12 +106,13 @@ impl Stage for Invoke {
         let mut assembled = job.assembled;
         let mut rebuilt = false;
         let started = std::time::Instant::now();
+        let stop = held.as_ref().map_or(&watched.token, claim::Held::stop);
         let mut result = if state.cancelled {
             Call::Cancelled(String::new(), false)
         } else {
-            let (body, job, cancel) = (&assembled.body, &job.admitted, &watched.token);
-            self.reserve_and_call(CallArgs { endpoint: &endpoint, body, job, stream, cancel })
-                .await?
+            let (body, job, cancel) = (&assembled.body, &job.admitted, stop);
+            let args = CallArgs { endpoint: &endpoint, body, job, stream, cancel };
+            self.reserve_and_call(args, Settle::AtReservation).await?
         };
         if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
             warn!(session = %key.session_id, turn = %key.turn_id, "provider lost the chain; rebuilding it from stored history");
@@ -131,9 +135,13 @@ impl Stage for Invoke {
                 .map_err(StageError::fail)?;
             rebuilt = true;
             // The rebuilt body carries the whole history: reserved again, at its own worst case.
-            let (body, admitted, cancel) = (&assembled.body, &job.admitted, &watched.token);
+            let (body, admitted, cancel) = (&assembled.body, &job.admitted, stop);
             let args = CallArgs { endpoint: &endpoint, body, job: admitted, stream, cancel };
-            result = self.reserve_and_call(args).await?;
+            // The refused call was not billed: its reservation settles at nothing.
+            result = self.reserve_and_call(args, Settle::Cost(Usd::ZERO)).await?;
+        }
+        if held.as_ref().is_some_and(claim::Held::lost) {
+            return Err(StageError::transient(Cause::ClaimTaken));
         }
         let round_trip = match result {
             Call::OverBudget(refusal) => {
@@ -163,7 +171,7 @@ impl Stage for Invoke {
                 }
             }
         };
-        let mut persist = EndedRoundTrip {
+        let persist = EndedRoundTrip {
             admitted: job.admitted,
             assembled: Some(assembled),
             warnings: job.warnings,
@@ -171,13 +179,37 @@ impl Stage for Invoke {
             session_state: job.session_state,
             hops: Vec::new(),
         };
-        let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;
-        self.store.save_llm_result(&key, step, saved).await?;
-        Ok(Output::Next(persist))
+        self.keep_and_forward(persist, rebuilt, held).await
     }
 }
 
 impl Invoke {
+    /// Saves the answer, then forwards it; or, when another call's answer to the round trip
+    /// was saved first (a copy took this call over as it ended), forwards that one, as every
+    /// copy does, so persist keeps one answer.
+    async fn keep_and_forward(
+        &self,
+        mut persist: EndedRoundTrip,
+        rebuilt: bool,
+        held: Option<claim::Held>,
+    ) -> Result<Output<EndedRoundTrip>, StageError> {
+        let (key, step) = (persist.admitted.key.clone(), persist.admitted.step);
+        let saved = SavedRoundTrip::encode(&mut persist, rebuilt)?;
+        let kept = self.store.save_llm_result(&key, step, saved).await?;
+        if let Some(held) = held {
+            held.answered();
+        }
+        if kept {
+            return Ok(Output::Next(persist));
+        }
+        warn!(session = %key.session_id, turn = %key.turn_id, step, "provider answered this round trip twice; forwarding the answer saved first");
+        let first = self.store.saved_answer(&key, step).await?;
+        let first = first.ok_or_else(|| StageError::unusable("saved answer vanished"))?;
+        let first = SavedRoundTrip::read(first)
+            .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
+        Ok(Output::Next(SavedRoundTrip::in_place_of(first, persist)))
+    }
+
     fn record_call(
         &self,
         body: &RequestBody,
@@ -194,8 +226,10 @@ impl Invoke {
 
     /// Reserves the call's worst case against its money budgets, then calls the provider; a
     /// call that would pass a budget is not made.
-    async fn reserve_and_call(&self, a: CallArgs<'_>) -> Result<Call, StageError> {
-        match budget::reserve(&self.settings, &self.store, a.job, a.body, a.cancel).await? {
+    async fn reserve_and_call(&self, a: CallArgs<'_>, earlier: Settle) -> Result<Call, StageError> {
+        let reserved =
+            budget::reserve(&self.settings, &self.store, a.job, a.body, a.cancel, earlier);
+        match reserved.await? {
             budget::Reserved::Made { budgeted } => Ok(self.call(a, budgeted).await),
             budget::Reserved::Refused(refusal) => Ok(Call::OverBudget(refusal)),
             budget::Reserved::Cancelled => Ok(Call::Cancelled(String::new(), false)),

@@ -1,0 +1,63 @@
+-- Who is calling the provider for a round trip right now. Copies of an invoke message run
+-- beside the original: a stage whose broker connection died goes on with the work it holds
+-- while the broker delivers its messages again elsewhere, an outbox row is published again by
+-- a re-sent submission, an operator replays a dead letter. The saved answer (`llm_results`)
+-- stopped a copy that came after the call ended, not one that came during it: both called the
+-- provider (charged twice, a streamed turn's deltas sent twice). Now the first to look claims
+-- the call for a short lease it renews while the call runs, and a copy waits for the saved
+-- answer, or for the lease to lapse (its holder died) and then calls itself.
+--
+-- UNLOGGED: a lease is not a record. It costs no WAL on the path of every turn, and after a
+-- crash of PostgreSQL (or on a promoted standby) the table starts empty, which at worst lets a
+-- copy that was waiting call once more, as before this table.
+CREATE UNLOGGED TABLE llm_claims (
+    session_id uuid NOT NULL,
+    turn_id text NOT NULL,
+    step integer NOT NULL,
+    attempt uuid NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (session_id, turn_id, step)
+);
+
+-- Where round trip `p_step` stands before its provider call, claiming the call for
+-- `p_attempt` when it is still to be made: the saved answer (if the provider answered), whether
+-- a cancel was admitted, whether the turn runs the step, and whether `p_attempt` holds the
+-- call now. Each statement reads with its own snapshot: the saved answer is looked for again
+-- after the claim, so an answer saved (and its claim released) between the first look and the
+-- claim is found, not called for again.
+CREATE FUNCTION aptix_claim_call(p_session uuid, p_turn text, p_step integer, p_attempt uuid,
+                                 p_lease_secs double precision,
+                                 OUT saved jsonb, OUT cancelled boolean, OUT running boolean,
+                                 OUT claimed boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    SELECT t.cancel_requested_at IS NOT NULL, t.state = 'running' AND t.step = p_step
+    INTO cancelled, running
+    FROM turns t WHERE t.session_id = p_session AND t.turn_id = p_turn;
+    cancelled := coalesce(cancelled, false);
+    running := coalesce(running, false);
+    claimed := false;
+    SELECT aptix_deref_at(r.result, '{job,result,raw,tools}') INTO saved FROM llm_results r
+    WHERE r.session_id = p_session AND r.turn_id = p_turn AND r.step = p_step;
+    IF saved IS NOT NULL OR NOT running THEN
+        RETURN;
+    END IF;
+    INSERT INTO llm_claims AS c (session_id, turn_id, step, attempt, until)
+    VALUES (p_session, p_turn, p_step, p_attempt,
+            clock_timestamp() + make_interval(secs => p_lease_secs))
+    ON CONFLICT (session_id, turn_id, step) DO UPDATE
+        SET attempt = excluded.attempt, until = excluded.until
+        WHERE c.attempt = excluded.attempt OR c.until < clock_timestamp()
+    RETURNING true INTO claimed;
+    claimed := coalesce(claimed, false);
+    IF claimed THEN
+        SELECT aptix_deref_at(r.result, '{job,result,raw,tools}') INTO saved FROM llm_results r
+        WHERE r.session_id = p_session AND r.turn_id = p_turn AND r.step = p_step;
+        IF saved IS NOT NULL THEN
+            DELETE FROM llm_claims WHERE session_id = p_session AND turn_id = p_turn
+                AND step = p_step AND attempt = p_attempt;
+            claimed := false;
+        END IF;
+    END IF;
+END
+$$;

@@ -1,0 +1,139 @@
+//! The claim on a round trip's provider call, as invoke holds it: taken before the call (or
+//! waited for while a copy of the message holds it), renewed while the call runs, and given
+//! up when the run ends without a saved answer, so the message's next attempt need not wait
+//! out the lease. Saving the answer ends the claim in the database.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::contracts::TurnKey;
+use crate::store::{CallState, Store, StoreError, CLAIM_LEASE};
+
+/// The first pause of a copy waiting for another's call, doubled up to [`LONGEST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+/// How soon a renewal that failed is tried again.
+const RETRY_RENEWAL: Duration = Duration::from_secs(1);
+
+/// A claim this run holds, renewed in the background until dropped.
+pub(super) struct Held {
+    store: Store,
+    key: TurnKey,
+    step: i32,
+    attempt: Uuid,
+    renewal: JoinHandle<()>,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    answered: bool,
+}
+
+/// Where the round trip stands, and the claim when this run is to call the provider. Waits
+/// while another attempt holds the call: until its answer is saved (returned as `saved`), the
+/// turn stops running the step, or its lease lapses and this run takes the call.
+pub(super) async fn take(
+    store: &Store,
+    key: &TurnKey,
+    step: i32,
+    cancel: &CancellationToken,
+) -> Result<(CallState, Option<Held>), StoreError> {
+    let attempt = Uuid::new_v4();
+    let mut pause = FIRST_PAUSE;
+    let mut waiting = false;
+    loop {
+        let state = store.claim_call(key, step, attempt).await?;
+        if state.claimed {
+            let stop = cancel.child_token();
+            let held = Held::renewed(store.clone(), key.clone(), step, attempt, stop);
+            return Ok((state, Some(held)));
+        }
+        if state.saved.is_some() || !state.running {
+            return Ok((state, None));
+        }
+        if !waiting {
+            info!(session = %key.session_id, turn = %key.turn_id, step, "another copy of this round trip is calling the provider; waiting for its answer");
+            waiting = true;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
+}
+
+impl Held {
+    fn renewed(
+        store: Store,
+        key: TurnKey,
+        step: i32,
+        attempt: Uuid,
+        stop: CancellationToken,
+    ) -> Held {
+        let lost = CancellationToken::new();
+        let (s, k, taken, halt) = (store.clone(), key.clone(), lost.clone(), stop.clone());
+        let renewal = tokio::spawn(async move {
+            let mut pause = CLAIM_LEASE / 3;
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = match s.renew_claim(&k, step, attempt).await {
+                    Ok(true) => CLAIM_LEASE / 3,
+                    // Gone without a copy holding it (PostgreSQL restarted, which empties the
+                    // table): claimed again. Held by a copy: this call gives way to it.
+                    Ok(false) => match s.claim_call(&k, step, attempt).await {
+                        Ok(state) if state.claimed => CLAIM_LEASE / 3,
+                        Ok(_) => {
+                            warn!(session = %k.session_id, turn = %k.turn_id, step, "claim on the provider call lapsed and a copy took it; giving way");
+                            taken.cancel();
+                            halt.cancel();
+                            return;
+                        }
+                        Err(_) => RETRY_RENEWAL,
+                    },
+                    // Tried again well within the lease: a copy takes the call only after it
+                    // lapses, so a short database outage must not cost the claim.
+                    Err(error) => {
+                        warn!(session = %k.session_id, turn = %k.turn_id, step, %error, "claim on the provider call not renewed; trying again");
+                        RETRY_RENEWAL
+                    }
+                };
+            }
+        });
+        Held { store, key, step, attempt, renewal, lost, stop, answered: false }
+    }
+
+    /// What stops the call: the turn's cancel, or a copy that took the call (this claim's
+    /// lease lapsed unrenewed).
+    pub(super) fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// Whether a copy took the call: this run gives way (its message is tried again, as a
+    /// copy that finds the other's answer).
+    pub(super) fn lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// The answer is saved, which ended the claim: nothing to give up.
+    pub(super) fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.renewal.abort();
+        if self.answered {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (store, key, step, attempt) =
+            (self.store.clone(), self.key.clone(), self.step, self.attempt);
+        runtime.spawn(async move {
+            if let Err(error) = store.release_claim(&key, step, attempt).await {
+                // The lease lapses by itself: a copy waits for it, no longer.
+                warn!(session = %key.session_id, turn = %key.turn_id, step, %error, "claim on the provider call not given up; it lapses");
+            }
+        });
+    }
+}
