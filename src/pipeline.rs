@@ -38,6 +38,18 @@ pub enum StartError {
     NotMigrated(Vec<i64>),
 }
 
+impl StartError {
+    /// Whether waiting can mend it: a database that cannot be reached for now, or that lacks
+    /// migrations someone else is about to apply.
+    fn passes(&self) -> bool {
+        match self {
+            StartError::Store(e) => e.is_transient(),
+            StartError::NotMigrated(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// The queue names configured in `settings`, with the pipeline's stages.
 pub fn topology(settings: &Settings) -> Topology {
     Topology::new(&settings.amqp.prefix)
@@ -106,8 +118,9 @@ async fn with_message_key(
 }
 
 /// Like [`build_deps`] with the configured LLM client, for long-running workers: while the
-/// database cannot be reached (it may be restarting), waits with backoff and tries again instead
-/// of exiting, until `shutdown` fires (`Ok(None)`).
+/// database cannot be reached (it may be restarting) or lacks this build's migrations (the
+/// migrate job applied beside the workers has not run yet), waits with backoff and tries again
+/// instead of exiting, until `shutdown` fires (`Ok(None)`).
 pub async fn build_deps_patiently(
     settings: Arc<Settings>,
     shutdown: &CancellationToken,
@@ -115,8 +128,8 @@ pub async fn build_deps_patiently(
     let mut delay = Duration::from_millis(250);
     loop {
         match build_deps(settings.clone(), None).await {
-            Err(StartError::Store(error)) if error.is_transient() => {
-                warn!(%error, retry_in_ms = delay.as_millis() as u64, "database unavailable at start, waiting");
+            Err(error) if error.passes() => {
+                warn!(%error, retry_in_ms = delay.as_millis() as u64, "database not ready for this build at start, waiting");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(delay) => {}

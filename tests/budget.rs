@@ -218,7 +218,6 @@ async fn every_attempt_of_a_call_counts_whole_until_its_round_trip_settles() {
         tenant: Some((&tenant, limits.budget())),
         context: ("default", aptix::config::Budget::default()),
         worst: Usd::from_micros(300_000),
-        earlier: aptix::store::Settle::AtReservation,
     };
     // Three attempts of one call (its worker died twice in it): each may have been billed, so
     // the earlier ones settle at their reservation and the three fill $0.90 of the $1.

@@ -352,10 +352,15 @@ impl SavedRoundTrip {
     }
 
     /// `first`, the answer saved first, in place of `ours`, another call's answer to the same
-    /// round trip that was not kept: with the body and session state `ours` carries, where
-    /// `first` was saved without its body.
-    pub fn in_place_of(mut first: EndedRoundTrip, ours: EndedRoundTrip) -> EndedRoundTrip {
-        let body = ours.assembled.map(|a| a.body);
+    /// round trip that was not kept: with the session state `ours` carries and, where `first`
+    /// was saved without its body, the body the invoke message sent (`sent`, or the one
+    /// `ours` carries when it was not rebuilt).
+    pub fn in_place_of(
+        mut first: EndedRoundTrip,
+        ours: EndedRoundTrip,
+        sent: Option<RequestBody>,
+    ) -> EndedRoundTrip {
+        let body = sent.or(ours.assembled.map(|a| a.body));
         if let (Some(a), Some(body)) = (first.assembled.as_mut().filter(|a| a.body.is_null()), body)
         {
             a.body = body;

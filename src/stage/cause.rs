@@ -65,10 +65,6 @@ pub enum Cause {
     /// The session's rows kept changing while a turn was admitted.
     #[error("the session kept changing under admission")]
     Contended,
-    /// A copy of the message took the provider call this run had claimed (its claim lapsed
-    /// unrenewed); tried again, the message finds the copy's answer.
-    #[error("the provider call was taken over by a copy of this message")]
-    ClaimTaken,
     /// A setting the stage needs for this input is missing.
     #[error("{0}")]
     Unconfigured(&'static str),

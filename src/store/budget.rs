@@ -68,10 +68,6 @@ pub struct CallReservation<'a> {
     pub context: (&'a str, Budget),
     /// What the call can cost at most.
     pub worst: Usd,
-    /// How an earlier reservation of the same round trip still open is settled: at its
-    /// reservation (its attempt may have been billed), or at `Cost(ZERO)` when the provider
-    /// refused that call without billing it (a lost chain, called again rebuilt).
-    pub earlier: Settle,
 }
 
 /// Spend of a scope in the current UTC day and month, open reservations at their amount.
@@ -170,11 +166,12 @@ impl Store {
     /// Reserves a call's worst case against its budgets, or says which ceiling it would pass
     /// (nothing is reserved then). An earlier attempt of the same round trip still open (its
     /// worker died in the call, or the call failed in a way the provider may have billed) is
-    /// settled first (`r.earlier`): each attempt that may have been billed counts whole.
+    /// settled at its reservation first: each attempt that may have been billed counts whole.
+    /// The reservation's id, for [`Store::settle_unbilled`].
     pub async fn reserve_call(
         &self,
         r: &CallReservation<'_>,
-    ) -> Result<Result<(), Exhausted>, StoreError> {
+    ) -> Result<Result<i64, Exhausted>, StoreError> {
         let mut tx = self.pool.begin().await?;
         // Always tenant before context: two workers never wait on each other's second lock.
         let tenant = r.tenant.filter(|(_, b)| b.is_set());
@@ -186,7 +183,7 @@ impl Store {
             lock(&mut tx, &format!("context:{context}")).await?;
         }
         let key = (r.key.session_id.as_uuid(), r.key.turn_id.as_str(), r.step);
-        settle(&mut tx, key, r.earlier).await?;
+        settle(&mut tx, key, Settle::AtReservation).await?;
         let mut over_one = None;
         if let Some((name, budget)) = tenant {
             let spent = spent(&mut tx, Scope::Tenant(name.as_str())).await?;
@@ -201,9 +198,9 @@ impl Store {
             tx.commit().await?;
             return Ok(Err(e));
         }
-        sqlx::query!(
+        let id = sqlx::query_scalar!(
             "INSERT INTO spend (tenant, context, session_id, turn_id, step, reserved_micros)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
             r.tenant.map(|(t, _)| t.as_str()),
             context,
             key.0,
@@ -211,10 +208,10 @@ impl Store {
             key.2,
             r.worst.micros_i64()
         )
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Ok(()))
+        Ok(Ok(id))
     }
 
     /// The tokens the provider's stored response `response_id` of this session holds (its input
@@ -295,6 +292,22 @@ pub enum Settle {
     /// To the reservation itself: a call aborted before it reported usage cost an unknown
     /// amount up to its worst case.
     AtReservation,
+}
+
+impl Store {
+    /// Settles reservation `id` at nothing, if still open: its call was refused by the provider
+    /// without being billed (a lost chain, called again rebuilt under a reservation of its
+    /// own). Only that reservation: another attempt's, open beside it, may have been billed.
+    pub async fn settle_unbilled(&self, id: i64) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE spend SET cost_micros = 0, settled_at = clock_timestamp()
+             WHERE id = $1 AND cost_micros IS NULL",
+            id
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
 }
 
 /// Settles the round trip's open reservation, if any (in the transaction that writes its

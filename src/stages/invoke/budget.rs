@@ -13,7 +13,7 @@ use crate::contracts::{ApiError, ErrorCode};
 use crate::llm::RequestBody;
 use crate::messages::AdmittedTurn;
 use crate::stage::StageError;
-use crate::store::{CallReservation, Exhausted, Settle, Store};
+use crate::store::{CallReservation, Exhausted, Store};
 
 /// Longest a call waits for the calls in flight to settle when only their reservations keep it
 /// from its budget.
@@ -28,11 +28,12 @@ const IMAGE_TOKENS: u64 = 6_000;
 
 /// What became of a call's reservation.
 pub(super) enum Reserved {
-    /// Reserved (`budgeted`), or no budget applies: the call may be made.
+    /// Reserved (the reservation's id), or no budget applies (`None`): the call may be made.
+    /// A call under a reservation is not retried inside it after an attempt that may have
+    /// been billed.
     Made {
-        /// Whether a reservation covers it (then an attempt that may have been billed is not
-        /// retried inside one reservation).
-        budgeted: bool,
+        /// The reservation (`spend.id`).
+        reservation: Option<i64>,
     },
     /// The call could pass a ceiling: the turn fails with this error.
     Refused(ApiError),
@@ -40,8 +41,7 @@ pub(super) enum Reserved {
     Cancelled,
 }
 
-/// Reserves the call's worst case where a budget applies, settling an earlier attempt's
-/// reservation still open as `earlier` says. When only other calls' reservations
+/// Reserves the call's worst case where a budget applies. When only other calls' reservations
 /// are in the way (it fits once they settle), it waits for them, up to [`SETTLE_WAIT`]:
 /// reservations are worst cases, and refusing then would refuse turns the budget can pay for.
 pub(super) async fn reserve(
@@ -50,10 +50,9 @@ pub(super) async fn reserve(
     job: &AdmittedTurn,
     body: &RequestBody,
     cancel: &CancellationToken,
-    earlier: Settle,
 ) -> Result<Reserved, StageError> {
     if !settings.budgets_configured() {
-        return Ok(Reserved::Made { budgeted: false });
+        return Ok(Reserved::Made { reservation: None });
     }
     let turn = job.user_turn().map_err(StageError::fail)?;
     let context_id = turn
@@ -62,7 +61,7 @@ pub(super) async fn reserve(
     let tenant = job.tenant.as_ref().map(|t| (t, settings.limits_of(Some(t)).budget()));
     let context = settings.context_budget(context_id);
     if !context.is_set() && !tenant.is_some_and(|(_, b)| b.is_set()) {
-        return Ok(Reserved::Made { budgeted: false });
+        return Ok(Reserved::Made { reservation: None });
     }
     let worst = worst_case(settings, store, job, body, context_id).await?;
     let reservation = CallReservation {
@@ -71,12 +70,11 @@ pub(super) async fn reserve(
         tenant,
         context: (context_id, context),
         worst,
-        earlier,
     };
     let deadline = Instant::now() + SETTLE_WAIT;
     loop {
         let exhausted = match store.reserve_call(&reservation).await? {
-            Ok(()) => return Ok(Reserved::Made { budgeted: true }),
+            Ok(id) => return Ok(Reserved::Made { reservation: Some(id) }),
             Err(e) => e,
         };
         if !exhausted.fits_once_settled(worst) || Instant::now() >= deadline {

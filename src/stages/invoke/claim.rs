@@ -31,27 +31,45 @@ pub(super) struct Held {
     answered: bool,
 }
 
-/// Where the round trip stands, and the claim when this run is to call the provider. Waits
-/// while another attempt holds the call: until its answer is saved (returned as `saved`), the
-/// turn stops running the step, or its lease lapses and this run takes the call.
+/// Where a round trip stands for this run, once no other attempt holds its call.
+pub(super) enum Taken {
+    /// The provider already answered: the saved answer.
+    Answered(serde_json::Value),
+    /// The turn no longer runs this step: a late copy.
+    NotRunning,
+    /// This run holds the call; `cancelled` when the turn's cancel was admitted.
+    Held {
+        /// Whether a cancel of the turn was admitted.
+        cancelled: bool,
+        /// The claim.
+        held: Held,
+    },
+}
+
+/// Where the round trip stands, claiming its call when it is still to be made. Waits while
+/// another attempt holds the call: until its answer is saved, the turn stops running the step,
+/// or its lease lapses and this run takes the call (a turn's cancel reaches the holder, which
+/// ends its call and saves that ending). The claim's call stops when `cancel` fires.
 pub(super) async fn take(
     store: &Store,
     key: &TurnKey,
     step: i32,
     cancel: &CancellationToken,
-) -> Result<(CallState, Option<Held>), StoreError> {
+) -> Result<Taken, StoreError> {
     let attempt = Uuid::new_v4();
     let mut pause = FIRST_PAUSE;
     let mut waiting = false;
     loop {
         let state = store.claim_call(key, step, attempt).await?;
-        if state.claimed {
-            let stop = cancel.child_token();
-            let held = Held::renewed(store.clone(), key.clone(), step, attempt, stop);
-            return Ok((state, Some(held)));
-        }
-        if state.saved.is_some() || !state.running {
-            return Ok((state, None));
+        match state {
+            CallState { saved: Some(saved), .. } => return Ok(Taken::Answered(saved)),
+            CallState { running: false, .. } => return Ok(Taken::NotRunning),
+            CallState { claimed: true, cancelled, .. } => {
+                let stop = cancel.child_token();
+                let held = Held::renewed(store.clone(), key.clone(), step, attempt, stop);
+                return Ok(Taken::Held { cancelled, held });
+            }
+            CallState { .. } => {}
         }
         if !waiting {
             info!(session = %key.session_id, turn = %key.turn_id, step, "another copy of this round trip is calling the provider; waiting for its answer");
@@ -71,34 +89,8 @@ impl Held {
         stop: CancellationToken,
     ) -> Held {
         let lost = CancellationToken::new();
-        let (s, k, taken, halt) = (store.clone(), key.clone(), lost.clone(), stop.clone());
-        let renewal = tokio::spawn(async move {
-            let mut pause = CLAIM_LEASE / 3;
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = match s.renew_claim(&k, step, attempt).await {
-                    Ok(true) => CLAIM_LEASE / 3,
-                    // Gone without a copy holding it (PostgreSQL restarted, which empties the
-                    // table): claimed again. Held by a copy: this call gives way to it.
-                    Ok(false) => match s.claim_call(&k, step, attempt).await {
-                        Ok(state) if state.claimed => CLAIM_LEASE / 3,
-                        Ok(_) => {
-                            warn!(session = %k.session_id, turn = %k.turn_id, step, "claim on the provider call lapsed and a copy took it; giving way");
-                            taken.cancel();
-                            halt.cancel();
-                            return;
-                        }
-                        Err(_) => RETRY_RENEWAL,
-                    },
-                    // Tried again well within the lease: a copy takes the call only after it
-                    // lapses, so a short database outage must not cost the claim.
-                    Err(error) => {
-                        warn!(session = %k.session_id, turn = %k.turn_id, step, %error, "claim on the provider call not renewed; trying again");
-                        RETRY_RENEWAL
-                    }
-                };
-            }
-        });
+        let (s, k) = (store.clone(), key.clone());
+        let renewal = tokio::spawn(keep_renewed(s, k, step, attempt, (lost.clone(), stop.clone())));
         Held { store, key, step, attempt, renewal, lost, stop, answered: false }
     }
 
@@ -108,8 +100,8 @@ impl Held {
         &self.stop
     }
 
-    /// Whether a copy took the call: this run gives way (its message is tried again, as a
-    /// copy that finds the other's answer).
+    /// Whether a copy took the call: this run gives way, and waits for the copy's answer as a
+    /// copy would.
     pub(super) fn lost(&self) -> bool {
         self.lost.is_cancelled()
     }
@@ -117,6 +109,44 @@ impl Held {
     /// The answer is saved, which ended the claim: nothing to give up.
     pub(super) fn answered(mut self) {
         self.answered = true;
+    }
+}
+
+/// Renews `attempt`'s claim every third of a lease until aborted; when a copy took the call,
+/// cancels `lost` and the call's `stop`.
+async fn keep_renewed(
+    s: Store,
+    k: TurnKey,
+    step: i32,
+    attempt: Uuid,
+    (lost, stop): (CancellationToken, CancellationToken),
+) {
+    let mut pause = CLAIM_LEASE / 3;
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = match s.renew_claim(&k, step, attempt).await {
+            Ok(true) => CLAIM_LEASE / 3,
+            // Gone without a copy holding it (PostgreSQL crashed or failed over, which empties
+            // an unlogged table): claimed again. Answered or ended meanwhile: nothing to hold.
+            // Held by a copy: this call gives way to it.
+            Ok(false) => match s.claim_call(&k, step, attempt).await {
+                Ok(state) if state.claimed => CLAIM_LEASE / 3,
+                Ok(state) if state.saved.is_some() || !state.running => return,
+                Ok(_) => {
+                    warn!(session = %k.session_id, turn = %k.turn_id, step, "claim on the provider call lapsed and a copy took it; giving way");
+                    lost.cancel();
+                    stop.cancel();
+                    return;
+                }
+                Err(_) => RETRY_RENEWAL,
+            },
+            // Tried again well within the lease: a copy takes the call only after it lapses,
+            // so a short database outage must not cost the claim.
+            Err(error) => {
+                warn!(session = %k.session_id, turn = %k.turn_id, step, %error, "claim on the provider call not renewed; trying again");
+                RETRY_RENEWAL
+            }
+        };
     }
 }
 
