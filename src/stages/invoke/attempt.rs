@@ -16,6 +16,11 @@ use crate::messages::{
 };
 use crate::stage::{Output, StageError};
 
+/// Whether the provider refused the call for a chain it lost.
+fn lost_chain(result: &Call) -> bool {
+    matches!(result, Call::Done(Err(LlmError::PreviousResponseNotFound { .. })))
+}
+
 /// How one attempt ended.
 pub(super) enum Attempt {
     /// With the stage's output.
@@ -77,22 +82,32 @@ impl Invoke {
             self.reserve_and_call(args(&sent.body)).await?
         };
         let mut rebuilt = None;
-        if let Call::Done(Err(LlmError::PreviousResponseNotFound { .. })) = &result {
+        if lost_chain(&result) && !held.lost() {
             if let Some(id) = reservation {
-                // The refused call was not billed: its reservation costs nothing.
-                self.store.settle_unbilled(id).await?;
+                // The refused call was not billed: its reservation costs nothing. Left open
+                // (the database failing now), the next reservation settles it whole.
+                if let Err(error) = self.store.settle_unbilled(id).await {
+                    warn!(session = %admitted.key.session_id, turn = %admitted.key.turn_id, %error, "refused call's reservation not settled at nothing");
+                }
             }
             let state = session_state.as_ref();
             let again = rebuilt.insert(self.rebuild(&admitted, state, &sent).await?);
             // The rebuilt body carries the whole history: reserved again, at its own worst case.
             result = self.reserve_and_call(args(&again.body)).await?.0;
         }
-        if held.lost() {
+        // Stopped because a copy took the call, or the round trip was answered or ended
+        // meanwhile: given way, the job finds the copy's answer. A call that ended before it
+        // could be stopped is kept (an answer saved second forwards the first).
+        if held.lost() && (lost_chain(&result) || matches!(result, Call::Cancelled(..))) {
             let job = AssembledTurn { admitted, warnings, assembled: sent, session_state };
             return Ok(Attempt::GaveWay(job));
         }
-        let round_trip =
-            self.round_trip(result, rebuilt.as_ref().unwrap_or(&sent), &admitted.key, started)?;
+        let round_trip = self.round_trip(
+            result,
+            rebuilt.as_ref().unwrap_or(&sent),
+            (&admitted.key, admitted.step),
+            started,
+        )?;
         let (assembled, sent) = match rebuilt {
             Some(rebuilt) => (rebuilt, Some(sent.body)),
             None => (sent, None),
@@ -137,18 +152,18 @@ impl Invoke {
         &self,
         result: Call,
         assembled: &Assembled,
-        key: &TurnKey,
+        (key, step): (&TurnKey, i32),
         started: std::time::Instant,
     ) -> Result<RoundTrip, StageError> {
         let body = &assembled.body;
         let (session, turn) = (&key.session_id, &key.turn_id);
         Ok(match result {
             Call::OverBudget(refusal) => {
-                info!(%session, %turn, "call over a money budget; not made");
+                info!(%session, %turn, step, "call over a money budget; not made");
                 RoundTrip::Failed { errors: vec![refusal], raw: None }
             }
             Call::Cancelled(streamed, called) => {
-                info!(%session, %turn, streamed_chars = streamed.len(), called, "turn cancelled; provider call not made or aborted");
+                info!(%session, %turn, step, streamed_chars = streamed.len(), called, "turn cancelled; provider call not made or aborted");
                 let estimate = called.then(|| estimate_usage(body.as_str(), &streamed));
                 self.record_call(body, Err("cancelled"), None, estimate.as_ref());
                 RoundTrip::Cancelled { streamed, answered: None, estimate }

@@ -112,8 +112,9 @@ impl Held {
     }
 }
 
-/// Renews `attempt`'s claim every third of a lease until aborted; when a copy took the call,
-/// cancels `lost` and the call's `stop`.
+/// Renews `attempt`'s claim every third of a lease until aborted. When a copy took the call,
+/// or the round trip was answered or ended meanwhile, cancels `lost` and the call's `stop`:
+/// a call made then would only be charged for.
 async fn keep_renewed(
     s: Store,
     k: TurnKey,
@@ -122,28 +123,33 @@ async fn keep_renewed(
     (lost, stop): (CancellationToken, CancellationToken),
 ) {
     let mut pause = CLAIM_LEASE / 3;
+    let mut failing = false;
     loop {
         tokio::time::sleep(pause).await;
-        pause = match s.renew_claim(&k, step, attempt).await {
-            Ok(true) => CLAIM_LEASE / 3,
+        let held = match s.renew_claim(&k, step, attempt).await {
             // Gone without a copy holding it (PostgreSQL crashed or failed over, which empties
-            // an unlogged table): claimed again. Answered or ended meanwhile: nothing to hold.
-            // Held by a copy: this call gives way to it.
-            Ok(false) => match s.claim_call(&k, step, attempt).await {
-                Ok(state) if state.claimed => CLAIM_LEASE / 3,
-                Ok(state) if state.saved.is_some() || !state.running => return,
-                Ok(_) => {
-                    warn!(session = %k.session_id, turn = %k.turn_id, step, "claim on the provider call lapsed and a copy took it; giving way");
-                    lost.cancel();
-                    stop.cancel();
-                    return;
-                }
-                Err(_) => RETRY_RENEWAL,
-            },
+            // an unlogged table): claimed again.
+            Ok(false) => s.claim_call(&k, step, attempt).await.map(|state| state.claimed),
+            renewed => renewed,
+        };
+        pause = match held {
+            Ok(true) => {
+                failing = false;
+                CLAIM_LEASE / 3
+            }
+            Ok(false) => {
+                info!(session = %k.session_id, turn = %k.turn_id, step, "claim on the provider call taken by a copy, or the round trip answered meanwhile; giving way");
+                lost.cancel();
+                stop.cancel();
+                return;
+            }
             // Tried again well within the lease: a copy takes the call only after it lapses,
-            // so a short database outage must not cost the claim.
+            // so a short database outage must not cost the claim. Said once per outage.
             Err(error) => {
-                warn!(session = %k.session_id, turn = %k.turn_id, step, %error, "claim on the provider call not renewed; trying again");
+                if !failing {
+                    warn!(session = %k.session_id, turn = %k.turn_id, step, %error, "claim on the provider call not renewed; trying again every second");
+                }
+                failing = true;
                 RETRY_RENEWAL
             }
         };
