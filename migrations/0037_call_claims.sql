@@ -5,7 +5,14 @@
 -- stopped a copy that came after the call ended, not one that came during it: both called the
 -- provider (charged twice, a streamed turn's deltas sent twice). Now the first to look claims
 -- the call for a short lease it renews while the call runs, and a copy waits for the saved
--- answer, or for the lease to lapse (its holder died) and then calls itself.
+-- answer, or until its holder died or its lease lapsed, and then calls itself.
+--
+-- A holder that dies (SIGKILL, a lost node) must not hold its copies for a whole lease: a claim
+-- names its holder's process (`holder`), and each process holds a session-level advisory lock
+-- on that key on a connection of its own for as long as it runs. PostgreSQL lets go of the lock
+-- the moment that connection closes, so a copy that finds the lock gone takes the call at once;
+-- the lease stays for a holder alive but stuck, and for a claim made before its process held
+-- its lock (`holder` NULL).
 --
 -- UNLOGGED: a lease is not a record. It costs no WAL on the path of every turn, and after a
 -- crash of PostgreSQL (or on a promoted standby) the table starts empty, which at worst lets a
@@ -16,8 +23,21 @@ CREATE UNLOGGED TABLE llm_claims (
     step integer NOT NULL,
     attempt uuid NOT NULL,
     until timestamptz NOT NULL,
+    holder bigint,
     PRIMARY KEY (session_id, turn_id, step)
 );
+
+-- Whether the process that holds advisory lock `p_holder` (a bigint key: its high half shows
+-- as `classid`, its low half as `objid`, `objsubid` 1) is still connected; NULL is not known.
+CREATE FUNCTION aptix_holder_alive(p_holder bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_holder IS NULL OR EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = (p_holder >> 32) & 4294967295
+          AND l.objid::bigint = p_holder & 4294967295)
+$$;
 
 -- Where round trip `p_step` stands before its provider call, claiming the call for
 -- `p_attempt` when it is still to be made: the saved answer (if the provider answered), whether
@@ -26,7 +46,7 @@ CREATE UNLOGGED TABLE llm_claims (
 -- after the claim, so an answer saved (and its claim released) between the first look and the
 -- claim is found, not called for again.
 CREATE FUNCTION aptix_claim_call(p_session uuid, p_turn text, p_step integer, p_attempt uuid,
-                                 p_lease_secs double precision,
+                                 p_lease_secs double precision, p_holder bigint,
                                  OUT saved jsonb, OUT cancelled boolean, OUT running boolean,
                                  OUT claimed boolean)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -42,12 +62,13 @@ BEGIN
     IF saved IS NOT NULL OR NOT running THEN
         RETURN;
     END IF;
-    INSERT INTO llm_claims AS c (session_id, turn_id, step, attempt, until)
+    INSERT INTO llm_claims AS c (session_id, turn_id, step, attempt, until, holder)
     VALUES (p_session, p_turn, p_step, p_attempt,
-            clock_timestamp() + make_interval(secs => p_lease_secs))
+            clock_timestamp() + make_interval(secs => p_lease_secs), p_holder)
     ON CONFLICT (session_id, turn_id, step) DO UPDATE
-        SET attempt = excluded.attempt, until = excluded.until
+        SET attempt = excluded.attempt, until = excluded.until, holder = excluded.holder
         WHERE c.attempt = excluded.attempt OR c.until < clock_timestamp()
+           OR NOT aptix_holder_alive(c.holder)
     RETURNING true INTO claimed;
     claimed := coalesce(claimed, false);
     IF claimed THEN

@@ -1,7 +1,8 @@
 //! Invoke's claim on a provider call (migration 0037): copies of an invoke message that run at
 //! the same time (a redelivery beside the original, an outbox row published again, a replayed
-//! dead letter) call the provider once; a claim whose holder died is taken once its lease
-//! lapses; a call that failed for now gives its claim up for the retry.
+//! dead letter) call the provider once; a claim whose holder's process died is taken at once,
+//! one whose holder is alive once its lease lapses; a call that failed for now gives its claim
+//! up for the retry; a holder whose claim was taken stops its call and waits as a copy.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -63,23 +64,52 @@ async fn two_copies_of_an_invoke_message_running_at_once_call_the_provider_once(
     h.teardown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_claim_whose_holder_died_is_taken_once_its_lease_lapses() {
-    let h = Harness::start(0).await;
-    let s = up_to_invoke(&h).await;
-    // A holder that claimed the call and died: its lease has a second and a half to run.
+/// Claims `s`'s call for another attempt of process `holder` (its liveness key; `None`: not
+/// known), until `lease` from now.
+async fn claimed_elsewhere(h: &Harness, s: &str, holder: Option<i64>, lease: &str) {
     sqlx::query(
-        "INSERT INTO llm_claims (session_id, turn_id, step, attempt, until)
-         VALUES ($1::uuid, 't1', 0, gen_random_uuid(), clock_timestamp() + interval '1.5 s')",
+        "INSERT INTO llm_claims (session_id, turn_id, step, attempt, until, holder)
+         VALUES ($1::uuid, 't1', 0, gen_random_uuid(), clock_timestamp() + $2::interval, $3)",
     )
-    .bind(&s)
+    .bind(s)
+    .bind(lease)
+    .bind(holder)
     .execute(h.deps.store.pool())
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_whose_holder_is_alive_holds_until_its_lease_lapses() {
+    let h = Harness::start(0).await;
+    let s = up_to_invoke(&h).await;
+    // A holder alive but stuck: its process holds its liveness lock (here, a connection of the
+    // test's), and its lease has a second and a half to run.
+    let mut alive = h.deps.store.pool().acquire().await.unwrap().detach();
+    let key: i64 = 0x5eed_0000_0000_0001;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(key).execute(&mut alive).await.unwrap();
+    claimed_elsewhere(&h, &s, Some(key), "1.5 s").await;
     let started = Instant::now();
     assert!(h.drive("invoke").await);
     assert!(started.elapsed() >= Duration::from_millis(1_400), "waited for the lease");
     assert_eq!(h.sim.stats().requests, 1, "then called, once");
+    assert!(h.drive("persist").await);
+    assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
+    drop(alive);
+    h.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_whose_holders_process_died_is_taken_at_once() {
+    let h = Harness::start(0).await;
+    let s = up_to_invoke(&h).await;
+    // A holder SIGKILLed mid-call: a minute of lease left, but its liveness lock went with its
+    // connection (nobody holds this key).
+    claimed_elsewhere(&h, &s, Some(0x5eed_0000_0000_0002), "60 s").await;
+    let started = Instant::now();
+    assert!(h.drive("invoke").await);
+    assert!(started.elapsed() < Duration::from_secs(10), "took the call without the lease");
+    assert_eq!(h.sim.stats().requests, 1);
     assert!(h.drive("persist").await);
     assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
     h.teardown().await;
@@ -97,5 +127,41 @@ async fn a_call_that_failed_for_now_gives_up_its_claim_for_the_retry() {
         assert!(Instant::now() < deadline, "the failed call's claim was never given up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    h.teardown().await;
+}
+
+/// A holder whose claim a copy took (its lease lapsed unrenewed, here taken by hand) stops its
+/// call at its next renewal and waits as a copy; the copy, which here never answers, lets its
+/// lease lapse, and the holder takes the call again: the round trip still ends once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_claim_was_taken_stops_its_call_and_waits_as_a_copy() {
+    let h = Harness::start(0).await;
+    let s = up_to_invoke(&h).await;
+    h.sim.set_latency(Latency { fixed_ms: 30_000, ..Latency::default() });
+    let started = Instant::now();
+    let steal = async {
+        // Under way, the first call is claimed: the "copy" takes the claim until 12 s in.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let taken = sqlx::query(
+            "UPDATE llm_claims SET attempt = gen_random_uuid(),
+                    until = clock_timestamp() + interval '8 s'
+             WHERE session_id = $1::uuid",
+        )
+        .bind(&s)
+        .execute(h.deps.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(taken.rows_affected(), 1, "the call was claimed");
+        h.sim.set_latency(Latency::default());
+    };
+    let (driven, ()) = tokio::join!(h.drive("invoke"), steal);
+    assert!(driven);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(12), "waited for the taken lease: {took:?}");
+    assert!(took < Duration::from_secs(25), "the first call was stopped: {took:?}");
+    assert_eq!(h.sim.stats().requests, 2, "stopped at the renewal, called again after the lapse");
+    assert!(h.drive("persist").await);
+    assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);
+    assert_eq!(h.records(&s).await.len(), 1);
     h.teardown().await;
 }

@@ -2,7 +2,8 @@
 //! at a time calls the provider for a step; a copy of its message that runs meanwhile (a
 //! redelivery beside the original still running, an outbox row published again, a replayed
 //! dead letter) waits for the saved answer instead of calling again. A claim is a lease its
-//! holder renews while the call runs, so a holder that died is replaced once it lapses.
+//! holder renews while the call runs, naming the holder's process (`liveness`): a holder whose
+//! process died is replaced at once, one alive but stuck once its lease lapses.
 
 use std::time::Duration;
 
@@ -44,12 +45,13 @@ impl Store {
         let row = sqlx::query!(
             r#"SELECT saved, cancelled AS "cancelled!", running AS "running!",
                       claimed AS "claimed!"
-               FROM aptix_claim_call($1, $2, $3, $4, $5)"#,
+               FROM aptix_claim_call($1, $2, $3, $4, $5, $6)"#,
             key.session_id.as_uuid(),
             key.turn_id.as_str(),
             step,
             attempt,
-            CLAIM_LEASE.as_secs_f64()
+            CLAIM_LEASE.as_secs_f64(),
+            self.liveness.key(&self.pool)
         )
         .fetch_one(&self.pool)
         .await?;
@@ -91,13 +93,15 @@ impl Store {
         attempt: Uuid,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query!(
-            "UPDATE llm_claims SET until = clock_timestamp() + make_interval(secs => $5)
+            "UPDATE llm_claims SET until = clock_timestamp() + make_interval(secs => $5),
+                                   holder = coalesce($6, holder)
              WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND attempt = $4",
             key.session_id.as_uuid(),
             key.turn_id.as_str(),
             step,
             attempt,
-            CLAIM_LEASE.as_secs_f64()
+            CLAIM_LEASE.as_secs_f64(),
+            self.liveness.key(&self.pool)
         )
         .execute(&self.pool)
         .await?;

@@ -16,6 +16,7 @@ mod fail;
 mod files;
 mod finish_at_once;
 mod json_text;
+mod liveness;
 mod members;
 mod new_record;
 mod new_turn;
@@ -246,6 +247,8 @@ pub struct Store {
     texts: texts::TextCache,
     /// The configured contexts' versions, for the records the store writes itself (failures).
     versions: std::sync::Arc<crate::config::ContextVersions>,
+    /// This process's liveness lock, which invoke's claims name.
+    liveness: liveness::Liveness,
 }
 
 impl Store {
@@ -267,7 +270,8 @@ impl Store {
         let sweep_options = options.options([("plan_cache_mode", "force_custom_plan")]);
         let sweep = sweep::Sweeper::new(pool_options(1).connect_lazy_with(sweep_options));
         let (tenants, texts, versions) = Default::default();
-        Ok(Store { pool, tenants, sweep, texts, versions })
+        let liveness = liveness::Liveness::new();
+        Ok(Store { pool, tenants, sweep, texts, versions, liveness })
     }
 
     /// The same store, deciding limits for these tenants.
