@@ -7,12 +7,13 @@
 -- the call for a short lease it renews while the call runs, and a copy waits for the saved
 -- answer, or until its holder died or its lease lapsed, and then calls itself.
 --
--- A holder that dies (SIGKILL, a lost node) must not hold its copies for a whole lease: a claim
--- names its holder's process (`holder`), and each process holds a session-level advisory lock
--- on that key on a connection of its own for as long as it runs. PostgreSQL lets go of the lock
--- the moment that connection closes, so a copy that finds the lock gone takes the call at once;
--- the lease stays for a holder alive but stuck, and for a claim made before its process held
--- its lock (`holder` NULL).
+-- A holder that dies (SIGKILL) must not hold its copies for a whole lease: a claim names its
+-- holder's process (`holder`), and each process holds a session-level advisory lock on that
+-- key on a connection of its own for as long as it runs. PostgreSQL lets go of the lock the
+-- moment that connection closes, so a copy takes the call as soon as the holder has also missed
+-- a renewal (about 12 s after its last one instead of 30); the whole lease stays for a holder
+-- alive but stuck, a host gone without closing its connections, and a claim made while its
+-- process held no lock (`holder` NULL).
 --
 -- UNLOGGED: a lease is not a record. It costs no WAL on the path of every turn, and after a
 -- crash of PostgreSQL (or on a promoted standby) the table starts empty, which at worst lets a
@@ -68,7 +69,11 @@ BEGIN
     ON CONFLICT (session_id, turn_id, step) DO UPDATE
         SET attempt = excluded.attempt, until = excluded.until, holder = excluded.holder
         WHERE c.attempt = excluded.attempt OR c.until < clock_timestamp()
-           OR NOT aptix_holder_alive(c.holder)
+           -- A live holder renews every third of a lease, so its lease never runs below two
+           -- thirds; one that missed a renewal and whose process's lock is gone died. The
+           -- lock alone is not trusted: a pooler or a failover can drop it under a live one.
+           OR (c.until < clock_timestamp() + make_interval(secs => p_lease_secs * 0.6)
+               AND NOT aptix_holder_alive(c.holder))
     RETURNING true INTO claimed;
     claimed := coalesce(claimed, false);
     IF claimed THEN

@@ -103,9 +103,9 @@ async fn a_claim_whose_holder_is_alive_holds_until_its_lease_lapses() {
 async fn a_claim_whose_holders_process_died_is_taken_at_once() {
     let h = Harness::start(0).await;
     let s = up_to_invoke(&h).await;
-    // A holder SIGKILLed mid-call: a minute of lease left, but its liveness lock went with its
-    // connection (nobody holds this key).
-    claimed_elsewhere(&h, &s, Some(0x5eed_0000_0000_0002), "60 s").await;
+    // A holder SIGKILLed mid-call: it missed its renewal (15 s of its 30 s lease left), and its
+    // liveness lock went with its connection (nobody holds this key).
+    claimed_elsewhere(&h, &s, Some(0x5eed_0000_0000_0002), "15 s").await;
     let started = Instant::now();
     assert!(h.drive("invoke").await);
     assert!(started.elapsed() < Duration::from_secs(10), "took the call without the lease");
@@ -137,28 +137,36 @@ async fn a_call_that_failed_for_now_gives_up_its_claim_for_the_retry() {
 async fn a_holder_whose_claim_was_taken_stops_its_call_and_waits_as_a_copy() {
     let h = Harness::start(0).await;
     let s = up_to_invoke(&h).await;
-    h.sim.set_latency(Latency { fixed_ms: 30_000, ..Latency::default() });
+    h.sim.set_latency(Latency { fixed_ms: 60_000, ..Latency::default() });
     let started = Instant::now();
     let steal = async {
-        // Under way, the first call is claimed: the "copy" takes the claim until 12 s in.
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        let taken = sqlx::query(
+        // Once the first call is claimed, the "copy" takes the claim for 15 s: past the
+        // holder's first renewal, 10 s after its claim.
+        while claims(&h, &s).await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sqlx::query(
             "UPDATE llm_claims SET attempt = gen_random_uuid(),
-                    until = clock_timestamp() + interval '8 s'
+                    until = clock_timestamp() + interval '15 s'
              WHERE session_id = $1::uuid",
         )
         .bind(&s)
         .execute(h.deps.store.pool())
         .await
         .unwrap();
-        assert_eq!(taken.rows_affected(), 1, "the call was claimed");
+        // Only once the first call reached the simulator: later calls answer at once.
+        while h.sim.stats().requests == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // It is counted as it arrives and reads its latency a moment later.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         h.sim.set_latency(Latency::default());
     };
     let (driven, ()) = tokio::join!(h.drive("invoke"), steal);
     assert!(driven);
     let took = started.elapsed();
-    assert!(took >= Duration::from_secs(12), "waited for the taken lease: {took:?}");
-    assert!(took < Duration::from_secs(25), "the first call was stopped: {took:?}");
+    assert!(took >= Duration::from_secs(14), "waited for the taken lease: {took:?}");
+    assert!(took < Duration::from_secs(45), "the first call was stopped: {took:?}");
     assert_eq!(h.sim.stats().requests, 2, "stopped at the renewal, called again after the lapse");
     assert!(h.drive("persist").await);
     assert_eq!(h.replies(&s, 1, WAIT).await.last().unwrap().body["Successful"], true);

@@ -3,7 +3,7 @@
 //! redelivery beside the original still running, an outbox row published again, a replayed
 //! dead letter) waits for the saved answer instead of calling again. A claim is a lease its
 //! holder renews while the call runs, naming the holder's process (`liveness`): a holder whose
-//! process died is replaced at once, one alive but stuck once its lease lapses.
+//! process died is replaced once it missed a renewal, one alive but stuck once its lease lapses.
 
 use std::time::Duration;
 
@@ -94,7 +94,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let done = sqlx::query!(
             "UPDATE llm_claims SET until = clock_timestamp() + make_interval(secs => $5),
-                                   holder = coalesce($6, holder)
+                                   holder = $6
              WHERE session_id = $1 AND turn_id = $2 AND step = $3 AND attempt = $4",
             key.session_id.as_uuid(),
             key.turn_id.as_str(),
