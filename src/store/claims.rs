@@ -34,8 +34,9 @@ pub struct CallState {
 
 impl Store {
     /// Where round trip `step` of a turn stands before its provider call, claiming the call for
-    /// `attempt` when it is still to be made and no other attempt holds it (or its lease
-    /// lapsed). One call of a database function, on every invoke.
+    /// `attempt` when it is still to be made and no other attempt holds it (its lease lapsed,
+    /// or its process died and it missed a renewal). One call of a database function, on every
+    /// invoke.
     pub async fn claim_call(
         &self,
         key: &TurnKey,

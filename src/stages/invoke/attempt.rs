@@ -21,6 +21,12 @@ fn lost_chain(result: &Call) -> bool {
     matches!(result, Call::Done(Err(LlmError::PreviousResponseNotFound { .. })))
 }
 
+/// A saved answer as the round trip it holds; one this build cannot read is unusable data, never
+/// "not answered".
+fn read_saved(saved: serde_json::Value) -> Result<EndedRoundTrip, StageError> {
+    SavedRoundTrip::read(saved).map_err(|e| StageError::unusable(format!("saved answer: {e}")))
+}
+
 /// How one attempt ended.
 pub(super) enum Attempt {
     /// With the stage's output.
@@ -42,9 +48,7 @@ impl Invoke {
             Taken::Answered(saved) => {
                 // An unreadable saved answer is not "not answered": calling again could charge
                 // twice.
-                let persist = SavedRoundTrip::read(saved)
-                    .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
-                let persist = SavedRoundTrip::with_body(persist, job);
+                let persist = SavedRoundTrip::with_body(read_saved(saved)?, job);
                 info!(session = %key.session_id, turn = %key.turn_id, step, "provider already answered; forwarding the saved answer");
                 return Ok(Attempt::Ended(Output::Next(persist)));
             }
@@ -205,8 +209,7 @@ impl Invoke {
         warn!(session = %key.session_id, turn = %key.turn_id, step, "provider answered this round trip twice; forwarding the answer saved first");
         let first = self.store.saved_answer(&key, step).await?;
         let first = first.ok_or_else(|| StageError::unusable("saved answer vanished"))?;
-        let first = SavedRoundTrip::read(first)
-            .map_err(|e| StageError::unusable(format!("saved answer: {e}")))?;
+        let first = read_saved(first)?;
         Ok(Output::Next(SavedRoundTrip::in_place_of(first, persist, sent)))
     }
 }
